@@ -1,0 +1,356 @@
+// Element-wise and reduction kernels of the transformer, one source for host and device: each is a
+// labelled Kokkos parallel_for/parallel_reduce over raw arrays in the execution space's memory.
+//
+// Conventions (llm.c style):
+// - Shapes are in the comment of every argument; B = batch, T = time, C = channels, N = rows.
+// - Parameter gradients ACCUMULATE (+=), so micro-batch accumulation is free.
+// - Activation gradients ASSIGN, except layernorm_backward's dinp, which accumulates because it
+//   feeds the residual stream.
+// - Reductions over rows into one vector (bias and layernorm parameter gradients, position
+//   embeddings) are done per column with a fixed row order, so results are deterministic and do
+//   not depend on the backend's scheduling.
+#pragma once
+
+#include <cstdint>
+
+#include "core/kokkos_compat.hpp"
+
+namespace colossal::core::kernels {
+
+using Exec = Kokkos::DefaultExecutionSpace;
+constexpr int kColumnChunk = 32;  // columns per work item in column reductions
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t + pos_offset,:]
+template <class ExecSpace = Exec>
+void embedding_forward(float* out,            // (B,T,C)
+                       const int32_t* tokens, // (B,T)
+                       const float* wte,      // (V,C)
+                       const float* wpe,      // (P,C)
+                       int B, int T, int C, int pos_offset) {
+  Kokkos::parallel_for(
+      "colossal::core::embedding_forward", Kokkos::RangePolicy<ExecSpace>(0, int64_t(B) * T),
+      KOKKOS_LAMBDA(int64_t bt) {
+        const int t = static_cast<int>(bt % T);
+        const float* e = wte + int64_t(tokens[bt]) * C;
+        const float* p = wpe + int64_t(t + pos_offset) * C;
+        float* o = out + bt * C;
+        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      });
+}
+
+// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t + pos_offset,:] += sum_b dout[b,t,:]
+template <class ExecSpace = Exec>
+void embedding_backward(float* dwte,           // (V,C)
+                        float* dwpe,           // (P,C)
+                        const float* dout,     // (B,T,C)
+                        const int32_t* tokens, // (B,T)
+                        int B, int T, int C, int pos_offset) {
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+  // Tokens repeat within a batch, so rows of dwte are not disjoint: each work item owns a slice of
+  // columns and walks all positions in order (no atomics, deterministic).
+  Kokkos::parallel_for(
+      "colossal::core::embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+      KOKKOS_LAMBDA(int chunk) {
+        const int c0 = chunk * kColumnChunk;
+        const int c1 = c0 + kColumnChunk < C ? c0 + kColumnChunk : C;
+        for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
+          const int t = static_cast<int>(bt % T);
+          const float* d = dout + bt * C;
+          float* e = dwte + int64_t(tokens[bt]) * C;
+          float* p = dwpe + int64_t(t + pos_offset) * C;
+          for (int c = c0; c < c1; ++c) {
+            e[c] += d[c];
+            p[c] += d[c];
+          }
+        }
+      });
+}
+
+// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd for backward.
+template <class ExecSpace = Exec>
+void layernorm_forward(float* out,          // (N,C)
+                       float* mean,         // (N)
+                       float* rstd,         // (N)
+                       const float* inp,    // (N,C)
+                       const float* weight, // (C)
+                       const float* bias,   // (C)
+                       int64_t N, int C, float eps) {
+  Kokkos::parallel_for(
+      "colossal::core::layernorm_forward", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        const float* x = inp + n * C;
+        float m = 0.0f;
+        for (int c = 0; c < C; ++c) m += x[c];
+        m /= C;
+        float v = 0.0f;
+        for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+        v /= C;
+        const float s = 1.0f / kmath::sqrt(v + eps);
+        float* o = out + n * C;
+        for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        mean[n] = m;
+        rstd[n] = s;
+      });
+}
+
+// dinp += layernorm input gradient (residual stream); dweight += ..., dbias += ...
+template <class ExecSpace = Exec>
+void layernorm_backward(float* dinp,         // (N,C), accumulated
+                        float* dweight,      // (C)
+                        float* dbias,        // (C)
+                        const float* dout,   // (N,C)
+                        const float* inp,    // (N,C)
+                        const float* weight, // (C)
+                        const float* mean,   // (N)
+                        const float* rstd,   // (N)
+                        int64_t N, int C) {
+  Kokkos::parallel_for(
+      "colossal::core::layernorm_backward_input", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
+        for (int c = 0; c < C; ++c) {
+          const float dnorm = d[c] * weight[c];
+          dnorm_mean += dnorm;
+          dnorm_xhat_mean += dnorm * (x[c] - m) * s;
+        }
+        dnorm_mean /= C;
+        dnorm_xhat_mean /= C;
+        float* di = dinp + n * C;
+        for (int c = 0; c < C; ++c) {
+          const float xhat = (x[c] - m) * s;
+          di[c] += s * (d[c] * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean);
+        }
+      });
+  const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
+  Kokkos::parallel_for(
+      "colossal::core::layernorm_backward_params", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+      KOKKOS_LAMBDA(int chunk) {
+        const int c0 = chunk * kColumnChunk;
+        const int c1 = c0 + kColumnChunk < C ? c0 + kColumnChunk : C;
+        float dw[kColumnChunk] = {}, db[kColumnChunk] = {};
+        for (int64_t n = 0; n < N; ++n) {
+          const float* x = inp + n * C;
+          const float* d = dout + n * C;
+          const float m = mean[n], s = rstd[n];
+          for (int c = c0; c < c1; ++c) {
+            dw[c - c0] += d[c] * (x[c] - m) * s;
+            db[c - c0] += d[c];
+          }
+        }
+        for (int c = c0; c < c1; ++c) {
+          dweight[c] += dw[c - c0];
+          dbias[c] += db[c - c0];
+        }
+      });
+}
+
+// out[n, j] = bias[j]: prepares the output of a GEMM that accumulates (beta = 1) onto the bias.
+template <class ExecSpace = Exec>
+void broadcast_rows(float* out,        // (N, ld), columns [0, M) written
+                    const float* bias, // (M)
+                    int64_t N, int M, int ld) {
+  Kokkos::parallel_for(
+      "colossal::core::broadcast_rows", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        float* o = out + n * ld;
+        for (int j = 0; j < M; ++j) o[j] = bias[j];
+      });
+}
+
+// dbias[j] += sum_n dout[n, j]
+template <class ExecSpace = Exec>
+void bias_backward(float* dbias,      // (M)
+                   const float* dout, // (N, ld), columns [0, M) read
+                   int64_t N, int M, int ld) {
+  const int chunks = (M + kColumnChunk - 1) / kColumnChunk;
+  Kokkos::parallel_for(
+      "colossal::core::bias_backward", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+      KOKKOS_LAMBDA(int chunk) {
+        const int j0 = chunk * kColumnChunk;
+        const int j1 = j0 + kColumnChunk < M ? j0 + kColumnChunk : M;
+        float acc[kColumnChunk] = {};
+        for (int64_t n = 0; n < N; ++n) {
+          const float* d = dout + n * ld;
+          for (int j = j0; j < j1; ++j) acc[j - j0] += d[j];
+        }
+        for (int j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
+      });
+}
+
+KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
+  constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + kmath::tanh(kS * (x + 0.044715f * x * x * x)));
+}
+
+// out = gelu(inp), tanh approximation (GPT-2's "gelu_new")
+template <class ExecSpace = Exec>
+void gelu_forward(float* out, const float* inp, int64_t n) {  // (n), (n)
+  Kokkos::parallel_for(
+      "colossal::core::gelu_forward", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { out[i] = gelu_tanh(inp[i]); });
+}
+
+// dinp = gelu'(inp) * dout; dinp may alias dout.
+template <class ExecSpace = Exec>
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  Kokkos::parallel_for(
+      "colossal::core::gelu_backward", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) {
+        constexpr float kS = 0.7978845608028654f;
+        const float x = inp[i];
+        const float u = kS * (x + 0.044715f * x * x * x);
+        const float th = kmath::tanh(u);
+        const float sech2 = 1.0f - th * th;
+        const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kS * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = grad * dout[i];
+      });
+}
+
+template <class ExecSpace = Exec>
+void relu_forward(float* out, const float* inp, int64_t n) {
+  Kokkos::parallel_for(
+      "colossal::core::relu_forward", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { out[i] = inp[i] > 0.0f ? inp[i] : 0.0f; });
+}
+
+// dinp = (inp > 0) * dout; dinp may alias dout.
+template <class ExecSpace = Exec>
+void relu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  Kokkos::parallel_for(
+      "colossal::core::relu_backward", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f; });
+}
+
+template <class ExecSpace = Exec>
+void copy(float* dst, const float* src, int64_t n) {
+  Kokkos::parallel_for(
+      "colossal::core::copy", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { dst[i] = src[i]; });
+}
+
+// In place over rows of scores (one row per query position i = row % T, after the scale was
+// applied by the GEMM): softmax over keys j <= i, zero for j > i (causal).
+template <class ExecSpace = Exec>
+void causal_softmax_forward(float* att,  // (B*H, T, T)
+                            int64_t rows, int T) {
+  Kokkos::parallel_for(
+      "colossal::core::causal_softmax_forward", Kokkos::RangePolicy<ExecSpace>(0, rows),
+      KOKKOS_LAMBDA(int64_t r) {
+        const int i = static_cast<int>(r % T);
+        float* a = att + r * T;
+        float mx = a[0];
+        for (int j = 1; j <= i; ++j) mx = a[j] > mx ? a[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+          a[j] = kmath::exp(a[j] - mx);
+          sum += a[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j <= i; ++j) a[j] *= inv;
+        for (int j = i + 1; j < T; ++j) a[j] = 0.0f;
+      });
+}
+
+// In place: datt <- scale * att * (datt - sum_j att*datt), the gradient with respect to the
+// unscaled scores q.k, zero above the diagonal.
+template <class ExecSpace = Exec>
+void causal_softmax_backward(float* datt,      // (B*H, T, T)
+                             const float* att, // (B*H, T, T)
+                             int64_t rows, int T, float scale) {
+  Kokkos::parallel_for(
+      "colossal::core::causal_softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, rows),
+      KOKKOS_LAMBDA(int64_t r) {
+        const int i = static_cast<int>(r % T);
+        const float* a = att + r * T;
+        float* d = datt + r * T;
+        float dot = 0.0f;
+        for (int j = 0; j <= i; ++j) dot += a[j] * d[j];
+        for (int j = 0; j <= i; ++j) d[j] = scale * a[j] * (d[j] - dot);
+        for (int j = i + 1; j < T; ++j) d[j] = 0.0f;
+      });
+}
+
+// Per row: losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]. With grad_scale != 0 the
+// logits are overwritten by grad_scale * (softmax - onehot), the gradient of grad_scale * loss,
+// so the (N, V) buffer is reused for backward.
+template <class ExecSpace = Exec>
+void cross_entropy_forward_backward(float* logits,           // (N, V), in place
+                                    float* losses,           // (N)
+                                    const int32_t* targets,  // (N)
+                                    int64_t N, int V, float grad_scale) {
+  Kokkos::parallel_for(
+      "colossal::core::cross_entropy", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        float* l = logits + n * V;
+        float mx = l[0];
+        for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+        const int target = targets[n];
+        const float target_logit = l[target];
+        float sum = 0.0f;
+        if (grad_scale != 0.0f) {
+          // Keep exp(l - max) in place so the gradient pass needs no second exp.
+          for (int j = 0; j < V; ++j) {
+            l[j] = kmath::exp(l[j] - mx);
+            sum += l[j];
+          }
+          const float factor = grad_scale / sum;
+          for (int j = 0; j < V; ++j) l[j] *= factor;
+          l[target] -= grad_scale;
+        } else {
+          for (int j = 0; j < V; ++j) sum += kmath::exp(l[j] - mx);
+        }
+        losses[n] = kmath::log(sum) + mx - target_logit;
+      });
+}
+
+// sum_i x[i], accumulated in double.
+template <class ExecSpace = Exec>
+double sum(const float* x, int64_t n) {
+  double total = 0.0;
+  Kokkos::parallel_reduce(
+      "colossal::core::sum", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += x[i]; }, total);
+  return total;
+}
+
+// sum_i x[i]^2, accumulated in double.
+template <class ExecSpace = Exec>
+double sum_squares(const float* x, int64_t n) {
+  double total = 0.0;
+  Kokkos::parallel_reduce(
+      "colossal::core::sum_squares", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += double(x[i]) * x[i]; }, total);
+  return total;
+}
+
+}  // namespace colossal::core::kernels
+
+namespace colossal::core::kernels {
+
+template <class ExecSpace = Exec>
+void fill(float* dst, int64_t n, float value) {
+  Kokkos::parallel_for(
+      "colossal::core::fill", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { dst[i] = value; });
+}
+
+// out[n,c] = residual[n,c] + bias[c]: the residual stream plus a projection's bias, ready for the
+// projection's GEMM to accumulate onto (beta = 1).
+template <class ExecSpace = Exec>
+void residual_plus_bias(float* out,            // (N,C)
+                        const float* residual, // (N,C)
+                        const float* bias,     // (C)
+                        int64_t N, int C) {
+  Kokkos::parallel_for(
+      "colossal::core::residual_plus_bias", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        const float* r = residual + n * C;
+        float* o = out + n * C;
+        for (int c = 0; c < C; ++c) o[c] = r[c] + bias[c];
+      });
+}
+
+}  // namespace colossal::core::kernels

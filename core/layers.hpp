@@ -1,0 +1,48 @@
+// The GEMM-based layers (linear, causal self-attention) as explicit forward/backward pairs.
+// Element-wise layers are in kernels.hpp; the model composes both.
+#pragma once
+
+#include <cstdint>
+
+#include "core/gemm.hpp"
+
+namespace colossal::core {
+
+// How a linear layer's weight is stored: GPT-2's Conv1D keeps W[in, out] (Y = X W); nn.Linear,
+// as in OPT, keeps W[out, in] (Y = X W^T). Parameters keep the Hugging Face layout, and the GEMM
+// transposes as needed, so no weight is ever copied.
+enum class WeightLayout { in_out, out_in };
+
+// out(N, ld_out)[:, :out_features] += inp(N, ld_in) W. The caller fills out with the bias (and the
+// residual, for projections into the residual stream) first.
+void linear_forward(Gemm& gemm, WeightLayout layout,
+                    float* out, int ld_out,          // (N, out_features)
+                    const float* inp, int ld_in,     // (N, in_features)
+                    const float* weight,             // (in,out) or (out,in)
+                    int in_features, int out_features, int64_t N);
+
+// dinp = dout W^T (or += when accumulate); dweight += ...; dbias += column sums of dout.
+void linear_backward(Gemm& gemm, WeightLayout layout,
+                     float* dinp, int ld_dinp,         // (N, in_features)
+                     float* dweight, float* dbias,     // like weight, (out_features)
+                     const float* dout, int ld_dout,   // (N, out_features)
+                     const float* inp, int ld_in,      // (N, in_features)
+                     const float* weight, int in_features, int out_features, int64_t N,
+                     bool accumulate);
+
+// Causal multi-head self-attention. qkv holds Q, K, V as column blocks of each row (B,T,3C); head
+// h uses columns [h*hs, (h+1)*hs) of each block. Saves the softmax probabilities att (B,H,T,T).
+void attention_forward(Gemm& gemm,
+                       float* att,        // (B,H,T,T) out: probabilities
+                       float* atty,       // (B,T,C) out: heads side by side
+                       const float* qkv,  // (B,T,3C)
+                       int B, int T, int C, int H);
+
+// dqkv (B,T,3C) assigned; datt_scratch holds (H,T,T) floats.
+void attention_backward(Gemm& gemm, float* dqkv, float* datt_scratch,
+                        const float* datty,  // (B,T,C)
+                        const float* qkv,    // (B,T,3C)
+                        const float* att,    // (B,H,T,T)
+                        int B, int T, int C, int H);
+
+}  // namespace colossal::core

@@ -1,0 +1,118 @@
+// The explicit GPT-2 / OPT transformer: forward and backward written out layer by layer over
+// buffers allocated once at construction (no autograd, no allocation per step).
+//
+// Both architectures are pre-LN decoders with learned positions and a tied LM head; they differ in
+// the activation (GPT-2: GELU tanh, OPT: ReLU), in the q/k/v projection (GPT-2: one fused Conv1D
+// [C, 3C]; OPT: three nn.Linear [C, C]), in the weight layout ([in, out] vs [out, in]) and in OPT's
+// position offset of 2. Parameters keep the Hugging Face names, shapes and layouts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/gemm.hpp"
+#include "core/layers.hpp"
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+
+namespace colossal::core {
+
+class Model {
+ public:
+  // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens.
+  Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm);
+
+  const ModelSpec& spec() const { return spec_; }
+  int max_batch() const { return max_batch_; }
+  int seq_len() const { return seq_len_; }
+  const std::vector<ParamSpec>& parameters() const { return table_; }
+  const ParamSpec& parameter(const std::string& name) const;
+  std::size_t flat_size() const { return params_.size(); }   // padded length of the flat buffers
+  std::size_t num_parameters() const { return num_parameters_; }  // logical elements
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  const float* params() const { return params_.data(); }
+  const float* grads() const { return grads_.data(); }
+
+  // normal(0, init_std) from (seed, tensor name, element index); layernorm weights 1, biases 0.
+  void init_parameters(uint64_t seed);
+
+  // Runs the batch (tokens and targets are (batch, seq_len) int32 in device memory) and returns the
+  // mean cross-entropy over its tokens. With grad_scale != 0 the logits buffer is turned into the
+  // gradient of grad_scale * (sum of token losses), ready for backward(); grad_scale = 0 leaves the
+  // raw logits readable through logits().
+  double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale);
+  // Accumulates parameter gradients (+=) of the last forward() (which must have had grad_scale != 0).
+  void backward(const int32_t* tokens, int batch);
+  void zero_grad();
+
+  const float* logits() const { return logits_.data(); }  // (batch, seq_len, vocab) after forward
+
+  // Bytes of saved activations and of temporaries (for reports and the cost model's checks).
+  std::size_t activation_bytes() const;
+  std::size_t temporary_bytes() const;
+
+ private:
+  // Offsets of one block's parameters into the flat buffers. qkv has one entry for GPT-2's fused
+  // c_attn and three (q, k, v) for OPT.
+  struct BlockParams {
+    std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
+    std::size_t qkv_w[3], qkv_b[3];
+    int qkv_parts;
+    std::size_t attn_out_w, attn_out_b, fc_w, fc_b, fc_out_w, fc_out_b;
+  };
+  // Saved activations of one block.
+  struct BlockActs {
+    float* ln1;       // (B,T,C)
+    float* ln1_mean;  // (B,T)
+    float* ln1_rstd;  // (B,T)
+    float* qkv;       // (B,T,3C)
+    float* att;       // (B,H,T,T) softmax probabilities
+    float* atty;      // (B,T,C) attention output before its projection
+    float* mid;       // (B,T,C) residual after attention
+    float* ln2;       // (B,T,C)
+    float* ln2_mean;  // (B,T)
+    float* ln2_rstd;  // (B,T)
+    float* fch;       // (B,T,F) first MLP linear output, before the activation
+  };
+
+  // A linear layer's parameter offsets and sizes; the layout follows the architecture.
+  struct Linear {
+    std::size_t w, b;
+    int in, out;
+  };
+  // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual)
+  void linear_forward(float* out, int ld_out, const float* inp, int ld_in, const Linear& lin,
+                      int64_t N);
+  // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout)
+  void linear_backward(float* dinp, int ld_dinp, const float* dout, int ld_dout, const float* inp,
+                       int ld_in, const Linear& lin, int64_t N, bool accumulate);
+  WeightLayout layout() const {
+    return spec_.arch == Arch::gpt2 ? WeightLayout::in_out : WeightLayout::out_in;
+  }
+  void activation_forward(float* out, const float* inp, int64_t n);
+  void activation_backward(float* dinp, const float* inp, const float* dout, int64_t n);
+  Linear qkv_part(const BlockParams& bp, int part) const;
+
+  ModelSpec spec_;
+  int max_batch_, seq_len_;
+  MemoryTracker& tracker_;
+  Gemm& gemm_;
+  std::vector<ParamSpec> table_;
+  std::size_t num_parameters_ = 0;
+  std::size_t wte_, wpe_, lnf_w_, lnf_b_;
+  std::vector<BlockParams> blocks_;
+
+  DeviceArray<float> params_, grads_;
+  DeviceArray<float> acts_;        // every saved activation, carved below
+  DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
+  DeviceArray<float> logits_;      // (B,T,V); becomes dlogits
+  std::vector<float*> residual_;   // L+1 entries of (B,T,C)
+  std::vector<BlockActs> block_acts_;
+  float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
+  float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
+  std::size_t activation_floats_ = 0;
+};
+
+}  // namespace colossal::core

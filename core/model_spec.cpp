@@ -1,0 +1,140 @@
+#include "core/model_spec.hpp"
+
+#include <cmath>
+#include <map>
+
+namespace colossal::core {
+
+const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "opt"; }
+
+namespace {
+ModelSpec make(Arch arch, int layers, int hidden, int heads, int ffn, int vocab, int max_seq) {
+  ModelSpec s;
+  s.arch = arch;
+  s.layers = layers;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.ffn_hidden = ffn;
+  s.vocab = vocab;
+  s.max_seq = max_seq;
+  return s;
+}
+
+const std::map<std::string, ModelSpec>& presets() {
+  static const std::map<std::string, ModelSpec> table = {
+      {"gpt2-124m", make(Arch::gpt2, 12, 768, 12, 3072, 50257, 1024)},
+      {"gpt2-355m", make(Arch::gpt2, 24, 1024, 16, 4096, 50257, 1024)},
+      {"gpt2-774m", make(Arch::gpt2, 36, 1280, 20, 5120, 50257, 1024)},
+      {"gpt2-1.5b", make(Arch::gpt2, 48, 1600, 25, 6400, 50257, 1024)},
+      {"opt-125m", make(Arch::opt, 12, 768, 12, 3072, 50272, 2048)},
+      {"opt-1.3b", make(Arch::opt, 24, 2048, 32, 8192, 50272, 2048)},
+      {"opt-2.7b", make(Arch::opt, 32, 2560, 32, 10240, 50272, 2048)},
+      {"opt-6.7b", make(Arch::opt, 32, 4096, 32, 16384, 50272, 2048)},
+      {"opt-13b", make(Arch::opt, 40, 5120, 40, 20480, 50272, 2048)},
+      {"opt-30b", make(Arch::opt, 48, 7168, 56, 28672, 50272, 2048)},
+      {"opt-66b", make(Arch::opt, 64, 9216, 72, 36864, 50272, 2048)},
+      {"opt-175b", make(Arch::opt, 96, 12288, 96, 49152, 50272, 2048)},
+  };
+  return table;
+}
+}  // namespace
+
+std::optional<ModelSpec> find_preset(const std::string& name) {
+  auto it = presets().find(name);
+  if (it == presets().end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::string> preset_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : presets()) names.push_back(name);
+  return names;
+}
+
+float ParamSpec::init_std(int layers) const {
+  switch (role) {
+    case ParamRole::token_embedding:
+    case ParamRole::position_embedding:
+    case ParamRole::weight: return 0.02f;
+    case ParamRole::residual_out_weight: return 0.02f / std::sqrt(2.0f * static_cast<float>(layers));
+    default: return 0.0f;
+  }
+}
+
+std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
+  std::vector<ParamSpec> table;
+  std::size_t offset = 0;
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.role = role;
+    p.count = 1;
+    for (auto d : p.shape) p.count *= static_cast<std::size_t>(d);
+    p.offset = offset;
+    // Keep every tensor 16-float aligned (64 bytes) so kernels and BLAS see aligned rows.
+    offset += (p.count + 15) / 16 * 16;
+    table.push_back(std::move(p));
+  };
+  const int64_t C = s.hidden, F = s.ffn_hidden, V = s.vocab;
+  if (s.arch == Arch::gpt2) {
+    add("transformer.wte.weight", {V, C}, ParamRole::token_embedding);
+    add("transformer.wpe.weight", {s.position_rows(), C}, ParamRole::position_embedding);
+    for (int l = 0; l < s.layers; ++l) {
+      const std::string h = "transformer.h." + std::to_string(l) + ".";
+      add(h + "ln_1.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "ln_1.bias", {C}, ParamRole::layernorm_bias);
+      add(h + "attn.c_attn.weight", {C, 3 * C}, ParamRole::weight);
+      add(h + "attn.c_attn.bias", {3 * C}, ParamRole::bias);
+      add(h + "attn.c_proj.weight", {C, C}, ParamRole::residual_out_weight);
+      add(h + "attn.c_proj.bias", {C}, ParamRole::bias);
+      add(h + "ln_2.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "ln_2.bias", {C}, ParamRole::layernorm_bias);
+      add(h + "mlp.c_fc.weight", {C, F}, ParamRole::weight);
+      add(h + "mlp.c_fc.bias", {F}, ParamRole::bias);
+      add(h + "mlp.c_proj.weight", {F, C}, ParamRole::residual_out_weight);
+      add(h + "mlp.c_proj.bias", {C}, ParamRole::bias);
+    }
+    add("transformer.ln_f.weight", {C}, ParamRole::layernorm_weight);
+    add("transformer.ln_f.bias", {C}, ParamRole::layernorm_bias);
+  } else {
+    add("model.decoder.embed_tokens.weight", {V, C}, ParamRole::token_embedding);
+    add("model.decoder.embed_positions.weight", {s.position_rows(), C},
+        ParamRole::position_embedding);
+    for (int l = 0; l < s.layers; ++l) {
+      const std::string h = "model.decoder.layers." + std::to_string(l) + ".";
+      add(h + "self_attn_layer_norm.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "self_attn_layer_norm.bias", {C}, ParamRole::layernorm_bias);
+      for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
+        add(h + "self_attn." + proj + ".weight", {C, C}, ParamRole::weight);
+        add(h + "self_attn." + proj + ".bias", {C}, ParamRole::bias);
+      }
+      add(h + "self_attn.out_proj.weight", {C, C}, ParamRole::residual_out_weight);
+      add(h + "self_attn.out_proj.bias", {C}, ParamRole::bias);
+      add(h + "final_layer_norm.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "final_layer_norm.bias", {C}, ParamRole::layernorm_bias);
+      add(h + "fc1.weight", {F, C}, ParamRole::weight);
+      add(h + "fc1.bias", {F}, ParamRole::bias);
+      add(h + "fc2.weight", {C, F}, ParamRole::residual_out_weight);
+      add(h + "fc2.bias", {C}, ParamRole::bias);
+    }
+    add("model.decoder.final_layer_norm.weight", {C}, ParamRole::layernorm_weight);
+    add("model.decoder.final_layer_norm.bias", {C}, ParamRole::layernorm_bias);
+  }
+  return table;
+}
+
+std::size_t parameter_count(const ModelSpec& spec) {
+  std::size_t n = 0;
+  for (const auto& p : parameter_table(spec)) n += p.count;
+  return n;
+}
+
+double flops_per_token(const ModelSpec& s, int seq_len) {
+  const double L = s.layers, d = s.hidden, V = s.vocab, F = s.ffn_hidden;
+  // 12*L*d^2 generalises to L*(4*d^2 + 2*d*F) when ffn_hidden != 4*hidden.
+  const double n = L * (4.0 * d * d + 2.0 * d * F) + 13.0 * L * d + 2.0 * d + V * d;
+  return 6.0 * n + 12.0 * L * seq_len * d;
+}
+
+}  // namespace colossal::core

@@ -1,0 +1,74 @@
+// Model dimensions, named presets and the logical parameter table of GPT-2 and OPT.
+//
+// Parameter names and shapes are exactly those of the Hugging Face `transformers` state_dict
+// (GPT2LMHeadModel: Conv1D weights stored [in, out]; OPTForCausalLM: nn.Linear weights stored
+// [out, in]), so weights convert to and from Hugging Face without renaming or transposing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace colossal::core {
+
+enum class Arch { gpt2, opt };
+
+const char* arch_name(Arch arch);
+
+struct ModelSpec {
+  Arch arch = Arch::gpt2;
+  int layers = 12;
+  int hidden = 768;
+  int heads = 12;
+  int ffn_hidden = 3072;  // 4 * hidden unless set
+  int vocab = 50257;
+  int max_seq = 1024;     // learned position table size (OPT stores max_seq + 2 rows)
+
+  int head_dim() const { return hidden / heads; }
+  // Rows of the learned position table: OPT's table carries an offset of 2.
+  int position_rows() const { return arch == Arch::opt ? max_seq + 2 : max_seq; }
+  int position_offset() const { return arch == Arch::opt ? 2 : 0; }
+  float layernorm_eps() const { return 1e-5f; }
+};
+
+// Named presets: gpt2-124m/355m/774m/1.5b and opt-125m/1.3b/2.7b/6.7b/13b/30b/66b/175b.
+// (opt-350m is absent on purpose: it is post-LN with a 512-wide projected embedding, a different
+// model from the rest of the family.)
+std::optional<ModelSpec> find_preset(const std::string& name);
+std::vector<std::string> preset_names();
+
+// What a parameter is, which decides its initialisation and weight decay by rule.
+enum class ParamRole {
+  token_embedding,     // tied with the LM head
+  position_embedding,
+  layernorm_weight,    // initialised to 1, no decay
+  layernorm_bias,      // initialised to 0, no decay
+  weight,              // matrix, normal(0, 0.02), decayed
+  residual_out_weight, // output projection into the residual stream: std 0.02/sqrt(2*layers)
+  bias,                // initialised to 0, no decay
+};
+
+struct ParamSpec {
+  std::string name;              // Hugging Face state_dict key
+  std::vector<int64_t> shape;    // Hugging Face shape
+  ParamRole role = ParamRole::weight;
+  std::size_t offset = 0;        // element offset into the flat parameter buffer
+  std::size_t count = 0;         // number of elements
+  bool decay() const {
+    return role == ParamRole::token_embedding || role == ParamRole::position_embedding ||
+           role == ParamRole::weight || role == ParamRole::residual_out_weight;
+  }
+  float init_std(int layers) const;
+};
+
+// The full logical parameter table, in a fixed order, with offsets into one flat buffer.
+std::vector<ParamSpec> parameter_table(const ModelSpec& spec);
+std::size_t parameter_count(const ModelSpec& spec);
+
+// N = 12*L*d^2 + 13*L*d + 2*d + V*d (the non-position parameters of GPT-2; the usual estimate),
+// and training FLOPs per token = 6*N + 12*L*T*d (forward + backward, attention included).
+double flops_per_token(const ModelSpec& spec, int seq_len);
+
+}  // namespace colossal::core

@@ -1,0 +1,58 @@
+// AdamW with decoupled weight decay, global-norm gradient clipping, and the learning-rate schedule
+// (linear warm-up, then cosine decay to min_lr).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+
+namespace colossal::core {
+
+struct AdamWParams {
+  double lr = 3.0e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1.0e-8;
+  double weight_decay = 0.1;
+};
+
+struct LrSchedule {
+  double max_lr = 3.0e-4;
+  double min_lr = 3.0e-5;
+  int64_t warmup = 100;
+  int64_t total = 1000;
+  // Learning rate of optimizer step `step` (0-based): max_lr*(step+1)/warmup while step < warmup,
+  // then min_lr + (max_lr-min_lr)*(1+cos(pi*progress))/2 with progress = (step-warmup)/(total-warmup)
+  // clamped to [0, 1].
+  double at(int64_t step) const;
+};
+
+// Multiplier that brings the global gradient norm down to max_norm (1 when it is already below,
+// or when max_norm <= 0).
+double clip_coefficient(double grad_norm, double max_norm);
+
+// The optimizer state for one flat parameter buffer described by a parameter table. Weight decay
+// is applied by rule (ParamSpec::decay: matrices and embeddings, not biases or layernorm), never by
+// position.
+class AdamW {
+ public:
+  AdamW(const std::vector<ParamSpec>& table, std::size_t flat_size, MemoryTracker& tracker);
+
+  // One update: params -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * params), with the gradient
+  // multiplied by grad_scale first (clipping). `step` counts updates from 1 (bias correction).
+  void update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
+              float grad_scale);
+
+  float* m() { return m_.data(); }
+  float* v() { return v_.data(); }
+  const float* m() const { return m_.data(); }
+  const float* v() const { return v_.data(); }
+
+ private:
+  std::vector<ParamSpec> table_;
+  DeviceArray<float> m_, v_;
+};
+
+}  // namespace colossal::core

@@ -1,0 +1,76 @@
+// Central finite differences for gradient tests. Kernels run in float, so the probe is large
+// (1e-2) and the comparison allows the float rounding that implies; a wrong term, sign or
+// transpose still shows as an error of order one.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+namespace colossal::test {
+
+// These tests hand host pointers to kernels, so they need a host default execution space.
+inline bool host_memory() {
+  return std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
+}
+
+inline std::vector<float> random_vector(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::vector<float> v(n);
+  unsigned s = seed * 2654435761u + 12345u;
+  for (auto& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = scale * (static_cast<float>(s >> 8) / 16777216.0f * 2.0f - 1.0f);
+  }
+  return v;
+}
+
+// Compares analytic[i] with (f(x_i + eps) - f(x_i - eps)) / 2 eps for every i (or every
+// `stride`-th). Returns the number of mismatches (each reported). Where f is not smooth within eps
+// (a ReLU input crossing zero), finite differences mean nothing: such a point shows as a disagreement
+// between the probes at eps and eps/2, and is skipped (at most a tenth of the points may be).
+inline int check_gradient(const std::string& what, const std::function<double()>& f,
+                          std::vector<float>& x, const std::vector<float>& analytic,
+                          std::size_t stride = 1, double eps = 1e-2, double atol = 2e-3,
+                          double rtol = 2e-2) {
+  int bad = 0, skipped = 0, probed = 0;
+  auto probe = [&](std::size_t i, double h) {
+    const float saved = x[i];
+    x[i] = saved + static_cast<float>(h);
+    const double up = f();
+    x[i] = saved - static_cast<float>(h);
+    const double down = f();
+    x[i] = saved;
+    return (up - down) / (2 * h);
+  };
+  for (std::size_t i = 0; i < x.size(); i += stride) {
+    ++probed;
+    const double numeric = probe(i, eps);
+    const double finer = probe(i, eps / 2);
+    if (std::abs(numeric - finer) > atol + rtol * std::abs(numeric)) {
+      ++skipped;
+      continue;
+    }
+    if (std::abs(numeric - analytic[i]) > atol + rtol * std::abs(numeric)) {
+      if (++bad <= 5) {
+        ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << " vs numeric "
+                      << numeric;
+      }
+    }
+  }
+  EXPECT_LE(skipped * 10, probed) << what << ": too many non-smooth points for a gradient check";
+  return bad;
+}
+
+inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
+  return s;
+}
+
+}  // namespace colossal::test

@@ -1,0 +1,226 @@
+// Every layer's backward against central finite differences, and the GEMM interface against a
+// naive reference. The scalar probed is f = sum(out * g) for a fixed random g, so df/dout = g.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/gemm.hpp"
+#include "core/kernels.hpp"
+#include "core/layers.hpp"
+#include "grad_check.hpp"
+
+using namespace colossal;
+using namespace colossal::core;
+using colossal::test::check_gradient;
+using colossal::test::dot;
+using colossal::test::random_vector;
+
+class Kernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::host_memory()) GTEST_SKIP() << "kernel tests pass host pointers";
+  }
+  std::unique_ptr<Gemm> gemm = make_host_gemm();
+};
+
+TEST_F(Kernels, GemmMatchesNaiveForEveryTranspose) {
+  const int M = 5, N = 7, K = 4;
+  for (Trans ta : {Trans::N, Trans::T}) {
+    for (Trans tb : {Trans::N, Trans::T}) {
+      // Leading dimensions larger than the matrices, as the strided q/k/v blocks use them.
+      const int lda = (ta == Trans::N ? K : M) + 3, ldb = (tb == Trans::N ? N : K) + 2, ldc = N + 1;
+      auto A = random_vector(std::size_t(lda) * (ta == Trans::N ? M : K), 1);
+      auto B = random_vector(std::size_t(ldb) * (tb == Trans::N ? K : N), 2);
+      auto C = random_vector(std::size_t(ldc) * M, 3);
+      auto expected = C;
+      for (int i = 0; i < M; ++i) {
+        for (int j = 0; j < N; ++j) {
+          double s = 0;
+          for (int k = 0; k < K; ++k) {
+            const float a = ta == Trans::N ? A[i * lda + k] : A[k * lda + i];
+            const float b = tb == Trans::N ? B[k * ldb + j] : B[j * ldb + k];
+            s += double(a) * b;
+          }
+          expected[i * ldc + j] = float(0.5 * s + 2.0 * C[i * ldc + j]);
+        }
+      }
+      gemm->gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), ldc);
+      for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], expected[i], 1e-5) << i;
+    }
+  }
+}
+
+TEST_F(Kernels, EmbeddingBackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 3, C = 5, V = 4, P = 6, offset = 2;
+  std::vector<int32_t> tokens = {1, 3, 1, 0, 1, 3};  // repeated tokens accumulate
+  auto wte = random_vector(V * C, 1), wpe = random_vector(P * C, 2), g = random_vector(B * T * C, 3);
+  std::vector<float> out(B * T * C);
+  auto f = [&] {
+    kernels::embedding_forward(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C, offset);
+    return dot(out, g);
+  };
+  std::vector<float> dwte(V * C, 0.0f), dwpe(P * C, 0.0f);
+  kernels::embedding_backward(dwte.data(), dwpe.data(), g.data(), tokens.data(), B, T, C, offset);
+  EXPECT_EQ(check_gradient("dwte", f, wte, dwte), 0);
+  EXPECT_EQ(check_gradient("dwpe", f, wpe, dwpe), 0);
+  // Position rows below the offset are never used (OPT's first two rows).
+  for (int c = 0; c < 2 * C; ++c) EXPECT_EQ(dwpe[c], 0.0f);
+}
+
+TEST_F(Kernels, LayernormBackwardMatchesFiniteDifferences) {
+  const int N = 4, C = 9;
+  auto x = random_vector(N * C, 1, 2.0f), w = random_vector(C, 2), b = random_vector(C, 3);
+  auto g = random_vector(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto f = [&] {
+    kernels::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                               N, C, 1e-5f);
+    return dot(out, g);
+  };
+  f();
+  // dinp accumulates (residual stream): start from a known value and subtract it.
+  std::vector<float> dx(N * C, 0.5f), dw(C, 0.0f), db(C, 0.0f);
+  kernels::layernorm_backward(dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+  for (auto& v : dx) v -= 0.5f;
+  EXPECT_EQ(check_gradient("dx", f, x, dx), 0);
+  EXPECT_EQ(check_gradient("dw", f, w, dw), 0);
+  EXPECT_EQ(check_gradient("db", f, b, db), 0);
+}
+
+TEST_F(Kernels, GeluBackwardMatchesFiniteDifferences) {
+  const int n = 50;
+  auto x = random_vector(n, 1, 4.0f), g = random_vector(n, 2);
+  std::vector<float> out(n), dx(n);
+  auto f = [&] {
+    kernels::gelu_forward(out.data(), x.data(), n);
+    return dot(out, g);
+  };
+  kernels::gelu_backward(dx.data(), x.data(), g.data(), n);
+  EXPECT_EQ(check_gradient("gelu", f, x, dx, 1, 1e-3), 0);
+  // The tanh approximation at known points (Hendrycks & Gimpel).
+  std::vector<float> p = {-1.0f, 0.0f, 1.0f, 2.0f}, q(4);
+  kernels::gelu_forward(q.data(), p.data(), 4);
+  EXPECT_NEAR(q[0], -0.158808f, 1e-5);
+  EXPECT_NEAR(q[1], 0.0f, 1e-7);
+  EXPECT_NEAR(q[2], 0.841192f, 1e-5);
+  EXPECT_NEAR(q[3], 1.954598f, 1e-5);
+}
+
+TEST_F(Kernels, ReluBackwardMatchesFiniteDifferences) {
+  const int n = 40;
+  auto x = random_vector(n, 5, 3.0f), g = random_vector(n, 6);
+  for (auto& v : x) v += (v >= 0 ? 0.05f : -0.05f);  // stay clear of the kink
+  std::vector<float> out(n), dx(n);
+  auto f = [&] {
+    kernels::relu_forward(out.data(), x.data(), n);
+    return dot(out, g);
+  };
+  kernels::relu_backward(dx.data(), x.data(), g.data(), n);
+  EXPECT_EQ(check_gradient("relu", f, x, dx, 1, 1e-3), 0);
+}
+
+TEST_F(Kernels, CrossEntropyMatchesReferenceAndFiniteDifferences) {
+  const int N = 3, V = 7;
+  auto logits = random_vector(N * V, 1, 3.0f);
+  std::vector<int32_t> targets = {0, 6, 3};
+  std::vector<float> losses(N), work(N * V);
+  // Reference loss in double.
+  for (int n = 0; n < N; ++n) {
+    double mx = -1e30, s = 0;
+    for (int j = 0; j < V; ++j) mx = std::max(mx, double(logits[n * V + j]));
+    for (int j = 0; j < V; ++j) s += std::exp(logits[n * V + j] - mx);
+    const double ref = std::log(s) + mx - logits[n * V + targets[n]];
+    work = logits;
+    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, 0.0f);
+    EXPECT_NEAR(losses[n], ref, 1e-5);
+  }
+  EXPECT_EQ(work, logits) << "grad_scale 0 must leave the logits untouched";
+  const float scale = 0.5f;
+  auto f = [&] {
+    work = logits;
+    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, 0.0f);
+    return scale * (double(losses[0]) + losses[1] + losses[2]);
+  };
+  std::vector<float> grad = logits;
+  kernels::cross_entropy_forward_backward(grad.data(), losses.data(), targets.data(), N, V, scale);
+  EXPECT_EQ(check_gradient("dlogits", f, logits, grad, 1, 1e-3), 0);
+}
+
+TEST_F(Kernels, LinearBackwardMatchesFiniteDifferencesInBothLayouts) {
+  const int N = 6, in = 5, out = 4, ld_in = 7, ld_out = 9;  // strided rows, as q/k/v blocks
+  for (WeightLayout layout : {WeightLayout::in_out, WeightLayout::out_in}) {
+    auto x = random_vector(N * ld_in, 1), w = random_vector(in * out, 2), b = random_vector(out, 3);
+    auto g = random_vector(N * ld_out, 4);
+    for (int n = 0; n < N; ++n) {
+      for (int j = out; j < ld_out; ++j) g[n * ld_out + j] = 0.0f;  // outside the block
+    }
+    std::vector<float> y(N * ld_out);
+    auto f = [&] {
+      std::fill(y.begin(), y.end(), 0.0f);
+      kernels::broadcast_rows(y.data(), b.data(), N, out, ld_out);
+      linear_forward(*gemm, layout, y.data(), ld_out, x.data(), ld_in, w.data(), in, out, N);
+      return dot(y, g);
+    };
+    std::vector<float> dx(N * ld_in, 0.0f), dw(in * out, 0.0f), db(out, 0.0f);
+    linear_backward(*gemm, layout, dx.data(), ld_in, dw.data(), db.data(), g.data(), ld_out,
+                    x.data(), ld_in, w.data(), in, out, N, false);
+    for (int n = 0; n < N; ++n) {
+      for (int j = in; j < ld_in; ++j) EXPECT_EQ(dx[n * ld_in + j], 0.0f);
+    }
+    EXPECT_EQ(check_gradient("dx", f, x, dx), 0);
+    EXPECT_EQ(check_gradient("dw", f, w, dw), 0);
+    EXPECT_EQ(check_gradient("db", f, b, db), 0);
+  }
+}
+
+TEST_F(Kernels, CausalAttentionMatchesNaiveAndFiniteDifferences) {
+  const int B = 2, T = 4, C = 6, H = 2, hs = C / H;
+  auto qkv = random_vector(B * T * 3 * C, 1, 1.5f), g = random_vector(B * T * C, 2);
+  std::vector<float> att(B * H * T * T), y(B * T * C);
+  attention_forward(*gemm, att.data(), y.data(), qkv.data(), B, T, C, H);
+  // Naive reference of the forward pass.
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> p(T, 0.0);
+        double mx = -1e30, s = 0;
+        for (int j = 0; j <= i; ++j) {
+          double d = 0;
+          for (int k = 0; k < hs; ++k) {
+            d += double(qkv[(b * T + i) * 3 * C + h * hs + k]) * qkv[(b * T + j) * 3 * C + C + h * hs + k];
+          }
+          p[j] = d / std::sqrt(double(hs));
+          mx = std::max(mx, p[j]);
+        }
+        for (int j = 0; j <= i; ++j) s += (p[j] = std::exp(p[j] - mx));
+        for (int k = 0; k < hs; ++k) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) o += p[j] / s * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + k];
+          EXPECT_NEAR(y[(b * T + i) * C + h * hs + k], o, 1e-5);
+        }
+        for (int j = i + 1; j < T; ++j) EXPECT_EQ(att[((b * H + h) * T + i) * T + j], 0.0f);
+      }
+    }
+  }
+  auto f = [&] {
+    attention_forward(*gemm, att.data(), y.data(), qkv.data(), B, T, C, H);
+    return dot(y, g);
+  };
+  f();
+  std::vector<float> dqkv(B * T * 3 * C), scratch(H * T * T);
+  attention_backward(*gemm, dqkv.data(), scratch.data(), g.data(), qkv.data(), att.data(), B, T, C, H);
+  EXPECT_EQ(check_gradient("dqkv", f, qkv, dqkv, 1, 1e-2, 1e-3), 0);
+}
+
+TEST_F(Kernels, BiasBackwardAccumulatesColumnSums) {
+  const int N = 70, M = 37, ld = 40;  // more columns than one chunk, ragged last chunk
+  auto d = random_vector(N * ld, 9);
+  std::vector<float> db(M, 1.0f);
+  kernels::bias_backward(db.data(), d.data(), N, M, ld);
+  for (int j = 0; j < M; ++j) {
+    double s = 1.0;
+    for (int n = 0; n < N; ++n) s += d[n * ld + j];
+    EXPECT_NEAR(db[j], s, 1e-4);
+  }
+}

@@ -1,0 +1,134 @@
+// The whole model's gradient against finite differences, for both architectures: every parameter
+// tensor is probed, so a mistake in any layer, in the residual wiring or in the tied head shows.
+#include <gtest/gtest.h>
+
+#include "core/model.hpp"
+#include "core/rng.hpp"
+#include "grad_check.hpp"
+
+using namespace colossal;
+using namespace colossal::core;
+
+namespace {
+
+ModelSpec tiny(Arch arch) {
+  ModelSpec s;
+  s.arch = arch;
+  s.layers = 2;
+  s.hidden = 8;
+  s.heads = 2;
+  s.ffn_hidden = 12;
+  s.vocab = 11;
+  s.max_seq = 6;
+  return s;
+}
+
+class ModelGradient : public ::testing::TestWithParam<Arch> {
+ protected:
+  void SetUp() override {
+    if (!test::host_memory()) GTEST_SKIP() << "this test reads model buffers on the host";
+  }
+};
+
+TEST_P(ModelGradient, EveryTensorMatchesFiniteDifferences) {
+  const ModelSpec spec = tiny(GetParam());
+  const int B = 2, T = 5;
+  MemoryTracker tracker;
+  auto gemm = make_host_gemm();
+  Model model(spec, B, T, tracker, *gemm);
+  // Larger than the 0.02 init so that every gradient is well above float rounding.
+  const auto values = test::random_vector(model.flat_size(), 7, 0.5f);
+  std::copy(values.begin(), values.end(), model.params());
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  // f = sum of token losses: grad_scale 1.
+  model.zero_grad();
+  const double mean = model.forward(tokens.data(), targets.data(), B, 1.0f);
+  model.backward(tokens.data(), B);
+  EXPECT_GT(mean, 0.5);
+  std::vector<float> analytic(model.grads(), model.grads() + model.flat_size());
+  std::vector<float> params(model.params(), model.params() + model.flat_size());
+  auto f = [&] {
+    std::copy(params.begin(), params.end(), model.params());
+    return model.forward(tokens.data(), targets.data(), B, 0.0f) * B * T;
+  };
+  int bad = 0;
+  for (const ParamSpec& p : model.parameters()) {
+    std::vector<float> x(params.begin() + p.offset, params.begin() + p.offset + p.count);
+    std::vector<float> g(analytic.begin() + p.offset, analytic.begin() + p.offset + p.count);
+    auto f_tensor = [&] {
+      std::copy(x.begin(), x.end(), params.begin() + p.offset);
+      return f();
+    };
+    const std::size_t stride = p.count > 40 ? p.count / 20 + 1 : 1;
+    bad += test::check_gradient(p.name, f_tensor, x, g, stride, 1e-2, 3e-3, 3e-2);
+    std::copy(x.begin(), x.end(), params.begin() + p.offset);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST_P(ModelGradient, MicroBatchesAccumulateToTheFullBatchGradient) {
+  const ModelSpec spec = tiny(GetParam());
+  const int T = 5;
+  MemoryTracker tracker;
+  auto gemm = make_host_gemm();
+  Model model(spec, 2, T, tracker, *gemm);
+  model.init_parameters(3);
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  model.zero_grad();
+  model.forward(tokens.data(), targets.data(), 2, 1.0f);
+  model.backward(tokens.data(), 2);
+  std::vector<float> full(model.grads(), model.grads() + model.flat_size());
+  model.zero_grad();
+  for (int b = 0; b < 2; ++b) {
+    model.forward(tokens.data() + b * T, targets.data() + b * T, 1, 1.0f);
+    model.backward(tokens.data() + b * T, 1);
+  }
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    ASSERT_NEAR(model.grads()[i], full[i], 1e-5 + 1e-4 * std::abs(full[i])) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,
+                         ::testing::Values(Arch::gpt2, Arch::opt),
+                         [](const auto& info) { return std::string(arch_name(info.param)); });
+
+TEST(ModelTable, HuggingFaceNamesShapesAndCounts) {
+  const ModelSpec gpt2 = *find_preset("gpt2-124m");
+  EXPECT_EQ(parameter_count(gpt2), 124439808u);  // GPT2LMHeadModel without the tied lm_head
+  const auto table = parameter_table(gpt2);
+  EXPECT_EQ(table.front().name, "transformer.wte.weight");
+  bool found = false;
+  for (const auto& p : table) {
+    if (p.name == "transformer.h.0.attn.c_attn.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{768, 2304}));  // Conv1D [in, out]
+      found = true;
+    }
+    EXPECT_EQ(p.offset % 16, 0u);
+  }
+  EXPECT_TRUE(found);
+  const ModelSpec opt = *find_preset("opt-125m");
+  EXPECT_EQ(parameter_count(opt), 125239296u);  // OPTForCausalLM without the tied lm_head
+  for (const auto& p : parameter_table(opt)) {
+    if (p.name == "model.decoder.layers.0.fc1.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{3072, 768}));  // nn.Linear [out, in]
+    }
+    if (p.name == "model.decoder.embed_positions.weight") {
+      EXPECT_EQ(p.shape, (std::vector<int64_t>{2050, 768}));  // offset of 2
+    }
+  }
+}
+
+TEST(ModelTable, WeightDecayAndInitByRule) {
+  const ModelSpec spec = *find_preset("gpt2-124m");
+  for (const auto& p : parameter_table(spec)) {
+    const bool matrix = p.shape.size() == 2;
+    EXPECT_EQ(p.decay(), matrix) << p.name;
+    if (p.name.find("c_proj.weight") != std::string::npos) {
+      EXPECT_NEAR(p.init_std(spec.layers), 0.02 / std::sqrt(24.0), 1e-9) << p.name;
+    }
+  }
+}
+
+}  // namespace
