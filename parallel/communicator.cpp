@@ -1,0 +1,210 @@
+#include "parallel/communicator.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <utility>
+
+namespace colossal::parallel {
+
+namespace {
+
+std::string describe(const Communicator& comm) {
+  return std::string(comm.backend()) + " communicator, rank " + std::to_string(comm.rank()) +
+         " of " + std::to_string(comm.size());
+}
+
+[[noreturn]] void fail(const Communicator& comm, const std::string& message) {
+  throw std::invalid_argument("colossal::parallel: " + message + " [" + describe(comm) + "]");
+}
+
+bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  // std::less gives a total order on unrelated pointers, unlike the built-in <.
+  const auto* a0 = static_cast<const std::byte*>(a);
+  const auto* b0 = static_cast<const std::byte*>(b);
+  return std::less<>{}(a0, b0 + b_bytes) && std::less<>{}(b0, a0 + a_bytes);
+}
+
+constexpr std::uint64_t kFloatBytes = sizeof(float);
+
+}  // namespace
+
+const char* collective_name(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::all_reduce: return "all_reduce";
+    case CollectiveKind::reduce_scatter: return "reduce_scatter";
+    case CollectiveKind::all_gather: return "all_gather";
+    case CollectiveKind::broadcast: return "broadcast";
+    case CollectiveKind::send: return "send";
+    case CollectiveKind::recv: return "recv";
+    case CollectiveKind::barrier: return "barrier";
+  }
+  return "unknown";
+}
+
+double ring_wire_bytes(CollectiveKind kind, double payload_bytes, int ranks) {
+  if (ranks < 1) throw std::invalid_argument("ring_wire_bytes: ranks must be >= 1");
+  const double p = ranks;
+  switch (kind) {
+    case CollectiveKind::send:
+    case CollectiveKind::recv: return payload_bytes;
+    case CollectiveKind::barrier: return 0.0;
+    default: break;
+  }
+  if (ranks == 1) return 0.0;
+  switch (kind) {
+    case CollectiveKind::all_reduce: return 2.0 * (p - 1.0) / p * payload_bytes;
+    case CollectiveKind::reduce_scatter:
+    case CollectiveKind::all_gather: return (p - 1.0) / p * payload_bytes;
+    case CollectiveKind::broadcast: return payload_bytes;
+    default: return 0.0;
+  }
+}
+
+const OpStats& CommStats::operator[](CollectiveKind kind) const {
+  switch (kind) {
+    case CollectiveKind::all_reduce: return all_reduce;
+    case CollectiveKind::reduce_scatter: return reduce_scatter;
+    case CollectiveKind::all_gather: return all_gather;
+    case CollectiveKind::broadcast: return broadcast;
+    case CollectiveKind::send: return send;
+    case CollectiveKind::recv: return recv;
+    case CollectiveKind::barrier: return barrier;
+  }
+  throw std::invalid_argument("CommStats: unknown collective kind");
+}
+
+OpStats& CommStats::operator[](CollectiveKind kind) {
+  return const_cast<OpStats&>(std::as_const(*this)[kind]);
+}
+
+std::uint64_t CommStats::total_calls() const {
+  return all_reduce.calls + reduce_scatter.calls + all_gather.calls + broadcast.calls + send.calls +
+         recv.calls + barrier.calls;
+}
+
+std::uint64_t CommStats::total_payload_bytes() const {
+  return all_reduce.payload_bytes + reduce_scatter.payload_bytes + all_gather.payload_bytes +
+         broadcast.payload_bytes + send.payload_bytes + recv.payload_bytes;
+}
+
+double CommStats::total_wire_bytes() const {
+  return all_reduce.wire_bytes + reduce_scatter.wire_bytes + all_gather.wire_bytes +
+         broadcast.wire_bytes + send.wire_bytes + recv.wire_bytes;
+}
+
+void Communicator::record(CollectiveKind kind, std::uint64_t payload_bytes) {
+  OpStats& op = stats_[kind];
+  op.calls += 1;
+  op.payload_bytes += payload_bytes;
+  op.wire_bytes += ring_wire_bytes(kind, static_cast<double>(payload_bytes), size());
+}
+
+void Communicator::check_rank(const char* what, const char* role, int peer) const {
+  if (peer < 0 || peer >= size()) {
+    fail(*this, std::string(what) + ": " + role + " " + std::to_string(peer) +
+                    " is not a rank of this communicator (ranks are 0.." +
+                    std::to_string(size() - 1) + "); pass a rank of this communicator");
+  }
+}
+
+void Communicator::all_reduce_sum(std::span<float> buffer) {
+  do_all_reduce_sum(buffer);
+  record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
+}
+
+void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
+  const std::size_t p = static_cast<std::size_t>(size());
+  if (input.size() != p * output.size()) {
+    fail(*this, "reduce_scatter_sum: input has " + std::to_string(input.size()) +
+                    " floats but size() * output.size() = " + std::to_string(p * output.size()) +
+                    " (each rank receives one block of output.size() floats); size the input as "
+                    "size() * output.size()");
+  }
+  if (overlap(input.data(), input.size_bytes(), output.data(), output.size_bytes())) {
+    fail(*this, "reduce_scatter_sum: input and output overlap (not every backend can reduce in "
+                "place); use a separate output buffer");
+  }
+  do_reduce_scatter_sum(input, output);
+  record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
+}
+
+void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
+  const std::size_t p = static_cast<std::size_t>(size());
+  if (output.size() != p * input.size()) {
+    fail(*this, "all_gather: output has " + std::to_string(output.size()) +
+                    " floats but size() * input.size() = " + std::to_string(p * input.size()) +
+                    " (every rank contributes one block of input.size() floats); size the output "
+                    "as size() * input.size()");
+  }
+  const bool in_place = input.data() == output.data() + static_cast<std::size_t>(rank()) * input.size();
+  if (!in_place && overlap(input.data(), input.size_bytes(), output.data(), output.size_bytes())) {
+    fail(*this, "all_gather: input overlaps output without being block rank() of it; pass "
+                "output.subspan(rank() * n, n) as input for an in-place gather, or separate buffers");
+  }
+  do_all_gather(input, output);
+  record(CollectiveKind::all_gather, output.size() * kFloatBytes);
+}
+
+void Communicator::broadcast(std::span<float> buffer, int root) {
+  check_rank("broadcast", "root", root);
+  do_broadcast(buffer, root);
+  record(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
+}
+
+void Communicator::broadcast_bytes(std::span<std::byte> buffer, int root) {
+  check_rank("broadcast_bytes", "root", root);
+  do_broadcast_bytes(buffer, root);
+  record(CollectiveKind::broadcast, buffer.size());
+}
+
+void Communicator::broadcast_string(std::string& text, int root) {
+  std::uint64_t length = text.size();
+  broadcast_value(length, root);
+  text.resize(static_cast<std::size_t>(length));
+  broadcast_bytes(std::as_writable_bytes(std::span<char>(text.data(), text.size())), root);
+}
+
+void Communicator::send(std::span<const float> buffer, int dest, int tag) {
+  check_rank("send", "destination", dest);
+  if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  do_send(buffer, dest, tag);
+  record(CollectiveKind::send, buffer.size() * kFloatBytes);
+}
+
+void Communicator::recv(std::span<float> buffer, int source, int tag) {
+  check_rank("recv", "source", source);
+  if (tag < 0) fail(*this, "recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  do_recv(buffer, source, tag);
+  record(CollectiveKind::recv, buffer.size() * kFloatBytes);
+}
+
+void Communicator::send_recv(std::span<const float> send_buffer, int dest,
+                             std::span<float> recv_buffer, int source, int tag) {
+  check_rank("send_recv", "destination", dest);
+  check_rank("send_recv", "source", source);
+  if (tag < 0) fail(*this, "send_recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  if (overlap(send_buffer.data(), send_buffer.size_bytes(), recv_buffer.data(),
+              recv_buffer.size_bytes())) {
+    fail(*this, "send_recv: send and receive buffers overlap; use separate buffers");
+  }
+  do_send_recv(send_buffer, dest, recv_buffer, source, tag);
+  record(CollectiveKind::send, send_buffer.size() * kFloatBytes);
+  record(CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
+}
+
+void Communicator::barrier() {
+  do_barrier();
+  record(CollectiveKind::barrier, 0);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) const {
+  if (color < 0) {
+    fail(*this, "split: color " + std::to_string(color) +
+                    " is negative (every rank must land in a group); use a color >= 0");
+  }
+  return do_split(color, key);
+}
+
+}  // namespace colossal::parallel

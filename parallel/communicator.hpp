@@ -1,0 +1,143 @@
+// The one interface every collective in colossal goes through, over MPI (host buffers) or NCCL
+// (device buffers).
+//
+// Buffers:
+//   * float buffers live in memory_space(): host memory for MpiCommunicator, CUDA device memory
+//     for NcclCommunicator. A std::span over device memory is only a (pointer, count) pair here;
+//     it is never dereferenced on the host.
+//   * byte and string broadcasts are control-plane data (config text, plan text, small integers)
+//     and live in host memory on every backend.
+//
+// Every call is blocking: when it returns the result is in place (NCCL synchronises its stream).
+// Every collective is collective over all ranks of the communicator, with the same sizes and root
+// on every rank; argument errors are detected identically on every rank, so all ranks throw
+// std::invalid_argument together instead of some of them hanging.
+//
+// Byte counting (CommStats). Each call is recorded under its kind with two numbers:
+//   payload_bytes: the size of the logical buffer, the "size" of nccl-tests:
+//       all_reduce_sum      n * 4                 (n = buffer.size())
+//       reduce_scatter_sum  p * c * 4             (the full input; c = output.size())
+//       all_gather          p * c * 4             (the full output; c = input.size())
+//       broadcast           n * sizeof(element)
+//       send / recv         n * 4                 (send counted by the sender, recv by the receiver)
+//   wire_bytes: the bytes each rank sends under the bandwidth-optimal (ring) algorithm, i.e.
+//       payload_bytes times the nccl-tests "bus bandwidth" factor:
+//       all_reduce_sum      2 * (p-1)/p * payload
+//       reduce_scatter_sum      (p-1)/p * payload
+//       all_gather              (p-1)/p * payload
+//       broadcast           payload (pipelined chain: every rank forwards the buffer once)
+//       send / recv         payload
+//   With p == 1 no collective moves anything: wire_bytes is 0 (payload_bytes is still counted).
+//   The same factors are exposed in `ring_wire_bytes` so the cost model uses the formulas the
+//   counters use. barrier counts calls only. split() is set-up and is not counted.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+namespace colossal::parallel {
+
+enum class MemorySpace { host, device };
+
+enum class CollectiveKind { all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier };
+
+const char* collective_name(CollectiveKind kind);
+
+// Bytes one rank sends for a collective of `payload_bytes` over `ranks` ranks under the ring model
+// above (the bus-bandwidth factor of nccl-tests). Shared by the counters and the cost model.
+double ring_wire_bytes(CollectiveKind kind, double payload_bytes, int ranks);
+
+struct OpStats {
+  std::uint64_t calls = 0;
+  std::uint64_t payload_bytes = 0;
+  double wire_bytes = 0.0;
+};
+
+struct CommStats {
+  OpStats all_reduce, reduce_scatter, all_gather, broadcast, send, recv, barrier;
+
+  const OpStats& operator[](CollectiveKind kind) const;
+  OpStats& operator[](CollectiveKind kind);
+  std::uint64_t total_calls() const;
+  std::uint64_t total_payload_bytes() const;
+  double total_wire_bytes() const;
+};
+
+// Non-virtual public interface: the base class validates arguments and counts bytes once for all
+// backends; a backend implements only the private do_* hooks.
+class Communicator {
+ public:
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;  // "mpi" | "nccl"
+  virtual MemorySpace memory_space() const = 0;  // where float buffers must live
+
+  // buffer <- sum over ranks of buffer (in place).
+  void all_reduce_sum(std::span<float> buffer);
+  // output <- block rank() of the sum over ranks of input; input.size() == size() * output.size().
+  // input and output must not overlap.
+  void reduce_scatter_sum(std::span<const float> input, std::span<float> output);
+  // output <- concatenation of every rank's input in rank order; output.size() == size() *
+  // input.size(). In place when input is exactly block rank() of output.
+  void all_gather(std::span<const float> input, std::span<float> output);
+  // buffer <- root's buffer.
+  void broadcast(std::span<float> buffer, int root);
+  // Host memory on every backend (see the top of this file).
+  void broadcast_bytes(std::span<std::byte> buffer, int root);
+  // text <- root's text, any length (a length header is broadcast first and counted too).
+  void broadcast_string(std::string& text, int root);
+  // value <- root's value, for small trivially copyable host values (counts, flags, seeds).
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void broadcast_value(T& value, int root) {
+    broadcast_bytes(std::as_writable_bytes(std::span<T>(&value, 1)), root);
+  }
+
+  // Blocking point-to-point. Tags must be >= 0; NCCL has no tags and matches in issue order per
+  // pair of ranks, so code that must run on both backends never relies on tags to reorder.
+  void send(std::span<const float> buffer, int dest, int tag);
+  // Receives exactly buffer.size() floats; a message of another size is an error.
+  void recv(std::span<float> buffer, int source, int tag);
+  // send to dest and receive from source at once (a ring shift without deadlock).
+  void send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
+                 int source, int tag);
+
+  void barrier();
+
+  // Collective: ranks with the same color form a new communicator, ordered by (key, old rank).
+  // color must be >= 0 (every rank gets a group). The result has the same backend.
+  std::unique_ptr<Communicator> split(int color, int key) const;
+
+  const CommStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = CommStats{}; }
+
+ private:
+  virtual void do_all_reduce_sum(std::span<float> buffer) = 0;
+  virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
+  virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
+  virtual void do_broadcast(std::span<float> buffer, int root) = 0;
+  virtual void do_broadcast_bytes(std::span<std::byte> buffer, int root) = 0;
+  virtual void do_send(std::span<const float> buffer, int dest, int tag) = 0;
+  virtual void do_recv(std::span<float> buffer, int source, int tag) = 0;
+  virtual void do_send_recv(std::span<const float> send_buffer, int dest,
+                            std::span<float> recv_buffer, int source, int tag) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) const = 0;
+
+  void record(CollectiveKind kind, std::uint64_t payload_bytes);
+  void check_rank(const char* what, const char* role, int peer) const;
+
+  CommStats stats_;
+};
+
+}  // namespace colossal::parallel

@@ -1,0 +1,174 @@
+#include "parallel/mpi_communicator.hpp"
+
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+namespace colossal::parallel {
+
+namespace {
+
+// MPI-3 counts are int; buffers beyond that must be bucketed by the caller.
+int mpi_count(std::size_t count, const char* what) {
+  if (count > static_cast<std::size_t>(INT_MAX)) {
+    throw std::invalid_argument(std::string("colossal::parallel: ") + what + ": " +
+                                std::to_string(count) +
+                                " elements exceed INT_MAX (MPI counts are int); split the "
+                                "buffer into buckets of at most INT_MAX elements");
+  }
+  return static_cast<int>(count);
+}
+
+// MPI takes non-const pointers in some implementations' older signatures; the data is not written.
+void* send_ptr(const void* p) { return const_cast<void*>(p); }
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (!initialised || finalised) {
+    throw std::logic_error(
+        "colossal::parallel: MpiCommunicator created while MPI is not running (MPI must be "
+        "initialised and not yet finalised); call MPI_Init first and destroy communicators before "
+        "MPI_Finalize");
+  }
+  const int code = MPI_Comm_dup(parent, &comm_);
+  if (code != MPI_SUCCESS) {
+    comm_ = MPI_COMM_NULL;
+    check(code, "MPI_Comm_dup");
+  }
+  init_from_comm();
+}
+
+MpiCommunicator::MpiCommunicator(Adopt, MPI_Comm owned) : comm_(owned) { init_from_comm(); }
+
+void MpiCommunicator::init_from_comm() {
+  try {
+    // Errors on our duplicate come back as codes, which check() turns into exceptions.
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+    void* attribute = nullptr;
+    int found = 0;
+    check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attribute, &found), "MPI_Comm_get_attr(MPI_TAG_UB)");
+    if (found) tag_upper_bound_ = *static_cast<int*>(attribute);
+  } catch (...) {
+    MPI_Comm_free(&comm_);  // the destructor does not run when a constructor throws
+    throw;
+  }
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (comm_ == MPI_COMM_NULL) return;
+  int finalised = 0;
+  MPI_Finalized(&finalised);
+  if (!finalised) MPI_Comm_free(&comm_);  // nothing useful to do with an error in a destructor
+}
+
+void MpiCommunicator::check(int code, const char* call) const {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) length = 0;
+  throw std::runtime_error("colossal::parallel: " + std::string(call) + " failed: " +
+                           std::string(text, static_cast<std::size_t>(length)) +
+                           " (MPI error " + std::to_string(code) + ", rank " +
+                           std::to_string(rank_) + " of " + std::to_string(size_) + ")");
+}
+
+int MpiCommunicator::checked_tag(int tag) const {
+  if (tag > tag_upper_bound_) {
+    throw std::invalid_argument("colossal::parallel: MPI tag " + std::to_string(tag) +
+                                " exceeds MPI_TAG_UB = " + std::to_string(tag_upper_bound_) +
+                                " (the MPI library rejects it); use a smaller tag");
+  }
+  return tag;
+}
+
+void MpiCommunicator::do_all_reduce_sum(std::span<float> buffer) {
+  check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), mpi_count(buffer.size(), "all_reduce_sum"),
+                      MPI_FLOAT, MPI_SUM, comm_),
+        "MPI_Allreduce");
+}
+
+void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
+  check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(),
+                                 mpi_count(output.size(), "reduce_scatter_sum"), MPI_FLOAT, MPI_SUM,
+                                 comm_),
+        "MPI_Reduce_scatter_block");
+}
+
+void MpiCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
+  const int count = mpi_count(input.size(), "all_gather");
+  mpi_count(output.size(), "all_gather");
+  const bool in_place = input.data() == output.data() + static_cast<std::size_t>(rank_) * input.size();
+  const void* send = in_place ? MPI_IN_PLACE : input.data();
+  check(MPI_Allgather(send_ptr(send), count, MPI_FLOAT, output.data(), count, MPI_FLOAT, comm_),
+        "MPI_Allgather");
+}
+
+void MpiCommunicator::do_broadcast(std::span<float> buffer, int root) {
+  check(MPI_Bcast(buffer.data(), mpi_count(buffer.size(), "broadcast"), MPI_FLOAT, root, comm_),
+        "MPI_Bcast");
+}
+
+void MpiCommunicator::do_broadcast_bytes(std::span<std::byte> buffer, int root) {
+  check(MPI_Bcast(buffer.data(), mpi_count(buffer.size(), "broadcast_bytes"), MPI_BYTE, root, comm_),
+        "MPI_Bcast");
+}
+
+void MpiCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
+  check(MPI_Send(send_ptr(buffer.data()), mpi_count(buffer.size(), "send"), MPI_FLOAT, dest,
+                 checked_tag(tag), comm_),
+        "MPI_Send");
+}
+
+void MpiCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
+  MPI_Status status;
+  check(MPI_Recv(buffer.data(), mpi_count(buffer.size(), "recv"), MPI_FLOAT, source,
+                 checked_tag(tag), comm_, &status),
+        "MPI_Recv");
+  int received = 0;
+  check(MPI_Get_count(&status, MPI_FLOAT, &received), "MPI_Get_count");
+  if (static_cast<std::size_t>(received) != buffer.size()) {
+    throw std::runtime_error("colossal::parallel: recv expected " + std::to_string(buffer.size()) +
+                             " floats from rank " + std::to_string(source) + " (tag " +
+                             std::to_string(tag) + ") but the message holds " +
+                             std::to_string(received) + "; sender and receiver must agree on sizes");
+  }
+}
+
+void MpiCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
+                                   std::span<float> recv_buffer, int source, int tag) {
+  MPI_Status status;
+  check(MPI_Sendrecv(send_ptr(send_buffer.data()), mpi_count(send_buffer.size(), "send_recv"),
+                     MPI_FLOAT, dest, checked_tag(tag), recv_buffer.data(),
+                     mpi_count(recv_buffer.size(), "send_recv"), MPI_FLOAT, source, tag, comm_,
+                     &status),
+        "MPI_Sendrecv");
+  int received = 0;
+  check(MPI_Get_count(&status, MPI_FLOAT, &received), "MPI_Get_count");
+  if (static_cast<std::size_t>(received) != recv_buffer.size()) {
+    throw std::runtime_error("colossal::parallel: send_recv expected " +
+                             std::to_string(recv_buffer.size()) + " floats from rank " +
+                             std::to_string(source) + " but the message holds " +
+                             std::to_string(received) + "; sender and receiver must agree on sizes");
+  }
+}
+
+void MpiCommunicator::do_barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) const {
+  MPI_Comm part = MPI_COMM_NULL;
+  check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
+  return std::unique_ptr<Communicator>(new MpiCommunicator(Adopt{}, part));
+}
+
+std::unique_ptr<MpiCommunicator> make_world_communicator() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD);
+}
+
+}  // namespace colossal::parallel

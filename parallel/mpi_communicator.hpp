@@ -1,0 +1,58 @@
+// Communicator over MPI with host buffers. Owns a duplicated MPI_Comm (so library traffic never
+// matches user traffic on the parent) and frees it on destruction. Errors on the duplicate are
+// returned rather than fatal, and every return code is checked: a failure throws
+// std::runtime_error naming the MPI call, the MPI error string and the rank.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+
+#include "parallel/communicator.hpp"
+
+namespace colossal::parallel {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Duplicates `parent` (collective over it). MPI must be initialised.
+  explicit MpiCommunicator(MPI_Comm parent);
+  ~MpiCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+  MemorySpace memory_space() const override { return MemorySpace::host; }
+
+  // The owned communicator, for interop (e.g. bootstrapping NCCL, parallel HDF5). Still owned here.
+  MPI_Comm native() const { return comm_; }
+
+ private:
+  struct Adopt {};
+  MpiCommunicator(Adopt, MPI_Comm owned);  // takes ownership of a communicator made by split
+  void init_from_comm();
+
+  void do_all_reduce_sum(std::span<float> buffer) override;
+  void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
+  void do_all_gather(std::span<const float> input, std::span<float> output) override;
+  void do_broadcast(std::span<float> buffer, int root) override;
+  void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
+  void do_send(std::span<const float> buffer, int dest, int tag) override;
+  void do_recv(std::span<float> buffer, int source, int tag) override;
+  void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
+                    int source, int tag) override;
+  void do_barrier() override;
+  std::unique_ptr<Communicator> do_split(int color, int key) const override;
+
+  void check(int code, const char* call) const;
+  int checked_tag(int tag) const;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  int tag_upper_bound_ = 32767;  // the MPI standard's guaranteed minimum of MPI_TAG_UB
+};
+
+// A duplicate of MPI_COMM_WORLD. The returned object must be destroyed before MPI_Finalize.
+std::unique_ptr<MpiCommunicator> make_world_communicator();
+
+}  // namespace colossal::parallel

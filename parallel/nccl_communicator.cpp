@@ -1,0 +1,184 @@
+// Compiled only when COLOSSAL_HAVE_CUDA (see parallel/CMakeLists.txt).
+#include "parallel/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace colossal::parallel {
+
+namespace {
+
+std::string where(int rank, int size, int device) {
+  return "rank " + std::to_string(rank) + " of " + std::to_string(size) + ", CUDA device " +
+         std::to_string(device);
+}
+
+std::runtime_error cuda_error(cudaError_t error, const std::string& call, const std::string& at) {
+  return std::runtime_error("colossal::parallel: " + call + " failed: " + cudaGetErrorName(error) +
+                            ": " + cudaGetErrorString(error) + " (" + at + ")");
+}
+
+}  // namespace
+
+NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, int device)
+    : host_(bootstrap.native()), device_(device) {
+  // Local set-up first, then agree over MPI that every rank succeeded: a rank that fails alone
+  // would otherwise leave the others waiting in ncclCommInitRank forever.
+  ncclUniqueId id{};
+  std::string local_error;
+  try {
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (host_.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+  } catch (const std::exception& e) {
+    local_error = e.what();
+  }
+  float failed = local_error.empty() ? 0.0f : 1.0f;
+  host_.all_reduce_sum(std::span<float>(&failed, 1));
+  if (failed > 0.0f) {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (!local_error.empty()) throw std::runtime_error(local_error);
+    throw std::runtime_error("colossal::parallel: NCCL set-up failed on " +
+                             std::to_string(static_cast<int>(failed)) +
+                             " other rank(s) (see their messages); this rank (" +
+                             where(rank(), size(), device_) + ") stops with them");
+  }
+  host_.broadcast_bytes(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
+  const ncclResult_t init = ncclCommInitRank(&comm_, size(), id, rank());
+  if (init != ncclSuccess) {
+    comm_ = nullptr;
+    cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+    check_nccl(init, "ncclCommInitRank");
+  }
+}
+
+NcclCommunicator::~NcclCommunicator() {
+  // Errors cannot be reported from a destructor; teardown is best effort.
+  cudaSetDevice(device_);
+  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::check_nccl(int result, const char* call) const {
+  const auto code = static_cast<ncclResult_t>(result);
+  if (code == ncclSuccess) return;
+  std::string detail = ncclGetErrorString(code);
+  const char* last = ncclGetLastError(comm_);
+  if (last != nullptr && *last != '\0') detail += std::string("; ") + last;
+  throw std::runtime_error("colossal::parallel: " + std::string(call) + " failed: " + detail +
+                           " (" + where(rank(), size(), device_) + ")");
+}
+
+void NcclCommunicator::check_cuda(int error, const char* call) const {
+  const auto code = static_cast<cudaError_t>(error);
+  if (code != cudaSuccess) throw cuda_error(code, call, where(rank(), size(), device_));
+}
+
+void NcclCommunicator::synchronize(const char* what) {
+  check_cuda(cudaStreamSynchronize(stream_), what);
+  ncclResult_t async = ncclSuccess;
+  check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+  check_nccl(async, what);
+}
+
+void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
+  check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
+                           stream_),
+             "ncclAllReduce");
+  synchronize("ncclAllReduce");
+}
+
+void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
+                                             std::span<float> output) {
+  check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
+                               comm_, stream_),
+             "ncclReduceScatter");
+  synchronize("ncclReduceScatter");
+}
+
+void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
+  // NCCL is in place when input == output + rank * input.size(), exactly our in-place form.
+  check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
+             "ncclAllGather");
+  synchronize("ncclAllGather");
+}
+
+void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {
+  check_nccl(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, root, comm_,
+                           stream_),
+             "ncclBroadcast");
+  synchronize("ncclBroadcast");
+}
+
+void NcclCommunicator::do_broadcast_bytes(std::span<std::byte> buffer, int root) {
+  host_.broadcast_bytes(buffer, root);  // control plane: host memory
+}
+
+void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int /*tag*/) {
+  check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
+  synchronize("ncclSend");
+}
+
+void NcclCommunicator::do_recv(std::span<float> buffer, int source, int /*tag*/) {
+  check_nccl(ncclRecv(buffer.data(), buffer.size(), ncclFloat32, source, comm_, stream_),
+             "ncclRecv");
+  synchronize("ncclRecv");
+}
+
+void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
+                                    std::span<float> recv_buffer, int source, int /*tag*/) {
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  const ncclResult_t sent =
+      ncclSend(send_buffer.data(), send_buffer.size(), ncclFloat32, dest, comm_, stream_);
+  const ncclResult_t received =
+      ncclRecv(recv_buffer.data(), recv_buffer.size(), ncclFloat32, source, comm_, stream_);
+  const ncclResult_t ended = ncclGroupEnd();  // always close the group, even after an error
+  check_nccl(sent, "ncclSend");
+  check_nccl(received, "ncclRecv");
+  check_nccl(ended, "ncclGroupEnd");
+  synchronize("ncclSend/ncclRecv");
+}
+
+void NcclCommunicator::do_barrier() {
+  // Every NCCL call above has completed on its stream by the time it returns, so a host barrier
+  // is a barrier for the device work too.
+  host_.barrier();
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) const {
+  const std::unique_ptr<Communicator> part = host_.split(color, key);
+  return std::make_unique<NcclCommunicator>(dynamic_cast<const MpiCommunicator&>(*part), device_);
+}
+
+int node_local_device(const MpiCommunicator& world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL,
+                          &node) != MPI_SUCCESS) {
+    throw std::runtime_error("colossal::parallel: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed "
+                             "while choosing a CUDA device");
+  }
+  int local_rank = 0;
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  const cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess || devices == 0) {
+    throw std::runtime_error(
+        "colossal::parallel: no CUDA device is visible to rank " + std::to_string(world.rank()) +
+        (error != cudaSuccess ? std::string(" (cudaGetDeviceCount: ") + cudaGetErrorString(error) + ")"
+                              : std::string()) +
+        " (the NCCL communicator needs one GPU per process); run on a GPU node or use the MPI "
+        "communicator");
+  }
+  return local_rank % devices;
+}
+
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(const MpiCommunicator& world) {
+  return std::make_unique<NcclCommunicator>(world, node_local_device(world));
+}
+
+}  // namespace colossal::parallel

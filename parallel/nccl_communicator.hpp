@@ -1,0 +1,73 @@
+// Communicator over NCCL with CUDA device buffers, on one device per process.
+//
+// Available only when the build has CUDA (COLOSSAL_HAVE_CUDA; colossal::parallel then compiles
+// nccl_communicator.cpp). The header needs no CUDA include path: the NCCL communicator and the
+// CUDA stream are held through their forward-declared handle types.
+//
+// Bootstrap: rank 0 of an MPI communicator creates the ncclUniqueId and broadcasts it over MPI;
+// every rank then joins with ncclCommInitRank. The NcclCommunicator keeps its own duplicate of
+// that MPI communicator for the control plane (byte/string broadcasts live in host memory) and
+// for split(), which splits the MPI communicator and bootstraps a new NCCL communicator on it.
+//
+// Semantics are those of Communicator: float buffers are device pointers; each call enqueues on
+// the communicator's own stream and synchronises it before returning, so results are ready and
+// errors (ncclResult_t, cudaError_t, and NCCL's asynchronous errors) surface as
+// std::runtime_error at the call that caused them. Tags are accepted and ignored: NCCL matches
+// point-to-point messages in issue order per pair of ranks.
+#pragma once
+
+#include <memory>
+
+#include "parallel/communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
+
+struct ncclComm;    // ncclComm_t   == ncclComm*
+struct CUstream_st; // cudaStream_t == CUstream_st*
+
+namespace colossal::parallel {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap`: one NCCL rank per MPI rank, same rank numbers, on CUDA `device`.
+  NcclCommunicator(const MpiCommunicator& bootstrap, int device);
+  ~NcclCommunicator() override;
+
+  int rank() const override { return host_.rank(); }
+  int size() const override { return host_.size(); }
+  std::string_view backend() const override { return "nccl"; }
+  MemorySpace memory_space() const override { return MemorySpace::device; }
+
+  int device() const { return device_; }
+  CUstream_st* stream() const { return stream_; }  // a cudaStream_t
+
+ private:
+  void do_all_reduce_sum(std::span<float> buffer) override;
+  void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
+  void do_all_gather(std::span<const float> input, std::span<float> output) override;
+  void do_broadcast(std::span<float> buffer, int root) override;
+  void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
+  void do_send(std::span<const float> buffer, int dest, int tag) override;
+  void do_recv(std::span<float> buffer, int source, int tag) override;
+  void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
+                    int source, int tag) override;
+  void do_barrier() override;
+  std::unique_ptr<Communicator> do_split(int color, int key) const override;
+
+  void synchronize(const char* what);
+  void check_nccl(int result, const char* call) const;
+  void check_cuda(int error, const char* call) const;
+
+  MpiCommunicator host_;
+  int device_ = 0;
+  ncclComm* comm_ = nullptr;
+  CUstream_st* stream_ = nullptr;
+};
+
+// The CUDA device this process should use: its rank among the processes on the same node, modulo
+// the number of visible devices. Collective over `world`. Throws if no device is visible.
+int node_local_device(const MpiCommunicator& world);
+
+// An NcclCommunicator over the ranks of `world`, each process on node_local_device(world).
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(const MpiCommunicator& world);
+
+}  // namespace colossal::parallel

@@ -1,0 +1,294 @@
+// MpiCommunicator: collectives against closed forms, split groups, point-to-point rings and the
+// byte counters against the formulas of parallel/communicator.hpp. Runs at any rank count.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/mpi_communicator.hpp"
+
+namespace colossal::parallel {
+namespace {
+
+constexpr double kFloat = sizeof(float);
+
+class MpiCommunicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override { comm = make_world_communicator(); }
+  int rank() const { return comm->rank(); }
+  int size() const { return comm->size(); }
+  double p() const { return static_cast<double>(comm->size()); }
+  // Sum of 0..p-1.
+  float sum_of_ranks() const { return static_cast<float>(size() * (size() - 1) / 2); }
+
+  std::unique_ptr<MpiCommunicator> comm;
+};
+
+TEST_F(MpiCommunicatorTest, DuplicatesWorld) {
+  int world_rank = -1;
+  int world_size = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  EXPECT_EQ(rank(), world_rank);
+  EXPECT_EQ(size(), world_size);
+  EXPECT_EQ(comm->backend(), "mpi");
+  EXPECT_EQ(comm->memory_space(), MemorySpace::host);
+  int compare = MPI_UNEQUAL;
+  MPI_Comm_compare(comm->native(), MPI_COMM_WORLD, &compare);
+  EXPECT_EQ(compare, MPI_CONGRUENT);  // same group, a different context: a real duplicate
+}
+
+TEST_F(MpiCommunicatorTest, AllReduceSumMatchesClosedForm) {
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{1} << 18}) {
+    std::vector<float> buffer(n);
+    for (std::size_t i = 0; i < n; ++i) buffer[i] = static_cast<float>(rank()) + static_cast<float>(i % 1000);
+    comm->all_reduce_sum(buffer);
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(buffer[i], sum_of_ranks() + static_cast<float>(size()) * static_cast<float>(i % 1000))
+          << "n=" << n << " i=" << i;
+    }
+  }
+}
+
+TEST_F(MpiCommunicatorTest, AllReduceCountsBytes) {
+  const std::size_t n = 1000;
+  std::vector<float> buffer(n, 1.0f);
+  comm->all_reduce_sum(buffer);
+  comm->all_reduce_sum(buffer);
+  const OpStats& s = comm->stats().all_reduce;
+  EXPECT_EQ(s.calls, 2u);
+  EXPECT_EQ(s.payload_bytes, 2u * n * sizeof(float));
+  EXPECT_DOUBLE_EQ(s.wire_bytes, 2.0 * (2.0 * (p() - 1.0) / p() * n * kFloat));
+  EXPECT_EQ(comm->stats().total_calls(), 2u);
+  EXPECT_EQ(comm->stats().total_payload_bytes(), 2u * n * sizeof(float));
+  comm->reset_stats();
+  EXPECT_EQ(comm->stats().total_calls(), 0u);
+  EXPECT_EQ(comm->stats().all_reduce.payload_bytes, 0u);
+  EXPECT_EQ(comm->stats().total_wire_bytes(), 0.0);
+}
+
+TEST_F(MpiCommunicatorTest, ReduceScatterSumMatchesClosedForm) {
+  const std::size_t c = 37;
+  const std::size_t n = c * static_cast<std::size_t>(size());
+  std::vector<float> input(n);
+  for (std::size_t j = 0; j < n; ++j) input[j] = static_cast<float>(rank() * 1000) + static_cast<float>(j);
+  std::vector<float> output(c, -1.0f);
+  comm->reduce_scatter_sum(input, output);
+  for (std::size_t k = 0; k < c; ++k) {
+    const float j = static_cast<float>(static_cast<std::size_t>(rank()) * c + k);
+    EXPECT_EQ(output[k], 1000.0f * sum_of_ranks() + static_cast<float>(size()) * j) << "k=" << k;
+  }
+  const OpStats& s = comm->stats().reduce_scatter;
+  EXPECT_EQ(s.calls, 1u);
+  EXPECT_EQ(s.payload_bytes, n * sizeof(float));
+  EXPECT_DOUBLE_EQ(s.wire_bytes, (p() - 1.0) * c * kFloat);
+}
+
+TEST_F(MpiCommunicatorTest, ReduceScatterRejectsBadSizesOnEveryRank) {
+  std::vector<float> input(static_cast<std::size_t>(size()) * 4 + 1);
+  std::vector<float> output(4);
+  EXPECT_THROW(comm->reduce_scatter_sum(input, output), std::invalid_argument);
+  std::vector<float> both(static_cast<std::size_t>(size()) * 4);
+  EXPECT_THROW(comm->reduce_scatter_sum(both, std::span<float>(both).first(4)), std::invalid_argument);
+  EXPECT_EQ(comm->stats().reduce_scatter.calls, 0u);
+}
+
+TEST_F(MpiCommunicatorTest, AllGatherMatchesClosedForm) {
+  const std::size_t c = 5;
+  std::vector<float> input(c);
+  for (std::size_t k = 0; k < c; ++k) input[k] = static_cast<float>(rank() * 100) + static_cast<float>(k);
+  std::vector<float> output(c * static_cast<std::size_t>(size()), -1.0f);
+  comm->all_gather(input, output);
+  for (int r = 0; r < size(); ++r) {
+    for (std::size_t k = 0; k < c; ++k) {
+      EXPECT_EQ(output[static_cast<std::size_t>(r) * c + k], static_cast<float>(r * 100) + static_cast<float>(k));
+    }
+  }
+  const OpStats& s = comm->stats().all_gather;
+  EXPECT_EQ(s.calls, 1u);
+  EXPECT_EQ(s.payload_bytes, output.size() * sizeof(float));
+  EXPECT_DOUBLE_EQ(s.wire_bytes, (p() - 1.0) * c * kFloat);
+}
+
+TEST_F(MpiCommunicatorTest, AllGatherInPlace) {
+  const std::size_t c = 3;
+  std::vector<float> buffer(c * static_cast<std::size_t>(size()), -1.0f);
+  std::span<float> mine = std::span<float>(buffer).subspan(static_cast<std::size_t>(rank()) * c, c);
+  for (std::size_t k = 0; k < c; ++k) mine[k] = static_cast<float>(rank() * 10) + static_cast<float>(k);
+  comm->all_gather(mine, buffer);
+  for (std::size_t i = 0; i < buffer.size(); ++i) {
+    EXPECT_EQ(buffer[i], static_cast<float>(static_cast<int>(i / c) * 10) + static_cast<float>(i % c));
+  }
+}
+
+TEST_F(MpiCommunicatorTest, AllGatherRejectsBadSizes) {
+  std::vector<float> input(3);
+  std::vector<float> output(3 * static_cast<std::size_t>(size()) + 1);
+  EXPECT_THROW(comm->all_gather(input, output), std::invalid_argument);
+}
+
+TEST_F(MpiCommunicatorTest, BroadcastFromEveryRoot) {
+  const std::size_t n = 17;
+  for (int root = 0; root < size(); ++root) {
+    std::vector<float> buffer(n, -1.0f);
+    if (rank() == root) std::iota(buffer.begin(), buffer.end(), static_cast<float>(root * 100));
+    comm->broadcast(buffer, root);
+    for (std::size_t i = 0; i < n; ++i) EXPECT_EQ(buffer[i], static_cast<float>(root * 100 + static_cast<int>(i)));
+  }
+  const OpStats& s = comm->stats().broadcast;
+  EXPECT_EQ(s.calls, static_cast<std::uint64_t>(size()));
+  EXPECT_EQ(s.payload_bytes, static_cast<std::uint64_t>(size()) * n * sizeof(float));
+  EXPECT_DOUBLE_EQ(s.wire_bytes, size() == 1 ? 0.0 : p() * n * kFloat);
+}
+
+TEST_F(MpiCommunicatorTest, BroadcastRejectsBadRoot) {
+  std::vector<float> buffer(4);
+  EXPECT_THROW(comm->broadcast(buffer, size()), std::invalid_argument);
+  EXPECT_THROW(comm->broadcast(buffer, -1), std::invalid_argument);
+  EXPECT_EQ(comm->stats().broadcast.calls, 0u);
+}
+
+TEST_F(MpiCommunicatorTest, BroadcastStringAndValues) {
+  const int root = size() - 1;
+  for (const std::string& sent : {std::string(), std::string("model:\n  arch: gpt2\n"), std::string(100000, 'x')}) {
+    std::string text = rank() == root ? sent : std::string("stale text on a non-root rank");
+    comm->reset_stats();
+    comm->broadcast_string(text, root);
+    EXPECT_EQ(text, sent);
+    // A length header (8 bytes) then the characters: two counted broadcasts.
+    EXPECT_EQ(comm->stats().broadcast.calls, 2u);
+    EXPECT_EQ(comm->stats().broadcast.payload_bytes, 8u + sent.size());
+  }
+  struct Seeds {
+    std::uint64_t seed;
+    int steps;
+    double lr;
+  } value{0, 0, 0.0};
+  if (rank() == 0) value = {1234, 2000, 3.0e-4};
+  comm->broadcast_value(value, 0);
+  EXPECT_EQ(value.seed, 1234u);
+  EXPECT_EQ(value.steps, 2000);
+  EXPECT_EQ(value.lr, 3.0e-4);
+}
+
+TEST_F(MpiCommunicatorTest, SendRecvRing) {
+  if (size() < 2) GTEST_SKIP() << "a blocking ring needs two ranks";
+  const std::size_t n = 64;
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  std::vector<float> out(n, static_cast<float>(rank()));
+  std::vector<float> in(n, -1.0f);
+  // Even ranks send first, odd ranks receive first: no cycle of blocked senders.
+  if (rank() % 2 == 0) {
+    comm->send(out, next, 7);
+    comm->recv(in, prev, 7);
+  } else {
+    comm->recv(in, prev, 7);
+    comm->send(out, next, 7);
+  }
+  for (float v : in) EXPECT_EQ(v, static_cast<float>(prev));
+  EXPECT_EQ(comm->stats().send.calls, 1u);
+  EXPECT_EQ(comm->stats().recv.calls, 1u);
+  EXPECT_EQ(comm->stats().send.payload_bytes, n * sizeof(float));
+  EXPECT_EQ(comm->stats().recv.payload_bytes, n * sizeof(float));
+  EXPECT_DOUBLE_EQ(comm->stats().send.wire_bytes, n * kFloat);
+}
+
+TEST_F(MpiCommunicatorTest, SendRecvShiftAroundTheRing) {
+  // After p shifts every value has visited every rank and come home; the running sum is the
+  // sum of ranks. Works at p == 1 (a rank exchanging with itself).
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  std::vector<float> block(8, static_cast<float>(rank()));
+  std::vector<float> incoming(8);
+  float seen = 0.0f;
+  for (int step = 0; step < size(); ++step) {
+    seen += block[0];
+    comm->send_recv(block, next, incoming, prev, step);
+    std::swap(block, incoming);
+  }
+  EXPECT_EQ(seen, sum_of_ranks());
+  EXPECT_EQ(block[0], static_cast<float>(rank()));
+  EXPECT_EQ(comm->stats().send.calls, static_cast<std::uint64_t>(size()));
+  EXPECT_EQ(comm->stats().recv.payload_bytes, static_cast<std::uint64_t>(size()) * 8 * sizeof(float));
+}
+
+TEST_F(MpiCommunicatorTest, RecvOfWrongSizeIsAnError) {
+  if (size() < 2) GTEST_SKIP() << "needs a sender and a receiver";
+  if (rank() == 0) {
+    std::vector<float> out(3, 1.0f);
+    comm->send(out, 1, 3);
+  } else if (rank() == 1) {
+    std::vector<float> in(4);
+    EXPECT_THROW(comm->recv(in, 0, 3), std::runtime_error);
+  }
+  comm->barrier();
+}
+
+TEST_F(MpiCommunicatorTest, PointToPointRejectsBadArguments) {
+  std::vector<float> buffer(2);
+  EXPECT_THROW(comm->send(buffer, size(), 0), std::invalid_argument);
+  EXPECT_THROW(comm->recv(buffer, -1, 0), std::invalid_argument);
+  EXPECT_THROW(comm->send(buffer, 0, -5), std::invalid_argument);
+  EXPECT_THROW(comm->send_recv(buffer, 0, buffer, 0, 0), std::invalid_argument);  // overlap
+}
+
+TEST_F(MpiCommunicatorTest, BarrierCountsCalls) {
+  comm->barrier();
+  comm->barrier();
+  EXPECT_EQ(comm->stats().barrier.calls, 2u);
+  EXPECT_EQ(comm->stats().total_payload_bytes(), 0u);
+}
+
+TEST_F(MpiCommunicatorTest, SplitByParityReversed) {
+  // Key -rank reverses the order inside each group.
+  const std::unique_ptr<Communicator> half = comm->split(rank() % 2, -rank());
+  const int members = (size() + 1 - rank() % 2) / 2;  // ranks with my parity
+  ASSERT_EQ(half->size(), members);
+  EXPECT_EQ(half->rank(), members - 1 - rank() / 2);
+  EXPECT_EQ(half->backend(), "mpi");
+
+  float value = static_cast<float>(rank());
+  half->all_reduce_sum(std::span<float>(&value, 1));
+  float expected = 0.0f;
+  for (int r = rank() % 2; r < size(); r += 2) expected += static_cast<float>(r);
+  EXPECT_EQ(value, expected);
+  // The counters belong to the communicator that moved the data.
+  EXPECT_EQ(half->stats().all_reduce.calls, 1u);
+  EXPECT_EQ(comm->stats().all_reduce.calls, 0u);
+}
+
+TEST_F(MpiCommunicatorTest, SplitOfSplitAndSingletons) {
+  const std::unique_ptr<Communicator> alone = comm->split(rank(), 0);
+  EXPECT_EQ(alone->size(), 1);
+  EXPECT_EQ(alone->rank(), 0);
+  std::vector<float> buffer{static_cast<float>(rank())};
+  alone->all_reduce_sum(buffer);
+  EXPECT_EQ(buffer[0], static_cast<float>(rank()));
+  EXPECT_EQ(alone->stats().all_reduce.wire_bytes, 0.0);  // nothing moves on one rank
+
+  const std::unique_ptr<Communicator> all = comm->split(0, rank());
+  const std::unique_ptr<Communicator> again = all->split(0, rank());
+  EXPECT_EQ(again->size(), size());
+  EXPECT_EQ(again->rank(), rank());
+  EXPECT_THROW(comm->split(-1, 0), std::invalid_argument);
+}
+
+TEST(RingWireBytes, Formulas) {
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::all_reduce, 800.0, 4), 2.0 * 3.0 / 4.0 * 800.0);
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::reduce_scatter, 800.0, 8), 7.0 / 8.0 * 800.0);
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::all_gather, 800.0, 2), 400.0);
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::broadcast, 800.0, 2), 800.0);
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::send, 800.0, 1), 800.0);
+  EXPECT_DOUBLE_EQ(ring_wire_bytes(CollectiveKind::barrier, 800.0, 8), 0.0);
+  for (CollectiveKind kind : {CollectiveKind::all_reduce, CollectiveKind::reduce_scatter,
+                              CollectiveKind::all_gather, CollectiveKind::broadcast}) {
+    EXPECT_EQ(ring_wire_bytes(kind, 800.0, 1), 0.0) << collective_name(kind);
+  }
+  EXPECT_THROW(ring_wire_bytes(CollectiveKind::all_reduce, 1.0, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace colossal::parallel

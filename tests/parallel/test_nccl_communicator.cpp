@@ -1,0 +1,143 @@
+// NcclCommunicator on GPUs. Built only with CUDA; every test skips (on all ranks alike) unless
+// each process on a node has a CUDA device of its own, so no GPU is ever required.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "parallel/nccl_communicator.hpp"
+
+namespace colossal::parallel {
+namespace {
+
+// True on every rank iff every rank sees at least as many devices as ranks share its node.
+bool gpus_for_every_rank(const MpiCommunicator& world) {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(world.native(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
+  int node_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
+  int ok = devices >= node_size ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, world.native());
+  return ok == 1;
+}
+
+// A device buffer, freed on scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t n) : n_(n) {
+    if (n_ > 0 && cudaMalloc(reinterpret_cast<void**>(&data_), n_ * sizeof(float)) != cudaSuccess) {
+      throw std::runtime_error("cudaMalloc failed");
+    }
+  }
+  ~DeviceBuffer() { cudaFree(data_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  std::span<float> span() { return {data_, n_}; }
+  void upload(const std::vector<float>& host) {
+    ASSERT_EQ(cudaMemcpy(data_, host.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<float> download() const {
+    std::vector<float> host(n_);
+    EXPECT_EQ(cudaMemcpy(host.data(), data_, n_ * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+
+ private:
+  std::size_t n_;
+  float* data_ = nullptr;
+};
+
+class NcclCommunicatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    world = make_world_communicator();
+    if (!gpus_for_every_rank(*world)) GTEST_SKIP() << "no CUDA device for every rank";
+    comm = make_nccl_communicator(*world);
+  }
+  int rank() const { return comm->rank(); }
+  int size() const { return comm->size(); }
+
+  std::unique_ptr<MpiCommunicator> world;
+  std::unique_ptr<NcclCommunicator> comm;
+};
+
+TEST_F(NcclCommunicatorTest, Identity) {
+  EXPECT_EQ(comm->rank(), world->rank());
+  EXPECT_EQ(comm->size(), world->size());
+  EXPECT_EQ(comm->backend(), "nccl");
+  EXPECT_EQ(comm->memory_space(), MemorySpace::device);
+}
+
+TEST_F(NcclCommunicatorTest, AllReduceReduceScatterAllGather) {
+  const std::size_t c = 1000;
+  const std::size_t n = c * static_cast<std::size_t>(size());
+  std::vector<float> host(n);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(rank()) + static_cast<float>(i % 100);
+  const float sum_of_ranks = static_cast<float>(size() * (size() - 1) / 2);
+
+  DeviceBuffer buffer(n);
+  buffer.upload(host);
+  comm->all_reduce_sum(buffer.span());
+  std::vector<float> reduced = buffer.download();
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(reduced[i], sum_of_ranks + static_cast<float>(size()) * static_cast<float>(i % 100));
+  }
+
+  buffer.upload(host);
+  DeviceBuffer block(c);
+  comm->reduce_scatter_sum(buffer.span(), block.span());
+  const std::vector<float> mine = block.download();
+  for (std::size_t k = 0; k < c; ++k) {
+    const std::size_t i = static_cast<std::size_t>(rank()) * c + k;
+    ASSERT_EQ(mine[k], sum_of_ranks + static_cast<float>(size()) * static_cast<float>(i % 100));
+  }
+
+  DeviceBuffer gathered(n);
+  comm->all_gather(block.span(), gathered.span());
+  EXPECT_EQ(gathered.download(), reduced);
+
+  const double p = size();
+  EXPECT_DOUBLE_EQ(comm->stats().all_reduce.wire_bytes, size() == 1 ? 0.0 : 2.0 * (p - 1) / p * n * 4);
+  EXPECT_EQ(comm->stats().reduce_scatter.payload_bytes, n * 4);
+  EXPECT_EQ(comm->stats().all_gather.payload_bytes, n * 4);
+}
+
+TEST_F(NcclCommunicatorTest, BroadcastAndStrings) {
+  std::vector<float> host(64);
+  std::iota(host.begin(), host.end(), rank() == 0 ? 0.0f : 1000.0f);
+  DeviceBuffer buffer(host.size());
+  buffer.upload(host);
+  comm->broadcast(buffer.span(), 0);
+  std::vector<float> expected(64);
+  std::iota(expected.begin(), expected.end(), 0.0f);
+  EXPECT_EQ(buffer.download(), expected);
+
+  std::string text = rank() == size() - 1 ? "plan: tp=2" : "";
+  comm->broadcast_string(text, size() - 1);
+  EXPECT_EQ(text, "plan: tp=2");
+}
+
+TEST_F(NcclCommunicatorTest, SendRecvShiftAndSplit) {
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  DeviceBuffer out(16);
+  DeviceBuffer in(16);
+  out.upload(std::vector<float>(16, static_cast<float>(rank())));
+  comm->send_recv(out.span(), next, in.span(), prev, 0);
+  EXPECT_EQ(in.download(), std::vector<float>(16, static_cast<float>(prev)));
+
+  const std::unique_ptr<Communicator> alone = comm->split(rank(), 0);
+  EXPECT_EQ(alone->size(), 1);
+  EXPECT_EQ(alone->backend(), "nccl");
+  alone->all_reduce_sum(out.span());
+  EXPECT_EQ(out.download(), std::vector<float>(16, static_cast<float>(rank())));
+  comm->barrier();
+}
+
+}  // namespace
+}  // namespace colossal::parallel
