@@ -1,0 +1,959 @@
+// Config loading: YAML text -> tree (+ --set overrides) -> structure check -> typed values ->
+// presets and defaults -> cross-key checks.
+//
+// One table, schema(), drives everything: which keys exist (so typos are caught with a
+// suggestion), their type and range, where each lands in Config, the order to_yaml writes them,
+// and the documentation returned by config_schema(). Adding a key means adding one row.
+#include "io/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace colossal::io {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// The schema
+
+enum class Kind { integer, number, text, choice, preset, number_pair };
+enum class Required { no, always, without_preset };
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Bounds on a value. Integer keys use the same struct; their bounds are whole numbers.
+struct Range {
+  double lo = -kInf;
+  bool lo_open = false;
+  double hi = kInf;
+  bool hi_open = false;
+
+  bool contains(double v) const {
+    const bool above_lo = lo_open ? v > lo : v >= lo;
+    const bool below_hi = hi_open ? v < hi : v <= hi;
+    return above_lo && below_hi;
+  }
+};
+Range at_least(double lo) { return Range{lo, false, kInf, false}; }
+Range above(double lo) { return Range{lo, true, kInf, false}; }
+Range half_open_unit() { return Range{0.0, false, 1.0, true}; }  // [0, 1): Adam betas
+
+// Where a key's value lives inside Config. The reader writes through it and to_yaml reads
+// through it, so the two cannot drift apart.
+struct Betas {
+  double* beta1;
+  double* beta2;
+};
+using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, Betas>;
+
+struct KeySpec {
+  std::string key;  // dotted
+  Kind kind;
+  std::function<Field(Config&)> field;
+  std::string doc;                     // one line, for configs/README.md and --help
+  Range range{};                       // integer, number, number_pair
+  std::vector<std::string> choices{};  // choice: accepted values
+  std::vector<std::string> planned{};  // choice: recognised values not implemented yet
+  Required required = Required::no;
+  std::string default_note{};  // documented default when not Config{}'s value
+  std::string example{};       // value used in hints when the default is not one
+  std::string cross_check{};   // constraint involving other keys, for the docs
+  bool non_empty = false;      // text: the empty string is not allowed
+};
+
+// The order here is the order of to_yaml's output and of the documentation. The table is kept
+// out of clang-format: one key per block reads better than one field per line.
+// clang-format off
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> table = {
+      // model: preset first, because it fills the sizes that the keys after it override.
+      {.key = "model.preset", .kind = Kind::preset,
+       .field = [](Config& c) -> Field { return &c.model_preset; },
+       .doc = "named model whose arch and sizes are the defaults for the keys below",
+       .default_note = "none", .example = "gpt2-124m"},
+      {.key = "model.arch", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.model.arch; },
+       .doc = "architecture: GPT-2 (GELU, pre-LN) or OPT (ReLU, position offset 2)",
+       .choices = {"gpt2", "opt"}, .default_note = "gpt2, or the preset's"},
+      {.key = "model.layers", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.layers; },
+       .doc = "transformer blocks", .range = at_least(1), .required = Required::without_preset,
+       .default_note = "the preset's; required without one", .example = "12"},
+      {.key = "model.hidden", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.hidden; },
+       .doc = "model width (channels of the residual stream)", .range = at_least(1),
+       .required = Required::without_preset,
+       .default_note = "the preset's; required without one", .example = "768",
+       .cross_check = "divisible by model.heads"},
+      {.key = "model.heads", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.heads; },
+       .doc = "attention heads; each head has hidden / heads channels", .range = at_least(1),
+       .required = Required::without_preset,
+       .default_note = "the preset's; required without one", .example = "12",
+       .cross_check = "divides model.hidden"},
+      {.key = "model.ffn_hidden", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.ffn_hidden; },
+       .doc = "width of the MLP's inner layer", .range = at_least(1),
+       .default_note = "4 * model.hidden", .example = "3072"},
+      {.key = "model.vocab", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.vocab; },
+       .doc = "vocabulary size (256 for raw-byte text data)", .range = at_least(1),
+       .required = Required::without_preset,
+       .default_note = "the preset's; required without one", .example = "50257"},
+      {.key = "model.max_seq", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.max_seq; },
+       .doc = "longest sequence the position table holds", .range = at_least(1),
+       .required = Required::without_preset,
+       .default_note = "the preset's; required without one", .example = "1024"},
+
+      {.key = "data.path", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.data.path; },
+       .doc = "training data: raw text (bytes as tokens) or llm.c-format uint16 tokens",
+       .required = Required::always, .default_note = "required",
+       .example = "data/train.bin", .non_empty = true},
+      {.key = "data.val_path", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.data.val_path; },
+       .doc = "validation data in the same format; empty = no validation"},
+      {.key = "data.val_windows", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.data.val_windows; },
+       .doc = "cap on validation windows per pass; 0 = all", .range = at_least(0)},
+
+      {.key = "train.steps", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.steps; },
+       .doc = "optimizer steps to run", .range = at_least(1)},
+      {.key = "train.seq_len", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.seq_len; },
+       .doc = "tokens per training sequence", .range = at_least(1),
+       .cross_check = "<= model.max_seq"},
+      {.key = "train.global_batch", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.global_batch; },
+       .doc = "sequences per optimizer step, over all data-parallel ranks", .range = at_least(1),
+       .cross_check = "a multiple of train.micro_batch"},
+      {.key = "train.micro_batch", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.micro_batch; },
+       .doc = "sequences per forward/backward pass; gradients accumulate over them",
+       .range = at_least(1), .cross_check = "divides train.global_batch"},
+      {.key = "train.seed", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.seed; },
+       .doc = "seed of initialisation and data order", .range = at_least(0)},
+      {.key = "train.precision", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.train.precision; },
+       .doc = "arithmetic precision of compute", .choices = {"fp32"}, .planned = {"bf16"}},
+      {.key = "train.optimizer.lr", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.lr; },
+       .doc = "peak learning rate, reached after warm-up", .range = above(0)},
+      {.key = "train.optimizer.min_lr", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.min_lr; },
+       .doc = "learning rate at the end of the cosine decay", .range = at_least(0),
+       .cross_check = "<= train.optimizer.lr"},
+      {.key = "train.optimizer.warmup", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.warmup; },
+       .doc = "steps of linear warm-up from 0 to lr", .range = at_least(0)},
+      {.key = "train.optimizer.betas", .kind = Kind::number_pair,
+       .field = [](Config& c) -> Field {
+         return Betas{&c.train.optimizer.beta1, &c.train.optimizer.beta2};
+       },
+       .doc = "AdamW moment decay rates [beta1, beta2]", .range = half_open_unit()},
+      {.key = "train.optimizer.eps", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.eps; },
+       .doc = "AdamW denominator epsilon", .range = above(0)},
+      {.key = "train.optimizer.weight_decay", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.weight_decay; },
+       .doc = "decoupled weight decay on matrices and embeddings", .range = at_least(0)},
+      {.key = "train.optimizer.grad_clip", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.optimizer.grad_clip; },
+       .doc = "clip the global gradient norm to this; 0 = off", .range = at_least(0)},
+      {.key = "train.on_nonfinite", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.train.on_nonfinite; },
+       .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
+       .choices = {"stop", "skip"}},
+
+      {.key = "hardware.preset", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.hardware.preset; },
+       .doc = "hardware spec for the cost model and MFU", .choices = {"host"}},
+      {.key = "hardware.peak_tflops", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.hardware.peak_tflops; },
+       .doc = "peak TFLOP/s per device for MFU; 0 = the preset's value", .range = at_least(0)},
+
+      {.key = "eval.every", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.eval.every; },
+       .doc = "steps between validation passes; 0 = only at the end", .range = at_least(0)},
+
+      {.key = "log.every", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.log.every; },
+       .doc = "steps between progress lines", .range = at_least(1)},
+      {.key = "log.dir", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.log.dir; },
+       .doc = "directory for metrics and the resolved config", .non_empty = true},
+
+      {.key = "sample.prompt", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.sample.prompt; },
+       .doc = "text the end-of-run sample starts from; empty = a newline"},
+      {.key = "sample.tokens", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.sample.tokens; },
+       .doc = "tokens to generate at the end of training; 0 = no sample", .range = at_least(0)},
+      {.key = "sample.temperature", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.sample.temperature; },
+       .doc = "softmax temperature of the sample", .range = above(0), .example = "0.8"},
+  };
+  return table;
+}
+// clang-format on
+
+// ------------------------------------------------------------------------------------------------
+// Small string helpers
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+std::string parent_of(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
+std::string last_part(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+std::string join_key(const std::string& prefix, const std::string& name) {
+  return prefix.empty() ? name : prefix + "." + name;
+}
+
+std::string trim(const std::string& s) {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+// Shortest text that reads back to the same double, so to_yaml round-trips exactly and stays
+// readable (0.0003, not 0.00029999999999999997). Scientific notation always carries a '.' and a
+// signed exponent (1.0e-08), which YAML 1.1 readers such as PyYAML need to see a float.
+std::string format_number(double v) {
+  char buf[64];
+  const double magnitude = std::fabs(v);
+  const bool fixed = magnitude == 0.0 || (magnitude >= 1e-4 && magnitude < 1e15);
+  const auto format = fixed ? std::chars_format::fixed : std::chars_format::scientific;
+  const auto end = std::to_chars(buf, buf + sizeof buf, v, format).ptr;
+  std::string s(buf, end);
+  const auto e = s.find('e');
+  const std::string mantissa = s.substr(0, e);
+  if (mantissa.find('.') == std::string::npos)
+    s.insert(e == std::string::npos ? s.size() : e, ".0");
+  return s;
+}
+
+// Bounds read best without a fraction when they have none ("a number > 0").
+std::string format_bound(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<int64_t>(v));
+  return format_number(v);
+}
+
+// Strict number parsing: the whole text must be a finite number (an optional '+' allowed).
+enum class Parse { ok, malformed, too_large };
+template <typename T>
+Parse parse_whole(const std::string& text, T& value) {
+  std::string_view digits = text;
+  if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
+  if (digits.empty()) return Parse::malformed;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  if (ec == std::errc::result_out_of_range) return Parse::too_large;
+  if (ec != std::errc() || end != digits.data() + digits.size()) return Parse::malformed;
+  if constexpr (std::is_floating_point_v<T>) {
+    if (!std::isfinite(value)) return Parse::malformed;  // from_chars accepts "inf" and "nan"
+  }
+  return Parse::ok;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Derived views of the schema
+
+struct SchemaIndex {
+  std::map<std::string, const KeySpec*> leaves;
+  std::set<std::string> sections;                            // "model", "train.optimizer", ...
+  std::map<std::string, std::vector<std::string>> children;  // section ("" = top) -> names
+  std::vector<std::string> all_keys;                         // sections and leaves, dotted
+
+  bool known(const std::string& key) const { return leaves.count(key) || sections.count(key); }
+};
+
+const SchemaIndex& index() {
+  static const SchemaIndex built = [] {
+    SchemaIndex idx;
+    auto add_child = [&](const std::string& section, const std::string& name) {
+      auto& names = idx.children[section];
+      if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    };
+    for (const KeySpec& spec : schema()) {
+      idx.leaves[spec.key] = &spec;
+      add_child(parent_of(spec.key), last_part(spec.key));
+      for (std::string s = parent_of(spec.key); !s.empty(); s = parent_of(s)) {
+        if (idx.sections.insert(s).second) idx.all_keys.push_back(s);
+        add_child(parent_of(s), last_part(s));
+      }
+      idx.all_keys.push_back(spec.key);
+    }
+    return idx;
+  }();
+  return built;
+}
+
+// A close key for a misspelt or misplaced one: first by spelling among the names the section
+// allows, then any key anywhere with the same last name (train.lr -> train.optimizer.lr).
+std::string suggest_key(const std::string& section, const std::string& name) {
+  const auto& names = index().children.at(section);
+  if (auto close = did_you_mean(name, names); !close.empty()) return join_key(section, close);
+  for (const std::string& key : index().all_keys)
+    if (last_part(key) == name) return key;
+  return "";
+}
+
+std::string kind_name(const KeySpec& spec) {
+  switch (spec.kind) {
+    case Kind::integer:
+      return "integer";
+    case Kind::number:
+      return "number";
+    case Kind::text:
+      return "string";
+    case Kind::choice:
+      return "enum";
+    case Kind::preset:
+      return "preset";
+    case Kind::number_pair:
+      return "list of 2 numbers";
+  }
+  return "";
+}
+
+std::string range_text(const Range& r) {
+  const bool has_lo = std::isfinite(r.lo), has_hi = std::isfinite(r.hi);
+  if (has_lo && has_hi)
+    return std::string(" in ") + (r.lo_open ? "(" : "[") + format_bound(r.lo) + ", " +
+           format_bound(r.hi) + (r.hi_open ? ")" : "]");
+  if (has_lo) return std::string(r.lo_open ? " > " : " >= ") + format_bound(r.lo);
+  if (has_hi) return std::string(r.hi_open ? " < " : " <= ") + format_bound(r.hi);
+  return "";
+}
+
+// What a key accepts, in words: the "(what is allowed)" part of messages and the docs.
+std::string allowed_text(const KeySpec& spec) {
+  switch (spec.kind) {
+    case Kind::integer:
+      return "an integer" + range_text(spec.range);
+    case Kind::number:
+      return "a number" + range_text(spec.range);
+    case Kind::text:
+      return spec.non_empty ? "a non-empty string" : "a string";
+    case Kind::choice:
+      return "one of: " + join(spec.choices);
+    case Kind::preset:
+      return "one of the presets: " + join(core::preset_names());
+    case Kind::number_pair:
+      return "a list of two numbers, each" + range_text(spec.range);
+  }
+  return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// Reading and writing one Field
+
+void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
+  std::visit(
+      [&](auto p) {
+        using T = decltype(p);
+        if constexpr (std::is_same_v<T, Betas>) {
+          out << YAML::Flow << YAML::BeginSeq << format_number(*p.beta1) << format_number(*p.beta2)
+              << YAML::EndSeq;
+        } else if constexpr (std::is_same_v<T, double*>) {
+          out << format_number(*p);
+        } else if constexpr (std::is_same_v<T, std::string*>) {
+          // Free text is always quoted so that values such as "null", "123" or "a: b" come
+          // back as the same string; enum values and preset names read better plain.
+          if (spec.kind == Kind::text)
+            out << YAML::DoubleQuoted << *p;
+          else
+            out << *p;
+        } else if constexpr (std::is_same_v<T, core::Arch*>) {
+          out << core::arch_name(*p);
+        } else {
+          out << *p;  // integers
+        }
+      },
+      field);
+}
+
+// The value of a key in a default Config, as YAML text (for docs and hints).
+std::string default_text(const KeySpec& spec) {
+  Config defaults;
+  YAML::Emitter out;
+  write_field(out, spec, spec.field(defaults));
+  return out.c_str();
+}
+
+// ------------------------------------------------------------------------------------------------
+// The resolver: one config source, from tree to Config
+
+[[noreturn]] void raise(const std::string& where, const std::string& key, const std::string& what,
+                        const std::string& allowed, const std::string& todo) {
+  std::string message = where + ": " + key + ": " + what;
+  if (!allowed.empty()) message += " (" + allowed + ")";
+  if (!todo.empty()) message += "; " + todo;
+  throw ConfigError(message);
+}
+
+std::string describe_node(const YAML::Node& node) {
+  if (!node.IsDefined() || node.IsNull()) return "nothing (an empty value)";
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a mapping";
+  return "'" + node.Scalar() + "'";
+}
+
+class Resolver {
+ public:
+  Resolver(std::string source, YAML::Node root) : source_(std::move(source)), root_(root) {}
+
+  // The order decides which error a user sees first: overrides are merged before anything is
+  // checked (they are validated like the file); unknown keys come before values, so a typo is
+  // reported as a typo rather than as a missing key; cross-key checks come last, when every
+  // value is known to be well-formed.
+  Config run(const std::vector<std::string>& overrides) {
+    check_top_level();
+    for (const std::string& text : overrides) apply_override(text);
+    check_section("", root_);
+    Config config;
+    read_preset(config);
+    for (const KeySpec& spec : schema())
+      if (spec.kind != Kind::preset && entries_.count(spec.key))
+        read_value(spec, entries_.at(spec.key).value, config);
+    check_required(config);
+    fill_model_defaults(config);
+    check_consistency(config);
+    config.source = source_;
+    config.text = to_yaml(config);
+    return config;
+  }
+
+ private:
+  struct Entry {
+    YAML::Node value;
+    YAML::Mark key_mark;
+  };
+
+  // --- locations -------------------------------------------------------------------------------
+
+  std::string position(const YAML::Mark& mark) const {
+    if (mark.is_null()) return source_;
+    return source_ + ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+  }
+
+  // A key set (or replaced, with its section) by --set is reported as that override: the
+  // positions inside its value text would mean nothing to the user.
+  std::string where(const std::string& key, const YAML::Mark& mark) const {
+    for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it) {
+      const std::string& set = it->first;
+      if (key == set || key.rfind(set + ".", 0) == 0) return "--set '" + it->second + "'";
+    }
+    return position(mark);
+  }
+
+  std::string where_value(const std::string& key) const {
+    const Entry& e = entries_.at(key);
+    // An empty value has no position of its own (yaml-cpp marks the next line); use the key's.
+    return where(key, e.value.IsNull() ? e.key_mark : e.value.Mark());
+  }
+
+  // For a key that is absent: the nearest enclosing section that is present, else the file.
+  std::string where_missing(const std::string& key) const {
+    for (std::string s = parent_of(key); !s.empty(); s = parent_of(s))
+      if (entries_.count(s)) return where(s, entries_.at(s).key_mark);
+    return where(key, YAML::Mark::null_mark());
+  }
+
+  // For a message about several keys: the first of them that the user wrote.
+  std::string where_first(const std::vector<std::string>& keys) const {
+    for (const std::string& key : keys)
+      if (entries_.count(key)) return where_value(key);
+    return where_missing(keys.front());
+  }
+
+  // --- structure -------------------------------------------------------------------------------
+
+  void check_top_level() {
+    if (!root_.IsDefined() || root_.IsNull()) {
+      root_ = YAML::Node(YAML::NodeType::Map);  // an empty file is an empty mapping
+      return;
+    }
+    if (!root_.IsMap())
+      raise(position(root_.Mark()), "config",
+            "expected a mapping of sections, got " + describe_node(root_),
+            "sections: " + join(index().children.at("")),
+            "start the file with a section such as 'model:'");
+  }
+
+  // Every key present must be in the schema, once; sections must be mappings. Records where
+  // each key is so that later messages can point at it.
+  void check_section(const std::string& prefix, const YAML::Node& map) {
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& item : map) {
+      const YAML::Node& name_node = item.first;
+      const std::string label = prefix.empty() ? "config" : prefix;
+      if (!name_node.IsScalar())
+        raise(where(prefix, name_node.Mark()), label,
+              "a key must be a plain name, got " + describe_node(name_node), "",
+              "write keys as 'name: value'");
+      const std::string name = name_node.Scalar();
+      const std::string key = join_key(prefix, name);
+      if (auto first = seen.find(name); first != seen.end())
+        raise(where(key, name_node.Mark()), key, "duplicate key",
+              "each key may appear once; first at line " + std::to_string(first->second.line + 1),
+              "remove one of them");
+      seen.emplace(name, name_node.Mark());
+      if (!index().known(key)) raise_unknown(prefix, name, name_node.Mark());
+      entries_[key] = Entry{item.second, name_node.Mark()};
+      if (!index().sections.count(key)) continue;
+      if (item.second.IsMap())
+        check_section(key, item.second);
+      else if (!item.second.IsNull())
+        raise(where_value(key), key,
+              "expected a mapping of keys, got " + describe_node(item.second),
+              "keys of " + key + ": " + join(index().children.at(key)),
+              "write it as '" + name + ":' followed by indented keys");
+    }
+  }
+
+  [[noreturn]] void raise_unknown(const std::string& prefix, const std::string& name,
+                                  const YAML::Mark& mark) const {
+    const std::string key = join_key(prefix, name);
+    const std::string allowed =
+        prefix.empty() ? "sections: " + join(index().children.at(""))
+                       : "keys of " + prefix + ": " + join(index().children.at(prefix));
+    const std::string close = suggest_key(prefix, name);
+    raise(where(key, mark), key, prefix.empty() ? "unknown section" : "unknown key", allowed,
+          close.empty() ? "remove it (every key is documented in configs/README.md)"
+                        : "did you mean '" + close + "'?");
+  }
+
+  // --- --set overrides -------------------------------------------------------------------------
+
+  void apply_override(const std::string& text) {
+    const std::string here = "--set '" + text + "'";
+    const auto eq = text.find('=');
+    if (eq == std::string::npos)
+      raise(here, trim(text), "missing '='", "an override is key=value, e.g. train.steps=2000",
+            "write --set <dotted.key>=<value>");
+    const std::string key = trim(text.substr(0, eq));
+    if (!index().known(key)) {
+      const std::string section = index().sections.count(parent_of(key)) ? parent_of(key) : "";
+      const std::string close = suggest_key(section, last_part(key));
+      raise(here, key, "unknown key",
+            section.empty() ? "sections: " + join(index().children.at(""))
+                            : "keys of " + section + ": " + join(index().children.at(section)),
+            close.empty() ? "see configs/README.md for the keys" : "did you mean '" + close + "'?");
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(text.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      raise(here, key, "the value is not valid YAML: " + e.msg,
+            "a scalar, a [flow, list] or a {flow: mapping}",
+            "quote the value if it holds YAML punctuation");
+    }
+    set_path(key, value);
+    overrides_.emplace_back(key, text);
+  }
+
+  // Sets root_[a][b][c] = value, creating (or replacing non-mapping) sections on the way.
+  void set_path(const std::string& key, const YAML::Node& value) {
+    YAML::Node node;
+    node.reset(root_);  // reset rebinds; operator= would overwrite the root's contents
+    std::string rest = key;
+    for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
+      const std::string part = rest.substr(0, dot);
+      rest = rest.substr(dot + 1);
+      if (!node[part].IsMap()) node[part] = YAML::Node(YAML::NodeType::Map);
+      YAML::Node child = node[part];
+      node.reset(child);
+    }
+    node[rest] = value;
+  }
+
+  // --- values ----------------------------------------------------------------------------------
+
+  std::string example_of(const KeySpec& spec) const {
+    return spec.key + ": " + (spec.example.empty() ? default_text(spec) : spec.example);
+  }
+
+  [[noreturn]] void raise_type(const KeySpec& spec, const std::string& expected,
+                               const YAML::Node& node, const std::string& where_text) const {
+    raise(where_text, spec.key, "expected " + expected + ", got " + describe_node(node),
+          allowed_text(spec), "for example " + example_of(spec));
+  }
+
+  [[noreturn]] void raise_range(const KeySpec& spec, const std::string& value,
+                                const std::string& allowed, const std::string& where_text) const {
+    raise(where_text, spec.key, value + " is out of range", allowed,
+          "for example " + example_of(spec));
+  }
+
+  // The text of a scalar; an empty value reads as "" for strings and is a type error otherwise.
+  std::string scalar_of(const KeySpec& spec, const YAML::Node& node, const std::string& expected,
+                        const std::string& where_text) const {
+    if (node.IsNull() && spec.kind == Kind::text) return "";
+    if (!node.IsScalar()) raise_type(spec, expected, node, where_text);
+    return node.Scalar();
+  }
+
+  int64_t read_integer(const KeySpec& spec, const YAML::Node& node,
+                       const std::string& where_text) const {
+    const std::string text = scalar_of(spec, node, "an integer", where_text);
+    int64_t v = 0;
+    const Parse result = parse_whole(text, v);
+    if (result == Parse::too_large)
+      raise_range(spec, text, allowed_text(spec) + ", within 64 bits", where_text);
+    if (result != Parse::ok) raise_type(spec, "an integer", node, where_text);
+    if (!spec.range.contains(static_cast<double>(v)))
+      raise_range(spec, text, allowed_text(spec), where_text);
+    return v;
+  }
+
+  double read_number(const KeySpec& spec, const YAML::Node& node,
+                     const std::string& where_text) const {
+    const std::string text = scalar_of(spec, node, "a number", where_text);
+    double v = 0.0;
+    const Parse result = parse_whole(text, v);
+    if (result == Parse::too_large)
+      raise_range(spec, text, allowed_text(spec) + ", as a finite double", where_text);
+    if (result != Parse::ok) raise_type(spec, "a finite number", node, where_text);
+    if (!spec.range.contains(v)) raise_range(spec, text, allowed_text(spec), where_text);
+    return v;
+  }
+
+  std::string read_choice(const KeySpec& spec, const YAML::Node& node,
+                          const std::string& where_text) const {
+    const std::string value = scalar_of(spec, node, allowed_text(spec), where_text);
+    if (std::find(spec.choices.begin(), spec.choices.end(), value) != spec.choices.end())
+      return value;
+    if (std::find(spec.planned.begin(), spec.planned.end(), value) != spec.planned.end())
+      raise(where_text, spec.key, value + " is not supported yet",
+            "supported now: " + join(spec.choices),
+            "use " + spec.key + ": " + spec.choices.front());
+    const std::string close = did_you_mean(value, spec.choices);
+    raise(where_text, spec.key, "invalid value '" + value + "'", allowed_text(spec),
+          close.empty() ? "use one of the values listed" : "did you mean '" + close + "'?");
+  }
+
+  void read_value(const KeySpec& spec, const YAML::Node& node, Config& config) const {
+    const std::string where_text = where_value(spec.key);
+    const Field field = spec.field(config);
+    switch (spec.kind) {
+      case Kind::integer:
+        return store_integer(spec, read_integer(spec, node, where_text), field, node, where_text);
+      case Kind::number:
+        *std::get<double*>(field) = read_number(spec, node, where_text);
+        return;
+      case Kind::text: {
+        const std::string text = scalar_of(spec, node, "a string", where_text);
+        if (spec.non_empty && text.empty())
+          raise_type(spec, "a non-empty string", node, where_text);
+        *std::get<std::string*>(field) = text;
+        return;
+      }
+      case Kind::choice: {
+        const std::string value = read_choice(spec, node, where_text);
+        if (auto* arch = std::get_if<core::Arch*>(&field))
+          **arch = value == "opt" ? core::Arch::opt : core::Arch::gpt2;
+        else
+          *std::get<std::string*>(field) = value;
+        return;
+      }
+      case Kind::number_pair:
+        return read_pair(spec, node, std::get<Betas>(field), where_text);
+      case Kind::preset:
+        return;  // read first, by read_preset
+    }
+  }
+
+  void store_integer(const KeySpec& spec, int64_t v, const Field& field, const YAML::Node& node,
+                     const std::string& where_text) const {
+    if (auto* p = std::get_if<int*>(&field)) {
+      if (v > INT_MAX || v < INT_MIN)
+        raise_range(spec, node.Scalar(), allowed_text(spec) + ", within 32 bits", where_text);
+      **p = static_cast<int>(v);
+    } else if (auto* p64 = std::get_if<int64_t*>(&field)) {
+      **p64 = v;
+    } else {
+      **std::get_if<uint64_t*>(&field) = static_cast<uint64_t>(v);  // the range keeps v >= 0
+    }
+  }
+
+  void read_pair(const KeySpec& spec, const YAML::Node& node, const Betas& out,
+                 const std::string& where_text) const {
+    if (!node.IsSequence() || node.size() != 2)
+      raise_type(spec, "a list of two numbers", node, where_text);
+    for (std::size_t i = 0; i < 2; ++i) {
+      const std::string at = where(spec.key, node[i].Mark());
+      if (!node[i].IsScalar()) raise_type(spec, "a number", node[i], at);
+      const std::string text = node[i].Scalar();
+      double v = 0.0;
+      if (parse_whole(text, v) != Parse::ok) raise_type(spec, "a finite number", node[i], at);
+      if (!spec.range.contains(v)) raise_range(spec, text, allowed_text(spec), at);
+      *(i == 0 ? out.beta1 : out.beta2) = v;
+    }
+  }
+
+  // The preset is read before any other model key, so that explicit keys override it.
+  void read_preset(Config& config) const {
+    if (!entries_.count("model.preset")) return;
+    const KeySpec& spec = *index().leaves.at("model.preset");
+    const YAML::Node& node = entries_.at("model.preset").value;
+    const std::string where_text = where_value(spec.key);
+    const std::string name = scalar_of(spec, node, "a preset name", where_text);
+    const auto preset = core::find_preset(name);
+    if (!preset) {
+      const std::string close = did_you_mean(name, core::preset_names());
+      raise(where_text, spec.key, "unknown preset '" + name + "'",
+            "presets: " + join(core::preset_names()),
+            close.empty() ? "pick one of these, or drop model.preset and set the sizes"
+                          : "did you mean '" + close + "'?");
+    }
+    config.model_preset = name;
+    config.model = *preset;
+  }
+
+  // --- defaults and cross-key checks -----------------------------------------------------------
+
+  void check_required(const Config& config) const {
+    for (const KeySpec& spec : schema()) {
+      const bool needed =
+          spec.required == Required::always ||
+          (spec.required == Required::without_preset && config.model_preset.empty());
+      if (!needed || entries_.count(spec.key)) continue;
+      const std::string why = spec.required == Required::always
+                                  ? allowed_text(spec)
+                                  : allowed_text(spec) + "; required when model.preset is not set";
+      // Written as the YAML to add, e.g. "add data: {path: data/train.bin}".
+      const std::string value = spec.example.empty() ? default_text(spec) : spec.example;
+      const std::string snippet =
+          parent_of(spec.key) + ": {" + last_part(spec.key) + ": " + value + "}";
+      const std::string todo =
+          spec.required == Required::always
+              ? "add " + snippet + ", or pass --set " + spec.key + "=" + value
+              : "add " + snippet + ", or set model.preset to one of " + join(core::preset_names());
+      raise(where_missing(spec.key), spec.key, "missing required key", why, todo);
+    }
+  }
+
+  void fill_model_defaults(Config& config) const {
+    if (entries_.count("model.ffn_hidden")) return;
+    const int64_t ffn = 4 * static_cast<int64_t>(config.model.hidden);
+    if (ffn > INT_MAX)
+      raise(where_first({"model.hidden"}), "model.hidden",
+            std::to_string(config.model.hidden) + " is too large",
+            "4 * hidden, the default model.ffn_hidden, must fit in 32 bits",
+            "lower model.hidden or set model.ffn_hidden");
+    config.model.ffn_hidden = static_cast<int>(ffn);
+  }
+
+  void check_consistency(const Config& config) const {
+    check_heads(config.model);
+    const TrainConfig& t = config.train;
+    if (t.seq_len > config.model.max_seq)
+      raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",
+            std::to_string(t.seq_len) +
+                " is longer than model.max_seq = " + std::to_string(config.model.max_seq),
+            "the position table has max_seq rows",
+            "set train.seq_len <= " + std::to_string(config.model.max_seq) +
+                " or raise model.max_seq");
+    if (t.global_batch % t.micro_batch != 0) {
+      const int below = t.global_batch / t.micro_batch * t.micro_batch;
+      const std::string options =
+          (below > 0 ? std::to_string(below) + " or " : "") + std::to_string(below + t.micro_batch);
+      raise(where_first({"train.global_batch", "train.micro_batch"}), "train.global_batch",
+            std::to_string(t.global_batch) +
+                " is not a multiple of train.micro_batch = " + std::to_string(t.micro_batch),
+            "a step accumulates whole micro-batches",
+            "set train.global_batch to " + options + ", or change train.micro_batch");
+    }
+    const OptimizerConfig& o = t.optimizer;
+    if (o.min_lr > o.lr)
+      raise(where_first({"train.optimizer.min_lr", "train.optimizer.lr"}), "train.optimizer.min_lr",
+            format_number(o.min_lr) + " is above train.optimizer.lr = " + format_number(o.lr),
+            "the schedule decays from lr down to min_lr",
+            "set train.optimizer.min_lr <= " + format_number(o.lr));
+  }
+
+  void check_heads(const core::ModelSpec& m) const {
+    if (m.hidden % m.heads == 0) return;
+    // Offer the divisors of hidden nearest to the requested head count.
+    int lower = m.heads, upper = m.heads;
+    while (lower > 1 && m.hidden % lower != 0) --lower;
+    while (upper < m.hidden && m.hidden % upper != 0) ++upper;
+    const std::string options = lower == upper
+                                    ? std::to_string(lower)
+                                    : std::to_string(lower) + " or " + std::to_string(upper);
+    raise(where_first({"model.heads", "model.hidden", "model.preset"}), "model.heads",
+          "model.hidden = " + std::to_string(m.hidden) +
+              " is not divisible by model.heads = " + std::to_string(m.heads),
+          "each head takes hidden / heads channels",
+          "set model.heads to a divisor of " + std::to_string(m.hidden) + " such as " + options);
+  }
+
+  std::string source_;
+  YAML::Node root_;
+  std::vector<std::pair<std::string, std::string>> overrides_;  // (dotted key, "key=value")
+  std::map<std::string, Entry> entries_;                        // every key present in the tree
+};
+
+// Emits nested mappings from a flat list of dotted keys in section order.
+class SectionWriter {
+ public:
+  explicit SectionWriter(YAML::Emitter& out) : out_(out) { out_ << YAML::BeginMap; }
+
+  void enter(const std::string& section) {
+    std::vector<std::string> target;
+    for (std::size_t start = 0; start < section.size();) {
+      const auto dot = section.find('.', start);
+      const auto end = dot == std::string::npos ? section.size() : dot;
+      target.push_back(section.substr(start, end - start));
+      start = end + 1;
+    }
+    std::size_t common = 0;
+    while (common < open_.size() && common < target.size() && open_[common] == target[common])
+      ++common;
+    while (open_.size() > common) close_one();
+    for (std::size_t i = common; i < target.size(); ++i) {
+      out_ << YAML::Key << target[i] << YAML::Value << YAML::BeginMap;
+      open_.push_back(target[i]);
+    }
+  }
+
+  void finish() {
+    while (!open_.empty()) close_one();
+    out_ << YAML::EndMap;
+  }
+
+ private:
+  void close_one() {
+    out_ << YAML::EndMap;
+    open_.pop_back();
+  }
+
+  YAML::Emitter& out_;
+  std::vector<std::string> open_;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Public API
+
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    const std::string where = e.mark.is_null() ? source
+                                               : source + ":" + std::to_string(e.mark.line + 1) +
+                                                     ":" + std::to_string(e.mark.column + 1);
+    raise(where, "YAML syntax error", e.msg, "the config must be valid YAML",
+          "check indentation, brackets and quotes at or just before this point");
+  }
+  return Resolver(source, root).run(overrides);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  if (std::filesystem::is_directory(path, ec))
+    raise(path, "config file", "is a directory", "a YAML file is expected",
+          "pass the path of a .yaml file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    raise(path, "config file", "cannot be opened", std::strerror(errno),
+          "check the path (relative paths start from " + cwd + ")");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  Config copy = config;  // fields are reached through the schema's mutable accessors
+  YAML::Emitter out;
+  SectionWriter sections(out);
+  for (const KeySpec& spec : schema()) {
+    if (spec.kind == Kind::preset && copy.model_preset.empty()) continue;
+    sections.enter(parent_of(spec.key));
+    out << YAML::Key << last_part(spec.key) << YAML::Value;
+    write_field(out, spec, spec.field(copy));
+  }
+  sections.finish();
+  return std::string(out.c_str()) + "\n";
+}
+
+const std::vector<ConfigKeyInfo>& config_schema() {
+  static const std::vector<ConfigKeyInfo> info = [] {
+    std::vector<ConfigKeyInfo> rows;
+    for (const KeySpec& spec : schema()) {
+      std::string allowed = allowed_text(spec);
+      if (!spec.cross_check.empty()) allowed += "; " + spec.cross_check;
+      if (!spec.planned.empty()) allowed += " (" + join(spec.planned) + ": not yet)";
+      rows.push_back({spec.key, kind_name(spec),
+                      spec.default_note.empty() ? default_text(spec) : spec.default_note, allowed,
+                      spec.doc});
+    }
+    return rows;
+  }();
+  return info;
+}
+
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates) {
+  // Levenshtein distance, one row at a time.
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t substitute = diagonal + (a[i - 1] == b[j - 1] ? 0 : 1);
+        diagonal = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, substitute});
+      }
+    }
+    return row[b.size()];
+  };
+  // Short keys get a floor of 2 edits (a transposition); long ones a third of their length.
+  const std::size_t limit = std::max<std::size_t>(2, key.size() / 3);
+  std::string best;
+  std::size_t best_distance = limit + 1;
+  for (const std::string& candidate : candidates) {
+    const std::size_t d = distance(key, candidate);
+    if (d < best_distance) {
+      best = candidate;
+      best_distance = d;
+    }
+  }
+  return best;
+}
+
+}  // namespace colossal::io

@@ -1,0 +1,110 @@
+// The experiment configuration: a YAML file checked against a schema, plus `--set key=value`
+// overrides. Every key is documented in configs/README.md.
+//
+// Errors are thrown as ConfigError whose message reads
+//   <file>:<line>:<column>: <key>: <what is wrong> (<what is allowed>); <what to do>
+// so rank 0 can print it and every rank can exit non-zero the same way.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.hpp"
+
+namespace colossal::io {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct DataConfig {
+  std::string path;              // training data: raw text (bytes as tokens) or llm.c uint16 tokens
+  std::string val_path;          // validation data; empty = no validation
+  int64_t val_windows = 0;       // cap on validation windows; 0 = all
+};
+
+struct OptimizerConfig {
+  double lr = 3.0e-4;
+  double min_lr = 3.0e-5;
+  int64_t warmup = 100;          // steps of linear warm-up
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1.0e-8;
+  double weight_decay = 0.1;
+  double grad_clip = 1.0;        // global-norm clip; 0 = off
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int seq_len = 256;
+  int global_batch = 32;         // sequences per optimizer step
+  int micro_batch = 4;           // sequences per forward/backward
+  uint64_t seed = 1234;
+  std::string precision = "fp32";
+  OptimizerConfig optimizer;
+  std::string on_nonfinite = "stop";  // stop | skip
+};
+
+struct HardwareConfig {
+  std::string preset = "host";
+  double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
+};
+
+struct EvalConfig {
+  int64_t every = 100;           // steps between validation passes; 0 = only at the end
+};
+
+struct LogConfig {
+  int64_t every = 10;            // steps between progress lines
+  std::string dir = "runs/default";
+};
+
+struct SampleConfig {
+  std::string prompt = "";       // end-of-run text sample; empty prompt = start from a newline
+  int tokens = 0;                // tokens to generate at the end of training; 0 = no sample
+  double temperature = 0.8;
+};
+
+struct Config {
+  std::string model_preset;      // empty when no preset was named
+  core::ModelSpec model;
+  DataConfig data;
+  TrainConfig train;
+  HardwareConfig hardware;
+  EvalConfig eval;
+  LogConfig log;
+  SampleConfig sample;
+
+  std::string source;            // file name the config came from ("<string>" for text)
+  std::string text;              // the resolved config as YAML (after presets and overrides)
+
+  int accumulation_steps() const { return train.global_batch / train.micro_batch; }
+};
+
+// Reads `path`, applies `overrides` ("a.b=value", as given to --set), validates and resolves
+// presets and defaults. Throws ConfigError naming file, line, key and what is allowed.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Same, from YAML text; `source` names it in messages.
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+// The resolved configuration as YAML; parse_config(to_yaml(c)) gives back c.
+std::string to_yaml(const Config& config);
+
+// One key of the schema, as documented in configs/README.md (and printable by --help).
+struct ConfigKeyInfo {
+  std::string key;            // dotted, e.g. "train.optimizer.lr"
+  std::string type;           // integer | number | string | enum | preset | list of 2 numbers
+  std::string default_value;  // as YAML, or a note such as "required" or "4 * model.hidden"
+  std::string allowed;        // e.g. "a number > 0", "one of: stop, skip"
+  std::string doc;            // one line
+};
+// Every key Config reads, in the order to_yaml writes them.
+const std::vector<ConfigKeyInfo>& config_schema();
+
+// The closest key among `candidates` to `key` by edit distance, or "" when none is close.
+std::string did_you_mean(const std::string& key, const std::vector<std::string>& candidates);
+
+}  // namespace colossal::io

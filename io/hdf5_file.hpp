@@ -1,0 +1,60 @@
+// HDF5 model files: one float32 dataset per logical parameter, named by its Hugging Face name
+// (`/transformer.h.0.attn.c_attn.weight`, shape as in Hugging Face), with the config text and format
+// attributes, readable directly by h5py. Files are written under a temporary name and renamed when
+// complete, so a crash never leaves a half-written model behind.
+#pragma once
+
+#include <hdf5.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/model_spec.hpp"
+
+namespace colossal::io {
+
+class H5Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Owns one hid_t and closes it with the matching H5*close.
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer closer, const std::string& what);
+  ~H5Handle() { reset(); }
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  H5Handle(H5Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), closer_(o.closer_) {}
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, -1);
+      closer_ = o.closer_;
+    }
+    return *this;
+  }
+  hid_t get() const { return id_; }
+  void reset();
+
+ private:
+  hid_t id_ = -1;
+  Closer closer_ = nullptr;
+};
+
+constexpr int kModelFormatVersion = 1;
+
+// Writes every parameter of `table` from the host copy `params` (flat buffer with table offsets).
+void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                      const std::vector<float>& params, const std::string& config_text);
+
+// Reads every parameter of `table` into the host flat buffer `params`, checking that each dataset
+// exists with the expected shape. Returns the config text stored in the file.
+std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                            std::vector<float>& params);
+
+}  // namespace colossal::io

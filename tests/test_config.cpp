@@ -1,0 +1,465 @@
+// Config parsing: values, presets, --set overrides, the to_yaml round trip, and one test per
+// class of bad input, each checking that the message names the key, the line and what to do.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+
+namespace colossal::io {
+namespace {
+
+// A complete config; line numbers matter to the error tests below.
+const char* kFullConfig = R"(model:
+  arch: opt
+  layers: 4
+  hidden: 128
+  heads: 8
+  ffn_hidden: 256
+  vocab: 256
+  max_seq: 512
+data:
+  path: data/train.txt
+  val_path: data/val.txt
+  val_windows: 16
+train:
+  steps: 50
+  seq_len: 64
+  global_batch: 16
+  micro_batch: 2
+  seed: 7
+  precision: fp32
+  optimizer:
+    lr: 1.0e-3
+    min_lr: 1.0e-4
+    warmup: 5
+    betas: [0.8, 0.99]
+    eps: 1.0e-6
+    weight_decay: 0.01
+    grad_clip: 0.5
+  on_nonfinite: skip
+hardware:
+  preset: host
+  peak_tflops: 2.5
+eval:
+  every: 25
+log:
+  every: 5
+  dir: runs/test
+sample:
+  prompt: "Once upon"
+  tokens: 32
+  temperature: 0.7
+)";
+
+// The smallest valid config: a preset and the data path.
+const char* kMinimal = "model:\n  preset: gpt2-124m\ndata:\n  path: data/train.bin\n";
+
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << part << "' not found in:\n  " << text;
+}
+
+// The ConfigError message for `yaml`, or a test failure when it parses.
+std::string error_of(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "test.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError for:\n" << yaml;
+  return "";
+}
+
+// Checks that `message` contains every one of `parts`.
+void expect_all(const std::string& message, const std::vector<std::string>& parts) {
+  for (const std::string& part : parts) EXPECT_TRUE(Contains(message, part));
+}
+
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model_preset, b.model_preset);
+  EXPECT_EQ(a.model.arch, b.model.arch);
+  EXPECT_EQ(a.model.layers, b.model.layers);
+  EXPECT_EQ(a.model.hidden, b.model.hidden);
+  EXPECT_EQ(a.model.heads, b.model.heads);
+  EXPECT_EQ(a.model.ffn_hidden, b.model.ffn_hidden);
+  EXPECT_EQ(a.model.vocab, b.model.vocab);
+  EXPECT_EQ(a.model.max_seq, b.model.max_seq);
+  EXPECT_EQ(a.data.path, b.data.path);
+  EXPECT_EQ(a.data.val_path, b.data.val_path);
+  EXPECT_EQ(a.data.val_windows, b.data.val_windows);
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.seq_len, b.train.seq_len);
+  EXPECT_EQ(a.train.global_batch, b.train.global_batch);
+  EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_EQ(a.train.on_nonfinite, b.train.on_nonfinite);
+  const OptimizerConfig &oa = a.train.optimizer, &ob = b.train.optimizer;
+  // Exact comparisons on purpose: to_yaml writes the shortest text that reads back bit-exact.
+  EXPECT_EQ(oa.lr, ob.lr);
+  EXPECT_EQ(oa.min_lr, ob.min_lr);
+  EXPECT_EQ(oa.warmup, ob.warmup);
+  EXPECT_EQ(oa.beta1, ob.beta1);
+  EXPECT_EQ(oa.beta2, ob.beta2);
+  EXPECT_EQ(oa.eps, ob.eps);
+  EXPECT_EQ(oa.weight_decay, ob.weight_decay);
+  EXPECT_EQ(oa.grad_clip, ob.grad_clip);
+  EXPECT_EQ(a.hardware.preset, b.hardware.preset);
+  EXPECT_EQ(a.hardware.peak_tflops, b.hardware.peak_tflops);
+  EXPECT_EQ(a.eval.every, b.eval.every);
+  EXPECT_EQ(a.log.every, b.log.every);
+  EXPECT_EQ(a.log.dir, b.log.dir);
+  EXPECT_EQ(a.sample.prompt, b.sample.prompt);
+  EXPECT_EQ(a.sample.tokens, b.sample.tokens);
+  EXPECT_EQ(a.sample.temperature, b.sample.temperature);
+  EXPECT_EQ(a.text, b.text);
+}
+
+// ---- valid input --------------------------------------------------------------------------------
+
+TEST(Config, FullConfigParsesWithExpectedValues) {
+  const Config c = parse_config(kFullConfig, "full.yaml");
+  EXPECT_EQ(c.source, "full.yaml");
+  EXPECT_TRUE(c.model_preset.empty());
+  EXPECT_EQ(c.model.arch, core::Arch::opt);
+  EXPECT_EQ(c.model.layers, 4);
+  EXPECT_EQ(c.model.hidden, 128);
+  EXPECT_EQ(c.model.heads, 8);
+  EXPECT_EQ(c.model.ffn_hidden, 256);
+  EXPECT_EQ(c.model.vocab, 256);
+  EXPECT_EQ(c.model.max_seq, 512);
+  EXPECT_EQ(c.data.path, "data/train.txt");
+  EXPECT_EQ(c.data.val_path, "data/val.txt");
+  EXPECT_EQ(c.data.val_windows, 16);
+  EXPECT_EQ(c.train.steps, 50);
+  EXPECT_EQ(c.train.seq_len, 64);
+  EXPECT_EQ(c.train.global_batch, 16);
+  EXPECT_EQ(c.train.micro_batch, 2);
+  EXPECT_EQ(c.accumulation_steps(), 8);
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_DOUBLE_EQ(c.train.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.min_lr, 1e-4);
+  EXPECT_EQ(c.train.optimizer.warmup, 5);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.weight_decay, 0.01);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.grad_clip, 0.5);
+  EXPECT_EQ(c.train.on_nonfinite, "skip");
+  EXPECT_EQ(c.hardware.preset, "host");
+  EXPECT_DOUBLE_EQ(c.hardware.peak_tflops, 2.5);
+  EXPECT_EQ(c.eval.every, 25);
+  EXPECT_EQ(c.log.every, 5);
+  EXPECT_EQ(c.log.dir, "runs/test");
+  EXPECT_EQ(c.sample.prompt, "Once upon");
+  EXPECT_EQ(c.sample.tokens, 32);
+  EXPECT_DOUBLE_EQ(c.sample.temperature, 0.7);
+  EXPECT_EQ(c.text, to_yaml(c));
+}
+
+TEST(Config, OmittedKeysTakeTheirDefaults) {
+  const Config c = parse_config(kMinimal, "min.yaml");
+  const Config defaults;
+  EXPECT_EQ(c.train.steps, defaults.train.steps);
+  EXPECT_EQ(c.train.seq_len, defaults.train.seq_len);
+  EXPECT_EQ(c.train.optimizer.lr, defaults.train.optimizer.lr);
+  EXPECT_EQ(c.train.optimizer.beta2, defaults.train.optimizer.beta2);
+  EXPECT_EQ(c.train.on_nonfinite, "stop");
+  EXPECT_EQ(c.log.dir, defaults.log.dir);
+  EXPECT_EQ(c.data.val_path, "");
+  EXPECT_EQ(c.sample.tokens, 0);
+}
+
+TEST(Config, PresetFillsDimsAndExplicitKeysOverride) {
+  const Config plain = parse_config(kMinimal, "p.yaml");
+  EXPECT_EQ(plain.model_preset, "gpt2-124m");
+  EXPECT_EQ(plain.model.layers, 12);
+  EXPECT_EQ(plain.model.hidden, 768);
+  EXPECT_EQ(plain.model.ffn_hidden, 3072);
+  EXPECT_EQ(plain.model.vocab, 50257);
+
+  const Config c = parse_config(
+      "model: {preset: opt-125m, layers: 2, vocab: 256}\ndata: {path: d.bin}\n", "p.yaml");
+  EXPECT_EQ(c.model_preset, "opt-125m");
+  EXPECT_EQ(c.model.arch, core::Arch::opt);  // the preset's arch
+  EXPECT_EQ(c.model.layers, 2);              // explicit keys win
+  EXPECT_EQ(c.model.vocab, 256);
+  EXPECT_EQ(c.model.hidden, 768);  // the rest come from the preset
+  EXPECT_EQ(c.model.max_seq, 2048);
+}
+
+TEST(Config, FfnHiddenDefaultsToFourTimesHidden) {
+  const Config c = parse_config(
+      "model: {layers: 2, hidden: 64, heads: 4, vocab: 256, max_seq: 128}\n"
+      "data: {path: d.bin}\ntrain: {seq_len: 128}\n",
+      "f.yaml");
+  EXPECT_EQ(c.model.arch, core::Arch::gpt2);
+  EXPECT_EQ(c.model.ffn_hidden, 256);
+  // With a preset, overriding hidden moves the default ffn_hidden with it.
+  const Config p = parse_config(
+      "model: {preset: gpt2-124m, hidden: 512, heads: 8}\ndata: {path: d.bin}\n", "f.yaml");
+  EXPECT_EQ(p.model.ffn_hidden, 2048);
+}
+
+TEST(Config, LoadConfigReadsAFile) {
+  const auto path = std::filesystem::temp_directory_path() / "colossal_test_config.yaml";
+  std::ofstream(path) << kFullConfig;
+  const Config c = load_config(path.string(), {"train.steps=9"});
+  EXPECT_EQ(c.source, path.string());
+  EXPECT_EQ(c.train.steps, 9);
+  std::ofstream(path) << "train:\n  steps: -3\n";
+  try {
+    load_config(path.string());
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    expect_all(e.what(), {path.string() + ":2:10: train.steps", "-3"});
+  }
+  std::filesystem::remove(path);
+}
+
+// ---- --set overrides ----------------------------------------------------------------------------
+
+TEST(ConfigSet, OverridesAScalar) {
+  const Config c = parse_config(kFullConfig, "s.yaml", {"train.steps=2000", "log.dir=runs/x"});
+  EXPECT_EQ(c.train.steps, 2000);
+  EXPECT_EQ(c.log.dir, "runs/x");
+}
+
+TEST(ConfigSet, OverridesNestedKeysAndCreatesSections) {
+  // kMinimal has no train section: --set creates it.
+  const Config c = parse_config(kMinimal, "s.yaml",
+                                {"train.optimizer.lr=0.01", "train.optimizer.min_lr=0.001",
+                                 "model.layers=3", "train.on_nonfinite = skip"});
+  EXPECT_DOUBLE_EQ(c.train.optimizer.lr, 0.01);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.min_lr, 0.001);
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.train.on_nonfinite, "skip");
+  // A whole section as a flow mapping; later overrides win.
+  const Config s = parse_config(kMinimal, "s.yaml", {"eval={every: 7}", "eval.every=8"});
+  EXPECT_EQ(s.eval.every, 8);
+}
+
+TEST(ConfigSet, OverridesAList) {
+  const Config c = parse_config(kFullConfig, "s.yaml", {"train.optimizer.betas=[0.9,0.999]"});
+  EXPECT_DOUBLE_EQ(c.train.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.train.optimizer.beta2, 0.999);
+}
+
+TEST(ConfigSet, UnknownKeyIsAnErrorWithSuggestion) {
+  const std::string message = error_of(kMinimal, {"train.stesp=5"});
+  expect_all(message, {"--set 'train.stesp=5'", "train.stesp", "unknown key",
+                       "did you mean 'train.steps'?"});
+  // A known name in the wrong section is found by its last part.
+  expect_all(error_of(kMinimal, {"train.lr=0.1"}), {"did you mean 'train.optimizer.lr'?"});
+}
+
+TEST(ConfigSet, BadValuesAndSyntaxNameTheOverride) {
+  expect_all(error_of(kMinimal, {"train.steps=abc"}),
+             {"--set 'train.steps=abc': train.steps: expected an integer, got 'abc'"});
+  expect_all(error_of(kMinimal, {"train.optimizer.betas=[0.9,"}),
+             {"--set 'train.optimizer.betas=[0.9,'", "not valid YAML"});
+  expect_all(error_of(kMinimal, {"train.steps"}),
+             {"--set 'train.steps'", "missing '='", "key=value"});
+}
+
+// ---- one test per class of bad input ------------------------------------------------------------
+
+TEST(ConfigError, UnknownKeySuggestsTheClosest) {
+  const std::string message = error_of("data: {path: d.bin}\ntrain:\n  stpes: 10\n");
+  expect_all(message, {"test.yaml:3:3: train.stpes: unknown key", "keys of train: steps",
+                       "did you mean 'train.steps'?"});
+  // Nothing close: no guess, a pointer to the documentation instead.
+  expect_all(error_of("data: {path: d.bin}\ntrain:\n  zzzzzzzz: 1\n"),
+             {"train.zzzzzzzz", "configs/README.md"});
+}
+
+TEST(ConfigError, UnknownSectionSuggestsTheClosest) {
+  const std::string message = error_of(std::string(kMinimal) + "trian:\n  steps: 3\n");
+  expect_all(message, {"test.yaml:5:1: trian: unknown section",
+                       "sections: model, data, train, hardware, eval, log, sample",
+                       "did you mean 'train'?"});
+}
+
+TEST(ConfigError, WrongTypeNamesTheValue) {
+  expect_all(error_of(std::string(kMinimal) + "train:\n  steps: abc\n"),
+             {"test.yaml:6:10: train.steps: expected an integer, got 'abc'", "an integer >= 1",
+              "for example train.steps: 1000"});
+  expect_all(error_of(std::string(kMinimal) + "train:\n  steps: 1.5\n"), {"got '1.5'"});
+  expect_all(error_of(std::string(kMinimal) + "train:\n  optimizer: {lr: fast}\n"),
+             {"test.yaml:6:19: train.optimizer.lr: expected a finite number, got 'fast'"});
+  expect_all(error_of(std::string(kMinimal) + "train:\n  optimizer: {betas: 0.9}\n"),
+             {"train.optimizer.betas: expected a list of two numbers, got '0.9'"});
+  expect_all(error_of(std::string(kMinimal) + "eval: 5\n"),
+             {"test.yaml:5:7: eval: expected a mapping of keys, got '5'", "keys of eval: every"});
+}
+
+TEST(ConfigError, OutOfRangeStatesTheBounds) {
+  struct Case {
+    std::string yaml, expected;
+  };
+  const std::string base = kMinimal;  // four lines, so the keys below start on line 5
+  const std::vector<Case> cases = {
+      {base + "train:\n  steps: 0\n",
+       "test.yaml:6:10: train.steps: 0 is out of range (an integer >= 1)"},
+      {base + "train:\n  micro_batch: -1\n",
+       "test.yaml:6:16: train.micro_batch: -1 is out of range (an integer >= 1)"},
+      {base + "train:\n  optimizer:\n    lr: 0\n",
+       "test.yaml:7:9: train.optimizer.lr: 0 is out of range (a number > 0)"},
+      {base + "train:\n  optimizer:\n    betas: [0.9, 1.0]\n",
+       "test.yaml:7:18: train.optimizer.betas: 1.0 is out of range (a list of two numbers, each "
+       "in [0, 1))"},
+      {"model: {preset: gpt2-124m, layers: 99999999999}\ndata: {path: d}\n",
+       "test.yaml:1:36: model.layers: 99999999999 is out of range (an integer >= 1, within 32 "
+       "bits)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    expect_all(error_of(c.yaml), {c.expected, "for example"});
+  }
+}
+
+TEST(ConfigError, InvalidEnumListsTheAllowedValues) {
+  expect_all(error_of(std::string(kMinimal) + "train:\n  on_nonfinite: stopp\n"),
+             {"test.yaml:6:17: train.on_nonfinite: invalid value 'stopp'", "one of: stop, skip",
+              "did you mean 'stop'?"});
+  expect_all(error_of("model: {arch: bert, preset: gpt2-124m}\ndata: {path: d}\n"),
+             {"test.yaml:1:15: model.arch: invalid value 'bert'", "one of: gpt2, opt"});
+  // bf16 is recognised but not implemented: say so rather than "invalid".
+  expect_all(error_of(std::string(kMinimal) + "train:\n  precision: bf16\n"),
+             {"test.yaml:6:14: train.precision: bf16 is not supported yet", "supported now: fp32",
+              "use train.precision: fp32"});
+}
+
+TEST(ConfigError, InconsistentDimsNameBothKeys) {
+  struct Case {
+    std::string yaml;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {"model: {preset: gpt2-124m, hidden: 770}\ndata: {path: d}\n",
+       {"test.yaml:1:36: model.heads: model.hidden = 770 is not divisible by model.heads = 12",
+        "such as 11 or 14"}},
+      {std::string(kMinimal) + "train: {seq_len: 2048}\n",
+       {"test.yaml:5:18: train.seq_len: 2048 is longer than model.max_seq = 1024",
+        "train.seq_len <= 1024"}},
+      {std::string(kMinimal) + "train: {global_batch: 30, micro_batch: 4}\n",
+       {"test.yaml:5:23: train.global_batch: 30 is not a multiple of train.micro_batch = 4",
+        "28 or 32"}},
+      {std::string(kMinimal) + "train:\n  optimizer: {lr: 1.0e-3, min_lr: 0.01}\n",
+       {"test.yaml:6:35: train.optimizer.min_lr: 0.01 is above train.optimizer.lr = 0.001",
+        "min_lr <= 0.001"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    expect_all(error_of(c.yaml), c.expected);
+  }
+}
+
+TEST(ConfigError, UnknownPresetListsPresets) {
+  expect_all(error_of("model:\n  preset: gpt2-125m\ndata: {path: d}\n"),
+             {"test.yaml:2:11: model.preset: unknown preset 'gpt2-125m'",
+              "presets: gpt2-1.5b, gpt2-124m", "opt-175b", "did you mean 'gpt2-124m'?"});
+}
+
+TEST(ConfigError, MissingRequiredKeyIsNamed) {
+  expect_all(error_of("model:\n  hidden: 64\n  heads: 4\ndata: {path: d}\n"),
+             {"test.yaml:1:1: model.layers: missing required key",
+              "required when model.preset is not set", "set model.preset to one of"});
+  expect_all(error_of("model: {preset: gpt2-124m}\n"),
+             {"test.yaml: data.path: missing required key", "add data: {path: data/train.bin}",
+              "--set data.path=data/train.bin"});
+  expect_all(error_of("model: {preset: gpt2-124m}\ndata: {path: ''}\n"),
+             {"test.yaml:2:14: data.path: expected a non-empty string"});
+}
+
+TEST(ConfigError, YamlSyntaxErrorHasPosition) {
+  expect_all(error_of("model: {preset: gpt2-124m\ndata: {path: d}\n"),
+             {"test.yaml:2:", "YAML syntax error", "must be valid YAML"});
+  expect_all(error_of("train:\n  steps: 1\n bad: 2\n"), {"test.yaml:3:2: YAML syntax error"});
+}
+
+TEST(ConfigError, MissingFileNamesThePath) {
+  try {
+    load_config("/nonexistent/dir/run.yaml");
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    expect_all(e.what(), {"/nonexistent/dir/run.yaml: config file: cannot be opened",
+                          "No such file or directory", "check the path"});
+  }
+}
+
+TEST(ConfigError, DuplicateKeyPointsAtBoth) {
+  expect_all(error_of(std::string(kMinimal) + "train:\n  steps: 1\n  steps: 2\n"),
+             {"test.yaml:7:3: train.steps: duplicate key", "first at line 6"});
+}
+
+// ---- serialisation ------------------------------------------------------------------------------
+
+TEST(Config, ToYamlRoundTrips) {
+  const Config full = parse_config(kFullConfig, "full.yaml");
+  const Config again = parse_config(to_yaml(full), "full.yaml");
+  expect_same(full, again);
+
+  // Awkward strings and doubles that have no short decimal form.
+  Config odd = parse_config(kMinimal, "min.yaml");
+  odd.sample.prompt = "null: [x] \"quoted\"\nsecond line";
+  odd.data.val_path = "123";
+  odd.train.optimizer.lr = 1.0 / 3.0;
+  odd.train.optimizer.min_lr = 1e-300;
+  odd.train.seed = 9007199254740993ull;  // not representable as a double
+  odd.text = to_yaml(odd);
+  const Config back = parse_config(odd.text, "min.yaml");
+  expect_same(odd, back);
+  EXPECT_EQ(back.model_preset, "gpt2-124m");  // the preset name is kept
+}
+
+TEST(Config, ToYamlWritesEveryKey) {
+  const std::string text = to_yaml(parse_config(kMinimal, "min.yaml"));
+  for (const ConfigKeyInfo& key : config_schema()) {
+    SCOPED_TRACE(key.key);
+    // The last part of each dotted key appears as "name:" in the output.
+    EXPECT_TRUE(Contains(text, key.key.substr(key.key.rfind('.') + 1) + ":"));
+  }
+}
+
+TEST(Config, EveryKeyIsDocumentedInReadme) {
+  const char* env = std::getenv("COLOSSAL_SOURCE_DIR");
+  const std::filesystem::path root =
+      env ? std::filesystem::path(env)
+          : std::filesystem::path(__FILE__).parent_path().parent_path();
+  std::ifstream in(root / "configs" / "README.md");
+  ASSERT_TRUE(in) << "cannot read " << (root / "configs" / "README.md");
+  std::stringstream readme;
+  readme << in.rdbuf();
+  for (const ConfigKeyInfo& key : config_schema())
+    EXPECT_TRUE(Contains(readme.str(), "`" + key.key + "`"));
+}
+
+// ---- did_you_mean -------------------------------------------------------------------------------
+
+TEST(DidYouMean, SuggestsTheClosestCloseEnoughKey) {
+  const std::vector<std::string> keys = {"steps", "seq_len", "global_batch", "micro_batch"};
+  EXPECT_EQ(did_you_mean("stpes", keys), "steps");     // transposition: 2 edits
+  EXPECT_EQ(did_you_mean("step", keys), "steps");      // deletion
+  EXPECT_EQ(did_you_mean("seqlen", keys), "seq_len");  // insertion
+  EXPECT_EQ(did_you_mean("globl_bach", keys), "global_batch");
+  EXPECT_EQ(did_you_mean("steps", keys), "steps");  // exact
+  EXPECT_EQ(did_you_mean("optimizer", keys), "");   // nothing close
+  EXPECT_EQ(did_you_mean("xyz", keys), "");
+  EXPECT_EQ(did_you_mean("steps", {}), "");
+  // Threshold: max(2, len/3) edits; a 12-letter key allows 4.
+  EXPECT_EQ(did_you_mean("micro_bXXXXh", {"micro_batch"}), "micro_batch");
+  EXPECT_EQ(did_you_mean("mXXXo_bXXXXh", {"micro_batch"}), "");
+  // Ties go to the first candidate.
+  EXPECT_EQ(did_you_mean("ab", {"ax", "xb"}), "ax");
+}
+
+}  // namespace
+}  // namespace colossal::io

@@ -1,0 +1,138 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "io/dataset.hpp"
+
+using namespace colossal::io;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("colossal_test_" + name)).string();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+void write_llmc(const std::string& path, const std::vector<uint16_t>& tokens, int32_t version = 1,
+                int32_t count = -1) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = TokenFile::kLlmcMagic;
+  header[1] = version;
+  header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(TokenFile, RawTextIsBytes) {
+  const auto path = temp_path("raw.txt");
+  write_text(path, "hello\xff");
+  TokenFile f(path, "data.path");
+  EXPECT_EQ(f.format(), TokenFile::Format::raw_bytes);
+  ASSERT_EQ(f.size(), 6u);
+  EXPECT_EQ(f[0], uint32_t('h'));
+  EXPECT_EQ(f[5], 255u);
+}
+
+TEST(TokenFile, LlmcHeaderAndUint16Tokens) {
+  const auto path = temp_path("tokens.bin");
+  write_llmc(path, {50256, 1, 2, 3, 40000});
+  TokenFile f(path, "data.path");
+  EXPECT_EQ(f.format(), TokenFile::Format::llmc_uint16);
+  ASSERT_EQ(f.size(), 5u);
+  EXPECT_EQ(f[0], 50256u);
+  EXPECT_EQ(f[4], 40000u);
+  EXPECT_EQ(f.max_token(), 50256u);
+}
+
+TEST(TokenFile, BadFilesGiveSpecificMessages) {
+  EXPECT_NE(message_of([] { TokenFile f(temp_path("missing.bin"), "data.path"); })
+                .find("data.path: cannot open"),
+            std::string::npos);
+  const auto empty = temp_path("empty.txt");
+  write_text(empty, "");
+  EXPECT_NE(message_of([&] { TokenFile f(empty, "data.val_path"); }).find("data.val_path: '" + empty + "' is empty"),
+            std::string::npos);
+  const auto short_file = temp_path("short.txt");
+  write_text(short_file, "abc");
+  const std::string msg = message_of([&] {
+    TokenFile f(short_file, "data.path");
+    f.check(256, 130, "train.seq_len + 1 tokens");
+  });
+  EXPECT_NE(msg.find("holds 3 tokens, fewer than the 130 needed"), std::string::npos) << msg;
+  const auto truncated = temp_path("truncated.bin");
+  write_llmc(truncated, {1, 2, 3}, 1, 1000);
+  EXPECT_NE(message_of([&] { TokenFile f(truncated, "data.path"); }).find("header says 1000 tokens"),
+            std::string::npos);
+  const auto version = temp_path("version.bin");
+  write_llmc(version, {1, 2, 3}, 7);
+  EXPECT_NE(message_of([&] { TokenFile f(version, "data.path"); }).find("version 7"), std::string::npos);
+  const auto big = temp_path("big.bin");
+  write_llmc(big, {1, 2, 3000});
+  const std::string vocab = message_of([&] {
+    TokenFile f(big, "data.path");
+    f.check(256, 1, "");
+  });
+  EXPECT_NE(vocab.find("token id 3000 but model.vocab is 256"), std::string::npos) << vocab;
+}
+
+TEST(TrainSampler, WindowsArePureFunctionsOfSeedStepAndIndex) {
+  const auto path = temp_path("sampler.txt");
+  std::string text;
+  for (int i = 0; i < 1000; ++i) text.push_back(static_cast<char>('a' + i % 26));
+  write_text(path, text);
+  TokenFile f(path, "data.path");
+  const int T = 8, global = 6;
+  TrainSampler s(f, T, 42);
+  // The whole global batch at once equals the same batch drawn in micro-batches of 2 or 3.
+  std::vector<int32_t> x(global * T), y(global * T), x2(global * T), y2(global * T);
+  s.batch(5, 0, global, global, x.data(), y.data());
+  for (int first = 0; first < global; first += 2) {
+    s.batch(5, first, 2, global, x2.data() + first * T, y2.data() + first * T);
+  }
+  EXPECT_EQ(x, x2);
+  EXPECT_EQ(y, y2);
+  for (int i = 0; i < global * T; ++i) {
+    // targets are inputs shifted by one token
+    EXPECT_EQ(uint32_t(y[i]), (uint32_t(x[i]) - 'a' + 1) % 26 + 'a');
+  }
+  // A different step or seed gives different windows; every start leaves room for T+1 tokens.
+  std::vector<int32_t> x3(global * T), y3(global * T);
+  s.batch(6, 0, global, global, x3.data(), y3.data());
+  EXPECT_NE(x, x3);
+  for (int64_t step = 0; step < 200; ++step) {
+    for (int i = 0; i < global; ++i) EXPECT_LT(s.window_start(step, i, global) + T, f.size());
+  }
+}
+
+TEST(Validation, SequentialWindowsCoverTheFile) {
+  const auto path = temp_path("val.txt");
+  write_text(path, std::string(33, 'x'));
+  TokenFile f(path, "data.val_path");
+  EXPECT_EQ(validation_windows(f, 8, 0), 4);  // (33-1)/8
+  EXPECT_EQ(validation_windows(f, 8, 2), 2);
+  write_text(path, std::string(32, 'x'));
+  TokenFile g(path, "data.val_path");
+  EXPECT_EQ(validation_windows(g, 8, 0), 3);  // the last window needs one more target token
+  std::vector<int32_t> x(16), y(16);
+  validation_batch(g, 8, 1, 2, x.data(), y.data());
+  EXPECT_EQ(x[0], 'x');
+}
