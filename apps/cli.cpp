@@ -1,0 +1,180 @@
+#include "apps/cli.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+
+#include <Kokkos_Core.hpp>
+
+#include "apps/trainer.hpp"
+#include "io/dataset.hpp"
+#include "io/hdf5_file.hpp"
+
+namespace colossal::apps {
+
+bool Invocation::has(const std::string& s) const {
+  return std::find(switches.begin(), switches.end(), s) != switches.end();
+}
+
+std::string Invocation::flag(const std::string& name, const std::string& fallback) const {
+  auto it = flags.find(name);
+  return it == flags.end() ? fallback : it->second;
+}
+
+namespace {
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ParsedArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::map<std::string, std::string> flags;
+  std::vector<std::string> switches;
+  bool help = false;
+  bool print_config = false;
+};
+
+std::string common_help() {
+  return "Common options:\n"
+         "  CONFIG                 experiment YAML (keys documented in configs/README.md)\n"
+         "  --set KEY=VALUE        override a config key, e.g. --set train.steps=100 (repeatable)\n"
+         "  --print-config         print the resolved config and exit\n"
+         "  --help                 this text\n";
+}
+
+ParsedArgs parse_args(int argc, char** argv, const ProgramInfo& info) {
+  ParsedArgs args;
+  auto is = [](const std::vector<std::string>& list, const std::string& s) {
+    return std::find(list.begin(), list.end(), s) != list.end();
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    const auto eq = a.find('=');
+    const bool inline_value = a.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    }
+    auto take_value = [&]() {
+      if (inline_value) return value;
+      if (i + 1 >= argc) throw UsageError(a + " needs a value; see --help");
+      return std::string(argv[++i]);
+    };
+    if (a == "--help" || a == "-h") {
+      args.help = true;
+    } else if (a == "--print-config") {
+      args.print_config = true;
+    } else if (a == "--set") {
+      args.overrides.push_back(take_value());
+    } else if (is(info.flags, a)) {
+      args.flags[a] = take_value();
+    } else if (is(info.switches, a)) {
+      args.switches.push_back(a);
+    } else if (a.rfind("-", 0) == 0) {
+      throw UsageError("unknown option '" + a + "'; see " + info.name + " --help");
+    } else if (args.config_path.empty()) {
+      args.config_path = a;
+    } else {
+      throw UsageError("unexpected argument '" + a + "' (the config is already '" +
+                       args.config_path + "'); see " + info.name + " --help");
+    }
+  }
+  if (!args.help && args.config_path.empty()) {
+    throw UsageError("no config file given; usage: " + info.name +
+                     " CONFIG [options], e.g. configs/quickstart.yaml (see --help)");
+  }
+  return args;
+}
+
+// Rank 0 loads and validates; the resolved text (or the error) is broadcast, so every rank parses
+// identical text and fails identically: nothing hangs on a bad config.
+io::Config load_and_broadcast(const ParsedArgs& args, int rank) {
+  std::string text, error;
+  if (rank == 0) {
+    try {
+      text = io::load_config(args.config_path, args.overrides).text;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  for (std::string* s : {&error, &text}) {
+    unsigned long long size = s->size();
+    MPI_Bcast(&size, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    s->resize(size);
+    MPI_Bcast(s->data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+  if (!error.empty()) throw io::ConfigError(error);
+  io::Config config = io::parse_config(text, args.config_path);
+  return config;
+}
+
+int classify(const std::exception& e) {
+  if (dynamic_cast<const UsageError*>(&e) || dynamic_cast<const io::ConfigError*>(&e)) {
+    return kUsageError;
+  }
+  if (dynamic_cast<const io::DataError*>(&e) || dynamic_cast<const io::H5Error*>(&e)) {
+    return kDataError;
+  }
+  return kRuntimeError;
+}
+
+}  // namespace
+
+int run_program(int argc, char** argv, const ProgramInfo& info,
+                const std::function<int(Invocation&)>& body) {
+  MPI_Init(&argc, &argv);
+  Invocation inv;
+  MPI_Comm_rank(MPI_COMM_WORLD, &inv.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &inv.world_size);
+  int code = kOk;
+  {
+    Kokkos::ScopeGuard kokkos(argc, argv);
+    std::string message;
+    try {
+      ParsedArgs args = parse_args(argc, argv, info);
+      if (args.help) {
+        if (inv.rank == 0) std::printf("%s\n%s", info.usage.c_str(), common_help().c_str());
+      } else {
+        inv.config = load_and_broadcast(args, inv.rank);
+        inv.flags = args.flags;
+        inv.switches = args.switches;
+        if (args.print_config) {
+          if (inv.rank == 0) std::printf("%s", inv.config.text.c_str());
+        } else {
+          if (inv.world_size != 1) {
+            throw UsageError(
+                std::to_string(inv.world_size) +
+                " ranks were started, but this build trains on one rank only (data, tensor and "
+                "pipeline parallelism are not implemented yet); run without mpirun or with -np 1");
+          }
+          code = body(inv);
+        }
+      }
+    } catch (const std::exception& e) {
+      message = e.what();
+      code = classify(e);
+    }
+    // Every rank exits with the worst code seen anywhere. Errors that every rank shares (a bad
+    // config) are printed once, by rank 0; an error on another rank alone is printed there.
+    int worst = code;
+    MPI_Allreduce(&code, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int root_code = code;
+    MPI_Bcast(&root_code, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!message.empty() && (inv.rank == 0 || root_code == kOk)) {
+      const std::string where = inv.rank == 0 ? "" : " (rank " + std::to_string(inv.rank) + ")";
+      std::fprintf(stderr, "%s: error%s: %s\n", info.name.c_str(), where.c_str(), message.c_str());
+    }
+    code = worst;
+  }
+  MPI_Finalize();
+  return code;
+}
+
+}  // namespace colossal::apps

@@ -1,0 +1,41 @@
+// Start-up shared by the programs: MPI and Kokkos, arguments, the config read and validated on
+// rank 0 and broadcast as text, and error reporting that exits every rank the same way.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+
+namespace colossal::apps {
+
+// Exit codes: 0 success, 1 runtime failure, 2 bad command line or config, 3 bad data or model file.
+enum ExitCode : int { kOk = 0, kRuntimeError = 1, kUsageError = 2, kDataError = 3 };
+
+struct ProgramInfo {
+  std::string name;
+  std::string usage;                 // synopsis and description, printed by --help
+  std::vector<std::string> flags;    // value-taking flags this program accepts (e.g. "--weights")
+  std::vector<std::string> switches; // boolean flags (e.g. "--eval-only")
+};
+
+struct Invocation {
+  int rank = 0;
+  int world_size = 1;
+  io::Config config;
+  std::map<std::string, std::string> flags;  // value flags given
+  std::vector<std::string> switches;         // switches given
+  bool has(const std::string& s) const;
+  std::string flag(const std::string& name, const std::string& fallback = "") const;
+};
+
+// Runs `body` inside MPI + Kokkos after parsing the command line and loading the config
+// (CONFIG [--set key=value ...] [--print-config] [--help] plus the program's own flags).
+// Every exception is reported by rank 0 as "<program>: error: <message>" and every rank returns
+// the same non-zero code.
+int run_program(int argc, char** argv, const ProgramInfo& info,
+                const std::function<int(Invocation&)>& body);
+
+}  // namespace colossal::apps

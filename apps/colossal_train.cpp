@@ -1,0 +1,55 @@
+// colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
+#include <cstdio>
+
+#include "apps/cli.hpp"
+#include "apps/trainer.hpp"
+#include "core/memory.hpp"
+
+using namespace colossal;
+
+int main(int argc, char** argv) {
+  apps::ProgramInfo info{
+      "colossal_train",
+      "usage: colossal_train CONFIG [--set KEY=VALUE ...] [--print-config]\n"
+      "                      [--eval-only --weights MODEL.h5]\n\n"
+      "Trains the model the config describes with AdamW on its token data. Prints a progress line\n"
+      "every log.every steps, validates every eval.every steps, writes log.dir/metrics.csv and the\n"
+      "final weights to log.dir/model.h5 (HDF5, Hugging Face names), then a summary.\n\n"
+      "Program options:\n"
+      "  --eval-only            do not train: print the validation loss of --weights\n"
+      "  --weights FILE         model file to evaluate (with --eval-only)\n",
+      {"--weights"},
+      {"--eval-only"}};
+  return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
+    std::FILE* log = inv.rank == 0 ? stdout : nullptr;
+    apps::Trainer trainer(inv.config, log);
+    if (inv.has("--eval-only")) {
+      const std::string weights = inv.flag("--weights");
+      if (weights.empty()) throw std::runtime_error("--eval-only needs --weights MODEL.h5");
+      trainer.load_weights(weights);
+      if (log) std::fprintf(log, "val loss %.6g\n", trainer.evaluate());
+      return 0;
+    }
+    const apps::TrainSummary s = trainer.train();
+    if (log) {
+      std::fprintf(log, "\n== summary ==\n");
+      std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",
+                   (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
+                   s.last_loss);
+      if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
+      std::fprintf(log, "throughput %.0f tokens/s | MFU %.1f%% of %.2f TFLOP/s\n", s.tokens_per_s,
+                   100.0 * s.mfu, apps::peak_flops(inv.config.hardware) / 1e12);
+      std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
+                   core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
+                   core::format_bytes(double(s.peak_rss_bytes)).c_str());
+      std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
+                   inv.config.log.dir.c_str());
+      if (!s.sample.empty()) {
+        std::fprintf(log, "sample (%d tokens after \"%s\"):\n%s%s\n", inv.config.sample.tokens,
+                     inv.config.sample.prompt.c_str(), inv.config.sample.prompt.c_str(),
+                     s.sample.c_str());
+      }
+    }
+    return 0;
+  });
+}

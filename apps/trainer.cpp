@@ -1,0 +1,265 @@
+#include "apps/trainer.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <filesystem>
+
+#include "core/kernels.hpp"
+#include "core/rng.hpp"
+#include "io/hdf5_file.hpp"
+#include "io/metrics.hpp"
+
+namespace colossal::apps {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string format_duration(double s) {
+  char buf[32];
+  if (s >= 3600) {
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
+  } else if (s >= 60) {
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
+  }
+  return buf;
+}
+}  // namespace
+
+double peak_flops(const io::HardwareConfig& hardware) {
+  if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
+  // "host": fp32 sgemm ceiling of the 2-core AVX-512 development machine (2 x 177 GFLOP/s,
+  // shared/BUILD-NOTES.md). Set hardware.peak_tflops for other machines.
+  return 0.34e12;
+}
+
+Trainer::Trainer(const io::Config& config, std::FILE* log)
+    : config_(config), log_(log), gemm_(core::make_default_gemm()) {
+  const auto& train = config_.train;
+  const auto& spec = config_.model;
+  train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
+  train_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 2,
+                     "train.seq_len + 1 tokens for one window, and more than one window");
+  if (!config_.data.val_path.empty()) {
+    val_data_ = std::make_unique<io::TokenFile>(config_.data.val_path, "data.val_path");
+    val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
+                     "train.seq_len + 1 tokens for one validation window");
+  }
+  model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_);
+  model_->init_parameters(train.seed);
+  optimizer_ = std::make_unique<core::AdamW>(model_->parameters(), model_->flat_size(), tracker_);
+  const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
+  inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
+  targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
+  host_inputs_.resize(tokens);
+  host_targets_.resize(tokens);
+}
+
+void Trainer::print(const char* fmt, ...) const {
+  if (log_ == nullptr) return;
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(log_, fmt, args);
+  va_end(args);
+  std::fflush(log_);
+}
+
+void Trainer::upload(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets) {
+  core::copy_to_device(inputs_.data(), inputs.data(), inputs.size() * sizeof(int32_t));
+  core::copy_to_device(targets_.data(), targets.data(), targets.size() * sizeof(int32_t));
+}
+
+// Forward and backward over the step's micro-batches; gradients summed into the model's buffer,
+// scaled so that they are those of the mean loss over the global batch. Returns the mean loss.
+double Trainer::run_step(int64_t step) {
+  const auto& t = config_.train;
+  const int accumulation = config_.accumulation_steps();
+  const float grad_scale = 1.0f / (float(t.micro_batch) * float(t.seq_len) * float(accumulation));
+  io::TrainSampler sampler(*train_data_, t.seq_len, t.seed);
+  model_->zero_grad();
+  double loss = 0.0;
+  for (int micro = 0; micro < accumulation; ++micro) {
+    sampler.batch(step, int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
+                  host_inputs_.data(), host_targets_.data());
+    upload(host_inputs_, host_targets_);
+    loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
+    model_->backward(inputs_.data(), t.micro_batch);
+  }
+  return loss / accumulation;
+}
+
+TrainSummary Trainer::train() {
+  const auto& t = config_.train;
+  const auto& spec = config_.model;
+  TrainSummary summary;
+  const double tokens_per_step = double(t.global_batch) * t.seq_len;
+  const double flops_per_step = core::flops_per_token(spec, t.seq_len) * tokens_per_step;
+  const double peak = peak_flops(config_.hardware);
+  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
+  core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
+                       t.optimizer.weight_decay};
+
+  std::filesystem::create_directories(config_.log.dir);
+  io::MetricsCsv metrics(config_.log.dir + "/metrics.csv",
+                         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_seconds",
+                          "val_loss", "peak_tracked_bytes"});
+  print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
+        core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
+        spec.vocab, model_->num_parameters() / 1e6);
+  print("train: %lld steps x %d sequences x %d tokens (micro-batch %d, %d accumulation steps); "
+        "data %s (%zu tokens)\n",
+        (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
+        train_data_->path().c_str(), train_data_->size());
+  print("memory: %s\n", tracker_.summary().c_str());
+
+  const auto start = Clock::now();
+  Clock::time_point timed_start = start;
+  double window_seconds = 0.0;
+  int64_t window_steps = 0;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto step_start = Clock::now();
+    hp.lr = schedule.at(step);
+    const double loss = run_step(step);
+    const double norm = std::sqrt(core::kernels::sum_squares(model_->grads(), model_->flat_size()));
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      if (t.on_nonfinite == "stop") {
+        throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
+                             ", gradient norm " + std::to_string(norm) +
+                             " is not finite; lower train.optimizer.lr or set "
+                             "train.on_nonfinite: skip to skip such steps");
+      }
+      ++summary.skipped_steps;
+      print("step %lld: non-finite loss or gradient, update skipped\n", (long long)step + 1);
+    } else {
+      const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
+      optimizer_->update(model_->params(), model_->grads(), hp, step + 1 - summary.skipped_steps,
+                         static_cast<float>(clip));
+    }
+    const double step_seconds = seconds_since(step_start);
+    if (step == 0) {
+      summary.first_loss = loss;
+      timed_start = Clock::now();  // the first step pays for first-touch page faults
+    }
+    summary.last_loss = loss;
+    window_seconds += step_seconds;
+    ++window_steps;
+    const double tokens_per_s = tokens_per_step / step_seconds;
+    const double mfu = flops_per_step / step_seconds / peak;
+
+    double val_loss = std::nan("");
+    const bool last = step + 1 == t.steps;
+    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+      val_loss = evaluate();
+      summary.val_loss = val_loss;
+      print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
+    }
+    metrics.row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
+                 double(tracker_.peak_total())});
+    if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
+      const double avg = window_seconds / double(window_steps);
+      const double eta = avg * double(t.steps - step - 1);
+      print("step %6lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | %.0f tok/s | MFU %.1f%% | "
+            "mem %s | ETA %s\n",
+            (long long)step + 1, (long long)t.steps, loss, hp.lr, norm, tokens_per_step / avg,
+            100.0 * flops_per_step / avg / peak, core::format_bytes(double(tracker_.peak_total())).c_str(),
+            format_duration(eta).c_str());
+      window_seconds = 0.0;
+      window_steps = 0;
+    }
+  }
+  summary.steps = t.steps;
+  summary.seconds = seconds_since(start);
+  const double timed = seconds_since(timed_start);
+  const double timed_steps = double(t.steps > 1 ? t.steps - 1 : 1);
+  summary.tokens_per_s = t.steps > 1 ? tokens_per_step * timed_steps / timed
+                                     : tokens_per_step / summary.seconds;
+  summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
+  summary.peak_tracked_bytes = tracker_.peak_total();
+
+  summary.model_path = config_.log.dir + "/model.h5";
+  save_weights(summary.model_path);
+  if (config_.sample.tokens > 0) {
+    summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
+                              config_.sample.temperature, t.seed);
+  }
+  summary.peak_rss_bytes = core::peak_rss_bytes();
+  return summary;
+}
+
+double Trainer::evaluate() {
+  if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
+  const int T = config_.train.seq_len, B = config_.train.micro_batch;
+  const int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
+  double total = 0.0;
+  for (int64_t first = 0; first < windows; first += B) {
+    const int count = static_cast<int>(std::min<int64_t>(B, windows - first));
+    io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
+    upload(host_inputs_, host_targets_);
+    total += model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
+  }
+  return total / double(windows);
+}
+
+void Trainer::save_weights(const std::string& path) const {
+  std::vector<float> host(model_->flat_size());
+  core::copy_to_host(host.data(), model_->params(), host.size() * sizeof(float));
+  io::write_model_file(path, model_->parameters(), host, config_.text);
+}
+
+void Trainer::load_weights(const std::string& path) {
+  std::vector<float> host(model_->flat_size(), 0.0f);
+  io::read_model_file(path, model_->parameters(), host);
+  core::copy_to_device(model_->params(), host.data(), host.size() * sizeof(float));
+}
+
+std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
+                              uint64_t seed) {
+  const int T = config_.train.seq_len, V = config_.model.vocab;
+  const bool bytes = V <= 256;
+  std::vector<int32_t> context;
+  for (unsigned char c : prompt.empty() ? std::string("\n") : prompt) context.push_back(c % V);
+  std::vector<int32_t> window(T), dummy(T, 0);
+  std::vector<float> logits(V);
+  constexpr uint64_t kStream = core::hash_name("colossal.sample");
+  std::string out;
+  for (int i = 0; i < tokens; ++i) {
+    // Causal attention: positions after the context do not affect the last context position.
+    const std::size_t len = std::min<std::size_t>(context.size(), T);
+    std::fill(window.begin(), window.end(), 0);
+    std::copy(context.end() - len, context.end(), window.begin());
+    std::copy(window.begin(), window.end(), host_inputs_.begin());
+    std::copy(dummy.begin(), dummy.end(), host_targets_.begin());
+    upload(host_inputs_, host_targets_);
+    model_->forward(inputs_.data(), targets_.data(), 1, 0.0f);
+    core::copy_to_host(logits.data(), model_->logits() + (len - 1) * V, V * sizeof(float));
+    int next = 0;
+    if (temperature <= 0.0) {
+      next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    } else {
+      const float mx = *std::max_element(logits.begin(), logits.end());
+      double total = 0.0;
+      for (auto& l : logits) total += (l = std::exp(float((l - mx) / temperature)));
+      const double u = core::word_to_unit(core::random_words(seed, kStream, i).v[0]) * total;
+      double acc = 0.0;
+      for (next = 0; next < V - 1; ++next) {
+        acc += logits[next];
+        if (acc >= u) break;
+      }
+    }
+    context.push_back(next);
+    if (bytes) {
+      out.push_back(static_cast<char>(next));
+    } else {
+      out += (out.empty() ? "" : " ") + std::to_string(next);
+    }
+  }
+  return out;
+}
+
+}  // namespace colossal::apps

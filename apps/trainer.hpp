@@ -1,0 +1,76 @@
+// The training loop shared by colossal_train, colossal_eval and colossal_generate: data ->
+// micro-batches with gradient accumulation -> clipped AdamW -> metrics, validation, model file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/gemm.hpp"
+#include "core/memory.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+#include "io/config.hpp"
+#include "io/dataset.hpp"
+
+namespace colossal::apps {
+
+struct TrainSummary {
+  int64_t steps = 0;
+  int64_t skipped_steps = 0;       // non-finite steps skipped (train.on_nonfinite: skip)
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+  double val_loss = -1.0;          // < 0 when there is no validation data
+  double seconds = 0.0;
+  double tokens_per_s = 0.0;       // over the steps after the first (which pays page faults)
+  double mfu = 0.0;
+  std::size_t peak_tracked_bytes = 0;
+  std::size_t peak_rss_bytes = 0;
+  std::string model_path;
+  std::string sample;
+};
+
+class NonFiniteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
+double peak_flops(const io::HardwareConfig& hardware);
+
+class Trainer {
+ public:
+  // `log` receives progress lines (nullptr: silent, as on ranks other than 0).
+  Trainer(const io::Config& config, std::FILE* log);
+
+  TrainSummary train();
+  // Mean validation loss over data.val_path windows (capped by data.val_windows).
+  double evaluate();
+  void save_weights(const std::string& path) const;
+  void load_weights(const std::string& path);
+  // Continues `prompt` by `tokens` sampled tokens (temperature; 0 = greedy). For a byte vocabulary
+  // the result is text; otherwise token ids separated by spaces.
+  std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed);
+
+  core::Model& model() { return *model_; }
+  const core::MemoryTracker& memory() const { return tracker_; }
+
+ private:
+  void print(const char* fmt, ...) const;
+  double run_step(int64_t step);
+  void upload(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets);
+
+  io::Config config_;
+  std::FILE* log_;
+  core::MemoryTracker tracker_;
+  std::unique_ptr<core::Gemm> gemm_;
+  std::unique_ptr<core::Model> model_;
+  std::unique_ptr<core::AdamW> optimizer_;
+  std::unique_ptr<io::TokenFile> train_data_, val_data_;
+  core::DeviceArray<int32_t> inputs_, targets_;
+  std::vector<int32_t> host_inputs_, host_targets_;
+};
+
+}  // namespace colossal::apps

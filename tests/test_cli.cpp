@@ -1,0 +1,168 @@
+// The programs as a user runs them: exit codes and messages for bad input (also under mpirun, where
+// every rank must exit without hanging), and a short end-to-end run with its outputs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& command) {
+  Result r{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string bin(const std::string& program) {
+  const char* dir = std::getenv("COLOSSAL_BIN_DIR");
+  return std::string(dir ? dir : "build/bin") + "/" + program;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = (std::filesystem::temp_directory_path() / "colossal_cli").string();
+    std::filesystem::create_directories(dir);
+    std::string text;
+    for (int i = 0; i < 3000; ++i) text.push_back("the quick brown fox. "[i % 21]);
+    std::ofstream(dir + "/data.txt") << text;
+  }
+  // A valid tiny config, with `extra` lines appended (YAML allows later keys only once, so tests
+  // put variations in --set instead).
+  std::string write_config(const std::string& name, const std::string& body = "") {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << (body.empty() ? default_body() : body);
+    return path;
+  }
+  std::string default_body() const {
+    return "model: {layers: 1, hidden: 16, heads: 2, vocab: 256, max_seq: 16}\n"
+           "data: {path: " + dir + "/data.txt, val_path: " + dir + "/data.txt, val_windows: 4}\n"
+           "train: {steps: 3, seq_len: 16, global_batch: 4, micro_batch: 2}\n"
+           "eval: {every: 0}\n"
+           "log: {every: 1, dir: " + dir + "/run}\n"
+           "sample: {prompt: the, tokens: 8}\n";
+  }
+  std::string dir;
+};
+
+TEST_F(Cli, HelpOnEveryProgram) {
+  for (const char* p : {"colossal_train", "colossal_eval", "colossal_generate"}) {
+    const Result r = run(bin(p) + " --help");
+    EXPECT_EQ(r.code, 0) << p;
+    EXPECT_NE(r.output.find("usage: " + std::string(p)), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--set KEY=VALUE"), std::string::npos) << r.output;
+  }
+}
+
+TEST_F(Cli, MissingConfigFileAndNoConfigAreUsageErrors) {
+  Result r = run(bin("colossal_train") + " " + dir + "/nope.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("nope.yaml"), std::string::npos) << r.output;
+  r = run(bin("colossal_train"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("no config file given"), std::string::npos) << r.output;
+  r = run(bin("colossal_train") + " " + write_config("ok.yaml") + " --bogus");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("unknown option '--bogus'"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, ConfigErrorsNameKeyAndFix) {
+  std::string body = default_body();
+  body.replace(body.find("steps: 3"), 8, "stepz: 3");
+  Result r = run(bin("colossal_train") + " " + write_config("typo.yaml", body));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("train.stepz"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean"), std::string::npos) << r.output;
+  r = run(bin("colossal_train") + " " + write_config("ok.yaml") + " --set model.heads=3");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("heads"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, DataErrorsNameTheKey) {
+  Result r = run(bin("colossal_train") + " " + write_config("ok.yaml") + " --set data.path=" + dir +
+                 "/missing.bin");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("data.path: cannot open"), std::string::npos) << r.output;
+  std::ofstream(dir + "/short.txt") << "too short";
+  r = run(bin("colossal_train") + " " + write_config("ok.yaml") + " --set data.val_path=" + dir +
+          "/short.txt");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("data.val_path"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fewer than"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 4 "
+      "--oversubscribe ";
+  Result r = run(mpirun + bin("colossal_train") + " " + dir + "/nope.yaml");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("nope.yaml"), std::string::npos) << r.output;
+  r = run(mpirun + bin("colossal_train") + " " + write_config("ok.yaml"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("4 ranks were started"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
+  const std::string config = write_config("ok.yaml");
+  Result r = run(bin("colossal_train") + " " + config + " --print-config");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("steps: 3"), std::string::npos) << r.output;
+
+  r = run(bin("colossal_train") + " " + config);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step      3/3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tok/s"), std::string::npos);
+  EXPECT_NE(r.output.find("== summary =="), std::string::npos);
+  const auto val = r.output.find("val loss ");
+  ASSERT_NE(val, std::string::npos) << r.output;
+  const std::string val_line = r.output.substr(val, r.output.find('\n', val) - val);
+
+  std::ifstream csv(dir + "/run/metrics.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header.rfind("step,loss,lr,grad_norm,tokens_per_s", 0), 0u) << header;
+  int rows = 0;
+  for (std::string line; std::getline(csv, line);) ++rows;
+  EXPECT_EQ(rows, 3);
+
+  const std::string weights = dir + "/run/model.h5";
+  ASSERT_TRUE(std::filesystem::exists(weights));
+  r = run(bin("colossal_eval") + " " + config + " --weights " + weights);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(val_line), std::string::npos) << r.output << " vs " << val_line;
+  r = run(bin("colossal_train") + " " + config + " --eval-only --weights " + weights);
+  EXPECT_NE(r.output.find(val_line), std::string::npos) << r.output;
+
+  r = run(bin("colossal_generate") + " " + config + " --weights " + weights +
+          " --prompt the --tokens 5 --temperature 0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("the", 0), 0u) << r.output;
+  r = run(bin("colossal_eval") + " " + config + " --weights " + dir + "/data.txt");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("not an HDF5 file"), std::string::npos) << r.output;
+
+  if (std::system("command -v h5ls > /dev/null 2>&1") == 0) {
+    r = run("h5ls " + weights);
+    EXPECT_NE(r.output.find("transformer.h.0.attn.c_attn.weight"), std::string::npos) << r.output;
+  }
+}
+
+}  // namespace

@@ -1,0 +1,55 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/optimizer.hpp"
+#include "grad_check.hpp"
+
+using namespace colossal::core;
+
+TEST(LrSchedule, WarmupThenCosineToMinimum) {
+  LrSchedule s{1.0e-3, 1.0e-4, 10, 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 1.0e-4);       // (0+1)/10 of max
+  EXPECT_DOUBLE_EQ(s.at(4), 5.0e-4);
+  EXPECT_DOUBLE_EQ(s.at(9), 1.0e-3);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0e-3);      // cosine starts at max
+  EXPECT_NEAR(s.at(60), 5.5e-4, 1e-12);    // half way: (max+min)/2
+  EXPECT_NEAR(s.at(35), 1e-4 + 0.5 * 9e-4 * (1 + std::cos(M_PI * 0.25)), 1e-12);
+  EXPECT_DOUBLE_EQ(s.at(110), 1.0e-4);
+  EXPECT_DOUBLE_EQ(s.at(500), 1.0e-4);     // clamped past the end
+}
+
+TEST(Clip, CoefficientBringsNormToTheLimit) {
+  EXPECT_DOUBLE_EQ(clip_coefficient(0.5, 1.0), 1.0);
+  EXPECT_NEAR(clip_coefficient(4.0, 1.0) * 4.0, 1.0, 1e-6);
+  EXPECT_DOUBLE_EQ(clip_coefficient(4.0, 0.0), 1.0);  // 0 disables clipping
+}
+
+TEST(AdamW, ThreeStepsMatchClosedFormWithDecayByRule) {
+  if (!colossal::test::host_memory()) GTEST_SKIP();
+  ParamSpec w{"layer.weight", {2, 2}, ParamRole::weight, 0, 4};
+  ParamSpec b{"layer.bias", {3}, ParamRole::bias, 16, 3};
+  MemoryTracker tracker;
+  AdamW opt({w, b}, 19, tracker);
+  std::vector<float> params(19, 0.0f), grads(19, 0.0f);
+  for (int i = 0; i < 4; ++i) params[i] = 0.5f + i;
+  for (int i = 16; i < 19; ++i) params[i] = -1.0f + i * 0.1f;
+  const AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  // Reference in double.
+  std::vector<double> ref(params.begin(), params.end()), m(19, 0.0), v(19, 0.0);
+  const float clip = 0.5f;
+  for (int step = 1; step <= 3; ++step) {
+    for (int i = 0; i < 19; ++i) grads[i] = 0.3f * float(i % 5) - 0.4f + 0.1f * step;
+    opt.update(params.data(), grads.data(), hp, step, clip);
+    for (int i : {0, 1, 2, 3, 16, 17, 18}) {
+      const double g = double(grads[i]) * clip;
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.95 * v[i] + 0.05 * g * g;
+      const double mh = m[i] / (1 - std::pow(0.9, step)), vh = v[i] / (1 - std::pow(0.95, step));
+      const double wd = i < 4 ? 0.1 : 0.0;  // biases are not decayed
+      ref[i] -= 1e-2 * (mh / (std::sqrt(vh) + 1e-8) + wd * ref[i]);
+    }
+  }
+  for (int i : {0, 1, 2, 3, 16, 17, 18}) EXPECT_NEAR(params[i], ref[i], 1e-6) << i;
+  for (int i = 4; i < 16; ++i) EXPECT_EQ(params[i], 0.0f) << "padding must stay untouched";
+}
