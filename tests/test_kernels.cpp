@@ -224,3 +224,20 @@ TEST_F(Kernels, BiasBackwardAccumulatesColumnSums) {
     EXPECT_NEAR(db[j], s, 1e-4);
   }
 }
+
+TEST(FastMath, ExpAndTanhMatchTheLibraryToFloatPrecision) {
+  double worst_exp = 0, worst_tanh = 0;
+  for (int i = -870000; i <= 880000; i += 7) {
+    const float x = i * 1e-4f;
+    const double ref = std::exp(double(x));
+    worst_exp = std::max(worst_exp, std::abs(kernels::fast_exp(x) - ref) / ref);
+  }
+  for (int i = -200000; i <= 200000; i += 3) {
+    const float u = i * 1e-4f;
+    worst_tanh = std::max(worst_tanh, std::abs(kernels::fast_tanh(u) - std::tanh(double(u))));
+  }
+  EXPECT_LT(worst_exp, 4e-7);
+  EXPECT_LT(worst_tanh, 4e-7);
+  EXPECT_EQ(kernels::fast_exp(-1000.0f) < 1e-37f, true);  // clamped, no garbage
+  EXPECT_TRUE(std::isfinite(kernels::fast_exp(1000.0f)));
+}
