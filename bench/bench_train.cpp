@@ -1,0 +1,145 @@
+// colossal_bench: the GEMM ceiling at a model's shapes and our training throughput against it.
+// Prints one table; run it through bench/run_bench.sh to put PyTorch beside it in the same run.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+#include "core/gemm.hpp"
+#include "core/kernels.hpp"
+#include "core/memory.hpp"
+#include "core/model.hpp"
+#include "core/optimizer.hpp"
+
+using namespace colossal::core;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Case {
+  std::string name;
+  ModelSpec spec;
+  int batch, seq_len;
+};
+
+ModelSpec small_gpt(int layers, int hidden, int heads, int max_seq) {
+  ModelSpec s;
+  s.layers = layers;
+  s.hidden = hidden;
+  s.heads = heads;
+  s.ffn_hidden = 4 * hidden;
+  s.vocab = 256;
+  s.max_seq = max_seq;
+  return s;
+}
+
+double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// FLOP-weighted sgemm rate over the forward GEMMs of one block and the LM head (the shapes the
+// training step spends its time in), after a warm-up call each.
+double gemm_ceiling(Gemm& gemm, const Case& c, int repeats) {
+  const int N = c.batch * c.seq_len, C = c.spec.hidden, F = c.spec.ffn_hidden, V = c.spec.vocab;
+  const int shapes[5][2] = {{C, 3 * C}, {C, C}, {C, F}, {F, C}, {C, V}};
+  double flops = 0, time = 0;
+  for (const auto& s : shapes) {
+    std::vector<float> a(std::size_t(N) * s[0], 0.01f), b(std::size_t(s[0]) * s[1], 0.02f),
+        out(std::size_t(N) * s[1], 0.0f);
+    gemm.gemm(Trans::N, Trans::N, N, s[1], s[0], 1.0f, a.data(), s[0], b.data(), s[1], 0.0f,
+              out.data(), s[1]);
+    const auto t0 = Clock::now();
+    for (int r = 0; r < repeats; ++r) {
+      gemm.gemm(Trans::N, Trans::N, N, s[1], s[0], 1.0f, a.data(), s[0], b.data(), s[1], 0.0f,
+                out.data(), s[1]);
+    }
+    time += seconds(t0);
+    flops += 2.0 * N * s[0] * s[1] * repeats;
+  }
+  return flops / time;
+}
+
+struct TrainRate {
+  double tokens_per_s, flops_per_s;
+  std::size_t tracked_bytes;
+};
+
+// The trainer's step without data loading: zero grads, forward + backward, global norm, clipped
+// AdamW. Two warm-up steps pay the first touch of every buffer.
+TrainRate train_rate(Gemm& gemm, const Case& c, int steps) {
+  MemoryTracker tracker;
+  Model model(c.spec, c.batch, c.seq_len, tracker, gemm);
+  model.init_parameters(1234);
+  AdamW optimizer(model.parameters(), model.flat_size(), tracker);
+  DeviceArray<int32_t> tokens(tracker, MemCategory::data, std::size_t(c.batch) * c.seq_len);
+  DeviceArray<int32_t> targets(tracker, MemCategory::data, std::size_t(c.batch) * c.seq_len);
+  std::vector<int32_t> host(tokens.size());
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = int32_t((i * 7919) % c.spec.vocab);
+  copy_to_device(tokens.data(), host.data(), host.size() * 4);
+  copy_to_device(targets.data(), host.data(), host.size() * 4);
+  const AdamWParams hp{3e-4, 0.9, 0.95, 1e-8, 0.1};
+  const float scale = 1.0f / float(c.batch * c.seq_len);
+  auto step = [&](int64_t s) {
+    model.zero_grad();
+    model.forward(tokens.data(), targets.data(), c.batch, scale);
+    model.backward(tokens.data(), c.batch);
+    const double norm = std::sqrt(kernels::sum_squares(model.grads(), model.flat_size()));
+    optimizer.update(model.params(), model.grads(), hp, s, float(clip_coefficient(norm, 1.0)));
+  };
+  step(1);
+  step(2);
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) step(3 + s);
+  const double t = seconds(t0) / steps;
+  const double per_step = double(c.batch) * c.seq_len;
+  return {per_step / t, flops_per_token(c.spec, c.seq_len) * per_step / t, tracker.peak_total()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 5;
+  std::vector<std::string> only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--help")) {
+      std::printf(
+          "usage: colossal_bench [--steps N] [--case NAME ...]\n\n"
+          "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
+          "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
+          "(FLOPs per token = 6N + 12 L T d, N = 12 L d^2 + 13 L d + 2 d + V d) and its share of the\n"
+          "ceiling, and the tracked memory peak. Threads: OPENBLAS_NUM_THREADS. Run through\n"
+          "bench/run_bench.sh to compare with PyTorch in the same run.\n");
+      return 0;
+    }
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
+      steps = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
+      only.push_back(argv[++i]);
+    } else {
+      std::fprintf(stderr, "colossal_bench: unknown argument '%s'; see --help\n", argv[i]);
+      return 2;
+    }
+  }
+  Kokkos::ScopeGuard kokkos(argc, argv);
+  auto gemm = make_host_gemm();
+  std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
+                             {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
+                             {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
+  std::printf("%-11s %9s %11s %10s %9s %11s %12s\n", "case", "params", "sgemm GF/s", "tokens/s",
+              "GFLOP/s", "of ceiling", "tracked mem");
+  for (const auto& c : cases) {
+    if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
+    const double ceiling = gemm_ceiling(*gemm, c, 3);
+    const TrainRate r = train_rate(*gemm, c, steps);
+    std::printf("%-11s %8.1fM %11.1f %10.1f %9.1f %10.1f%% %12s\n", c.name.c_str(),
+                parameter_count(c.spec) / 1e6, ceiling / 1e9, r.tokens_per_s, r.flops_per_s / 1e9,
+                100.0 * r.flops_per_s / ceiling, format_bytes(double(r.tracked_bytes)).c_str());
+    std::printf("RESULT peer=colossal preset=%s tokens_per_s=%.2f\n", c.name.c_str(), r.tokens_per_s);
+    std::fflush(stdout);
+  }
+  std::printf("peak RSS %s\n", format_bytes(double(peak_rss_bytes())).c_str());
+  return 0;
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs colossal's Debian dependencies (when missing), prepares the quickstart corpus and builds
+# the release configuration. Idempotent and quiet; a second run with nothing to do takes seconds.
+#
+#   ./setup.sh            install + build (build/bin/colossal_train, ...)
+#   ./setup.sh --test     also run the test suite, then the unit tests under address/UB sanitizers
+#   ./setup.sh --help
+set -euo pipefail
+
+usage() {
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+run_tests=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) run_tests=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+cd "$(dirname "$0")"
+jobs=$(nproc 2>/dev/null || echo 2)
+log=$(mktemp /tmp/colossal-setup.XXXXXX)
+trap 'rm -f "$log"' EXIT
+
+step() { printf '[setup] %s\n' "$*"; }
+quietly() {
+  # Runs a command with its output in the log; shows the log only when it fails.
+  if ! "$@" >"$log" 2>&1; then
+    echo "setup.sh: '$*' failed:" >&2
+    tail -n 60 "$log" >&2
+    exit 1
+  fi
+}
+
+packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
+          libtrilinos-kokkos-kernels-dev libhdf5-openmpi-dev hdf5-tools libyaml-cpp-dev
+          libopenblas-dev libgtest-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup.sh: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+    sudo=sudo
+  fi
+  step "installing ${missing[*]}"
+  quietly $sudo apt-get update -qq
+  quietly env DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi
+
+step "preparing the quickstart corpus (data/)"
+quietly scripts/prepare_data.sh
+
+step "building release into build/ ($jobs jobs)"
+quietly cmake --preset release
+quietly cmake --build --preset release -j "$jobs"
+
+if [ "$run_tests" = 1 ]; then
+  step "running the test suite (ctest --preset release)"
+  ctest --preset release -j "$jobs"
+  step "building the sanitizer configuration into build-asan/"
+  quietly cmake --preset asan
+  quietly cmake --build --preset asan -j "$jobs"
+  step "running the unit tests under address and UB sanitizers (ctest --preset asan)"
+  ctest --preset asan -j "$jobs"
+fi
+step "done: try build/bin/colossal_train configs/quickstart.yaml"
