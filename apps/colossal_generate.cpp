@@ -36,7 +36,11 @@ int main(int argc, char** argv) {
     trainer.load_weights(weights);
     const std::string prompt = inv.flag("--prompt", "\n");
     const std::string text = trainer.generate(prompt, tokens, temperature, seed);
-    if (inv.rank == 0) std::printf("%s%s\n", prompt.c_str(), text.c_str());
+    if (inv.rank == 0) {
+      // fwrite, not printf("%s"): a generated 0 byte must not cut the text short.
+      const std::string out = prompt + text + "\n";
+      std::fwrite(out.data(), 1, out.size(), stdout);
+    }
     return 0;
   });
 }

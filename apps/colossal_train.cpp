@@ -45,9 +45,10 @@ int main(int argc, char** argv) {
       std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
                    inv.config.log.dir.c_str());
       if (!s.sample.empty()) {
-        std::fprintf(log, "sample (%d tokens after \"%s\"):\n%s%s\n", inv.config.sample.tokens,
-                     inv.config.sample.prompt.c_str(), inv.config.sample.prompt.c_str(),
-                     s.sample.c_str());
+        std::fprintf(log, "sample (%d tokens after \"%s\"):\n", inv.config.sample.tokens,
+                     inv.config.sample.prompt.c_str());
+        const std::string text = inv.config.sample.prompt + s.sample + "\n";
+        std::fwrite(text.data(), 1, text.size(), log);
       }
     }
     return 0;

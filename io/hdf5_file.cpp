@@ -42,9 +42,21 @@ std::string read_string_attribute(hid_t object, const char* name) {
   if (H5Aexists(object, name) <= 0) return {};
   H5Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("H5Aopen ") + name);
   H5Handle type(H5Aget_type(attr.get()), H5Tclose, "H5Aget_type");
+  if (H5Tget_class(type.get()) != H5T_STRING) {
+    throw H5Error(std::string("HDF5: attribute '") + name + "' is not a string");
+  }
+  H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
+  if (H5Tis_variable_str(type.get()) > 0) {
+    // What h5py writes for a Python str: read through a char* that HDF5 allocates.
+    check(H5Tset_size(mem.get(), H5T_VARIABLE), "H5Tset_size");
+    char* text = nullptr;
+    check(H5Aread(attr.get(), mem.get(), &text), std::string("H5Aread ") + name);
+    std::string value = text ? text : "";
+    H5free_memory(text);
+    return value;
+  }
   const std::size_t size = H5Tget_size(type.get());
   std::string value(size, '\0');
-  H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
   check(H5Tset_size(mem.get(), size), "H5Tset_size");
   check(H5Aread(attr.get(), mem.get(), value.data()), std::string("H5Aread ") + name);
   value.resize(value.find('\0') == std::string::npos ? size : value.find('\0'));
