@@ -12,6 +12,7 @@
 #include "apps/trainer.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5_file.hpp"
+#include "parallel/mpi_communicator.hpp"
 
 namespace colossal::apps {
 
@@ -115,6 +116,13 @@ io::Config load_and_broadcast(const ParsedArgs& args, int rank) {
   return config;
 }
 
+// Errors raised identically on every rank: reported collectively instead of aborting.
+bool collective(const std::exception& e) {
+  return dynamic_cast<const UsageError*>(&e) || dynamic_cast<const io::ConfigError*>(&e) ||
+         dynamic_cast<const io::DataError*>(&e) || dynamic_cast<const io::H5Error*>(&e) ||
+         dynamic_cast<const CollectiveError*>(&e);
+}
+
 int classify(const std::exception& e) {
   if (dynamic_cast<const UsageError*>(&e) || dynamic_cast<const io::ConfigError*>(&e)) {
     return kUsageError;
@@ -148,13 +156,29 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
         if (args.print_config) {
           if (inv.rank == 0) std::printf("%s", inv.config.text.c_str());
         } else {
-          if (inv.world_size != 1) {
+          if (inv.world_size != inv.config.parallel.data) {
+            const int data = inv.config.parallel.data;
             throw UsageError(
+                "parallel.data = " + std::to_string(data) + " but " +
                 std::to_string(inv.world_size) +
-                " ranks were started, but this build trains on one rank only (data, tensor and "
-                "pipeline parallelism are not implemented yet); run without mpirun or with -np 1");
+                " ranks were started (each rank is one data-parallel replica); set --set "
+                "parallel.data=" + std::to_string(inv.world_size) + " or start " +
+                std::to_string(data) + (data == 1 ? " rank" : " ranks") + " (mpirun -np " +
+                std::to_string(data) + ")");
           }
-          code = body(inv);
+          auto world = parallel::make_world_communicator();
+          inv.world = world.get();
+          try {
+            code = body(inv);
+          } catch (const std::exception& e) {
+            if (inv.world_size > 1 && !collective(e)) {
+              std::fprintf(stderr, "%s: error (rank %d): %s; aborting every rank\n",
+                           info.name.c_str(), inv.rank, e.what());
+              std::fflush(stderr);
+              MPI_Abort(MPI_COMM_WORLD, kRuntimeError);
+            }
+            throw;
+          }
         }
       }
     } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/config.hpp"
+#include "parallel/communicator.hpp"
 
 namespace colossal::apps {
 
@@ -25,6 +26,7 @@ struct Invocation {
   int rank = 0;
   int world_size = 1;
   io::Config config;
+  parallel::Communicator* world = nullptr;   // every rank started (MPI_COMM_WORLD, duplicated)
   std::map<std::string, std::string> flags;  // value flags given
   std::vector<std::string> switches;         // switches given
   bool has(const std::string& s) const;
@@ -33,8 +35,10 @@ struct Invocation {
 
 // Runs `body` inside MPI + Kokkos after parsing the command line and loading the config
 // (CONFIG [--set key=value ...] [--print-config] [--help] plus the program's own flags).
-// Every exception is reported by rank 0 as "<program>: error: <message>" and every rank returns
-// the same non-zero code.
+// Errors every rank raises alike (usage, config, data, model file, CollectiveError) are reported
+// once by rank 0 as "<program>: error: <message>" and every rank returns the same non-zero code;
+// any other error on a multi-rank run is printed by its rank and aborts the job (MPI_Abort), since
+// the other ranks may be waiting in a collective.
 int run_program(int argc, char** argv, const ProgramInfo& info,
                 const std::function<int(Invocation&)>& body);
 

@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
     if (weights.empty()) throw std::runtime_error("missing --weights MODEL.h5; see --help");
-    apps::Trainer trainer(inv.config, nullptr);
+    apps::Trainer trainer(inv.config, nullptr, inv.world);
     trainer.load_weights(weights);
     const double loss = trainer.evaluate();
     if (inv.rank == 0) std::printf("val loss %.6g\n", loss);

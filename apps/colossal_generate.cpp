@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     const int tokens = static_cast<int>(number("--tokens", "200"));
     const double temperature = number("--temperature", "0.8");
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
-    apps::Trainer trainer(inv.config, nullptr);
+    apps::Trainer trainer(inv.config, nullptr, inv.world);
     trainer.load_weights(weights);
     const std::string prompt = inv.flag("--prompt", "\n");
     const std::string text = trainer.generate(prompt, tokens, temperature, seed);

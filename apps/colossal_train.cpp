@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
       {"--eval-only"}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
-    apps::Trainer trainer(inv.config, log);
+    apps::Trainer trainer(inv.config, log, inv.world);
     if (inv.has("--eval-only")) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw std::runtime_error("--eval-only needs --weights MODEL.h5");

@@ -9,6 +9,7 @@
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/metrics.hpp"
+#include "parallel/local_communicator.hpp"
 
 namespace colossal::apps {
 
@@ -39,8 +40,20 @@ double peak_flops(const io::HardwareConfig& hardware) {
   return 0.34e12;
 }
 
-Trainer::Trainer(const io::Config& config, std::FILE* log)
+Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world)
     : config_(config), log_(log), gemm_(core::make_default_gemm()) {
+  if (world == nullptr) {
+    own_world_ = std::make_unique<parallel::LocalCommunicator>();
+    world = own_world_.get();
+  }
+  dp_ = world;
+  if (dp_->size() != config_.parallel.data) {
+    throw CollectiveError("parallel.data = " + std::to_string(config_.parallel.data) + " but " +
+                          std::to_string(dp_->size()) +
+                          " ranks were started (every rank is one data-parallel replica); set "
+                          "parallel.data: " + std::to_string(dp_->size()) + " or start " +
+                          std::to_string(config_.parallel.data) + " ranks");
+  }
   const auto& train = config_.train;
   const auto& spec = config_.model;
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
@@ -51,9 +64,13 @@ Trainer::Trainer(const io::Config& config, std::FILE* log)
     val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
                      "train.seq_len + 1 tokens for one validation window");
   }
-  model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_);
+  const int dp = dp_->size();
+  model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
+                                         std::size_t(dp) * 16);
   model_->init_parameters(train.seed);
-  optimizer_ = std::make_unique<core::AdamW>(model_->parameters(), model_->flat_size(), tracker_);
+  optimizer_ = std::make_unique<zero::ShardedAdamW>(model_->parameters(), model_->flat_size(),
+                                                    config_.parallel.zero_stage,
+                                                    config_.parallel.bucket_mb, *dp_, tracker_);
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
@@ -75,23 +92,28 @@ void Trainer::upload(const std::vector<int32_t>& inputs, const std::vector<int32
   core::copy_to_device(targets_.data(), targets.data(), targets.size() * sizeof(int32_t));
 }
 
-// Forward and backward over the step's micro-batches; gradients summed into the model's buffer,
-// scaled so that they are those of the mean loss over the global batch. Returns the mean loss.
+// Forward and backward over this rank's micro-batches of the step: rank r of dp takes samples
+// [r*G/dp, (r+1)*G/dp) of the global batch G. Gradients are summed into the model's buffer, scaled
+// so that their sum over ranks is the gradient of the mean loss over the global batch. Returns the
+// sum over ranks of the local mean loss divided by dp (the global mean loss).
 double Trainer::run_step(int64_t step) {
   const auto& t = config_.train;
   const int accumulation = config_.accumulation_steps();
-  const float grad_scale = 1.0f / (float(t.micro_batch) * float(t.seq_len) * float(accumulation));
+  const float grad_scale = 1.0f / (float(t.global_batch) * float(t.seq_len));
+  const int64_t first = int64_t(dp_->rank()) * (t.global_batch / dp_->size());
   io::TrainSampler sampler(*train_data_, t.seq_len, t.seed);
   model_->zero_grad();
   double loss = 0.0;
   for (int micro = 0; micro < accumulation; ++micro) {
-    sampler.batch(step, int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
+    sampler.batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
                   host_inputs_.data(), host_targets_.data());
     upload(host_inputs_, host_targets_);
     loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
     model_->backward(inputs_.data(), t.micro_batch);
   }
-  return loss / accumulation;
+  float mean = static_cast<float>(loss / accumulation);
+  if (dp_->size() > 1) dp_->all_reduce_sum({&mean, 1});
+  return dp_->size() > 1 ? double(mean) / dp_->size() : loss / accumulation;
 }
 
 TrainSummary Trainer::train() {
@@ -105,10 +127,16 @@ TrainSummary Trainer::train() {
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
 
-  std::filesystem::create_directories(config_.log.dir);
-  io::MetricsCsv metrics(config_.log.dir + "/metrics.csv",
-                         {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_seconds",
-                          "val_loss", "peak_tracked_bytes"});
+  // Rank 0 writes the run's files; every rank trains.
+  const bool writer = dp_->rank() == 0;
+  std::unique_ptr<io::MetricsCsv> metrics;
+  if (writer) {
+    std::filesystem::create_directories(config_.log.dir);
+    metrics = std::make_unique<io::MetricsCsv>(
+        config_.log.dir + "/metrics.csv",
+        std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                                 "step_seconds", "val_loss", "peak_tracked_bytes"});
+  }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
         spec.vocab, model_->num_parameters() / 1e6);
@@ -116,7 +144,11 @@ TrainSummary Trainer::train() {
         "data %s (%zu tokens)\n",
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
         train_data_->path().c_str(), train_data_->size());
-  print("memory: %s\n", tracker_.summary().c_str());
+  if (dp_->size() > 1) {
+    print("parallel: %d data-parallel ranks, ZeRO stage %d, %zu gradient buckets\n",
+          dp_->size(), config_.parallel.zero_stage, optimizer_->buckets().size());
+  }
+  print("memory (per rank): %s\n", tracker_.summary().c_str());
 
   const auto start = Clock::now();
   Clock::time_point timed_start = start;
@@ -126,7 +158,7 @@ TrainSummary Trainer::train() {
     const auto step_start = Clock::now();
     hp.lr = schedule.at(step);
     const double loss = run_step(step);
-    const double norm = std::sqrt(core::kernels::sum_squares(model_->grads(), model_->flat_size()));
+    const double norm = optimizer_->reduce_gradients(model_->grads());
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (t.on_nonfinite == "stop") {
         throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
@@ -138,8 +170,8 @@ TrainSummary Trainer::train() {
       print("step %lld: non-finite loss or gradient, update skipped\n", (long long)step + 1);
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
-      optimizer_->update(model_->params(), model_->grads(), hp, step + 1 - summary.skipped_steps,
-                         static_cast<float>(clip));
+      optimizer_->step(model_->params(), model_->grads(), hp, step + 1 - summary.skipped_steps,
+                       static_cast<float>(clip));
     }
     const double step_seconds = seconds_since(step_start);
     if (step == 0) {
@@ -147,6 +179,7 @@ TrainSummary Trainer::train() {
       timed_start = Clock::now();  // the first step pays for first-touch page faults
     }
     summary.last_loss = loss;
+    summary.losses.push_back(loss);
     window_seconds += step_seconds;
     ++window_steps;
     const double tokens_per_s = tokens_per_step / step_seconds;
@@ -159,8 +192,10 @@ TrainSummary Trainer::train() {
       summary.val_loss = val_loss;
       print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
     }
-    metrics.row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
-                 double(tracker_.peak_total())});
+    if (metrics) {
+      metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
+                    double(tracker_.peak_total())});
+    }
     if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
       const double avg = window_seconds / double(window_steps);
       const double eta = avg * double(t.steps - step - 1);
@@ -183,8 +218,8 @@ TrainSummary Trainer::train() {
   summary.peak_tracked_bytes = tracker_.peak_total();
 
   summary.model_path = config_.log.dir + "/model.h5";
-  save_weights(summary.model_path);
-  if (config_.sample.tokens > 0) {
+  if (writer) save_weights(summary.model_path);
+  if (writer && config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
                               config_.sample.temperature, t.seed);
   }
@@ -196,12 +231,20 @@ double Trainer::evaluate() {
   if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
   const int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
+  // Rank r evaluates windows [W*r/dp, W*(r+1)/dp); the sum of window losses is all-reduced.
+  const int64_t begin = windows * dp_->rank() / dp_->size();
+  const int64_t end = windows * (dp_->rank() + 1) / dp_->size();
   double total = 0.0;
-  for (int64_t first = 0; first < windows; first += B) {
-    const int count = static_cast<int>(std::min<int64_t>(B, windows - first));
+  for (int64_t first = begin; first < end; first += B) {
+    const int count = static_cast<int>(std::min<int64_t>(B, end - first));
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload(host_inputs_, host_targets_);
     total += model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
+  }
+  if (dp_->size() > 1) {
+    float sum = static_cast<float>(total);
+    dp_->all_reduce_sum({&sum, 1});
+    total = sum;
   }
   return total / double(windows);
 }
@@ -256,7 +299,8 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     if (bytes) {
       out.push_back(static_cast<char>(next));
     } else {
-      out += (out.empty() ? "" : " ") + std::to_string(next);
+      if (!out.empty()) out.push_back(' ');
+      out += std::to_string(next);
     }
   }
   return out;

@@ -14,12 +14,15 @@
 #include "core/optimizer.hpp"
 #include "io/config.hpp"
 #include "io/dataset.hpp"
+#include "parallel/communicator.hpp"
+#include "zero/sharded_optimizer.hpp"
 
 namespace colossal::apps {
 
 struct TrainSummary {
   int64_t steps = 0;
   int64_t skipped_steps = 0;       // non-finite steps skipped (train.on_nonfinite: skip)
+  std::vector<double> losses;      // mean training loss of every step (global batch)
   double first_loss = 0.0;
   double last_loss = 0.0;
   double val_loss = -1.0;          // < 0 when there is no validation data
@@ -32,9 +35,16 @@ struct TrainSummary {
   std::string sample;
 };
 
-class NonFiniteError : public std::runtime_error {
+// An error that every rank raises alike (same data, same all-reduced loss), so every rank can
+// report it and exit normally instead of aborting the job.
+class CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+class NonFiniteError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
 };
 
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
@@ -42,8 +52,9 @@ double peak_flops(const io::HardwareConfig& hardware);
 
 class Trainer {
  public:
-  // `log` receives progress lines (nullptr: silent, as on ranks other than 0).
-  Trainer(const io::Config& config, std::FILE* log);
+  // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds the
+  // data-parallel ranks (its size must be parallel.data); nullptr runs on this process alone.
+  Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr);
 
   TrainSummary train();
   // Mean validation loss over data.val_path windows (capped by data.val_windows).
@@ -56,6 +67,8 @@ class Trainer {
 
   core::Model& model() { return *model_; }
   const core::MemoryTracker& memory() const { return tracker_; }
+  const zero::ShardedAdamW& optimizer() const { return *optimizer_; }
+  parallel::Communicator& data_parallel() { return *dp_; }
 
  private:
   void print(const char* fmt, ...) const;
@@ -64,10 +77,12 @@ class Trainer {
 
   io::Config config_;
   std::FILE* log_;
+  std::unique_ptr<parallel::Communicator> own_world_;  // when no communicator was given
+  parallel::Communicator* dp_;
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
   std::unique_ptr<core::Model> model_;
-  std::unique_ptr<core::AdamW> optimizer_;
+  std::unique_ptr<zero::ShardedAdamW> optimizer_;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   core::DeviceArray<int32_t> inputs_, targets_;
   std::vector<int32_t> host_inputs_, host_targets_;

@@ -12,7 +12,8 @@ namespace colossal::core {
 
 namespace k = kernels;
 
-Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm)
+Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
+             std::size_t flat_multiple)
     : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), tracker_(tracker), gemm_(gemm) {
   if (spec.hidden % spec.heads != 0) {
     throw std::invalid_argument("model.hidden (" + std::to_string(spec.hidden) +
@@ -29,6 +30,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     num_parameters_ += p.count;
     flat = p.offset + (p.count + 15) / 16 * 16;
   }
+  if (flat_multiple > 1) flat = (flat + flat_multiple - 1) / flat_multiple * flat_multiple;
   auto off = [this](const std::string& name) { return parameter(name).offset; };
   const bool gpt2 = spec.arch == Arch::gpt2;
   wte_ = off(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight");

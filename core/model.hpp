@@ -20,8 +20,11 @@ namespace colossal::core {
 
 class Model {
  public:
-  // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens.
-  Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm);
+  // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens. The flat parameter
+  // and gradient buffers are padded to a multiple of `flat_multiple` floats (ZeRO shards them
+  // into equal parts); padding stays zero.
+  Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
+        std::size_t flat_multiple = 16);
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }

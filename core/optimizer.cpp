@@ -21,10 +21,17 @@ double clip_coefficient(double grad_norm, double max_norm) {
   return max_norm / (grad_norm + 1e-6);
 }
 
-AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t flat_size, MemoryTracker& tracker)
-    : table_(table),
-      m_(tracker, MemCategory::optimizer, flat_size),
-      v_(tracker, MemCategory::optimizer, flat_size) {}
+AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
+             MemoryTracker& tracker)
+    : begin_(begin),
+      end_(end),
+      m_(tracker, MemCategory::optimizer, end - begin),
+      v_(tracker, MemCategory::optimizer, end - begin) {
+  for (const auto& p : table) {
+    const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
+    if (lo < hi) segments_.push_back({lo - begin, hi - lo, p.decay()});
+  }
+}
 
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                    float grad_scale) {
@@ -35,11 +42,10 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
   const float correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, double(step)));
   float* m = m_.data();
   float* v = v_.data();
-  for (const auto& p : table_) {
-    const float wd = p.decay() ? static_cast<float>(hp.weight_decay) : 0.0f;
-    const std::size_t begin = p.offset;
+  for (const Segment& s : segments_) {
+    const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
     Kokkos::parallel_for(
-        "colossal::core::adamw", Kokkos::RangePolicy<>(begin, begin + p.count),
+        "colossal::core::adamw", Kokkos::RangePolicy<>(s.begin, s.begin + s.count),
         KOKKOS_LAMBDA(std::size_t i) {
           const float g = grads[i] * grad_scale;
           const float mi = b1 * m[i] + (1.0f - b1) * g;

@@ -33,25 +33,37 @@ struct LrSchedule {
 // or when max_norm <= 0).
 double clip_coefficient(double grad_norm, double max_norm);
 
-// The optimizer state for one flat parameter buffer described by a parameter table. Weight decay
-// is applied by rule (ParamSpec::decay: matrices and embeddings, not biases or layernorm), never by
-// position.
+// The optimizer state for the window [begin, end) of one flat parameter buffer described by a
+// parameter table: the whole buffer on one rank, a ZeRO shard otherwise. Weight decay is applied by
+// rule (ParamSpec::decay: matrices and embeddings, not biases or layernorm), never by position.
+// Elements of the window outside every tensor (alignment padding) are never touched.
 class AdamW {
  public:
-  AdamW(const std::vector<ParamSpec>& table, std::size_t flat_size, MemoryTracker& tracker);
+  AdamW(const std::vector<ParamSpec>& table, std::size_t flat_size, MemoryTracker& tracker)
+      : AdamW(table, 0, flat_size, tracker) {}
+  AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
+        MemoryTracker& tracker);
 
-  // One update: params -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * params), with the gradient
-  // multiplied by grad_scale first (clipping). `step` counts updates from 1 (bias correction).
+  // One update of the window: params[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * params[i]),
+  // with the gradient multiplied by grad_scale first (clipping). Both pointers address the
+  // window's first element. `step` counts updates from 1 (bias correction).
   void update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
               float grad_scale);
 
+  std::size_t begin() const { return begin_; }
+  std::size_t end() const { return end_; }
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   const float* m() const { return m_.data(); }
   const float* v() const { return v_.data(); }
 
  private:
-  std::vector<ParamSpec> table_;
+  struct Segment {
+    std::size_t begin, count;  // relative to the window
+    bool decay;
+  };
+  std::vector<Segment> segments_;
+  std::size_t begin_, end_;
   DeviceArray<float> m_, v_;
 };
 

@@ -183,6 +183,20 @@ const std::vector<KeySpec>& schema() {
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
        .choices = {"stop", "skip"}},
 
+      {.key = "parallel.data", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.data; },
+       .doc = "data-parallel ranks; the number of ranks started must equal it",
+       .range = at_least(1),
+       .cross_check = "parallel.data * train.micro_batch divides train.global_batch"},
+      {.key = "parallel.zero.stage", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.zero_stage; },
+       .doc = "ZeRO: 0 replicated, 1 optimizer states sharded over parallel.data, "
+              "2 also gradients reduce-scattered (stage 3 is not implemented yet)",
+       .range = Range{0, false, 2, false}},
+      {.key = "parallel.bucket_mb", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
+       .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
+
       {.key = "hardware.preset", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.hardware.preset; },
        .doc = "hardware spec for the cost model and MFU", .choices = {"host"}},
@@ -792,6 +806,16 @@ class Resolver {
                 " is not a multiple of train.micro_batch = " + std::to_string(t.micro_batch),
             "a step accumulates whole micro-batches",
             "set train.global_batch to " + options + ", or change train.micro_batch");
+    }
+    const int per_step = t.micro_batch * config.parallel.data;
+    if (t.global_batch % per_step != 0) {
+      raise(where_first({"train.global_batch", "parallel.data", "train.micro_batch"}),
+            "train.global_batch",
+            std::to_string(t.global_batch) + " is not a multiple of parallel.data * " +
+                "train.micro_batch = " + std::to_string(per_step),
+            "every data-parallel rank runs the same number of whole micro-batches",
+            "set train.global_batch to a multiple of " + std::to_string(per_step) +
+                ", or change parallel.data or train.micro_batch");
     }
     const OptimizerConfig& o = t.optimizer;
     if (o.min_lr > o.lr)

@@ -48,6 +48,12 @@ struct TrainConfig {
   std::string on_nonfinite = "stop";  // stop | skip
 };
 
+struct ParallelConfig {
+  int data = 1;                  // data-parallel ranks (the world size must equal it)
+  int zero_stage = 0;            // 0: replicated; 1: optimizer states sharded; 2: + gradients
+  double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
+};
+
 struct HardwareConfig {
   std::string preset = "host";
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
@@ -73,6 +79,7 @@ struct Config {
   core::ModelSpec model;
   DataConfig data;
   TrainConfig train;
+  ParallelConfig parallel;
   HardwareConfig hardware;
   EvalConfig eval;
   LogConfig log;
@@ -81,7 +88,10 @@ struct Config {
   std::string source;            // file name the config came from ("<string>" for text)
   std::string text;              // the resolved config as YAML (after presets and overrides)
 
-  int accumulation_steps() const { return train.global_batch / train.micro_batch; }
+  // Micro-batches each data-parallel rank runs per optimizer step.
+  int accumulation_steps() const {
+    return train.global_batch / (train.micro_batch * parallel.data);
+  }
 };
 
 // Reads `path`, applies `overrides` ("a.b=value", as given to --set), validates and resolves

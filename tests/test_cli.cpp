@@ -120,6 +120,35 @@ TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
   EXPECT_NE(r.output.find("4 ranks were started"), std::string::npos) << r.output;
 }
 
+TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const std::string config = write_config("ok.yaml");
+  Result r = run(mpirun + bin("colossal_train") + " " + config +
+                 " --set parallel.data=2 --set parallel.zero.stage=1 --set log.dir=" + dir + "/dp");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("parallel: 2 data-parallel ranks, ZeRO stage 1"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("== summary =="), r.output.rfind("== summary ==")) << "rank 0 reports alone";
+  EXPECT_TRUE(std::filesystem::exists(dir + "/dp/model.h5"));
+  r = run(mpirun + bin("colossal_train") + " " + config + " --set parallel.data=2");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run(mpirun + bin("colossal_train") + " " + config + " --set parallel.data=4 --set train.global_batch=8");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("parallel.data = 4 but 2 ranks were started"), std::string::npos) << r.output;
+  for (const char* bad : {"parallel.zero.stage=3", "parallel.zero.stage=-1", "parallel.bucket_mb=0"}) {
+    r = run(mpirun + bin("colossal_train") + " " + config + " --set parallel.data=2 --set " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(r.output.find(key), std::string::npos) << r.output;
+  }
+  r = run(mpirun + bin("colossal_train") + " " + config +
+          " --set parallel.data=2 --set train.global_batch=6 --set train.micro_batch=2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("parallel.data * train.micro_batch"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
   const std::string config = write_config("ok.yaml");
   Result r = run(bin("colossal_train") + " " + config + " --print-config");

@@ -1,0 +1,103 @@
+#include "zero/sharded_optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "core/kernels.hpp"
+
+namespace colossal::zero {
+
+std::size_t padded_size(std::size_t flat, int dp) {
+  const std::size_t unit = std::size_t(dp) * 16;
+  return (flat + unit - 1) / unit * unit;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
+                                                         std::size_t bucket_floats) {
+  if (length % 16 != 0) throw std::invalid_argument("bucketed buffer not padded to 16 floats");
+  const std::size_t per_bucket = std::max<std::size_t>(16, bucket_floats / 16 * 16);
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (std::size_t end = length; end > 0;) {
+    const std::size_t begin = end > per_bucket ? end - per_bucket : 0;
+    ranges.emplace_back(begin, end);
+    end = begin;
+  }
+  return ranges;
+}
+
+ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded,
+                           int stage, double bucket_mb, parallel::Communicator& dp,
+                           core::MemoryTracker& tracker)
+    : stage_(stage), padded_(padded), dp_(dp) {
+  if (stage < 0 || stage > 2) {
+    throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
+                                " is not implemented (0, 1 and 2 are)");
+  }
+  if (padded % (std::size_t(dp.size()) * 16) != 0) {
+    throw std::invalid_argument("flat buffer of " + std::to_string(padded) +
+                                " floats is not padded to a multiple of dp*16");
+  }
+  shard_size_ = padded / dp.size();
+  shard_begin_ = shard_size_ * dp.rank();
+  const auto bucket_floats = static_cast<std::size_t>(bucket_mb * 1024 * 1024 / sizeof(float));
+  // A stage-2 bucket spans dp shards, so each shard contributes 1/dp of the bucket size.
+  buckets_ = stage == 2 ? zero::buckets(shard_size_, bucket_floats / dp.size())
+                        : zero::buckets(padded, bucket_floats);
+  if (stage == 0) {
+    adamw_ = std::make_unique<core::AdamW>(table, 0, padded, tracker);
+  } else {
+    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_, tracker);
+  }
+  if (stage == 2) {
+    grad_shard_ = core::DeviceArray<float>(tracker, core::MemCategory::gradients, shard_size_);
+    std::size_t widest = 0;
+    for (const auto& [begin, end] : buckets_) widest = std::max(widest, end - begin);
+    staging_ = core::DeviceArray<float>(tracker, core::MemCategory::temporaries,
+                                        dp.size() > 1 ? widest * dp.size() : 0);
+  }
+}
+
+double ShardedAdamW::reduce_gradients(float* grads) {
+  const int p = dp_.size();
+  if (stage_ < 2) {
+    if (p > 1) {
+      for (const auto& [begin, end] : buckets_) dp_.all_reduce_sum({grads + begin, end - begin});
+    }
+    return std::sqrt(core::kernels::sum_squares(grads, padded_));
+  }
+  // Stage 2: bucket [a, b) of every shard, packed rank by rank, reduce-scatters into [a, b) of
+  // this rank's shard.
+  for (const auto& [begin, end] : buckets_) {
+    const std::size_t width = end - begin;
+    if (p == 1) {
+      core::kernels::copy(grad_shard_.data() + begin, grads + begin, int64_t(width));
+      continue;
+    }
+    for (int r = 0; r < p; ++r) {
+      core::kernels::copy(staging_.data() + r * width, grads + r * shard_size_ + begin,
+                          int64_t(width));
+    }
+    Kokkos::fence();  // the collective reads what the kernels wrote
+    dp_.reduce_scatter_sum({staging_.data(), width * p}, {grad_shard_.data() + begin, width});
+  }
+  float sum_sq = static_cast<float>(core::kernels::sum_squares(grad_shard_.data(), shard_size_));
+  if (p > 1) dp_.all_reduce_sum({&sum_sq, 1});
+  return std::sqrt(static_cast<double>(sum_sq));
+}
+
+void ShardedAdamW::step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,
+                        float grad_scale) {
+  const int p = dp_.size();
+  if (stage_ == 0) {
+    adamw_->update(params, grads, hp, step, grad_scale);
+    return;
+  }
+  const float* shard_grads = stage_ == 1 ? grads + shard_begin_ : grad_shard_.data();
+  adamw_->update(params + shard_begin_, shard_grads, hp, step, grad_scale);
+  if (p > 1) dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});
+}
+
+}  // namespace colossal::zero

@@ -1,0 +1,72 @@
+// Data-parallel gradient synchronisation and the (optionally ZeRO-sharded) AdamW step.
+//
+// The flat parameter/gradient buffers (padded to `padded_size`) are split into `dp` equal,
+// contiguous shards; rank r owns [r*S, (r+1)*S). Per optimizer step:
+//   stage 0: all-reduce the gradients (bucket by bucket), global norm from the full gradient,
+//            AdamW on every element (moments replicated).
+//   stage 1: the same all-reduce; AdamW only on the own shard (moments are shard-sized); then the
+//            parameters are all-gathered.
+//   stage 2: gradients are reduce-scattered (bucket by bucket) into a shard-sized buffer instead
+//            of all-reduced (half the traffic); the norm is an all-reduce of per-shard sums of
+//            squares; AdamW on the shard; parameters all-gathered. The model still accumulates
+//            micro-batch gradients in a full-size buffer, so gradient memory is not yet divided
+//            by dp (that needs per-bucket reduction during backward).
+// Buckets of about `bucket_mb` are issued from the end of the buffer (the last layers' gradients,
+// final first in backward). For the all-reduce they are contiguous ranges of the flat buffer; for
+// the reduce-scatter a bucket is the same range [a, b) of every rank's shard, packed into one
+// staging buffer so that rank r receives exactly its own shard's slice. Collectives are blocking:
+// there is no overlap with backward yet. Gradients are summed, not averaged: the trainer scales
+// the loss by 1/(global tokens).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+#include "core/optimizer.hpp"
+#include "parallel/communicator.hpp"
+
+namespace colossal::zero {
+
+// Smallest multiple of dp*16 floats that holds `flat` (shards stay 64-byte aligned).
+std::size_t padded_size(std::size_t flat, int dp);
+
+// [begin, end) ranges covering [0, length) in issue order (from the end), each a multiple of 16
+// floats and of about `bucket_floats` floats.
+std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
+                                                         std::size_t bucket_floats);
+
+class ShardedAdamW {
+ public:
+  ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded, int stage,
+               double bucket_mb, parallel::Communicator& dp, core::MemoryTracker& tracker);
+
+  // Sums the gradients over the data-parallel group (as the stage says) and returns the global
+  // gradient norm, identical on every rank.
+  double reduce_gradients(float* grads);
+  // Clipped AdamW on this rank's part, then (stages 1, 2) all-gather of the parameters.
+  void step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,
+            float grad_scale);
+
+  int stage() const { return stage_; }
+  std::size_t shard_begin() const { return shard_begin_; }
+  std::size_t shard_size() const { return shard_size_; }
+  // Flat ranges (stages 0, 1) or shard-relative ranges (stage 2), in issue order.
+  const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }
+  const core::AdamW& adamw() const { return *adamw_; }
+
+ private:
+  int stage_;
+  std::size_t padded_, shard_begin_, shard_size_;
+  parallel::Communicator& dp_;
+  std::vector<std::pair<std::size_t, std::size_t>> buckets_;
+  std::unique_ptr<core::AdamW> adamw_;
+  core::DeviceArray<float> grad_shard_;  // stage 2: this rank's reduced gradients
+  core::DeviceArray<float> staging_;     // stage 2: one bucket of every rank's shard, packed
+};
+
+}  // namespace colossal::zero
