@@ -86,7 +86,7 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps) {
     model.zero_grad();
     model.forward(tokens.data(), targets.data(), c.batch, scale);
     model.backward(tokens.data(), c.batch);
-    const double norm = std::sqrt(kernels::sum_squares(model.grads(), model.flat_size()));
+    const double norm = std::sqrt(sum_of_squares(model.grads(), model.flat_size()));
     optimizer.update(model.params(), model.grads(), hp, s, float(clip_coefficient(norm, 1.0)));
   };
   step(1);

@@ -348,13 +348,29 @@ double sum(const float* x, int64_t n) {
   return total;
 }
 
-// sum_i x[i]^2, accumulated in double.
+// sum_i x[i]^2: blocks of 4096 in 16 float lanes (so the compiler vectorises without reordering
+// a single accumulator), blocks added in double.
 template <class ExecSpace = Exec>
 double sum_squares(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  constexpr int kLanes = 16;
   double total = 0.0;
   Kokkos::parallel_reduce(
-      "colossal::core::sum_squares", Kokkos::RangePolicy<ExecSpace>(0, n),
-      KOKKOS_LAMBDA(int64_t i, double& acc) { acc += double(x[i]) * x[i]; }, total);
+      "colossal::core::sum_squares", Kokkos::RangePolicy<ExecSpace>(0, (n + kBlock - 1) / kBlock),
+      KOKKOS_LAMBDA(int64_t block, double& acc) {
+        const int64_t begin = block * kBlock;
+        const int64_t end = begin + kBlock < n ? begin + kBlock : n;
+        float lanes[kLanes] = {};
+        int64_t i = begin;
+        for (; i + kLanes <= end; i += kLanes) {
+          for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * x[i + l];
+        }
+        for (; i < end; ++i) lanes[0] += x[i] * x[i];
+        double s = 0.0;
+        for (int l = 0; l < kLanes; ++l) s += lanes[l];
+        acc += s;
+      },
+      total);
   return total;
 }
 

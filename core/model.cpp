@@ -6,6 +6,7 @@
 
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
+#include "core/optimizer.hpp"
 #include "core/rng.hpp"
 
 namespace colossal::core {
@@ -152,7 +153,7 @@ void Model::init_parameters(uint64_t seed) {
   Kokkos::fence();
 }
 
-void Model::zero_grad() { grads_.fill(0.0f); }
+void Model::zero_grad() { zero(grads_.data(), grads_.size()); }
 
 void Model::activation_forward(float* out, const float* inp, int64_t n) {
   if (spec_.arch == Arch::gpt2) {

@@ -1,8 +1,12 @@
 #include "core/optimizer.hpp"
 
 #include <algorithm>
+#include <mutex>
+#include <vector>
 #include <cmath>
 
+#include "core/host_threads.hpp"
+#include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 
 namespace colossal::core {
@@ -14,6 +18,52 @@ double LrSchedule::at(int64_t step) const {
   const double progress =
       std::clamp(static_cast<double>(step - warmup) / static_cast<double>(decay_steps), 0.0, 1.0);
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+namespace {
+// Plain loops for the host threads: Kokkos's Serial backend is not meant to be entered from
+// several threads at once (its reductions share scratch memory).
+double host_sum_of_squares(const float* x, std::size_t n) {
+  constexpr int kLanes = 16;
+  double total = 0.0;
+  for (std::size_t block = 0; block < n; block += 4096) {
+    const std::size_t end = std::min(n, block + 4096);
+    float lanes[kLanes] = {};
+    std::size_t i = block;
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * x[i + l];
+    }
+    for (; i < end; ++i) lanes[0] += x[i] * x[i];
+    for (float lane : lanes) total += lane;
+  }
+  return total;
+}
+}  // namespace
+
+double sum_of_squares(const float* x, std::size_t n) {
+  if constexpr (!kSerialHost) {
+    return kernels::sum_squares(x, static_cast<int64_t>(n));
+  } else {
+    std::mutex mutex;
+    double total = 0.0;
+    HostThreads::shared().run(n, [&](std::size_t begin, std::size_t end) {
+      const double s = host_sum_of_squares(x + begin, end - begin);
+      std::lock_guard<std::mutex> lock(mutex);
+      total += s;
+    });
+    return total;
+  }
+}
+
+void zero(float* x, std::size_t n) {
+  if constexpr (!kSerialHost) {
+    kernels::fill(x, static_cast<int64_t>(n), 0.0f);
+    Kokkos::fence();
+  } else {
+    HostThreads::shared().run(n, [&](std::size_t begin, std::size_t end) {
+      std::fill(x + begin, x + end, 0.0f);
+    });
+  }
 }
 
 double clip_coefficient(double grad_norm, double max_norm) {
@@ -42,20 +92,32 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
   const float correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, double(step)));
   float* m = m_.data();
   float* v = v_.data();
-  for (const Segment& s : segments_) {
-    const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
-    Kokkos::parallel_for(
-        "colossal::core::adamw", Kokkos::RangePolicy<>(s.begin, s.begin + s.count),
-        KOKKOS_LAMBDA(std::size_t i) {
-          const float g = grads[i] * grad_scale;
-          const float mi = b1 * m[i] + (1.0f - b1) * g;
-          const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-          m[i] = mi;
-          v[i] = vi;
-          const float m_hat = mi / correction1;
-          const float v_hat = vi / correction2;
-          params[i] -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * params[i]);
-        });
+  auto element = [=] KOKKOS_FUNCTION(std::size_t i, float wd) {
+    const float g = grads[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / correction1;
+    const float v_hat = vi / correction2;
+    params[i] -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * params[i]);
+  };
+  if constexpr (kSerialHost) {
+    // Elements [lo, hi) of the window on each host thread, tensor by tensor (decay by role).
+    HostThreads::shared().run(end_ - begin_, [&](std::size_t lo, std::size_t hi) {
+      for (const Segment& s : segments_) {
+        const std::size_t a = std::max(lo, s.begin), b = std::min(hi, s.begin + s.count);
+        const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
+        for (std::size_t i = a; i < b; ++i) element(i, wd);
+      }
+    });
+  } else {
+    for (const Segment& s : segments_) {
+      const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
+      Kokkos::parallel_for(
+          "colossal::core::adamw", Kokkos::RangePolicy<>(s.begin, s.begin + s.count),
+          KOKKOS_LAMBDA(std::size_t i) { element(i, wd); });
+    }
   }
   Kokkos::fence();
 }

@@ -29,6 +29,10 @@ struct LrSchedule {
   double at(int64_t step) const;
 };
 
+// sum_i x[i]^2 and x[i] = 0 over a whole flat buffer, on every host thread when Kokkos is Serial.
+double sum_of_squares(const float* x, std::size_t n);
+void zero(float* x, std::size_t n);
+
 // Multiplier that brings the global gradient norm down to max_norm (1 when it is already below,
 // or when max_norm <= 0).
 double clip_coefficient(double grad_norm, double max_norm);

@@ -241,3 +241,15 @@ TEST(FastMath, ExpAndTanhMatchTheLibraryToFloatPrecision) {
   EXPECT_EQ(kernels::fast_exp(-1000.0f) < 1e-37f, true);  // clamped, no garbage
   EXPECT_TRUE(std::isfinite(kernels::fast_exp(1000.0f)));
 }
+
+TEST(Reductions, SumSquaresMatchesDoubleReferenceForRaggedLengths) {
+  for (int64_t n : {1, 15, 17, 4095, 4097, 20000}) {
+    auto x = random_vector(n, 11, 3.0f);
+    double ref = 0;
+    for (float v : x) ref += double(v) * v;
+    EXPECT_NEAR(kernels::sum_squares(x.data(), n), ref, 1e-6 * ref) << n;
+    double plain = 0;
+    for (float v : x) plain += v;
+    EXPECT_NEAR(kernels::sum(x.data(), n), plain, 1e-4) << n;
+  }
+}

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <numeric>
 
+#include "core/host_threads.hpp"
 #include "core/optimizer.hpp"
 #include "grad_check.hpp"
 
@@ -52,4 +54,46 @@ TEST(AdamW, ThreeStepsMatchClosedFormWithDecayByRule) {
   }
   for (int i : {0, 1, 2, 3, 16, 17, 18}) EXPECT_NEAR(params[i], ref[i], 1e-6) << i;
   for (int i = 4; i < 16; ++i) EXPECT_EQ(params[i], 0.0f) << "padding must stay untouched";
+}
+
+TEST(HostThreads, EveryElementExactlyOnceForRaggedSizes) {
+  HostThreads pool(3);
+  for (std::size_t n : {1u, 100u, 12288u, 12289u, 100003u}) {
+    std::vector<int> hits(n, 0);
+    pool.run(n, [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) ++hits[i];
+    });
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << n << " " << i;
+  }
+}
+
+TEST(AdamW, ThreadedUpdateOfAWindowMatchesTheReference) {
+  if (!colossal::test::host_memory()) GTEST_SKIP();
+  // Three tensors, a window cutting through the first and last (a ZeRO shard), large enough
+  // that every host thread takes part.
+  std::vector<ParamSpec> table = {{"a.weight", {300, 100}, ParamRole::weight, 0, 30000},
+                                  {"a.bias", {100}, ParamRole::bias, 30000, 100},
+                                  {"b.weight", {400, 100}, ParamRole::weight, 30112, 40000}};
+  const std::size_t begin = 1000, end = 60000;
+  MemoryTracker tracker;
+  AdamW opt(table, begin, end, tracker);
+  auto params = colossal::test::random_vector(end - begin, 1);
+  auto grads = colossal::test::random_vector(end - begin, 2);
+  std::vector<double> ref(params.begin(), params.end());
+  const AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1};
+  opt.update(params.data(), grads.data(), hp, 1, 1.0f);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const std::size_t global = begin + i;
+    const bool in_tensor = global < 30100 || global >= 30112;
+    if (!in_tensor) {
+      EXPECT_EQ(params[i], float(ref[i])) << "padding must stay untouched";
+      continue;
+    }
+    const double g = grads[i], m = 0.1 * g, v = 0.05 * g * g;
+    const double wd = (global >= 30000 && global < 30100) ? 0.0 : 0.1;
+    ref[i] -= 1e-2 * ((m / 0.1) / (std::sqrt(v / 0.05) + 1e-8) + wd * ref[i]);
+    ASSERT_NEAR(params[i], ref[i], 1e-6) << global;
+  }
+  EXPECT_NEAR(sum_of_squares(grads.data(), grads.size()),
+              std::inner_product(grads.begin(), grads.end(), grads.begin(), 0.0), 1e-3);
 }

@@ -66,7 +66,7 @@ double ShardedAdamW::reduce_gradients(float* grads) {
     if (p > 1) {
       for (const auto& [begin, end] : buckets_) dp_.all_reduce_sum({grads + begin, end - begin});
     }
-    return std::sqrt(core::kernels::sum_squares(grads, padded_));
+    return std::sqrt(core::sum_of_squares(grads, padded_));
   }
   // Stage 2: bucket [a, b) of every shard, packed rank by rank, reduce-scatters into [a, b) of
   // this rank's shard.
@@ -83,7 +83,7 @@ double ShardedAdamW::reduce_gradients(float* grads) {
     Kokkos::fence();  // the collective reads what the kernels wrote
     dp_.reduce_scatter_sum({staging_.data(), width * p}, {grad_shard_.data() + begin, width});
   }
-  float sum_sq = static_cast<float>(core::kernels::sum_squares(grad_shard_.data(), shard_size_));
+  float sum_sq = static_cast<float>(core::sum_of_squares(grad_shard_.data(), shard_size_));
   if (p > 1) dp_.all_reduce_sum({&sum_sq, 1});
   return std::sqrt(static_cast<double>(sum_sq));
 }

@@ -1,0 +1,86 @@
+#include "core/host_threads.hpp"
+
+#include <cstdlib>
+
+namespace colossal::core {
+
+namespace {
+// Parts end on multiples of 16 floats so no two threads write the same cache line.
+std::size_t part_bound(std::size_t n, std::size_t k, std::size_t parts) {
+  return k == parts ? n : (n * k / parts) / 16 * 16;
+}
+
+int threads_from_environment() {
+  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (const char* v = std::getenv(name)) {
+      const int n = std::atoi(v);
+      if (n >= 1) return n;
+    }
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+}  // namespace
+
+HostThreads::HostThreads(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+}
+
+HostThreads::~HostThreads() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+HostThreads& HostThreads::shared() {
+  static HostThreads pool(threads_from_environment());
+  return pool;
+}
+
+void HostThreads::run(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part) {
+  const std::size_t parts = static_cast<std::size_t>(size());
+  if (parts == 1 || n < 4096 * parts) {
+    part(0, n);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &part;
+    n_ = n;
+    pending_ = static_cast<int>(workers_.size());
+    ++generation_;
+  }
+  wake_.notify_all();
+  part(0, part_bound(n, 1, parts));
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_.wait(lock, [this] { return pending_ == 0; });
+  job_ = nullptr;
+}
+
+void HostThreads::work(int index) {
+  unsigned seen = 0;
+  for (;;) {
+    const std::function<void(std::size_t, std::size_t)>* job;
+    std::size_t n;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+      n = n_;
+    }
+    const std::size_t parts = static_cast<std::size_t>(size());
+    (*job)(part_bound(n, index, parts), part_bound(n, index + 1, parts));
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --pending_;
+    }
+    done_.notify_one();
+  }
+}
+
+}  // namespace colossal::core
