@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <filesystem>
+#include <type_traits>
 
 #include "core/kernels.hpp"
 #include "core/rng.hpp"
@@ -250,9 +251,13 @@ double Trainer::evaluate() {
 }
 
 void Trainer::save_weights(const std::string& path) const {
-  std::vector<float> host(model_->flat_size());
-  core::copy_to_host(host.data(), model_->params(), host.size() * sizeof(float));
-  io::write_model_file(path, model_->parameters(), host, config_.text);
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
+    io::write_model_file(path, model_->parameters(), model_->params(), config_.text);  // no copy
+  } else {
+    std::vector<float> host(model_->flat_size());
+    core::copy_to_host(host.data(), model_->params(), host.size() * sizeof(float));
+    io::write_model_file(path, model_->parameters(), host.data(), config_.text);
+  }
 }
 
 void Trainer::load_weights(const std::string& path) {

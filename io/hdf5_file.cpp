@@ -75,7 +75,7 @@ void H5Handle::reset() {
 }
 
 void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
-                      const std::vector<float>& params, const std::string& config_text) {
+                      const float* params, const std::string& config_text) {
   silence_hdf5_errors();
   const std::filesystem::path final_path(path);
   if (final_path.has_parent_path()) std::filesystem::create_directories(final_path.parent_path());
@@ -91,7 +91,7 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
                                H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                     H5Dclose, "creating dataset " + p.name);
       check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                     params.data() + p.offset),
+                     params + p.offset),
             "writing dataset " + p.name);
     }
     write_string_attribute(file.get(), "config", config_text);

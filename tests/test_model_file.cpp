@@ -29,7 +29,7 @@ TEST(ModelFile, RoundTripsEveryParameterAndTheConfig) {
   std::vector<float> params(flat(table));
   for (std::size_t i = 0; i < params.size(); ++i) params[i] = 0.25f * float(i % 17) - 1.0f;
   const std::string path = (std::filesystem::temp_directory_path() / "colossal_mf.h5").string();
-  io::write_model_file(path, table, params, "model: {layers: 1}\n");
+  io::write_model_file(path, table, params.data(), "model: {layers: 1}\n");
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   std::vector<float> back(params.size(), 0.0f);
   EXPECT_EQ(io::read_model_file(path, table, back), "model: {layers: 1}\n");
@@ -42,7 +42,7 @@ TEST(ModelFile, ReadsAVariableLengthConfigAsH5pyWritesIt) {
   const auto table = small_table();
   std::vector<float> params(flat(table), 1.0f);
   const std::string path = (std::filesystem::temp_directory_path() / "colossal_mf_vlen.h5").string();
-  io::write_model_file(path, table, params, "fixed");
+  io::write_model_file(path, table, params.data(), "fixed");
   {
     // Replace the attribute by a variable-length string, as h5py does for a Python str.
     io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "open");
@@ -65,7 +65,7 @@ TEST(ModelFile, MissingDatasetIsNamed) {
   const std::string path = (std::filesystem::temp_directory_path() / "colossal_mf_missing.h5").string();
   auto shorter = table;
   shorter.pop_back();
-  io::write_model_file(path, shorter, params, "");
+  io::write_model_file(path, shorter, params.data(), "");
   std::vector<float> back(params.size());
   try {
     io::read_model_file(path, table, back);
