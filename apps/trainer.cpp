@@ -71,7 +71,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   model_->init_parameters(train.seed);
   optimizer_ = std::make_unique<zero::ShardedAdamW>(model_->parameters(), model_->flat_size(),
                                                     config_.parallel.zero_stage,
-                                                    config_.parallel.bucket_mb, *dp_, tracker_);
+                                                    config_.parallel.bucket_mb, *dp_, tracker_,
+                                                    config_.parallel.offload_optimizer);
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
@@ -146,8 +147,10 @@ TrainSummary Trainer::train() {
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
         train_data_->path().c_str(), train_data_->size());
   if (dp_->size() > 1) {
-    print("parallel: %d data-parallel ranks, ZeRO stage %d, %zu gradient buckets\n",
-          dp_->size(), config_.parallel.zero_stage, optimizer_->buckets().size());
+    print("parallel: %d data-parallel ranks, ZeRO stage %d%s, %zu gradient buckets\n",
+          dp_->size(), config_.parallel.zero_stage,
+          config_.parallel.offload_optimizer ? " with optimizer offload" : "",
+          optimizer_->buckets().size());
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
 

@@ -20,6 +20,7 @@ const char* category_name(MemCategory category) {
     case MemCategory::activations: return "activations";
     case MemCategory::temporaries: return "temporaries";
     case MemCategory::data: return "data";
+    case MemCategory::offloaded: return "offloaded (host)";
     default: return "?";
   }
 }
@@ -67,8 +68,8 @@ constexpr std::size_t kHugePage = 2u << 20;
 }  // namespace
 
 namespace detail {
-void* allocate_bytes(std::size_t bytes) {
-  if constexpr (kHostMemory) {
+void* allocate_bytes(std::size_t bytes, bool host) {
+  if (kHostMemory || host) {
     const std::size_t alignment = bytes >= kHugePage ? kHugePage : 64;
     void* ptr = nullptr;
     if (posix_memalign(&ptr, alignment, (bytes + alignment - 1) / alignment * alignment) != 0) {
@@ -76,13 +77,12 @@ void* allocate_bytes(std::size_t bytes) {
     }
     if (bytes >= kHugePage) madvise(ptr, bytes, MADV_HUGEPAGE);  // advisory: ignore failure
     return ptr;
-  } else {
-    return Kokkos::kokkos_malloc<Kokkos::DefaultExecutionSpace::memory_space>("colossal", bytes);
   }
+  return Kokkos::kokkos_malloc<Kokkos::DefaultExecutionSpace::memory_space>("colossal", bytes);
 }
 
-void free_bytes(void* ptr, std::size_t /*bytes*/) {
-  if constexpr (kHostMemory) {
+void free_bytes(void* ptr, std::size_t /*bytes*/, bool host) {
+  if (kHostMemory || host) {
     std::free(ptr);
   } else {
     Kokkos::kokkos_free<Kokkos::DefaultExecutionSpace::memory_space>(ptr);

@@ -5,6 +5,7 @@
 // allocated once, up front; nothing in the step loop allocates.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <string>
@@ -14,7 +15,11 @@
 
 namespace colossal::core {
 
-enum class MemCategory : int { parameters, gradients, optimizer, activations, temporaries, data, count };
+// `offloaded` is host memory holding state that would otherwise live on the device (ZeRO offload);
+// on a host-only build it is ordinary memory, counted apart so the split stays visible.
+enum class MemCategory : int {
+  parameters, gradients, optimizer, activations, temporaries, data, offloaded, count
+};
 
 const char* category_name(MemCategory category);
 
@@ -43,11 +48,12 @@ std::string format_bytes(double bytes);
 namespace detail {
 // Memory of the default execution space. On the host it is 2 MiB aligned and advised for huge pages:
 // a fresh 4 KiB page costs ~13 us to touch on these machines, so big arrays want few, large pages.
-void* allocate_bytes(std::size_t bytes);
-void free_bytes(void* ptr, std::size_t bytes);
+void* allocate_bytes(std::size_t bytes, bool host);
+void free_bytes(void* ptr, std::size_t bytes, bool host);
 }  // namespace detail
 
-// A tracked, owning, zero-initialised array of T in the default execution space's memory.
+// A tracked, owning, zero-initialised array of T in the default execution space's memory, or in
+// host memory for the `offloaded` category.
 template <typename T>
 class DeviceArray {
  public:
@@ -55,9 +61,13 @@ class DeviceArray {
   DeviceArray(MemoryTracker& tracker, MemCategory category, std::size_t count)
       : tracker_(&tracker), category_(category), count_(count) {
     if (count_ == 0) return;
-    data_ = static_cast<T*>(detail::allocate_bytes(bytes()));
+    data_ = static_cast<T*>(detail::allocate_bytes(bytes(), on_host()));
     tracker_->on_alloc(category_, bytes());
-    fill(T{});
+    if (on_host()) {
+      std::fill(data_, data_ + count_, T{});
+    } else {
+      fill(T{});
+    }
   }
   ~DeviceArray() { release(); }
   DeviceArray(const DeviceArray&) = delete;
@@ -75,6 +85,7 @@ class DeviceArray {
   const T* data() const { return data_; }
   std::size_t size() const { return count_; }
   std::size_t bytes() const { return count_ * sizeof(T); }
+  bool on_host() const { return category_ == MemCategory::offloaded; }
 
   void fill(T value) {
     T* p = data_;
@@ -86,7 +97,7 @@ class DeviceArray {
  private:
   void release() {
     if (data_ != nullptr) {
-      detail::free_bytes(data_, bytes());
+      detail::free_bytes(data_, bytes(), on_host());
       tracker_->on_free(category_, bytes());
       data_ = nullptr;
     }

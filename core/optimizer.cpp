@@ -72,11 +72,12 @@ double clip_coefficient(double grad_norm, double max_norm) {
 }
 
 AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
-             MemoryTracker& tracker)
+             MemoryTracker& tracker, bool on_host)
     : begin_(begin),
       end_(end),
-      m_(tracker, MemCategory::optimizer, end - begin),
-      v_(tracker, MemCategory::optimizer, end - begin) {
+      on_host_(on_host),
+      m_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, end - begin),
+      v_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, end - begin) {
   for (const auto& p : table) {
     const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
     if (lo < hi) segments_.push_back({lo - begin, hi - lo, p.decay()});
@@ -102,7 +103,7 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
     const float v_hat = vi / correction2;
     params[i] -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * params[i]);
   };
-  if constexpr (kSerialHost) {
+  if (kSerialHost || on_host_) {
     // Elements [lo, hi) of the window on each host thread, tensor by tensor (decay by role).
     HostThreads::shared().run(end_ - begin_, [&](std::size_t lo, std::size_t hi) {
       for (const Segment& s : segments_) {

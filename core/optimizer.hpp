@@ -45,8 +45,10 @@ class AdamW {
  public:
   AdamW(const std::vector<ParamSpec>& table, std::size_t flat_size, MemoryTracker& tracker)
       : AdamW(table, 0, flat_size, tracker) {}
+  // on_host: moments in host memory (category `offloaded`) and the update on host threads, for
+  // ZeRO offload; params and grads given to update() must then be host memory too.
   AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
-        MemoryTracker& tracker);
+        MemoryTracker& tracker, bool on_host = false);
 
   // One update of the window: params[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * params[i]),
   // with the gradient multiplied by grad_scale first (clipping). Both pointers address the
@@ -68,6 +70,7 @@ class AdamW {
   };
   std::vector<Segment> segments_;
   std::size_t begin_, end_;
+  bool on_host_;
   DeviceArray<float> m_, v_;
 };
 

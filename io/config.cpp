@@ -59,7 +59,8 @@ struct Betas {
   double* beta1;
   double* beta2;
 };
-using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, Betas>;
+using Field =
+    std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, bool*, Betas>;
 
 struct KeySpec {
   std::string key;  // dotted
@@ -193,6 +194,16 @@ const std::vector<KeySpec>& schema() {
        .doc = "ZeRO: 0 replicated, 1 optimizer states sharded over parallel.data, "
               "2 also gradients reduce-scattered (stage 3 is not implemented yet)",
        .range = Range{0, false, 2, false}},
+      {.key = "parallel.zero.offload.optimizer", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.offload_optimizer; },
+       .doc = "keep the AdamW moments in host memory and run the update on the host "
+              "(needs parallel.zero.stage >= 1)",
+       .choices = {"false", "true"}, .cross_check = "needs parallel.zero.stage >= 1"},
+      {.key = "parallel.zero.offload.params", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.offload_params; },
+       .doc = "keep the stage-3 parameter shards in host memory (needs ZeRO stage 3, "
+              "not implemented yet)",
+       .choices = {"false"}, .planned = {"true"}},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -408,6 +419,8 @@ void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
             out << *p;
         } else if constexpr (std::is_same_v<T, core::Arch*>) {
           out << core::arch_name(*p);
+        } else if constexpr (std::is_same_v<T, bool*>) {
+          out << (*p ? "true" : "false");
         } else {
           out << *p;  // integers
         }
@@ -695,6 +708,8 @@ class Resolver {
         const std::string value = read_choice(spec, node, where_text);
         if (auto* arch = std::get_if<core::Arch*>(&field))
           **arch = value == "opt" ? core::Arch::opt : core::Arch::gpt2;
+        else if (auto* flag = std::get_if<bool*>(&field))
+          **flag = value == "true";
         else
           *std::get<std::string*>(field) = value;
         return;
@@ -816,6 +831,13 @@ class Resolver {
             "every data-parallel rank runs the same number of whole micro-batches",
             "set train.global_batch to a multiple of " + std::to_string(per_step) +
                 ", or change parallel.data or train.micro_batch");
+    }
+    if (config.parallel.offload_optimizer && config.parallel.zero_stage < 1) {
+      raise(where_first({"parallel.zero.offload.optimizer", "parallel.zero.stage"}),
+            "parallel.zero.offload.optimizer",
+            "true with parallel.zero.stage = " + std::to_string(config.parallel.zero_stage),
+            "offload moves the sharded optimizer states, so it needs stage 1 or 2",
+            "set parallel.zero.stage: 1 (or 2), or parallel.zero.offload.optimizer: false");
     }
     const OptimizerConfig& o = t.optimizer;
     if (o.min_lr > o.lr)

@@ -137,7 +137,8 @@ TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
   r = run(mpirun + bin("colossal_train") + " " + config + " --set parallel.data=4 --set train.global_batch=8");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("parallel.data = 4 but 2 ranks were started"), std::string::npos) << r.output;
-  for (const char* bad : {"parallel.zero.stage=3", "parallel.zero.stage=-1", "parallel.bucket_mb=0"}) {
+  for (const char* bad : {"parallel.zero.stage=3", "parallel.zero.stage=-1", "parallel.bucket_mb=0",
+                          "parallel.zero.offload.optimizer=true", "parallel.zero.offload.params=true"}) {
     r = run(mpirun + bin("colossal_train") + " " + config + " --set parallel.data=2 --set " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
     const std::string key = std::string(bad).substr(0, std::string(bad).find('='));

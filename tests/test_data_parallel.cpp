@@ -37,14 +37,14 @@ std::string shared_data(parallel::Communicator& world) {
 // `run` names the log directory: single-rank references run on every rank at once, so each needs
 // its own.
 io::Config config(const std::string& data, const std::string& arch, int dp, int stage,
-                  const std::string& run = "dp") {
+                  const std::string& run = "dp", bool offload = false) {
   const std::string text =
       "model: {arch: " + arch + ", layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", zero: {stage: " + std::to_string(stage) +
-      "}, bucket_mb: 0.01}\n"
+      ", offload: {optimizer: " + (offload ? "true" : "false") + "}}, bucket_mb: 0.01}\n"
       "eval: {every: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
   return io::parse_config(text, "test");
@@ -53,6 +53,7 @@ io::Config config(const std::string& data, const std::string& arch, int dp, int 
 struct Param {
   std::string arch;
   int stage;
+  bool offload = false;
 };
 
 class DataParallel : public ::testing::TestWithParam<Param> {};
@@ -61,13 +62,13 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size();
   const std::string data = shared_data(world);
-  const auto [arch, stage] = GetParam();
+  const auto [arch, stage, offload] = GetParam();
 
   apps::Trainer reference(config(data, arch, 1, 0, "reference" + std::to_string(world.rank())),
                           nullptr);
   const apps::TrainSummary expected = reference.train();
 
-  apps::Trainer trainer(config(data, arch, dp, stage), nullptr, &world);
+  apps::Trainer trainer(config(data, arch, dp, stage, "dp", offload), nullptr, &world);
   world.reset_stats();
   const apps::TrainSummary got = trainer.train();
 
@@ -89,7 +90,16 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   EXPECT_EQ(padded % (std::size_t(dp) * 16), 0u);
   const std::size_t shard = padded / dp;
   const auto& mem = trainer.memory();
-  EXPECT_EQ(mem.current(core::MemCategory::optimizer), 2 * 4 * (stage == 0 ? padded : shard));
+  if (offload) {
+    // Moments, the gradient shard and the parameter shard, all in host memory.
+    EXPECT_EQ(mem.current(core::MemCategory::optimizer), 0u);
+    EXPECT_EQ(mem.current(core::MemCategory::offloaded), 4 * 4 * shard);
+    EXPECT_EQ(trainer.optimizer().offload_stats().to_host_bytes, 10 * 2 * 4 * shard);
+    EXPECT_EQ(trainer.optimizer().offload_stats().to_device_bytes, 10 * 4 * shard);
+  } else {
+    EXPECT_EQ(mem.current(core::MemCategory::optimizer), 2 * 4 * (stage == 0 ? padded : shard));
+    EXPECT_EQ(mem.current(core::MemCategory::offloaded), 0u);
+  }
   EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * (padded + (stage == 2 ? shard : 0)));
 
   // Bytes per step on the data-parallel communicator (payload convention of CommStats):
@@ -126,8 +136,12 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
 INSTANTIATE_TEST_SUITE_P(
     StagesAndArchitectures, DataParallel,
     ::testing::Values(Param{"gpt2", 0}, Param{"gpt2", 1}, Param{"gpt2", 2}, Param{"opt", 0},
-                      Param{"opt", 1}, Param{"opt", 2}),
-    [](const auto& info) { return info.param.arch + "_zero" + std::to_string(info.param.stage); });
+                      Param{"opt", 1}, Param{"opt", 2}, Param{"gpt2", 1, true},
+                      Param{"opt", 2, true}),
+    [](const auto& info) {
+      return info.param.arch + "_zero" + std::to_string(info.param.stage) +
+             (info.param.offload ? "_offload" : "");
+    });
 
 TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);

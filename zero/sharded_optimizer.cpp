@@ -30,11 +30,14 @@ std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
 
 ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded,
                            int stage, double bucket_mb, parallel::Communicator& dp,
-                           core::MemoryTracker& tracker)
-    : stage_(stage), padded_(padded), dp_(dp) {
+                           core::MemoryTracker& tracker, bool offload_optimizer)
+    : stage_(stage), padded_(padded), dp_(dp), offload_(offload_optimizer) {
   if (stage < 0 || stage > 2) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
                                 " is not implemented (0, 1 and 2 are)");
+  }
+  if (offload_ && stage == 0) {
+    throw std::invalid_argument("optimizer offload needs ZeRO stage 1 or 2");
   }
   if (padded % (std::size_t(dp.size()) * 16) != 0) {
     throw std::invalid_argument("flat buffer of " + std::to_string(padded) +
@@ -49,7 +52,12 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_
   if (stage == 0) {
     adamw_ = std::make_unique<core::AdamW>(table, 0, padded, tracker);
   } else {
-    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_, tracker);
+    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
+                                           tracker, offload_);
+  }
+  if (offload_) {
+    host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
+    host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
   }
   if (stage == 2) {
     grad_shard_ = core::DeviceArray<float>(tracker, core::MemCategory::gradients, shard_size_);
@@ -96,7 +104,17 @@ void ShardedAdamW::step(float* params, float* grads, const core::AdamWParams& hp
     return;
   }
   const float* shard_grads = stage_ == 1 ? grads + shard_begin_ : grad_shard_.data();
-  adamw_->update(params + shard_begin_, shard_grads, hp, step, grad_scale);
+  if (offload_) {
+    const std::size_t bytes = shard_size_ * sizeof(float);
+    core::copy_to_host(host_grads_.data(), shard_grads, bytes);
+    core::copy_to_host(host_params_.data(), params + shard_begin_, bytes);
+    adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
+    core::copy_to_device(params + shard_begin_, host_params_.data(), bytes);
+    offload_stats_.to_host_bytes += 2 * bytes;
+    offload_stats_.to_device_bytes += bytes;
+  } else {
+    adamw_->update(params + shard_begin_, shard_grads, hp, step, grad_scale);
+  }
   if (p > 1) dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});
 }
 

@@ -11,6 +11,10 @@
 //            squares; AdamW on the shard; parameters all-gathered. The model still accumulates
 //            micro-batch gradients in a full-size buffer, so gradient memory is not yet divided
 //            by dp (that needs per-bucket reduction during backward).
+// Offload (stages 1-2): the moments live in host memory and the update runs on host threads; each
+// step copies the gradient shard and the parameter shard to the host and the updated parameter
+// shard back (offload_stats counts those bytes). On a host-only build both sides are host memory.
+//
 // Buckets of about `bucket_mb` are issued from the end of the buffer (the last layers' gradients,
 // final first in backward). For the all-reduce they are contiguous ranges of the flat buffer; for
 // the reduce-scatter a bucket is the same range [a, b) of every rank's shard, packed into one
@@ -43,7 +47,13 @@ std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
 class ShardedAdamW {
  public:
   ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded, int stage,
-               double bucket_mb, parallel::Communicator& dp, core::MemoryTracker& tracker);
+               double bucket_mb, parallel::Communicator& dp, core::MemoryTracker& tracker,
+               bool offload_optimizer = false);
+
+  struct OffloadStats {
+    uint64_t to_host_bytes = 0, to_device_bytes = 0;
+  };
+  const OffloadStats& offload_stats() const { return offload_stats_; }
 
   // Sums the gradients over the data-parallel group (as the stage says) and returns the global
   // gradient norm, identical on every rank.
@@ -67,6 +77,9 @@ class ShardedAdamW {
   std::unique_ptr<core::AdamW> adamw_;
   core::DeviceArray<float> grad_shard_;  // stage 2: this rank's reduced gradients
   core::DeviceArray<float> staging_;     // stage 2: one bucket of every rank's shard, packed
+  bool offload_;
+  core::DeviceArray<float> host_grads_, host_params_;  // offload: the shard on the host
+  OffloadStats offload_stats_;
 };
 
 }  // namespace colossal::zero
