@@ -12,6 +12,7 @@
 #include "apps/trainer.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5_file.hpp"
+#include "core/host_threads.hpp"
 #include "parallel/mpi_communicator.hpp"
 
 namespace colossal::apps {
@@ -168,6 +169,21 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           }
           auto world = parallel::make_world_communicator();
           inv.world = world.get();
+          // One decision for BLAS and host threads: the cores of this process split among the
+          // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
+          MPI_Comm node;
+          MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
+          int local_ranks = 1;
+          MPI_Comm_size(node, &local_ranks);
+          MPI_Comm_free(&node);
+          const core::ThreadPlan threads = core::set_threads_per_rank(local_ranks);
+          if (inv.rank == 0 && info.print_threads) {
+            std::printf("threads: %d per rank for BLAS and host loops (%d usable core%s, %d rank%s "
+                        "on this node; from %s)\n",
+                        threads.threads, threads.cores, threads.cores == 1 ? "" : "s",
+                        threads.local_ranks,
+                        threads.local_ranks == 1 ? "" : "s", threads.source.c_str());
+          }
           try {
             code = body(inv);
           } catch (const std::exception& e) {

@@ -20,6 +20,7 @@ struct ProgramInfo {
   std::string usage;                 // synopsis and description, printed by --help
   std::vector<std::string> flags;    // value-taking flags this program accepts (e.g. "--weights")
   std::vector<std::string> switches; // boolean flags (e.g. "--eval-only")
+  bool print_threads = false;        // print the thread decision at start-up (long-running programs)
 };
 
 struct Invocation {

@@ -19,7 +19,8 @@ int main(int argc, char** argv) {
       "  --eval-only            do not train: print the validation loss of --weights\n"
       "  --weights FILE         model file to evaluate (with --eval-only)\n",
       {"--weights"},
-      {"--eval-only"}};
+      {"--eval-only"},
+      /*print_threads=*/true};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
     apps::Trainer trainer(inv.config, log, inv.world);

@@ -29,6 +29,9 @@ std::unique_ptr<Gemm> make_host_gemm();
 // cuBLAS on the current CUDA device; operates on device memory. Creates its own handle.
 std::unique_ptr<Gemm> make_cublas_gemm();
 #endif
+// Threads OpenBLAS uses for each host GEMM.
+void set_blas_threads(int threads);
+
 // The backend that matches the default Kokkos execution space's memory.
 std::unique_ptr<Gemm> make_default_gemm();
 

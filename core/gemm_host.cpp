@@ -34,6 +34,8 @@ class HostGemm final : public Gemm {
 
 std::unique_ptr<Gemm> make_host_gemm() { return std::make_unique<HostGemm>(); }
 
+void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+
 std::unique_ptr<Gemm> make_default_gemm() {
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     return make_host_gemm();

@@ -1,6 +1,11 @@
 #include "core/host_threads.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <cstdlib>
+
+#include "core/gemm.hpp"
 
 namespace colossal::core {
 
@@ -35,9 +40,54 @@ HostThreads::~HostThreads() {
   for (auto& t : workers_) t.join();
 }
 
-HostThreads& HostThreads::shared() {
-  static HostThreads pool(threads_from_environment());
+namespace {
+std::unique_ptr<HostThreads>& shared_pool() {
+  static std::unique_ptr<HostThreads> pool;
   return pool;
+}
+}  // namespace
+
+HostThreads& HostThreads::shared() {
+  auto& pool = shared_pool();
+  if (!pool) pool = std::make_unique<HostThreads>(threads_from_environment());
+  return *pool;
+}
+
+void HostThreads::resize_shared(int threads) {
+  shared_pool() = std::make_unique<HostThreads>(threads < 1 ? 1 : threads);
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+ThreadPlan set_threads_per_rank(int local_ranks) {
+  ThreadPlan plan;
+  plan.cores = available_cores();
+  plan.local_ranks = std::max(1, local_ranks);
+  const unsigned hw = std::thread::hardware_concurrency();
+  if (hw > 0 && plan.cores < static_cast<int>(hw)) {
+    // Already bound to a subset (mpirun --bind-to core, Slurm cpus-per-task): use all of it.
+    plan.threads = plan.cores;
+    plan.source = "the cores this rank is bound to";
+  } else {
+    plan.threads = std::max(1, plan.cores / plan.local_ranks);
+    plan.source = "cores / ranks on the node";
+  }
+  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (const char* v = std::getenv(name); v && std::atoi(v) >= 1) {
+      plan.threads = std::atoi(v);
+      plan.source = name;
+      break;
+    }
+  }
+  set_blas_threads(plan.threads);
+  HostThreads::resize_shared(plan.threads);
+  return plan;
 }
 
 void HostThreads::run(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part) {

@@ -3,13 +3,16 @@
 // one core cannot saturate memory bandwidth, and those loops were a fifth of a 124M-parameter step
 // while the second core waited. With a threaded Kokkos (OpenMP, CUDA) the kernels use Kokkos.
 //
-// Threads: COLOSSAL_HOST_THREADS, else OPENBLAS_NUM_THREADS, else the hardware concurrency; under
-// mpirun with one rank per core, set either to 1.
+// Threads: the programs call set_threads_per_rank() at start-up (cores of this process divided by
+// the ranks on its node, unless COLOSSAL_HOST_THREADS or OPENBLAS_NUM_THREADS say otherwise);
+// without that call the pool reads the same environment variables, else uses every core.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <type_traits>
@@ -31,8 +34,10 @@ class HostThreads {
   // first), and returns when all are done.
   void run(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part);
 
-  // The process's pool, sized from the environment on first use.
+  // The process's pool: sized by set_threads_per_rank(), else from the environment on first use.
   static HostThreads& shared();
+  // Resizes the shared pool (call before kernels run, from the main thread).
+  static void resize_shared(int threads);
 
  private:
   void work(int index);
@@ -45,6 +50,20 @@ class HostThreads {
   int pending_ = 0;
   bool stop_ = false;
 };
+
+// Cores this process may run on (its CPU affinity mask, which Slurm and mpirun bindings narrow).
+int available_cores();
+
+struct ThreadPlan {
+  int cores = 1;          // available_cores()
+  int local_ranks = 1;    // ranks sharing this node
+  int threads = 1;        // BLAS threads and host threads per rank
+  std::string source;     // "cores / ranks", or the environment variable that set it
+};
+// Decides the threads per rank (one place for BLAS and host loops): COLOSSAL_HOST_THREADS, else
+// OPENBLAS_NUM_THREADS, else the cores the rank is bound to, else max(1, cores / local_ranks);
+// applies it to OpenBLAS and the shared pool.
+ThreadPlan set_threads_per_rank(int local_ranks);
 
 // True when kernels run on the host's Serial backend, where HostThreads adds the parallelism.
 constexpr bool kSerialHost = std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::Serial>;

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
+#include <string>
+#include <thread>
 
 #include "core/host_threads.hpp"
 #include "core/optimizer.hpp"
@@ -96,4 +99,23 @@ TEST(AdamW, ThreadedUpdateOfAWindowMatchesTheReference) {
   }
   EXPECT_NEAR(sum_of_squares(grads.data(), grads.size()),
               std::inner_product(grads.begin(), grads.end(), grads.begin(), 0.0), 1e-3);
+}
+
+TEST(HostThreads, ThreadsPerRankFromEnvironmentOrCores) {
+  const char* saved_host = std::getenv("COLOSSAL_HOST_THREADS");
+  const char* saved_blas = std::getenv("OPENBLAS_NUM_THREADS");
+  const std::string host = saved_host ? saved_host : "", blas = saved_blas ? saved_blas : "";
+  setenv("COLOSSAL_HOST_THREADS", "3", 1);
+  ThreadPlan plan = set_threads_per_rank(4);
+  EXPECT_EQ(plan.threads, 3);
+  EXPECT_EQ(plan.source, "COLOSSAL_HOST_THREADS");
+  EXPECT_EQ(HostThreads::shared().size(), 3);
+  unsetenv("COLOSSAL_HOST_THREADS");
+  unsetenv("OPENBLAS_NUM_THREADS");
+  plan = set_threads_per_rank(1000);  // more ranks than cores: never below one thread
+  EXPECT_EQ(plan.threads, plan.cores < int(std::thread::hardware_concurrency()) ? plan.cores : 1);
+  EXPECT_EQ(HostThreads::shared().size(), plan.threads);
+  if (saved_host) setenv("COLOSSAL_HOST_THREADS", host.c_str(), 1);
+  if (saved_blas) setenv("OPENBLAS_NUM_THREADS", blas.c_str(), 1);
+  set_threads_per_rank(1);
 }
