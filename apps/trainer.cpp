@@ -73,11 +73,37 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                                     config_.parallel.zero_stage,
                                                     config_.parallel.bucket_mb, *dp_, tracker_,
                                                     config_.parallel.offload_optimizer);
+  agree_on_plan();
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   host_inputs_.resize(tokens);
   host_targets_.resize(tokens);
+}
+
+// The layout as YAML. Derived on every rank from the same config; rank 0's copy is broadcast and
+// compared, so ranks that disagree (a different binary or config file on one node) stop together
+// before the first collective of training instead of deadlocking in it.
+void Trainer::agree_on_plan() {
+  const auto& p = config_.parallel;
+  std::string plan = "mesh: {data: " + std::to_string(dp_->size()) +
+                     ", tensor: 1, sequence: 1, pipeline: 1, order: tp-sp-dp-pp}\n" +
+                     "zero: {stage: " + std::to_string(p.zero_stage) +
+                     ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") + "}\n" +
+                     "flat_parameters: " + std::to_string(model_->flat_size()) + "\n" +
+                     "shard: {size: " + std::to_string(optimizer_->shard_size()) + "}\n" +
+                     "gradient_buckets: " + std::to_string(optimizer_->buckets().size()) + "\n" +
+                     "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
+  std::string root = plan;
+  dp_->broadcast_string(root, 0);
+  float differs = root == plan ? 0.0f : 1.0f;
+  if (dp_->size() > 1) dp_->all_reduce_sum({&differs, 1});
+  if (differs > 0) {
+    throw CollectiveError(std::to_string(int(differs)) +
+                          " rank(s) derived a different parallel plan from rank 0's; check that "
+                          "every rank runs the same colossal build on the same config");
+  }
+  plan_ = plan;
 }
 
 void Trainer::print(const char* fmt, ...) const {
@@ -152,6 +178,7 @@ TrainSummary Trainer::train() {
           config_.parallel.offload_optimizer ? " with optimizer offload" : "",
           optimizer_->buckets().size());
   }
+  print("plan (identical on every rank):\n%s", plan_.c_str());
   print("memory (per rank): %s\n", tracker_.summary().c_str());
 
   const auto start = Clock::now();
@@ -255,11 +282,11 @@ double Trainer::evaluate() {
 
 void Trainer::save_weights(const std::string& path) const {
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    io::write_model_file(path, model_->parameters(), model_->params(), config_.text);  // no copy
+    io::write_model_file(path, model_->parameters(), model_->params(), config_.text, plan_);
   } else {
     std::vector<float> host(model_->flat_size());
     core::copy_to_host(host.data(), model_->params(), host.size() * sizeof(float));
-    io::write_model_file(path, model_->parameters(), host.data(), config_.text);
+    io::write_model_file(path, model_->parameters(), host.data(), config_.text, plan_);
   }
 }
 

@@ -68,10 +68,14 @@ class Trainer {
   core::Model& model() { return *model_; }
   const core::MemoryTracker& memory() const { return tracker_; }
   const zero::ShardedAdamW& optimizer() const { return *optimizer_; }
+  // The parallel plan every rank runs (YAML): mesh, ZeRO stage, shards and buckets. Rank 0's is
+  // broadcast at construction and every rank checks that it derived the same one.
+  const std::string& plan() const { return plan_; }
   parallel::Communicator& data_parallel() { return *dp_; }
 
  private:
   void print(const char* fmt, ...) const;
+  void agree_on_plan();
   double run_step(int64_t step);
   void upload(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets);
 
@@ -86,6 +90,7 @@ class Trainer {
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   core::DeviceArray<int32_t> inputs_, targets_;
   std::vector<int32_t> host_inputs_, host_targets_;
+  std::string plan_;
 };
 
 }  // namespace colossal::apps

@@ -75,7 +75,8 @@ void H5Handle::reset() {
 }
 
 void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
-                      const float* params, const std::string& config_text) {
+                      const float* params, const std::string& config_text,
+                      const std::string& plan_text) {
   silence_hdf5_errors();
   const std::filesystem::path final_path(path);
   if (final_path.has_parent_path()) std::filesystem::create_directories(final_path.parent_path());
@@ -95,6 +96,7 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
             "writing dataset " + p.name);
     }
     write_string_attribute(file.get(), "config", config_text);
+    write_string_attribute(file.get(), "plan", plan_text);
     write_string_attribute(file.get(), "format", "colossal-model");
     write_int_attribute(file.get(), "format_version", kModelFormatVersion);
     check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing '" + tmp + "'");

@@ -51,7 +51,8 @@ constexpr int kModelFormatVersion = 1;
 // Writes every parameter of `table` from the host memory `params` (flat buffer with table
 // offsets).
 void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
-                      const float* params, const std::string& config_text);
+                      const float* params, const std::string& config_text,
+                      const std::string& plan_text = "");
 
 // Reads every parameter of `table` into the host flat buffer `params`, checking that each dataset
 // exists with the expected shape. Returns the config text stored in the file.

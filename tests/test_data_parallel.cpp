@@ -69,6 +69,9 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const apps::TrainSummary expected = reference.train();
 
   apps::Trainer trainer(config(data, arch, dp, stage, "dp", offload), nullptr, &world);
+  EXPECT_NE(trainer.plan().find("mesh: {data: " + std::to_string(dp) + ","), std::string::npos)
+      << trainer.plan();
+  EXPECT_NE(trainer.plan().find("zero: {stage: " + std::to_string(stage) + ","), std::string::npos);
   world.reset_stats();
   const apps::TrainSummary got = trainer.train();
 
