@@ -1,12 +1,12 @@
 #include "apps/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <filesystem>
 #include <type_traits>
 
-#include "core/kernels.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/metrics.hpp"
