@@ -28,14 +28,7 @@ struct Case {
 };
 
 ModelSpec small_gpt(int layers, int hidden, int heads, int max_seq) {
-  ModelSpec s;
-  s.layers = layers;
-  s.hidden = hidden;
-  s.heads = heads;
-  s.ffn_hidden = 4 * hidden;
-  s.vocab = 256;
-  s.max_seq = max_seq;
-  return s;
+  return model_spec(Arch::gpt2, layers, hidden, heads, 4 * hidden, 256, max_seq);
 }
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }

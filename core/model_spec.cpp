@@ -7,33 +7,35 @@ namespace colossal::core {
 
 const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "opt"; }
 
-namespace {
-ModelSpec make(Arch arch, int layers, int hidden, int heads, int ffn, int vocab, int max_seq) {
+ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidden, int vocab,
+                     int max_seq) {
   ModelSpec s;
   s.arch = arch;
   s.layers = layers;
   s.hidden = hidden;
   s.heads = heads;
-  s.ffn_hidden = ffn;
+  s.ffn_hidden = ffn_hidden;
   s.vocab = vocab;
   s.max_seq = max_seq;
   return s;
 }
 
+namespace {
+
 const std::map<std::string, ModelSpec>& presets() {
   static const std::map<std::string, ModelSpec> table = {
-      {"gpt2-124m", make(Arch::gpt2, 12, 768, 12, 3072, 50257, 1024)},
-      {"gpt2-355m", make(Arch::gpt2, 24, 1024, 16, 4096, 50257, 1024)},
-      {"gpt2-774m", make(Arch::gpt2, 36, 1280, 20, 5120, 50257, 1024)},
-      {"gpt2-1.5b", make(Arch::gpt2, 48, 1600, 25, 6400, 50257, 1024)},
-      {"opt-125m", make(Arch::opt, 12, 768, 12, 3072, 50272, 2048)},
-      {"opt-1.3b", make(Arch::opt, 24, 2048, 32, 8192, 50272, 2048)},
-      {"opt-2.7b", make(Arch::opt, 32, 2560, 32, 10240, 50272, 2048)},
-      {"opt-6.7b", make(Arch::opt, 32, 4096, 32, 16384, 50272, 2048)},
-      {"opt-13b", make(Arch::opt, 40, 5120, 40, 20480, 50272, 2048)},
-      {"opt-30b", make(Arch::opt, 48, 7168, 56, 28672, 50272, 2048)},
-      {"opt-66b", make(Arch::opt, 64, 9216, 72, 36864, 50272, 2048)},
-      {"opt-175b", make(Arch::opt, 96, 12288, 96, 49152, 50272, 2048)},
+      {"gpt2-124m", model_spec(Arch::gpt2, 12, 768, 12, 3072, 50257, 1024)},
+      {"gpt2-355m", model_spec(Arch::gpt2, 24, 1024, 16, 4096, 50257, 1024)},
+      {"gpt2-774m", model_spec(Arch::gpt2, 36, 1280, 20, 5120, 50257, 1024)},
+      {"gpt2-1.5b", model_spec(Arch::gpt2, 48, 1600, 25, 6400, 50257, 1024)},
+      {"opt-125m", model_spec(Arch::opt, 12, 768, 12, 3072, 50272, 2048)},
+      {"opt-1.3b", model_spec(Arch::opt, 24, 2048, 32, 8192, 50272, 2048)},
+      {"opt-2.7b", model_spec(Arch::opt, 32, 2560, 32, 10240, 50272, 2048)},
+      {"opt-6.7b", model_spec(Arch::opt, 32, 4096, 32, 16384, 50272, 2048)},
+      {"opt-13b", model_spec(Arch::opt, 40, 5120, 40, 20480, 50272, 2048)},
+      {"opt-30b", model_spec(Arch::opt, 48, 7168, 56, 28672, 50272, 2048)},
+      {"opt-66b", model_spec(Arch::opt, 64, 9216, 72, 36864, 50272, 2048)},
+      {"opt-175b", model_spec(Arch::opt, 96, 12288, 96, 49152, 50272, 2048)},
   };
   return table;
 }

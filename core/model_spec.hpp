@@ -33,6 +33,10 @@ struct ModelSpec {
   float layernorm_eps() const { return 1e-5f; }
 };
 
+// A spec from its sizes, in the order a reader expects them.
+ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidden, int vocab,
+                     int max_seq);
+
 // Named presets: gpt2-124m/355m/774m/1.5b and opt-125m/1.3b/2.7b/6.7b/13b/30b/66b/175b.
 // (opt-350m is absent on purpose: it is post-LN with a 512-wide projected embedding, a different
 // model from the rest of the family.)

@@ -23,13 +23,7 @@ TEST(MemoryTracker, CountsCurrentAndPeakByCategory) {
 }
 
 TEST(MemoryTracker, ModelAndOptimizerBytesMatchTheTensorTable) {
-  ModelSpec s;
-  s.layers = 2;
-  s.hidden = 32;
-  s.heads = 4;
-  s.ffn_hidden = 128;
-  s.vocab = 50;
-  s.max_seq = 16;
+  const ModelSpec s = model_spec(Arch::gpt2, 2, 32, 4, 128, 50, 16);
   const int B = 3, T = 16;
   MemoryTracker t;
   auto gemm = make_host_gemm();

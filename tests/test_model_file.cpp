@@ -10,14 +10,7 @@ using namespace colossal;
 namespace {
 
 std::vector<core::ParamSpec> small_table() {
-  core::ModelSpec s;
-  s.layers = 1;
-  s.hidden = 8;
-  s.heads = 2;
-  s.ffn_hidden = 16;
-  s.vocab = 10;
-  s.max_seq = 4;
-  return core::parameter_table(s);
+  return core::parameter_table(core::model_spec(core::Arch::gpt2, 1, 8, 2, 16, 10, 4));
 }
 
 std::size_t flat(const std::vector<core::ParamSpec>& t) {

@@ -11,17 +11,7 @@ using namespace colossal::core;
 
 namespace {
 
-ModelSpec tiny(Arch arch) {
-  ModelSpec s;
-  s.arch = arch;
-  s.layers = 2;
-  s.hidden = 8;
-  s.heads = 2;
-  s.ffn_hidden = 12;
-  s.vocab = 11;
-  s.max_seq = 6;
-  return s;
-}
+ModelSpec tiny(Arch arch) { return model_spec(arch, 2, 8, 2, 12, 11, 6); }
 
 class ModelGradient : public ::testing::TestWithParam<Arch> {
  protected:
