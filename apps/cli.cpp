@@ -28,11 +28,6 @@ std::string Invocation::flag(const std::string& name, const std::string& fallbac
 
 namespace {
 
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 struct ParsedArgs {
   std::string config_path;
   std::vector<std::string> overrides;

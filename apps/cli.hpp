@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,12 @@ namespace colossal::apps {
 
 // Exit codes: 0 success, 1 runtime failure, 2 bad command line or config, 3 bad data or model file.
 enum ExitCode : int { kOk = 0, kRuntimeError = 1, kUsageError = 2, kDataError = 3 };
+
+// A bad command line: exit code 2 on every rank (every rank parses the same arguments).
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct ProgramInfo {
   std::string name;

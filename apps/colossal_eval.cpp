@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
-    if (weights.empty()) throw std::runtime_error("missing --weights MODEL.h5; see --help");
+    if (weights.empty()) throw apps::UsageError("missing --weights MODEL.h5; see --help");
     apps::Trainer trainer(inv.config, nullptr, inv.world);
     trainer.load_weights(weights);
     const double loss = trainer.evaluate();

@@ -18,14 +18,14 @@ int main(int argc, char** argv) {
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
-    if (weights.empty()) throw std::runtime_error("missing --weights MODEL.h5; see --help");
+    if (weights.empty()) throw apps::UsageError("missing --weights MODEL.h5; see --help");
     auto number = [&](const char* name, const char* fallback) {
       const std::string text = inv.flag(name, fallback);
       char* end = nullptr;
       const double v = std::strtod(text.c_str(), &end);
       if (end == text.c_str() || *end != '\0' || v < 0) {
-        throw std::runtime_error(std::string(name) + ": '" + text +
-                                 "' is not a non-negative number");
+        throw apps::UsageError(std::string(name) + ": '" + text +
+                               "' is not a non-negative number");
       }
       return v;
     };

@@ -1,5 +1,7 @@
 // colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "apps/cli.hpp"
 #include "apps/trainer.hpp"
@@ -17,8 +19,11 @@ int main(int argc, char** argv) {
       "final weights to log.dir/model.h5 (HDF5, Hugging Face names), then a summary.\n\n"
       "Program options:\n"
       "  --eval-only            do not train: print the validation loss of --weights\n"
-      "  --weights FILE         model file to evaluate (with --eval-only)\n",
-      {"--weights"},
+      "  --weights FILE         model file to evaluate (with --eval-only)\n"
+      "  --profile-steps N      run 1 + N steps and print the time per kind of work (GEMM,\n"
+      "                         attention, layernorm, optimizer, communication, ...) of the last N;\n"
+      "                         no model file is written\n",
+      {"--weights", "--profile-steps"},
       {"--eval-only"},
       /*print_threads=*/true};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
@@ -26,9 +31,21 @@ int main(int argc, char** argv) {
     apps::Trainer trainer(inv.config, log, inv.world);
     if (inv.has("--eval-only")) {
       const std::string weights = inv.flag("--weights");
-      if (weights.empty()) throw std::runtime_error("--eval-only needs --weights MODEL.h5");
+      if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");
       trainer.load_weights(weights);
       if (log) std::fprintf(log, "val loss %.6g\n", trainer.evaluate());
+      return 0;
+    }
+    if (const std::string n = inv.flag("--profile-steps"); !n.empty()) {
+      char* end = nullptr;
+      const long steps = std::strtol(n.c_str(), &end, 10);
+      if (end == n.c_str() || *end != '\0' || steps < 1 || steps >= inv.config.train.steps) {
+        throw apps::UsageError("--profile-steps: '" + n + "' must be an integer in [1, " +
+                                    std::to_string(inv.config.train.steps - 1) +
+                                    "] (train.steps - 1; the first step is a warm-up)");
+      }
+      trainer.set_profile_steps(static_cast<int>(steps));
+      trainer.train();
       return 0;
     }
     const apps::TrainSummary s = trainer.train();

@@ -69,6 +69,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
                                          std::size_t(dp) * 16);
   model_->init_parameters(train.seed);
+  model_->set_profiler(&profiler_);
   optimizer_ = std::make_unique<zero::ShardedAdamW>(model_->parameters(), model_->flat_size(),
                                                     config_.parallel.zero_stage,
                                                     config_.parallel.bucket_mb, *dp_, tracker_,
@@ -130,12 +131,18 @@ double Trainer::run_step(int64_t step) {
   const float grad_scale = 1.0f / (float(t.global_batch) * float(t.seq_len));
   const int64_t first = int64_t(dp_->rank()) * (t.global_batch / dp_->size());
   io::TrainSampler sampler(*train_data_, t.seq_len, t.seed);
-  model_->zero_grad();
+  {
+    core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
+    model_->zero_grad();
+  }
   double loss = 0.0;
   for (int micro = 0; micro < accumulation; ++micro) {
-    sampler.batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
-                  host_inputs_.data(), host_targets_.data());
-    upload(host_inputs_, host_targets_);
+    {
+      core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
+      sampler.batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
+                    host_inputs_.data(), host_targets_.data());
+      upload(host_inputs_, host_targets_);
+    }
     loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
     model_->backward(inputs_.data(), t.micro_batch);
   }
@@ -189,7 +196,11 @@ TrainSummary Trainer::train() {
     const auto step_start = Clock::now();
     hp.lr = schedule.at(step);
     const double loss = run_step(step);
-    const double norm = optimizer_->reduce_gradients(model_->grads());
+    double norm = 0.0;
+    {
+      core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+      norm = optimizer_->reduce_gradients(model_->grads());
+    }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (t.on_nonfinite == "stop") {
         throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
@@ -201,10 +212,28 @@ TrainSummary Trainer::train() {
       print("step %lld: non-finite loss or gradient, update skipped\n", (long long)step + 1);
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
+      core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
       optimizer_->step(model_->params(), model_->grads(), hp, step + 1 - summary.skipped_steps,
                        static_cast<float>(clip));
     }
     const double step_seconds = seconds_since(step_start);
+    if (profile_steps_ > 0) {
+      // The first step pays for first-touch page faults: profile the ones after it.
+      if (step == 0) {
+        profiler_.reset();
+        profiler_.enable(true);
+      } else {
+        profiled_seconds_ += step_seconds;
+        if (step == profile_steps_) {
+          print("\nprofile of %d steps (rank 0):\n%s", profile_steps_,
+                profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_).c_str());
+          summary.steps = step + 1;
+          summary.losses.push_back(loss);
+          summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
+          return summary;
+        }
+      }
+    }
     if (step == 0) {
       summary.first_loss = loss;
       timed_start = Clock::now();  // the first step pays for first-touch page faults

@@ -12,6 +12,7 @@
 #include "core/memory.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
+#include "core/profiler.hpp"
 #include "io/config.hpp"
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
@@ -33,6 +34,7 @@ struct TrainSummary {
   std::size_t peak_rss_bytes = 0;
   std::string model_path;
   std::string sample;
+  std::string profile;             // the --profile-steps table, when profiling
 };
 
 // An error that every rank raises alike (same data, same all-reduced loss), so every rank can
@@ -57,6 +59,9 @@ class Trainer {
   Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr);
 
   TrainSummary train();
+  // With steps > 0, train() runs 1 + steps steps, prints the time per kind of work of the last
+  // `steps` and returns without validation, model file or sample.
+  void set_profile_steps(int steps) { profile_steps_ = steps; }
   // Mean validation loss over data.val_path windows (capped by data.val_windows).
   double evaluate();
   void save_weights(const std::string& path) const;
@@ -91,6 +96,9 @@ class Trainer {
   core::DeviceArray<int32_t> inputs_, targets_;
   std::vector<int32_t> host_inputs_, host_targets_;
   std::string plan_;
+  core::Profiler profiler_;
+  int profile_steps_ = 0;
+  double profiled_seconds_ = 0.0;
 };
 
 }  // namespace colossal::apps

@@ -156,6 +156,7 @@ void Model::init_parameters(uint64_t seed) {
 void Model::zero_grad() { zero(grads_.data(), grads_.size()); }
 
 void Model::activation_forward(float* out, const float* inp, int64_t n) {
+  Profiler::Scope scope(profiler_, WorkKind::activation);
   if (spec_.arch == Arch::gpt2) {
     k::gelu_forward(out, inp, n);
   } else {
@@ -164,6 +165,7 @@ void Model::activation_forward(float* out, const float* inp, int64_t n) {
 }
 
 void Model::activation_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  Profiler::Scope scope(profiler_, WorkKind::activation);
   if (spec_.arch == Arch::gpt2) {
     k::gelu_backward(dinp, inp, dout, n);
   } else {
@@ -178,6 +180,7 @@ Model::Linear Model::qkv_part(const BlockParams& bp, int part) const {
 
 void Model::linear_forward(float* out, int ld_out, const float* inp, int ld_in, const Linear& lin,
                            int64_t N) {
+  Profiler::Scope scope(profiler_, WorkKind::gemm);
   core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, params_.data() + lin.w, lin.in,
                        lin.out, N);
 }
@@ -185,6 +188,7 @@ void Model::linear_forward(float* out, int ld_out, const float* inp, int ld_in, 
 void Model::linear_backward(float* dinp, int ld_dinp, const float* dout, int ld_dout,
                             const float* inp, int ld_in, const Linear& lin, int64_t N,
                             bool accumulate) {
+  Profiler::Scope scope(profiler_, WorkKind::gemm);
   core::linear_backward(gemm_, layout(), dinp, ld_dinp, grads_.data() + lin.w,
                         grads_.data() + lin.b, dout, ld_dout, inp, ld_in, params_.data() + lin.w,
                         lin.in, lin.out, N, accumulate);
@@ -200,34 +204,49 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const float eps = spec_.layernorm_eps();
   float* P = params_.data();
 
-  k::embedding_forward(residual_[0], tokens, P + wte_, P + wpe_, B, T, C, spec_.position_offset());
+  timed(WorkKind::embedding, [&] {
+    k::embedding_forward(residual_[0], tokens, P + wte_, P + wpe_, B, T, C,
+                         spec_.position_offset());
+  });
   for (int l = 0; l < spec_.layers; ++l) {
     const BlockParams& bp = blocks_[l];
     BlockActs& a = block_acts_[l];
-    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_[l], P + bp.ln1_w, P + bp.ln1_b,
-                         N, C, eps);
+    timed(WorkKind::layernorm, [&] {
+      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_[l], P + bp.ln1_w,
+                           P + bp.ln1_b, N, C, eps);
+    });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
       float* out = a.qkv + part * C;
-      k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * C);
+      timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * C); });
       linear_forward(out, 3 * C, a.ln1, C, lin, N);
     }
-    attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, C, spec_.heads);
-    k::residual_plus_bias(a.mid, residual_[l], P + bp.attn_out_b, N, C);
+    timed(WorkKind::attention,
+          [&] { attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, C, spec_.heads); });
+    timed(WorkKind::gemm,
+          [&] { k::residual_plus_bias(a.mid, residual_[l], P + bp.attn_out_b, N, C); });
     linear_forward(a.mid, C, a.atty, C, Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N);
 
-    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, N, C,
-                         eps);
-    k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F);
+    timed(WorkKind::layernorm, [&] {
+      k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, N,
+                           C, eps);
+    });
+    timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
     linear_forward(a.fch, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
     activation_forward(act_buf_, a.fch, N * F);
-    k::residual_plus_bias(residual_[l + 1], a.mid, P + bp.fc_out_b, N, C);
+    timed(WorkKind::gemm,
+          [&] { k::residual_plus_bias(residual_[l + 1], a.mid, P + bp.fc_out_b, N, C); });
     linear_forward(residual_[l + 1], C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
   }
-  k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual_[spec_.layers], P + lnf_w_, P + lnf_b_,
-                       N, C, eps);
+  timed(WorkKind::layernorm, [&] {
+    k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual_[spec_.layers], P + lnf_w_,
+                         P + lnf_b_, N, C, eps);
+  });
   // Tied LM head: logits = lnf x wte^T.
-  gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, P + wte_, C, 0.0f, logits_.data(), V);
+  timed(WorkKind::gemm, [&] {
+    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, P + wte_, C, 0.0f, logits_.data(), V);
+  });
+  Profiler::Scope loss_scope(profiler_, WorkKind::loss);
   k::cross_entropy_forward_backward(logits_.data(), losses_, targets, N, V, grad_scale);
   return k::sum(losses_, N) / static_cast<double>(N);
 }
@@ -240,11 +259,15 @@ void Model::backward(const int32_t* tokens, int B) {
   const float* dlogits = logits_.data();
 
   // LM head: dlnf = dlogits x wte, dwte += dlogits^T x lnf.
-  gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, P + wte_, C, 0.0f, dbuf_c_, C);
-  gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, G + wte_, C);
-  k::fill(dresidual_, N * C, 0.0f);
-  k::layernorm_backward(dresidual_, G + lnf_w_, G + lnf_b_, dbuf_c_, residual_[spec_.layers],
-                        P + lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+  timed(WorkKind::gemm, [&] {
+    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, P + wte_, C, 0.0f, dbuf_c_, C);
+    gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, G + wte_, C);
+  });
+  timed(WorkKind::layernorm, [&] {
+    k::fill(dresidual_, N * C, 0.0f);
+    k::layernorm_backward(dresidual_, G + lnf_w_, G + lnf_b_, dbuf_c_, residual_[spec_.layers],
+                          P + lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+  });
 
   for (int l = spec_.layers - 1; l >= 0; --l) {
     const BlockParams& bp = blocks_[l];
@@ -255,20 +278,29 @@ void Model::backward(const int32_t* tokens, int B) {
                     N, false);
     activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
     linear_backward(dbuf_c_, C, dbuf_f_, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
-    k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dbuf_c_, a.mid, P + bp.ln2_w,
-                          a.ln2_mean, a.ln2_rstd, N, C);
+    timed(WorkKind::layernorm, [&] {
+      k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dbuf_c_, a.mid, P + bp.ln2_w,
+                            a.ln2_mean, a.ln2_rstd, N, C);
+    });
     // Attention.
     linear_backward(dbuf_c_, C, dresidual_, C, a.atty, C,
                     Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N, false);
-    attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, C, spec_.heads);
+    timed(WorkKind::attention, [&] {
+      attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, C, spec_.heads);
+    });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
       linear_backward(dbuf_c_, C, dqkv_ + part * C, 3 * C, a.ln1, C, lin, N, part > 0);
     }
-    k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
-                          P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+    timed(WorkKind::layernorm, [&] {
+      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
+                            P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+    });
   }
-  k::embedding_backward(G + wte_, G + wpe_, dresidual_, tokens, B, T, C, spec_.position_offset());
+  timed(WorkKind::embedding, [&] {
+    k::embedding_backward(G + wte_, G + wpe_, dresidual_, tokens, B, T, C,
+                          spec_.position_offset());
+  });
   Kokkos::fence();
 }
 

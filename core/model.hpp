@@ -15,6 +15,7 @@
 #include "core/layers.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
+#include "core/profiler.hpp"
 
 namespace colossal::core {
 
@@ -51,6 +52,9 @@ class Model {
   void zero_grad();
 
   const float* logits() const { return logits_.data(); }  // (batch, seq_len, vocab) after forward
+
+  // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
+  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
 
   // Bytes of saved activations and of temporaries (for reports and the cost model's checks).
   std::size_t activation_bytes() const;
@@ -91,6 +95,11 @@ class Model {
   // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout)
   void linear_backward(float* dinp, int ld_dinp, const float* dout, int ld_dout, const float* inp,
                        int ld_in, const Linear& lin, int64_t N, bool accumulate);
+  template <class F>
+  void timed(WorkKind kind, F&& work) {
+    Profiler::Scope scope(profiler_, kind);
+    work();
+  }
   WeightLayout layout() const {
     return spec_.arch == Arch::gpt2 ? WeightLayout::in_out : WeightLayout::out_in;
   }
@@ -116,6 +125,7 @@ class Model {
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
   std::size_t activation_floats_ = 0;
+  Profiler* profiler_ = nullptr;
 };
 
 }  // namespace colossal::core

@@ -150,6 +150,24 @@ TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
   EXPECT_NE(r.output.find("parallel.data * train.micro_batch"), std::string::npos) << r.output;
 }
 
+TEST_F(Cli, ProfileStepsPrintsTimePerKindOfWork) {
+  const std::string config = write_config("ok.yaml");
+  Result r = run(bin("colossal_train") + " " + config + " --profile-steps 2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* kind : {"profile of 2 steps", "GEMM", "attention", "layernorm", "optimizer",
+                           "communication", "ms per step"}) {
+    EXPECT_NE(r.output.find(kind), std::string::npos) << kind << "\n" << r.output;
+  }
+  for (const char* bad : {"0", "x", "3"}) {  // train.steps is 3: at most 2 after the warm-up
+    r = run(bin("colossal_train") + " " + config + " --profile-steps " + bad);
+    EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
+    EXPECT_NE(r.output.find("--profile-steps"), std::string::npos) << r.output;
+  }
+  r = run(bin("colossal_eval") + " " + config);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("missing --weights"), std::string::npos) << r.output;
+}
+
 TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
   const std::string config = write_config("ok.yaml");
   Result r = run(bin("colossal_train") + " " + config + " --print-config");

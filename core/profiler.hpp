@@ -1,0 +1,58 @@
+// Time per kind of work in the training step, for `colossal_train --profile-steps N`: shows where
+// the next bottleneck is. Off by default; a disabled scope costs one branch. Scopes fence the
+// Kokkos execution space, so device kernels are timed, not just launched.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <string>
+
+#include <Kokkos_Core.hpp>
+
+namespace colossal::core {
+
+enum class WorkKind : int {
+  gemm, attention, layernorm, activation, embedding, loss, optimizer, communication, data, count
+};
+
+const char* work_kind_name(WorkKind kind);
+
+class Profiler {
+ public:
+  static constexpr int kKinds = static_cast<int>(WorkKind::count);
+
+  class Scope {
+   public:
+    Scope(Profiler* profiler, WorkKind kind) : profiler_(profiler), kind_(kind) {
+      if (active()) start_ = std::chrono::steady_clock::now();
+    }
+    ~Scope() {
+      if (!active()) return;
+      Kokkos::fence();
+      profiler_->seconds_[static_cast<int>(kind_)] +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    bool active() const { return profiler_ != nullptr && profiler_->enabled_; }
+    Profiler* profiler_;
+    WorkKind kind_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
+  void enable(bool on) { enabled_ = on; }
+  bool enabled() const { return enabled_; }
+  void reset() { seconds_.fill(0.0); }
+  double seconds(WorkKind kind) const { return seconds_[static_cast<int>(kind)]; }
+  double total() const;
+  // A table: kind, seconds per step, share of the measured step time.
+  std::string table(int steps, double step_seconds) const;
+
+ private:
+  bool enabled_ = false;
+  std::array<double, kKinds> seconds_{};
+};
+
+}  // namespace colossal::core
