@@ -225,11 +225,10 @@ TrainSummary Trainer::train() {
       } else {
         profiled_seconds_ += step_seconds;
         if (step == profile_steps_) {
-          print("\nprofile of %d steps (rank 0):\n%s", profile_steps_,
-                profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_).c_str());
+          summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
+          print("\nprofile of %d steps (rank 0):\n%s", profile_steps_, summary.profile.c_str());
           summary.steps = step + 1;
           summary.losses.push_back(loss);
-          summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
           return summary;
         }
       }
