@@ -144,7 +144,13 @@ double Trainer::run_step(int64_t step) {
       upload(host_inputs_, host_targets_);
     }
     loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
+    // On the last micro-batch, gradient buckets start reducing as soon as they are final.
+    if (micro + 1 == accumulation) {
+      model_->set_gradients_ready_hook(
+          [this](std::size_t offset) { optimizer_->gradients_ready(model_->grads(), offset); });
+    }
     model_->backward(inputs_.data(), t.micro_batch);
+    model_->set_gradients_ready_hook({});
   }
   float mean = static_cast<float>(loss / accumulation);
   if (dp_->size() > 1) dp_->all_reduce_sum({&mean, 1});

@@ -296,11 +296,20 @@ void Model::backward(const int32_t* tokens, int B) {
       k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
                             P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
     });
+    // Block l's tensors start with its first layernorm; everything from there on is final.
+    if (gradients_ready_) {
+      Kokkos::fence();
+      gradients_ready_(bp.ln1_w);
+    }
   }
   timed(WorkKind::embedding, [&] {
     k::embedding_backward(G + wte_, G + wpe_, dresidual_, tokens, B, T, C,
                           spec_.position_offset());
   });
+  if (gradients_ready_) {
+    Kokkos::fence();
+    gradients_ready_(0);
+  }
   Kokkos::fence();
 }
 

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "core/gemm.hpp"
@@ -52,6 +54,13 @@ class Model {
   void zero_grad();
 
   const float* logits() const { return logits_.data(); }  // (batch, seq_len, vocab) after forward
+
+  // Called during backward() whenever the gradients of [offset, flat_size()) have become final
+  // (after each block, from the last to the first, and with 0 at the end), so data-parallel
+  // reductions of those buckets can start while backward continues. Empty: not called.
+  void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
+    gradients_ready_ = std::move(hook);
+  }
 
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   void set_profiler(Profiler* profiler) { profiler_ = profiler; }
@@ -126,6 +135,7 @@ class Model {
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
   std::size_t activation_floats_ = 0;
   Profiler* profiler_ = nullptr;
+  std::function<void(std::size_t)> gradients_ready_;
 };
 
 }  // namespace colossal::core

@@ -68,6 +68,15 @@ struct CommStats {
   double total_wire_bytes() const;
 };
 
+// A collective in flight (from Communicator::start_all_reduce_sum). test() lets it progress and
+// says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
 // Non-virtual public interface: the base class validates arguments and counts bytes once for all
 // backends; a backend implements only the private do_* hooks.
 class Communicator {
@@ -84,6 +93,9 @@ class Communicator {
 
   // buffer <- sum over ranks of buffer (in place).
   void all_reduce_sum(std::span<float> buffer);
+  // The same, started without waiting, so it can overlap computation that does not touch
+  // `buffer`; counted when started. Backends without non-blocking collectives complete it here.
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(std::span<float> buffer);
   // output <- block rank() of the sum over ranks of input; input.size() == size() * output.size().
   // input and output must not overlap.
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output);
@@ -123,6 +135,7 @@ class Communicator {
 
  private:
   virtual void do_all_reduce_sum(std::span<float> buffer) = 0;
+  virtual std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer);
   virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
   virtual void do_broadcast(std::span<float> buffer, int root) = 0;

@@ -94,6 +94,43 @@ void MpiCommunicator::do_all_reduce_sum(std::span<float> buffer) {
         "MPI_Allreduce");
 }
 
+namespace {
+// MPI_Iallreduce behind PendingCollective. MPI makes progress inside MPI calls, so callers poke
+// test() while they compute.
+class MpiPending final : public PendingCollective {
+ public:
+  explicit MpiPending(MPI_Request request) : request_(request) {}
+  ~MpiPending() override {
+    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  }
+  bool test() override {
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      throw std::runtime_error("MPI_Test failed on a non-blocking all-reduce");
+    }
+    return done != 0;
+  }
+  void wait() override {
+    if (request_ != MPI_REQUEST_NULL && MPI_Wait(&request_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      throw std::runtime_error("MPI_Wait failed on a non-blocking all-reduce");
+    }
+  }
+
+ private:
+  MPI_Request request_;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum(
+    std::span<float> buffer) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), mpi_count(buffer.size(), "all_reduce_sum"),
+                       MPI_FLOAT, MPI_SUM, comm_, &request),
+        "MPI_Iallreduce");
+  return std::make_unique<MpiPending>(request);
+}
+
 void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(),
                                  mpi_count(output.size(), "reduce_scatter_sum"), MPI_FLOAT, MPI_SUM,

@@ -68,11 +68,27 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_
   }
 }
 
+void ShardedAdamW::gradients_ready(float* grads, std::size_t offset) {
+  if (stage_ == 2 || dp_.size() == 1) return;
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= offset) {
+    const auto [begin, end] = buckets_[next_bucket_++];
+    in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
+    ++started_early_;
+  }
+  for (auto& pending : in_flight_) pending->test();  // MPI progresses inside MPI calls
+}
+
 double ShardedAdamW::reduce_gradients(float* grads) {
   const int p = dp_.size();
   if (stage_ < 2) {
     if (p > 1) {
-      for (const auto& [begin, end] : buckets_) dp_.all_reduce_sum({grads + begin, end - begin});
+      for (; next_bucket_ < buckets_.size(); ++next_bucket_) {
+        const auto [begin, end] = buckets_[next_bucket_];
+        in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
+      }
+      for (auto& pending : in_flight_) pending->wait();
+      in_flight_.clear();
+      next_bucket_ = 0;
     }
     return std::sqrt(core::sum_of_squares(grads, padded_));
   }

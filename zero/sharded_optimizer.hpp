@@ -18,9 +18,11 @@
 // Buckets of about `bucket_mb` are issued from the end of the buffer (the last layers' gradients,
 // final first in backward). For the all-reduce they are contiguous ranges of the flat buffer; for
 // the reduce-scatter a bucket is the same range [a, b) of every rank's shard, packed into one
-// staging buffer so that rank r receives exactly its own shard's slice. Collectives are blocking:
-// there is no overlap with backward yet. Gradients are summed, not averaged: the trainer scales
-// the loss by 1/(global tokens).
+// staging buffer so that rank r receives exactly its own shard's slice. Stages 0-1 start each
+// bucket's all-reduce (non-blocking) as soon as backward has finished the blocks it covers, on the
+// step's last micro-batch, and wait for all of them in reduce_gradients(); stage 2's
+// reduce-scatters are issued there, blocking. Gradients are summed, not averaged: the trainer
+// scales the loss by 1/(global tokens).
 #pragma once
 
 #include <cstddef>
@@ -55,9 +57,17 @@ class ShardedAdamW {
   };
   const OffloadStats& offload_stats() const { return offload_stats_; }
 
-  // Sums the gradients over the data-parallel group (as the stage says) and returns the global
-  // gradient norm, identical on every rank.
+  // Stages 0-1: starts the non-blocking all-reduce of every bucket lying in [offset, end) that
+  // has not started yet, and lets the ones in flight progress. Called from the model's backward
+  // (Model::set_gradients_ready_hook) on the step's last micro-batch, so the reductions overlap the
+  // rest of backward. Stage 2 reduces at reduce_gradients().
+  void gradients_ready(float* grads, std::size_t offset);
+  // Sums the gradients over the data-parallel group (as the stage says; buckets not started yet
+  // start now, then all are waited for) and returns the global gradient norm, identical on every
+  // rank.
   double reduce_gradients(float* grads);
+  // Buckets whose all-reduce started during backward, over the optimizer's life (for tests).
+  std::size_t buckets_started_early() const { return started_early_; }
   // Clipped AdamW on this rank's part, then (stages 1, 2) all-gather of the parameters.
   void step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,
             float grad_scale);
@@ -80,6 +90,9 @@ class ShardedAdamW {
   bool offload_;
   core::DeviceArray<float> host_grads_, host_params_;  // offload: the shard on the host
   OffloadStats offload_stats_;
+  std::vector<std::unique_ptr<parallel::PendingCollective>> in_flight_;  // stages 0-1
+  std::size_t next_bucket_ = 0;   // first bucket (in issue order) not started this step
+  std::size_t started_early_ = 0;
 };
 
 }  // namespace colossal::zero

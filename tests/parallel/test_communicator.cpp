@@ -292,3 +292,22 @@ TEST(RingWireBytes, Formulas) {
 
 }  // namespace
 }  // namespace colossal::parallel
+
+TEST(NonBlocking, StartedAllReduceMatchesTheBlockingOneAndIsCounted) {
+  auto world = colossal::parallel::make_world_communicator();
+  const int p = world->size();
+  std::vector<float> a(1000), b(1000);
+  for (int i = 0; i < 1000; ++i) a[i] = b[i] = float(world->rank() + 1) * float(i % 7);
+  world->reset_stats();
+  auto pending = world->start_all_reduce_sum(a);
+  world->all_reduce_sum(b);  // another collective while the first is in flight
+  pending->wait();
+  EXPECT_TRUE(pending->test());
+  const float ranks_sum = float(p * (p + 1) / 2);
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_EQ(a[i], ranks_sum * float(i % 7)) << i;
+    ASSERT_EQ(a[i], b[i]);
+  }
+  EXPECT_EQ(world->stats().all_reduce.calls, 2u);
+  EXPECT_EQ(world->stats().all_reduce.payload_bytes, 2u * 1000 * 4);
+}
