@@ -173,6 +173,14 @@ TrainSummary Trainer::train() {
   std::unique_ptr<io::MetricsCsv> metrics;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
+    // The resolved config beside the metrics: what this run was, reusable as a config file.
+    {
+      const std::string path = config_.log.dir + "/config.yaml";
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      if (f == nullptr) throw std::runtime_error("cannot write '" + path + "'; check log.dir");
+      std::fwrite(config_.text.data(), 1, config_.text.size(), f);
+      std::fclose(f);
+    }
     metrics = std::make_unique<io::MetricsCsv>(
         config_.log.dir + "/metrics.csv",
         std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",

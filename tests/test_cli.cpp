@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace {
@@ -190,6 +191,15 @@ TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
   int rows = 0;
   for (std::string line; std::getline(csv, line);) ++rows;
   EXPECT_EQ(rows, 3);
+
+  // The resolved config is written beside the metrics and trains the same run again.
+  std::ifstream resolved(dir + "/run/config.yaml");
+  std::stringstream resolved_text;
+  resolved_text << resolved.rdbuf();
+  EXPECT_NE(resolved_text.str().find("steps: 3"), std::string::npos) << resolved_text.str();
+  r = run(bin("colossal_train") + " " + dir + "/run/config.yaml --print-config");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output, resolved_text.str());
 
   const std::string weights = dir + "/run/model.h5";
   ASSERT_TRUE(std::filesystem::exists(weights));
