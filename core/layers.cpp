@@ -82,3 +82,94 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty
 }
 
 }  // namespace colossal::core
+
+namespace colossal::core {
+
+// Row (b, h, i): s_j = scale q_i.k_j for j <= i; m, l track the running max and sum of exp(s - m);
+// acc the running sum of exp(s_j - m) v_j, rescaled whenever m grows. y_i = acc / l,
+// lse_i = m + log l.
+void fused_attention_forward(float* lse, float* atty, const float* qkv, int B, int T, int C,
+                             int H) {
+  const int hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t rows = int64_t(B) * H * T;
+  Kokkos::parallel_for(
+      "colossal::core::fused_attention_forward", Kokkos::RangePolicy<>(0, rows),
+      KOKKOS_LAMBDA(int64_t r) {
+        const int i = static_cast<int>(r % T);
+        const int h = static_cast<int>((r / T) % H);
+        const int64_t b = r / (int64_t(T) * H);
+        const float* q = qkv + (b * T + i) * 3 * C + h * hs;
+        float* y = atty + (b * T + i) * C + h * hs;
+        for (int d = 0; d < hs; ++d) y[d] = 0.0f;
+        float m = -3.0e38f, l = 0.0f;
+        for (int j = 0; j <= i; ++j) {
+          const float* k = qkv + (b * T + j) * 3 * C + C + h * hs;
+          const float* v = k + C;
+          float s = 0.0f;
+          for (int d = 0; d < hs; ++d) s += q[d] * k[d];
+          s *= scale;
+          if (s > m) {
+            const float correction = kernels::fast_exp(m - s);
+            l *= correction;
+            for (int d = 0; d < hs; ++d) y[d] *= correction;
+            m = s;
+          }
+          const float p = kernels::fast_exp(s - m);
+          l += p;
+          for (int d = 0; d < hs; ++d) y[d] += p * v[d];
+        }
+        const float inv = 1.0f / l;
+        for (int d = 0; d < hs; ++d) y[d] *= inv;
+        lse[r] = m + kmath::log(l);
+      });
+}
+
+// Per (b, h), rows in order (dK and dV of a head gather from every later row, so one work item
+// owns a head: no atomics, deterministic). p_ij = exp(s_ij - lse_i), D_i = dy_i.y_i,
+// ds_ij = p_ij (dy_i.v_j - D_i); dq_i = scale sum_j ds_ij k_j, dk_j += scale ds_ij q_i,
+// dv_j += p_ij dy_i.
+void fused_attention_backward(float* dqkv, const float* datty, const float* atty,
+                              const float* qkv, const float* lse, int B, int T, int C, int H) {
+  const int hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  Kokkos::parallel_for(
+      "colossal::core::fused_attention_backward", Kokkos::RangePolicy<>(0, int64_t(B) * H),
+      KOKKOS_LAMBDA(int64_t bh) {
+        const int h = static_cast<int>(bh % H);
+        const int64_t b = bh / H;
+        for (int t = 0; t < T; ++t) {
+          float* d = dqkv + (b * T + t) * 3 * C + h * hs;
+          for (int e = 0; e < hs; ++e) d[e] = d[C + e] = d[2 * C + e] = 0.0f;
+        }
+        for (int i = 0; i < T; ++i) {
+          const float* q = qkv + (b * T + i) * 3 * C + h * hs;
+          const float* dy = datty + (b * T + i) * C + h * hs;
+          const float* y = atty + (b * T + i) * C + h * hs;
+          float* dq = dqkv + (b * T + i) * 3 * C + h * hs;
+          float D = 0.0f;
+          for (int e = 0; e < hs; ++e) D += dy[e] * y[e];
+          const float row_lse = lse[(b * H + h) * T + i];
+          for (int j = 0; j <= i; ++j) {
+            const float* k = qkv + (b * T + j) * 3 * C + C + h * hs;
+            const float* v = k + C;
+            float* dk = dqkv + (b * T + j) * 3 * C + C + h * hs;
+            float* dv = dk + C;
+            float s = 0.0f, dp = 0.0f;
+            for (int e = 0; e < hs; ++e) {
+              s += q[e] * k[e];
+              dp += dy[e] * v[e];
+            }
+            const float p = kernels::fast_exp(s * scale - row_lse);
+            const float ds = scale * p * (dp - D);
+            for (int e = 0; e < hs; ++e) {
+              dq[e] += ds * k[e];
+              dk[e] += ds * q[e];
+              dv[e] += p * dy[e];
+            }
+          }
+        }
+      });
+}
+
+}  // namespace colossal::core

@@ -46,3 +46,21 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt_scratch,
                         int B, int T, int C, int H);
 
 }  // namespace colossal::core
+
+namespace colossal::core {
+
+// Fused causal attention: the same result as attention_forward/backward without the (B,H,T,T)
+// probability matrix. Forward runs an online softmax per query row and saves only the row's
+// log-sum-exp; backward recomputes each probability from it (FlashAttention's recurrences, one
+// row at a time). Activation memory is linear in T instead of quadratic; the work is done by
+// Kokkos loops rather than BLAS, so it is slower than the dense path at short T.
+void fused_attention_forward(float* lse,        // (B,H,T) out: log-sum-exp of each row's scores
+                             float* atty,       // (B,T,C) out
+                             const float* qkv,  // (B,T,3C)
+                             int B, int T, int C, int H);
+
+// dqkv (B,T,3C) assigned.
+void fused_attention_backward(float* dqkv, const float* datty, const float* atty,
+                              const float* qkv, const float* lse, int B, int T, int C, int H);
+
+}  // namespace colossal::core

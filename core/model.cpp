@@ -85,7 +85,8 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
                     H = spec.heads, L = spec.layers;
   const std::size_t BT = B * T, BTC = BT * C;
   // ln1, atty, mid, ln2 (4 BTC) + qkv (3 BTC) + two means and rstds + probabilities + fch
-  const std::size_t per_block = 7 * BTC + 4 * BT + B * H * T * T + BT * F;
+  const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * T;
+  const std::size_t per_block = 7 * BTC + 4 * BT + att_floats + BT * F;
   activation_floats_ = BTC * (L + 1) + L * per_block + BTC + 3 * BT;
   acts_ = DeviceArray<float>(tracker, MemCategory::activations, activation_floats_);
   float* cursor = acts_.data();
@@ -101,7 +102,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     a.ln1_mean = carve(BT);
     a.ln1_rstd = carve(BT);
     a.qkv = carve(3 * BTC);
-    a.att = carve(B * H * T * T);
+    a.att = carve(att_floats);
     a.atty = carve(BTC);
     a.mid = carve(BTC);
     a.ln2 = carve(BTC);
@@ -117,15 +118,16 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
 
   // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
   // than saved), gradient buffers, and one batch-row of attention-score gradients.
+  const std::size_t datt_floats = spec.fused_attention ? 0 : H * T * T;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                BTC * 2 + BT * F * 2 + 3 * BTC + H * T * T);
+                                BTC * 2 + BT * F * 2 + 3 * BTC + datt_floats);
   cursor = scratch_.data();
   dresidual_ = carve(BTC);
   dbuf_c_ = carve(BTC);
   dbuf_f_ = carve(BT * F);
   act_buf_ = carve(BT * F);
   dqkv_ = carve(3 * BTC);
-  datt_ = carve(H * T * T);
+  datt_ = carve(datt_floats);
 
   logits_ = DeviceArray<float>(tracker, MemCategory::activations, BT * spec.vocab);
 }
@@ -221,8 +223,13 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * C); });
       linear_forward(out, 3 * C, a.ln1, C, lin, N);
     }
-    timed(WorkKind::attention,
-          [&] { attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, C, spec_.heads); });
+    timed(WorkKind::attention, [&] {
+      if (spec_.fused_attention) {
+        fused_attention_forward(a.att, a.atty, a.qkv, B, T, C, spec_.heads);
+      } else {
+        attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, C, spec_.heads);
+      }
+    });
     timed(WorkKind::gemm,
           [&] { k::residual_plus_bias(a.mid, residual_[l], P + bp.attn_out_b, N, C); });
     linear_forward(a.mid, C, a.atty, C, Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N);
@@ -286,7 +293,11 @@ void Model::backward(const int32_t* tokens, int B) {
     linear_backward(dbuf_c_, C, dresidual_, C, a.atty, C,
                     Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N, false);
     timed(WorkKind::attention, [&] {
-      attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, C, spec_.heads);
+      if (spec_.fused_attention) {
+        fused_attention_backward(dqkv_, dbuf_c_, a.atty, a.qkv, a.att, B, T, C, spec_.heads);
+      } else {
+        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, C, spec_.heads);
+      }
     });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);

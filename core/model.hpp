@@ -84,7 +84,7 @@ class Model {
     float* ln1_mean;  // (B,T)
     float* ln1_rstd;  // (B,T)
     float* qkv;       // (B,T,3C)
-    float* att;       // (B,H,T,T) softmax probabilities
+    float* att;       // (B,H,T,T) softmax probabilities, or (B,H,T) log-sum-exp when fused
     float* atty;      // (B,T,C) attention output before its projection
     float* mid;       // (B,T,C) residual after attention
     float* ln2;       // (B,T,C)

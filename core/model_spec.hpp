@@ -25,6 +25,9 @@ struct ModelSpec {
   int ffn_hidden = 3072;  // 4 * hidden unless set
   int vocab = 50257;
   int max_seq = 1024;     // learned position table size (OPT stores max_seq + 2 rows)
+  // Fused causal attention: no (B,H,T,T) probabilities saved, memory linear in T (slower at
+  // short T, where the dense GEMM path is faster). Same results within fp32 tolerance.
+  bool fused_attention = false;
 
   int head_dim() const { return hidden / heads; }
   // Rows of the learned position table: OPT's table carries an offset of 2.

@@ -122,6 +122,12 @@ const std::vector<KeySpec>& schema() {
        .required = Required::without_preset,
        .default_note = "the preset's; required without one", .example = "1024"},
 
+      {.key = "model.fused_attention", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.model.fused_attention; },
+       .doc = "fused causal attention: no (B,H,T,T) matrix saved, memory linear in seq_len; "
+              "slower than the default at short sequences",
+       .choices = {"false", "true"}},
+
       {.key = "data.path", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.data.path; },
        .doc = "training data: raw text (bytes as tokens) or llm.c-format uint16 tokens",

@@ -253,3 +253,41 @@ TEST(Reductions, SumSquaresMatchesDoubleReferenceForRaggedLengths) {
     EXPECT_NEAR(kernels::sum(x.data(), n), plain, 1e-4) << n;
   }
 }
+
+TEST_F(Kernels, FusedAttentionMatchesDenseForwardAndBackward) {
+  const int B = 2, T = 9, C = 12, H = 3;
+  auto qkv = random_vector(B * T * 3 * C, 21, 2.0f), g = random_vector(B * T * C, 22);
+  std::vector<float> att(B * H * T * T), dense_y(B * T * C), dense_dqkv(B * T * 3 * C),
+      scratch(H * T * T);
+  attention_forward(*gemm, att.data(), dense_y.data(), qkv.data(), B, T, C, H);
+  attention_backward(*gemm, dense_dqkv.data(), scratch.data(), g.data(), qkv.data(), att.data(), B,
+                     T, C, H);
+  std::vector<float> lse(B * H * T), y(B * T * C), dqkv(B * T * 3 * C, 7.0f);
+  fused_attention_forward(lse.data(), y.data(), qkv.data(), B, T, C, H);
+  for (std::size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], dense_y[i], 1e-5) << i;
+  // The saved log-sum-exp reproduces the dense probabilities.
+  const int hs = C / H;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < T; ++i) {
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int e = 0; e < hs; ++e) {
+            s += double(qkv[(b * T + i) * 3 * C + h * hs + e]) * qkv[(b * T + j) * 3 * C + C + h * hs + e];
+          }
+          const double p = std::exp(s / std::sqrt(double(hs)) - lse[(b * H + h) * T + i]);
+          ASSERT_NEAR(p, att[((b * H + h) * T + i) * T + j], 1e-5);
+        }
+      }
+    }
+  }
+  fused_attention_backward(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B, T, C, H);
+  for (std::size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], dense_dqkv[i], 1e-4) << i;
+  auto f = [&] {
+    fused_attention_forward(lse.data(), y.data(), qkv.data(), B, T, C, H);
+    return dot(y, g);
+  };
+  f();
+  fused_attention_backward(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B, T, C, H);
+  EXPECT_EQ(check_gradient("fused dqkv", f, qkv, dqkv, 1, 1e-2, 1e-3), 0);
+}

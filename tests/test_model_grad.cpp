@@ -80,6 +80,32 @@ TEST_P(ModelGradient, MicroBatchesAccumulateToTheFullBatchGradient) {
   }
 }
 
+TEST(ModelGradient, FusedAttentionModelMatchesDenseAndFiniteDifferences) {
+  if (!test::host_memory()) GTEST_SKIP();
+  const int B = 2, T = 5;
+  ModelSpec dense_spec = tiny(Arch::gpt2), fused_spec = dense_spec;
+  fused_spec.fused_attention = true;
+  MemoryTracker tracker;
+  auto gemm = make_host_gemm();
+  Model dense(dense_spec, B, T, tracker, *gemm), fused(fused_spec, B, T, tracker, *gemm);
+  const auto values = test::random_vector(dense.flat_size(), 9, 0.5f);
+  std::copy(values.begin(), values.end(), dense.params());
+  std::copy(values.begin(), values.end(), fused.params());
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  dense.zero_grad();
+  fused.zero_grad();
+  const double a = dense.forward(tokens.data(), targets.data(), B, 1.0f);
+  const double b = fused.forward(tokens.data(), targets.data(), B, 1.0f);
+  EXPECT_NEAR(a, b, 1e-5 * a);
+  dense.backward(tokens.data(), B);
+  fused.backward(tokens.data(), B);
+  for (std::size_t i = 0; i < dense.flat_size(); ++i) {
+    ASSERT_NEAR(fused.grads()[i], dense.grads()[i], 1e-4 + 1e-3 * std::abs(dense.grads()[i])) << i;
+  }
+  EXPECT_LT(fused.activation_bytes(), dense.activation_bytes());
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,
                          ::testing::Values(Arch::gpt2, Arch::opt),
                          [](const auto& info) { return std::string(arch_name(info.param)); });

@@ -56,6 +56,19 @@ TEST_P(Training, LearnsAPeriodicSequenceToNearZeroLoss) {
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, Training, ::testing::Values("gpt2", "opt"));
 
+TEST(Training, FusedAttentionTrainsTheSameModel) {
+  const std::string dir = temp_dir("fused");
+  io::Config dense = tiny_config(dir, "opt");
+  dense.train.steps = 8;
+  io::Config fused = dense;
+  fused.model.fused_attention = true;
+  apps::Trainer a(dense, nullptr), b(fused, nullptr);
+  const auto sa = a.train(), sb = b.train();
+  for (std::size_t i = 0; i < sa.losses.size(); ++i) {
+    EXPECT_NEAR(sb.losses[i], sa.losses[i], 1e-4 * sa.losses[i]) << "step " << i + 1;
+  }
+}
+
 TEST(Training, SameSeedSameLossesAndAccumulationMatchesOneBigBatch) {
   const std::string dir = temp_dir("repeat");
   io::Config a = tiny_config(dir, "gpt2");
