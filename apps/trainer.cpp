@@ -60,6 +60,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
   train_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 2,
                      "train.seq_len + 1 tokens for one window, and more than one window");
+  sampler_ = std::make_unique<io::TrainSampler>(*train_data_, train.seq_len, train.seed);
   if (!config_.data.val_path.empty()) {
     val_data_ = std::make_unique<io::TokenFile>(config_.data.val_path, "data.val_path");
     val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
@@ -97,8 +98,7 @@ void Trainer::agree_on_plan() {
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
   std::string root = plan;
   dp_->broadcast_string(root, 0);
-  float differs = root == plan ? 0.0f : 1.0f;
-  if (dp_->size() > 1) dp_->all_reduce_sum({&differs, 1});
+  const double differs = dp_->all_reduce_sum_value(root == plan ? 0.0 : 1.0);
   if (differs > 0) {
     throw CollectiveError(std::to_string(int(differs)) +
                           " rank(s) derived a different parallel plan from rank 0's; check that "
@@ -116,9 +116,10 @@ void Trainer::print(const char* fmt, ...) const {
   std::fflush(log_);
 }
 
-void Trainer::upload(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets) {
-  core::copy_to_device(inputs_.data(), inputs.data(), inputs.size() * sizeof(int32_t));
-  core::copy_to_device(targets_.data(), targets.data(), targets.size() * sizeof(int32_t));
+void Trainer::upload() {
+  core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * sizeof(int32_t));
+  core::copy_to_device(targets_.data(), host_targets_.data(),
+                       host_targets_.size() * sizeof(int32_t));
 }
 
 // Forward and backward over this rank's micro-batches of the step: rank r of dp takes samples
@@ -130,7 +131,6 @@ double Trainer::run_step(int64_t step) {
   const int accumulation = config_.accumulation_steps();
   const float grad_scale = 1.0f / (float(t.global_batch) * float(t.seq_len));
   const int64_t first = int64_t(dp_->rank()) * (t.global_batch / dp_->size());
-  io::TrainSampler sampler(*train_data_, t.seq_len, t.seed);
   {
     core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
     model_->zero_grad();
@@ -139,9 +139,9 @@ double Trainer::run_step(int64_t step) {
   for (int micro = 0; micro < accumulation; ++micro) {
     {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
-      sampler.batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch, t.global_batch,
-                    host_inputs_.data(), host_targets_.data());
-      upload(host_inputs_, host_targets_);
+      sampler_->batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch,
+                      t.global_batch, host_inputs_.data(), host_targets_.data());
+      upload();
     }
     loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
     // On the last micro-batch, gradient buckets start reducing as soon as they are final.
@@ -152,9 +152,7 @@ double Trainer::run_step(int64_t step) {
     model_->backward(inputs_.data(), t.micro_batch);
     model_->set_gradients_ready_hook({});
   }
-  float mean = static_cast<float>(loss / accumulation);
-  if (dp_->size() > 1) dp_->all_reduce_sum({&mean, 1});
-  return dp_->size() > 1 ? double(mean) / dp_->size() : loss / accumulation;
+  return dp_->all_reduce_sum_value(loss / accumulation) / dp_->size();
 }
 
 TrainSummary Trainer::train() {
@@ -311,15 +309,10 @@ double Trainer::evaluate() {
   for (int64_t first = begin; first < end; first += B) {
     const int count = static_cast<int>(std::min<int64_t>(B, end - first));
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
-    upload(host_inputs_, host_targets_);
+    upload();
     total += model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
   }
-  if (dp_->size() > 1) {
-    float sum = static_cast<float>(total);
-    dp_->all_reduce_sum({&sum, 1});
-    total = sum;
-  }
-  return total / double(windows);
+  return dp_->all_reduce_sum_value(total) / double(windows);
 }
 
 void Trainer::save_weights(const std::string& path) const {
@@ -344,18 +337,16 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   const bool bytes = V <= 256;
   std::vector<int32_t> context;
   for (unsigned char c : prompt.empty() ? std::string("\n") : prompt) context.push_back(c % V);
-  std::vector<int32_t> window(T), dummy(T, 0);
   std::vector<float> logits(V);
   constexpr uint64_t kStream = core::hash_name("colossal.sample");
   std::string out;
   for (int i = 0; i < tokens; ++i) {
     // Causal attention: positions after the context do not affect the last context position.
     const std::size_t len = std::min<std::size_t>(context.size(), T);
-    std::fill(window.begin(), window.end(), 0);
-    std::copy(context.end() - len, context.end(), window.begin());
-    std::copy(window.begin(), window.end(), host_inputs_.begin());
-    std::copy(dummy.begin(), dummy.end(), host_targets_.begin());
-    upload(host_inputs_, host_targets_);
+    std::fill(host_inputs_.begin(), host_inputs_.begin() + T, 0);
+    std::copy(context.end() - len, context.end(), host_inputs_.begin());
+    std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
+    upload();
     model_->forward(inputs_.data(), targets_.data(), 1, 0.0f);
     core::copy_to_host(logits.data(), model_->logits() + (len - 1) * V, V * sizeof(float));
     int next = 0;

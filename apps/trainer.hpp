@@ -82,7 +82,7 @@ class Trainer {
   void print(const char* fmt, ...) const;
   void agree_on_plan();
   double run_step(int64_t step);
-  void upload(const std::vector<int32_t>& inputs, const std::vector<int32_t>& targets);
+  void upload();  // host_inputs_/host_targets_ -> inputs_/targets_
 
   io::Config config_;
   std::FILE* log_;
@@ -93,6 +93,7 @@ class Trainer {
   std::unique_ptr<core::Model> model_;
   std::unique_ptr<zero::ShardedAdamW> optimizer_;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
+  std::unique_ptr<io::TrainSampler> sampler_;
   core::DeviceArray<int32_t> inputs_, targets_;
   std::vector<int32_t> host_inputs_, host_targets_;
   std::string plan_;

@@ -90,21 +90,21 @@ ThreadPlan set_threads_per_rank(int local_ranks) {
   return plan;
 }
 
-void HostThreads::run(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part) {
+void HostThreads::run(std::size_t n, const Work& work) {
   const std::size_t parts = static_cast<std::size_t>(size());
   if (parts == 1 || n < 4096 * parts) {
-    part(0, n);
+    work(0, 0, n);
     return;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &part;
+    job_ = &work;
     n_ = n;
     pending_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   wake_.notify_all();
-  part(0, part_bound(n, 1, parts));
+  work(0, 0, part_bound(n, 1, parts));
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
@@ -113,7 +113,7 @@ void HostThreads::run(std::size_t n, const std::function<void(std::size_t, std::
 void HostThreads::work(int index) {
   unsigned seen = 0;
   for (;;) {
-    const std::function<void(std::size_t, std::size_t)>* job;
+    const Work* job;
     std::size_t n;
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -124,7 +124,7 @@ void HostThreads::work(int index) {
       n = n_;
     }
     const std::size_t parts = static_cast<std::size_t>(size());
-    (*job)(part_bound(n, index, parts), part_bound(n, index + 1, parts));
+    (*job)(index, part_bound(n, index, parts), part_bound(n, index + 1, parts));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --pending_;

@@ -30,9 +30,10 @@ class HostThreads {
   HostThreads& operator=(const HostThreads&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
-  // Calls part(begin, end) on contiguous parts of [0, n), one per thread (the caller takes the
-  // first), and returns when all are done.
-  void run(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part);
+  // Calls work(part, begin, end) on contiguous parts of [0, n), one per thread (the caller takes
+  // part 0), and returns when all are done. part < size(); small n runs as part 0 alone.
+  using Work = std::function<void(std::size_t part, std::size_t begin, std::size_t end)>;
+  void run(std::size_t n, const Work& work);
 
   // The process's pool: sized by set_threads_per_rank(), else from the environment on first use.
   static HostThreads& shared();
@@ -44,7 +45,7 @@ class HostThreads {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_, done_;
-  const std::function<void(std::size_t, std::size_t)>* job_ = nullptr;
+  const Work* job_ = nullptr;
   std::size_t n_ = 0;
   unsigned generation_ = 0;
   int pending_ = 0;

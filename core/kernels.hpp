@@ -348,27 +348,34 @@ double sum(const float* x, int64_t n) {
   return total;
 }
 
-// sum_i x[i]^2: blocks of 4096 in 16 float lanes (so the compiler vectorises without reordering
-// a single accumulator), blocks added in double.
+// sum of x[i]^2 over [begin, end) in 16 float lanes (so the compiler vectorises without
+// reordering a single accumulator), lanes added in double. Shared by sum_squares and the host
+// threads' loop over all gradients.
+KOKKOS_INLINE_FUNCTION double block_sum_squares(const float* x, int64_t begin, int64_t end) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * x[i + l];
+  }
+  for (; i < end; ++i) lanes[0] += x[i] * x[i];
+  double s = 0.0;
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  return s;
+}
+
+constexpr int64_t kSumBlock = 4096;  // floats per block of block_sum_squares
+
+// sum_i x[i]^2: blocks of kSumBlock, blocks added in double.
 template <class ExecSpace = Exec>
 double sum_squares(const float* x, int64_t n) {
-  constexpr int64_t kBlock = 4096;
-  constexpr int kLanes = 16;
   double total = 0.0;
   Kokkos::parallel_reduce(
-      "colossal::core::sum_squares", Kokkos::RangePolicy<ExecSpace>(0, (n + kBlock - 1) / kBlock),
+      "colossal::core::sum_squares",
+      Kokkos::RangePolicy<ExecSpace>(0, (n + kSumBlock - 1) / kSumBlock),
       KOKKOS_LAMBDA(int64_t block, double& acc) {
-        const int64_t begin = block * kBlock;
-        const int64_t end = begin + kBlock < n ? begin + kBlock : n;
-        float lanes[kLanes] = {};
-        int64_t i = begin;
-        for (; i + kLanes <= end; i += kLanes) {
-          for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * x[i + l];
-        }
-        for (; i < end; ++i) lanes[0] += x[i] * x[i];
-        double s = 0.0;
-        for (int l = 0; l < kLanes; ++l) s += lanes[l];
-        acc += s;
+        const int64_t begin = block * kSumBlock;
+        acc += block_sum_squares(x, begin, begin + kSumBlock < n ? begin + kSumBlock : n);
       },
       total);
   return total;

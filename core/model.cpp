@@ -15,7 +15,7 @@ namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
              std::size_t flat_multiple)
-    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), tracker_(tracker), gemm_(gemm) {
+    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm) {
   if (spec.hidden % spec.heads != 0) {
     throw std::invalid_argument("model.hidden (" + std::to_string(spec.hidden) +
                                 ") must be divisible by model.heads (" +
@@ -87,8 +87,8 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // ln1, atty, mid, ln2 (4 BTC) + qkv (3 BTC) + two means and rstds + probabilities + fch
   const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * T;
   const std::size_t per_block = 7 * BTC + 4 * BT + att_floats + BT * F;
-  activation_floats_ = BTC * (L + 1) + L * per_block + BTC + 3 * BT;
-  acts_ = DeviceArray<float>(tracker, MemCategory::activations, activation_floats_);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
+                             BTC * (L + 1) + L * per_block + BTC + 3 * BT);
   float* cursor = acts_.data();
   auto carve = [&cursor](std::size_t n) {
     float* p = cursor;

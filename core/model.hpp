@@ -118,7 +118,6 @@ class Model {
 
   ModelSpec spec_;
   int max_batch_, seq_len_;
-  MemoryTracker& tracker_;
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
   std::size_t num_parameters_ = 0;
@@ -133,7 +132,6 @@ class Model {
   std::vector<BlockActs> block_acts_;
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
-  std::size_t activation_floats_ = 0;
   Profiler* profiler_ = nullptr;
   std::function<void(std::size_t)> gradients_ready_;
 };

@@ -1,7 +1,6 @@
 #include "core/optimizer.hpp"
 
 #include <algorithm>
-#include <mutex>
 #include <vector>
 #include <cmath>
 
@@ -20,37 +19,23 @@ double LrSchedule::at(int64_t step) const {
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-namespace {
-// Plain loops for the host threads: Kokkos's Serial backend is not meant to be entered from
-// several threads at once (its reductions share scratch memory).
-double host_sum_of_squares(const float* x, std::size_t n) {
-  constexpr int kLanes = 16;
-  double total = 0.0;
-  for (std::size_t block = 0; block < n; block += 4096) {
-    const std::size_t end = std::min(n, block + 4096);
-    float lanes[kLanes] = {};
-    std::size_t i = block;
-    for (; i + kLanes <= end; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l] * x[i + l];
-    }
-    for (; i < end; ++i) lanes[0] += x[i] * x[i];
-    for (float lane : lanes) total += lane;
-  }
-  return total;
-}
-}  // namespace
-
 double sum_of_squares(const float* x, std::size_t n) {
   if constexpr (!kSerialHost) {
     return kernels::sum_squares(x, static_cast<int64_t>(n));
   } else {
-    std::mutex mutex;
-    double total = 0.0;
-    HostThreads::shared().run(n, [&](std::size_t begin, std::size_t end) {
-      const double s = host_sum_of_squares(x + begin, end - begin);
-      std::lock_guard<std::mutex> lock(mutex);
-      total += s;
+    // Plain loops on the host threads (Kokkos's Serial backend is not meant to be entered from
+    // several threads: its reductions share scratch memory). Partial sums are added in part
+    // order, so the norm does not depend on which thread finishes first.
+    HostThreads& pool = HostThreads::shared();
+    std::vector<double> partial(pool.size(), 0.0);
+    pool.run(n, [&](std::size_t part, std::size_t begin, std::size_t end) {
+      for (std::size_t b = begin; b < end; b += kernels::kSumBlock) {
+        partial[part] += kernels::block_sum_squares(
+            x, int64_t(b), int64_t(std::min<std::size_t>(end, b + kernels::kSumBlock)));
+      }
     });
+    double total = 0.0;
+    for (double p : partial) total += p;
     return total;
   }
 }
@@ -60,7 +45,7 @@ void zero(float* x, std::size_t n) {
     kernels::fill(x, static_cast<int64_t>(n), 0.0f);
     Kokkos::fence();
   } else {
-    HostThreads::shared().run(n, [&](std::size_t begin, std::size_t end) {
+    HostThreads::shared().run(n, [&](std::size_t, std::size_t begin, std::size_t end) {
       std::fill(x + begin, x + end, 0.0f);
     });
   }
@@ -105,7 +90,7 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
   };
   if (kSerialHost || on_host_) {
     // Elements [lo, hi) of the window on each host thread, tensor by tensor (decay by role).
-    HostThreads::shared().run(end_ - begin_, [&](std::size_t lo, std::size_t hi) {
+    HostThreads::shared().run(end_ - begin_, [&](std::size_t, std::size_t lo, std::size_t hi) {
       for (const Segment& s : segments_) {
         const std::size_t a = std::max(lo, s.begin), b = std::min(hi, s.begin + s.count);
         const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;

@@ -122,6 +122,12 @@ class CompletedCollective final : public PendingCollective {
 };
 }  // namespace
 
+double Communicator::all_reduce_sum_value(double value) {
+  const double sum = do_all_reduce_sum_value(value);
+  record(CollectiveKind::all_reduce, sizeof(double));
+  return sum;
+}
+
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<float> buffer) {
   auto pending = do_start_all_reduce_sum(buffer);
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);

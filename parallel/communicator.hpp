@@ -108,6 +108,9 @@ class Communicator {
   void broadcast_bytes(std::span<std::byte> buffer, int root);
   // text <- root's text, any length (a length header is broadcast first and counted too).
   void broadcast_string(std::string& text, int root);
+  // Sum over ranks of a host scalar (a loss, a squared norm, a flag), in double on every backend:
+  // control plane, like the byte broadcasts. Counted as an all-reduce of 8 bytes.
+  double all_reduce_sum_value(double value);
   // value <- root's value, for small trivially copyable host values (counts, flags, seeds).
   template <class T>
     requires std::is_trivially_copyable_v<T>
@@ -140,6 +143,7 @@ class Communicator {
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
   virtual void do_broadcast(std::span<float> buffer, int root) = 0;
   virtual void do_broadcast_bytes(std::span<std::byte> buffer, int root) = 0;
+  virtual double do_all_reduce_sum_value(double value) = 0;
   virtual void do_send(std::span<const float> buffer, int dest, int tag) = 0;
   virtual void do_recv(std::span<float> buffer, int source, int tag) = 0;
   virtual void do_send_recv(std::span<const float> send_buffer, int dest,

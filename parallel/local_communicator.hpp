@@ -19,6 +19,7 @@ class LocalCommunicator final : public Communicator {
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   void do_broadcast(std::span<float>, int) override {}
   void do_broadcast_bytes(std::span<std::byte>, int) override {}
+  double do_all_reduce_sum_value(double value) override { return value; }
   void do_send(std::span<const float>, int, int) override;
   void do_recv(std::span<float>, int, int) override;
   void do_send_recv(std::span<const float> send_buffer, int, std::span<float> recv_buffer, int,

@@ -152,6 +152,11 @@ void MpiCommunicator::do_broadcast(std::span<float> buffer, int root) {
         "MPI_Bcast");
 }
 
+double MpiCommunicator::do_all_reduce_sum_value(double value) {
+  check(MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_SUM, comm_), "MPI_Allreduce");
+  return value;
+}
+
 void MpiCommunicator::do_broadcast_bytes(std::span<std::byte> buffer, int root) {
   check(MPI_Bcast(buffer.data(), mpi_count(buffer.size(), "broadcast_bytes"), MPI_BYTE, root, comm_),
         "MPI_Bcast");

@@ -37,6 +37,7 @@ class MpiCommunicator final : public Communicator {
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;
   void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
+  double do_all_reduce_sum_value(double value) override;
   void do_send(std::span<const float> buffer, int dest, int tag) override;
   void do_recv(std::span<float> buffer, int source, int tag) override;
   void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,

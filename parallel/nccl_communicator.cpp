@@ -118,6 +118,10 @@ void NcclCommunicator::do_broadcast_bytes(std::span<std::byte> buffer, int root)
   host_.broadcast_bytes(buffer, root);  // control plane: host memory
 }
 
+double NcclCommunicator::do_all_reduce_sum_value(double value) {
+  return host_.all_reduce_sum_value(value);  // control plane: host memory
+}
+
 void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int /*tag*/) {
   check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
   synchronize("ncclSend");

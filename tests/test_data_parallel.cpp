@@ -106,21 +106,25 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * (padded + (stage == 2 ? shard : 0)));
 
   // Bytes per step on the data-parallel communicator (payload convention of CommStats):
-  // the loss all-reduce (4 bytes) plus the gradient sync and, for stages 1-2, the gather.
+  // the loss all-reduce (one double, 8 bytes) plus the gradient sync and, for stages 1-2, the
+  // gather.
   const auto& stats = world.stats();
   const uint64_t steps = 10;
   const uint64_t grads = padded * 4;
   if (dp == 1) {
-    EXPECT_EQ(stats.total_calls(), 0u) << "one rank communicates nothing";
+    // One rank moves nothing: only the scalar loss all-reduce is called (no gradient buckets).
+    EXPECT_EQ(stats.total_wire_bytes(), 0.0) << "one rank communicates nothing";
+    EXPECT_EQ(stats.total_calls(), steps * (stage == 2 ? 2 : 1));
+    EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls, 0u);
   } else if (stage < 2) {
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (grads + 4));
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (grads + 8));
     EXPECT_EQ(stats.all_reduce.calls, steps * (trainer.optimizer().buckets().size() + 1));
     EXPECT_EQ(stats.reduce_scatter.calls, 0u);
     EXPECT_EQ(stats.all_gather.payload_bytes, stage == 1 ? steps * grads : 0u);
   } else {
     EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * grads);
     EXPECT_EQ(stats.reduce_scatter.calls, steps * trainer.optimizer().buckets().size());
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * 8);  // loss and squared norm
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * 16);  // loss and squared norm, doubles
     EXPECT_EQ(stats.all_gather.payload_bytes, steps * grads);
   }
   if (dp > 1) {
@@ -133,7 +137,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     // all-gather (p-1)/p.
     const double f = double(dp - 1) / dp;
     if (stage < 2) {
-      EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (grads + 4), 1.0);
+      EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (grads + 8), 1.0);
     } else {
       EXPECT_NEAR(stats.reduce_scatter.wire_bytes, f * steps * grads, 1.0);
     }

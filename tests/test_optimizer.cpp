@@ -63,10 +63,14 @@ TEST(HostThreads, EveryElementExactlyOnceForRaggedSizes) {
   HostThreads pool(3);
   for (std::size_t n : {1u, 100u, 12288u, 12289u, 100003u}) {
     std::vector<int> hits(n, 0);
-    pool.run(n, [&](std::size_t begin, std::size_t end) {
+    std::vector<int> part_used(pool.size(), 0);
+    pool.run(n, [&](std::size_t part, std::size_t begin, std::size_t end) {
+      ++part_used[part];
       for (std::size_t i = begin; i < end; ++i) ++hits[i];
     });
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << n << " " << i;
+    for (int used : part_used) EXPECT_LE(used, 1) << "each part runs once";
+    EXPECT_EQ(part_used[0], 1);
   }
 }
 
@@ -99,6 +103,8 @@ TEST(AdamW, ThreadedUpdateOfAWindowMatchesTheReference) {
   }
   EXPECT_NEAR(sum_of_squares(grads.data(), grads.size()),
               std::inner_product(grads.begin(), grads.end(), grads.begin(), 0.0), 1e-3);
+  // Partial sums are combined in part order: the same bits every call.
+  EXPECT_EQ(sum_of_squares(grads.data(), grads.size()), sum_of_squares(grads.data(), grads.size()));
 }
 
 TEST(HostThreads, ThreadsPerRankFromEnvironmentOrCores) {

@@ -10,13 +10,8 @@
 
 namespace colossal::zero {
 
-std::size_t padded_size(std::size_t flat, int dp) {
-  const std::size_t unit = std::size_t(dp) * 16;
-  return (flat + unit - 1) / unit * unit;
-}
-
-std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
-                                                         std::size_t bucket_floats) {
+std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(std::size_t length,
+                                                               std::size_t bucket_floats) {
   if (length % 16 != 0) throw std::invalid_argument("bucketed buffer not padded to 16 floats");
   const std::size_t per_bucket = std::max<std::size_t>(16, bucket_floats / 16 * 16);
   std::vector<std::pair<std::size_t, std::size_t>> ranges;
@@ -47,8 +42,8 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_
   shard_begin_ = shard_size_ * dp.rank();
   const auto bucket_floats = static_cast<std::size_t>(bucket_mb * 1024 * 1024 / sizeof(float));
   // A stage-2 bucket spans dp shards, so each shard contributes 1/dp of the bucket size.
-  buckets_ = stage == 2 ? zero::buckets(shard_size_, bucket_floats / dp.size())
-                        : zero::buckets(padded, bucket_floats);
+  buckets_ = stage == 2 ? bucket_ranges(shard_size_, bucket_floats / dp.size())
+                        : bucket_ranges(padded, bucket_floats);
   if (stage == 0) {
     adamw_ = std::make_unique<core::AdamW>(table, 0, padded, tracker);
   } else {
@@ -107,9 +102,8 @@ double ShardedAdamW::reduce_gradients(float* grads) {
     Kokkos::fence();  // the collective reads what the kernels wrote
     dp_.reduce_scatter_sum({staging_.data(), width * p}, {grad_shard_.data() + begin, width});
   }
-  float sum_sq = static_cast<float>(core::sum_of_squares(grad_shard_.data(), shard_size_));
-  if (p > 1) dp_.all_reduce_sum({&sum_sq, 1});
-  return std::sqrt(static_cast<double>(sum_sq));
+  const double local = core::sum_of_squares(grad_shard_.data(), shard_size_);
+  return std::sqrt(dp_.all_reduce_sum_value(local));
 }
 
 void ShardedAdamW::step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,

@@ -1,7 +1,7 @@
 // Data-parallel gradient synchronisation and the (optionally ZeRO-sharded) AdamW step.
 //
-// The flat parameter/gradient buffers (padded to `padded_size`) are split into `dp` equal,
-// contiguous shards; rank r owns [r*S, (r+1)*S). Per optimizer step:
+// The flat parameter/gradient buffers (padded by the model to a multiple of dp*16 floats) are split
+// into `dp` equal, contiguous shards; rank r owns [r*S, (r+1)*S). Per optimizer step:
 //   stage 0: all-reduce the gradients (bucket by bucket), global norm from the full gradient,
 //            AdamW on every element (moments replicated).
 //   stage 1: the same all-reduce; AdamW only on the own shard (moments are shard-sized); then the
@@ -38,13 +38,10 @@
 
 namespace colossal::zero {
 
-// Smallest multiple of dp*16 floats that holds `flat` (shards stay 64-byte aligned).
-std::size_t padded_size(std::size_t flat, int dp);
-
 // [begin, end) ranges covering [0, length) in issue order (from the end), each a multiple of 16
 // floats and of about `bucket_floats` floats.
-std::vector<std::pair<std::size_t, std::size_t>> buckets(std::size_t length,
-                                                         std::size_t bucket_floats);
+std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(std::size_t length,
+                                                               std::size_t bucket_floats);
 
 class ShardedAdamW {
  public:

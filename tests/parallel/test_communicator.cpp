@@ -311,3 +311,14 @@ TEST(NonBlocking, StartedAllReduceMatchesTheBlockingOneAndIsCounted) {
   EXPECT_EQ(world->stats().all_reduce.calls, 2u);
   EXPECT_EQ(world->stats().all_reduce.payload_bytes, 2u * 1000 * 4);
 }
+
+TEST(ScalarAllReduce, SumsDoublesExactlyAndCountsEightBytes) {
+  auto world = colossal::parallel::make_world_communicator();
+  const int p = world->size();
+  world->reset_stats();
+  // 1e-9 steps would vanish in a float sum next to 1e6; in double they survive.
+  const double sum = world->all_reduce_sum_value(1e6 + 1e-9 * (world->rank() + 1));
+  EXPECT_DOUBLE_EQ(sum, 1e6 * p + 1e-9 * p * (p + 1) / 2);
+  EXPECT_EQ(world->stats().all_reduce.calls, 1u);
+  EXPECT_EQ(world->stats().all_reduce.payload_bytes, 8u);
+}
