@@ -66,15 +66,19 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
                      "train.seq_len + 1 tokens for one validation window");
   }
-  const int dp = dp_->size();
+  // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. The
+  // optimizer owns the store the parameters live in (whole, or sharded by stage).
+  const std::size_t unit_multiple = std::size_t(dp_->size()) * 16;
+  const auto table = core::parameter_table(spec, unit_multiple);
+  auto units = core::parameter_units(table, unit_multiple);
+  const std::size_t flat = units.back().end;
+  optimizer_ = std::make_unique<zero::ShardedAdamW>(
+      table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *dp_,
+      tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params);
   model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
-                                         std::size_t(dp) * 16);
+                                         unit_multiple, &optimizer_->store());
   model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
-  optimizer_ = std::make_unique<zero::ShardedAdamW>(model_->parameters(), model_->flat_size(),
-                                                    config_.parallel.zero_stage,
-                                                    config_.parallel.bucket_mb, *dp_, tracker_,
-                                                    config_.parallel.offload_optimizer);
   agree_on_plan();
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
@@ -91,10 +95,15 @@ void Trainer::agree_on_plan() {
   std::string plan = "mesh: {data: " + std::to_string(dp_->size()) +
                      ", tensor: 1, sequence: 1, pipeline: 1, order: tp-sp-dp-pp}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
-                     ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") + "}\n" +
+                     ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
+                     ", offload_params: " + (p.offload_params ? "true" : "false") + "}\n" +
                      "flat_parameters: " + std::to_string(model_->flat_size()) + "\n" +
+                     "parameter_units: " + std::to_string(model_->units().size()) + "\n" +
                      "shard: {size: " + std::to_string(optimizer_->shard_size()) + "}\n" +
-                     "gradient_buckets: " + std::to_string(optimizer_->buckets().size()) + "\n" +
+                     "gradient_reduction: " +
+                     (p.zero_stage < 2 ? std::to_string(optimizer_->buckets().size()) +
+                                             " all-reduce buckets"
+                                       : std::string("reduce-scatter per unit")) + "\n" +
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
   std::string root = plan;
   dp_->broadcast_string(root, 0);
@@ -145,12 +154,9 @@ double Trainer::run_step(int64_t step) {
     }
     loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
     // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-    if (micro + 1 == accumulation) {
-      model_->set_gradients_ready_hook(
-          [this](std::size_t offset) { optimizer_->gradients_ready(model_->grads(), offset); });
-    }
+    optimizer_->set_overlap(micro + 1 == accumulation);
     model_->backward(inputs_.data(), t.micro_batch);
-    model_->set_gradients_ready_hook({});
+    optimizer_->set_overlap(false);
   }
   return dp_->all_reduce_sum_value(loss / accumulation) / dp_->size();
 }
@@ -192,10 +198,10 @@ TrainSummary Trainer::train() {
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
         train_data_->path().c_str(), train_data_->size());
   if (dp_->size() > 1) {
-    print("parallel: %d data-parallel ranks, ZeRO stage %d%s, %zu gradient buckets\n",
-          dp_->size(), config_.parallel.zero_stage,
-          config_.parallel.offload_optimizer ? " with optimizer offload" : "",
-          optimizer_->buckets().size());
+    print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),
+          config_.parallel.zero_stage,
+          config_.parallel.offload_optimizer ? ", optimizer offloaded" : "",
+          config_.parallel.offload_params ? ", parameters offloaded" : "");
   }
   print("plan (identical on every rank):\n%s", plan_.c_str());
   print("memory (per rank): %s\n", tracker_.summary().c_str());
@@ -211,7 +217,7 @@ TrainSummary Trainer::train() {
     double norm = 0.0;
     {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-      norm = optimizer_->reduce_gradients(model_->grads());
+      norm = optimizer_->reduce_gradients();
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (t.on_nonfinite == "stop") {
@@ -225,8 +231,7 @@ TrainSummary Trainer::train() {
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
       core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
-      optimizer_->step(model_->params(), model_->grads(), hp, step + 1 - summary.skipped_steps,
-                       static_cast<float>(clip));
+      optimizer_->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
     }
     const double step_seconds = seconds_since(step_start);
     if (profile_steps_ > 0) {
@@ -289,8 +294,9 @@ TrainSummary Trainer::train() {
   summary.peak_tracked_bytes = tracker_.peak_total();
 
   summary.model_path = config_.log.dir + "/model.h5";
-  if (writer) save_weights(summary.model_path);
-  if (writer && config_.sample.tokens > 0) {
+  save_weights(summary.model_path);
+  // Under ZeRO-3 every forward gathers parameters collectively: all ranks sample alike.
+  if ((writer || model_->store().collective()) && config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
                               config_.sample.temperature, t.seed);
   }
@@ -305,30 +311,62 @@ double Trainer::evaluate() {
   // Rank r evaluates windows [W*r/dp, W*(r+1)/dp); the sum of window losses is all-reduced.
   const int64_t begin = windows * dp_->rank() / dp_->size();
   const int64_t end = windows * (dp_->rank() + 1) / dp_->size();
+  // Under ZeRO-3 every rank must run the same number of forwards (each gathers parameters
+  // collectively): ranks with fewer windows run their last batch again and discard it.
+  int64_t batches = (end - begin + B - 1) / B;
+  if (model_->store().collective()) {
+    const int64_t most = (windows + dp_->size() - 1) / dp_->size();  // windows of the largest part
+    batches = (most + B - 1) / B;
+  }
   double total = 0.0;
-  for (int64_t first = begin; first < end; first += B) {
-    const int count = static_cast<int>(std::min<int64_t>(B, end - first));
+  for (int64_t i = 0; i < batches; ++i) {
+    const int64_t wanted = begin + i * B;
+    const bool real = wanted < end;
+    const int64_t first = real ? wanted : std::min(begin, windows - 1);
+    const int count = real ? static_cast<int>(std::min<int64_t>(B, end - wanted)) : 1;
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
-    total += model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
+    const double loss = model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
+    if (real) total += loss;
   }
   return dp_->all_reduce_sum_value(total) / double(windows);
 }
 
-void Trainer::save_weights(const std::string& path) const {
-  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    io::write_model_file(path, model_->parameters(), model_->params(), config_.text, plan_);
-  } else {
-    std::vector<float> host(model_->flat_size());
-    core::copy_to_host(host.data(), model_->params(), host.size() * sizeof(float));
-    io::write_model_file(path, model_->parameters(), host.data(), config_.text, plan_);
+std::vector<float> Trainer::gather_parameters() {
+  std::vector<float> host(model_->flat_size());
+  core::ParameterStore& store = model_->store();
+  for (std::size_t u = 0; u < store.units().size(); ++u) {
+    const core::ParamUnit& unit = store.units()[u];
+    const float* values = store.gather(int(u));
+    core::copy_to_host(host.data() + unit.begin, values, unit.size() * sizeof(float));
+    store.release(int(u));
   }
+  return host;
+}
+
+void Trainer::save_weights(const std::string& path) {
+  const bool writer = dp_->rank() == 0;
+  const float* params = model_->store().full_params();
+  if (params != nullptr &&
+      std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
+    if (writer) io::write_model_file(path, model_->parameters(), params, config_.text, plan_);
+    return;
+  }
+  std::vector<float> host;
+  if (writer || model_->store().collective()) host = gather_parameters();  // collective in ZeRO-3
+  if (writer) io::write_model_file(path, model_->parameters(), host.data(), config_.text, plan_);
 }
 
 void Trainer::load_weights(const std::string& path) {
   std::vector<float> host(model_->flat_size(), 0.0f);
   io::read_model_file(path, model_->parameters(), host);
-  core::copy_to_device(model_->params(), host.data(), host.size() * sizeof(float));
+  core::ParameterStore& store = model_->store();
+  for (std::size_t u = 0; u < store.units().size(); ++u) {
+    const core::ParamUnit& unit = store.units()[u];
+    core::copy_to_device(store.begin_write(int(u)), host.data() + unit.begin,
+                         unit.size() * sizeof(float));
+    store.commit(int(u));
+  }
 }
 
 std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,

@@ -64,7 +64,10 @@ class Trainer {
   void set_profile_steps(int steps) { profile_steps_ = steps; }
   // Mean validation loss over data.val_path windows (capped by data.val_windows).
   double evaluate();
-  void save_weights(const std::string& path) const;
+  // Collective under ZeRO-3 (call on every rank); rank 0 writes the file.
+  void save_weights(const std::string& path);
+  // The whole flat parameter buffer in host memory (collective under ZeRO-3).
+  std::vector<float> gather_parameters();
   void load_weights(const std::string& path);
   // Continues `prompt` by `tokens` sampled tokens (temperature; 0 = greedy). For a byte vocabulary
   // the result is text; otherwise token ids separated by spaces.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel benchmark: gpt2-124m (T=256, global batch 4) on 1 rank x N threads against N ranks x
-# 1 thread for every ZeRO stage (and stage 1 with optimizer offload): tokens/s, the tracker's
+# 1 thread for every ZeRO stage (and stages 1 and 3 with offload): tokens/s, the tracker's
 # per-rank memory by category (what the model predicts from the tensor table) and the measured
 # process peak RSS. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are unset, as for every benchmark.
 set -euo pipefail
@@ -39,7 +39,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run "1 rank x $ranks threads" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
   COLOSSAL_HOST_THREADS="$ranks" "$train" "${common[@]}"
 micro=$((4 / ranks))
-for stage in 0 1 2; do
+for stage in 0 1 2 3; do
   run "$ranks ranks x 1, ZeRO $stage" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
     mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
     --set "train.micro_batch=$micro" --set "parallel.zero.stage=$stage"
@@ -48,3 +48,7 @@ run "$ranks ranks x 1, ZeRO 1+offload" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_S
   mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
   --set "train.micro_batch=$micro" --set parallel.zero.stage=1 \
   --set parallel.zero.offload.optimizer=true
+run "$ranks ranks x 1, ZeRO 3+offload" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+  mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
+  --set "train.micro_batch=$micro" --set parallel.zero.stage=3 \
+  --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true

@@ -263,6 +263,14 @@ void copy(float* dst, const float* src, int64_t n) {
       KOKKOS_LAMBDA(int64_t i) { dst[i] = src[i]; });
 }
 
+// dst[i] += src[i]
+template <class ExecSpace = Exec>
+void add(float* dst, const float* src, int64_t n) {
+  Kokkos::parallel_for(
+      "colossal::core::add", Kokkos::RangePolicy<ExecSpace>(0, n),
+      KOKKOS_LAMBDA(int64_t i) { dst[i] += src[i]; });
+}
+
 // In place over rows of scores (one row per query position i = row % T, after the scale was
 // applied by the GEMM): softmax over keys j <= i, zero for j > i (causal).
 template <class ExecSpace = Exec>

@@ -14,7 +14,7 @@ namespace colossal::core {
 namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-             std::size_t flat_multiple)
+             std::size_t unit_multiple, ParameterStore* store)
     : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm) {
   if (spec.hidden % spec.heads != 0) {
     throw std::invalid_argument("model.hidden (" + std::to_string(spec.hidden) +
@@ -25,14 +25,22 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     throw std::invalid_argument("sequence length " + std::to_string(seq_len) +
                                 " exceeds model.max_seq " + std::to_string(spec.max_seq));
   }
-  table_ = parameter_table(spec);
-  std::size_t flat = 0;
-  for (const auto& p : table_) {
-    num_parameters_ += p.count;
-    flat = p.offset + (p.count + 15) / 16 * 16;
+  table_ = parameter_table(spec, unit_multiple);
+  for (const auto& p : table_) num_parameters_ += p.count;
+  std::vector<ParamUnit> units = parameter_units(table_, unit_multiple);
+  const std::size_t flat = units.back().end;
+  if (store == nullptr) {
+    own_store_ = std::make_unique<FullParameterStore>(units, flat, tracker);
+    store = own_store_.get();
+  } else if (store->flat_size() != flat || store->units().size() != units.size()) {
+    throw std::invalid_argument("parameter store does not match the model's parameter units");
   }
-  if (flat_multiple > 1) flat = (flat + flat_multiple - 1) / flat_multiple * flat_multiple;
-  auto off = [this](const std::string& name) { return parameter(name).offset; };
+  store_ = store;
+  // Offsets relative to the first element of the tensor's unit.
+  auto off = [&](const std::string& name) {
+    const ParamSpec& p = parameter(name);
+    return p.offset - units[p.unit].begin;
+  };
   const bool gpt2 = spec.arch == Arch::gpt2;
   wte_ = off(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight");
   wpe_ = off(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight");
@@ -76,9 +84,6 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     }
     blocks_.push_back(b);
   }
-
-  params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
-  grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
 
   // Saved activations: one arena carved in a fixed order.
   const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = spec.ffn_hidden,
@@ -142,20 +147,34 @@ const ParamSpec& Model::parameter(const std::string& name) const {
 std::size_t Model::activation_bytes() const { return acts_.bytes() + logits_.bytes(); }
 std::size_t Model::temporary_bytes() const { return scratch_.bytes(); }
 
-void Model::init_parameters(uint64_t seed) {
-  for (const auto& p : table_) {
-    float* dst = params_.data() + p.offset;
-    switch (p.role) {
-      case ParamRole::layernorm_weight: k::fill(dst, p.count, 1.0f); break;
-      case ParamRole::layernorm_bias:
-      case ParamRole::bias: k::fill(dst, p.count, 0.0f); break;
-      default: fill_normal(dst, p.count, p.init_std(spec_.layers), seed, hash_name(p.name)); break;
-    }
+void Model::set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
+  if (!own_store_) {
+    throw std::logic_error("set_gradients_ready_hook needs the model's own parameter store");
   }
-  Kokkos::fence();
+  own_store_->set_gradients_ready_hook(std::move(hook));
 }
 
-void Model::zero_grad() { zero(grads_.data(), grads_.size()); }
+void Model::init_parameters(uint64_t seed) {
+  const auto& units = store_->units();
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    float* unit = store_->begin_write(int(u));
+    k::fill(unit, int64_t(units[u].size()), 0.0f);  // padding too
+    for (const auto& p : table_) {
+      if (p.unit != int(u)) continue;
+      float* dst = unit + (p.offset - units[u].begin);
+      switch (p.role) {
+        case ParamRole::layernorm_weight: k::fill(dst, p.count, 1.0f); break;
+        case ParamRole::layernorm_bias:
+        case ParamRole::bias: break;
+        default: fill_normal(dst, p.count, p.init_std(spec_.layers), seed, hash_name(p.name)); break;
+      }
+    }
+    Kokkos::fence();
+    store_->commit(int(u));
+  }
+}
+
+void Model::zero_grad() { store_->zero_gradients(); }
 
 void Model::activation_forward(float* out, const float* inp, int64_t n) {
   Profiler::Scope scope(profiler_, WorkKind::activation);
@@ -180,20 +199,18 @@ Model::Linear Model::qkv_part(const BlockParams& bp, int part) const {
   return Linear{bp.qkv_w[part], bp.qkv_b[part], C, bp.qkv_parts == 1 ? 3 * C : C};
 }
 
-void Model::linear_forward(float* out, int ld_out, const float* inp, int ld_in, const Linear& lin,
-                           int64_t N) {
+void Model::linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
+                           const Linear& lin, int64_t N) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
-  core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, params_.data() + lin.w, lin.in,
-                       lin.out, N);
+  core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, P + lin.w, lin.in, lin.out, N);
 }
 
-void Model::linear_backward(float* dinp, int ld_dinp, const float* dout, int ld_dout,
-                            const float* inp, int ld_in, const Linear& lin, int64_t N,
+void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
+                            int ld_dout, const float* inp, int ld_in, const Linear& lin, int64_t N,
                             bool accumulate) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
-  core::linear_backward(gemm_, layout(), dinp, ld_dinp, grads_.data() + lin.w,
-                        grads_.data() + lin.b, dout, ld_dout, inp, ld_in, params_.data() + lin.w,
-                        lin.in, lin.out, N, accumulate);
+  core::linear_backward(gemm_, layout(), dinp, ld_dinp, G + lin.w, G + lin.b, dout, ld_dout, inp,
+                        ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale) {
@@ -204,15 +221,17 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const int T = seq_len_, C = spec_.hidden, F = spec_.ffn_hidden, V = spec_.vocab;
   const int64_t N = int64_t(B) * T;
   const float eps = spec_.layernorm_eps();
-  float* P = params_.data();
+  // The embeddings (unit 0) stay gathered until the tied LM head; blocks one at a time.
+  const float* E = store_->gather(0);
 
   timed(WorkKind::embedding, [&] {
-    k::embedding_forward(residual_[0], tokens, P + wte_, P + wpe_, B, T, C,
+    k::embedding_forward(residual_[0], tokens, E + wte_, E + wpe_, B, T, C,
                          spec_.position_offset());
   });
   for (int l = 0; l < spec_.layers; ++l) {
     const BlockParams& bp = blocks_[l];
     BlockActs& a = block_acts_[l];
+    const float* P = store_->gather(1 + l);
     timed(WorkKind::layernorm, [&] {
       k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_[l], P + bp.ln1_w,
                            P + bp.ln1_b, N, C, eps);
@@ -221,7 +240,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       const Linear lin = qkv_part(bp, part);
       float* out = a.qkv + part * C;
       timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * C); });
-      linear_forward(out, 3 * C, a.ln1, C, lin, N);
+      linear_forward(P, out, 3 * C, a.ln1, C, lin, N);
     }
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
@@ -232,27 +251,32 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     });
     timed(WorkKind::gemm,
           [&] { k::residual_plus_bias(a.mid, residual_[l], P + bp.attn_out_b, N, C); });
-    linear_forward(a.mid, C, a.atty, C, Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N);
+    linear_forward(P, a.mid, C, a.atty, C, Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N);
 
     timed(WorkKind::layernorm, [&] {
       k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, N,
                            C, eps);
     });
     timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
-    linear_forward(a.fch, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
+    linear_forward(P, a.fch, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
     activation_forward(act_buf_, a.fch, N * F);
     timed(WorkKind::gemm,
           [&] { k::residual_plus_bias(residual_[l + 1], a.mid, P + bp.fc_out_b, N, C); });
-    linear_forward(residual_[l + 1], C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+    linear_forward(P, residual_[l + 1], C, act_buf_, F,
+                   Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+    store_->release(1 + l);
   }
+  const float* Pf = store_->gather(final_unit());
   timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual_[spec_.layers], P + lnf_w_,
-                         P + lnf_b_, N, C, eps);
+    k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual_[spec_.layers], Pf + lnf_w_,
+                         Pf + lnf_b_, N, C, eps);
   });
+  store_->release(final_unit());
   // Tied LM head: logits = lnf x wte^T.
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, P + wte_, C, 0.0f, logits_.data(), V);
+    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, E + wte_, C, 0.0f, logits_.data(), V);
   });
+  store_->release(0);
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
   k::cross_entropy_forward_backward(logits_.data(), losses_, targets, N, V, grad_scale);
   return k::sum(losses_, N) / static_cast<double>(N);
@@ -261,36 +285,47 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
 void Model::backward(const int32_t* tokens, int B) {
   const int T = seq_len_, C = spec_.hidden, F = spec_.ffn_hidden, V = spec_.vocab;
   const int64_t N = int64_t(B) * T;
-  const float* P = params_.data();
-  float* G = grads_.data();
   const float* dlogits = logits_.data();
 
-  // LM head: dlnf = dlogits x wte, dwte += dlogits^T x lnf.
+  // LM head: dlnf = dlogits x wte, dwte += dlogits^T x lnf. The embedding gradients stay open
+  // until the embedding backward at the end.
+  const float* E = store_->gather(0);
+  float* GE = store_->gradients(0);
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, P + wte_, C, 0.0f, dbuf_c_, C);
-    gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, G + wte_, C);
+    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dbuf_c_, C);
+    gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, GE + wte_, C);
   });
-  timed(WorkKind::layernorm, [&] {
-    k::fill(dresidual_, N * C, 0.0f);
-    k::layernorm_backward(dresidual_, G + lnf_w_, G + lnf_b_, dbuf_c_, residual_[spec_.layers],
-                          P + lnf_w_, lnf_mean_, lnf_rstd_, N, C);
-  });
+  store_->release(0);
+  {
+    const float* Pf = store_->gather(final_unit());
+    float* Gf = store_->gradients(final_unit());
+    timed(WorkKind::layernorm, [&] {
+      k::fill(dresidual_, N * C, 0.0f);
+      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dbuf_c_,
+                            residual_[spec_.layers], Pf + lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+    });
+    store_->release(final_unit());
+    store_->gradients_done(final_unit());
+  }
 
   for (int l = spec_.layers - 1; l >= 0; --l) {
     const BlockParams& bp = blocks_[l];
     const BlockActs& a = block_acts_[l];
+    const float* P = store_->gather(1 + l);
+    float* G = store_->gradients(1 + l);
     // MLP: the activation output was not saved; recompute it for the second linear's dW.
     activation_forward(act_buf_, a.fch, N * F);
-    linear_backward(dbuf_f_, F, dresidual_, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C},
-                    N, false);
+    linear_backward(P, G, dbuf_f_, F, dresidual_, C, act_buf_, F,
+                    Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
     activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
-    linear_backward(dbuf_c_, C, dbuf_f_, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
+    linear_backward(P, G, dbuf_c_, C, dbuf_f_, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N,
+                    false);
     timed(WorkKind::layernorm, [&] {
       k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dbuf_c_, a.mid, P + bp.ln2_w,
                             a.ln2_mean, a.ln2_rstd, N, C);
     });
     // Attention.
-    linear_backward(dbuf_c_, C, dresidual_, C, a.atty, C,
+    linear_backward(P, G, dbuf_c_, C, dresidual_, C, a.atty, C,
                     Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N, false);
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
@@ -301,27 +336,22 @@ void Model::backward(const int32_t* tokens, int B) {
     });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
-      linear_backward(dbuf_c_, C, dqkv_ + part * C, 3 * C, a.ln1, C, lin, N, part > 0);
+      linear_backward(P, G, dbuf_c_, C, dqkv_ + part * C, 3 * C, a.ln1, C, lin, N, part > 0);
     }
     timed(WorkKind::layernorm, [&] {
       k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
                             P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
     });
-    // Block l's tensors start with its first layernorm; everything from there on is final.
-    if (gradients_ready_) {
-      Kokkos::fence();
-      gradients_ready_(bp.ln1_w);
-    }
+    store_->release(1 + l);
+    Kokkos::fence();
+    store_->gradients_done(1 + l);
   }
   timed(WorkKind::embedding, [&] {
-    k::embedding_backward(G + wte_, G + wpe_, dresidual_, tokens, B, T, C,
+    k::embedding_backward(GE + wte_, GE + wpe_, dresidual_, tokens, B, T, C,
                           spec_.position_offset());
   });
-  if (gradients_ready_) {
-    Kokkos::fence();
-    gradients_ready_(0);
-  }
   Kokkos::fence();
+  store_->gradients_done(0);
 }
 
 }  // namespace colossal::core

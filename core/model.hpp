@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -17,29 +19,34 @@
 #include "core/layers.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
+#include "core/parameter_store.hpp"
 #include "core/profiler.hpp"
 
 namespace colossal::core {
 
 class Model {
  public:
-  // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens. The flat parameter
-  // and gradient buffers are padded to a multiple of `flat_multiple` floats (ZeRO shards them
-  // into equal parts); padding stays zero.
+  // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens. Parameter units
+  // (parameter_table) are padded to a multiple of `unit_multiple` floats (ZeRO shards each unit
+  // into equal parts); padding stays zero. Parameters and gradients live in `store` (which must
+  // have this table's units), or in a FullParameterStore of the model's own when it is null.
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-        std::size_t flat_multiple = 16);
+        std::size_t unit_multiple = 16, ParameterStore* store = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
   int seq_len() const { return seq_len_; }
   const std::vector<ParamSpec>& parameters() const { return table_; }
   const ParamSpec& parameter(const std::string& name) const;
-  std::size_t flat_size() const { return params_.size(); }   // padded length of the flat buffers
+  const std::vector<ParamUnit>& units() const { return store_->units(); }
+  std::size_t flat_size() const { return store_->flat_size(); }  // padded length of the flat buffers
   std::size_t num_parameters() const { return num_parameters_; }  // logical elements
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  const float* params() const { return params_.data(); }
-  const float* grads() const { return grads_.data(); }
+  ParameterStore& store() { return *store_; }
+  // The whole flat buffers; only when the store keeps them whole (throws under ZeRO-3 sharding).
+  float* params() { return full(store_->full_params()); }
+  float* grads() { return full(store_->full_grads()); }
+  const float* params() const { return full(store_->full_params()); }
+  const float* grads() const { return full(store_->full_grads()); }
 
   // normal(0, init_std) from (seed, tensor name, element index); layernorm weights 1, biases 0.
   void init_parameters(uint64_t seed);
@@ -55,12 +62,10 @@ class Model {
 
   const float* logits() const { return logits_.data(); }  // (batch, seq_len, vocab) after forward
 
-  // Called during backward() whenever the gradients of [offset, flat_size()) have become final
-  // (after each block, from the last to the first, and with 0 at the end), so data-parallel
-  // reductions of those buckets can start while backward continues. Empty: not called.
-  void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
-    gradients_ready_ = std::move(hook);
-  }
+  // With the model's own store: called during backward() whenever the gradients of
+  // [offset, flat_size()) have become final (after the final layernorm, after each block from the
+  // last to the first, and with 0 at the end). Empty: not called.
+  void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook);
 
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   void set_profiler(Profiler* profiler) { profiler_ = profiler; }
@@ -70,8 +75,8 @@ class Model {
   std::size_t temporary_bytes() const;
 
  private:
-  // Offsets of one block's parameters into the flat buffers. qkv has one entry for GPT-2's fused
-  // c_attn and three (q, k, v) for OPT.
+  // Offsets of one block's parameters relative to its unit's first element. qkv has one entry for
+  // GPT-2's fused c_attn and three (q, k, v) for OPT.
   struct BlockParams {
     std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
     std::size_t qkv_w[3], qkv_b[3];
@@ -93,17 +98,29 @@ class Model {
     float* fch;       // (B,T,F) first MLP linear output, before the activation
   };
 
-  // A linear layer's parameter offsets and sizes; the layout follows the architecture.
+  // A linear layer's parameter offsets (relative to its unit) and sizes; the layout follows the
+  // architecture.
   struct Linear {
     std::size_t w, b;
     int in, out;
   };
-  // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual)
-  void linear_forward(float* out, int ld_out, const float* inp, int ld_in, const Linear& lin,
-                      int64_t N);
-  // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout)
-  void linear_backward(float* dinp, int ld_dinp, const float* dout, int ld_dout, const float* inp,
-                       int ld_in, const Linear& lin, int64_t N, bool accumulate);
+  // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual);
+  // P is the unit's parameters.
+  void linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
+                      const Linear& lin, int64_t N);
+  // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout); G is the unit's
+  // gradients.
+  void linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
+                       int ld_dout, const float* inp, int ld_in, const Linear& lin, int64_t N,
+                       bool accumulate);
+  template <class T>
+  static T* full(T* p) {
+    if (p == nullptr) {
+      throw std::logic_error("the flat parameter buffers are sharded (ZeRO-3); gather units");
+    }
+    return p;
+  }
+  int final_unit() const { return spec_.layers + 1; }
   template <class F>
   void timed(WorkKind kind, F&& work) {
     Profiler::Scope scope(profiler_, kind);
@@ -121,10 +138,11 @@ class Model {
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
   std::size_t num_parameters_ = 0;
-  std::size_t wte_, wpe_, lnf_w_, lnf_b_;
+  std::size_t wte_, wpe_, lnf_w_, lnf_b_;  // relative to unit 0 and to the final unit
   std::vector<BlockParams> blocks_;
 
-  DeviceArray<float> params_, grads_;
+  std::unique_ptr<FullParameterStore> own_store_;
+  ParameterStore* store_ = nullptr;
   DeviceArray<float> acts_;        // every saved activation, carved below
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // (B,T,V); becomes dlogits
@@ -133,7 +151,6 @@ class Model {
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
   Profiler* profiler_ = nullptr;
-  std::function<void(std::size_t)> gradients_ready_;
 };
 
 }  // namespace colossal::core

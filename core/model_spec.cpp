@@ -1,6 +1,7 @@
 #include "core/model_spec.hpp"
 
 #include <cmath>
+#include <stdexcept>
 #include <map>
 
 namespace colossal::core {
@@ -63,14 +64,25 @@ float ParamSpec::init_std(int layers) const {
   }
 }
 
-std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
+std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_multiple) {
+  if (unit_multiple == 0 || unit_multiple % 16 != 0) {
+    throw std::invalid_argument("parameter unit multiple " + std::to_string(unit_multiple) +
+                                " is not a positive multiple of 16");
+  }
   std::vector<ParamSpec> table;
   std::size_t offset = 0;
+  int unit = 0;
+  // The next tensors belong to a new unit: pad the previous one.
+  auto next_unit = [&] {
+    offset = (offset + unit_multiple - 1) / unit_multiple * unit_multiple;
+    ++unit;
+  };
   auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role) {
     ParamSpec p;
     p.name = std::move(name);
     p.shape = std::move(shape);
     p.role = role;
+    p.unit = unit;
     p.count = 1;
     for (auto d : p.shape) p.count *= static_cast<std::size_t>(d);
     p.offset = offset;
@@ -84,6 +96,7 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
     add("transformer.wpe.weight", {s.position_rows(), C}, ParamRole::position_embedding);
     for (int l = 0; l < s.layers; ++l) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
+      next_unit();
       add(h + "ln_1.weight", {C}, ParamRole::layernorm_weight);
       add(h + "ln_1.bias", {C}, ParamRole::layernorm_bias);
       add(h + "attn.c_attn.weight", {C, 3 * C}, ParamRole::weight);
@@ -97,6 +110,7 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
       add(h + "mlp.c_proj.weight", {F, C}, ParamRole::residual_out_weight);
       add(h + "mlp.c_proj.bias", {C}, ParamRole::bias);
     }
+    next_unit();
     add("transformer.ln_f.weight", {C}, ParamRole::layernorm_weight);
     add("transformer.ln_f.bias", {C}, ParamRole::layernorm_bias);
   } else {
@@ -105,6 +119,7 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
         ParamRole::position_embedding);
     for (int l = 0; l < s.layers; ++l) {
       const std::string h = "model.decoder.layers." + std::to_string(l) + ".";
+      next_unit();
       add(h + "self_attn_layer_norm.weight", {C}, ParamRole::layernorm_weight);
       add(h + "self_attn_layer_norm.bias", {C}, ParamRole::layernorm_bias);
       for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
@@ -120,10 +135,22 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s) {
       add(h + "fc2.weight", {C, F}, ParamRole::residual_out_weight);
       add(h + "fc2.bias", {C}, ParamRole::bias);
     }
+    next_unit();
     add("model.decoder.final_layer_norm.weight", {C}, ParamRole::layernorm_weight);
     add("model.decoder.final_layer_norm.bias", {C}, ParamRole::layernorm_bias);
   }
   return table;
+}
+
+std::vector<ParamUnit> parameter_units(const std::vector<ParamSpec>& table,
+                                       std::size_t unit_multiple) {
+  std::vector<ParamUnit> units;
+  for (const auto& p : table) {
+    if (p.unit == int(units.size())) units.push_back({p.offset, p.offset});
+    units.back().end = p.offset + p.count;
+  }
+  for (auto& u : units) u.end = (u.end + unit_multiple - 1) / unit_multiple * unit_multiple;
+  return units;
 }
 
 std::size_t parameter_count(const ModelSpec& spec) {

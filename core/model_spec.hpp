@@ -63,6 +63,7 @@ struct ParamSpec {
   ParamRole role = ParamRole::weight;
   std::size_t offset = 0;        // element offset into the flat parameter buffer
   std::size_t count = 0;         // number of elements
+  int unit = 0;                  // parameter unit (see parameter_units)
   bool decay() const {
     return role == ParamRole::token_embedding || role == ParamRole::position_embedding ||
            role == ParamRole::weight || role == ParamRole::residual_out_weight;
@@ -70,8 +71,21 @@ struct ParamSpec {
   float init_std(int layers) const;
 };
 
-// The full logical parameter table, in a fixed order, with offsets into one flat buffer.
-std::vector<ParamSpec> parameter_table(const ModelSpec& spec);
+// The full logical parameter table, in a fixed order, with offsets into one flat buffer. Every
+// tensor starts 16-float aligned. The tensors form `layers + 2` units, each contiguous in the flat
+// buffer and padded to a multiple of `unit_multiple` floats (a multiple of 16): unit 0 holds the
+// token and position embeddings, unit 1 + l transformer block l, unit layers + 1 the final
+// layernorm. ZeRO shards and gathers unit by unit, so units are padded to data-parallel size * 16.
+std::vector<ParamSpec> parameter_table(const ModelSpec& spec, std::size_t unit_multiple = 16);
+
+// A unit's range [begin, end) of the flat buffer, padding included; units tile [0, flat size).
+struct ParamUnit {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end - begin; }
+};
+// The units of a table from parameter_table(spec, unit_multiple).
+std::vector<ParamUnit> parameter_units(const std::vector<ParamSpec>& table,
+                                       std::size_t unit_multiple);
 std::size_t parameter_count(const ModelSpec& spec);
 
 // N = 12*L*d^2 + 13*L*d + 2*d + V*d (the non-position parameters of GPT-2; the usual estimate),

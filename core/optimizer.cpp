@@ -63,14 +63,42 @@ AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t
       on_host_(on_host),
       m_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, end - begin),
       v_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, end - begin) {
+  add_segments(table, begin, end, 0);
+}
+
+namespace {
+std::size_t total_size(const std::vector<std::pair<std::size_t, std::size_t>>& pieces) {
+  std::size_t n = 0;
+  for (const auto& [begin, end] : pieces) n += end - begin;
+  return n;
+}
+}  // namespace
+
+AdamW::AdamW(const std::vector<ParamSpec>& table,
+             const std::vector<std::pair<std::size_t, std::size_t>>& pieces,
+             MemoryTracker& tracker, bool on_host)
+    : begin_(pieces.empty() ? 0 : pieces.front().first),
+      end_(pieces.empty() ? 0 : pieces.back().second),
+      on_host_(on_host),
+      m_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, total_size(pieces)),
+      v_(tracker, on_host ? MemCategory::offloaded : MemCategory::optimizer, total_size(pieces)) {
+  std::size_t state = 0;
+  for (const auto& [begin, end] : pieces) {
+    add_segments(table, begin, end, state);
+    state += end - begin;
+  }
+}
+
+void AdamW::add_segments(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
+                         std::size_t state_offset) {
   for (const auto& p : table) {
     const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
-    if (lo < hi) segments_.push_back({lo - begin, hi - lo, p.decay()});
+    if (lo < hi) segments_.push_back({state_offset + lo - begin, hi - lo, lo, p.decay()});
   }
 }
 
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
-                   float grad_scale) {
+                   float grad_scale, Indexing params_at, Indexing grads_at) {
   const float lr = static_cast<float>(hp.lr);
   const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
   const float eps = static_cast<float>(hp.eps);
@@ -78,31 +106,39 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
   const float correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, double(step)));
   float* m = m_.data();
   float* v = v_.data();
-  auto element = [=] KOKKOS_FUNCTION(std::size_t i, float wd) {
-    const float g = grads[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+  // Element i in state order; p and g are the segment's shifts from state to buffer index.
+  auto element = [=] KOKKOS_FUNCTION(std::size_t i, std::ptrdiff_t p, std::ptrdiff_t g, float wd) {
+    const float grad = grads[i + g] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * grad;
+    const float vi = b2 * v[i] + (1.0f - b2) * grad * grad;
     m[i] = mi;
     v[i] = vi;
     const float m_hat = mi / correction1;
     const float v_hat = vi / correction2;
-    params[i] -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * params[i]);
+    float& w = params[i + p];
+    w -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * w);
+  };
+  auto shift = [](const Segment& s, Indexing at) {
+    return at == Indexing::flat ? std::ptrdiff_t(s.flat) - std::ptrdiff_t(s.begin)
+                                : std::ptrdiff_t(0);
   };
   if (kSerialHost || on_host_) {
-    // Elements [lo, hi) of the window on each host thread, tensor by tensor (decay by role).
-    HostThreads::shared().run(end_ - begin_, [&](std::size_t, std::size_t lo, std::size_t hi) {
+    // Elements [lo, hi) of the state on each host thread, tensor by tensor (decay by role).
+    HostThreads::shared().run(m_.size(), [&](std::size_t, std::size_t lo, std::size_t hi) {
       for (const Segment& s : segments_) {
         const std::size_t a = std::max(lo, s.begin), b = std::min(hi, s.begin + s.count);
         const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
-        for (std::size_t i = a; i < b; ++i) element(i, wd);
+        const std::ptrdiff_t p = shift(s, params_at), g = shift(s, grads_at);
+        for (std::size_t i = a; i < b; ++i) element(i, p, g, wd);
       }
     });
   } else {
     for (const Segment& s : segments_) {
       const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
+      const std::ptrdiff_t p = shift(s, params_at), g = shift(s, grads_at);
       Kokkos::parallel_for(
           "colossal::core::adamw", Kokkos::RangePolicy<>(s.begin, s.begin + s.count),
-          KOKKOS_LAMBDA(std::size_t i) { element(i, wd); });
+          KOKKOS_LAMBDA(std::size_t i) { element(i, p, g, wd); });
     }
   }
   Kokkos::fence();

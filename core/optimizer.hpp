@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -49,15 +50,27 @@ class AdamW {
   // ZeRO offload; params and grads given to update() must then be host memory too.
   AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
         MemoryTracker& tracker, bool on_host = false);
+  // The state for several flat ranges [begin, end) (ZeRO-2/3: this rank's slice of every unit),
+  // stored one after the other in the given order ("state order").
+  AdamW(const std::vector<ParamSpec>& table,
+        const std::vector<std::pair<std::size_t, std::size_t>>& pieces, MemoryTracker& tracker,
+        bool on_host = false);
+
+  // How update() indexes a buffer: by state position (the window's or pieces' elements packed in
+  // order, as m and v are) or by flat offset (a whole flat buffer).
+  enum class Indexing { state, flat };
 
   // One update of the window: params[i] -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * params[i]),
   // with the gradient multiplied by grad_scale first (clipping). Both pointers address the
   // window's first element. `step` counts updates from 1 (bias correction).
   void update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
-              float grad_scale);
+              float grad_scale, Indexing params_at = Indexing::state,
+              Indexing grads_at = Indexing::state);
 
+  // The window (begin()/end() span the pieces' range), and the number of state elements.
   std::size_t begin() const { return begin_; }
   std::size_t end() const { return end_; }
+  std::size_t size() const { return m_.size(); }
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   const float* m() const { return m_.data(); }
@@ -65,9 +78,12 @@ class AdamW {
 
  private:
   struct Segment {
-    std::size_t begin, count;  // relative to the window
+    std::size_t begin, count;  // in state order
+    std::size_t flat;          // flat offset of the first element
     bool decay;
   };
+  void add_segments(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
+                    std::size_t state_offset);
   std::vector<Segment> segments_;
   std::size_t begin_, end_;
   bool on_host_;

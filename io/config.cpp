@@ -198,8 +198,8 @@ const std::vector<KeySpec>& schema() {
       {.key = "parallel.zero.stage", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.zero_stage; },
        .doc = "ZeRO: 0 replicated, 1 optimizer states sharded over parallel.data, "
-              "2 also gradients reduce-scattered (stage 3 is not implemented yet)",
-       .range = Range{0, false, 2, false}},
+              "2 also gradients reduce-scattered, 3 also parameters sharded and gathered per layer",
+       .range = Range{0, false, 3, false}},
       {.key = "parallel.zero.offload.optimizer", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.offload_optimizer; },
        .doc = "keep the AdamW moments in host memory and run the update on the host "
@@ -207,9 +207,10 @@ const std::vector<KeySpec>& schema() {
        .choices = {"false", "true"}, .cross_check = "needs parallel.zero.stage >= 1"},
       {.key = "parallel.zero.offload.params", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.offload_params; },
-       .doc = "keep the stage-3 parameter shards in host memory (needs ZeRO stage 3, "
-              "not implemented yet)",
-       .choices = {"false"}, .planned = {"true"}},
+       .doc = "keep the stage-3 parameter shards in host memory; each gather uploads the "
+              "rank's slice (needs parallel.zero.stage: 3 and offload.optimizer: true)",
+       .choices = {"false", "true"},
+       .cross_check = "needs parallel.zero.stage: 3 and parallel.zero.offload.optimizer: true"},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -842,8 +843,22 @@ class Resolver {
       raise(where_first({"parallel.zero.offload.optimizer", "parallel.zero.stage"}),
             "parallel.zero.offload.optimizer",
             "true with parallel.zero.stage = " + std::to_string(config.parallel.zero_stage),
-            "offload moves the sharded optimizer states, so it needs stage 1 or 2",
-            "set parallel.zero.stage: 1 (or 2), or parallel.zero.offload.optimizer: false");
+            "offload moves the sharded optimizer states, so it needs stage 1, 2 or 3",
+            "set parallel.zero.stage: 1 (or 2, 3), or parallel.zero.offload.optimizer: false");
+    }
+    if (config.parallel.offload_params && config.parallel.zero_stage != 3) {
+      raise(where_first({"parallel.zero.offload.params", "parallel.zero.stage"}),
+            "parallel.zero.offload.params",
+            "true with parallel.zero.stage = " + std::to_string(config.parallel.zero_stage),
+            "only stage 3 shards the parameters, so only stage 3 can keep them in host memory",
+            "set parallel.zero.stage: 3, or parallel.zero.offload.params: false");
+    }
+    if (config.parallel.offload_params && !config.parallel.offload_optimizer) {
+      raise(where_first({"parallel.zero.offload.params", "parallel.zero.offload.optimizer"}),
+            "parallel.zero.offload.params",
+            "true with parallel.zero.offload.optimizer = false",
+            "host-resident parameter shards are updated by the host optimizer",
+            "set parallel.zero.offload.optimizer: true as well");
     }
     const OptimizerConfig& o = t.optimizer;
     if (o.min_lr > o.lr)

@@ -50,10 +50,10 @@ struct TrainConfig {
 
 struct ParallelConfig {
   int data = 1;                  // data-parallel ranks (the world size must equal it)
-  int zero_stage = 0;            // 0: replicated; 1: optimizer states sharded; 2: + gradients
+  int zero_stage = 0;            // 0: replicated; 1: optimizer states; 2: + gradients; 3: + params
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
-  bool offload_params = false;     // stage-3 parameter shards in host memory (not implemented)
+  bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
 };
 
 struct HardwareConfig {

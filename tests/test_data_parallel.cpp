@@ -1,4 +1,4 @@
-// Data parallelism and ZeRO stages 0-2 train the same model as one rank: per-step losses and final
+// Data parallelism and ZeRO stages 0-3 (with optimizer and parameter offload) train the same model as one rank: per-step losses and final
 // weights against a single-process run of the same config, plus the per-rank memory and the bytes
 // each stage moves, against their closed forms.
 #include <gtest/gtest.h>
@@ -37,15 +37,16 @@ std::string shared_data(parallel::Communicator& world) {
 // `run` names the log directory: single-rank references run on every rank at once, so each needs
 // its own.
 io::Config config(const std::string& data, const std::string& arch, int dp, int stage,
-                  const std::string& run = "dp", bool offload = false) {
+                  const std::string& run = "dp", bool offload = false, bool offload_params = false) {
   const std::string text =
       "model: {arch: " + arch + ", layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", zero: {stage: " + std::to_string(stage) +
-      ", offload: {optimizer: " + (offload ? "true" : "false") + "}}, bucket_mb: 0.01}\n"
-      "eval: {every: 0}\nlog: {every: 100, dir: " +
+      ", offload: {optimizer: " + (offload ? "true" : "false") +
+      ", params: " + (offload_params ? "true" : "false") + "}}, bucket_mb: 0.01}\n"
+      "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
   return io::parse_config(text, "test");
 }
@@ -54,6 +55,7 @@ struct Param {
   std::string arch;
   int stage;
   bool offload = false;
+  bool offload_params = false;
 };
 
 class DataParallel : public ::testing::TestWithParam<Param> {};
@@ -62,13 +64,14 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size();
   const std::string data = shared_data(world);
-  const auto [arch, stage, offload] = GetParam();
+  const auto [arch, stage, offload, offload_params] = GetParam();
 
   apps::Trainer reference(config(data, arch, 1, 0, "reference" + std::to_string(world.rank())),
                           nullptr);
   const apps::TrainSummary expected = reference.train();
 
-  apps::Trainer trainer(config(data, arch, dp, stage, "dp", offload), nullptr, &world);
+  apps::Trainer trainer(config(data, arch, dp, stage, "dp", offload, offload_params), nullptr,
+                        &world);
   EXPECT_NE(trainer.plan().find("mesh: {data: " + std::to_string(dp) + ","), std::string::npos)
       << trainer.plan();
   EXPECT_NE(trainer.plan().find("zero: {stage: " + std::to_string(stage) + ","), std::string::npos);
@@ -81,77 +84,108 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
         << "step " << i + 1;
   }
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.5) << "the run must actually learn";
-  const std::size_t logical = reference.model().flat_size();  // padded for one rank
+  // Final weights tensor by tensor (the two runs pad their units differently).
+  const uint64_t gathers_before = world.stats().all_gather.calls;
+  const std::vector<float> weights = trainer.gather_parameters();  // collective under ZeRO-3
+  const uint64_t gather_calls = world.stats().all_gather.calls - gathers_before;
+  const float* want = reference.model().params();
   double worst = 0;
-  for (std::size_t i = 0; i < logical; ++i) {
-    worst = std::max(worst, double(std::abs(trainer.model().params()[i] - reference.model().params()[i])));
+  for (std::size_t t = 0; t < trainer.model().parameters().size(); ++t) {
+    const auto& mine = trainer.model().parameters()[t];
+    const auto& theirs = reference.model().parameters()[t];
+    ASSERT_EQ(mine.name, theirs.name);
+    for (std::size_t i = 0; i < mine.count; ++i) {
+      worst = std::max(worst, double(std::abs(weights[mine.offset + i] - want[theirs.offset + i])));
+    }
   }
   EXPECT_LT(worst, 1e-5);
 
-  // Memory per rank: the flat buffers are padded to dp*16 floats and split in dp shards.
-  const std::size_t padded = trainer.model().flat_size();
-  EXPECT_EQ(padded % (std::size_t(dp) * 16), 0u);
-  const std::size_t shard = padded / dp;
+  // Memory per rank against the closed forms. Units are padded to dp*16 floats; P is the padded
+  // flat size, S = P/dp the shard, U0 the embedding unit, W the widest other unit.
+  const auto& units = trainer.model().units();
+  const std::size_t P = trainer.model().flat_size();
+  EXPECT_EQ(P % (std::size_t(dp) * 16), 0u);
+  for (const auto& u : units) EXPECT_EQ(u.size() % (std::size_t(dp) * 16), 0u);
+  const std::size_t S = P / dp, U0 = units[0].size();
+  std::size_t W = 0;
+  for (std::size_t u = 1; u < units.size(); ++u) W = std::max(W, units[u].size());
   const auto& mem = trainer.memory();
-  if (offload) {
-    // Moments, the gradient shard and the parameter shard, all in host memory.
-    EXPECT_EQ(mem.current(core::MemCategory::optimizer), 0u);
-    EXPECT_EQ(mem.current(core::MemCategory::offloaded), 4 * 4 * shard);
-    EXPECT_EQ(trainer.optimizer().offload_stats().to_host_bytes, 10 * 2 * 4 * shard);
-    EXPECT_EQ(trainer.optimizer().offload_stats().to_device_bytes, 10 * 4 * shard);
-  } else {
-    EXPECT_EQ(mem.current(core::MemCategory::optimizer), 2 * 4 * (stage == 0 ? padded : shard));
-    EXPECT_EQ(mem.current(core::MemCategory::offloaded), 0u);
+  std::size_t params = P, grads = P, optimizer = 2 * (stage == 0 ? P : S), offloaded = 0;
+  if (stage >= 2) grads = S + (dp > 1 ? U0 + W : 0);
+  if (stage == 3) {
+    params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0);
   }
-  EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * (padded + (stage == 2 ? shard : 0)));
+  if (offload) {
+    optimizer = 0;
+    offloaded = 4 * S;  // moments, gradient shard, parameter shard
+  }
+  EXPECT_EQ(mem.current(core::MemCategory::parameters), 4 * params);
+  EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * grads);
+  EXPECT_EQ(mem.current(core::MemCategory::optimizer), 4 * optimizer);
+  EXPECT_EQ(mem.current(core::MemCategory::offloaded), 4 * offloaded);
 
-  // Bytes per step on the data-parallel communicator (payload convention of CommStats):
-  // the loss all-reduce (one double, 8 bytes) plus the gradient sync and, for stages 1-2, the
-  // gather.
+  // Bytes per step on the data-parallel communicator (payload convention of CommStats). Every
+  // step all-reduces the loss (one double); stages 2-3 also the squared norm.
   const auto& stats = world.stats();
-  const uint64_t steps = 10;
-  const uint64_t grads = padded * 4;
+  const uint64_t steps = 10, micro = 8 / (2 * dp), bytes = P * 4;
+  const uint64_t unit_count = units.size();
+  if (offload) {
+    const auto& off = trainer.optimizer().offload_stats();
+    const uint64_t shard_bytes = 4 * S;
+    if (offload_params) {
+      // Gradient shard down each step; every gather (2 per micro-batch, 1 for the weights
+      // gathered at the end of train) uploads this rank's slices.
+      EXPECT_EQ(off.to_host_bytes, steps * shard_bytes);
+      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * shard_bytes);
+    } else {
+      EXPECT_EQ(off.to_host_bytes, steps * 2 * shard_bytes);
+      EXPECT_EQ(off.to_device_bytes, steps * shard_bytes);
+    }
+  }
   if (dp == 1) {
-    // One rank moves nothing: only the scalar loss all-reduce is called (no gradient buckets).
+    // One rank moves nothing: only the scalar all-reduces are called.
     EXPECT_EQ(stats.total_wire_bytes(), 0.0) << "one rank communicates nothing";
-    EXPECT_EQ(stats.total_calls(), steps * (stage == 2 ? 2 : 1));
+    EXPECT_EQ(stats.total_calls(), steps * (stage >= 2 ? 2 : 1));
     EXPECT_EQ(stats.reduce_scatter.calls + stats.all_gather.calls, 0u);
-  } else if (stage < 2) {
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (grads + 8));
+    return;
+  }
+  EXPECT_EQ(gather_calls, stage == 3 ? unit_count : 0u);
+  const double f = double(dp - 1) / dp;  // ring: (p-1)/p of the payload per rank
+  if (stage < 2) {
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (bytes + 8));
     EXPECT_EQ(stats.all_reduce.calls, steps * (trainer.optimizer().buckets().size() + 1));
     EXPECT_EQ(stats.reduce_scatter.calls, 0u);
-    EXPECT_EQ(stats.all_gather.payload_bytes, stage == 1 ? steps * grads : 0u);
-  } else {
-    EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * grads);
-    EXPECT_EQ(stats.reduce_scatter.calls, steps * trainer.optimizer().buckets().size());
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * 16);  // loss and squared norm, doubles
-    EXPECT_EQ(stats.all_gather.payload_bytes, steps * grads);
-  }
-  if (dp > 1) {
+    EXPECT_EQ(stats.all_gather.payload_bytes, stage == 1 ? steps * bytes : 0u);
     EXPECT_GT(trainer.optimizer().buckets().size(), 1u) << "bucket_mb 0.01 must give several buckets";
-    if (stage < 2) {
-      // Buckets of the last blocks start reducing while backward still runs the earlier ones.
-      EXPECT_GT(trainer.optimizer().buckets_started_early(), steps);
-    }
-    // Ring algorithms: an all-reduce moves 2(p-1)/p of its payload per rank, reduce-scatter and
-    // all-gather (p-1)/p.
-    const double f = double(dp - 1) / dp;
-    if (stage < 2) {
-      EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (grads + 8), 1.0);
-    } else {
-      EXPECT_NEAR(stats.reduce_scatter.wire_bytes, f * steps * grads, 1.0);
-    }
+    // Buckets of the last blocks start reducing while backward still runs the earlier ones.
+    EXPECT_GT(trainer.optimizer().buckets_started_early(), steps);
+    // An all-reduce moves 2(p-1)/p of its payload per rank.
+    EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (bytes + 8), 1.0);
+  } else {
+    // Every micro-batch reduce-scatters every unit's gradients once.
+    EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * micro * bytes);
+    EXPECT_EQ(stats.reduce_scatter.calls, steps * micro * unit_count);
+    EXPECT_NEAR(stats.reduce_scatter.wire_bytes, f * steps * micro * bytes, 1.0);
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * 16);
+    // Stage 2: one in-place all-gather per unit after the update. Stage 3: every unit gathered
+    // before its forward and again before its backward, plus once when train() saves the model
+    // (and once more here, counted above in the snapshot).
+    const uint64_t gathered = stage == 2 ? steps * bytes : (steps * 2 * micro + 1 + 1) * bytes;
+    EXPECT_EQ(stats.all_gather.payload_bytes, gathered);
+    EXPECT_NEAR(stats.all_gather.wire_bytes, f * gathered, 1.0);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     StagesAndArchitectures, DataParallel,
-    ::testing::Values(Param{"gpt2", 0}, Param{"gpt2", 1}, Param{"gpt2", 2}, Param{"opt", 0},
-                      Param{"opt", 1}, Param{"opt", 2}, Param{"gpt2", 1, true},
-                      Param{"opt", 2, true}),
+    ::testing::Values(Param{"gpt2", 0}, Param{"gpt2", 1}, Param{"gpt2", 2}, Param{"gpt2", 3},
+                      Param{"opt", 0}, Param{"opt", 1}, Param{"opt", 2}, Param{"opt", 3},
+                      Param{"gpt2", 1, true}, Param{"gpt2", 2, true}, Param{"gpt2", 3, true},
+                      Param{"gpt2", 3, true, true}, Param{"opt", 1, true}, Param{"opt", 2, true},
+                      Param{"opt", 3, true}, Param{"opt", 3, true, true}),
     [](const auto& info) {
       return info.param.arch + "_zero" + std::to_string(info.param.stage) +
-             (info.param.offload ? "_offload" : "");
+             (info.param.offload ? "_offload" : "") + (info.param.offload_params ? "_params" : "");
     });
 
 TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {

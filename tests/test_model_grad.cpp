@@ -148,3 +148,38 @@ TEST(ModelTable, WeightDecayAndInitByRule) {
 }
 
 }  // namespace
+
+// Units: the embeddings, each block, the final layernorm; contiguous, padded to the multiple,
+// tiling the flat buffer. The padding changes offsets, never the model.
+TEST(ParameterUnits, TileTheFlatBufferAndLeaveTheModelAlone) {
+  const ModelSpec spec = model_spec(Arch::opt, 3, 32, 4, 64, 50, 16);
+  const auto table = parameter_table(spec, 48);
+  const auto units = parameter_units(table, 48);
+  ASSERT_EQ(units.size(), 5u);
+  EXPECT_EQ(units.front().begin, 0u);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].size() % 48, 0u);
+    if (u + 1 < units.size()) EXPECT_EQ(units[u].end, units[u + 1].begin);
+  }
+  for (const auto& p : table) {
+    EXPECT_GE(p.offset, units[p.unit].begin) << p.name;
+    EXPECT_LE(p.offset + p.count, units[p.unit].end) << p.name;
+  }
+  EXPECT_EQ(table.front().unit, 0);
+  EXPECT_EQ(table.back().unit, 4);
+  EXPECT_NE(table[2].name.find("layers.0."), std::string::npos);
+  EXPECT_EQ(table[2].unit, 1);
+
+  MemoryTracker tracker;
+  auto gemm = make_host_gemm();
+  Model narrow(spec, 2, 16, tracker, *gemm, 16), wide(spec, 2, 16, tracker, *gemm, 48);
+  narrow.init_parameters(5);
+  wide.init_parameters(5);
+  std::vector<int32_t> tokens(32), targets(32);
+  for (int i = 0; i < 32; ++i) {
+    tokens[i] = (i * 7) % 50;
+    targets[i] = (i * 11 + 3) % 50;
+  }
+  EXPECT_EQ(narrow.forward(tokens.data(), targets.data(), 2, 1.0f),
+            wide.forward(tokens.data(), targets.data(), 2, 1.0f));
+}

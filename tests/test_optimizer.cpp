@@ -125,3 +125,36 @@ TEST(HostThreads, ThreadsPerRankFromEnvironmentOrCores) {
   if (saved_blas) setenv("OPENBLAS_NUM_THREADS", blas.c_str(), 1);
   set_threads_per_rank(1);
 }
+
+// ZeRO-2/3 run AdamW over this rank's slice of every unit, packed: the same update as the whole
+// window on those elements, whether parameters are addressed packed or in the flat buffer.
+TEST(AdamW, PiecesMatchTheWholeWindow) {
+  if (!colossal::test::host_memory()) GTEST_SKIP();
+  ParamSpec w{"a.weight", {4, 8}, ParamRole::weight, 0, 32};
+  ParamSpec b{"a.bias", {8}, ParamRole::bias, 32, 8};
+  ParamSpec n{"n.weight", {16}, ParamRole::layernorm_weight, 48, 16};
+  const std::vector<ParamSpec> table{w, b, n};
+  const std::vector<std::pair<std::size_t, std::size_t>> pieces{{8, 24}, {30, 40}, {56, 64}};
+  MemoryTracker tracker;
+  AdamW whole(table, 64, tracker);
+  AdamW packed(table, pieces, tracker);
+  EXPECT_EQ(packed.size(), 34u);
+  const auto p0 = colossal::test::random_vector(64, 3, 1.0f);
+  std::vector<float> pw = p0, pf = p0;
+  std::vector<float> packed_params, packed_grads;
+  AdamWParams hp;
+  hp.lr = 1e-2;
+  for (int step = 1; step <= 3; ++step) {
+    const auto g = colossal::test::random_vector(64, 10 + step, 1.0f);
+    whole.update(pw.data(), g.data(), hp, step, 0.5f);
+    packed_grads.clear();
+    for (const auto& [lo, hi] : pieces) packed_grads.insert(packed_grads.end(), g.begin() + lo, g.begin() + hi);
+    packed.update(pf.data(), packed_grads.data(), hp, step, 0.5f, AdamW::Indexing::flat,
+                  AdamW::Indexing::state);
+  }
+  for (const auto& [lo, hi] : pieces) {
+    for (std::size_t i = lo; i < hi; ++i) EXPECT_FLOAT_EQ(pf[i], pw[i]) << i;
+  }
+  EXPECT_EQ(pf[0], p0[0]) << "elements outside the pieces are not touched";
+  EXPECT_EQ(pf[45], p0[45]) << "alignment padding is not touched";
+}

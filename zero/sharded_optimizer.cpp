@@ -23,48 +23,63 @@ std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(std::size_t lengt
   return ranges;
 }
 
-ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded,
-                           int stage, double bucket_mb, parallel::Communicator& dp,
-                           core::MemoryTracker& tracker, bool offload_optimizer)
-    : stage_(stage), padded_(padded), dp_(dp), offload_(offload_optimizer) {
-  if (stage < 0 || stage > 2) {
+ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
+                           std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
+                           double bucket_mb, parallel::Communicator& dp,
+                           core::MemoryTracker& tracker, bool offload_optimizer,
+                           bool offload_params)
+    : stage_(stage), padded_(flat_size), dp_(dp), offload_(offload_optimizer) {
+  if (stage < 0 || stage > 3) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
-                                " is not implemented (0, 1 and 2 are)");
+                                " is not a ZeRO stage (0, 1, 2 or 3)");
   }
   if (offload_ && stage == 0) {
-    throw std::invalid_argument("optimizer offload needs ZeRO stage 1 or 2");
+    throw std::invalid_argument("optimizer offload needs ZeRO stage 1, 2 or 3");
   }
-  if (padded % (std::size_t(dp.size()) * 16) != 0) {
-    throw std::invalid_argument("flat buffer of " + std::to_string(padded) +
+  if (offload_params && (stage != 3 || !offload_)) {
+    throw std::invalid_argument("parameter offload needs ZeRO stage 3 with optimizer offload");
+  }
+  if (flat_size % (std::size_t(dp.size()) * 16) != 0) {
+    throw std::invalid_argument("flat buffer of " + std::to_string(flat_size) +
                                 " floats is not padded to a multiple of dp*16");
   }
-  shard_size_ = padded / dp.size();
-  shard_begin_ = shard_size_ * dp.rank();
-  const auto bucket_floats = static_cast<std::size_t>(bucket_mb * 1024 * 1024 / sizeof(float));
-  // A stage-2 bucket spans dp shards, so each shard contributes 1/dp of the bucket size.
-  buckets_ = stage == 2 ? bucket_ranges(shard_size_, bucket_floats / dp.size())
-                        : bucket_ranges(padded, bucket_floats);
-  if (stage == 0) {
-    adamw_ = std::make_unique<core::AdamW>(table, 0, padded, tracker);
+  shard_size_ = flat_size / dp.size();
+  if (stage < 2) {
+    full_ = std::make_unique<core::FullParameterStore>(std::move(units), flat_size, tracker);
+    full_->set_gradients_ready_hook([this](std::size_t offset) { gradients_ready(offset); });
+    store_ = full_.get();
+    const auto bucket_floats = static_cast<std::size_t>(bucket_mb * 1024 * 1024 / sizeof(float));
+    buckets_ = bucket_ranges(flat_size, bucket_floats);
+    if (stage == 0) {
+      adamw_ = std::make_unique<core::AdamW>(table, 0, flat_size, tracker);
+    } else {
+      shard_begin_ = shard_size_ * dp.rank();
+      adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
+                                             tracker, offload_);
+    }
   } else {
-    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
-                                           tracker, offload_);
+    sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage, dp,
+                                                       tracker, offload_params);
+    store_ = sharded_.get();
+    adamw_ = std::make_unique<core::AdamW>(table, sharded_->owned_ranges(), tracker, offload_);
   }
   if (offload_) {
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
-    host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
-  }
-  if (stage == 2) {
-    grad_shard_ = core::DeviceArray<float>(tracker, core::MemCategory::gradients, shard_size_);
-    std::size_t widest = 0;
-    for (const auto& [begin, end] : buckets_) widest = std::max(widest, end - begin);
-    staging_ = core::DeviceArray<float>(tracker, core::MemCategory::temporaries,
-                                        dp.size() > 1 ? widest * dp.size() : 0);
+    if (!offload_params) {
+      host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
+    }
   }
 }
 
-void ShardedAdamW::gradients_ready(float* grads, std::size_t offset) {
-  if (stage_ == 2 || dp_.size() == 1) return;
+ShardedAdamW::OffloadStats ShardedAdamW::offload_stats() const {
+  OffloadStats stats = offload_stats_;
+  if (sharded_) stats.to_device_bytes += sharded_->uploaded_bytes();
+  return stats;
+}
+
+void ShardedAdamW::gradients_ready(std::size_t offset) {
+  if (!overlap_ || dp_.size() == 1) return;
+  float* grads = full_->full_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= offset) {
     const auto [begin, end] = buckets_[next_bucket_++];
     in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
@@ -73,10 +88,10 @@ void ShardedAdamW::gradients_ready(float* grads, std::size_t offset) {
   for (auto& pending : in_flight_) pending->test();  // MPI progresses inside MPI calls
 }
 
-double ShardedAdamW::reduce_gradients(float* grads) {
-  const int p = dp_.size();
+double ShardedAdamW::reduce_gradients() {
   if (stage_ < 2) {
-    if (p > 1) {
+    float* grads = full_->full_grads();
+    if (dp_.size() > 1) {
       for (; next_bucket_ < buckets_.size(); ++next_bucket_) {
         const auto [begin, end] = buckets_[next_bucket_];
         in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
@@ -87,45 +102,73 @@ double ShardedAdamW::reduce_gradients(float* grads) {
     }
     return std::sqrt(core::sum_of_squares(grads, padded_));
   }
-  // Stage 2: bucket [a, b) of every shard, packed rank by rank, reduce-scatters into [a, b) of
-  // this rank's shard.
-  for (const auto& [begin, end] : buckets_) {
-    const std::size_t width = end - begin;
-    if (p == 1) {
-      core::kernels::copy(grad_shard_.data() + begin, grads + begin, int64_t(width));
-      continue;
-    }
-    for (int r = 0; r < p; ++r) {
-      core::kernels::copy(staging_.data() + r * width, grads + r * shard_size_ + begin,
-                          int64_t(width));
-    }
-    Kokkos::fence();  // the collective reads what the kernels wrote
-    dp_.reduce_scatter_sum({staging_.data(), width * p}, {grad_shard_.data() + begin, width});
-  }
-  const double local = core::sum_of_squares(grad_shard_.data(), shard_size_);
+  // Stages 2-3: every unit was reduce-scattered into the shard during backward.
+  const double local = core::sum_of_squares(sharded_->grad_shard(), shard_size_);
   return std::sqrt(dp_.all_reduce_sum_value(local));
 }
 
-void ShardedAdamW::step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,
-                        float grad_scale) {
-  const int p = dp_.size();
-  if (stage_ == 0) {
-    adamw_->update(params, grads, hp, step, grad_scale);
+void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
+                                    float grad_scale) {
+  const std::size_t bytes = shard_size_ * sizeof(float);
+  const float* grads =
+      stage_ == 1 ? full_->full_grads() + shard_begin_ : sharded_->grad_shard();
+  core::copy_to_host(host_grads_.data(), grads, bytes);
+  offload_stats_.to_host_bytes += bytes;
+  if (stage_ == 3 && sharded_->params_offloaded()) {
+    // The parameter shard already lives on the host: update it in place.
+    adamw_->update(sharded_->param_shard(), host_grads_.data(), hp, step, grad_scale);
     return;
   }
-  const float* shard_grads = stage_ == 1 ? grads + shard_begin_ : grad_shard_.data();
-  if (offload_) {
-    const std::size_t bytes = shard_size_ * sizeof(float);
-    core::copy_to_host(host_grads_.data(), shard_grads, bytes);
-    core::copy_to_host(host_params_.data(), params + shard_begin_, bytes);
-    adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
-    core::copy_to_device(params + shard_begin_, host_params_.data(), bytes);
-    offload_stats_.to_host_bytes += 2 * bytes;
-    offload_stats_.to_device_bytes += bytes;
+  // The parameter shard's pieces: one contiguous range (stages 1, 3) or this rank's slice of
+  // every unit inside the whole buffer (stage 2).
+  std::vector<std::pair<float*, std::size_t>> pieces;
+  if (stage_ == 1) {
+    pieces.emplace_back(full_->full_params() + shard_begin_, shard_size_);
+  } else if (stage_ == 3) {
+    pieces.emplace_back(sharded_->param_shard(), shard_size_);
   } else {
-    adamw_->update(params + shard_begin_, shard_grads, hp, step, grad_scale);
+    for (const auto& [begin, end] : sharded_->owned_ranges()) {
+      pieces.emplace_back(sharded_->full_params() + begin, end - begin);
+    }
   }
-  if (p > 1) dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});
+  std::size_t at = 0;
+  for (const auto& [ptr, n] : pieces) {
+    core::copy_to_host(host_params_.data() + at, ptr, n * sizeof(float));
+    at += n;
+  }
+  adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
+  at = 0;
+  for (const auto& [ptr, n] : pieces) {
+    core::copy_to_device(ptr, host_params_.data() + at, n * sizeof(float));
+    at += n;
+  }
+  offload_stats_.to_host_bytes += bytes;
+  offload_stats_.to_device_bytes += bytes;
+}
+
+void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_scale) {
+  using Indexing = core::AdamW::Indexing;
+  const int p = dp_.size();
+  if (stage_ == 0) {
+    adamw_->update(full_->full_params(), full_->full_grads(), hp, step, grad_scale);
+    return;
+  }
+  if (offload_) {
+    offloaded_update(hp, step, grad_scale);
+  } else if (stage_ == 1) {
+    adamw_->update(full_->full_params() + shard_begin_, full_->full_grads() + shard_begin_, hp,
+                   step, grad_scale);
+  } else if (stage_ == 2) {
+    adamw_->update(sharded_->full_params(), sharded_->grad_shard(), hp, step, grad_scale,
+                   Indexing::flat, Indexing::state);
+  } else {
+    adamw_->update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
+  }
+  if (stage_ == 1 && p > 1) {
+    float* params = full_->full_params();
+    dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});
+  }
+  if (stage_ == 2) sharded_->all_gather_params();
 }
 
 }  // namespace colossal::zero

@@ -1,27 +1,29 @@
-// Data-parallel gradient synchronisation and the (optionally ZeRO-sharded) AdamW step.
+// Data-parallel gradient synchronisation and the (optionally ZeRO-sharded) AdamW step. The
+// optimizer owns the parameter store the model runs on (core/parameter_store.hpp), chosen by stage.
 //
-// The flat parameter/gradient buffers (padded by the model to a multiple of dp*16 floats) are split
-// into `dp` equal, contiguous shards; rank r owns [r*S, (r+1)*S). Per optimizer step:
-//   stage 0: all-reduce the gradients (bucket by bucket), global norm from the full gradient,
-//            AdamW on every element (moments replicated).
-//   stage 1: the same all-reduce; AdamW only on the own shard (moments are shard-sized); then the
-//            parameters are all-gathered.
-//   stage 2: gradients are reduce-scattered (bucket by bucket) into a shard-sized buffer instead
-//            of all-reduced (half the traffic); the norm is an all-reduce of per-shard sums of
-//            squares; AdamW on the shard; parameters all-gathered. The model still accumulates
-//            micro-batch gradients in a full-size buffer, so gradient memory is not yet divided
-//            by dp (that needs per-bucket reduction during backward).
-// Offload (stages 1-2): the moments live in host memory and the update runs on host threads; each
+// Parameters form units (embeddings, each block, final layernorm), each padded to a multiple of
+// dp*16 floats. Per optimizer step:
+//   stage 0: a FullParameterStore; gradients all-reduced bucket by bucket, global norm from the
+//            full gradient, AdamW on every element (moments replicated).
+//   stage 1: the same all-reduce; the flat buffer is split into dp equal contiguous shards and
+//            AdamW runs on this rank's shard only (moments are shard-sized); then the parameters
+//            are all-gathered.
+//   stage 2: a ShardedParameterStore (zero/sharded_store.hpp): parameters whole, gradients
+//            reduce-scattered unit by unit during every micro-batch's backward into this rank's
+//            slice of every unit (the full gradient buffer never exists); the norm is an
+//            all-reduce of per-shard sums of squares; AdamW on the slices; units all-gathered.
+//   stage 3: the same with the parameters sharded too: each unit is all-gathered just before its
+//            forward and again before its backward, and released right after.
+// Offload (stages 1-3): the moments live in host memory and the update runs on host threads; each
 // step copies the gradient shard and the parameter shard to the host and the updated parameter
-// shard back (offload_stats counts those bytes). On a host-only build both sides are host memory.
+// shard back (offload_stats counts those bytes). With parameter offload (stage 3) the parameter
+// shard itself lives in host memory: the update writes it in place and every gather uploads this
+// rank's slice. On a host-only build both sides are host memory.
 //
-// Buckets of about `bucket_mb` are issued from the end of the buffer (the last layers' gradients,
-// final first in backward). For the all-reduce they are contiguous ranges of the flat buffer; for
-// the reduce-scatter a bucket is the same range [a, b) of every rank's shard, packed into one
-// staging buffer so that rank r receives exactly its own shard's slice. Stages 0-1 start each
-// bucket's all-reduce (non-blocking) as soon as backward has finished the blocks it covers, on the
-// step's last micro-batch, and wait for all of them in reduce_gradients(); stage 2's
-// reduce-scatters are issued there, blocking. Gradients are summed, not averaged: the trainer
+// Stages 0-1: buckets of about `bucket_mb` are contiguous ranges of the flat buffer issued from its
+// end (the last layers' gradients, final first in backward). On the step's last micro-batch each
+// bucket's non-blocking all-reduce starts as soon as backward has finished the units it covers,
+// and reduce_gradients() waits for all of them. Gradients are summed, not averaged: the trainer
 // scales the loss by 1/(global tokens).
 #pragma once
 
@@ -34,7 +36,9 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/optimizer.hpp"
+#include "core/parameter_store.hpp"
 #include "parallel/communicator.hpp"
+#include "zero/sharded_store.hpp"
 
 namespace colossal::zero {
 
@@ -45,48 +49,58 @@ std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(std::size_t lengt
 
 class ShardedAdamW {
  public:
-  ShardedAdamW(const std::vector<core::ParamSpec>& table, std::size_t padded, int stage,
-               double bucket_mb, parallel::Communicator& dp, core::MemoryTracker& tracker,
-               bool offload_optimizer = false);
+  // `units` from core::parameter_units(table, dp*16); `flat_size` is their end.
+  ShardedAdamW(const std::vector<core::ParamSpec>& table, std::vector<core::ParamUnit> units,
+               std::size_t flat_size, int stage, double bucket_mb, parallel::Communicator& dp,
+               core::MemoryTracker& tracker, bool offload_optimizer = false,
+               bool offload_params = false);
+
+  // Where the model's parameters and gradients live (pass it to core::Model).
+  core::ParameterStore& store() { return *store_; }
+  const core::ParameterStore& store() const { return *store_; }
 
   struct OffloadStats {
     uint64_t to_host_bytes = 0, to_device_bytes = 0;
   };
-  const OffloadStats& offload_stats() const { return offload_stats_; }
+  OffloadStats offload_stats() const;
 
-  // Stages 0-1: starts the non-blocking all-reduce of every bucket lying in [offset, end) that
-  // has not started yet, and lets the ones in flight progress. Called from the model's backward
-  // (Model::set_gradients_ready_hook) on the step's last micro-batch, so the reductions overlap the
-  // rest of backward. Stage 2 reduces at reduce_gradients().
-  void gradients_ready(float* grads, std::size_t offset);
-  // Sums the gradients over the data-parallel group (as the stage says; buckets not started yet
-  // start now, then all are waited for) and returns the global gradient norm, identical on every
-  // rank.
-  double reduce_gradients(float* grads);
+  // Stages 0-1: whether buckets start reducing as soon as backward finishes them (set for the
+  // step's last micro-batch; earlier micro-batches only accumulate).
+  void set_overlap(bool on) { overlap_ = on; }
+  // Sums the gradients over the data-parallel group (stages 0-1: buckets not started yet start
+  // now, then all are waited for; stages 2-3: already reduced during backward) and returns the
+  // global gradient norm, identical on every rank.
+  double reduce_gradients();
   // Buckets whose all-reduce started during backward, over the optimizer's life (for tests).
   std::size_t buckets_started_early() const { return started_early_; }
   // Clipped AdamW on this rank's part, then (stages 1, 2) all-gather of the parameters.
-  void step(float* params, float* grads, const core::AdamWParams& hp, int64_t step,
-            float grad_scale);
+  void step(const core::AdamWParams& hp, int64_t step, float grad_scale);
 
   int stage() const { return stage_; }
-  std::size_t shard_begin() const { return shard_begin_; }
   std::size_t shard_size() const { return shard_size_; }
-  // Flat ranges (stages 0, 1) or shard-relative ranges (stage 2), in issue order.
+  // Stages 0-1: flat ranges, in issue order (stages 2-3 reduce per unit: empty).
   const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }
   const core::AdamW& adamw() const { return *adamw_; }
 
  private:
+  // Stages 0-1: starts the non-blocking all-reduce of every bucket lying in [offset, end) that
+  // has not started yet, and lets the ones in flight progress.
+  void gradients_ready(std::size_t offset);
+  // Offload: AdamW on host copies of the shard (stages 1-3).
+  void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
+
   int stage_;
-  std::size_t padded_, shard_begin_, shard_size_;
+  std::size_t padded_, shard_begin_ = 0, shard_size_;
   parallel::Communicator& dp_;
+  std::unique_ptr<core::FullParameterStore> full_;       // stages 0-1
+  std::unique_ptr<ShardedParameterStore> sharded_;       // stages 2-3
+  core::ParameterStore* store_;
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;
   std::unique_ptr<core::AdamW> adamw_;
-  core::DeviceArray<float> grad_shard_;  // stage 2: this rank's reduced gradients
-  core::DeviceArray<float> staging_;     // stage 2: one bucket of every rank's shard, packed
   bool offload_;
   core::DeviceArray<float> host_grads_, host_params_;  // offload: the shard on the host
   OffloadStats offload_stats_;
+  bool overlap_ = false;
   std::vector<std::unique_ptr<parallel::PendingCollective>> in_flight_;  // stages 0-1
   std::size_t next_bucket_ = 0;   // first bucket (in issue order) not started this step
   std::size_t started_early_ = 0;

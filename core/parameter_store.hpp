@@ -1,0 +1,91 @@
+// Where a model's parameters and gradients live, unit by unit (ParamUnit: the embeddings, each
+// transformer block, the final layernorm).
+//
+// The model never addresses a flat parameter buffer directly: before it runs a unit it asks the
+// store for the unit's full parameters (gather), gives them back when done (release), accumulates
+// the unit's gradients into the buffer the store hands out (gradients) and says when backward has
+// finished them for this micro-batch (gradients_done). A replicated store (FullParameterStore, the
+// default) keeps both flat buffers whole and makes these calls free; ZeRO's sharded stores
+// (zero/sharded_store.hpp) all-gather parameters and reduce-scatter gradients in them.
+//
+// Under sharding gather() and gradients_done() are collective over the data-parallel group: every
+// rank must make the same calls in the same order (the model's forward and backward do).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+
+namespace colossal::core {
+
+class ParameterStore {
+ public:
+  ParameterStore(std::vector<ParamUnit> units, std::size_t flat_size)
+      : units_(std::move(units)), flat_size_(flat_size) {}
+  ParameterStore(const ParameterStore&) = delete;
+  ParameterStore& operator=(const ParameterStore&) = delete;
+  virtual ~ParameterStore() = default;
+
+  const std::vector<ParamUnit>& units() const { return units_; }
+  std::size_t flat_size() const { return flat_size_; }
+
+  // The full parameters of `unit` (its first element, flat offset units()[unit].begin), valid
+  // until release(unit). Unit 0 and one other unit may be held at once.
+  virtual const float* gather(int unit) = 0;
+  virtual void release(int unit) { (void)unit; }
+  // A buffer of the unit's size to write its full values into (initialisation, loading);
+  // commit(unit) makes them the unit's parameters. Same pairing rule as gather().
+  virtual float* begin_write(int unit) = 0;
+  virtual void commit(int unit) { (void)unit; }
+
+  // Where backward accumulates (+=) the unit's gradients for the current micro-batch; then
+  // gradients_done(unit) once backward has finished them. Unit 0 and one other unit may be open at
+  // once. Whether the buffer starts at zero or holds earlier micro-batches is the store's affair:
+  // the accumulated gradient of the step is the same either way.
+  virtual float* gradients(int unit) = 0;
+  virtual void gradients_done(int unit) { (void)unit; }
+  // Zeroes the step's accumulated gradients.
+  virtual void zero_gradients() = 0;
+
+  // The whole flat buffers when this store keeps them; nullptr when they are sharded.
+  virtual float* full_params() { return nullptr; }
+  virtual float* full_grads() { return nullptr; }
+  // True when gather()/gradients_done() communicate (every rank must run the same forwards).
+  virtual bool collective() const { return false; }
+
+ private:
+  std::vector<ParamUnit> units_;
+  std::size_t flat_size_;
+};
+
+// Both flat buffers whole on this rank (one rank, data parallelism, ZeRO 1).
+class FullParameterStore : public ParameterStore {
+ public:
+  FullParameterStore(std::vector<ParamUnit> units, std::size_t flat_size, MemoryTracker& tracker);
+
+  const float* gather(int unit) override { return params_.data() + units()[unit].begin; }
+  float* begin_write(int unit) override { return params_.data() + units()[unit].begin; }
+  float* gradients(int unit) override { return grads_.data() + units()[unit].begin; }
+  // Calls the hook with the unit's first offset: backward finishes units from the last to the
+  // first, so [offset, flat_size()) is final then.
+  void gradients_done(int unit) override;
+  void zero_gradients() override;
+  float* full_params() override { return params_.data(); }
+  float* full_grads() override { return grads_.data(); }
+
+  // Called from gradients_done() (empty: not called): lets data-parallel all-reduces of finished
+  // buckets start while backward continues.
+  void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
+    gradients_ready_ = std::move(hook);
+  }
+
+ private:
+  DeviceArray<float> params_, grads_;
+  std::function<void(std::size_t)> gradients_ready_;
+};
+
+}  // namespace colossal::core

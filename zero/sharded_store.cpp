@@ -1,0 +1,161 @@
+#include "zero/sharded_store.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "core/kernels.hpp"
+#include "core/optimizer.hpp"
+
+namespace colossal::zero {
+
+namespace k = core::kernels;
+
+ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
+                                             std::size_t flat_size, int stage,
+                                             parallel::Communicator& dp,
+                                             core::MemoryTracker& tracker, bool offload_params)
+    : ParameterStore(std::move(units), flat_size),
+      stage_(stage),
+      dp_(dp),
+      ranks_(dp.size()),
+      rank_(dp.rank()),
+      offload_params_(offload_params) {
+  if (stage != 2 && stage != 3) {
+    throw std::invalid_argument("sharded parameter store for ZeRO stage " + std::to_string(stage));
+  }
+  if (offload_params && stage != 3) {
+    throw std::invalid_argument("parameter offload needs ZeRO stage 3");
+  }
+  std::size_t widest = 0;
+  for (std::size_t u = 0; u < this->units().size(); ++u) {
+    if (this->units()[u].size() % (std::size_t(ranks_) * 16) != 0) {
+      throw std::invalid_argument("parameter unit " + std::to_string(u) +
+                                  " is not padded to a multiple of dp*16 floats");
+    }
+    if (u > 0) widest = std::max(widest, this->units()[u].size());
+  }
+  const std::size_t first = this->units()[0].size();
+  using core::MemCategory;
+  if (stage == 2) {
+    params_ = core::DeviceArray<float>(tracker, MemCategory::parameters, flat_size);
+  } else {
+    shard_ = core::DeviceArray<float>(
+        tracker, offload_params ? MemCategory::offloaded : MemCategory::parameters, shard_size());
+    if (!direct()) {
+      param_work_[0] = core::DeviceArray<float>(tracker, MemCategory::parameters, first);
+      param_work_[1] = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
+    }
+  }
+  grad_shard_ = core::DeviceArray<float>(tracker, MemCategory::gradients, shard_size());
+  if (ranks_ > 1) {
+    grad_work_[0] = core::DeviceArray<float>(tracker, MemCategory::gradients, first);
+    grad_work_[1] = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
+    reduced_ = core::DeviceArray<float>(tracker, MemCategory::temporaries,
+                                        std::max(first, widest) / ranks_);
+  }
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> ShardedParameterStore::owned_ranges() const {
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  for (std::size_t u = 0; u < units().size(); ++u) {
+    const std::size_t begin = units()[u].begin + rank_ * slice(int(u));
+    ranges.emplace_back(begin, begin + slice(int(u)));
+  }
+  return ranges;
+}
+
+void ShardedParameterStore::take(int unit, int holders[2], const char* what) {
+  int& holder = holders[slot(unit)];
+  if (holder != -1) {
+    throw std::logic_error(std::string("ZeRO store: ") + what + " of unit " +
+                           std::to_string(unit) + " while unit " + std::to_string(holder) +
+                           " still holds its buffer");
+  }
+  holder = unit;
+}
+
+const float* ShardedParameterStore::gather(int unit) {
+  const core::ParamUnit& u = units()[unit];
+  if (stage_ == 2) return params_.data() + u.begin;
+  if (direct()) return shard_.data() + u.begin;
+  take(unit, param_holder_, "gather");
+  float* work = param_work_[slot(unit)].data();
+  const std::size_t s = slice(unit);
+  float* own = work + rank_ * s;
+  if (offload_params_) {
+    core::copy_to_device(own, shard_.data() + shard_offset(unit), s * sizeof(float));
+    uploaded_bytes_ += s * sizeof(float);
+  } else {
+    k::copy(own, shard_.data() + shard_offset(unit), int64_t(s));
+    Kokkos::fence();
+  }
+  if (ranks_ > 1) dp_.all_gather({own, s}, {work, u.size()});
+  return work;
+}
+
+void ShardedParameterStore::release(int unit) {
+  if (stage_ == 2 || direct()) return;
+  if (param_holder_[slot(unit)] != unit) {
+    throw std::logic_error("ZeRO store: release of unit " + std::to_string(unit) +
+                           " that was not gathered");
+  }
+  param_holder_[slot(unit)] = -1;
+}
+
+float* ShardedParameterStore::begin_write(int unit) {
+  const core::ParamUnit& u = units()[unit];
+  if (stage_ == 2) return params_.data() + u.begin;
+  if (direct()) return shard_.data() + u.begin;
+  take(unit, param_holder_, "write");
+  return param_work_[slot(unit)].data();
+}
+
+void ShardedParameterStore::commit(int unit) {
+  if (stage_ == 2 || direct()) return;
+  const std::size_t s = slice(unit);
+  const float* own = param_work_[slot(unit)].data() + rank_ * s;
+  if (offload_params_) {
+    core::copy_to_host(shard_.data() + shard_offset(unit), own, s * sizeof(float));
+  } else {
+    k::copy(shard_.data() + shard_offset(unit), own, int64_t(s));
+    Kokkos::fence();
+  }
+  release(unit);
+}
+
+float* ShardedParameterStore::gradients(int unit) {
+  if (ranks_ == 1) return grad_shard_.data() + units()[unit].begin;  // accumulate in place
+  take(unit, grad_holder_, "gradients");
+  float* work = grad_work_[slot(unit)].data();
+  k::fill(work, int64_t(units()[unit].size()), 0.0f);
+  return work;
+}
+
+void ShardedParameterStore::gradients_done(int unit) {
+  if (ranks_ == 1) return;
+  if (grad_holder_[slot(unit)] != unit) {
+    throw std::logic_error("ZeRO store: gradients_done of unit " + std::to_string(unit) +
+                           " that was not opened");
+  }
+  grad_holder_[slot(unit)] = -1;
+  const std::size_t s = slice(unit);
+  Kokkos::fence();  // the collective reads what the kernels wrote
+  dp_.reduce_scatter_sum({grad_work_[slot(unit)].data(), units()[unit].size()},
+                         {reduced_.data(), s});
+  k::add(grad_shard_.data() + shard_offset(unit), reduced_.data(), int64_t(s));
+  Kokkos::fence();
+}
+
+void ShardedParameterStore::zero_gradients() { core::zero(grad_shard_.data(), grad_shard_.size()); }
+
+void ShardedParameterStore::all_gather_params() {
+  if (stage_ != 2 || ranks_ == 1) return;
+  for (std::size_t u = 0; u < units().size(); ++u) {
+    const std::size_t s = slice(int(u));
+    float* whole = params_.data() + units()[u].begin;
+    dp_.all_gather({whole + rank_ * s, s}, {whole, units()[u].size()});
+  }
+}
+
+}  // namespace colossal::zero

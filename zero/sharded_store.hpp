@@ -1,0 +1,84 @@
+// ZeRO stages 2 and 3 as a parameter store (core/parameter_store.hpp).
+//
+// Every parameter unit is padded to a multiple of dp*16 floats and split into dp equal slices;
+// rank r owns slice r of every unit. Its shard is the concatenation of its slices in unit order,
+// so unit u's slice starts at shard offset units[u].begin / dp and the shard holds flat/dp floats.
+//
+//   stage 2: parameters whole on every rank. Backward accumulates a unit's gradients into a
+//            unit-sized work buffer; when the unit is done its gradients are reduce-scattered and
+//            this rank's slice is added to the gradient shard. Gradient memory is the shard plus
+//            two work buffers (the embeddings', open through all of backward, and one for the
+//            other units), not the whole model. After the update each unit is all-gathered in
+//            place.
+//   stage 3: parameters sharded too. gather(u) all-gathers the unit into a work buffer (the
+//            embeddings' or the one shared by the other units) and release(u) frees it for the
+//            next unit, so parameter memory is the shard plus the embeddings and one block.
+//            With parameter offload the shard lives in host memory and each gather first copies
+//            this rank's slice to the device.
+// With one rank nothing is communicated: the shard is the flat buffer and gradients accumulate in
+// it directly. Gradients are reduced on every micro-batch (traffic per step is the accumulation
+// count times the gradient bytes), which is what frees the full gradient buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.hpp"
+#include "core/parameter_store.hpp"
+#include "parallel/communicator.hpp"
+
+namespace colossal::zero {
+
+class ShardedParameterStore : public core::ParameterStore {
+ public:
+  ShardedParameterStore(std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
+                        parallel::Communicator& dp, core::MemoryTracker& tracker,
+                        bool offload_params = false);
+
+  const float* gather(int unit) override;
+  void release(int unit) override;
+  float* begin_write(int unit) override;
+  void commit(int unit) override;
+  float* gradients(int unit) override;
+  void gradients_done(int unit) override;
+  void zero_gradients() override;
+  float* full_params() override { return stage_ == 2 ? params_.data() : nullptr; }
+  bool collective() const override { return stage_ == 3 && ranks_ > 1; }
+
+  int stage() const { return stage_; }
+  std::size_t shard_size() const { return flat_size() / ranks_; }
+  // This rank's slice of every unit, as flat ranges in unit (= shard) order.
+  std::vector<std::pair<std::size_t, std::size_t>> owned_ranges() const;
+  float* grad_shard() { return grad_shard_.data(); }
+  // Stage 3: the parameter shard (host memory when offloaded).
+  float* param_shard() { return shard_.data(); }
+  bool params_offloaded() const { return offload_params_; }
+  // Stage 2: all-gathers every unit in place from each rank's updated slice.
+  void all_gather_params();
+  // Stage 3 with parameter offload: bytes copied from the host shard to the device by gathers.
+  uint64_t uploaded_bytes() const { return uploaded_bytes_; }
+
+ private:
+  std::size_t slice(int unit) const { return units()[unit].size() / ranks_; }
+  std::size_t shard_offset(int unit) const { return units()[unit].begin / ranks_; }
+  int slot(int unit) const { return unit == 0 ? 0 : 1; }
+  // Direct addressing of the shard as the flat buffer (one rank, no offload).
+  bool direct() const { return ranks_ == 1 && !offload_params_; }
+  void take(int unit, int holders[2], const char* what);
+
+  int stage_;
+  parallel::Communicator& dp_;
+  int ranks_, rank_;
+  bool offload_params_;
+  core::DeviceArray<float> params_;         // stage 2: the whole flat buffer
+  core::DeviceArray<float> shard_;          // stage 3: this rank's parameter slices
+  core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
+  core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
+  core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
+  core::DeviceArray<float> reduced_;        // one reduced slice before it is added
+  int param_holder_[2] = {-1, -1}, grad_holder_[2] = {-1, -1};
+  uint64_t uploaded_bytes_ = 0;
+};
+
+}  // namespace colossal::zero
