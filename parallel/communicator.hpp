@@ -97,7 +97,8 @@ class Communicator {
   // `buffer`; counted when started. Backends without non-blocking collectives complete it here.
   std::unique_ptr<PendingCollective> start_all_reduce_sum(std::span<float> buffer);
   // output <- block rank() of the sum over ranks of input; input.size() == size() * output.size().
-  // input and output must not overlap.
+  // In place when output is exactly block rank() of input (input is then clobbered); otherwise
+  // they must not overlap.
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output);
   // output <- concatenation of every rank's input in rank order; output.size() == size() *
   // input.size(). In place when input is exactly block rank() of output.

@@ -1,6 +1,7 @@
 #include "parallel/mpi_communicator.hpp"
 
 #include <climits>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -132,8 +133,17 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum(
 }
 
 void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
-  check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(),
-                                 mpi_count(output.size(), "reduce_scatter_sum"), MPI_FLOAT, MPI_SUM,
+  const int count = mpi_count(output.size(), "reduce_scatter_sum");
+  const std::size_t block = std::size_t(rank()) * output.size();
+  if (output.data() == input.data() + block) {
+    // MPI's in-place form leaves the result at the start of the buffer: move it to block rank().
+    float* whole = output.data() - block;
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_),
+          "MPI_Reduce_scatter_block");
+    if (block != 0) std::memmove(output.data(), whole, output.size_bytes());
+    return;
+  }
+  check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT, MPI_SUM,
                                  comm_),
         "MPI_Reduce_scatter_block");
 }

@@ -94,6 +94,7 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
 
 void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
+  // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
              "ncclReduceScatter");

@@ -51,8 +51,6 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
   if (ranks_ > 1) {
     grad_work_[0] = core::DeviceArray<float>(tracker, MemCategory::gradients, first);
     grad_work_[1] = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
-    reduced_ = core::DeviceArray<float>(tracker, MemCategory::temporaries,
-                                        std::max(first, widest) / ranks_);
   }
 }
 
@@ -140,10 +138,11 @@ void ShardedParameterStore::gradients_done(int unit) {
   }
   grad_holder_[slot(unit)] = -1;
   const std::size_t s = slice(unit);
+  float* work = grad_work_[slot(unit)].data();
   Kokkos::fence();  // the collective reads what the kernels wrote
-  dp_.reduce_scatter_sum({grad_work_[slot(unit)].data(), units()[unit].size()},
-                         {reduced_.data(), s});
-  k::add(grad_shard_.data() + shard_offset(unit), reduced_.data(), int64_t(s));
+  // In place: this rank's reduced slice lands in its own block of the work buffer.
+  dp_.reduce_scatter_sum({work, units()[unit].size()}, {work + rank_ * s, s});
+  k::add(grad_shard_.data() + shard_offset(unit), work + rank_ * s, int64_t(s));
   Kokkos::fence();
 }
 

@@ -76,7 +76,6 @@ class ShardedParameterStore : public core::ParameterStore {
   core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
   core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
-  core::DeviceArray<float> reduced_;        // one reduced slice before it is added
   int param_holder_[2] = {-1, -1}, grad_holder_[2] = {-1, -1};
   uint64_t uploaded_bytes_ = 0;
 };

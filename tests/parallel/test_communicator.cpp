@@ -90,9 +90,25 @@ TEST_F(MpiCommunicatorTest, ReduceScatterRejectsBadSizesOnEveryRank) {
   std::vector<float> input(static_cast<std::size_t>(size()) * 4 + 1);
   std::vector<float> output(4);
   EXPECT_THROW(comm->reduce_scatter_sum(input, output), std::invalid_argument);
-  std::vector<float> both(static_cast<std::size_t>(size()) * 4);
-  EXPECT_THROW(comm->reduce_scatter_sum(both, std::span<float>(both).first(4)), std::invalid_argument);
+  // Overlapping, but not in place (in place is output == block rank() of input).
+  std::vector<float> both(static_cast<std::size_t>(size()) * 4 + 1);
+  const auto whole = std::span<const float>(both).first(static_cast<std::size_t>(size()) * 4);
+  EXPECT_THROW(comm->reduce_scatter_sum(whole, std::span<float>(both).subspan(1, 4)),
+               std::invalid_argument);
   EXPECT_EQ(comm->stats().reduce_scatter.calls, 0u);
+}
+
+TEST_F(MpiCommunicatorTest, ReduceScatterInPlaceLeavesTheBlockInPlace) {
+  const std::size_t c = 6;
+  std::vector<float> buffer(c * static_cast<std::size_t>(size()));
+  for (std::size_t j = 0; j < buffer.size(); ++j) buffer[j] = float(rank() + 1) * float(j);
+  const std::span<float> mine = std::span<float>(buffer).subspan(std::size_t(rank()) * c, c);
+  comm->reduce_scatter_sum(buffer, mine);
+  const float ranks_sum = float(size()) * float(size() + 1) / 2.0f;
+  for (std::size_t k = 0; k < c; ++k) {
+    EXPECT_EQ(mine[k], ranks_sum * float(std::size_t(rank()) * c + k)) << "k=" << k;
+  }
+  EXPECT_EQ(comm->stats().reduce_scatter.calls, 1u);
 }
 
 TEST_F(MpiCommunicatorTest, AllGatherMatchesClosedForm) {
