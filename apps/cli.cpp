@@ -152,15 +152,21 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
         if (args.print_config) {
           if (inv.rank == 0) std::printf("%s", inv.config.text.c_str());
         } else {
-          if (inv.world_size != inv.config.parallel.data) {
-            const int data = inv.config.parallel.data;
+          const auto& par = inv.config.parallel;
+          if (inv.world_size != par.world_size()) {
+            const int want = par.world_size();
+            const int other = par.tensor * par.sequence;
+            std::string fix = "start " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
+                              " (mpirun -np " + std::to_string(want) + ")";
+            if (inv.world_size % other == 0) {
+              fix = "set --set parallel.data=" + std::to_string(inv.world_size / other) +
+                    " or " + fix;
+            }
             throw UsageError(
-                "parallel.data = " + std::to_string(data) + " but " +
-                std::to_string(inv.world_size) +
-                " ranks were started (each rank is one data-parallel replica); set --set "
-                "parallel.data=" + std::to_string(inv.world_size) + " or start " +
-                std::to_string(data) + (data == 1 ? " rank" : " ranks") + " (mpirun -np " +
-                std::to_string(data) + ")");
+                "parallel.data = " + std::to_string(par.data) + " x parallel.tensor.size = " +
+                std::to_string(par.tensor) + " x parallel.sequence = " +
+                std::to_string(par.sequence) + " needs " + std::to_string(want) +
+                " ranks but " + std::to_string(inv.world_size) + " ranks were started; " + fix);
           }
           auto world = parallel::make_world_communicator();
           inv.world = world.get();

@@ -47,14 +47,26 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     own_world_ = std::make_unique<parallel::LocalCommunicator>();
     world = own_world_.get();
   }
-  dp_ = world;
-  if (dp_->size() != config_.parallel.data) {
-    throw CollectiveError("parallel.data = " + std::to_string(config_.parallel.data) + " but " +
-                          std::to_string(dp_->size()) +
-                          " ranks were started (every rank is one data-parallel replica); set "
-                          "parallel.data: " + std::to_string(dp_->size()) + " or start " +
-                          std::to_string(config_.parallel.data) + " ranks");
+  world_ = world;
+  const auto& par = config_.parallel;
+  if (world_->size() != par.world_size()) {
+    throw CollectiveError("parallel.data = " + std::to_string(par.data) +
+                          " x parallel.tensor.size = " + std::to_string(par.tensor) +
+                          " x parallel.sequence = " + std::to_string(par.sequence) + " needs " +
+                          std::to_string(par.world_size()) + " ranks but " +
+                          std::to_string(world_->size()) +
+                          " ranks were started; change parallel.data or start " +
+                          std::to_string(par.world_size()) + " ranks");
   }
+  // The mesh (tensor innermost, then sequence, data): this rank's groups along each axis.
+  groups_ = parallel::make_groups(
+      *world_, parallel::DeviceMesh(parallel::MeshShape{.data = par.data,
+                                                        .pipeline = 1,
+                                                        .tensor = par.tensor,
+                                                        .sequence = par.sequence}));
+  dp_ = groups_.dp.get();
+  tp_ = groups_.tp.get();
+  if (tp_->size() > 1) tensor_group_ = std::make_unique<parallel::CommunicatorGroup>(*tp_);
   const auto& train = config_.train;
   const auto& spec = config_.model;
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
@@ -69,14 +81,17 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. The
   // optimizer owns the store the parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(dp_->size()) * 16;
-  const auto table = core::parameter_table(spec, unit_multiple);
+  const auto table =
+      core::parameter_table(spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()});
   auto units = core::parameter_units(table, unit_multiple);
   const std::size_t flat = units.back().end;
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
       table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *dp_,
-      tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params);
+      tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
+      tp_->size() > 1 ? tp_ : nullptr);
   model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
-                                         unit_multiple, &optimizer_->store());
+                                         unit_multiple, &optimizer_->store(),
+                                         tensor_group_.get());
   model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
@@ -92,8 +107,12 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
 // before the first collective of training instead of deadlocking in it.
 void Trainer::agree_on_plan() {
   const auto& p = config_.parallel;
-  std::string plan = "mesh: {data: " + std::to_string(dp_->size()) +
-                     ", tensor: 1, sequence: 1, pipeline: 1, order: tp-sp-dp-pp}\n" +
+  std::string plan = "mesh: {data: " + std::to_string(dp_->size()) + ", tensor: " +
+                     std::to_string(tp_->size()) + ", sequence: " +
+                     std::to_string(groups_.sp->size()) +
+                     ", pipeline: 1, order: tp-sp-dp-pp}\n" +
+                     "tensor: {mode: " + p.tensor_mode + ", padded_vocab: " +
+                     std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
                      ", offload_params: " + (p.offload_params ? "true" : "false") + "}\n" +
@@ -106,8 +125,8 @@ void Trainer::agree_on_plan() {
                                        : std::string("reduce-scatter per unit")) + "\n" +
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
   std::string root = plan;
-  dp_->broadcast_string(root, 0);
-  const double differs = dp_->all_reduce_sum_value(root == plan ? 0.0 : 1.0);
+  world_->broadcast_string(root, 0);
+  const double differs = world_->all_reduce_sum_value(root == plan ? 0.0 : 1.0);
   if (differs > 0) {
     throw CollectiveError(std::to_string(int(differs)) +
                           " rank(s) derived a different parallel plan from rank 0's; check that "
@@ -173,7 +192,7 @@ TrainSummary Trainer::train() {
                        t.optimizer.weight_decay};
 
   // Rank 0 writes the run's files; every rank trains.
-  const bool writer = dp_->rank() == 0;
+  const bool writer = world_->rank() == 0;
   std::unique_ptr<io::MetricsCsv> metrics;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
@@ -197,6 +216,11 @@ TrainSummary Trainer::train() {
         "data %s (%zu tokens)\n",
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
         train_data_->path().c_str(), train_data_->size());
+  if (tp_->size() > 1) {
+    print("parallel: %d tensor-parallel ranks (1d: heads, MLP width and vocabulary split; "
+          "vocabulary padded to %lld)\n",
+          tp_->size(), (long long)core::padded_vocab(spec, tp_->size()));
+  }
   if (dp_->size() > 1) {
     print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),
           config_.parallel.zero_stage,
@@ -295,8 +319,8 @@ TrainSummary Trainer::train() {
 
   summary.model_path = config_.log.dir + "/model.h5";
   save_weights(summary.model_path);
-  // Under ZeRO-3 every forward gathers parameters collectively: all ranks sample alike.
-  if ((writer || model_->store().collective()) && config_.sample.tokens > 0) {
+  // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
+  if (config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
                               config_.sample.temperature, t.seed);
   }
@@ -332,7 +356,7 @@ double Trainer::evaluate() {
   return dp_->all_reduce_sum_value(total) / double(windows);
 }
 
-std::vector<float> Trainer::gather_parameters() {
+std::vector<float> Trainer::local_parameters() {
   std::vector<float> host(model_->flat_size());
   core::ParameterStore& store = model_->store();
   for (std::size_t u = 0; u < store.units().size(); ++u) {
@@ -344,22 +368,56 @@ std::vector<float> Trainer::gather_parameters() {
   return host;
 }
 
-void Trainer::save_weights(const std::string& path) {
-  const bool writer = dp_->rank() == 0;
-  const float* params = model_->store().full_params();
-  if (params != nullptr &&
-      std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    if (writer) io::write_model_file(path, model_->parameters(), params, config_.text, plan_);
-    return;
+std::vector<core::ParamSpec> Trainer::logical_table() const {
+  return core::parameter_table(config_.model);
+}
+
+std::vector<float> Trainer::logical_parameters() {
+  std::vector<float> local = local_parameters();  // collective over data under ZeRO-3
+  const int t = tp_->size();
+  std::vector<float> all;
+  if (t > 1) {
+    all.resize(local.size() * t);
+    tp_->all_gather(local, all);  // every tensor rank's part
+  } else {
+    all = std::move(local);
   }
-  std::vector<float> host;
-  if (writer || model_->store().collective()) host = gather_parameters();  // collective in ZeRO-3
-  if (writer) io::write_model_file(path, model_->parameters(), host.data(), config_.text, plan_);
+  const auto logical = logical_table();
+  std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
+  const auto& mine = model_->parameters();
+  const std::size_t stride = model_->flat_size();
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    for (int r = 0; r < t; ++r) {
+      if (mine[i].shard.replicated() && r > 0) continue;
+      for (const core::ShardRun& run : core::shard_runs(mine[i], r)) {
+        const float* src = all.data() + r * stride + mine[i].offset + run.local;
+        std::copy(src, src + run.length, out.data() + logical[i].offset + run.logical);
+      }
+    }
+  }
+  return out;
+}
+
+void Trainer::save_weights(const std::string& path) {
+  const std::vector<float> values = logical_parameters();  // collective
+  if (world_->rank() == 0) {
+    io::write_model_file(path, logical_table(), values.data(), config_.text, plan_);
+  }
 }
 
 void Trainer::load_weights(const std::string& path) {
+  const auto logical = logical_table();
+  std::vector<float> values(core::parameter_units(logical, 16).back().end, 0.0f);
+  io::read_model_file(path, logical, values);
+  // This rank's part of every tensor, in its own layout.
   std::vector<float> host(model_->flat_size(), 0.0f);
-  io::read_model_file(path, model_->parameters(), host);
+  const auto& mine = model_->parameters();
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    for (const core::ShardRun& run : core::shard_runs(mine[i], tp_->rank())) {
+      const float* src = values.data() + logical[i].offset + run.logical;
+      std::copy(src, src + run.length, host.data() + mine[i].offset + run.local);
+    }
+  }
   core::ParameterStore& store = model_->store();
   for (std::size_t u = 0; u < store.units().size(); ++u) {
     const core::ParamUnit& unit = store.units()[u];
@@ -386,7 +444,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
     upload();
     model_->forward(inputs_.data(), targets_.data(), 1, 0.0f);
-    core::copy_to_host(logits.data(), model_->logits() + (len - 1) * V, V * sizeof(float));
+    model_->gather_logits(int64_t(len) - 1, logits.data());  // collective over the tensor group
     int next = 0;
     if (temperature <= 0.0) {
       next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());

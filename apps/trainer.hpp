@@ -16,6 +16,8 @@
 #include "io/config.hpp"
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_group.hpp"
 #include "zero/sharded_optimizer.hpp"
 
 namespace colossal::apps {
@@ -54,8 +56,9 @@ double peak_flops(const io::HardwareConfig& hardware);
 
 class Trainer {
  public:
-  // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds the
-  // data-parallel ranks (its size must be parallel.data); nullptr runs on this process alone.
+  // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds every
+  // rank of the run (its size must be parallel.data * parallel.tensor.size * parallel.sequence),
+  // split into the mesh's groups; nullptr runs on this process alone.
   Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr);
 
   TrainSummary train();
@@ -66,8 +69,12 @@ class Trainer {
   double evaluate();
   // Collective under ZeRO-3 (call on every rank); rank 0 writes the file.
   void save_weights(const std::string& path);
-  // The whole flat parameter buffer in host memory (collective under ZeRO-3).
-  std::vector<float> gather_parameters();
+  // This rank's flat parameter buffer in host memory (collective under ZeRO-3).
+  std::vector<float> local_parameters();
+  // Every logical (Hugging Face) tensor, laid out as logical_table() says: one rank's layout
+  // whatever this run's (collective over the tensor group, and the data group under ZeRO-3).
+  std::vector<float> logical_parameters();
+  std::vector<core::ParamSpec> logical_table() const;
   void load_weights(const std::string& path);
   // Continues `prompt` by `tokens` sampled tokens (temperature; 0 = greedy). For a byte vocabulary
   // the result is text; otherwise token ids separated by spaces.
@@ -80,6 +87,7 @@ class Trainer {
   // broadcast at construction and every rank checks that it derived the same one.
   const std::string& plan() const { return plan_; }
   parallel::Communicator& data_parallel() { return *dp_; }
+  parallel::Communicator& tensor_parallel() { return *tp_; }
 
  private:
   void print(const char* fmt, ...) const;
@@ -90,7 +98,11 @@ class Trainer {
   io::Config config_;
   std::FILE* log_;
   std::unique_ptr<parallel::Communicator> own_world_;  // when no communicator was given
+  parallel::Communicator* world_;
+  parallel::Groups groups_;  // this rank's group along each mesh axis
   parallel::Communicator* dp_;
+  parallel::Communicator* tp_;
+  std::unique_ptr<parallel::CommunicatorGroup> tensor_group_;  // the model's view of tp_
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
   std::unique_ptr<core::Model> model_;

@@ -21,30 +21,47 @@ using Exec = Kokkos::DefaultExecutionSpace;
 constexpr int kColumnChunk = 32;  // columns per work item in column reductions
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t + pos_offset,:]
+// Vocabulary-parallel form: wte holds rows [v0, v0 + rows) only; other tokens contribute zero, and
+// wpe may be null (added on one rank of the tensor group before the sum over it).
 template <class ExecSpace = Exec>
 void embedding_forward(float* out,            // (B,T,C)
                        const int32_t* tokens, // (B,T)
-                       const float* wte,      // (V,C)
-                       const float* wpe,      // (P,C)
-                       int B, int T, int C, int pos_offset) {
+                       const float* wte,      // (rows,C)
+                       const float* wpe,      // (P,C) or null
+                       int B, int T, int C, int pos_offset, int64_t v0 = 0,
+                       int64_t rows = INT64_MAX) {
   Kokkos::parallel_for(
       "colossal::core::embedding_forward", Kokkos::RangePolicy<ExecSpace>(0, int64_t(B) * T),
       KOKKOS_LAMBDA(int64_t bt) {
         const int t = static_cast<int>(bt % T);
-        const float* e = wte + int64_t(tokens[bt]) * C;
-        const float* p = wpe + int64_t(t + pos_offset) * C;
+        const int64_t row = int64_t(tokens[bt]) - v0;
         float* o = out + bt * C;
-        for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+        if (row >= 0 && row < rows) {
+          const float* e = wte + row * C;
+          if (wpe != nullptr) {
+            const float* p = wpe + int64_t(t + pos_offset) * C;
+            for (int c = 0; c < C; ++c) o[c] = e[c] + p[c];
+          } else {
+            for (int c = 0; c < C; ++c) o[c] = e[c];
+          }
+        } else if (wpe != nullptr) {
+          const float* p = wpe + int64_t(t + pos_offset) * C;
+          for (int c = 0; c < C; ++c) o[c] = p[c];
+        } else {
+          for (int c = 0; c < C; ++c) o[c] = 0.0f;
+        }
       });
 }
 
 // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t + pos_offset,:] += sum_b dout[b,t,:]
+// Vocabulary-parallel form: dwte holds rows [v0, v0 + rows) only.
 template <class ExecSpace = Exec>
-void embedding_backward(float* dwte,           // (V,C)
+void embedding_backward(float* dwte,           // (rows,C)
                         float* dwpe,           // (P,C)
                         const float* dout,     // (B,T,C)
                         const int32_t* tokens, // (B,T)
-                        int B, int T, int C, int pos_offset) {
+                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
+                        int64_t rows = INT64_MAX) {
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
   // Tokens repeat within a batch, so rows of dwte are not disjoint: each work item owns a slice of
   // columns and walks all positions in order (no atomics, deterministic).
@@ -56,11 +73,16 @@ void embedding_backward(float* dwte,           // (V,C)
         for (int64_t bt = 0; bt < int64_t(B) * T; ++bt) {
           const int t = static_cast<int>(bt % T);
           const float* d = dout + bt * C;
-          float* e = dwte + int64_t(tokens[bt]) * C;
+          const int64_t row = int64_t(tokens[bt]) - v0;
           float* p = dwpe + int64_t(t + pos_offset) * C;
-          for (int c = c0; c < c1; ++c) {
-            e[c] += d[c];
-            p[c] += d[c];
+          if (row >= 0 && row < rows) {
+            float* e = dwte + row * C;
+            for (int c = c0; c < c1; ++c) {
+              e[c] += d[c];
+              p[c] += d[c];
+            }
+          } else {
+            for (int c = c0; c < c1; ++c) p[c] += d[c];
           }
         }
       });
@@ -343,6 +365,58 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
           for (int j = 0; j < V; ++j) sum += fast_exp(l[j] - mx);
         }
         losses[n] = kmath::log(sum) + mx - target_logit;
+      });
+}
+
+// Vocabulary-parallel cross-entropy (Megatron): each rank of the tensor group holds the logits of
+// vocabulary columns [v0, v0 + valid) in rows of `ld` (columns past `valid` are padding). The
+// caller sums over the group between the passes: the row maxima (max), then the sums of
+// exp(logit - max) and the target logits (sum). The full logits never meet on one rank.
+template <class ExecSpace = Exec>
+void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, int valid) {
+  Kokkos::parallel_for(
+      "colossal::core::vp_row_max", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        const float* l = logits + n * ld;
+        float m = -3.0e38f;
+        for (int j = 0; j < valid; ++j) m = l[j] > m ? l[j] : m;
+        mx[n] = m;
+      });
+}
+
+// sums[n] = sum_j exp(l[n,j] - mx[n]); sums[N + n] = l[n, target - v0] when this rank holds it.
+template <class ExecSpace = Exec>
+void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
+                         const int32_t* targets, int64_t N, int ld, int valid, int64_t v0) {
+  Kokkos::parallel_for(
+      "colossal::core::vp_sums", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        const float* l = logits + n * ld;
+        float s = 0.0f;
+        for (int j = 0; j < valid; ++j) s += fast_exp(l[j] - mx[n]);
+        sums[n] = s;
+        const int64_t t = int64_t(targets[n]) - v0;
+        sums[N + n] = t >= 0 && t < valid ? l[t] : 0.0f;
+      });
+}
+
+// losses[n] = log(sum) + max - target logit; with grad_scale != 0 the local logits become
+// grad_scale * (softmax - onehot), padding columns zero.
+template <class ExecSpace = Exec>
+void vocab_parallel_finish(float* logits, float* losses, const float* mx, const float* sums,
+                           const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
+                           float grad_scale) {
+  Kokkos::parallel_for(
+      "colossal::core::vp_finish", Kokkos::RangePolicy<ExecSpace>(0, N),
+      KOKKOS_LAMBDA(int64_t n) {
+        float* l = logits + n * ld;
+        losses[n] = kmath::log(sums[n]) + mx[n] - sums[N + n];
+        if (grad_scale == 0.0f) return;
+        const float factor = grad_scale / sums[n];
+        for (int j = 0; j < valid; ++j) l[j] = fast_exp(l[j] - mx[n]) * factor;
+        for (int j = valid; j < ld; ++j) l[j] = 0.0f;
+        const int64_t t = int64_t(targets[n]) - v0;
+        if (t >= 0 && t < valid) l[t] -= grad_scale;
       });
 }
 

@@ -14,8 +14,10 @@ namespace colossal::core {
 namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-             std::size_t unit_multiple, ParameterStore* store)
-    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm) {
+             std::size_t unit_multiple, ParameterStore* store, TensorGroup* tensor)
+    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(tensor) {
+  if (tp_ != nullptr && tp_->size() == 1) tp_ = nullptr;
+  const TensorSplit split{tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0};
   if (spec.hidden % spec.heads != 0) {
     throw std::invalid_argument("model.hidden (" + std::to_string(spec.hidden) +
                                 ") must be divisible by model.heads (" +
@@ -25,8 +27,15 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     throw std::invalid_argument("sequence length " + std::to_string(seq_len) +
                                 " exceeds model.max_seq " + std::to_string(spec.max_seq));
   }
-  table_ = parameter_table(spec, unit_multiple);
-  for (const auto& p : table_) num_parameters_ += p.count;
+  table_ = parameter_table(spec, unit_multiple, split);
+  num_parameters_ = parameter_count(spec);
+  // This rank's share of heads, MLP width and (padded) vocabulary rows.
+  local_hidden_ = spec.hidden / split.size;
+  local_heads_ = spec.heads / split.size;
+  local_ffn_ = spec.ffn_hidden / split.size;
+  local_vocab_ = padded_vocab(spec, split.size) / split.size;
+  vocab_begin_ = int64_t(split.rank) * local_vocab_;
+  valid_vocab_ = int(std::clamp<int64_t>(spec.vocab - vocab_begin_, 0, local_vocab_));
   std::vector<ParamUnit> units = parameter_units(table_, unit_multiple);
   const std::size_t flat = units.back().end;
   if (store == nullptr) {
@@ -86,12 +95,14 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   }
 
   // Saved activations: one arena carved in a fixed order.
-  const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = spec.ffn_hidden,
-                    H = spec.heads, L = spec.layers;
-  const std::size_t BT = B * T, BTC = BT * C;
-  // ln1, atty, mid, ln2 (4 BTC) + qkv (3 BTC) + two means and rstds + probabilities + fch
+  // Per rank: C, T full; heads (H), their width (Cl = C/t), MLP width (F) and vocabulary rows
+  // split over the tensor group.
+  const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = local_ffn_,
+                    H = local_heads_, L = spec.layers, Cl = local_hidden_;
+  const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl;
+  // ln1, mid, ln2 (3 BTC) + atty (BTCl) + qkv (3 BTCl) + two means and rstds + probabilities + fch
   const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * T;
-  const std::size_t per_block = 7 * BTC + 4 * BT + att_floats + BT * F;
+  const std::size_t per_block = 3 * BTC + 4 * BTCl + 4 * BT + att_floats + BT * F;
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
                              BTC * (L + 1) + L * per_block + BTC + 3 * BT);
   float* cursor = acts_.data();
@@ -106,9 +117,9 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     a.ln1 = carve(BTC);
     a.ln1_mean = carve(BT);
     a.ln1_rstd = carve(BT);
-    a.qkv = carve(3 * BTC);
+    a.qkv = carve(3 * BTCl);
     a.att = carve(att_floats);
-    a.atty = carve(BTC);
+    a.atty = carve(BTCl);
     a.mid = carve(BTC);
     a.ln2 = carve(BTC);
     a.ln2_mean = carve(BT);
@@ -124,17 +135,20 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
   // than saved), gradient buffers, and one batch-row of attention-score gradients.
   const std::size_t datt_floats = spec.fused_attention ? 0 : H * T * T;
+  // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
+  const std::size_t ce_floats = tp_ ? 3 * BT : 0;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                BTC * 2 + BT * F * 2 + 3 * BTC + datt_floats);
+                                BTC * 2 + BT * F * 2 + 3 * BTCl + datt_floats + ce_floats);
   cursor = scratch_.data();
   dresidual_ = carve(BTC);
   dbuf_c_ = carve(BTC);
   dbuf_f_ = carve(BT * F);
   act_buf_ = carve(BT * F);
-  dqkv_ = carve(3 * BTC);
+  dqkv_ = carve(3 * BTCl);
   datt_ = carve(datt_floats);
+  ce_buf_ = carve(ce_floats);
 
-  logits_ = DeviceArray<float>(tracker, MemCategory::activations, BT * spec.vocab);
+  logits_ = DeviceArray<float>(tracker, MemCategory::activations, BT * local_vocab_);
 }
 
 const ParamSpec& Model::parameter(const std::string& name) const {
@@ -166,7 +180,14 @@ void Model::init_parameters(uint64_t seed) {
         case ParamRole::layernorm_weight: k::fill(dst, p.count, 1.0f); break;
         case ParamRole::layernorm_bias:
         case ParamRole::bias: break;
-        default: fill_normal(dst, p.count, p.init_std(spec_.layers), seed, hash_name(p.name)); break;
+        default:
+          // Keyed by the element's index in the logical tensor: a tensor-parallel shard draws
+          // exactly the values of its part of the whole (padding rows stay zero).
+          for (const ShardRun& run : shard_runs(p, tp_ ? tp_->rank() : 0)) {
+            fill_normal(dst + run.local, run.length, p.init_std(spec_.layers), seed,
+                        hash_name(p.name), run.logical);
+          }
+          break;
       }
     }
     Kokkos::fence();
@@ -195,8 +216,39 @@ void Model::activation_backward(float* dinp, const float* inp, const float* dout
 }
 
 Model::Linear Model::qkv_part(const BlockParams& bp, int part) const {
+  const int Cl = local_hidden_;
+  return Linear{bp.qkv_w[part], bp.qkv_b[part], spec_.hidden, bp.qkv_parts == 1 ? 3 * Cl : Cl};
+}
+
+void Model::tensor_all_reduce(float* data, int64_t n) {
+  if (tp_ == nullptr) return;
+  Profiler::Scope scope(profiler_, WorkKind::communication);
+  Kokkos::fence();  // the collective reads what the kernels wrote
+  tp_->all_reduce_sum(data, std::size_t(n));
+}
+
+void Model::row_parallel_input(float* out, const float* residual, const float* bias, int64_t N) {
   const int C = spec_.hidden;
-  return Linear{bp.qkv_w[part], bp.qkv_b[part], C, bp.qkv_parts == 1 ? 3 * C : C};
+  Profiler::Scope scope(profiler_, WorkKind::gemm);
+  if (tp_ == nullptr || tp_->rank() == 0) {
+    k::residual_plus_bias(out, residual, bias, N, C);
+  } else {
+    k::fill(out, N * C, 0.0f);  // the residual and bias enter the sum once, from rank 0
+  }
+}
+
+void Model::gather_logits(int64_t row, float* out) {
+  const float* local = logits_.data() + row * local_vocab_;
+  if (tp_ == nullptr) {
+    copy_to_host(out, local, std::size_t(spec_.vocab) * sizeof(float));
+    return;
+  }
+  std::vector<float> all(std::size_t(local_vocab_) * tp_->size());
+  DeviceArray<float> staging(scratch_tracker_, MemCategory::temporaries, all.size());
+  Kokkos::fence();
+  tp_->all_gather(local, std::size_t(local_vocab_), staging.data());
+  copy_to_host(all.data(), staging.data(), all.size() * sizeof(float));
+  std::copy(all.begin(), all.begin() + spec_.vocab, out);
 }
 
 void Model::linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
@@ -218,16 +270,21 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     throw std::invalid_argument("batch " + std::to_string(B) + " outside [1, " +
                                 std::to_string(max_batch_) + "]");
   }
-  const int T = seq_len_, C = spec_.hidden, F = spec_.ffn_hidden, V = spec_.vocab;
+  const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
+  const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const float eps = spec_.layernorm_eps();
   // The embeddings (unit 0) stay gathered until the tied LM head; blocks one at a time.
   const float* E = store_->gather(0);
 
+  // Vocabulary-parallel: each rank embeds the tokens of its rows, rank 0 adds the positions, and
+  // the sum over the tensor group is the embedding.
   timed(WorkKind::embedding, [&] {
-    k::embedding_forward(residual_[0], tokens, E + wte_, E + wpe_, B, T, C,
-                         spec_.position_offset());
+    const bool positions = tp_ == nullptr || tp_->rank() == 0;
+    k::embedding_forward(residual_[0], tokens, E + wte_, positions ? E + wpe_ : nullptr, B, T, C,
+                         spec_.position_offset(), vocab_begin_, local_vocab_);
   });
+  tensor_all_reduce(residual_[0], N * C);
   for (int l = 0; l < spec_.layers; ++l) {
     const BlockParams& bp = blocks_[l];
     BlockActs& a = block_acts_[l];
@@ -238,20 +295,21 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
-      float* out = a.qkv + part * C;
-      timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * C); });
-      linear_forward(P, out, 3 * C, a.ln1, C, lin, N);
+      float* out = a.qkv + part * Cl;
+      timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
+      linear_forward(P, out, 3 * Cl, a.ln1, C, lin, N);
     }
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
-        fused_attention_forward(a.att, a.atty, a.qkv, B, T, C, spec_.heads);
+        fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
       } else {
-        attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, C, spec_.heads);
+        attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
       }
     });
-    timed(WorkKind::gemm,
-          [&] { k::residual_plus_bias(a.mid, residual_[l], P + bp.attn_out_b, N, C); });
-    linear_forward(P, a.mid, C, a.atty, C, Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N);
+    // Row-parallel output projection: partial sums over the tensor group.
+    row_parallel_input(a.mid, residual_[l], P + bp.attn_out_b, N);
+    linear_forward(P, a.mid, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
+    tensor_all_reduce(a.mid, N * C);
 
     timed(WorkKind::layernorm, [&] {
       k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, N,
@@ -260,10 +318,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
     linear_forward(P, a.fch, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
     activation_forward(act_buf_, a.fch, N * F);
-    timed(WorkKind::gemm,
-          [&] { k::residual_plus_bias(residual_[l + 1], a.mid, P + bp.fc_out_b, N, C); });
+    row_parallel_input(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
     linear_forward(P, residual_[l + 1], C, act_buf_, F,
                    Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+    tensor_all_reduce(residual_[l + 1], N * C);
     store_->release(1 + l);
   }
   const float* Pf = store_->gather(final_unit());
@@ -277,13 +335,34 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, E + wte_, C, 0.0f, logits_.data(), V);
   });
   store_->release(0);
+  if (tp_ == nullptr) {
+    Profiler::Scope loss_scope(profiler_, WorkKind::loss);
+    k::cross_entropy_forward_backward(logits_.data(), losses_, targets, N, V, grad_scale);
+  } else {
+    float* mx = ce_buf_;
+    float* sums = ce_buf_ + N;  // N sums of exponentials, then N target logits
+    timed(WorkKind::loss, [&] { k::vocab_parallel_row_max(mx, logits_.data(), N, V, valid_vocab_); });
+    {
+      Profiler::Scope scope(profiler_, WorkKind::communication);
+      Kokkos::fence();
+      tp_->all_reduce_max(mx, std::size_t(N));
+    }
+    timed(WorkKind::loss, [&] {
+      k::vocab_parallel_sums(sums, logits_.data(), mx, targets, N, V, valid_vocab_, vocab_begin_);
+    });
+    tensor_all_reduce(sums, 2 * N);
+    timed(WorkKind::loss, [&] {
+      k::vocab_parallel_finish(logits_.data(), losses_, mx, sums, targets, N, V, valid_vocab_,
+                               vocab_begin_, grad_scale);
+    });
+  }
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
-  k::cross_entropy_forward_backward(logits_.data(), losses_, targets, N, V, grad_scale);
   return k::sum(losses_, N) / static_cast<double>(N);
 }
 
 void Model::backward(const int32_t* tokens, int B) {
-  const int T = seq_len_, C = spec_.hidden, F = spec_.ffn_hidden, V = spec_.vocab;
+  const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
+  const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const float* dlogits = logits_.data();
 
@@ -296,6 +375,7 @@ void Model::backward(const int32_t* tokens, int B) {
     gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, GE + wte_, C);
   });
   store_->release(0);
+  tensor_all_reduce(dbuf_c_, N * C);  // each rank's vocabulary rows gave part of dlnf
   {
     const float* Pf = store_->gather(final_unit());
     float* Gf = store_->gradients(final_unit());
@@ -320,24 +400,26 @@ void Model::backward(const int32_t* tokens, int B) {
     activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
     linear_backward(P, G, dbuf_c_, C, dbuf_f_, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N,
                     false);
+    tensor_all_reduce(dbuf_c_, N * C);  // column-parallel input gradient
     timed(WorkKind::layernorm, [&] {
       k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dbuf_c_, a.mid, P + bp.ln2_w,
                             a.ln2_mean, a.ln2_rstd, N, C);
     });
     // Attention.
-    linear_backward(P, G, dbuf_c_, C, dresidual_, C, a.atty, C,
-                    Linear{bp.attn_out_w, bp.attn_out_b, C, C}, N, false);
+    linear_backward(P, G, dbuf_c_, Cl, dresidual_, C, a.atty, Cl,
+                    Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
-        fused_attention_backward(dqkv_, dbuf_c_, a.atty, a.qkv, a.att, B, T, C, spec_.heads);
+        fused_attention_backward(dqkv_, dbuf_c_, a.atty, a.qkv, a.att, B, T, Cl, H);
       } else {
-        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, C, spec_.heads);
+        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, Cl, H);
       }
     });
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
-      linear_backward(P, G, dbuf_c_, C, dqkv_ + part * C, 3 * C, a.ln1, C, lin, N, part > 0);
+      linear_backward(P, G, dbuf_c_, C, dqkv_ + part * Cl, 3 * Cl, a.ln1, C, lin, N, part > 0);
     }
+    tensor_all_reduce(dbuf_c_, N * C);  // column-parallel input gradient
     timed(WorkKind::layernorm, [&] {
       k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
                             P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
@@ -348,7 +430,7 @@ void Model::backward(const int32_t* tokens, int B) {
   }
   timed(WorkKind::embedding, [&] {
     k::embedding_backward(GE + wte_, GE + wpe_, dresidual_, tokens, B, T, C,
-                          spec_.position_offset());
+                          spec_.position_offset(), vocab_begin_, local_vocab_);
   });
   Kokkos::fence();
   store_->gradients_done(0);

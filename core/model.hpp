@@ -20,6 +20,7 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/parameter_store.hpp"
+#include "core/tensor_group.hpp"
 #include "core/profiler.hpp"
 
 namespace colossal::core {
@@ -30,8 +31,17 @@ class Model {
   // (parameter_table) are padded to a multiple of `unit_multiple` floats (ZeRO shards each unit
   // into equal parts); padding stays zero. Parameters and gradients live in `store` (which must
   // have this table's units), or in a FullParameterStore of the model's own when it is null.
+  //
+  // With a `tensor` group of size t > 1 the model is this rank's part of a 1D (Megatron) tensor-
+  // parallel model: q/k/v and the first MLP linear column-parallel (heads and MLP width split),
+  // the attention output and second MLP linear row-parallel (partial sums all-reduced), the tied
+  // embedding / LM head split by (padded) vocabulary rows with a vocabulary-parallel
+  // cross-entropy; layernorms, positions and row-parallel biases replicated. Forward all-reduces
+  // the embedding and two (B,T,C) activations per block; backward the LM-head input gradient and
+  // two per block; the cross-entropy 3 floats per token.
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-        std::size_t unit_multiple = 16, ParameterStore* store = nullptr);
+        std::size_t unit_multiple = 16, ParameterStore* store = nullptr,
+        TensorGroup* tensor = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
@@ -60,7 +70,12 @@ class Model {
   void backward(const int32_t* tokens, int batch);
   void zero_grad();
 
-  const float* logits() const { return logits_.data(); }  // (batch, seq_len, vocab) after forward
+  // (batch, seq_len, local_vocab()) after forward: this rank's vocabulary rows.
+  const float* logits() const { return logits_.data(); }
+  int64_t local_vocab() const { return local_vocab_; }
+  // The full-vocabulary logits of token row `row` (batch * seq_len + position) of the last
+  // forward into host memory `out` (vocab floats). Collective over the tensor group.
+  void gather_logits(int64_t row, float* out);
 
   // With the model's own store: called during backward() whenever the gradients of
   // [offset, flat_size()) have become final (after the final layernorm, after each block from the
@@ -121,6 +136,10 @@ class Model {
     return p;
   }
   int final_unit() const { return spec_.layers + 1; }
+  // Sum over the tensor group, in place (nothing without tensor parallelism).
+  void tensor_all_reduce(float* data, int64_t n);
+  // Pre-fills a row-parallel output: residual + bias on tensor rank 0, zeros elsewhere.
+  void row_parallel_input(float* out, const float* residual, const float* bias, int64_t N);
   template <class F>
   void timed(WorkKind kind, F&& work) {
     Profiler::Scope scope(profiler_, kind);
@@ -143,13 +162,18 @@ class Model {
 
   std::unique_ptr<FullParameterStore> own_store_;
   ParameterStore* store_ = nullptr;
+  TensorGroup* tp_ = nullptr;  // null without tensor parallelism
+  int local_hidden_ = 0, local_heads_ = 0, local_ffn_ = 0;  // per tensor rank
+  int64_t local_vocab_ = 0, vocab_begin_ = 0;               // padded rows held, first row
+  int valid_vocab_ = 0;                                     // rows that are real tokens
+  MemoryTracker scratch_tracker_;                           // gather_logits staging
   DeviceArray<float> acts_;        // every saved activation, carved below
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // (B,T,V); becomes dlogits
   std::vector<float*> residual_;   // L+1 entries of (B,T,C)
   std::vector<BlockActs> block_acts_;
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
-  float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_;
+  float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   Profiler* profiler_ = nullptr;
 };
 

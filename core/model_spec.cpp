@@ -1,5 +1,6 @@
 #include "core/model_spec.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <map>
@@ -64,10 +65,49 @@ float ParamSpec::init_std(int layers) const {
   }
 }
 
-std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_multiple) {
+int64_t padded_vocab(const ModelSpec& spec, int tensor_size) {
+  if (tensor_size <= 1) return spec.vocab;
+  const int64_t m = int64_t(tensor_size) * std::max(1, spec.vocab_multiple);
+  return (spec.vocab + m - 1) / m * m;
+}
+
+std::vector<ShardRun> shard_runs(const ParamSpec& p, int tensor_rank) {
+  if (p.shard.replicated()) return {{0, 0, p.count}};
+  const int d = p.shard.dim;
+  std::size_t outer = 1, inner = 1;
+  for (int i = 0; i < d; ++i) outer *= std::size_t(p.shape[i]);
+  for (std::size_t i = d + 1; i < p.shape.size(); ++i) inner *= std::size_t(p.shape[i]);
+  const int64_t extent = p.shape[d], local = p.local_shape[d];
+  const int64_t block = p.shard.padded / p.shard.parts, local_block = local / p.shard.parts;
+  std::vector<ShardRun> runs;
+  for (std::size_t o = 0; o < outer; ++o) {
+    for (int part = 0; part < p.shard.parts; ++part) {
+      const int64_t x_local = part * local_block;
+      const int64_t x_logical = part * block + tensor_rank * local_block;
+      const int64_t rows = std::clamp<int64_t>(extent - x_logical, 0, local_block);
+      if (rows == 0) continue;
+      runs.push_back({(o * local + x_local) * inner, (o * extent + x_logical) * inner,
+                      std::size_t(rows) * inner});
+    }
+  }
+  return runs;
+}
+
+std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_multiple,
+                                       TensorSplit tp) {
   if (unit_multiple == 0 || unit_multiple % 16 != 0) {
     throw std::invalid_argument("parameter unit multiple " + std::to_string(unit_multiple) +
                                 " is not a positive multiple of 16");
+  }
+  if (tp.size < 1 || tp.rank < 0 || tp.rank >= tp.size) {
+    throw std::invalid_argument("tensor rank " + std::to_string(tp.rank) + " of " +
+                                std::to_string(tp.size));
+  }
+  if (s.heads % tp.size != 0 || s.ffn_hidden % tp.size != 0) {
+    throw std::invalid_argument("model.heads = " + std::to_string(s.heads) +
+                                " and model.ffn_hidden = " + std::to_string(s.ffn_hidden) +
+                                " must both be divisible by the tensor size " +
+                                std::to_string(tp.size));
   }
   std::vector<ParamSpec> table;
   std::size_t offset = 0;
@@ -77,14 +117,25 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_mult
     offset = (offset + unit_multiple - 1) / unit_multiple * unit_multiple;
     ++unit;
   };
-  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role) {
+  // split_dim: the Hugging Face dimension split over the tensor group (-1: replicated); parts:
+  // equal blocks of that dimension split separately (GPT-2's fused q|k|v).
+  auto add = [&](std::string name, std::vector<int64_t> shape, ParamRole role, int split_dim = -1,
+                 int parts = 1) {
     ParamSpec p;
     p.name = std::move(name);
     p.shape = std::move(shape);
     p.role = role;
     p.unit = unit;
+    p.local_shape = p.shape;
+    if (split_dim >= 0 && tp.size > 1) {
+      p.shard.dim = split_dim;
+      p.shard.parts = parts;
+      p.shard.padded = role == ParamRole::token_embedding ? padded_vocab(s, tp.size)
+                                                          : p.shape[split_dim];
+      p.local_shape[split_dim] = p.shard.padded / tp.size;
+    }
     p.count = 1;
-    for (auto d : p.shape) p.count *= static_cast<std::size_t>(d);
+    for (auto d : p.local_shape) p.count *= static_cast<std::size_t>(d);
     p.offset = offset;
     // Keep every tensor 16-float aligned (64 bytes) so kernels and BLAS see aligned rows.
     offset += (p.count + 15) / 16 * 16;
@@ -92,29 +143,29 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_mult
   };
   const int64_t C = s.hidden, F = s.ffn_hidden, V = s.vocab;
   if (s.arch == Arch::gpt2) {
-    add("transformer.wte.weight", {V, C}, ParamRole::token_embedding);
+    add("transformer.wte.weight", {V, C}, ParamRole::token_embedding, 0);
     add("transformer.wpe.weight", {s.position_rows(), C}, ParamRole::position_embedding);
     for (int l = 0; l < s.layers; ++l) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
       next_unit();
       add(h + "ln_1.weight", {C}, ParamRole::layernorm_weight);
       add(h + "ln_1.bias", {C}, ParamRole::layernorm_bias);
-      add(h + "attn.c_attn.weight", {C, 3 * C}, ParamRole::weight);
-      add(h + "attn.c_attn.bias", {3 * C}, ParamRole::bias);
-      add(h + "attn.c_proj.weight", {C, C}, ParamRole::residual_out_weight);
+      add(h + "attn.c_attn.weight", {C, 3 * C}, ParamRole::weight, 1, 3);
+      add(h + "attn.c_attn.bias", {3 * C}, ParamRole::bias, 0, 3);
+      add(h + "attn.c_proj.weight", {C, C}, ParamRole::residual_out_weight, 0);
       add(h + "attn.c_proj.bias", {C}, ParamRole::bias);
       add(h + "ln_2.weight", {C}, ParamRole::layernorm_weight);
       add(h + "ln_2.bias", {C}, ParamRole::layernorm_bias);
-      add(h + "mlp.c_fc.weight", {C, F}, ParamRole::weight);
-      add(h + "mlp.c_fc.bias", {F}, ParamRole::bias);
-      add(h + "mlp.c_proj.weight", {F, C}, ParamRole::residual_out_weight);
+      add(h + "mlp.c_fc.weight", {C, F}, ParamRole::weight, 1);
+      add(h + "mlp.c_fc.bias", {F}, ParamRole::bias, 0);
+      add(h + "mlp.c_proj.weight", {F, C}, ParamRole::residual_out_weight, 0);
       add(h + "mlp.c_proj.bias", {C}, ParamRole::bias);
     }
     next_unit();
     add("transformer.ln_f.weight", {C}, ParamRole::layernorm_weight);
     add("transformer.ln_f.bias", {C}, ParamRole::layernorm_bias);
   } else {
-    add("model.decoder.embed_tokens.weight", {V, C}, ParamRole::token_embedding);
+    add("model.decoder.embed_tokens.weight", {V, C}, ParamRole::token_embedding, 0);
     add("model.decoder.embed_positions.weight", {s.position_rows(), C},
         ParamRole::position_embedding);
     for (int l = 0; l < s.layers; ++l) {
@@ -123,16 +174,16 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_mult
       add(h + "self_attn_layer_norm.weight", {C}, ParamRole::layernorm_weight);
       add(h + "self_attn_layer_norm.bias", {C}, ParamRole::layernorm_bias);
       for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
-        add(h + "self_attn." + proj + ".weight", {C, C}, ParamRole::weight);
-        add(h + "self_attn." + proj + ".bias", {C}, ParamRole::bias);
+        add(h + "self_attn." + proj + ".weight", {C, C}, ParamRole::weight, 0);
+        add(h + "self_attn." + proj + ".bias", {C}, ParamRole::bias, 0);
       }
-      add(h + "self_attn.out_proj.weight", {C, C}, ParamRole::residual_out_weight);
+      add(h + "self_attn.out_proj.weight", {C, C}, ParamRole::residual_out_weight, 1);
       add(h + "self_attn.out_proj.bias", {C}, ParamRole::bias);
       add(h + "final_layer_norm.weight", {C}, ParamRole::layernorm_weight);
       add(h + "final_layer_norm.bias", {C}, ParamRole::layernorm_bias);
-      add(h + "fc1.weight", {F, C}, ParamRole::weight);
-      add(h + "fc1.bias", {F}, ParamRole::bias);
-      add(h + "fc2.weight", {C, F}, ParamRole::residual_out_weight);
+      add(h + "fc1.weight", {F, C}, ParamRole::weight, 0);
+      add(h + "fc1.bias", {F}, ParamRole::bias, 0);
+      add(h + "fc2.weight", {C, F}, ParamRole::residual_out_weight, 1);
       add(h + "fc2.bias", {C}, ParamRole::bias);
     }
     next_unit();

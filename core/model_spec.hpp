@@ -28,6 +28,9 @@ struct ModelSpec {
   // Fused causal attention: no (B,H,T,T) probabilities saved, memory linear in T (slower at
   // short T, where the dense GEMM path is faster). Same results within fp32 tolerance.
   bool fused_attention = false;
+  // Under tensor parallelism the vocabulary is padded to a multiple of tensor size * this (as
+  // Megatron does); padded rows are masked and never saved. One rank never pads.
+  int vocab_multiple = 128;
 
   int head_dim() const { return hidden / heads; }
   // Rows of the learned position table: OPT's table carries an offset of 2.
@@ -57,13 +60,30 @@ enum class ParamRole {
   bias,                // initialised to 0, no decay
 };
 
+// This rank's place in a 1D (Megatron) tensor-parallel group: `size` ranks split the attention
+// heads, the MLP width and the (padded) vocabulary.
+struct TensorSplit {
+  int size = 1;
+  int rank = 0;
+};
+
+// How a rank's local tensor maps into the logical (Hugging Face) one.
+struct ParamShard {
+  int dim = -1;         // Hugging Face dimension split over the tensor group; -1: replicated
+  int parts = 1;        // the split dimension holds `parts` equal blocks, each split alike (q|k|v)
+  int64_t padded = 0;   // extent of the split dimension with padding (vocabulary rows)
+  bool replicated() const { return dim < 0; }
+};
+
 struct ParamSpec {
   std::string name;              // Hugging Face state_dict key
-  std::vector<int64_t> shape;    // Hugging Face shape
+  std::vector<int64_t> shape;    // Hugging Face shape (the logical tensor)
   ParamRole role = ParamRole::weight;
   std::size_t offset = 0;        // element offset into the flat parameter buffer
-  std::size_t count = 0;         // number of elements
+  std::size_t count = 0;         // number of elements held on this rank
   int unit = 0;                  // parameter unit (see parameter_units)
+  std::vector<int64_t> local_shape;  // this rank's part (== shape without tensor parallelism)
+  ParamShard shard;              // how local_shape maps into shape
   bool decay() const {
     return role == ParamRole::token_embedding || role == ParamRole::position_embedding ||
            role == ParamRole::weight || role == ParamRole::residual_out_weight;
@@ -76,7 +96,18 @@ struct ParamSpec {
 // buffer and padded to a multiple of `unit_multiple` floats (a multiple of 16): unit 0 holds the
 // token and position embeddings, unit 1 + l transformer block l, unit layers + 1 the final
 // layernorm. ZeRO shards and gathers unit by unit, so units are padded to data-parallel size * 16.
-std::vector<ParamSpec> parameter_table(const ModelSpec& spec, std::size_t unit_multiple = 16);
+std::vector<ParamSpec> parameter_table(const ModelSpec& spec, std::size_t unit_multiple = 16,
+                                       TensorSplit tp = {});
+
+// Vocabulary rows the model computes with: `vocab` on one rank, padded under tensor parallelism.
+int64_t padded_vocab(const ModelSpec& spec, int tensor_size);
+
+// Contiguous runs of a local tensor and where they sit in the logical tensor (element offsets
+// within each tensor). Padding (vocabulary rows past the logical size) is in no run.
+struct ShardRun {
+  std::size_t local, logical, length;
+};
+std::vector<ShardRun> shard_runs(const ParamSpec& p, int tensor_rank);
 
 // A unit's range [begin, end) of the flat buffer, padding included; units tile [0, flat size).
 struct ParamUnit {

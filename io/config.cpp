@@ -122,6 +122,11 @@ const std::vector<KeySpec>& schema() {
        .required = Required::without_preset,
        .default_note = "the preset's; required without one", .example = "1024"},
 
+      {.key = "model.vocab_multiple", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.vocab_multiple; },
+       .doc = "under tensor parallelism the vocabulary is padded to a multiple of "
+              "parallel.tensor.size * this; padded rows are masked and never saved",
+       .range = at_least(1)},
       {.key = "model.fused_attention", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.model.fused_attention; },
        .doc = "fused causal attention: no (B,H,T,T) matrix saved, memory linear in seq_len; "
@@ -211,6 +216,23 @@ const std::vector<KeySpec>& schema() {
               "rank's slice (needs parallel.zero.stage: 3 and offload.optimizer: true)",
        .choices = {"false", "true"},
        .cross_check = "needs parallel.zero.stage: 3 and parallel.zero.offload.optimizer: true"},
+      {.key = "parallel.tensor.size", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.tensor; },
+       .doc = "tensor-parallel ranks: attention heads, MLP width and vocabulary split over them",
+       .range = at_least(1),
+       .cross_check = "divides model.heads and model.ffn_hidden"},
+      {.key = "parallel.tensor.mode", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.tensor_mode; },
+       .doc = "tensor parallelism: 1d (Megatron column/row-parallel linears)",
+       .choices = {"1d"}, .planned = {"2d", "2.5d", "3d"}},
+      {.key = "parallel.tensor.sequence_split", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.sequence_split; },
+       .doc = "Megatron sequence-parallel layernorm regions inside the tensor group",
+       .choices = {"false"}, .planned = {"true"}},
+      {.key = "parallel.sequence", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.sequence; },
+       .doc = "ring self-attention ranks (not implemented yet: must be 1)",
+       .range = Range{1, false, 1, false}},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -811,6 +833,7 @@ class Resolver {
 
   void check_consistency(const Config& config) const {
     check_heads(config.model);
+    check_tensor_split(config);
     const TrainConfig& t = config.train;
     if (t.seq_len > config.model.max_seq)
       raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",
@@ -866,6 +889,29 @@ class Resolver {
             format_number(o.min_lr) + " is above train.optimizer.lr = " + format_number(o.lr),
             "the schedule decays from lr down to min_lr",
             "set train.optimizer.min_lr <= " + format_number(o.lr));
+  }
+
+  // The tensor size must divide the heads and the MLP width; offer the nearest sizes that do.
+  void check_tensor_split(const Config& config) const {
+    const int t = config.parallel.tensor;
+    const core::ModelSpec& m = config.model;
+    if (t <= 1) return;
+    for (const auto& [what, value] : {std::pair<const char*, int>{"model.heads", m.heads},
+                                      std::pair<const char*, int>{"model.ffn_hidden",
+                                                                  m.ffn_hidden}}) {
+      if (value % t == 0) continue;
+      int lower = t, upper = t;
+      while (lower > 1 && (m.heads % lower != 0 || m.ffn_hidden % lower != 0)) --lower;
+      while (upper < m.heads && (m.heads % upper != 0 || m.ffn_hidden % upper != 0)) ++upper;
+      std::string options = std::to_string(lower);
+      if (upper != lower && m.heads % upper == 0 && m.ffn_hidden % upper == 0) {
+        options += " or " + std::to_string(upper);
+      }
+      raise(where_first({"parallel.tensor.size", what, "model.preset"}), "parallel.tensor.size",
+            std::to_string(t) + " does not divide " + what + " = " + std::to_string(value),
+            "each tensor rank takes an equal share of the attention heads and MLP width",
+            "set parallel.tensor.size to " + options);
+    }
   }
 
   void check_heads(const core::ModelSpec& m) const {

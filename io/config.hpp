@@ -54,6 +54,11 @@ struct ParallelConfig {
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
   bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
+  int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
+  std::string tensor_mode = "1d";
+  bool sequence_split = false;     // Megatron sequence-parallel regions (not yet)
+  int sequence = 1;                // ring self-attention ranks (not yet: must be 1)
+  int world_size() const { return data * tensor * sequence; }
 };
 
 struct HardwareConfig {

@@ -114,6 +114,11 @@ void Communicator::all_reduce_sum(std::span<float> buffer) {
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
+void Communicator::all_reduce_max(std::span<float> buffer) {
+  do_all_reduce_max(buffer);
+  record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
+}
+
 namespace {
 class CompletedCollective final : public PendingCollective {
  public:

@@ -93,6 +93,8 @@ class Communicator {
 
   // buffer <- sum over ranks of buffer (in place).
   void all_reduce_sum(std::span<float> buffer);
+  // buffer <- element-wise maximum over ranks (counted as an all-reduce).
+  void all_reduce_max(std::span<float> buffer);
   // The same, started without waiting, so it can overlap computation that does not touch
   // `buffer`; counted when started. Backends without non-blocking collectives complete it here.
   std::unique_ptr<PendingCollective> start_all_reduce_sum(std::span<float> buffer);
@@ -139,6 +141,7 @@ class Communicator {
 
  private:
   virtual void do_all_reduce_sum(std::span<float> buffer) = 0;
+  virtual void do_all_reduce_max(std::span<float> buffer) = 0;
   virtual std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer);
   virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;

@@ -15,6 +15,7 @@ class LocalCommunicator final : public Communicator {
 
  private:
   void do_all_reduce_sum(std::span<float>) override {}
+  void do_all_reduce_max(std::span<float>) override {}
   void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   void do_broadcast(std::span<float>, int) override {}

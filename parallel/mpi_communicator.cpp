@@ -95,6 +95,12 @@ void MpiCommunicator::do_all_reduce_sum(std::span<float> buffer) {
         "MPI_Allreduce");
 }
 
+void MpiCommunicator::do_all_reduce_max(std::span<float> buffer) {
+  check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), mpi_count(buffer.size(), "all_reduce_max"),
+                      MPI_FLOAT, MPI_MAX, comm_),
+        "MPI_Allreduce");
+}
+
 namespace {
 // MPI_Iallreduce behind PendingCollective. MPI makes progress inside MPI calls, so callers poke
 // test() while they compute.

@@ -92,6 +92,13 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
   synchronize("ncclAllReduce");
 }
 
+void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
+  check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclMax, comm_,
+                           stream_),
+             "ncclAllReduce");
+  synchronize("ncclAllReduce");
+}
+
 void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.

@@ -42,6 +42,7 @@ class NcclCommunicator final : public Communicator {
 
  private:
   void do_all_reduce_sum(std::span<float> buffer) override;
+  void do_all_reduce_max(std::span<float> buffer) override;
   void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;

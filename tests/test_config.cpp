@@ -355,6 +355,15 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
       {std::string(kMinimal) + "train:\n  optimizer: {lr: 1.0e-3, min_lr: 0.01}\n",
        {"test.yaml:6:35: train.optimizer.min_lr: 0.01 is above train.optimizer.lr = 0.001",
         "min_lr <= 0.001"}},
+
+      // gpt2-124m has 12 heads and ffn 3072: 5 divides neither; 4 and 6 divide both.
+      {std::string(kMinimal) + "parallel: {tensor: {size: 5}}\n",
+       {"parallel.tensor.size: 5 does not divide model.heads = 12", "set parallel.tensor.size to 4 or 6"}},
+      {std::string(kMinimal) + "parallel: {tensor: {size: 8}}\n",
+       {"parallel.tensor.size: 8 does not divide model.heads = 12", "to 6 or 12"}},
+      {std::string(kMinimal) + "parallel: {tensor: {size: 2, mode: 2d}}\n",
+       {"parallel.tensor.mode: 2d is not supported yet"}},
+      {std::string(kMinimal) + "parallel: {sequence: 2}\n", {"parallel.sequence"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);

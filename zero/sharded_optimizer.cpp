@@ -27,8 +27,12 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                            std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
                            double bucket_mb, parallel::Communicator& dp,
                            core::MemoryTracker& tracker, bool offload_optimizer,
-                           bool offload_params)
-    : stage_(stage), padded_(flat_size), dp_(dp), offload_(offload_optimizer) {
+                           bool offload_params, parallel::Communicator* tensor)
+    : stage_(stage),
+      padded_(flat_size),
+      dp_(dp),
+      tp_(tensor != nullptr && tensor->size() > 1 ? tensor : nullptr),
+      offload_(offload_optimizer) {
   if (stage < 0 || stage > 3) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
                                 " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -62,6 +66,19 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                                                        tracker, offload_params);
     store_ = sharded_.get();
     adamw_ = std::make_unique<core::AdamW>(table, sharded_->owned_ranges(), tracker, offload_);
+  }
+  if (tp_ != nullptr) {
+    // The norm reads the whole flat buffer (stages 0-1) or the packed slices (stages 2-3).
+    std::vector<std::pair<std::size_t, std::size_t>> pieces{{0, flat_size}};
+    if (sharded_) pieces = sharded_->owned_ranges();
+    std::size_t state = 0;
+    for (const auto& [begin, end] : pieces) {
+      for (const auto& p : table) {
+        const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
+        if (lo < hi) norm_runs_.push_back({state + lo - begin, hi - lo, p.shard.replicated()});
+      }
+      state += end - begin;
+    }
   }
   if (offload_) {
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
@@ -100,11 +117,27 @@ double ShardedAdamW::reduce_gradients() {
       in_flight_.clear();
       next_bucket_ = 0;
     }
+    if (tp_ != nullptr) return tensor_parallel_norm(grads, false);
     return std::sqrt(core::sum_of_squares(grads, padded_));
   }
   // Stages 2-3: every unit was reduce-scattered into the shard during backward.
+  if (tp_ != nullptr) return tensor_parallel_norm(sharded_->grad_shard(), true);
   const double local = core::sum_of_squares(sharded_->grad_shard(), shard_size_);
   return std::sqrt(dp_.all_reduce_sum_value(local));
+}
+
+// Squared norm = (sum over tensor ranks of their split tensors) + (replicated tensors, identical
+// on every tensor rank, once); each first summed over the data group when the buffer is a shard.
+double ShardedAdamW::tensor_parallel_norm(const float* grads, bool reduce_over_data) {
+  double split = 0.0, replicated = 0.0;
+  for (const NormRun& run : norm_runs_) {
+    (run.replicated ? replicated : split) += core::sum_of_squares(grads + run.begin, run.count);
+  }
+  if (reduce_over_data) {
+    split = dp_.all_reduce_sum_value(split);
+    replicated = dp_.all_reduce_sum_value(replicated);
+  }
+  return std::sqrt(tp_->all_reduce_sum_value(split) + replicated);
 }
 
 void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,

@@ -53,7 +53,7 @@ class ShardedAdamW {
   ShardedAdamW(const std::vector<core::ParamSpec>& table, std::vector<core::ParamUnit> units,
                std::size_t flat_size, int stage, double bucket_mb, parallel::Communicator& dp,
                core::MemoryTracker& tracker, bool offload_optimizer = false,
-               bool offload_params = false);
+               bool offload_params = false, parallel::Communicator* tensor = nullptr);
 
   // Where the model's parameters and gradients live (pass it to core::Model).
   core::ParameterStore& store() { return *store_; }
@@ -89,9 +89,19 @@ class ShardedAdamW {
   // Offload: AdamW on host copies of the shard (stages 1-3).
   void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
 
+  // Tensor parallelism: the global norm counts every rank's part of split tensors and replicated
+  // tensors once. Runs of the buffer the norm reads (flat or shard), split or replicated.
+  struct NormRun {
+    std::size_t begin, count;
+    bool replicated;
+  };
+  double tensor_parallel_norm(const float* grads, bool reduce_over_data);
+
   int stage_;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
   parallel::Communicator& dp_;
+  parallel::Communicator* tp_;
+  std::vector<NormRun> norm_runs_;
   std::unique_ptr<core::FullParameterStore> full_;       // stages 0-1
   std::unique_ptr<ShardedParameterStore> sharded_;       // stages 2-3
   core::ParameterStore* store_;
