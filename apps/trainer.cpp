@@ -88,10 +88,10 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
       table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *dp_,
       tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
-      tp_->size() > 1 ? tp_ : nullptr);
+      tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split);
   model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
                                          unit_multiple, &optimizer_->store(),
-                                         tensor_group_.get());
+                                         tensor_group_.get(), config_.parallel.sequence_split);
   model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
@@ -111,7 +111,8 @@ void Trainer::agree_on_plan() {
                      std::to_string(tp_->size()) + ", sequence: " +
                      std::to_string(groups_.sp->size()) +
                      ", pipeline: 1, order: tp-sp-dp-pp}\n" +
-                     "tensor: {mode: " + p.tensor_mode + ", padded_vocab: " +
+                     "tensor: {mode: " + p.tensor_mode + ", sequence_split: " +
+                     (p.sequence_split ? "true" : "false") + ", padded_vocab: " +
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +

@@ -14,9 +14,16 @@ namespace colossal::core {
 namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-             std::size_t unit_multiple, ParameterStore* store, TensorGroup* tensor)
+             std::size_t unit_multiple, ParameterStore* store, TensorGroup* tensor,
+             bool sequence_split)
     : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(tensor) {
   if (tp_ != nullptr && tp_->size() == 1) tp_ = nullptr;
+  sequence_split_ = sequence_split && tp_ != nullptr;
+  if (sequence_split_ && seq_len % tp_->size() != 0) {
+    throw std::invalid_argument("sequence_split: train.seq_len " + std::to_string(seq_len) +
+                                " is not divisible by the tensor size " +
+                                std::to_string(tp_->size()));
+  }
   const TensorSplit split{tp_ ? tp_->size() : 1, tp_ ? tp_->rank() : 0};
   if (spec.hidden % spec.heads != 0) {
     throw std::invalid_argument("model.hidden (" + std::to_string(spec.hidden) +
@@ -100,36 +107,43 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = local_ffn_,
                     H = local_heads_, L = spec.layers, Cl = local_hidden_;
   const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl;
-  // ln1, mid, ln2 (3 BTC) + atty (BTCl) + qkv (3 BTCl) + two means and rstds + probabilities + fch
+  // Rows of the residual stream per rank: all, or 1/t of them under sequence_split (Megatron
+  // sequence parallelism: layernorms and residual adds on this rank's rows only).
+  const std::size_t t = sequence_split_ ? tp_->size() : 1;
+  const std::size_t BTr = BT / t, BTCr = BTC / t;
+  // ln1, mid, ln2 (3 BTCr) + atty (BTCl) + qkv (3 BTCl) + two means and rstds + probabilities +
+  // fch
   const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * T;
-  const std::size_t per_block = 3 * BTC + 4 * BTCl + 4 * BT + att_floats + BT * F;
+  const std::size_t per_block = 3 * BTCr + 4 * BTCl + 4 * BTr + att_floats + BT * F;
+  // The final layernorm's output is needed whole by the LM head; its statistics and the losses
+  // per token as before.
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             BTC * (L + 1) + L * per_block + BTC + 3 * BT);
+                             BTCr * (L + 1) + L * per_block + BTC + 2 * BTr + BT);
   float* cursor = acts_.data();
   auto carve = [&cursor](std::size_t n) {
     float* p = cursor;
     cursor += n;
     return p;
   };
-  for (std::size_t l = 0; l <= L; ++l) residual_.push_back(carve(BTC));
+  for (std::size_t l = 0; l <= L; ++l) residual_.push_back(carve(BTCr));
   for (std::size_t l = 0; l < L; ++l) {
     BlockActs a{};
-    a.ln1 = carve(BTC);
-    a.ln1_mean = carve(BT);
-    a.ln1_rstd = carve(BT);
+    a.ln1 = carve(BTCr);
+    a.ln1_mean = carve(BTr);
+    a.ln1_rstd = carve(BTr);
     a.qkv = carve(3 * BTCl);
     a.att = carve(att_floats);
     a.atty = carve(BTCl);
-    a.mid = carve(BTC);
-    a.ln2 = carve(BTC);
-    a.ln2_mean = carve(BT);
-    a.ln2_rstd = carve(BT);
+    a.mid = carve(BTCr);
+    a.ln2 = carve(BTCr);
+    a.ln2_mean = carve(BTr);
+    a.ln2_rstd = carve(BTr);
     a.fch = carve(BT * F);
     block_acts_.push_back(a);
   }
   lnf_ = carve(BTC);
-  lnf_mean_ = carve(BT);
-  lnf_rstd_ = carve(BT);
+  lnf_mean_ = carve(BTr);
+  lnf_rstd_ = carve(BTr);
   losses_ = carve(BT);
 
   // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
@@ -137,8 +151,11 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   const std::size_t datt_floats = spec.fused_attention ? 0 : H * T * T;
   // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
   const std::size_t ce_floats = tp_ ? 3 * BT : 0;
+  // sequence_split: whole-row buffers for gathers and partial sums, and one rank's rows.
+  const std::size_t split_floats = sequence_split_ ? 3 * BTC + 2 * BTCr : 0;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                BTC * 2 + BT * F * 2 + 3 * BTCl + datt_floats + ce_floats);
+                                BTC * 2 + BT * F * 2 + 3 * BTCl + datt_floats + ce_floats +
+                                    split_floats);
   cursor = scratch_.data();
   dresidual_ = carve(BTC);
   dbuf_c_ = carve(BTC);
@@ -147,6 +164,13 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   dqkv_ = carve(3 * BTCl);
   datt_ = carve(datt_floats);
   ce_buf_ = carve(ce_floats);
+  if (sequence_split_) {
+    full_tmp_ = carve(BTC);
+    gather_tmp_ = carve(BTC);
+    dfull_ = carve(BTC);
+    rows_tmp_ = carve(BTCr);
+    lnf_local_ = carve(BTCr);
+  }
 
   logits_ = DeviceArray<float>(tracker, MemCategory::activations, BT * local_vocab_);
 }
@@ -227,14 +251,73 @@ void Model::tensor_all_reduce(float* data, int64_t n) {
   tp_->all_reduce_sum(data, std::size_t(n));
 }
 
-void Model::row_parallel_input(float* out, const float* residual, const float* bias, int64_t N) {
+int64_t Model::local_rows(int64_t N) const {
+  if (!sequence_split_) return N;
+  if (N % tp_->size() != 0) {
+    throw std::invalid_argument("sequence_split: " + std::to_string(N) +
+                                " tokens per micro-batch do not divide over " +
+                                std::to_string(tp_->size()) + " tensor ranks");
+  }
+  return N / tp_->size();
+}
+
+float* Model::row_parallel_begin(float* out, const float* residual, const float* bias,
+                                 int64_t N) {
   const int C = spec_.hidden;
   Profiler::Scope scope(profiler_, WorkKind::gemm);
+  if (sequence_split_) {
+    k::fill(full_tmp_, N * C, 0.0f);  // partial sums of every row, scattered by rows after
+    return full_tmp_;
+  }
   if (tp_ == nullptr || tp_->rank() == 0) {
     k::residual_plus_bias(out, residual, bias, N, C);
   } else {
     k::fill(out, N * C, 0.0f);  // the residual and bias enter the sum once, from rank 0
   }
+  return out;
+}
+
+void Model::row_parallel_end(float* out, const float* residual, const float* bias, int64_t N) {
+  if (!sequence_split_) {
+    tensor_all_reduce(out, N * spec_.hidden);
+    return;
+  }
+  // Reduce-scatter the partial sums to this rank's rows, then add its residual rows and the bias.
+  const int64_t Nl = local_rows(N);
+  scatter_rows(full_tmp_, rows_tmp_, N);
+  Profiler::Scope scope(profiler_, WorkKind::gemm);
+  k::residual_plus_bias(out, residual, bias, Nl, spec_.hidden);
+  k::add(out, rows_tmp_, Nl * spec_.hidden);
+}
+
+void Model::scatter_rows(float* full, float* rows, int64_t N) {
+  Profiler::Scope scope(profiler_, WorkKind::communication);
+  Kokkos::fence();
+  tp_->reduce_scatter(full, std::size_t(N) * spec_.hidden, rows);
+}
+
+void Model::all_gather_rows(const float* rows, float* full, int64_t N) {
+  Profiler::Scope scope(profiler_, WorkKind::communication);
+  Kokkos::fence();
+  tp_->all_gather(rows, std::size_t(local_rows(N)) * spec_.hidden, full);
+}
+
+const float* Model::gather_rows(const float* rows, int64_t N, float* full) {
+  if (!sequence_split_) return rows;
+  if (full == nullptr) full = gather_tmp_;
+  all_gather_rows(rows, full, N);
+  return full;
+}
+
+float* Model::column_parallel_dinp() { return sequence_split_ ? full_tmp_ : dbuf_c_; }
+
+const float* Model::column_parallel_end(int64_t N) {
+  if (!sequence_split_) {
+    tensor_all_reduce(dbuf_c_, N * spec_.hidden);
+    return dbuf_c_;
+  }
+  scatter_rows(full_tmp_, rows_tmp_, N);
+  return rows_tmp_;
 }
 
 void Model::gather_logits(int64_t row, float* out) {
@@ -273,31 +356,38 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
   const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
+  const int64_t Nl = local_rows(N);  // rows of the residual stream on this rank
   const float eps = spec_.layernorm_eps();
   // The embeddings (unit 0) stay gathered until the tied LM head; blocks one at a time.
   const float* E = store_->gather(0);
 
   // Vocabulary-parallel: each rank embeds the tokens of its rows, rank 0 adds the positions, and
-  // the sum over the tensor group is the embedding.
+  // the sum over the tensor group is the embedding (scattered by rows under sequence_split).
   timed(WorkKind::embedding, [&] {
     const bool positions = tp_ == nullptr || tp_->rank() == 0;
-    k::embedding_forward(residual_[0], tokens, E + wte_, positions ? E + wpe_ : nullptr, B, T, C,
-                         spec_.position_offset(), vocab_begin_, local_vocab_);
+    k::embedding_forward(sequence_split_ ? full_tmp_ : residual_[0], tokens, E + wte_,
+                         positions ? E + wpe_ : nullptr, B, T, C, spec_.position_offset(),
+                         vocab_begin_, local_vocab_);
   });
-  tensor_all_reduce(residual_[0], N * C);
+  if (sequence_split_) {
+    scatter_rows(full_tmp_, residual_[0], N);
+  } else {
+    tensor_all_reduce(residual_[0], N * C);
+  }
   for (int l = 0; l < spec_.layers; ++l) {
     const BlockParams& bp = blocks_[l];
     BlockActs& a = block_acts_[l];
     const float* P = store_->gather(1 + l);
     timed(WorkKind::layernorm, [&] {
       k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_[l], P + bp.ln1_w,
-                           P + bp.ln1_b, N, C, eps);
+                           P + bp.ln1_b, Nl, C, eps);
     });
+    const float* ln1 = gather_rows(a.ln1, N);
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
       float* out = a.qkv + part * Cl;
       timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
-      linear_forward(P, out, 3 * Cl, a.ln1, C, lin, N);
+      linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
     }
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
@@ -307,28 +397,31 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       }
     });
     // Row-parallel output projection: partial sums over the tensor group.
-    row_parallel_input(a.mid, residual_[l], P + bp.attn_out_b, N);
-    linear_forward(P, a.mid, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
-    tensor_all_reduce(a.mid, N * C);
+    float* out = row_parallel_begin(a.mid, residual_[l], P + bp.attn_out_b, N);
+    linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
+    row_parallel_end(a.mid, residual_[l], P + bp.attn_out_b, N);
 
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, N,
+      k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
                            C, eps);
     });
+    const float* ln2 = gather_rows(a.ln2, N);
     timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
-    linear_forward(P, a.fch, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
+    linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
     activation_forward(act_buf_, a.fch, N * F);
-    row_parallel_input(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
-    linear_forward(P, residual_[l + 1], C, act_buf_, F,
-                   Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
-    tensor_all_reduce(residual_[l + 1], N * C);
+    out = row_parallel_begin(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
+    linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+    row_parallel_end(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
     store_->release(1 + l);
   }
   const float* Pf = store_->gather(final_unit());
+  // Under sequence_split the final layernorm runs on this rank's rows and the LM head on all.
+  float* lnf_rows = sequence_split_ ? lnf_local_ : lnf_;
   timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual_[spec_.layers], Pf + lnf_w_,
-                         Pf + lnf_b_, N, C, eps);
+    k::layernorm_forward(lnf_rows, lnf_mean_, lnf_rstd_, residual_[spec_.layers], Pf + lnf_w_,
+                         Pf + lnf_b_, Nl, C, eps);
   });
+  if (sequence_split_) all_gather_rows(lnf_rows, lnf_, N);
   store_->release(final_unit());
   // Tied LM head: logits = lnf x wte^T.
   timed(WorkKind::gemm, [&] {
@@ -364,25 +457,28 @@ void Model::backward(const int32_t* tokens, int B) {
   const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
   const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
+  const int64_t Nl = local_rows(N);
   const float* dlogits = logits_.data();
 
   // LM head: dlnf = dlogits x wte, dwte += dlogits^T x lnf. The embedding gradients stay open
   // until the embedding backward at the end.
   const float* E = store_->gather(0);
   float* GE = store_->gradients(0);
+  float* dlnf = column_parallel_dinp();
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dbuf_c_, C);
+    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dlnf, C);
     gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, GE + wte_, C);
   });
   store_->release(0);
-  tensor_all_reduce(dbuf_c_, N * C);  // each rank's vocabulary rows gave part of dlnf
+  // Each rank's vocabulary rows gave part of dlnf.
+  const float* dlnf_rows = column_parallel_end(N);
   {
     const float* Pf = store_->gather(final_unit());
     float* Gf = store_->gradients(final_unit());
     timed(WorkKind::layernorm, [&] {
-      k::fill(dresidual_, N * C, 0.0f);
-      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dbuf_c_,
-                            residual_[spec_.layers], Pf + lnf_w_, lnf_mean_, lnf_rstd_, N, C);
+      k::fill(dresidual_, Nl * C, 0.0f);
+      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dlnf_rows,
+                            residual_[spec_.layers], Pf + lnf_w_, lnf_mean_, lnf_rstd_, Nl, C);
     });
     store_->release(final_unit());
     store_->gradients_done(final_unit());
@@ -395,18 +491,21 @@ void Model::backward(const int32_t* tokens, int B) {
     float* G = store_->gradients(1 + l);
     // MLP: the activation output was not saved; recompute it for the second linear's dW.
     activation_forward(act_buf_, a.fch, N * F);
-    linear_backward(P, G, dbuf_f_, F, dresidual_, C, act_buf_, F,
+    const float* dres = gather_rows(dresidual_, N, dfull_);
+    linear_backward(P, G, dbuf_f_, F, dres, C, act_buf_, F,
                     Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
     activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
-    linear_backward(P, G, dbuf_c_, C, dbuf_f_, F, a.ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N,
-                    false);
-    tensor_all_reduce(dbuf_c_, N * C);  // column-parallel input gradient
+    const float* ln2 = gather_rows(a.ln2, N);  // sequence_split: gathered again, not saved whole
+    linear_backward(P, G, column_parallel_dinp(), C, dbuf_f_, F, ln2, C,
+                    Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
+    const float* dln2 = column_parallel_end(N);
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dbuf_c_, a.mid, P + bp.ln2_w,
-                            a.ln2_mean, a.ln2_rstd, N, C);
+      k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dln2, a.mid, P + bp.ln2_w,
+                            a.ln2_mean, a.ln2_rstd, Nl, C);
     });
     // Attention.
-    linear_backward(P, G, dbuf_c_, Cl, dresidual_, C, a.atty, Cl,
+    dres = gather_rows(dresidual_, N, dfull_);
+    linear_backward(P, G, dbuf_c_, Cl, dres, C, a.atty, Cl,
                     Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
     timed(WorkKind::attention, [&] {
       if (spec_.fused_attention) {
@@ -415,21 +514,24 @@ void Model::backward(const int32_t* tokens, int B) {
         attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, Cl, H);
       }
     });
+    const float* ln1 = gather_rows(a.ln1, N);
+    float* dln1_full = column_parallel_dinp();
     for (int part = 0; part < bp.qkv_parts; ++part) {
       const Linear lin = qkv_part(bp, part);
-      linear_backward(P, G, dbuf_c_, C, dqkv_ + part * Cl, 3 * Cl, a.ln1, C, lin, N, part > 0);
+      linear_backward(P, G, dln1_full, C, dqkv_ + part * Cl, 3 * Cl, ln1, C, lin, N, part > 0);
     }
-    tensor_all_reduce(dbuf_c_, N * C);  // column-parallel input gradient
+    const float* dln1 = column_parallel_end(N);
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dbuf_c_, residual_[l],
-                            P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, N, C);
+      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dln1, residual_[l],
+                            P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, Nl, C);
     });
     store_->release(1 + l);
     Kokkos::fence();
     store_->gradients_done(1 + l);
   }
+  const float* dembed = gather_rows(dresidual_, N, dfull_);
   timed(WorkKind::embedding, [&] {
-    k::embedding_backward(GE + wte_, GE + wpe_, dresidual_, tokens, B, T, C,
+    k::embedding_backward(GE + wte_, GE + wpe_, dembed, tokens, B, T, C,
                           spec_.position_offset(), vocab_begin_, local_vocab_);
   });
   Kokkos::fence();

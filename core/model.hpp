@@ -39,9 +39,16 @@ class Model {
   // cross-entropy; layernorms, positions and row-parallel biases replicated. Forward all-reduces
   // the embedding and two (B,T,C) activations per block; backward the LM-head input gradient and
   // two per block; the cross-entropy 3 floats per token.
+  //
+  // With `sequence_split` (Megatron sequence parallelism, Korthikanti et al. 2022) each tensor
+  // rank keeps only 1/t of the token rows of the residual stream, layernorms and residual adds:
+  // every all-reduce becomes a reduce-scatter to the rows (after row-parallel layers) plus an
+  // all-gather of the rows (before column-parallel ones); backward gathers the saved layernorm
+  // outputs again rather than keeping them whole. Layernorm weight gradients are then partial
+  // sums over the tensor group (the optimizer sums them).
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
         std::size_t unit_multiple = 16, ParameterStore* store = nullptr,
-        TensorGroup* tensor = nullptr);
+        TensorGroup* tensor = nullptr, bool sequence_split = false);
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
@@ -138,8 +145,22 @@ class Model {
   int final_unit() const { return spec_.layers + 1; }
   // Sum over the tensor group, in place (nothing without tensor parallelism).
   void tensor_all_reduce(float* data, int64_t n);
-  // Pre-fills a row-parallel output: residual + bias on tensor rank 0, zeros elsewhere.
-  void row_parallel_input(float* out, const float* residual, const float* bias, int64_t N);
+  // Token rows of the residual stream on this rank (N, or N/t under sequence_split).
+  int64_t local_rows(int64_t N) const;
+  // A row-parallel linear: begin returns where its partial sums go (out pre-filled with residual
+  // + bias on rank 0; a zeroed whole-row buffer under sequence_split); end makes `out` this rank's
+  // rows of residual + bias + the sum over the group.
+  float* row_parallel_begin(float* out, const float* residual, const float* bias, int64_t N);
+  void row_parallel_end(float* out, const float* residual, const float* bias, int64_t N);
+  // sequence_split: whole (N, C) rows <-> this rank's rows.
+  void scatter_rows(float* full, float* rows, int64_t N);  // reduce-scatter of partial sums
+  void all_gather_rows(const float* rows, float* full, int64_t N);
+  // All rows of `rows` (gathered into `full`, by default a shared buffer, under sequence_split).
+  const float* gather_rows(const float* rows, int64_t N, float* full = nullptr);
+  // Where a column-parallel layer writes its input gradient, and that gradient summed over the
+  // group on this rank's rows.
+  float* column_parallel_dinp();
+  const float* column_parallel_end(int64_t N);
   template <class F>
   void timed(WorkKind kind, F&& work) {
     Profiler::Scope scope(profiler_, kind);
@@ -174,6 +195,9 @@ class Model {
   std::vector<BlockActs> block_acts_;
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
+  bool sequence_split_ = false;
+  float *full_tmp_ = nullptr, *gather_tmp_ = nullptr, *dfull_ = nullptr, *rows_tmp_ = nullptr,
+        *lnf_local_ = nullptr;
   Profiler* profiler_ = nullptr;
 };
 

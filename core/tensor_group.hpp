@@ -16,6 +16,8 @@ class TensorGroup {
   virtual void all_reduce_max(float* data, std::size_t n) = 0;
   // output (size() * n floats) <- every rank's n floats in rank order.
   virtual void all_gather(const float* input, std::size_t n, float* output) = 0;
+  // output (n / size() floats) <- block rank() of the sum over ranks of input (n floats).
+  virtual void reduce_scatter(const float* input, std::size_t n, float* output) = 0;
 };
 
 }  // namespace colossal::core

@@ -227,8 +227,10 @@ const std::vector<KeySpec>& schema() {
        .choices = {"1d"}, .planned = {"2d", "2.5d", "3d"}},
       {.key = "parallel.tensor.sequence_split", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.sequence_split; },
-       .doc = "Megatron sequence-parallel layernorm regions inside the tensor group",
-       .choices = {"false"}, .planned = {"true"}},
+       .doc = "Megatron sequence parallelism inside the tensor group: layernorms and residual "
+              "adds on 1/size of the token rows (needs tensor.size > 1 dividing train.seq_len)",
+       .choices = {"false", "true"},
+       .cross_check = "needs parallel.tensor.size > 1 dividing train.seq_len"},
       {.key = "parallel.sequence", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.sequence; },
        .doc = "ring self-attention ranks (not implemented yet: must be 1)",
@@ -895,6 +897,20 @@ class Resolver {
   void check_tensor_split(const Config& config) const {
     const int t = config.parallel.tensor;
     const core::ModelSpec& m = config.model;
+    if (config.parallel.sequence_split && t <= 1) {
+      raise(where_first({"parallel.tensor.sequence_split", "parallel.tensor.size"}),
+            "parallel.tensor.sequence_split", "true with parallel.tensor.size = 1",
+            "it splits the token rows over the tensor group",
+            "set parallel.tensor.size to 2 or more, or sequence_split: false");
+    }
+    if (config.parallel.sequence_split && config.train.seq_len % t != 0) {
+      raise(where_first({"parallel.tensor.sequence_split", "train.seq_len"}),
+            "parallel.tensor.sequence_split",
+            "true with train.seq_len = " + std::to_string(config.train.seq_len) +
+                " not divisible by parallel.tensor.size = " + std::to_string(t),
+            "every tensor rank takes an equal share of each sequence's rows",
+            "set train.seq_len to a multiple of " + std::to_string(t));
+    }
     if (t <= 1) return;
     for (const auto& [what, value] : {std::pair<const char*, int>{"model.heads", m.heads},
                                       std::pair<const char*, int>{"model.ffn_hidden",

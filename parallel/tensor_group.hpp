@@ -16,6 +16,9 @@ class CommunicatorGroup final : public core::TensorGroup {
   void all_gather(const float* input, std::size_t n, float* output) override {
     comm_.all_gather({input, n}, {output, n * std::size_t(comm_.size())});
   }
+  void reduce_scatter(const float* input, std::size_t n, float* output) override {
+    comm_.reduce_scatter_sum({input, n}, {output, n / std::size_t(comm_.size())});
+  }
   Communicator& communicator() { return comm_; }
 
  private:

@@ -364,6 +364,10 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
       {std::string(kMinimal) + "parallel: {tensor: {size: 2, mode: 2d}}\n",
        {"parallel.tensor.mode: 2d is not supported yet"}},
       {std::string(kMinimal) + "parallel: {sequence: 2}\n", {"parallel.sequence"}},
+      {std::string(kMinimal) + "parallel: {tensor: {sequence_split: true}}\n",
+       {"parallel.tensor.sequence_split: true with parallel.tensor.size = 1"}},
+      {std::string(kMinimal) + "train: {seq_len: 250}\nparallel: {tensor: {size: 4, sequence_split: true}}\n",
+       {"not divisible by parallel.tensor.size = 4", "multiple of 4"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);

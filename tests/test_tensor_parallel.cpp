@@ -38,6 +38,7 @@ struct Layout {
   int tensor, data = 1, stage = 0;
   int vocab = 200;          // padded to a multiple of tensor * 16: padding is exercised
   int vocab_multiple = 16;
+  bool split = false;       // parallel.tensor.sequence_split
 };
 
 io::Config config(const std::string& data, const Layout& l, int tensor, int dp,
@@ -50,7 +51,7 @@ io::Config config(const std::string& data, const Layout& l, int tensor, int dp,
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", tensor: {size: " + std::to_string(tensor) +
-      "}, zero: {stage: " + std::to_string(tensor > 1 || dp > 1 ? l.stage : 0) +
+      ", sequence_split: " + (l.split && tensor > 1 ? "true" : "false") + "}, zero: {stage: " + std::to_string(tensor > 1 || dp > 1 ? l.stage : 0) +
       "}, bucket_mb: 0.01}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -89,22 +90,41 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   }
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.5) << "the run must actually learn";
 
-  // Bytes the tensor group moved during train(), per micro-batch of N = micro_batch * T tokens:
-  // forward all-reduces the embedding and two (N, C) activations per block, the cross-entropy
-  // N maxima then 2N sums; backward the LM head's input gradient and two (N, C) per block.
-  // Per step the norm adds one scalar; saving the model gathers every rank's parameters once.
+  // Bytes the tensor group moved during train(), per micro-batch of N = micro_batch * T tokens.
+  // Without sequence_split: forward all-reduces the embedding and two (N, C) activations per
+  // block, the cross-entropy N maxima then 2N sums; backward the LM head's input gradient and two
+  // (N, C) per block. With it, each of those (N, C) all-reduces is a reduce-scatter to the rows,
+  // and (N, C) all-gathers bring the rows back before every column-parallel layer: in forward
+  // ln1 and ln2 per block and ln_f, in backward the output gradient twice and the saved ln2 and
+  // ln1 per block, and the gradient for the embedding. Per step the norm adds one scalar (and,
+  // with sequence_split, one all-reduce of every layernorm gradient); saving the model gathers
+  // every rank's parameters once.
   const uint64_t steps = 10, L = 2, C = 32, N = 2 * 16;
   const uint64_t micro = 8 / (2 * uint64_t(layout.data));
+  const uint64_t NC = 4 * N * C;  // bytes of one (N, C) tensor
   const auto& stats = tp.stats();
-  EXPECT_EQ(stats.all_reduce.payload_bytes,
-            steps * (micro * 4 * ((4 * L + 2) * N * C + 3 * N) + 8));
-  EXPECT_EQ(stats.all_reduce.calls, steps * (micro * (4 * L + 4) + 1));
-  EXPECT_NEAR(stats.all_reduce.wire_bytes,
-              2.0 * (layout.tensor - 1) / layout.tensor * double(stats.all_reduce.payload_bytes),
+  const double ring = double(layout.tensor - 1) / layout.tensor;
+  if (!layout.split) {
+    EXPECT_EQ(stats.all_reduce.payload_bytes,
+              steps * (micro * ((4 * L + 2) * NC + 4 * 3 * N) + 8));
+    EXPECT_EQ(stats.all_reduce.calls, steps * (micro * (4 * L + 4) + 1));
+    EXPECT_EQ(stats.reduce_scatter.calls, 0u);
+    EXPECT_EQ(stats.all_gather.calls, 1u);
+  } else {
+    const uint64_t layernorm_bytes = 4 * (4 * L + 2) * C;
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (micro * 4 * 3 * N + layernorm_bytes + 8));
+    EXPECT_EQ(stats.all_reduce.calls, steps * (micro * 2 + 2));
+    EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * micro * (4 * L + 2) * NC);
+    EXPECT_EQ(stats.reduce_scatter.calls, steps * micro * (4 * L + 2));
+    EXPECT_NEAR(stats.reduce_scatter.wire_bytes, ring * double(stats.reduce_scatter.payload_bytes),
+                1.0);
+    EXPECT_EQ(stats.all_gather.calls, steps * micro * (6 * L + 2) + 1);
+  }
+  EXPECT_NEAR(stats.all_reduce.wire_bytes, 2.0 * ring * double(stats.all_reduce.payload_bytes),
               1.0);
-  EXPECT_EQ(stats.all_gather.calls, 1u);
   EXPECT_EQ(stats.all_gather.payload_bytes,
-            4 * uint64_t(layout.tensor) * trainer.model().flat_size());
+            (layout.split ? steps * micro * (6 * L + 2) * NC : 0) +
+                4 * uint64_t(layout.tensor) * trainer.model().flat_size());
 
   // Final weights: the logical tensors (padding rows dropped) against the single-rank model.
   // Row-parallel layers sum their products in another order (per rank, then over ranks), so
@@ -136,15 +156,21 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   EXPECT_LT(mean, 2e-7);
   EXPECT_LT(double(above), 0.005 * double(want.size()));
 
-  // Activation memory per rank: with t tensor ranks, per block 3 (B,T,C) tensors stay whole (ln1,
-  // mid, ln2) while the q/k/v and attention outputs (4 (B,T,C)), the probabilities (B,H,T,T) and
-  // the MLP hidden (B,T,F) are divided by t; plus L+1 residuals, the final layernorm with its
-  // statistics and per-token losses, and the logits (B,T,V_padded/t).
+  // Activation memory per rank: with t tensor ranks, per block 3 (B,T,C) tensors (ln1, mid, ln2)
+  // and 4 per-token statistics stay whole, divided by t only under sequence_split (s = t then,
+  // else 1), while the q/k/v and attention outputs (4 (B,T,C)), the probabilities (B,H,T,T) and
+  // the MLP hidden (B,T,F) are divided by t; plus L+1 residuals (/s), the final layernorm output
+  // (whole: the LM head needs every row) with its statistics (/s) and per-token losses, and the
+  // logits (B,T,V_padded/t). In Korthikanti et al.'s terms (fp32, no dropout, GELU recomputed):
+  // 4 * (3sbh/s + 4sbh/t + 4sb/s + a*s^2*b/t + 4sbh/t) bytes per layer with F = 4h.
   const uint64_t t = layout.tensor, B = 2, T = 16, H = 4, F = 64, BT = B * T;
+  const uint64_t sp = layout.split ? t : 1;
   const uint64_t vocab_padded = (uint64_t(layout.vocab) + t * layout.vocab_multiple - 1) /
                                 (t * layout.vocab_multiple) * (t * layout.vocab_multiple);
-  const uint64_t per_block = 3 * BT * C + 4 * BT * C / t + 4 * BT + B * H / t * T * T + BT * F / t;
-  const uint64_t floats = BT * C * (L + 1) + L * per_block + BT * C + 3 * BT + BT * vocab_padded / t;
+  const uint64_t per_block =
+      3 * BT * C / sp + 4 * BT * C / t + 4 * BT / sp + B * H / t * T * T + BT * F / t;
+  const uint64_t floats = BT * C / sp * (L + 1) + L * per_block + BT * C + 2 * BT / sp + BT +
+                          BT * vocab_padded / t;
   EXPECT_EQ(trainer.memory().current(core::MemCategory::activations), 4 * floats);
 }
 
@@ -154,13 +180,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, 2, 0}, Layout{"opt", 2, 2, 1}, Layout{"gpt2", 2, 2, 2},
                       Layout{"opt", 2, 2, 3},
                       // GPT-2's real vocabulary, padded to tensor * 128 rows.
-                      Layout{"gpt2", 2, 1, 0, 50257, 128}, Layout{"gpt2", 4, 1, 0, 50257, 128}),
+                      Layout{"gpt2", 2, 1, 0, 50257, 128}, Layout{"gpt2", 4, 1, 0, 50257, 128},
+                      // Megatron sequence parallelism inside the tensor group.
+                      Layout{"gpt2", 2, 1, 0, 200, 16, true}, Layout{"opt", 2, 1, 0, 200, 16, true},
+                      Layout{"opt", 4, 1, 0, 200, 16, true}, Layout{"gpt2", 2, 2, 1, 200, 16, true}),
     [](const auto& info) {
       const Layout& l = info.param;
       return l.arch + "_tp" + std::to_string(l.tensor) +
              (l.data > 1 ? "_dp" + std::to_string(l.data) + "_zero" + std::to_string(l.stage)
                          : std::string()) +
-             (l.vocab == 50257 ? "_vocab50257" : "");
+             (l.vocab == 50257 ? "_vocab50257" : "") + (l.split ? "_sequence_split" : "");
     });
 
 }  // namespace

@@ -27,7 +27,8 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                            std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
                            double bucket_mb, parallel::Communicator& dp,
                            core::MemoryTracker& tracker, bool offload_optimizer,
-                           bool offload_params, parallel::Communicator* tensor)
+                           bool offload_params, parallel::Communicator* tensor,
+                           bool sequence_split)
     : stage_(stage),
       padded_(flat_size),
       dp_(dp),
@@ -75,10 +76,17 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
     for (const auto& [begin, end] : pieces) {
       for (const auto& p : table) {
         const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
-        if (lo < hi) norm_runs_.push_back({state + lo - begin, hi - lo, p.shard.replicated()});
+        if (lo >= hi) continue;
+        norm_runs_.push_back({state + lo - begin, hi - lo, p.shard.replicated()});
+        const bool layernorm = p.role == core::ParamRole::layernorm_weight ||
+                               p.role == core::ParamRole::layernorm_bias;
+        if (sequence_split && layernorm) partial_runs_.push_back(norm_runs_.back());
       }
       state += end - begin;
     }
+    std::size_t packed = 0;
+    for (const NormRun& run : partial_runs_) packed += run.count;
+    partial_pack_ = core::DeviceArray<float>(tracker, core::MemCategory::temporaries, packed);
   }
   if (offload_) {
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
@@ -117,13 +125,36 @@ double ShardedAdamW::reduce_gradients() {
       in_flight_.clear();
       next_bucket_ = 0;
     }
-    if (tp_ != nullptr) return tensor_parallel_norm(grads, false);
+    if (tp_ != nullptr) {
+      sum_sequence_partial_gradients(grads);
+      return tensor_parallel_norm(grads, false);
+    }
     return std::sqrt(core::sum_of_squares(grads, padded_));
   }
   // Stages 2-3: every unit was reduce-scattered into the shard during backward.
-  if (tp_ != nullptr) return tensor_parallel_norm(sharded_->grad_shard(), true);
+  if (tp_ != nullptr) {
+    sum_sequence_partial_gradients(sharded_->grad_shard());
+    return tensor_parallel_norm(sharded_->grad_shard(), true);
+  }
   const double local = core::sum_of_squares(sharded_->grad_shard(), shard_size_);
   return std::sqrt(dp_.all_reduce_sum_value(local));
+}
+
+void ShardedAdamW::sum_sequence_partial_gradients(float* grads) {
+  if (partial_pack_.size() == 0) return;
+  std::size_t at = 0;
+  for (const NormRun& run : partial_runs_) {
+    core::kernels::copy(partial_pack_.data() + at, grads + run.begin, int64_t(run.count));
+    at += run.count;
+  }
+  Kokkos::fence();
+  tp_->all_reduce_sum({partial_pack_.data(), partial_pack_.size()});
+  at = 0;
+  for (const NormRun& run : partial_runs_) {
+    core::kernels::copy(grads + run.begin, partial_pack_.data() + at, int64_t(run.count));
+    at += run.count;
+  }
+  Kokkos::fence();
 }
 
 // Squared norm = (sum over tensor ranks of their split tensors) + (replicated tensors, identical

@@ -53,7 +53,8 @@ class ShardedAdamW {
   ShardedAdamW(const std::vector<core::ParamSpec>& table, std::vector<core::ParamUnit> units,
                std::size_t flat_size, int stage, double bucket_mb, parallel::Communicator& dp,
                core::MemoryTracker& tracker, bool offload_optimizer = false,
-               bool offload_params = false, parallel::Communicator* tensor = nullptr);
+               bool offload_params = false, parallel::Communicator* tensor = nullptr,
+               bool sequence_split = false);
 
   // Where the model's parameters and gradients live (pass it to core::Model).
   core::ParameterStore& store() { return *store_; }
@@ -96,6 +97,11 @@ class ShardedAdamW {
     bool replicated;
   };
   double tensor_parallel_norm(const float* grads, bool reduce_over_data);
+  // sequence_split: layernorm gradients are partial sums over the tensor group (each rank saw its
+  // rows); they are summed, packed into one all-reduce, before the norm.
+  void sum_sequence_partial_gradients(float* grads);
+  std::vector<NormRun> partial_runs_;
+  core::DeviceArray<float> partial_pack_;
 
   int stage_;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
