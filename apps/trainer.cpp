@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdarg>
 #include <filesystem>
+#include <span>
+#include <utility>
 #include <type_traits>
 
 #include "core/rng.hpp"
@@ -66,7 +68,18 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                                         .sequence = par.sequence}));
   dp_ = groups_.dp.get();
   tp_ = groups_.tp.get();
+  sp_ = groups_.sp.get();
   if (tp_->size() > 1) tensor_group_ = std::make_unique<parallel::CommunicatorGroup>(*tp_);
+  // Ring attention splits sequences, so the sequence ranks of a replica hold the same parameters
+  // and see different tokens: their gradients are summed (and ZeRO shards over) the data and
+  // sequence axes together, the ranks with this rank's tensor coordinate.
+  grad_ = dp_;
+  if (sp_->size() > 1) {
+    sequence_group_ = std::make_unique<parallel::CommunicatorGroup>(*sp_);
+    grad_owner_ = world_->split(tp_->rank(), world_->rank());
+    grad_ = grad_owner_.get();
+  }
+  chunk_ = config_.train.seq_len / sp_->size();
   const auto& train = config_.train;
   const auto& spec = config_.model;
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
@@ -80,22 +93,25 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   }
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. The
   // optimizer owns the store the parameters live in (whole, or sharded by stage).
-  const std::size_t unit_multiple = std::size_t(dp_->size()) * 16;
+  const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;
   const auto table =
       core::parameter_table(spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()});
   auto units = core::parameter_units(table, unit_multiple);
   const std::size_t flat = units.back().end;
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
-      table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *dp_,
+      table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *grad_,
       tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
       tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split);
-  model_ = std::make_unique<core::Model>(spec, train.micro_batch, train.seq_len, tracker_, *gemm_,
+  model_ = std::make_unique<core::Model>(spec, train.micro_batch, chunk_, tracker_, *gemm_,
                                          unit_multiple, &optimizer_->store(),
-                                         tensor_group_.get(), config_.parallel.sequence_split);
+                                         tensor_group_.get(), config_.parallel.sequence_split,
+                                         sequence_group_.get());
   model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
+  // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's chunk.
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
+  host_chunk_.resize(std::size_t(train.micro_batch) * chunk_);
   inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
   host_inputs_.resize(tokens);
@@ -146,9 +162,14 @@ void Trainer::print(const char* fmt, ...) const {
 }
 
 void Trainer::upload() {
-  core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * sizeof(int32_t));
-  core::copy_to_device(targets_.data(), host_targets_.data(),
-                       host_targets_.size() * sizeof(int32_t));
+  const int T = config_.train.seq_len;
+  const std::size_t rows = host_inputs_.size() / T, begin = std::size_t(sp_->rank()) * chunk_;
+  for (auto [host, device] : {std::pair{&host_inputs_, &inputs_}, std::pair{&host_targets_, &targets_}}) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::copy_n(host->begin() + r * T + begin, chunk_, host_chunk_.begin() + r * chunk_);
+    }
+    core::copy_to_device(device->data(), host_chunk_.data(), host_chunk_.size() * sizeof(int32_t));
+  }
 }
 
 // Forward and backward over this rank's micro-batches of the step: rank r of dp takes samples
@@ -178,7 +199,8 @@ double Trainer::run_step(int64_t step) {
     model_->backward(inputs_.data(), t.micro_batch);
     optimizer_->set_overlap(false);
   }
-  return dp_->all_reduce_sum_value(loss / accumulation) / dp_->size();
+  // Every rank of the data x sequence group averaged the same number of tokens.
+  return grad_->all_reduce_sum_value(loss / accumulation) / grad_->size();
 }
 
 TrainSummary Trainer::train() {
@@ -221,6 +243,10 @@ TrainSummary Trainer::train() {
     print("parallel: %d tensor-parallel ranks (1d: heads, MLP width and vocabulary split; "
           "vocabulary padded to %lld)\n",
           tp_->size(), (long long)core::padded_vocab(spec, tp_->size()));
+  }
+  if (sp_->size() > 1) {
+    print("parallel: %d sequence-parallel ranks (ring self-attention; %d positions each)\n",
+          sp_->size(), chunk_);
   }
   if (dp_->size() > 1) {
     print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),
@@ -354,7 +380,8 @@ double Trainer::evaluate() {
     const double loss = model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
     if (real) total += loss;
   }
-  return dp_->all_reduce_sum_value(total) / double(windows);
+  // Each sequence rank averaged its chunk of the same windows.
+  return grad_->all_reduce_sum_value(total) / double(windows) / double(sp_->size());
 }
 
 std::vector<float> Trainer::local_parameters() {
@@ -445,7 +472,13 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
     upload();
     model_->forward(inputs_.data(), targets_.data(), 1, 0.0f);
-    model_->gather_logits(int64_t(len) - 1, logits.data());  // collective over the tensor group
+    // The last context position's logits: gathered over the tensor group on the sequence rank
+    // holding that position, then sent to the other sequence ranks.
+    const int owner = int(len - 1) / chunk_;
+    model_->gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0, logits.data());
+    if (sp_->size() > 1) {
+      sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
+    }
     int next = 0;
     if (temperature <= 0.0) {
       next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());

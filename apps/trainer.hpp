@@ -88,6 +88,9 @@ class Trainer {
   const std::string& plan() const { return plan_; }
   parallel::Communicator& data_parallel() { return *dp_; }
   parallel::Communicator& tensor_parallel() { return *tp_; }
+  parallel::Communicator& sequence_parallel() { return *sp_; }
+  // Where gradients are summed and ZeRO shards: the data x sequence ranks of this tensor rank.
+  parallel::Communicator& gradient_group() { return *grad_; }
 
  private:
   void print(const char* fmt, ...) const;
@@ -102,7 +105,12 @@ class Trainer {
   parallel::Groups groups_;  // this rank's group along each mesh axis
   parallel::Communicator* dp_;
   parallel::Communicator* tp_;
-  std::unique_ptr<parallel::CommunicatorGroup> tensor_group_;  // the model's view of tp_
+  parallel::Communicator* sp_;
+  std::unique_ptr<parallel::CommunicatorGroup> tensor_group_;    // the model's view of tp_
+  std::unique_ptr<parallel::CommunicatorGroup> sequence_group_;  // ... and of sp_ (ring)
+  std::unique_ptr<parallel::Communicator> grad_owner_;
+  parallel::Communicator* grad_;  // gradient sum and ZeRO: data x sequence ranks (dp_ without sp)
+  int chunk_ = 0;                 // positions of each sequence on this rank
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
   std::unique_ptr<core::Model> model_;
@@ -110,7 +118,7 @@ class Trainer {
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;
   core::DeviceArray<int32_t> inputs_, targets_;
-  std::vector<int32_t> host_inputs_, host_targets_;
+  std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;
   std::string plan_;
   core::Profiler profiler_;
   int profile_steps_ = 0;

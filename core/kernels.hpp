@@ -293,15 +293,18 @@ void add(float* dst, const float* src, int64_t n) {
       KOKKOS_LAMBDA(int64_t i) { dst[i] += src[i]; });
 }
 
-// In place over rows of scores (one row per query position i = row % T, after the scale was
-// applied by the GEMM): softmax over keys j <= i, zero for j > i (causal).
+// In place over rows of scores (after the scale was applied by the GEMM). Row r is query
+// position i = q_offset + r % Tq of a sequence whose keys are the Tk columns: softmax over keys
+// j <= i, zero for j > i (causal). Square attention has Tq = Tk and q_offset 0; a ring rank holds
+// Tq of the Tk positions, from q_offset on.
 template <class ExecSpace = Exec>
-void causal_softmax_forward(float* att,  // (B*H, T, T)
-                            int64_t rows, int T) {
+void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
+                            int64_t rows, int Tq, int Tk, int q_offset) {
+  const int T = Tk;
   Kokkos::parallel_for(
       "colossal::core::causal_softmax_forward", Kokkos::RangePolicy<ExecSpace>(0, rows),
       KOKKOS_LAMBDA(int64_t r) {
-        const int i = static_cast<int>(r % T);
+        const int i = q_offset + static_cast<int>(r % Tq);
         float* a = att + r * T;
         float mx = a[0];
         for (int j = 1; j <= i; ++j) mx = a[j] > mx ? a[j] : mx;
@@ -316,22 +319,43 @@ void causal_softmax_forward(float* att,  // (B*H, T, T)
       });
 }
 
-// In place: datt <- scale * att * (datt - sum_j att*datt), the gradient with respect to the
-// unscaled scores q.k, zero above the diagonal.
 template <class ExecSpace = Exec>
-void causal_softmax_backward(float* datt,      // (B*H, T, T)
-                             const float* att, // (B*H, T, T)
-                             int64_t rows, int T, float scale) {
+void causal_softmax_forward(float* att, int64_t rows, int T) {  // (B*H, T, T)
+  causal_softmax_forward<ExecSpace>(att, rows, T, T, 0);
+}
+
+// In place: datt <- scale * att * (datt - sum_j att*datt), the gradient with respect to the
+// unscaled scores q.k, zero above the diagonal (rows as in causal_softmax_forward).
+template <class ExecSpace = Exec>
+void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
+                             const float* att, // (B*H, Tq, Tk)
+                             int64_t rows, int Tq, int Tk, int q_offset, float scale) {
+  const int T = Tk;
   Kokkos::parallel_for(
       "colossal::core::causal_softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, rows),
       KOKKOS_LAMBDA(int64_t r) {
-        const int i = static_cast<int>(r % T);
+        const int i = q_offset + static_cast<int>(r % Tq);
         const float* a = att + r * T;
         float* d = datt + r * T;
         float dot = 0.0f;
         for (int j = 0; j <= i; ++j) dot += a[j] * d[j];
         for (int j = 0; j <= i; ++j) d[j] = scale * a[j] * (d[j] - dot);
         for (int j = i + 1; j < T; ++j) d[j] = 0.0f;
+      });
+}
+
+template <class ExecSpace = Exec>
+void causal_softmax_backward(float* datt, const float* att, int64_t rows, int T, float scale) {
+  causal_softmax_backward<ExecSpace>(datt, att, rows, T, T, 0, scale);
+}
+
+// dst(rows, ld_dst)[:, :cols] = src(rows, ld_src)[:, :cols]
+template <class ExecSpace = Exec>
+void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t rows, int cols) {
+  Kokkos::parallel_for(
+      "colossal::core::copy_columns", Kokkos::RangePolicy<ExecSpace>(0, rows),
+      KOKKOS_LAMBDA(int64_t r) {
+        for (int c = 0; c < cols; ++c) dst[r * ld_dst + c] = src[r * ld_src + c];
       });
 }
 

@@ -1,8 +1,10 @@
 #include "core/layers.hpp"
 
 #include <cmath>
+#include <utility>
 
 #include "core/kernels.hpp"
+#include "core/tensor_group.hpp"
 
 namespace colossal::core {
 
@@ -54,6 +56,109 @@ void attention_forward(Gemm& gemm, float* att, float* atty, const float* qkv, in
     gemm.gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.0f, att + int64_t(b) * H * TT, T, TT,
                               v, 3 * C, hs, 0.0f, atty + int64_t(b) * T * C, C, hs, H);
   }
+}
+
+namespace {
+// The ring neighbours, and the rank whose block this rank holds after `step` shifts.
+struct Ring {
+  int size, rank, next, prev;
+  explicit Ring(const TensorGroup& g)
+      : size(g.size()), rank(g.rank()), next((g.rank() + 1) % g.size()),
+        prev((g.rank() + g.size() - 1) % g.size()) {}
+  int source(int step) const { return (rank - step + size) % size; }
+};
+
+// Visits every rank's (B,Tl,C) block of columns [column, column + C) of qkv: this rank's first,
+// then each one received from the previous rank. visit(block, source_rank).
+template <class Visit>
+void around_the_ring(TensorGroup& group, const float* qkv, int column, float* ring_block,
+                     int64_t rows, int C, Visit&& visit) {
+  const Ring ring(group);
+  float* cur = ring_block;
+  float* spare = ring_block + rows * C;
+  kernels::copy_columns(cur, C, qkv + column, 3 * C, rows, C);
+  Kokkos::fence();
+  for (int step = 0; step < ring.size; ++step) {
+    visit(static_cast<const float*>(cur), ring.source(step));
+    if (step + 1 < ring.size) {
+      Kokkos::fence();
+      group.send_recv(cur, std::size_t(rows) * C, ring.next, spare, ring.prev);
+      std::swap(cur, spare);
+    }
+  }
+}
+}  // namespace
+
+void ring_attention_forward(Gemm& gemm, TensorGroup& group, float* att, float* atty,
+                            const float* qkv, float* ring_block, int B, int Tl, int C, int H) {
+  const Ring ring(group);
+  const int hs = C / H, T = Tl * ring.size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t rows = int64_t(B) * Tl, TlT = int64_t(Tl) * T;
+  // Scores of this rank's queries against each key block up to its own.
+  around_the_ring(group, qkv, C, ring_block, rows, C, [&](const float* k, int src) {
+    if (src > ring.rank) return;
+    for (int b = 0; b < B; ++b) {
+      gemm.gemm_strided_batched(Trans::N, Trans::T, Tl, Tl, hs, scale,
+                                qkv + int64_t(b) * Tl * 3 * C, 3 * C, hs, k + int64_t(b) * Tl * C,
+                                C, hs, 0.0f, att + int64_t(b) * H * TlT + int64_t(src) * Tl, T, TlT,
+                                H);
+    }
+  });
+  kernels::causal_softmax_forward(att, int64_t(B) * H * Tl, Tl, T, ring.rank * Tl);
+  // Output: the probabilities of each value block times the block, summed.
+  around_the_ring(group, qkv, 2 * C, ring_block, rows, C, [&](const float* v, int src) {
+    if (src > ring.rank) return;
+    for (int b = 0; b < B; ++b) {
+      gemm.gemm_strided_batched(Trans::N, Trans::N, Tl, hs, Tl, 1.0f,
+                                att + int64_t(b) * H * TlT + int64_t(src) * Tl, T, TlT,
+                                v + int64_t(b) * Tl * C, C, hs, src == ring.rank ? 0.0f : 1.0f,
+                                atty + int64_t(b) * Tl * C, C, hs, H);
+    }
+  });
+}
+
+void ring_attention_backward(Gemm& gemm, TensorGroup& group, float* dqkv, float* datt,
+                             const float* datty, const float* qkv, const float* att,
+                             float* ring_block, float* dkv_all, int B, int Tl, int C, int H) {
+  const Ring ring(group);
+  const int hs = C / H, T = Tl * ring.size;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int64_t rows = int64_t(B) * Tl, TlT = int64_t(Tl) * T;
+  // dkv_all: for every rank's block, this rank's part of its dK (columns [0, C)) and dV ([C, 2C)).
+  const int64_t block = rows * 2 * C;
+  kernels::fill(dkv_all, block * ring.size, 0.0f);
+  around_the_ring(group, qkv, 2 * C, ring_block, rows, C, [&](const float* v, int src) {
+    if (src > ring.rank) return;
+    for (int b = 0; b < B; ++b) {
+      const float* dy = datty + int64_t(b) * Tl * C;
+      const float* p = att + int64_t(b) * H * TlT + int64_t(src) * Tl;
+      float* dp = datt + int64_t(b) * H * TlT + int64_t(src) * Tl;
+      gemm.gemm_strided_batched(Trans::N, Trans::T, Tl, Tl, hs, 1.0f, dy, C, hs,
+                                v + int64_t(b) * Tl * C, C, hs, 0.0f, dp, T, TlT, H);
+      gemm.gemm_strided_batched(Trans::T, Trans::N, Tl, hs, Tl, 1.0f, p, T, TlT, dy, C, hs, 0.0f,
+                                dkv_all + src * block + int64_t(b) * Tl * 2 * C + C, 2 * C, hs, H);
+    }
+  });
+  kernels::causal_softmax_backward(datt, att, int64_t(B) * H * Tl, Tl, T, ring.rank * Tl, scale);
+  around_the_ring(group, qkv, C, ring_block, rows, C, [&](const float* k, int src) {
+    if (src > ring.rank) return;
+    for (int b = 0; b < B; ++b) {
+      const float* ds = datt + int64_t(b) * H * TlT + int64_t(src) * Tl;
+      const float* q = qkv + int64_t(b) * Tl * 3 * C;
+      gemm.gemm_strided_batched(Trans::N, Trans::N, Tl, hs, Tl, 1.0f, ds, T, TlT,
+                                k + int64_t(b) * Tl * C, C, hs, src == ring.rank ? 0.0f : 1.0f,
+                                dqkv + int64_t(b) * Tl * 3 * C, 3 * C, hs, H);
+      gemm.gemm_strided_batched(Trans::T, Trans::N, Tl, hs, Tl, 1.0f, ds, T, TlT, q, 3 * C, hs,
+                                0.0f, dkv_all + src * block + int64_t(b) * Tl * 2 * C, 2 * C, hs,
+                                H);
+    }
+  });
+  // Every rank's parts of this rank's dK and dV, summed; K and V are adjacent columns of qkv.
+  Kokkos::fence();
+  group.reduce_scatter(dkv_all, std::size_t(block) * ring.size, ring_block);
+  kernels::copy_columns(dqkv + C, 3 * C, ring_block, 2 * C, rows, 2 * C);
+  Kokkos::fence();
 }
 
 // dP = dY V^T, dV = P^T dY, dS = softmax_backward(dP) (scale folded in), dQ = dS K, dK = dS^T Q.

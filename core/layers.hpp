@@ -49,6 +49,22 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt_scratch,
 
 namespace colossal::core {
 
+// Ring self-attention (Li et al. 2021, "Sequence Parallelism: Long Sequence Training from System
+// Perspective"): the `ring` group of S ranks splits every sequence of T = S*Tl positions into
+// contiguous chunks, rank s holding positions [s*Tl, (s+1)*Tl) of Q, K and V (qkv (B,Tl,3C)).
+// Forward passes the key blocks around the ring (S-1 steps) to fill this rank's rows of the scores
+// (B,H,Tl,T), applies the causal softmax by global position, then passes the value blocks to sum
+// the output. Blocks after this rank's (all keys in the future) are skipped. Backward passes the
+// value blocks (dP, and this rank's part of every block's dV), then the key blocks (dQ, and its
+// part of every dK); the dK/dV parts are reduce-scattered to their owners. `ring_block` holds
+// 2*B*Tl*C floats, `dkv_all` 2*S*B*Tl*C, `datt` B*H*Tl*T.
+class TensorGroup;
+void ring_attention_forward(Gemm& gemm, TensorGroup& ring, float* att, float* atty,
+                            const float* qkv, float* ring_block, int B, int Tl, int C, int H);
+void ring_attention_backward(Gemm& gemm, TensorGroup& ring, float* dqkv, float* datt,
+                             const float* datty, const float* qkv, const float* att,
+                             float* ring_block, float* dkv_all, int B, int Tl, int C, int H);
+
 // Fused causal attention: the same result as attention_forward/backward without the (B,H,T,T)
 // probability matrix. Forward runs an online softmax per query row and saves only the row's
 // log-sum-exp; backward recomputes each probability from it (FlashAttention's recurrences, one

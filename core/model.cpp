@@ -15,9 +15,18 @@ namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
              std::size_t unit_multiple, ParameterStore* store, TensorGroup* tensor,
-             bool sequence_split)
-    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(tensor) {
+             bool sequence_split, TensorGroup* sequence)
+    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(tensor),
+      ring_(sequence) {
   if (tp_ != nullptr && tp_->size() == 1) tp_ = nullptr;
+  if (ring_ != nullptr && ring_->size() == 1) ring_ = nullptr;
+  if (ring_ != nullptr && spec.fused_attention) {
+    throw std::invalid_argument(
+        "model.fused_attention is not available with parallel.sequence > 1 (ring self-attention "
+        "keeps its rows of the probabilities); set model.fused_attention: false");
+  }
+  const int ring_size = ring_ ? ring_->size() : 1;
+  position_begin_ = ring_ ? ring_->rank() * seq_len : 0;
   sequence_split_ = sequence_split && tp_ != nullptr;
   if (sequence_split_ && seq_len % tp_->size() != 0) {
     throw std::invalid_argument("sequence_split: train.seq_len " + std::to_string(seq_len) +
@@ -30,8 +39,8 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
                                 ") must be divisible by model.heads (" +
                                 std::to_string(spec.heads) + ")");
   }
-  if (seq_len > spec.max_seq) {
-    throw std::invalid_argument("sequence length " + std::to_string(seq_len) +
+  if (int64_t(seq_len) * ring_size > spec.max_seq) {
+    throw std::invalid_argument("sequence length " + std::to_string(seq_len * ring_size) +
                                 " exceeds model.max_seq " + std::to_string(spec.max_seq));
   }
   table_ = parameter_table(spec, unit_multiple, split);
@@ -113,7 +122,9 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   const std::size_t BTr = BT / t, BTCr = BTC / t;
   // ln1, mid, ln2 (3 BTCr) + atty (BTCl) + qkv (3 BTCl) + two means and rstds + probabilities +
   // fch
-  const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * T;
+  // Probabilities: this rank's T query rows against all ring_size * T keys under ring attention.
+  const std::size_t keys = T * ring_size;
+  const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * keys;
   const std::size_t per_block = 3 * BTCr + 4 * BTCl + 4 * BTr + att_floats + BT * F;
   // The final layernorm's output is needed whole by the LM head; its statistics and the losses
   // per token as before.
@@ -148,14 +159,17 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
 
   // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
   // than saved), gradient buffers, and one batch-row of attention-score gradients.
-  const std::size_t datt_floats = spec.fused_attention ? 0 : H * T * T;
+  // Ring attention: score gradients of every batch row at once, two key/value blocks in flight,
+  // and this rank's part of every block's dK and dV.
+  const std::size_t datt_floats = spec.fused_attention ? 0 : ring_ ? B * H * T * keys : H * T * T;
+  const std::size_t ring_floats = ring_ ? 2 * BTCl + 2 * BTCl * ring_size : 0;
   // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
   const std::size_t ce_floats = tp_ ? 3 * BT : 0;
   // sequence_split: whole-row buffers for gathers and partial sums, and one rank's rows.
   const std::size_t split_floats = sequence_split_ ? 3 * BTC + 2 * BTCr : 0;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
                                 BTC * 2 + BT * F * 2 + 3 * BTCl + datt_floats + ce_floats +
-                                    split_floats);
+                                    split_floats + ring_floats);
   cursor = scratch_.data();
   dresidual_ = carve(BTC);
   dbuf_c_ = carve(BTC);
@@ -164,6 +178,10 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   dqkv_ = carve(3 * BTCl);
   datt_ = carve(datt_floats);
   ce_buf_ = carve(ce_floats);
+  if (ring_) {
+    ring_block_ = carve(2 * BTCl);
+    dkv_all_ = carve(2 * BTCl * ring_size);
+  }
   if (sequence_split_) {
     full_tmp_ = carve(BTC);
     gather_tmp_ = carve(BTC);
@@ -366,8 +384,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   timed(WorkKind::embedding, [&] {
     const bool positions = tp_ == nullptr || tp_->rank() == 0;
     k::embedding_forward(sequence_split_ ? full_tmp_ : residual_[0], tokens, E + wte_,
-                         positions ? E + wpe_ : nullptr, B, T, C, spec_.position_offset(),
-                         vocab_begin_, local_vocab_);
+                         positions ? E + wpe_ : nullptr, B, T, C,
+                         spec_.position_offset() + position_begin_, vocab_begin_, local_vocab_);
   });
   if (sequence_split_) {
     scatter_rows(full_tmp_, residual_[0], N);
@@ -390,7 +408,9 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
     }
     timed(WorkKind::attention, [&] {
-      if (spec_.fused_attention) {
+      if (ring_) {
+        ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
+      } else if (spec_.fused_attention) {
         fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
       } else {
         attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
@@ -508,7 +528,10 @@ void Model::backward(const int32_t* tokens, int B) {
     linear_backward(P, G, dbuf_c_, Cl, dres, C, a.atty, Cl,
                     Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
     timed(WorkKind::attention, [&] {
-      if (spec_.fused_attention) {
+      if (ring_) {
+        ring_attention_backward(gemm_, *ring_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, ring_block_,
+                                dkv_all_, B, T, Cl, H);
+      } else if (spec_.fused_attention) {
         fused_attention_backward(dqkv_, dbuf_c_, a.atty, a.qkv, a.att, B, T, Cl, H);
       } else {
         attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, Cl, H);
@@ -532,7 +555,7 @@ void Model::backward(const int32_t* tokens, int B) {
   const float* dembed = gather_rows(dresidual_, N, dfull_);
   timed(WorkKind::embedding, [&] {
     k::embedding_backward(GE + wte_, GE + wpe_, dembed, tokens, B, T, C,
-                          spec_.position_offset(), vocab_begin_, local_vocab_);
+                          spec_.position_offset() + position_begin_, vocab_begin_, local_vocab_);
   });
   Kokkos::fence();
   store_->gradients_done(0);

@@ -46,9 +46,16 @@ class Model {
   // all-gather of the rows (before column-parallel ones); backward gathers the saved layernorm
   // outputs again rather than keeping them whole. Layernorm weight gradients are then partial
   // sums over the tensor group (the optimizer sums them).
+  //
+  // With a `sequence` group of size S > 1 (ring self-attention, Li et al. 2021) every sequence is
+  // split into S contiguous chunks: `seq_len` is this rank's chunk, rank s of the group holding
+  // positions [s*seq_len, (s+1)*seq_len). Every layer but attention works on the chunk alone;
+  // attention passes key and value blocks around the ring (layers.hpp). Parameter gradients are
+  // this chunk's part: the caller sums them over the sequence group as over data parallelism.
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
         std::size_t unit_multiple = 16, ParameterStore* store = nullptr,
-        TensorGroup* tensor = nullptr, bool sequence_split = false);
+        TensorGroup* tensor = nullptr, bool sequence_split = false,
+        TensorGroup* sequence = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
@@ -196,6 +203,9 @@ class Model {
   float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
+  TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
+  int position_begin_ = 0;       // first position of this rank's chunk
+  float *ring_block_ = nullptr, *dkv_all_ = nullptr;
   float *full_tmp_ = nullptr, *gather_tmp_ = nullptr, *dfull_ = nullptr, *rows_tmp_ = nullptr,
         *lnf_local_ = nullptr;
   Profiler* profiler_ = nullptr;

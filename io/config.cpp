@@ -233,8 +233,10 @@ const std::vector<KeySpec>& schema() {
        .cross_check = "needs parallel.tensor.size > 1 dividing train.seq_len"},
       {.key = "parallel.sequence", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.sequence; },
-       .doc = "ring self-attention ranks (not implemented yet: must be 1)",
-       .range = Range{1, false, 1, false}},
+       .doc = "sequence-parallel ranks: ring self-attention over contiguous chunks of every "
+              "sequence",
+       .range = at_least(1),
+       .cross_check = "divides train.seq_len; not with model.fused_attention"},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -903,13 +905,34 @@ class Resolver {
             "it splits the token rows over the tensor group",
             "set parallel.tensor.size to 2 or more, or sequence_split: false");
     }
-    if (config.parallel.sequence_split && config.train.seq_len % t != 0) {
+    const int ring = config.parallel.sequence;
+    if (config.train.seq_len % ring != 0) {
+      int lower = config.train.seq_len / ring * ring;
+      raise(where_first({"parallel.sequence", "train.seq_len"}), "parallel.sequence",
+            std::to_string(ring) + " does not divide train.seq_len = " +
+                std::to_string(config.train.seq_len),
+            "each sequence rank holds an equal chunk of every sequence",
+            "set train.seq_len to " + (lower > 0 ? std::to_string(lower) + " or " : "") +
+                std::to_string(lower + ring) + ", or parallel.sequence to a divisor of " +
+                std::to_string(config.train.seq_len));
+    }
+    if (ring > 1 && m.fused_attention) {
+      raise(where_first({"model.fused_attention", "parallel.sequence"}), "model.fused_attention",
+            "true with parallel.sequence = " + std::to_string(ring),
+            "ring self-attention keeps its rows of the attention probabilities",
+            "set model.fused_attention: false (ring attention already divides that memory by "
+            "parallel.sequence)");
+    }
+    const int chunk = config.train.seq_len / ring;
+    if (config.parallel.sequence_split && chunk % t != 0) {
       raise(where_first({"parallel.tensor.sequence_split", "train.seq_len"}),
             "parallel.tensor.sequence_split",
-            "true with train.seq_len = " + std::to_string(config.train.seq_len) +
-                " not divisible by parallel.tensor.size = " + std::to_string(t),
+            "true with " + std::to_string(chunk) + " positions per sequence rank (train.seq_len " +
+                std::to_string(config.train.seq_len) + " / parallel.sequence " +
+                std::to_string(ring) + ") not divisible by parallel.tensor.size = " +
+                std::to_string(t),
             "every tensor rank takes an equal share of each sequence's rows",
-            "set train.seq_len to a multiple of " + std::to_string(t));
+            "set train.seq_len to a multiple of " + std::to_string(t * ring));
     }
     if (t <= 1) return;
     for (const auto& [what, value] : {std::pair<const char*, int>{"model.heads", m.heads},

@@ -183,6 +183,11 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
   const Result two = run(mpirun + bin("colossal_generate") + " " + config + gen + tp2);
   ASSERT_EQ(two.code, 0) << two.output;
   EXPECT_EQ(two.output, one.output);
+  // Ring self-attention: the last prompt position's logits come from the rank holding it.
+  const Result ring = run(mpirun + bin("colossal_generate") + " " + config + gen +
+                          " --set parallel.sequence=2");
+  ASSERT_EQ(ring.code, 0) << ring.output;
+  EXPECT_EQ(ring.output, one.output);
   // 4 ranks for tensor 2 x data 1: the message names every size and the fix.
   r = run(mpirun + bin("colossal_train") + " " + config + tp2 + " --set parallel.data=2");
   EXPECT_EQ(r.code, 2);

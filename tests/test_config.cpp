@@ -363,11 +363,14 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
        {"parallel.tensor.size: 8 does not divide model.heads = 12", "to 6 or 12"}},
       {std::string(kMinimal) + "parallel: {tensor: {size: 2, mode: 2d}}\n",
        {"parallel.tensor.mode: 2d is not supported yet"}},
-      {std::string(kMinimal) + "parallel: {sequence: 2}\n", {"parallel.sequence"}},
+      {std::string(kMinimal) + "train: {seq_len: 250}\nparallel: {sequence: 4}\n",
+       {"parallel.sequence: 4 does not divide train.seq_len = 250", "248 or 252"}},
+      {"model: {preset: gpt2-124m, fused_attention: true}\ndata: {path: d}\nparallel: {sequence: 2}\n",
+       {"model.fused_attention: true with parallel.sequence = 2"}},
       {std::string(kMinimal) + "parallel: {tensor: {sequence_split: true}}\n",
        {"parallel.tensor.sequence_split: true with parallel.tensor.size = 1"}},
       {std::string(kMinimal) + "train: {seq_len: 250}\nparallel: {tensor: {size: 4, sequence_split: true}}\n",
-       {"not divisible by parallel.tensor.size = 4", "multiple of 4"}},
+       {"250 positions per sequence rank", "not divisible by parallel.tensor.size = 4", "multiple of 4"}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);

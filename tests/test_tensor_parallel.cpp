@@ -1,6 +1,7 @@
-// 1D (Megatron) tensor parallelism, alone and with data parallelism and every ZeRO stage, trains
-// the single-rank model: per-step losses and final logical weights against a single-process run,
-// plus the bytes the tensor group moves and the activation memory per rank against closed forms.
+// 1D (Megatron) tensor parallelism (with and without sequence_split) and ring self-attention
+// sequence parallelism, alone, together and with data parallelism and ZeRO, train the single-rank
+// model: per-step losses and final logical weights against a single-process run, plus the bytes
+// the tensor and sequence groups move and the activation memory per rank against closed forms.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -39,9 +40,10 @@ struct Layout {
   int vocab = 200;          // padded to a multiple of tensor * 16: padding is exercised
   int vocab_multiple = 16;
   bool split = false;       // parallel.tensor.sequence_split
+  int sequence = 1;         // parallel.sequence (ring self-attention)
 };
 
-io::Config config(const std::string& data, const Layout& l, int tensor, int dp,
+io::Config config(const std::string& data, const Layout& l, int tensor, int dp, int sequence,
                   const std::string& run) {
   const std::string text =
       "model: {arch: " + l.arch + ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: " +
@@ -51,7 +53,9 @@ io::Config config(const std::string& data, const Layout& l, int tensor, int dp,
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", tensor: {size: " + std::to_string(tensor) +
-      ", sequence_split: " + (l.split && tensor > 1 ? "true" : "false") + "}, zero: {stage: " + std::to_string(tensor > 1 || dp > 1 ? l.stage : 0) +
+      ", sequence_split: " + (l.split && tensor > 1 ? "true" : "false") + "}, sequence: " +
+      std::to_string(sequence) + ", zero: {stage: " +
+      std::to_string(tensor > 1 || dp > 1 || sequence > 1 ? l.stage : 0) +
       "}, bucket_mb: 0.01}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -63,24 +67,30 @@ class TensorParallel : public ::testing::TestWithParam<Layout> {};
 TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const Layout layout = GetParam();
-  if (world.size() != layout.tensor * layout.data) {
-    GTEST_SKIP() << "layout needs " << layout.tensor * layout.data << " ranks";
-  }
+  const int ranks = layout.tensor * layout.data * layout.sequence;
+  if (world.size() != ranks) GTEST_SKIP() << "layout needs " << ranks << " ranks";
   const std::string data = shared_data(world);
 
-  apps::Trainer reference(config(data, layout, 1, 1, "tp_ref" + std::to_string(world.rank())),
+  apps::Trainer reference(config(data, layout, 1, 1, 1, "tp_ref" + std::to_string(world.rank())),
                           nullptr);
   const apps::TrainSummary expected = reference.train();
 
-  apps::Trainer trainer(config(data, layout, layout.tensor, layout.data, "tp"), nullptr, &world);
-  EXPECT_NE(trainer.plan().find("tensor: " + std::to_string(layout.tensor) + ","),
+  apps::Trainer trainer(config(data, layout, layout.tensor, layout.data, layout.sequence, "tp"),
+                        nullptr, &world);
+  EXPECT_NE(trainer.plan().find("tensor: " + std::to_string(layout.tensor) + ", sequence: " +
+                                std::to_string(layout.sequence)),
             std::string::npos)
       << trainer.plan();
   parallel::Communicator& tp = trainer.tensor_parallel();
+  parallel::Communicator& sp = trainer.sequence_parallel();
   ASSERT_EQ(tp.size(), layout.tensor);
+  ASSERT_EQ(sp.size(), layout.sequence);
   EXPECT_EQ(trainer.data_parallel().size(), layout.data);
+  EXPECT_EQ(trainer.gradient_group().size(), layout.data * layout.sequence);
   EXPECT_EQ(tp.rank(), world.rank() % layout.tensor) << "tensor ranks are adjacent";
+  EXPECT_EQ(sp.rank(), world.rank() / layout.tensor % layout.sequence) << "then sequence ranks";
   tp.reset_stats();
+  sp.reset_stats();
   const apps::TrainSummary got = trainer.train();
 
   ASSERT_EQ(got.losses.size(), expected.losses.size());
@@ -99,20 +109,27 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   // ln1 per block, and the gradient for the embedding. Per step the norm adds one scalar (and,
   // with sequence_split, one all-reduce of every layernorm gradient); saving the model gathers
   // every rank's parameters once.
-  const uint64_t steps = 10, L = 2, C = 32, N = 2 * 16;
+  // Tokens per micro-batch on this rank: N = micro_batch * (T / sequence).
+  const uint64_t steps = 10, L = 2, C = 32, Tl = 16 / layout.sequence, N = 2 * Tl;
   const uint64_t micro = 8 / (2 * uint64_t(layout.data));
   const uint64_t NC = 4 * N * C;  // bytes of one (N, C) tensor
   const auto& stats = tp.stats();
   const double ring = double(layout.tensor - 1) / layout.tensor;
-  if (!layout.split) {
+  if (layout.tensor == 1) {
+    EXPECT_EQ(stats.total_calls(), 0u) << "no tensor group, no tensor traffic";
+  } else if (!layout.split) {
     EXPECT_EQ(stats.all_reduce.payload_bytes,
               steps * (micro * ((4 * L + 2) * NC + 4 * 3 * N) + 8));
     EXPECT_EQ(stats.all_reduce.calls, steps * (micro * (4 * L + 4) + 1));
     EXPECT_EQ(stats.reduce_scatter.calls, 0u);
     EXPECT_EQ(stats.all_gather.calls, 1u);
   } else {
+    // The layernorm gradients: all of them, or (ZeRO 2-3) those in this rank's shard.
     const uint64_t layernorm_bytes = 4 * (4 * L + 2) * C;
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (micro * 4 * 3 * N + layernorm_bytes + 8));
+    if (layout.stage < 2 || layout.data * layout.sequence == 1) {
+      EXPECT_EQ(stats.all_reduce.payload_bytes,
+                steps * (micro * 4 * 3 * N + layernorm_bytes + 8));
+    }
     EXPECT_EQ(stats.all_reduce.calls, steps * (micro * 2 + 2));
     EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * micro * (4 * L + 2) * NC);
     EXPECT_EQ(stats.reduce_scatter.calls, steps * micro * (4 * L + 2));
@@ -120,11 +137,29 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
                 1.0);
     EXPECT_EQ(stats.all_gather.calls, steps * micro * (6 * L + 2) + 1);
   }
-  EXPECT_NEAR(stats.all_reduce.wire_bytes, 2.0 * ring * double(stats.all_reduce.payload_bytes),
-              1.0);
-  EXPECT_EQ(stats.all_gather.payload_bytes,
-            (layout.split ? steps * micro * (6 * L + 2) * NC : 0) +
-                4 * uint64_t(layout.tensor) * trainer.model().flat_size());
+  if (layout.tensor > 1) {
+    EXPECT_NEAR(stats.all_reduce.wire_bytes,
+                2.0 * ring * double(stats.all_reduce.payload_bytes), 1.0);
+    EXPECT_EQ(stats.all_gather.payload_bytes,
+              (layout.split ? steps * micro * (6 * L + 2) * NC : 0) +
+                  4 * uint64_t(layout.tensor) * trainer.model().flat_size());
+  }
+  // The sequence group: per block, forward passes the key then the value blocks (S-1 shifts
+  // each) and backward the value then the key blocks, each a (B, T/S, C/t) block; backward then
+  // reduce-scatters every rank's dK/dV parts (2 * B * T * C/t floats).
+  const uint64_t S = layout.sequence, Cl = C / layout.tensor;
+  const auto& ring_stats = sp.stats();
+  if (S == 1) {
+    EXPECT_EQ(ring_stats.total_calls(), 0u);
+  } else {
+    const uint64_t shifts = steps * micro * L * 4 * (S - 1);
+    EXPECT_EQ(ring_stats.send.calls, shifts);
+    EXPECT_EQ(ring_stats.send.payload_bytes, shifts * 4 * N * Cl);
+    EXPECT_EQ(ring_stats.recv.payload_bytes, shifts * 4 * N * Cl);
+    EXPECT_EQ(ring_stats.reduce_scatter.calls, steps * micro * L);
+    EXPECT_EQ(ring_stats.reduce_scatter.payload_bytes, steps * micro * L * 4 * 2 * S * N * Cl);
+    EXPECT_EQ(ring_stats.all_reduce.calls + ring_stats.all_gather.calls, 0u);
+  }
 
   // Final weights: the logical tensors (padding rows dropped) against the single-rank model.
   // Row-parallel layers sum their products in another order (per rank, then over ranks), so
@@ -158,18 +193,21 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
 
   // Activation memory per rank: with t tensor ranks, per block 3 (B,T,C) tensors (ln1, mid, ln2)
   // and 4 per-token statistics stay whole, divided by t only under sequence_split (s = t then,
-  // else 1), while the q/k/v and attention outputs (4 (B,T,C)), the probabilities (B,H,T,T) and
+  // else 1: `rows` below), while the q/k/v and attention outputs (4 (B,T,C)), the probabilities (B,H,T,T) and
   // the MLP hidden (B,T,F) are divided by t; plus L+1 residuals (/s), the final layernorm output
   // (whole: the LM head needs every row) with its statistics (/s) and per-token losses, and the
   // logits (B,T,V_padded/t). In Korthikanti et al.'s terms (fp32, no dropout, GELU recomputed):
   // 4 * (3sbh/s + 4sbh/t + 4sb/s + a*s^2*b/t + 4sbh/t) bytes per layer with F = 4h.
-  const uint64_t t = layout.tensor, B = 2, T = 16, H = 4, F = 64, BT = B * T;
-  const uint64_t sp = layout.split ? t : 1;
-  const uint64_t vocab_padded = (uint64_t(layout.vocab) + t * layout.vocab_multiple - 1) /
-                                (t * layout.vocab_multiple) * (t * layout.vocab_multiple);
+  // Ring attention divides every token count by S (BT below is this rank's tokens) and keeps the
+  // probabilities of its T/S query rows against all T keys: memory per rank falls as 1/S.
+  const uint64_t t = layout.tensor, B = 2, T = 16, H = 4, F = 64, BT = B * Tl;
+  const uint64_t rows = layout.split ? t : 1;
+  const uint64_t pad = t * layout.vocab_multiple;  // one tensor rank never pads
+  const uint64_t vocab_padded =
+      t == 1 ? uint64_t(layout.vocab) : (uint64_t(layout.vocab) + pad - 1) / pad * pad;
   const uint64_t per_block =
-      3 * BT * C / sp + 4 * BT * C / t + 4 * BT / sp + B * H / t * T * T + BT * F / t;
-  const uint64_t floats = BT * C / sp * (L + 1) + L * per_block + BT * C + 2 * BT / sp + BT +
+      3 * BT * C / rows + 4 * BT * C / t + 4 * BT / rows + B * H / t * Tl * T + BT * F / t;
+  const uint64_t floats = BT * C / rows * (L + 1) + L * per_block + BT * C + 2 * BT / rows + BT +
                           BT * vocab_padded / t;
   EXPECT_EQ(trainer.memory().current(core::MemCategory::activations), 4 * floats);
 }
@@ -183,10 +221,21 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, 1, 0, 50257, 128}, Layout{"gpt2", 4, 1, 0, 50257, 128},
                       // Megatron sequence parallelism inside the tensor group.
                       Layout{"gpt2", 2, 1, 0, 200, 16, true}, Layout{"opt", 2, 1, 0, 200, 16, true},
-                      Layout{"opt", 4, 1, 0, 200, 16, true}, Layout{"gpt2", 2, 2, 1, 200, 16, true}),
+                      Layout{"opt", 4, 1, 0, 200, 16, true}, Layout{"gpt2", 2, 2, 1, 200, 16, true},
+                      // Ring self-attention, alone and with data and tensor parallelism.
+                      Layout{"gpt2", 1, 1, 0, 200, 16, false, 2},
+                      Layout{"opt", 1, 1, 0, 200, 16, false, 2},
+                      Layout{"gpt2", 1, 1, 0, 200, 16, false, 4},
+                      Layout{"opt", 1, 2, 2, 200, 16, false, 2},
+                      Layout{"gpt2", 1, 2, 3, 200, 16, false, 2},
+                      Layout{"gpt2", 2, 1, 1, 200, 16, false, 2},
+                      Layout{"opt", 2, 1, 0, 200, 16, true, 2},
+                      // Every axis at once on 8 ranks.
+                      Layout{"gpt2", 2, 2, 1, 200, 16, false, 2},
+                      Layout{"opt", 2, 2, 3, 200, 16, true, 2}),
     [](const auto& info) {
       const Layout& l = info.param;
-      return l.arch + "_tp" + std::to_string(l.tensor) +
+      return l.arch + "_tp" + std::to_string(l.tensor) + "_sp" + std::to_string(l.sequence) +
              (l.data > 1 ? "_dp" + std::to_string(l.data) + "_zero" + std::to_string(l.stage)
                          : std::string()) +
              (l.vocab == 50257 ? "_vocab50257" : "") + (l.split ? "_sequence_split" : "");
