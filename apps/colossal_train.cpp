@@ -1,6 +1,8 @@
 // colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
+#include <vector>
 #include <string>
 
 #include "apps/cli.hpp"
@@ -22,12 +24,30 @@ int main(int argc, char** argv) {
       "  --weights FILE         model file to evaluate (with --eval-only)\n"
       "  --profile-steps N      run 1 + N steps and print the time per kind of work (GEMM,\n"
       "                         attention, layernorm, optimizer, communication, ...) of the last N;\n"
-      "                         no model file is written\n",
+      "                         no model file is written\n"
+      "  --memory-plan          allocate nothing and train nothing: print the memory every rank\n"
+      "                         of this layout would allocate, by category, and exit (every buffer\n"
+      "                         is allocated once at start-up, so this is the run's tracked peak)\n",
       {"--weights", "--profile-steps"},
-      {"--eval-only"},
+      {"--eval-only", "--memory-plan"},
       /*print_threads=*/true};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
+    if (inv.has("--memory-plan")) {
+      apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
+      // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
+      const double mine = double(plan.memory().peak_total());
+      std::vector<double> all(std::size_t(inv.world_size), 0.0);
+      all[std::size_t(inv.rank)] = mine;
+      for (double& v : all) v = inv.world->all_reduce_sum_value(v);
+      if (log) {
+        std::fprintf(log, "memory plan (rank 0): %s\n", plan.memory().summary().c_str());
+        std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
+                     core::format_bytes(*std::max_element(all.begin(), all.end())).c_str(),
+                     *std::max_element(all.begin(), all.end()));
+      }
+      return 0;
+    }
     apps::Trainer trainer(inv.config, log, inv.world);
     if (inv.has("--eval-only")) {
       const std::string weights = inv.flag("--weights");

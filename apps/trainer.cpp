@@ -43,8 +43,10 @@ double peak_flops(const io::HardwareConfig& hardware) {
   return 0.34e12;
 }
 
-Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world)
+Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
+                 bool memory_plan)
     : config_(config), log_(log), gemm_(core::make_default_gemm()) {
+  tracker_.set_dry_run(memory_plan);
   if (world == nullptr) {
     own_world_ = std::make_unique<parallel::LocalCommunicator>();
     world = own_world_.get();
@@ -106,7 +108,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                          unit_multiple, &optimizer_->store(),
                                          tensor_group_.get(), config_.parallel.sequence_split,
                                          sequence_group_.get());
-  model_->init_parameters(train.seed);
+  if (!memory_plan) model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's chunk.

@@ -59,7 +59,10 @@ class Trainer {
   // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds every
   // rank of the run (its size must be parallel.data * parallel.tensor.size * parallel.sequence),
   // split into the mesh's groups; nullptr runs on this process alone.
-  Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr);
+  // With memory_plan, every buffer is counted by the tracker but none is allocated or
+  // initialised: memory() then says what this layout needs per rank; nothing else may be called.
+  Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr,
+          bool memory_plan = false);
 
   TrainSummary train();
   // With steps > 0, train() runs 1 + steps steps, prints the time per kind of work of the last

@@ -33,6 +33,10 @@ class MemoryTracker {
   std::size_t peak_total() const { return peak_total_; }
   // A one-line breakdown such as "params 474.7 MiB, grads 474.7 MiB, ...".
   std::string summary() const;
+  // Dry run: arrays created against this tracker are counted but never allocated (their data()
+  // is null), so a layout's memory per rank can be measured without the memory (--memory-plan).
+  void set_dry_run(bool dry) { dry_run_ = dry; }
+  bool dry_run() const { return dry_run_; }
 
  private:
   static std::size_t index(MemCategory c) { return static_cast<std::size_t>(c); }
@@ -40,6 +44,7 @@ class MemoryTracker {
   std::array<std::size_t, kCount> current_{};
   std::array<std::size_t, kCount> peak_{};
   std::size_t current_total_ = 0;
+  bool dry_run_ = false;
   std::size_t peak_total_ = 0;
 };
 
@@ -61,8 +66,12 @@ class DeviceArray {
   DeviceArray(MemoryTracker& tracker, MemCategory category, std::size_t count)
       : tracker_(&tracker), category_(category), count_(count) {
     if (count_ == 0) return;
-    data_ = static_cast<T*>(detail::allocate_bytes(bytes(), on_host()));
     tracker_->on_alloc(category_, bytes());
+    if (tracker.dry_run()) {
+      counted_only_ = true;
+      return;
+    }
+    data_ = static_cast<T*>(detail::allocate_bytes(bytes(), on_host()));
     if (on_host()) {
       std::fill(data_, data_ + count_, T{});
     } else {
@@ -96,22 +105,25 @@ class DeviceArray {
 
  private:
   void release() {
-    if (data_ != nullptr) {
-      detail::free_bytes(data_, bytes(), on_host());
+    if (data_ != nullptr || counted_only_) {
+      if (data_ != nullptr) detail::free_bytes(data_, bytes(), on_host());
       tracker_->on_free(category_, bytes());
       data_ = nullptr;
+      counted_only_ = false;
     }
   }
   void swap(DeviceArray& o) noexcept {
     std::swap(tracker_, o.tracker_);
     std::swap(category_, o.category_);
     std::swap(count_, o.count_);
+    std::swap(counted_only_, o.counted_only_);
     std::swap(data_, o.data_);
   }
   MemoryTracker* tracker_ = nullptr;
   MemCategory category_ = MemCategory::temporaries;
   std::size_t count_ = 0;
   T* data_ = nullptr;
+  bool counted_only_ = false;  // dry run: counted by the tracker, never allocated
 };
 
 // Copies between host memory and DeviceArray memory (plain memcpy when the default space is host).

@@ -133,7 +133,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   float* cursor = acts_.data();
   auto carve = [&cursor](std::size_t n) {
     float* p = cursor;
-    cursor += n;
+    if (cursor != nullptr) cursor += n;  // null in a dry run (MemoryTracker::set_dry_run)
     return p;
   };
   for (std::size_t l = 0; l <= L; ++l) residual_.push_back(carve(BTCr));
