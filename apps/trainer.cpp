@@ -104,10 +104,13 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
       table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *grad_,
       tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
       tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split);
-  model_ = std::make_unique<core::Model>(spec, train.micro_batch, chunk_, tracker_, *gemm_,
-                                         unit_multiple, &optimizer_->store(),
-                                         tensor_group_.get(), config_.parallel.sequence_split,
-                                         sequence_group_.get());
+  model_ = std::make_unique<core::Model>(
+      spec, train.micro_batch, chunk_, tracker_, *gemm_,
+      core::ModelOptions{.unit_multiple = unit_multiple,
+                         .store = &optimizer_->store(),
+                         .tensor = tensor_group_.get(),
+                         .sequence_split = config_.parallel.sequence_split,
+                         .sequence = sequence_group_.get()});
   if (!memory_plan) model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
@@ -429,10 +432,23 @@ std::vector<float> Trainer::logical_parameters() {
 }
 
 void Trainer::save_weights(const std::string& path) {
-  const std::vector<float> values = logical_parameters();  // collective
-  if (world_->rank() == 0) {
-    io::write_model_file(path, logical_table(), values.data(), config_.text, plan_);
+  const bool writer = world_->rank() == 0;
+  // Without tensor parallelism every tensor is whole in this rank's layout: write it from there
+  // (the model's table names the same tensors, at its own offsets), without copies when the
+  // parameters are already whole in host memory.
+  if (tp_->size() == 1) {
+    const float* whole = model_->store().full_params();
+    if (whole != nullptr &&
+        std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
+      if (writer) io::write_model_file(path, model_->parameters(), whole, config_.text, plan_);
+      return;
+    }
+    const std::vector<float> local = local_parameters();  // collective under ZeRO-3
+    if (writer) io::write_model_file(path, model_->parameters(), local.data(), config_.text, plan_);
+    return;
   }
+  const std::vector<float> values = logical_parameters();  // collective
+  if (writer) io::write_model_file(path, logical_table(), values.data(), config_.text, plan_);
 }
 
 void Trainer::load_weights(const std::string& path) {

@@ -14,10 +14,16 @@ namespace colossal::core {
 namespace k = kernels;
 
 Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-             std::size_t unit_multiple, ParameterStore* store, TensorGroup* tensor,
-             bool sequence_split, TensorGroup* sequence)
-    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(tensor),
-      ring_(sequence) {
+             const ModelOptions& options)
+    : spec_(spec), max_batch_(max_batch), seq_len_(seq_len), gemm_(gemm), tp_(options.tensor),
+      ring_(options.sequence) {
+  const std::size_t unit_multiple = options.unit_multiple;
+  ParameterStore* store = options.store;
+  const bool sequence_split = options.sequence_split;
+  stage_ = options.stage;
+  layer_begin_ = stage_.layer_begin;
+  layer_end_ = stage_.layer_end < 0 ? spec.layers : stage_.layer_end;
+  if (options.slots < 1) throw std::invalid_argument("a model needs at least one activation slot");
   if (tp_ != nullptr && tp_->size() == 1) tp_ = nullptr;
   if (ring_ != nullptr && ring_->size() == 1) ring_ = nullptr;
   if (ring_ != nullptr && spec.fused_attention) {
@@ -43,7 +49,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     throw std::invalid_argument("sequence length " + std::to_string(seq_len * ring_size) +
                                 " exceeds model.max_seq " + std::to_string(spec.max_seq));
   }
-  table_ = parameter_table(spec, unit_multiple, split);
+  table_ = parameter_table(spec, unit_multiple, split, stage_);
   num_parameters_ = parameter_count(spec);
   // This rank's share of heads, MLP width and (padded) vocabulary rows.
   local_hidden_ = spec.hidden / split.size;
@@ -67,14 +73,23 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     return p.offset - units[p.unit].begin;
   };
   const bool gpt2 = spec.arch == Arch::gpt2;
-  wte_ = off(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight");
-  wpe_ = off(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight");
-  lnf_w_ = off(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight");
-  lnf_b_ = off(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias");
-  for (int l = 0; l < spec.layers; ++l) {
+  if (stage_.embeds || stage_.head) {
+    const std::string wte = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
+    wte_ = off(wte);
+    wpe_ = off(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight");
+    embed_unit_ = parameter(wte).unit;
+  }
+  if (stage_.head) {
+    const std::string lnf = gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight";
+    lnf_w_ = off(lnf);
+    lnf_b_ = off(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias");
+    final_unit_ = parameter(lnf).unit;
+  }
+  for (int l = layer_begin_; l < layer_end_; ++l) {
     BlockParams b{};
     if (gpt2) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
+      b.unit = parameter(h + "ln_1.weight").unit;
       b.ln1_w = off(h + "ln_1.weight");
       b.ln1_b = off(h + "ln_1.bias");
       b.qkv_parts = 1;
@@ -90,6 +105,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
       b.fc_out_b = off(h + "mlp.c_proj.bias");
     } else {
       const std::string h = "model.decoder.layers." + std::to_string(l) + ".";
+      b.unit = parameter(h + "self_attn_layer_norm.weight").unit;
       b.ln1_w = off(h + "self_attn_layer_norm.weight");
       b.ln1_b = off(h + "self_attn_layer_norm.bias");
       b.qkv_parts = 3;
@@ -114,7 +130,8 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // Per rank: C, T full; heads (H), their width (Cl = C/t), MLP width (F) and vocabulary rows
   // split over the tensor group.
   const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = local_ffn_,
-                    H = local_heads_, L = spec.layers, Cl = local_hidden_;
+                    H = local_heads_, L = std::size_t(layer_end_ - layer_begin_),
+                    Cl = local_hidden_;
   const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl;
   // Rows of the residual stream per rank: all, or 1/t of them under sequence_split (Megatron
   // sequence parallelism: layernorms and residual adds on this rank's rows only).
@@ -127,35 +144,47 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * keys;
   const std::size_t per_block = 3 * BTCr + 4 * BTCl + 4 * BTr + att_floats + BT * F;
   // The final layernorm's output is needed whole by the LM head; its statistics and the losses
-  // per token as before.
-  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             BTCr * (L + 1) + L * per_block + BTC + 2 * BTr + BT);
+  // per token as before (head stage only). One such set per slot.
+  const std::size_t head_floats = stage_.head ? BTC + 2 * BTr + BT : 0;
+  const std::size_t per_slot = BTCr * (L + 1) + L * per_block + head_floats;
+  const std::size_t slots = std::size_t(options.slots);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations, per_slot * slots);
+  logits_ = DeviceArray<float>(tracker, MemCategory::activations,
+                               stage_.head ? BT * local_vocab_ * slots : 0);
   float* cursor = acts_.data();
   auto carve = [&cursor](std::size_t n) {
     float* p = cursor;
     if (cursor != nullptr) cursor += n;  // null in a dry run (MemoryTracker::set_dry_run)
     return p;
   };
-  for (std::size_t l = 0; l <= L; ++l) residual_.push_back(carve(BTCr));
-  for (std::size_t l = 0; l < L; ++l) {
-    BlockActs a{};
-    a.ln1 = carve(BTCr);
-    a.ln1_mean = carve(BTr);
-    a.ln1_rstd = carve(BTr);
-    a.qkv = carve(3 * BTCl);
-    a.att = carve(att_floats);
-    a.atty = carve(BTCl);
-    a.mid = carve(BTCr);
-    a.ln2 = carve(BTCr);
-    a.ln2_mean = carve(BTr);
-    a.ln2_rstd = carve(BTr);
-    a.fch = carve(BT * F);
-    block_acts_.push_back(a);
+  for (std::size_t slot = 0; slot < slots; ++slot) {
+    Acts acts{};
+    for (std::size_t l = 0; l <= L; ++l) acts.residual.push_back(carve(BTCr));
+    for (std::size_t l = 0; l < L; ++l) {
+      BlockActs a{};
+      a.ln1 = carve(BTCr);
+      a.ln1_mean = carve(BTr);
+      a.ln1_rstd = carve(BTr);
+      a.qkv = carve(3 * BTCl);
+      a.att = carve(att_floats);
+      a.atty = carve(BTCl);
+      a.mid = carve(BTCr);
+      a.ln2 = carve(BTCr);
+      a.ln2_mean = carve(BTr);
+      a.ln2_rstd = carve(BTr);
+      a.fch = carve(BT * F);
+      acts.blocks.push_back(a);
+    }
+    if (stage_.head) {
+      acts.lnf = carve(BTC);
+      acts.lnf_mean = carve(BTr);
+      acts.lnf_rstd = carve(BTr);
+      acts.losses = carve(BT);
+      acts.logits = logits_.data() == nullptr ? nullptr
+                                              : logits_.data() + slot * BT * local_vocab_;
+    }
+    slot_acts_.push_back(std::move(acts));
   }
-  lnf_ = carve(BTC);
-  lnf_mean_ = carve(BTr);
-  lnf_rstd_ = carve(BTr);
-  losses_ = carve(BT);
 
   // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
   // than saved), gradient buffers, and one batch-row of attention-score gradients.
@@ -189,8 +218,6 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     rows_tmp_ = carve(BTCr);
     lnf_local_ = carve(BTCr);
   }
-
-  logits_ = DeviceArray<float>(tracker, MemCategory::activations, BT * local_vocab_);
 }
 
 const ParamSpec& Model::parameter(const std::string& name) const {
@@ -339,7 +366,7 @@ const float* Model::column_parallel_end(int64_t N) {
 }
 
 void Model::gather_logits(int64_t row, float* out) {
-  const float* local = logits_.data() + row * local_vocab_;
+  const float* local = slot_acts_.front().logits + row * local_vocab_;
   if (tp_ == nullptr) {
     copy_to_host(out, local, std::size_t(spec_.vocab) * sizeof(float));
     return;
@@ -366,38 +393,46 @@ void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, 
                         ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
-double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale) {
+double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
+                      int slot) {
   if (B < 1 || B > max_batch_) {
     throw std::invalid_argument("batch " + std::to_string(B) + " outside [1, " +
                                 std::to_string(max_batch_) + "]");
   }
+  Acts& A = acts_of(slot);
   const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
   const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);  // rows of the residual stream on this rank
   const float eps = spec_.layernorm_eps();
-  // The embeddings (unit 0) stay gathered until the tied LM head; blocks one at a time.
-  const float* E = store_->gather(0);
 
-  // Vocabulary-parallel: each rank embeds the tokens of its rows, rank 0 adds the positions, and
-  // the sum over the tensor group is the embedding (scattered by rows under sequence_split).
-  timed(WorkKind::embedding, [&] {
-    const bool positions = tp_ == nullptr || tp_->rank() == 0;
-    k::embedding_forward(sequence_split_ ? full_tmp_ : residual_[0], tokens, E + wte_,
-                         positions ? E + wpe_ : nullptr, B, T, C,
-                         spec_.position_offset() + position_begin_, vocab_begin_, local_vocab_);
-  });
-  if (sequence_split_) {
-    scatter_rows(full_tmp_, residual_[0], N);
-  } else {
-    tensor_all_reduce(residual_[0], N * C);
-  }
-  for (int l = 0; l < spec_.layers; ++l) {
-    const BlockParams& bp = blocks_[l];
-    BlockActs& a = block_acts_[l];
-    const float* P = store_->gather(1 + l);
+  // The embeddings stay gathered from the token embedding to the tied LM head (one stage that
+  // does both gathers them once per forward).
+  const float* E = nullptr;
+  if (stage_.embeds) {
+    // Vocabulary-parallel: each rank embeds the tokens of its rows, rank 0 adds the positions,
+    // and the sum over the tensor group is the embedding (scattered by rows under
+    // sequence_split).
+    E = store_->gather(embed_unit_);
+    timed(WorkKind::embedding, [&] {
+      const bool positions = tp_ == nullptr || tp_->rank() == 0;
+      k::embedding_forward(sequence_split_ ? full_tmp_ : A.residual[0], tokens, E + wte_,
+                           positions ? E + wpe_ : nullptr, B, T, C,
+                           spec_.position_offset() + position_begin_, vocab_begin_,
+                           local_vocab_);
+    });
+    if (sequence_split_) {
+      scatter_rows(full_tmp_, A.residual[0], N);
+    } else {
+      tensor_all_reduce(A.residual[0], N * C);
+    }
+  }  // else the previous stage's output is already in stage_input(slot)
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const BlockParams& bp = blocks_[i];
+    BlockActs& a = A.blocks[i];
+    const float* P = store_->gather(bp.unit);
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_[l], P + bp.ln1_w,
+      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
                            P + bp.ln1_b, Nl, C, eps);
     });
     const float* ln1 = gather_rows(a.ln1, N);
@@ -417,9 +452,9 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       }
     });
     // Row-parallel output projection: partial sums over the tensor group.
-    float* out = row_parallel_begin(a.mid, residual_[l], P + bp.attn_out_b, N);
+    float* out = row_parallel_begin(a.mid, A.residual[i], P + bp.attn_out_b, N);
     linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
-    row_parallel_end(a.mid, residual_[l], P + bp.attn_out_b, N);
+    row_parallel_end(a.mid, A.residual[i], P + bp.attn_out_b, N);
 
     timed(WorkKind::layernorm, [&] {
       k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
@@ -429,86 +464,94 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
     linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
     activation_forward(act_buf_, a.fch, N * F);
-    out = row_parallel_begin(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
+    out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
     linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
-    row_parallel_end(residual_[l + 1], a.mid, P + bp.fc_out_b, N);
-    store_->release(1 + l);
+    row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
+    store_->release(bp.unit);
   }
-  const float* Pf = store_->gather(final_unit());
+  if (!stage_.head) {  // stage_output(slot) goes to the next stage
+    if (E != nullptr) store_->release(embed_unit_);
+    return 0.0;
+  }
+
+  const float* Pf = store_->gather(final_unit_);
   // Under sequence_split the final layernorm runs on this rank's rows and the LM head on all.
-  float* lnf_rows = sequence_split_ ? lnf_local_ : lnf_;
+  float* lnf_rows = sequence_split_ ? lnf_local_ : A.lnf;
   timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(lnf_rows, lnf_mean_, lnf_rstd_, residual_[spec_.layers], Pf + lnf_w_,
+    k::layernorm_forward(lnf_rows, A.lnf_mean, A.lnf_rstd, A.residual.back(), Pf + lnf_w_,
                          Pf + lnf_b_, Nl, C, eps);
   });
-  if (sequence_split_) all_gather_rows(lnf_rows, lnf_, N);
-  store_->release(final_unit());
+  if (sequence_split_) all_gather_rows(lnf_rows, A.lnf, N);
+  store_->release(final_unit_);
   // Tied LM head: logits = lnf x wte^T.
+  if (E == nullptr) E = store_->gather(embed_unit_);
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, lnf_, C, E + wte_, C, 0.0f, logits_.data(), V);
+    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, A.lnf, C, E + wte_, C, 0.0f, A.logits, V);
   });
-  store_->release(0);
+  store_->release(embed_unit_);
   if (tp_ == nullptr) {
     Profiler::Scope loss_scope(profiler_, WorkKind::loss);
-    k::cross_entropy_forward_backward(logits_.data(), losses_, targets, N, V, grad_scale);
+    k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
   } else {
     float* mx = ce_buf_;
     float* sums = ce_buf_ + N;  // N sums of exponentials, then N target logits
-    timed(WorkKind::loss, [&] { k::vocab_parallel_row_max(mx, logits_.data(), N, V, valid_vocab_); });
+    timed(WorkKind::loss, [&] { k::vocab_parallel_row_max(mx, A.logits, N, V, valid_vocab_); });
     {
       Profiler::Scope scope(profiler_, WorkKind::communication);
       Kokkos::fence();
       tp_->all_reduce_max(mx, std::size_t(N));
     }
     timed(WorkKind::loss, [&] {
-      k::vocab_parallel_sums(sums, logits_.data(), mx, targets, N, V, valid_vocab_, vocab_begin_);
+      k::vocab_parallel_sums(sums, A.logits, mx, targets, N, V, valid_vocab_, vocab_begin_);
     });
     tensor_all_reduce(sums, 2 * N);
     timed(WorkKind::loss, [&] {
-      k::vocab_parallel_finish(logits_.data(), losses_, mx, sums, targets, N, V, valid_vocab_,
+      k::vocab_parallel_finish(A.logits, A.losses, mx, sums, targets, N, V, valid_vocab_,
                                vocab_begin_, grad_scale);
     });
   }
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
-  return k::sum(losses_, N) / static_cast<double>(N);
+  return k::sum(A.losses, N) / static_cast<double>(N);
 }
 
-void Model::backward(const int32_t* tokens, int B) {
+void Model::backward(const int32_t* tokens, int B, int slot) {
+  Acts& A = acts_of(slot);
   const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
   const int H = local_heads_, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);
-  const float* dlogits = logits_.data();
 
-  // LM head: dlnf = dlogits x wte, dwte += dlogits^T x lnf. The embedding gradients stay open
-  // until the embedding backward at the end.
-  const float* E = store_->gather(0);
-  float* GE = store_->gradients(0);
-  float* dlnf = column_parallel_dinp();
-  timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dlnf, C);
-    gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, lnf_, C, 1.0f, GE + wte_, C);
-  });
-  store_->release(0);
-  // Each rank's vocabulary rows gave part of dlnf.
-  const float* dlnf_rows = column_parallel_end(N);
-  {
-    const float* Pf = store_->gather(final_unit());
-    float* Gf = store_->gradients(final_unit());
+  // The head stage: LM head (dlnf = dlogits x wte, dwte += dlogits^T x lnf) and the final
+  // layernorm. The embedding gradients stay open until the end of backward.
+  float* GE = nullptr;
+  if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
+  if (stage_.head) {
+    const float* dlogits = A.logits;
+    const float* E = store_->gather(embed_unit_);
+    float* dlnf = column_parallel_dinp();
+    timed(WorkKind::gemm, [&] {
+      gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dlnf, C);
+      gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, A.lnf, C, 1.0f, GE + wte_, C);
+    });
+    store_->release(embed_unit_);
+    // Each rank's vocabulary rows gave part of dlnf.
+    const float* dlnf_rows = column_parallel_end(N);
+    const float* Pf = store_->gather(final_unit_);
+    float* Gf = store_->gradients(final_unit_);
     timed(WorkKind::layernorm, [&] {
       k::fill(dresidual_, Nl * C, 0.0f);
-      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dlnf_rows,
-                            residual_[spec_.layers], Pf + lnf_w_, lnf_mean_, lnf_rstd_, Nl, C);
+      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dlnf_rows, A.residual.back(),
+                            Pf + lnf_w_, A.lnf_mean, A.lnf_rstd, Nl, C);
     });
-    store_->release(final_unit());
-    store_->gradients_done(final_unit());
-  }
+    store_->release(final_unit_);
+    store_->gradients_done(final_unit_);
+  }  // else the next stage's gradient is already in output_gradient()
 
-  for (int l = spec_.layers - 1; l >= 0; --l) {
-    const BlockParams& bp = blocks_[l];
-    const BlockActs& a = block_acts_[l];
-    const float* P = store_->gather(1 + l);
-    float* G = store_->gradients(1 + l);
+  for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
+    const BlockParams& bp = blocks_[i];
+    const BlockActs& a = A.blocks[i];
+    const float* P = store_->gather(bp.unit);
+    float* G = store_->gradients(bp.unit);
     // MLP: the activation output was not saved; recompute it for the second linear's dW.
     activation_forward(act_buf_, a.fch, N * F);
     const float* dres = gather_rows(dresidual_, N, dfull_);
@@ -545,20 +588,23 @@ void Model::backward(const int32_t* tokens, int B) {
     }
     const float* dln1 = column_parallel_end(N);
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dln1, residual_[l],
+      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dln1, A.residual[i],
                             P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, Nl, C);
     });
-    store_->release(1 + l);
+    store_->release(bp.unit);
     Kokkos::fence();
-    store_->gradients_done(1 + l);
+    store_->gradients_done(bp.unit);
   }
-  const float* dembed = gather_rows(dresidual_, N, dfull_);
-  timed(WorkKind::embedding, [&] {
-    k::embedding_backward(GE + wte_, GE + wpe_, dembed, tokens, B, T, C,
-                          spec_.position_offset() + position_begin_, vocab_begin_, local_vocab_);
-  });
+  if (stage_.embeds) {
+    const float* dembed = gather_rows(dresidual_, N, dfull_);
+    timed(WorkKind::embedding, [&] {
+      k::embedding_backward(GE + wte_, GE + wpe_, dembed, tokens, B, T, C,
+                            spec_.position_offset() + position_begin_, vocab_begin_,
+                            local_vocab_);
+    });
+  }  // else input_gradient() goes to the previous stage
   Kokkos::fence();
-  store_->gradients_done(0);
+  if (GE != nullptr) store_->gradients_done(embed_unit_);
 }
 
 }  // namespace colossal::core

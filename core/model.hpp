@@ -25,6 +25,18 @@
 
 namespace colossal::core {
 
+// Where a model runs besides its sizes: its parameter store, its tensor and sequence groups, its
+// pipeline stage and how many micro-batches' activations it keeps at once.
+struct ModelOptions {
+  std::size_t unit_multiple = 16;    // parameter units padded to this many floats (dp * 16)
+  ParameterStore* store = nullptr;   // null: a FullParameterStore of the model's own
+  TensorGroup* tensor = nullptr;     // 1D tensor parallelism
+  bool sequence_split = false;       // Megatron sequence parallelism inside the tensor group
+  TensorGroup* sequence = nullptr;   // ring self-attention
+  StageRange stage{};                // pipeline stage (the whole model by default)
+  int slots = 1;                     // activation sets: micro-batches in flight on this stage
+};
+
 class Model {
  public:
   // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens. Parameter units
@@ -52,10 +64,13 @@ class Model {
   // positions [s*seq_len, (s+1)*seq_len). Every layer but attention works on the chunk alone;
   // attention passes key and value blocks around the ring (layers.hpp). Parameter gradients are
   // this chunk's part: the caller sums them over the sequence group as over data parallelism.
+  //
+  // A pipeline stage (options.stage) runs blocks [layer_begin, layer_end): the first stage embeds
+  // the tokens, later ones start from stage_input(); the last runs the final layernorm, the tied
+  // LM head and the loss, earlier ones leave stage_output() for the next stage and start backward
+  // from output_gradient(). `slots` sets of activations let several micro-batches be in flight.
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
-        std::size_t unit_multiple = 16, ParameterStore* store = nullptr,
-        TensorGroup* tensor = nullptr, bool sequence_split = false,
-        TensorGroup* sequence = nullptr);
+        const ModelOptions& options = {});
 
   const ModelSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
@@ -79,13 +94,27 @@ class Model {
   // mean cross-entropy over its tokens. With grad_scale != 0 the logits buffer is turned into the
   // gradient of grad_scale * (sum of token losses), ready for backward(); grad_scale = 0 leaves the
   // raw logits readable through logits().
-  double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale);
-  // Accumulates parameter gradients (+=) of the last forward() (which must have had grad_scale != 0).
-  void backward(const int32_t* tokens, int batch);
+  // `slot` chooses the activation set (pipelines keep several micro-batches in flight). On a stage
+  // without the head it returns 0 and leaves stage_output(slot).
+  double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
+                 int slot = 0);
+  // Accumulates parameter gradients (+=) of the forward() of `slot` (which must have had
+  // grad_scale != 0). A stage without the head starts from output_gradient(); one that does not
+  // embed leaves the gradient of its input in input_gradient().
+  void backward(const int32_t* tokens, int batch, int slot = 0);
   void zero_grad();
 
-  // (batch, seq_len, local_vocab()) after forward: this rank's vocabulary rows.
-  const float* logits() const { return logits_.data(); }
+  // Pipeline stage boundaries: (local rows of batch * seq_len, hidden) floats each.
+  const StageRange& stage() const { return stage_; }
+  int64_t stage_floats(int batch) const { return local_rows(int64_t(batch) * seq_len_) * spec_.hidden; }
+  float* stage_input(int slot) { return acts_of(slot).residual.front(); }
+  const float* stage_output(int slot) { return acts_of(slot).residual.back(); }
+  float* output_gradient() { return dresidual_; }
+  const float* input_gradient() const { return dresidual_; }
+  int slots() const { return int(slot_acts_.size()); }
+
+  // (batch, seq_len, local_vocab()) after forward of slot 0: this rank's vocabulary rows.
+  const float* logits() const { return slot_acts_.front().logits; }
   int64_t local_vocab() const { return local_vocab_; }
   // The full-vocabulary logits of token row `row` (batch * seq_len + position) of the last
   // forward into host memory `out` (vocab floats). Collective over the tensor group.
@@ -111,6 +140,7 @@ class Model {
     std::size_t qkv_w[3], qkv_b[3];
     int qkv_parts;
     std::size_t attn_out_w, attn_out_b, fc_w, fc_b, fc_out_w, fc_out_b;
+    int unit;
   };
   // Saved activations of one block.
   struct BlockActs {
@@ -133,6 +163,19 @@ class Model {
     std::size_t w, b;
     int in, out;
   };
+  // One micro-batch's saved activations.
+  struct Acts {
+    std::vector<float*> residual;  // stage blocks + 1 entries of (B,T,C)
+    std::vector<BlockActs> blocks;
+    float *lnf, *lnf_mean, *lnf_rstd, *losses, *logits;
+  };
+  Acts& acts_of(int slot) {
+    if (slot < 0 || slot >= int(slot_acts_.size())) {
+      throw std::out_of_range("activation slot " + std::to_string(slot) + " of " +
+                              std::to_string(slot_acts_.size()));
+    }
+    return slot_acts_[slot];
+  }
   // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual);
   // P is the unit's parameters.
   void linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
@@ -149,7 +192,7 @@ class Model {
     }
     return p;
   }
-  int final_unit() const { return spec_.layers + 1; }
+  int final_unit() const { return final_unit_; }
   // Sum over the tensor group, in place (nothing without tensor parallelism).
   void tensor_all_reduce(float* data, int64_t n);
   // Token rows of the residual stream on this rank (N, or N/t under sequence_split).
@@ -185,8 +228,11 @@ class Model {
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
   std::size_t num_parameters_ = 0;
-  std::size_t wte_, wpe_, lnf_w_, lnf_b_;  // relative to unit 0 and to the final unit
-  std::vector<BlockParams> blocks_;
+  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;  // relative to their units
+  StageRange stage_;
+  int layer_begin_ = 0, layer_end_ = 0;
+  int embed_unit_ = -1, final_unit_ = -1;  // -1 where this stage holds neither
+  std::vector<BlockParams> blocks_;        // this stage's blocks (BlockParams::unit)
 
   std::unique_ptr<FullParameterStore> own_store_;
   ParameterStore* store_ = nullptr;
@@ -195,12 +241,10 @@ class Model {
   int64_t local_vocab_ = 0, vocab_begin_ = 0;               // padded rows held, first row
   int valid_vocab_ = 0;                                     // rows that are real tokens
   MemoryTracker scratch_tracker_;                           // gather_logits staging
-  DeviceArray<float> acts_;        // every saved activation, carved below
+  DeviceArray<float> acts_;        // every saved activation of every slot, carved below
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
-  DeviceArray<float> logits_;      // (B,T,V); becomes dlogits
-  std::vector<float*> residual_;   // L+1 entries of (B,T,C)
-  std::vector<BlockActs> block_acts_;
-  float *lnf_, *lnf_mean_, *lnf_rstd_, *losses_;
+  DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
+  std::vector<Acts> slot_acts_;
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one

@@ -93,8 +93,44 @@ std::vector<ShardRun> shard_runs(const ParamSpec& p, int tensor_rank) {
   return runs;
 }
 
+namespace {
+std::vector<ParamSpec> whole_table(const ModelSpec& s, std::size_t unit_multiple, TensorSplit tp);
+}  // namespace
+
 std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_multiple,
-                                       TensorSplit tp) {
+                                       TensorSplit tp, StageRange stage) {
+  std::vector<ParamSpec> table = whole_table(s, unit_multiple, tp);
+  if (stage.whole()) return table;
+  const int end = stage.layer_end < 0 ? s.layers : stage.layer_end;
+  if (stage.layer_begin < 0 || stage.layer_begin > end || end > s.layers) {
+    throw std::invalid_argument("pipeline stage layers [" + std::to_string(stage.layer_begin) +
+                                ", " + std::to_string(end) + ") outside the model's " +
+                                std::to_string(s.layers));
+  }
+  // Keep the stage's units and lay them out again from offset 0, units renumbered in order.
+  std::vector<ParamSpec> kept;
+  std::size_t offset = 0;
+  int previous = -1, unit = -1;
+  for (ParamSpec& p : table) {
+    const bool keep = p.unit == 0 ? (stage.embeds || stage.head)
+                      : p.unit == s.layers + 1 ? stage.head
+                                               : (p.unit - 1 >= stage.layer_begin && p.unit - 1 < end);
+    if (!keep) continue;
+    if (p.unit != previous) {
+      offset = (offset + unit_multiple - 1) / unit_multiple * unit_multiple;
+      previous = p.unit;
+      ++unit;
+    }
+    p.unit = unit;
+    p.offset = offset;
+    offset += (p.count + 15) / 16 * 16;
+    kept.push_back(std::move(p));
+  }
+  return kept;
+}
+
+namespace {
+std::vector<ParamSpec> whole_table(const ModelSpec& s, std::size_t unit_multiple, TensorSplit tp) {
   if (unit_multiple == 0 || unit_multiple % 16 != 0) {
     throw std::invalid_argument("parameter unit multiple " + std::to_string(unit_multiple) +
                                 " is not a positive multiple of 16");
@@ -192,6 +228,8 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_mult
   }
   return table;
 }
+
+}  // namespace
 
 std::vector<ParamUnit> parameter_units(const std::vector<ParamSpec>& table,
                                        std::size_t unit_multiple) {

@@ -96,8 +96,19 @@ struct ParamSpec {
 // buffer and padded to a multiple of `unit_multiple` floats (a multiple of 16): unit 0 holds the
 // token and position embeddings, unit 1 + l transformer block l, unit layers + 1 the final
 // layernorm. ZeRO shards and gathers unit by unit, so units are padded to data-parallel size * 16.
+//
+// A pipeline stage holds only its part: the blocks [layer_begin, layer_end), the embedding unit
+// when it embeds tokens (first stage) or runs the tied LM head (last stage), and the final
+// layernorm when it runs the head. Its units are numbered from 0 in that order.
+struct StageRange {
+  int layer_begin = 0;
+  int layer_end = -1;   // -1: through the last layer
+  bool embeds = true;   // embeds tokens (the first stage)
+  bool head = true;     // final layernorm, LM head and loss (the last stage)
+  bool whole() const { return layer_begin == 0 && layer_end < 0 && embeds && head; }
+};
 std::vector<ParamSpec> parameter_table(const ModelSpec& spec, std::size_t unit_multiple = 16,
-                                       TensorSplit tp = {});
+                                       TensorSplit tp = {}, StageRange stage = {});
 
 // Vocabulary rows the model computes with: `vocab` on one rank, padded under tensor parallelism.
 int64_t padded_vocab(const ModelSpec& spec, int tensor_size);

@@ -159,7 +159,9 @@ TEST(ParameterUnits, TileTheFlatBufferAndLeaveTheModelAlone) {
   EXPECT_EQ(units.front().begin, 0u);
   for (std::size_t u = 0; u < units.size(); ++u) {
     EXPECT_EQ(units[u].size() % 48, 0u);
-    if (u + 1 < units.size()) EXPECT_EQ(units[u].end, units[u + 1].begin);
+    if (u + 1 < units.size()) {
+      EXPECT_EQ(units[u].end, units[u + 1].begin);
+    }
   }
   for (const auto& p : table) {
     EXPECT_GE(p.offset, units[p.unit].begin) << p.name;
@@ -172,7 +174,8 @@ TEST(ParameterUnits, TileTheFlatBufferAndLeaveTheModelAlone) {
 
   MemoryTracker tracker;
   auto gemm = make_host_gemm();
-  Model narrow(spec, 2, 16, tracker, *gemm, 16), wide(spec, 2, 16, tracker, *gemm, 48);
+  Model narrow(spec, 2, 16, tracker, *gemm, {.unit_multiple = 16});
+  Model wide(spec, 2, 16, tracker, *gemm, {.unit_multiple = 48});
   narrow.init_parameters(5);
   wide.init_parameters(5);
   std::vector<int32_t> tokens(32), targets(32);

@@ -32,8 +32,8 @@ TEST(Clip, CoefficientBringsNormToTheLimit) {
 
 TEST(AdamW, ThreeStepsMatchClosedFormWithDecayByRule) {
   if (!colossal::test::host_memory()) GTEST_SKIP();
-  ParamSpec w{"layer.weight", {2, 2}, ParamRole::weight, 0, 4};
-  ParamSpec b{"layer.bias", {3}, ParamRole::bias, 16, 3};
+  ParamSpec w{"layer.weight", {2, 2}, ParamRole::weight, 0, 4, 0, {}, {}};
+  ParamSpec b{"layer.bias", {3}, ParamRole::bias, 16, 3, 0, {}, {}};
   MemoryTracker tracker;
   AdamW opt({w, b}, 19, tracker);
   std::vector<float> params(19, 0.0f), grads(19, 0.0f);
@@ -78,9 +78,9 @@ TEST(AdamW, ThreadedUpdateOfAWindowMatchesTheReference) {
   if (!colossal::test::host_memory()) GTEST_SKIP();
   // Three tensors, a window cutting through the first and last (a ZeRO shard), large enough
   // that every host thread takes part.
-  std::vector<ParamSpec> table = {{"a.weight", {300, 100}, ParamRole::weight, 0, 30000},
-                                  {"a.bias", {100}, ParamRole::bias, 30000, 100},
-                                  {"b.weight", {400, 100}, ParamRole::weight, 30112, 40000}};
+  std::vector<ParamSpec> table = {{"a.weight", {300, 100}, ParamRole::weight, 0, 30000, 0, {}, {}},
+                                  {"a.bias", {100}, ParamRole::bias, 30000, 100, 0, {}, {}},
+                                  {"b.weight", {400, 100}, ParamRole::weight, 30112, 40000, 0, {}, {}}};
   const std::size_t begin = 1000, end = 60000;
   MemoryTracker tracker;
   AdamW opt(table, begin, end, tracker);
@@ -130,9 +130,9 @@ TEST(HostThreads, ThreadsPerRankFromEnvironmentOrCores) {
 // window on those elements, whether parameters are addressed packed or in the flat buffer.
 TEST(AdamW, PiecesMatchTheWholeWindow) {
   if (!colossal::test::host_memory()) GTEST_SKIP();
-  ParamSpec w{"a.weight", {4, 8}, ParamRole::weight, 0, 32};
-  ParamSpec b{"a.bias", {8}, ParamRole::bias, 32, 8};
-  ParamSpec n{"n.weight", {16}, ParamRole::layernorm_weight, 48, 16};
+  ParamSpec w{"a.weight", {4, 8}, ParamRole::weight, 0, 32, 0, {}, {}};
+  ParamSpec b{"a.bias", {8}, ParamRole::bias, 32, 8, 0, {}, {}};
+  ParamSpec n{"n.weight", {16}, ParamRole::layernorm_weight, 48, 16, 0, {}, {}};
   const std::vector<ParamSpec> table{w, b, n};
   const std::vector<std::pair<std::size_t, std::size_t>> pieces{{8, 24}, {30, 40}, {56, 64}};
   MemoryTracker tracker;

@@ -129,3 +129,23 @@ TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
 }
 
 }  // namespace
+
+namespace {
+// --memory-plan: a dry-run trainer counts exactly the bytes a real one allocates, category by
+// category, without allocating them.
+TEST(MemoryPlan, CountsWhatTheRealRunAllocates) {
+  const std::string dir = temp_dir("memory_plan");
+  const io::Config config = tiny_config(dir, "gpt2");
+  apps::Trainer plan(config, nullptr, nullptr, /*memory_plan=*/true);
+  apps::Trainer real(config, nullptr);
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    const auto category = core::MemCategory(c);
+    EXPECT_EQ(plan.memory().current(category), real.memory().current(category))
+        << core::category_name(category);
+  }
+  EXPECT_GT(plan.memory().peak_total(), 0u);
+  EXPECT_EQ(plan.memory().peak_total(), real.memory().peak_total());
+  EXPECT_EQ(plan.model().store().full_params(), nullptr) << "a plan allocates nothing";
+  EXPECT_NE(real.model().store().full_params(), nullptr);
+}
+}  // namespace
