@@ -155,7 +155,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           const auto& par = inv.config.parallel;
           if (inv.world_size != par.world_size()) {
             const int want = par.world_size();
-            const int other = par.tensor * par.sequence;
+            const int other = par.tensor * par.sequence * par.pipeline;
             std::string fix = "start " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +
                               " (mpirun -np " + std::to_string(want) + ")";
             if (inv.world_size % other == 0) {
@@ -165,7 +165,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
             throw UsageError(
                 "parallel.data = " + std::to_string(par.data) + " x parallel.tensor.size = " +
                 std::to_string(par.tensor) + " x parallel.sequence = " +
-                std::to_string(par.sequence) + " needs " + std::to_string(want) +
+                std::to_string(par.sequence) + " x parallel.pipeline.size = " +
+                std::to_string(par.pipeline) + " needs " + std::to_string(want) +
                 " ranks but " + std::to_string(inv.world_size) + " ranks were started; " + fix);
           }
           auto world = parallel::make_world_communicator();

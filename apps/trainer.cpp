@@ -4,11 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <span>
 #include <utility>
 #include <type_traits>
 
+#include "core/kernels.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/metrics.hpp"
@@ -56,34 +59,61 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   if (world_->size() != par.world_size()) {
     throw CollectiveError("parallel.data = " + std::to_string(par.data) +
                           " x parallel.tensor.size = " + std::to_string(par.tensor) +
-                          " x parallel.sequence = " + std::to_string(par.sequence) + " needs " +
+                          " x parallel.sequence = " + std::to_string(par.sequence) +
+                          " x parallel.pipeline.size = " + std::to_string(par.pipeline) + " needs " +
                           std::to_string(par.world_size()) + " ranks but " +
                           std::to_string(world_->size()) +
                           " ranks were started; change parallel.data or start " +
                           std::to_string(par.world_size()) + " ranks");
   }
-  // The mesh (tensor innermost, then sequence, data): this rank's groups along each axis.
+  // The mesh (tensor innermost, then sequence, data, pipeline): this rank's groups along each axis.
   groups_ = parallel::make_groups(
       *world_, parallel::DeviceMesh(parallel::MeshShape{.data = par.data,
-                                                        .pipeline = 1,
+                                                        .pipeline = par.pipeline,
                                                         .tensor = par.tensor,
                                                         .sequence = par.sequence}));
   dp_ = groups_.dp.get();
   tp_ = groups_.tp.get();
   sp_ = groups_.sp.get();
+  pp_ = groups_.pp.get();
   if (tp_->size() > 1) tensor_group_ = std::make_unique<parallel::CommunicatorGroup>(*tp_);
   // Ring attention splits sequences, so the sequence ranks of a replica hold the same parameters
   // and see different tokens: their gradients are summed (and ZeRO shards over) the data and
-  // sequence axes together, the ranks with this rank's tensor coordinate.
+  // sequence axes together, the ranks with this rank's tensor and pipeline coordinates.
   grad_ = dp_;
   if (sp_->size() > 1) {
     sequence_group_ = std::make_unique<parallel::CommunicatorGroup>(*sp_);
-    grad_owner_ = world_->split(tp_->rank(), world_->rank());
+    grad_owner_ = world_->split(tp_->rank() + tp_->size() * pp_->rank(), world_->rank());
     grad_ = grad_owner_.get();
   }
   chunk_ = config_.train.seq_len / sp_->size();
   const auto& train = config_.train;
   const auto& spec = config_.model;
+  // Pipeline: this rank's stage, its blocks, its schedule, and the ranks it talks to.
+  const int stages = pp_->size(), stage = pp_->rank();
+  stage_layers_ = par.pipeline_layers;
+  if (stage_layers_.empty()) {
+    const double C = spec.hidden, F = spec.ffn_hidden, T = train.seq_len;
+    stage_layers_ = parallel::balance_stages(spec.layers, stages, 2.0 * (4 * C * C + 2 * C * F) +
+                                                                      4.0 * T * C,
+                                             2.0 * C * spec.vocab);
+  }
+  core::StageRange range{0, 0, stage == 0, stage == stages - 1};
+  for (int s = 0; s < stage; ++s) range.layer_begin += stage_layers_[s];
+  range.layer_end = range.layer_begin + stage_layers_[stage];
+  schedule_ = parallel::pipeline_schedule(par.pipeline_schedule, stages, stage,
+                                          config_.accumulation_steps());
+  slots_ = parallel::peak_in_flight(schedule_);
+  zero::PipelineLinks links;
+  if (stages > 1) {
+    // The first and last stage of each (tensor, sequence, data) position share the tied
+    // embedding; ranks of other stages split off alone.
+    const int inner = world_->size() / stages;
+    const bool ends = stage == 0 || stage == stages - 1;
+    tied_owner_ = world_->split(ends ? world_->rank() % inner : inner + world_->rank(),
+                                world_->rank());
+    links = zero::PipelineLinks{pp_, ends ? tied_owner_.get() : nullptr, stage == 0};
+  }
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
   train_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 2,
                      "train.seq_len + 1 tokens for one window, and more than one window");
@@ -96,31 +126,43 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. The
   // optimizer owns the store the parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;
-  const auto table =
-      core::parameter_table(spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()});
+  const auto table = core::parameter_table(
+      spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()}, range);
   auto units = core::parameter_units(table, unit_multiple);
   const std::size_t flat = units.back().end;
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
       table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *grad_,
       tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
-      tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split);
+      tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split, links);
   model_ = std::make_unique<core::Model>(
       spec, train.micro_batch, chunk_, tracker_, *gemm_,
       core::ModelOptions{.unit_multiple = unit_multiple,
                          .store = &optimizer_->store(),
                          .tensor = tensor_group_.get(),
                          .sequence_split = config_.parallel.sequence_split,
-                         .sequence = sequence_group_.get()});
+                         .sequence = sequence_group_.get(),
+                         .stage = range,
+                         .slots = slots_});
   if (!memory_plan) model_->init_parameters(train.seed);
   model_->set_profiler(&profiler_);
   agree_on_plan();
-  // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's chunk.
+  // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's chunk,
+  // one per activation slot (a pipeline stage needs a micro-batch's tokens again in backward).
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
-  host_chunk_.resize(std::size_t(train.micro_batch) * chunk_);
-  inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
-  targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
+  const std::size_t chunk_tokens = std::size_t(train.micro_batch) * chunk_;
+  host_chunk_.resize(chunk_tokens);
+  inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, chunk_tokens * slots_);
+  targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, chunk_tokens * slots_);
   host_inputs_.resize(tokens);
   host_targets_.resize(tokens);
+  if (stages > 1 && stage > 0) {
+    // Gradients for the previous stage, one buffer per slot while their sends complete.
+    grad_sends_ = core::DeviceArray<float>(tracker_, core::MemCategory::temporaries,
+                                           std::size_t(model_->stage_floats(train.micro_batch)) *
+                                               slots_);
+  }
+  forward_sends_.resize(slots_);
+  backward_sends_.resize(slots_);
 }
 
 // The layout as YAML. Derived on every rank from the same config; rank 0's copy is broadcast and
@@ -128,23 +170,40 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
 // before the first collective of training instead of deadlocking in it.
 void Trainer::agree_on_plan() {
   const auto& p = config_.parallel;
+  // Sizes that differ between pipeline stages, listed stage by stage (the same text everywhere).
+  auto per_stage = [&](double value) {
+    if (pp_->size() == 1) return std::to_string(int64_t(value));
+    std::string list = "[";
+    for (int s = 0; s < pp_->size(); ++s) {
+      const double v = pp_->all_reduce_sum_value(pp_->rank() == s ? value : 0.0);
+      list += (s ? ", " : "") + std::to_string(int64_t(v));
+    }
+    return list + "]";
+  };
   std::string plan = "mesh: {data: " + std::to_string(dp_->size()) + ", tensor: " +
                      std::to_string(tp_->size()) + ", sequence: " +
                      std::to_string(groups_.sp->size()) +
-                     ", pipeline: 1, order: tp-sp-dp-pp}\n" +
+                     ", pipeline: " + std::to_string(pp_->size()) + ", order: tp-sp-dp-pp}\n" +
+                     "pipeline: {schedule: " + p.pipeline_schedule + ", layers: [" +
+                     [&] {
+                       std::string list;
+                       for (int n : stage_layers_) list += (list.empty() ? "" : ", ") + std::to_string(n);
+                       return list;
+                     }() + "]}\n" +
                      "tensor: {mode: " + p.tensor_mode + ", sequence_split: " +
                      (p.sequence_split ? "true" : "false") + ", padded_vocab: " +
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
                      ", offload_params: " + (p.offload_params ? "true" : "false") + "}\n" +
-                     "flat_parameters: " + std::to_string(model_->flat_size()) + "\n" +
-                     "parameter_units: " + std::to_string(model_->units().size()) + "\n" +
-                     "shard: {size: " + std::to_string(optimizer_->shard_size()) + "}\n" +
+                     "flat_parameters: " + per_stage(double(model_->flat_size())) + "\n" +
+                     "parameter_units: " + per_stage(double(model_->units().size())) + "\n" +
+                     "shard: {size: " + per_stage(double(optimizer_->shard_size())) + "}\n" +
                      "gradient_reduction: " +
-                     (p.zero_stage < 2 ? std::to_string(optimizer_->buckets().size()) +
+                     (p.zero_stage < 2 ? per_stage(double(optimizer_->buckets().size())) +
                                              " all-reduce buckets"
                                        : std::string("reduce-scatter per unit")) + "\n" +
+                     "activation_slots: " + per_stage(double(slots_)) + "\n" +
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
   std::string root = plan;
   world_->broadcast_string(root, 0);
@@ -166,46 +225,128 @@ void Trainer::print(const char* fmt, ...) const {
   std::fflush(log_);
 }
 
-void Trainer::upload() {
+void Trainer::upload(int slot) {
   const int T = config_.train.seq_len;
   const std::size_t rows = host_inputs_.size() / T, begin = std::size_t(sp_->rank()) * chunk_;
   for (auto [host, device] : {std::pair{&host_inputs_, &inputs_}, std::pair{&host_targets_, &targets_}}) {
     for (std::size_t r = 0; r < rows; ++r) {
       std::copy_n(host->begin() + r * T + begin, chunk_, host_chunk_.begin() + r * chunk_);
     }
-    core::copy_to_device(device->data(), host_chunk_.data(), host_chunk_.size() * sizeof(int32_t));
+    core::copy_to_device(device->data() + slot * host_chunk_.size(), host_chunk_.data(),
+                         host_chunk_.size() * sizeof(int32_t));
   }
+}
+
+const int32_t* Trainer::slot_inputs(int slot) const {
+  return inputs_.data() + slot * host_chunk_.size();
+}
+const int32_t* Trainer::slot_targets(int slot) const {
+  return targets_.data() + slot * host_chunk_.size();
+}
+
+// One forward of `batch` sequences already uploaded to slot 0 through every pipeline stage
+// (evaluation and sampling): each stage receives its input, runs, and passes its output on.
+// Returns the mean loss on the last stage and 0 elsewhere.
+double Trainer::pipeline_forward(int batch) {
+  const int stage = pp_->rank(), stages = pp_->size();
+  const std::size_t floats = std::size_t(model_->stage_floats(batch));
+  if (stage > 0) pp_->recv({model_->stage_input(0), floats}, stage - 1, 0);
+  const double loss = model_->forward(slot_inputs(0), slot_targets(0), batch, 0.0f, 0);
+  if (stage + 1 < stages) {
+    Kokkos::fence();
+    pp_->send({model_->stage_output(0), floats}, stage + 1, 0);
+  }
+  return loss;
 }
 
 // Forward and backward over this rank's micro-batches of the step: rank r of dp takes samples
 // [r*G/dp, (r+1)*G/dp) of the global batch G. Gradients are summed into the model's buffer, scaled
 // so that their sum over ranks is the gradient of the mean loss over the global batch. Returns the
-// sum over ranks of the local mean loss divided by dp (the global mean loss).
+// global mean loss on every rank.
+//
+// The micro-batches run in the order of this stage's pipeline schedule (one stage: forward then
+// backward of each in turn). A stage receives its input from the previous stage before a forward
+// and the gradient of its output from the next before a backward (blocking), and sends its output
+// and input gradient on without waiting; sends complete before their buffers are reused.
 double Trainer::run_step(int64_t step) {
   const auto& t = config_.train;
   const int accumulation = config_.accumulation_steps();
   const float grad_scale = 1.0f / (float(t.global_batch) * float(t.seq_len));
   const int64_t first = int64_t(dp_->rank()) * (t.global_batch / dp_->size());
+  const int stage = pp_->rank(), stages = pp_->size();
+  const std::size_t floats = std::size_t(model_->stage_floats(t.micro_batch));
   {
     core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
     model_->zero_grad();
   }
-  double loss = 0.0;
-  for (int micro = 0; micro < accumulation; ++micro) {
-    {
-      core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
-      sampler_->batch(step, first + int64_t(micro) * t.micro_batch, t.micro_batch,
-                      t.global_batch, host_inputs_.data(), host_targets_.data());
-      upload();
+  if (const char* fail = std::getenv("COLOSSAL_INJECT_FAILURE")) {
+    // Testing hook: "STAGE:STEP" makes that pipeline stage fail at that step (1-based), alone.
+    int fail_stage = -1, fail_step = -1;
+    if (std::sscanf(fail, "%d:%d", &fail_stage, &fail_step) == 2 && fail_stage == stage &&
+        fail_step == step + 1) {
+      throw std::runtime_error("injected failure on pipeline stage " + std::to_string(stage) +
+                               " at step " + std::to_string(step + 1) +
+                               " (COLOSSAL_INJECT_FAILURE)");
     }
-    loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale);
-    // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-    optimizer_->set_overlap(micro + 1 == accumulation);
-    model_->backward(inputs_.data(), t.micro_batch);
-    optimizer_->set_overlap(false);
   }
-  // Every rank of the data x sequence group averaged the same number of tokens.
-  return grad_->all_reduce_sum_value(loss / accumulation) / grad_->size();
+  double loss = 0.0;
+  int in_flight = 0;
+  for (const parallel::PipelineAction& action : schedule_) {
+    const int slot = action.micro % slots_;
+    const int forward_tag = 2 * action.micro, backward_tag = 2 * action.micro + 1;
+    if (action.forward) {
+      {
+        core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
+        sampler_->batch(step, first + int64_t(action.micro) * t.micro_batch, t.micro_batch,
+                        t.global_batch, host_inputs_.data(), host_targets_.data());
+        upload(slot);
+      }
+      {
+        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+        if (forward_sends_[slot]) forward_sends_[slot]->wait();  // the slot's output is free
+        forward_sends_[slot].reset();
+        if (stage > 0) pp_->recv({model_->stage_input(slot), floats}, stage - 1, forward_tag);
+      }
+      loss += model_->forward(slot_inputs(slot), slot_targets(slot), t.micro_batch, grad_scale,
+                              slot);
+      if (stage + 1 < stages) {
+        Kokkos::fence();
+        forward_sends_[slot] =
+            pp_->start_send({model_->stage_output(slot), floats}, stage + 1, forward_tag);
+      }
+      ++pipeline_stats_.forwards;
+      pipeline_stats_.peak_in_flight = std::max(pipeline_stats_.peak_in_flight, ++in_flight);
+    } else {
+      if (stage + 1 < stages) {
+        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+        pp_->recv({model_->output_gradient(), floats}, stage + 1, backward_tag);
+      }
+      // On the last micro-batch, gradient buckets start reducing as soon as they are final.
+      optimizer_->set_overlap(action.micro + 1 == accumulation);
+      model_->backward(slot_inputs(slot), t.micro_batch, slot);
+      optimizer_->set_overlap(false);
+      if (stage > 0) {
+        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+        if (backward_sends_[slot]) backward_sends_[slot]->wait();
+        float* out = grad_sends_.data() + std::size_t(slot) * floats;
+        core::kernels::copy(out, model_->input_gradient(), int64_t(floats));
+        Kokkos::fence();
+        backward_sends_[slot] = pp_->start_send({out, floats}, stage - 1, backward_tag);
+      }
+      ++pipeline_stats_.backwards;
+      --in_flight;
+    }
+  }
+  for (auto* sends : {&forward_sends_, &backward_sends_}) {
+    for (auto& pending : *sends) {
+      if (pending) pending->wait();
+      pending.reset();
+    }
+  }
+  // The loss lives on the last stage; every rank of the data x sequence group averaged the same
+  // number of tokens.
+  const double stage_loss = stages > 1 ? pp_->all_reduce_sum_value(loss) : loss;
+  return grad_->all_reduce_sum_value(stage_loss / accumulation) / grad_->size();
 }
 
 TrainSummary Trainer::train() {
@@ -382,10 +523,11 @@ double Trainer::evaluate() {
     const int count = real ? static_cast<int>(std::min<int64_t>(B, end - wanted)) : 1;
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
-    const double loss = model_->forward(inputs_.data(), targets_.data(), count, 0.0f) * count;
+    const double loss = pipeline_forward(count) * count;
     if (real) total += loss;
   }
-  // Each sequence rank averaged its chunk of the same windows.
+  // The losses live on the last stage; each sequence rank averaged its chunk of the same windows.
+  if (pp_->size() > 1) total = pp_->all_reduce_sum_value(total);
   return grad_->all_reduce_sum_value(total) / double(windows) / double(sp_->size());
 }
 
@@ -400,6 +542,15 @@ std::vector<float> Trainer::local_parameters() {
   }
   return host;
 }
+
+namespace {
+std::size_t logical_offset(const std::vector<core::ParamSpec>& logical, const std::string& name) {
+  for (const core::ParamSpec& p : logical) {
+    if (p.name == name) return p.offset;
+  }
+  throw std::logic_error("no logical tensor named '" + name + "'");
+}
+}  // namespace
 
 std::vector<core::ParamSpec> Trainer::logical_table() const {
   return core::parameter_table(config_.model);
@@ -419,15 +570,24 @@ std::vector<float> Trainer::logical_parameters() {
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
   const auto& mine = model_->parameters();
   const std::size_t stride = model_->flat_size();
-  for (std::size_t i = 0; i < mine.size(); ++i) {
+  const bool later_stage = pp_->rank() > 0;  // the first stage alone writes the tied embedding
+  for (const core::ParamSpec& p : mine) {
+    if (later_stage && p.unit == 0 && model_->stage().embeds == false &&
+        (p.role == core::ParamRole::token_embedding ||
+         p.role == core::ParamRole::position_embedding)) {
+      continue;
+    }
+    const std::size_t at = logical_offset(logical, p.name);
     for (int r = 0; r < t; ++r) {
-      if (mine[i].shard.replicated() && r > 0) continue;
-      for (const core::ShardRun& run : core::shard_runs(mine[i], r)) {
-        const float* src = all.data() + r * stride + mine[i].offset + run.local;
-        std::copy(src, src + run.length, out.data() + logical[i].offset + run.logical);
+      if (p.shard.replicated() && r > 0) continue;
+      for (const core::ShardRun& run : core::shard_runs(p, r)) {
+        const float* src = all.data() + r * stride + p.offset + run.local;
+        std::copy(src, src + run.length, out.data() + at + run.logical);
       }
     }
   }
+  // Every stage wrote its own tensors and zeros elsewhere: the sum is the whole model.
+  if (pp_->size() > 1) pp_->all_reduce_sum(out);
   return out;
 }
 
@@ -436,7 +596,7 @@ void Trainer::save_weights(const std::string& path) {
   // Without tensor parallelism every tensor is whole in this rank's layout: write it from there
   // (the model's table names the same tensors, at its own offsets), without copies when the
   // parameters are already whole in host memory.
-  if (tp_->size() == 1) {
+  if (tp_->size() == 1 && pp_->size() == 1) {
     const float* whole = model_->store().full_params();
     if (whole != nullptr &&
         std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
@@ -457,11 +617,11 @@ void Trainer::load_weights(const std::string& path) {
   io::read_model_file(path, logical, values);
   // This rank's part of every tensor, in its own layout.
   std::vector<float> host(model_->flat_size(), 0.0f);
-  const auto& mine = model_->parameters();
-  for (std::size_t i = 0; i < mine.size(); ++i) {
-    for (const core::ShardRun& run : core::shard_runs(mine[i], tp_->rank())) {
-      const float* src = values.data() + logical[i].offset + run.logical;
-      std::copy(src, src + run.length, host.data() + mine[i].offset + run.local);
+  for (const core::ParamSpec& p : model_->parameters()) {
+    const std::size_t at = logical_offset(logical, p.name);
+    for (const core::ShardRun& run : core::shard_runs(p, tp_->rank())) {
+      const float* src = values.data() + at + run.logical;
+      std::copy(src, src + run.length, host.data() + p.offset + run.local);
     }
   }
   core::ParameterStore& store = model_->store();
@@ -489,13 +649,20 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     std::copy(context.end() - len, context.end(), host_inputs_.begin());
     std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
     upload();
-    model_->forward(inputs_.data(), targets_.data(), 1, 0.0f);
-    // The last context position's logits: gathered over the tensor group on the sequence rank
-    // holding that position, then sent to the other sequence ranks.
-    const int owner = int(len - 1) / chunk_;
-    model_->gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0, logits.data());
-    if (sp_->size() > 1) {
-      sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
+    pipeline_forward(1);
+    // The last context position's logits: on the last pipeline stage, gathered over the tensor
+    // group on the sequence rank holding that position and sent to the other sequence ranks;
+    // then sent to the other stages.
+    const int last = pp_->size() - 1;
+    if (pp_->rank() == last) {
+      const int owner = int(len - 1) / chunk_;
+      model_->gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0, logits.data());
+      if (sp_->size() > 1) {
+        sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
+      }
+    }
+    if (pp_->size() > 1) {
+      pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), last);
     }
     int next = 0;
     if (temperature <= 0.0) {

@@ -17,6 +17,7 @@
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "parallel/tensor_group.hpp"
 #include "zero/sharded_optimizer.hpp"
 
@@ -49,6 +50,11 @@ class CollectiveError : public std::runtime_error {
 class NonFiniteError : public CollectiveError {
  public:
   using CollectiveError::CollectiveError;
+};
+
+struct PipelineStats {
+  int64_t forwards = 0, backwards = 0;
+  int peak_in_flight = 0;
 };
 
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
@@ -91,6 +97,10 @@ class Trainer {
   const std::string& plan() const { return plan_; }
   parallel::Communicator& data_parallel() { return *dp_; }
   parallel::Communicator& tensor_parallel() { return *tp_; }
+  parallel::Communicator& pipeline_parallel() { return *pp_; }
+  // Forwards and backwards this stage ran, and the most micro-batches it held at once.
+  const PipelineStats& pipeline_stats() const { return pipeline_stats_; }
+  const std::vector<int>& stage_layers() const { return stage_layers_; }
   parallel::Communicator& sequence_parallel() { return *sp_; }
   // Where gradients are summed and ZeRO shards: the data x sequence ranks of this tensor rank.
   parallel::Communicator& gradient_group() { return *grad_; }
@@ -99,7 +109,11 @@ class Trainer {
   void print(const char* fmt, ...) const;
   void agree_on_plan();
   double run_step(int64_t step);
-  void upload();  // host_inputs_/host_targets_ -> inputs_/targets_
+  // host_inputs_/host_targets_ -> this rank's chunk of them in slot `slot` of inputs_/targets_
+  void upload(int slot = 0);
+  const int32_t* slot_inputs(int slot) const;
+  const int32_t* slot_targets(int slot) const;
+  double pipeline_forward(int batch);
 
   io::Config config_;
   std::FILE* log_;
@@ -114,6 +128,14 @@ class Trainer {
   std::unique_ptr<parallel::Communicator> grad_owner_;
   parallel::Communicator* grad_;  // gradient sum and ZeRO: data x sequence ranks (dp_ without sp)
   int chunk_ = 0;                 // positions of each sequence on this rank
+  parallel::Communicator* pp_;    // one rank per pipeline stage
+  std::unique_ptr<parallel::Communicator> tied_owner_;  // first + last stage (tied embedding)
+  std::vector<int> stage_layers_;                 // blocks per stage
+  std::vector<parallel::PipelineAction> schedule_;  // this stage's forwards and backwards
+  int slots_ = 1;                                 // micro-batches in flight at most
+  std::vector<std::unique_ptr<parallel::PendingCollective>> forward_sends_, backward_sends_;
+  core::DeviceArray<float> grad_sends_;           // input gradients on their way back
+  PipelineStats pipeline_stats_;
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
   std::unique_ptr<core::Model> model_;

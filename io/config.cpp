@@ -31,7 +31,7 @@ namespace {
 // ------------------------------------------------------------------------------------------------
 // The schema
 
-enum class Kind { integer, number, text, choice, preset, number_pair };
+enum class Kind { integer, number, text, choice, preset, number_pair, integer_list };
 enum class Required { no, always, without_preset };
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -59,8 +59,8 @@ struct Betas {
   double* beta1;
   double* beta2;
 };
-using Field =
-    std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, bool*, Betas>;
+using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, bool*,
+                           Betas, std::vector<int>*>;
 
 struct KeySpec {
   std::string key;  // dotted
@@ -237,6 +237,25 @@ const std::vector<KeySpec>& schema() {
               "sequence",
        .range = at_least(1),
        .cross_check = "divides train.seq_len; not with model.fused_attention"},
+      {.key = "parallel.pipeline.size", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.pipeline; },
+       .doc = "pipeline stages: contiguous ranges of blocks, the first with the embeddings, the "
+              "last with the final layernorm, LM head and loss",
+       .range = at_least(1), .cross_check = "<= model.layers"},
+      {.key = "parallel.pipeline.layers", .kind = Kind::integer_list,
+       .field = [](Config& c) -> Field { return &c.parallel.pipeline_layers; },
+       .doc = "blocks per stage, first to last; [] balances them (equal counts, the remainder "
+              "to the middle stages)",
+       .range = at_least(1), .cross_check = "one entry per stage, summing to model.layers"},
+      {.key = "parallel.pipeline.schedule", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.pipeline_schedule; },
+       .doc = "gpipe: all forwards, then all backwards; 1f1b: warm-up forwards, then one "
+              "forward one backward, then cool-down",
+       .choices = {"gpipe", "1f1b"}, .planned = {"interleaved"}},
+      {.key = "parallel.pipeline.chunks", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.pipeline_chunks; },
+       .doc = "virtual stages per rank for the interleaved schedule (not yet: must be 1)",
+       .range = Range{1, false, 1, false}},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -398,6 +417,8 @@ std::string kind_name(const KeySpec& spec) {
       return "preset";
     case Kind::number_pair:
       return "list of 2 numbers";
+    case Kind::integer_list:
+      return "list of integers";
   }
   return "";
 }
@@ -427,6 +448,8 @@ std::string allowed_text(const KeySpec& spec) {
       return "one of the presets: " + join(core::preset_names());
     case Kind::number_pair:
       return "a list of two numbers, each" + range_text(spec.range);
+    case Kind::integer_list:
+      return "a list of integers, each" + range_text(spec.range) + " ([] for none)";
   }
   return "";
 }
@@ -454,6 +477,10 @@ void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
           out << core::arch_name(*p);
         } else if constexpr (std::is_same_v<T, bool*>) {
           out << (*p ? "true" : "false");
+        } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
+          out << YAML::Flow << YAML::BeginSeq;
+          for (int v : *p) out << v;
+          out << YAML::EndSeq;
         } else {
           out << *p;  // integers
         }
@@ -749,6 +776,8 @@ class Resolver {
       }
       case Kind::number_pair:
         return read_pair(spec, node, std::get<Betas>(field), where_text);
+      case Kind::integer_list:
+        return read_integer_list(spec, node, *std::get<std::vector<int>*>(field), where_text);
       case Kind::preset:
         return;  // read first, by read_preset
     }
@@ -764,6 +793,27 @@ class Resolver {
       **p64 = v;
     } else {
       **std::get_if<uint64_t*>(&field) = static_cast<uint64_t>(v);  // the range keeps v >= 0
+    }
+  }
+
+  void read_integer_list(const KeySpec& spec, const YAML::Node& node, std::vector<int>& out,
+                         const std::string& where_text) const {
+    if (node.IsNull()) {
+      out.clear();
+      return;
+    }
+    if (!node.IsSequence()) raise_type(spec, "a list of integers", node, where_text);
+    out.clear();
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const std::string at = where(spec.key, node[i].Mark());
+      if (!node[i].IsScalar()) raise_type(spec, "an integer", node[i], at);
+      const std::string text = node[i].Scalar();
+      int64_t v = 0;
+      if (parse_whole(text, v) != Parse::ok || v > INT_MAX) {
+        raise_type(spec, "an integer", node[i], at);
+      }
+      if (!spec.range.contains(double(v))) raise_range(spec, text, allowed_text(spec), at);
+      out.push_back(int(v));
     }
   }
 
@@ -838,6 +888,7 @@ class Resolver {
   void check_consistency(const Config& config) const {
     check_heads(config.model);
     check_tensor_split(config);
+    check_pipeline(config);
     const TrainConfig& t = config.train;
     if (t.seq_len > config.model.max_seq)
       raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",
@@ -896,6 +947,44 @@ class Resolver {
   }
 
   // The tensor size must divide the heads and the MLP width; offer the nearest sizes that do.
+  void check_pipeline(const Config& config) const {
+    const auto& p = config.parallel;
+    const int layers = config.model.layers;
+    if (p.pipeline > layers) {
+      raise(where_first({"parallel.pipeline.size", "model.layers", "model.preset"}),
+            "parallel.pipeline.size",
+            std::to_string(p.pipeline) + " stages for " + std::to_string(layers) + " layers",
+            "every stage runs at least one transformer block",
+            "set parallel.pipeline.size to at most " + std::to_string(layers));
+    }
+    const int micro = config.train.global_batch / std::max(1, p.data * config.train.micro_batch);
+    if (p.pipeline > 1 && p.pipeline_schedule == "1f1b" && micro < p.pipeline) {
+      raise(where_first({"parallel.pipeline.schedule", "parallel.pipeline.size",
+                         "train.global_batch"}),
+            "parallel.pipeline.schedule",
+            "1f1b with " + std::to_string(micro) + " micro-batches per step (train.global_batch / " +
+                "(parallel.data * train.micro_batch)) for " + std::to_string(p.pipeline) +
+                " stages",
+            "1F1B fills the pipeline with at least one micro-batch per stage",
+            "raise train.global_batch to " +
+                std::to_string(p.pipeline * p.data * config.train.micro_batch) +
+                " or more, lower train.micro_batch, or use schedule: gpipe");
+    }
+    if (p.pipeline_layers.empty()) return;
+    int total = 0;
+    for (int n : p.pipeline_layers) total += n;
+    if (int(p.pipeline_layers.size()) != p.pipeline || total != layers) {
+      raise(where_first({"parallel.pipeline.layers", "parallel.pipeline.size"}),
+            "parallel.pipeline.layers",
+            std::to_string(p.pipeline_layers.size()) + " entries summing to " +
+                std::to_string(total) + " for " + std::to_string(p.pipeline) + " stages of " +
+                std::to_string(layers) + " layers",
+            "one block count per stage, every count >= 1, summing to model.layers",
+            "give " + std::to_string(p.pipeline) + " counts summing to " + std::to_string(layers) +
+                ", or [] to balance");
+    }
+  }
+
   void check_tensor_split(const Config& config) const {
     const int t = config.parallel.tensor;
     const core::ModelSpec& m = config.model;

@@ -56,9 +56,13 @@ struct ParallelConfig {
   bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
   int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
   std::string tensor_mode = "1d";
-  bool sequence_split = false;     // Megatron sequence-parallel regions (not yet)
-  int sequence = 1;                // ring self-attention ranks (not yet: must be 1)
-  int world_size() const { return data * tensor * sequence; }
+  bool sequence_split = false;     // Megatron sequence parallelism inside the tensor group
+  int sequence = 1;                // ring self-attention ranks
+  int pipeline = 1;                // pipeline stages
+  std::vector<int> pipeline_layers;  // blocks per stage; empty: balanced
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
+  int pipeline_chunks = 1;         // virtual stages per rank (interleaved; not yet)
+  int world_size() const { return data * tensor * sequence * pipeline; }
 };
 
 struct HardwareConfig {

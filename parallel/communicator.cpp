@@ -205,6 +205,21 @@ void Communicator::send(std::span<const float> buffer, int dest, int tag) {
   record(CollectiveKind::send, buffer.size() * kFloatBytes);
 }
 
+std::unique_ptr<PendingCollective> Communicator::start_send(std::span<const float> buffer, int dest,
+                                                            int tag) {
+  check_rank("send", "destination", dest);
+  if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  auto pending = do_start_send(buffer, dest, tag);
+  record(CollectiveKind::send, buffer.size() * kFloatBytes);
+  return pending;
+}
+
+std::unique_ptr<PendingCollective> Communicator::do_start_send(std::span<const float> buffer,
+                                                               int dest, int tag) {
+  do_send(buffer, dest, tag);
+  return std::make_unique<CompletedCollective>();
+}
+
 void Communicator::recv(std::span<float> buffer, int source, int tag) {
   check_rank("recv", "source", source);
   if (tag < 0) fail(*this, "recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");

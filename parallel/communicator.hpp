@@ -124,6 +124,9 @@ class Communicator {
   // Blocking point-to-point. Tags must be >= 0; NCCL has no tags and matches in issue order per
   // pair of ranks, so code that must run on both backends never relies on tags to reorder.
   void send(std::span<const float> buffer, int dest, int tag);
+  // The same, started without waiting (MPI_Isend): `buffer` must stay untouched until the
+  // returned handle completes. Backends without non-blocking sends complete it here.
+  std::unique_ptr<PendingCollective> start_send(std::span<const float> buffer, int dest, int tag);
   // Receives exactly buffer.size() floats; a message of another size is an error.
   void recv(std::span<float> buffer, int source, int tag);
   // send to dest and receive from source at once (a ring shift without deadlock).
@@ -149,6 +152,8 @@ class Communicator {
   virtual void do_broadcast_bytes(std::span<std::byte> buffer, int root) = 0;
   virtual double do_all_reduce_sum_value(double value) = 0;
   virtual void do_send(std::span<const float> buffer, int dest, int tag) = 0;
+  virtual std::unique_ptr<PendingCollective> do_start_send(std::span<const float> buffer,
+                                                           int dest, int tag);
   virtual void do_recv(std::span<float> buffer, int source, int tag) = 0;
   virtual void do_send_recv(std::span<const float> send_buffer, int dest,
                             std::span<float> recv_buffer, int source, int tag) = 0;

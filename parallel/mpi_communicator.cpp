@@ -114,13 +114,13 @@ class MpiPending final : public PendingCollective {
     if (request_ == MPI_REQUEST_NULL) return true;
     int done = 0;
     if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      throw std::runtime_error("MPI_Test failed on a non-blocking all-reduce");
+      throw std::runtime_error("MPI_Test failed on a non-blocking operation");
     }
     return done != 0;
   }
   void wait() override {
     if (request_ != MPI_REQUEST_NULL && MPI_Wait(&request_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      throw std::runtime_error("MPI_Wait failed on a non-blocking all-reduce");
+      throw std::runtime_error("MPI_Wait failed on a non-blocking operation");
     }
   }
 
@@ -128,6 +128,15 @@ class MpiPending final : public PendingCollective {
   MPI_Request request_;
 };
 }  // namespace
+
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_send(std::span<const float> buffer,
+                                                                  int dest, int tag) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Isend(buffer.data(), mpi_count(buffer.size(), "send"), MPI_FLOAT, dest, tag, comm_,
+                  &request),
+        "MPI_Isend");
+  return std::make_unique<MpiPending>(request);
+}
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {

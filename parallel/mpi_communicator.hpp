@@ -40,6 +40,8 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
   double do_all_reduce_sum_value(double value) override;
   void do_send(std::span<const float> buffer, int dest, int tag) override;
+  std::unique_ptr<PendingCollective> do_start_send(std::span<const float> buffer, int dest,
+                                                   int tag) override;
   void do_recv(std::span<float> buffer, int source, int tag) override;
   void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
                     int source, int tag) override;

@@ -28,12 +28,14 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                            double bucket_mb, parallel::Communicator& dp,
                            core::MemoryTracker& tracker, bool offload_optimizer,
                            bool offload_params, parallel::Communicator* tensor,
-                           bool sequence_split)
+                           bool sequence_split, PipelineLinks pipeline)
     : stage_(stage),
       padded_(flat_size),
       dp_(dp),
       tp_(tensor != nullptr && tensor->size() > 1 ? tensor : nullptr),
+      pipeline_(pipeline),
       offload_(offload_optimizer) {
+  if (pipeline_.stages != nullptr && pipeline_.stages->size() == 1) pipeline_ = {};
   if (stage < 0 || stage > 3) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
                                 " is not a ZeRO stage (0, 1, 2 or 3)");
@@ -68,7 +70,7 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
     store_ = sharded_.get();
     adamw_ = std::make_unique<core::AdamW>(table, sharded_->owned_ranges(), tracker, offload_);
   }
-  if (tp_ != nullptr) {
+  if (tp_ != nullptr || pipeline_.stages != nullptr) {
     // The norm reads the whole flat buffer (stages 0-1) or the packed slices (stages 2-3).
     std::vector<std::pair<std::size_t, std::size_t>> pieces{{0, flat_size}};
     if (sharded_) pieces = sharded_->owned_ranges();
@@ -77,7 +79,10 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
       for (const auto& p : table) {
         const std::size_t lo = std::max(p.offset, begin), hi = std::min(p.offset + p.count, end);
         if (lo >= hi) continue;
-        norm_runs_.push_back({state + lo - begin, hi - lo, p.shard.replicated()});
+        const bool embedding = p.role == core::ParamRole::token_embedding ||
+                               p.role == core::ParamRole::position_embedding;
+        norm_runs_.push_back({state + lo - begin, hi - lo, p.shard.replicated(),
+                              embedding && !pipeline_.count_embedding});
         const bool layernorm = p.role == core::ParamRole::layernorm_weight ||
                                p.role == core::ParamRole::layernorm_bias;
         if (sequence_split && layernorm) partial_runs_.push_back(norm_runs_.back());
@@ -125,16 +130,18 @@ double ShardedAdamW::reduce_gradients() {
       in_flight_.clear();
       next_bucket_ = 0;
     }
-    if (tp_ != nullptr) {
-      sum_sequence_partial_gradients(grads);
-      return tensor_parallel_norm(grads, false);
+    tie_embedding(grads);
+    if (!norm_runs_.empty()) {
+      if (tp_ != nullptr) sum_sequence_partial_gradients(grads);
+      return distributed_norm(grads, false);
     }
     return std::sqrt(core::sum_of_squares(grads, padded_));
   }
   // Stages 2-3: every unit was reduce-scattered into the shard during backward.
-  if (tp_ != nullptr) {
-    sum_sequence_partial_gradients(sharded_->grad_shard());
-    return tensor_parallel_norm(sharded_->grad_shard(), true);
+  tie_embedding(sharded_->grad_shard());
+  if (!norm_runs_.empty()) {
+    if (tp_ != nullptr) sum_sequence_partial_gradients(sharded_->grad_shard());
+    return distributed_norm(sharded_->grad_shard(), true);
   }
   const double local = core::sum_of_squares(sharded_->grad_shard(), shard_size_);
   return std::sqrt(dp_.all_reduce_sum_value(local));
@@ -157,18 +164,33 @@ void ShardedAdamW::sum_sequence_partial_gradients(float* grads) {
   Kokkos::fence();
 }
 
+void ShardedAdamW::tie_embedding(float* grads) {
+  if (pipeline_.tied == nullptr) return;
+  // The embedding is unit 0 of both the first and the last stage: the same range of the whole
+  // buffer (stages 0-1) or of the shard (stages 2-3; slice 0 starts the shard).
+  const core::ParamUnit& unit = store_->units().front();
+  const std::size_t begin = sharded_ ? 0 : unit.begin;
+  const std::size_t count = sharded_ ? unit.size() / dp_.size() : unit.size();
+  Kokkos::fence();
+  pipeline_.tied->all_reduce_sum({grads + begin, count});
+}
+
 // Squared norm = (sum over tensor ranks of their split tensors) + (replicated tensors, identical
-// on every tensor rank, once); each first summed over the data group when the buffer is a shard.
-double ShardedAdamW::tensor_parallel_norm(const float* grads, bool reduce_over_data) {
+// on every tensor rank, once); each first summed over the data group when the buffer is a shard,
+// and the total over pipeline stages (the tied embedding counted on the first stage only).
+double ShardedAdamW::distributed_norm(const float* grads, bool reduce_over_data) {
   double split = 0.0, replicated = 0.0;
   for (const NormRun& run : norm_runs_) {
+    if (run.skip) continue;
     (run.replicated ? replicated : split) += core::sum_of_squares(grads + run.begin, run.count);
   }
   if (reduce_over_data) {
     split = dp_.all_reduce_sum_value(split);
     replicated = dp_.all_reduce_sum_value(replicated);
   }
-  return std::sqrt(tp_->all_reduce_sum_value(split) + replicated);
+  double total = (tp_ != nullptr ? tp_->all_reduce_sum_value(split) : split) + replicated;
+  if (pipeline_.stages != nullptr) total = pipeline_.stages->all_reduce_sum_value(total);
+  return std::sqrt(total);
 }
 
 void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,

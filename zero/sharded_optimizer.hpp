@@ -47,6 +47,14 @@ namespace colossal::zero {
 std::vector<std::pair<std::size_t, std::size_t>> bucket_ranges(std::size_t length,
                                                                std::size_t bucket_floats);
 
+// A pipeline stage's optimizer also sums its norm over the stages, and the first and last stage,
+// which both hold the tied token embedding, sum its gradients.
+struct PipelineLinks {
+  parallel::Communicator* stages = nullptr;  // one rank per stage (null: no pipeline)
+  parallel::Communicator* tied = nullptr;    // the first and last stage (null elsewhere)
+  bool count_embedding = true;               // false on the last stage: the first counts it
+};
+
 class ShardedAdamW {
  public:
   // `units` from core::parameter_units(table, dp*16); `flat_size` is their end.
@@ -54,7 +62,7 @@ class ShardedAdamW {
                std::size_t flat_size, int stage, double bucket_mb, parallel::Communicator& dp,
                core::MemoryTracker& tracker, bool offload_optimizer = false,
                bool offload_params = false, parallel::Communicator* tensor = nullptr,
-               bool sequence_split = false);
+               bool sequence_split = false, PipelineLinks pipeline = {});
 
   // Where the model's parameters and gradients live (pass it to core::Model).
   core::ParameterStore& store() { return *store_; }
@@ -95,8 +103,12 @@ class ShardedAdamW {
   struct NormRun {
     std::size_t begin, count;
     bool replicated;
+    bool skip;  // counted on another stage (the tied embedding on the last)
   };
-  double tensor_parallel_norm(const float* grads, bool reduce_over_data);
+  double distributed_norm(const float* grads, bool reduce_over_data);
+  // Sums the tied embedding's gradients over the first and last stage.
+  void tie_embedding(float* grads);
+  PipelineLinks pipeline_;
   // sequence_split: layernorm gradients are partial sums over the tensor group (each rank saw its
   // rows); they are summed, packed into one all-reduce, before the norm.
   void sum_sequence_partial_gradients(float* grads);
