@@ -25,10 +25,13 @@ int main(int argc, char** argv) {
       "  --profile-steps N      run 1 + N steps and print the time per kind of work (GEMM,\n"
       "                         attention, layernorm, optimizer, communication, ...) of the last N;\n"
       "                         no model file is written\n"
+      "  --trace FILE           write Chrome trace-event JSON of every step's forward, backward,\n"
+      "                         send, receive, gradient reduction and optimizer spans (FILE on\n"
+      "                         one rank, FILE.rankN.json per rank otherwise; open in Perfetto)\n"
       "  --memory-plan          allocate nothing and train nothing: print the memory every rank\n"
       "                         of this layout would allocate, by category, and exit (every buffer\n"
       "                         is allocated once at start-up, so this is the run's tracked peak)\n",
-      {"--weights", "--profile-steps"},
+      {"--weights", "--profile-steps", "--trace"},
       {"--eval-only", "--memory-plan"},
       /*print_threads=*/true};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     apps::Trainer trainer(inv.config, log, inv.world);
+    trainer.set_trace(inv.flag("--trace"));
     if (inv.has("--eval-only")) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");

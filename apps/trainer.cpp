@@ -268,6 +268,44 @@ double Trainer::pipeline_forward(int batch) {
 // backward of each in turn). A stage receives its input from the previous stage before a forward
 // and the gradient of its output from the next before a backward (blocking), and sends its output
 // and input gradient on without waiting; sends complete before their buffers are reused.
+Trainer::TraceSpan::TraceSpan(Trainer& t, std::string name, const char* category)
+    : trainer_(t), name_(std::move(name)), category_(category),
+      begin_us_(t.trace_path_.empty() ? 0.0 : t.trace_clock_us()) {}
+
+Trainer::TraceSpan::~TraceSpan() {
+  if (trainer_.trace_path_.empty()) return;
+  trainer_.trace_.push_back(
+      {std::move(name_), category_, begin_us_, trainer_.trace_clock_us() - begin_us_});
+}
+
+double Trainer::trace_clock_us() const {
+  return std::chrono::duration<double, std::micro>(Clock::now() - trace_origin_).count();
+}
+
+void Trainer::write_trace() const {
+  if (trace_path_.empty()) return;
+  const std::string path = world_->size() == 1
+                               ? trace_path_
+                               : trace_path_ + ".rank" + std::to_string(world_->rank()) + ".json";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) throw std::runtime_error("cannot write the trace '" + path + "'");
+  // One process per rank; the stage and coordinates in its name.
+  std::fprintf(f, "{\"traceEvents\": [\n");
+  std::fprintf(f,
+               "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
+               "{\"name\": \"rank %d (stage %d, data %d, tensor %d, sequence %d)\"}}",
+               world_->rank(), world_->rank(), pp_->rank(), dp_->rank(), tp_->rank(),
+               sp_->rank());
+  for (const TraceEvent& e : trace_) {
+    std::fprintf(f,
+                 ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.1f, "
+                 "\"dur\": %.1f, \"pid\": %d, \"tid\": 0}",
+                 e.name.c_str(), e.category, e.begin_us, e.duration_us, world_->rank());
+  }
+  std::fprintf(f, "\n]}\n");
+  if (std::fclose(f) != 0) throw std::runtime_error("cannot write the trace '" + path + "'");
+}
+
 double Trainer::run_step(int64_t step) {
   const auto& t = config_.train;
   const int accumulation = config_.accumulation_steps();
@@ -305,10 +343,16 @@ double Trainer::run_step(int64_t step) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
         if (forward_sends_[slot]) forward_sends_[slot]->wait();  // the slot's output is free
         forward_sends_[slot].reset();
-        if (stage > 0) pp_->recv({model_->stage_input(slot), floats}, stage - 1, forward_tag);
+        if (stage > 0) {
+          TraceSpan span(*this, "recv F" + std::to_string(action.micro), "receive");
+          pp_->recv({model_->stage_input(slot), floats}, stage - 1, forward_tag);
+        }
       }
-      loss += model_->forward(slot_inputs(slot), slot_targets(slot), t.micro_batch, grad_scale,
-                              slot);
+      {
+        TraceSpan span(*this, "F" + std::to_string(action.micro), "forward");
+        loss += model_->forward(slot_inputs(slot), slot_targets(slot), t.micro_batch, grad_scale,
+                                slot);
+      }
       if (stage + 1 < stages) {
         Kokkos::fence();
         forward_sends_[slot] =
@@ -319,11 +363,15 @@ double Trainer::run_step(int64_t step) {
     } else {
       if (stage + 1 < stages) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+        TraceSpan span(*this, "recv B" + std::to_string(action.micro), "receive");
         pp_->recv({model_->output_gradient(), floats}, stage + 1, backward_tag);
       }
       // On the last micro-batch, gradient buckets start reducing as soon as they are final.
       optimizer_->set_overlap(action.micro + 1 == accumulation);
-      model_->backward(slot_inputs(slot), t.micro_batch, slot);
+      {
+        TraceSpan span(*this, "B" + std::to_string(action.micro), "backward");
+        model_->backward(slot_inputs(slot), t.micro_batch, slot);
+      }
       optimizer_->set_overlap(false);
       if (stage > 0) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
@@ -337,10 +385,13 @@ double Trainer::run_step(int64_t step) {
       --in_flight;
     }
   }
-  for (auto* sends : {&forward_sends_, &backward_sends_}) {
-    for (auto& pending : *sends) {
-      if (pending) pending->wait();
-      pending.reset();
+  {
+    TraceSpan span(*this, "wait sends", "send");
+    for (auto* sends : {&forward_sends_, &backward_sends_}) {
+      for (auto& pending : *sends) {
+        if (pending) pending->wait();
+        pending.reset();
+      }
     }
   }
   // The loss lives on the last stage; every rank of the data x sequence group averaged the same
@@ -385,6 +436,13 @@ TrainSummary Trainer::train() {
         "data %s (%zu tokens)\n",
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
         train_data_->path().c_str(), train_data_->size());
+  if (pp_->size() > 1) {
+    std::string layers;
+    for (int n : stage_layers_) layers += (layers.empty() ? "" : ", ") + std::to_string(n);
+    print("parallel: %d pipeline stages (%s schedule; blocks per stage [%s]%s)\n", pp_->size(),
+          config_.parallel.pipeline_schedule.c_str(), layers.c_str(),
+          config_.parallel.pipeline_layers.empty() ? ", balanced by predicted time" : "");
+  }
   if (tp_->size() > 1) {
     print("parallel: %d tensor-parallel ranks (1d: heads, MLP width and vocabulary split; "
           "vocabulary padded to %lld)\n",
@@ -414,6 +472,7 @@ TrainSummary Trainer::train() {
     double norm = 0.0;
     {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+      TraceSpan span(*this, "reduce gradients", "communication");
       norm = optimizer_->reduce_gradients();
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
@@ -428,6 +487,7 @@ TrainSummary Trainer::train() {
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
       core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
+      TraceSpan span(*this, "optimizer", "optimizer");
       optimizer_->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
     }
     const double step_seconds = seconds_since(step_start);
@@ -490,6 +550,7 @@ TrainSummary Trainer::train() {
   summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
   summary.peak_tracked_bytes = tracker_.peak_total();
 
+  write_trace();
   summary.model_path = config_.log.dir + "/model.h5";
   save_weights(summary.model_path);
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.

@@ -2,6 +2,7 @@
 // micro-batches with gradient accumulation -> clipped AdamW -> metrics, validation, model file.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -74,6 +75,10 @@ class Trainer {
   // With steps > 0, train() runs 1 + steps steps, prints the time per kind of work of the last
   // `steps` and returns without validation, model file or sample.
   void set_profile_steps(int steps) { profile_steps_ = steps; }
+  // Records forward, backward, send, receive, gradient-reduction and optimizer spans of every
+  // step and writes them at the end of train() as Chrome trace-event JSON (chrome://tracing,
+  // Perfetto): to `path` on one rank, to path.rankN.json on each rank N of several.
+  void set_trace(const std::string& path) { trace_path_ = path; }
   // Mean validation loss over data.val_path windows (capped by data.val_windows).
   double evaluate();
   // Collective under ZeRO-3 (call on every rank); rank 0 writes the file.
@@ -147,6 +152,30 @@ class Trainer {
   std::string plan_;
   core::Profiler profiler_;
   int profile_steps_ = 0;
+  // --trace: spans of every step, in microseconds since the trainer started.
+  struct TraceEvent {
+    std::string name;
+    const char* category;
+    double begin_us, duration_us;
+  };
+  class TraceSpan {
+   public:
+    TraceSpan(Trainer& t, std::string name, const char* category);
+    ~TraceSpan();
+    TraceSpan(const TraceSpan&) = delete;
+    TraceSpan& operator=(const TraceSpan&) = delete;
+
+   private:
+    Trainer& trainer_;
+    std::string name_;
+    const char* category_;
+    double begin_us_;
+  };
+  double trace_clock_us() const;
+  void write_trace() const;
+  std::string trace_path_;
+  std::vector<TraceEvent> trace_;
+  std::chrono::steady_clock::time_point trace_origin_ = std::chrono::steady_clock::now();
   double profiled_seconds_ = 0.0;
 };
 

@@ -195,6 +195,48 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
   EXPECT_NE(r.output.find("needs 4 ranks but 2 ranks were started"), std::string::npos) << r.output;
 }
 
+// Pipeline end to end: two stages train with a trace per rank (forward and backward spans of
+// every micro-batch), and a stage that fails mid-step takes every rank down with an error
+// instead of leaving the other stage waiting for its activations.
+TEST_F(Cli, PipelineRunTracesEachRankAndAFailedStageStopsTheJob) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const std::string config = write_config(
+      "pp.yaml",
+      "model: {layers: 2, hidden: 16, heads: 2, vocab: 256, max_seq: 16}\n"
+      "data: {path: " + dir + "/data.txt, val_path: " + dir + "/data.txt, val_windows: 4}\n"
+      "train: {steps: 3, seq_len: 16, global_batch: 4, micro_batch: 2}\n"
+      "parallel: {pipeline: {size: 2, schedule: 1f1b}}\n"
+      "eval: {every: 0}\nlog: {every: 1, dir: " + dir + "/pp}\nsample: {prompt: the, tokens: 4}\n");
+  Result r = run(mpirun + bin("colossal_train") + " " + config + " --trace " + dir + "/trace");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 pipeline stages (1f1b schedule; blocks per stage [1, 1]"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("val loss"), std::string::npos) << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir + "/trace.rank" + std::to_string(rank) + ".json");
+    ASSERT_TRUE(in) << "no trace for rank " << rank;
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_EQ(text.rfind("{\"traceEvents\": [", 0), 0u);
+    auto count = [&](const std::string& what) {
+      std::size_t n = 0;
+      for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+      return n;
+    };
+    // 3 steps x 2 micro-batches, each forward and backward once on each stage.
+    EXPECT_EQ(count("\"cat\": \"forward\""), 6u) << text;
+    EXPECT_EQ(count("\"cat\": \"backward\""), 6u);
+    EXPECT_EQ(count("\"cat\": \"optimizer\""), 3u);
+    EXPECT_EQ(count("\"cat\": \"receive\""), 6u) << "stage 0 receives gradients, 1 activations";
+  }
+  r = run("COLOSSAL_INJECT_FAILURE=1:2 " + mpirun + bin("colossal_train") + " " + config);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: a stage hung waiting for the failed one";
+  EXPECT_NE(r.output.find("injected failure on pipeline stage 1 at step 2"), std::string::npos)
+      << r.output;
+}
+
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
 // the ranks, the sample, the model file) gathers parameters collectively; the file it writes
 // evaluates to the same loss on one rank.

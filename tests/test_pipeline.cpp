@@ -134,7 +134,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 4, "1f1b"}, Layout{"opt", 4, "gpipe"},
                       Layout{"gpt2", 2, "1f1b", 2}, Layout{"opt", 2, "gpipe", 2, 1, 1, 1},
                       Layout{"gpt2", 2, "1f1b", 1, 2}, Layout{"opt", 2, "1f1b", 1, 1, 2},
-                      Layout{"gpt2", 2, "1f1b", 2, 2, 1, 1}, Layout{"opt", 2, "gpipe", 2, 2}),
+                      Layout{"gpt2", 2, "1f1b", 2, 2, 1, 1}, Layout{"opt", 2, "gpipe", 2, 2},
+                      Layout{"gpt2", 2, "1f1b", 2, 1, 1, 2}, Layout{"opt", 2, "1f1b", 2, 1, 1, 3}),
     [](const auto& info) {
       const Layout& l = info.param;
       std::string name = l.arch + "_pp" + std::to_string(l.pipeline) + "_" + l.schedule;
