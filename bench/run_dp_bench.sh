@@ -18,10 +18,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-train="$root/build/bin/colossal_train"
-[ -x "$train" ] || { echo "run_dp_bench.sh: $train is missing; run ./setup.sh first" >&2; exit 1; }
-cd "$root"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 common=(configs/gpt2-124m.yaml --set "train.steps=$steps" --set data.val_path= --set log.every=1000
         --set "log.dir=$(mktemp -d)")
 run() {  # label, then the command
@@ -35,20 +32,19 @@ run() {  # label, then the command
   printf '%-26s %9s   %-10s  %s\n' "$label" "$tps" "$rss" "$mem"
 }
 printf '%-26s %9s   %-10s  %s\n' layout tokens/s "peak RSS" "tracked memory per rank (model prediction)"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-run "1 rank x $ranks threads" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+run "1 rank x $ranks threads" peer \
   COLOSSAL_HOST_THREADS="$ranks" "$train" "${common[@]}"
 micro=$((4 / ranks))
 for stage in 0 1 2 3; do
-  run "$ranks ranks x 1, ZeRO $stage" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+  run "$ranks ranks x 1, ZeRO $stage" peer \
     mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
     --set "train.micro_batch=$micro" --set "parallel.zero.stage=$stage"
 done
-run "$ranks ranks x 1, ZeRO 1+offload" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+run "$ranks ranks x 1, ZeRO 1+offload" peer \
   mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
   --set "train.micro_batch=$micro" --set parallel.zero.stage=1 \
   --set parallel.zero.offload.optimizer=true
-run "$ranks ranks x 1, ZeRO 3+offload" env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \
+run "$ranks ranks x 1, ZeRO 3+offload" peer \
   mpirun -np "$ranks" --oversubscribe "$train" "${common[@]}" --set "parallel.data=$ranks" \
   --set "train.micro_batch=$micro" --set parallel.zero.stage=3 \
   --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true

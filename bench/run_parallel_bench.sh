@@ -23,12 +23,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-train="$root/build/bin/colossal_train"
-[ -x "$train" ] || { echo "run_parallel_bench.sh: $train is missing; run ./setup.sh first" >&2; exit 1; }
-cd "$root"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpi() { env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE mpirun -np "$1" --oversubscribe "${@:2}"; }
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+mpi() { peer mpirun -np "$1" --oversubscribe "${@:2}"; }
 
 if [ "$memory_only" = 0 ]; then
   common=(configs/gpt2-124m.yaml --set "train.steps=$steps" --set data.val_path= --set log.every=1000

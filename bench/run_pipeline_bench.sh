@@ -19,17 +19,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-train="$root/build/bin/colossal_train"
-[ -x "$train" ] || { echo "run_pipeline_bench.sh: $train is missing; run ./setup.sh first" >&2; exit 1; }
-cd "$root"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 work=$(mktemp -d)
 printf '%-7s %3s %9s %9s   %-24s %s\n' schedule m theory measured "bubble per stage" "stage 0 activations (tracked)"
 for schedule in gpipe 1f1b; do
   for m in 2 4 8; do
     [ "$schedule" = 1f1b ] && [ "$m" -lt "$stages" ] && continue
-    out=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE mpirun -np "$stages" --oversubscribe \
+    out=$(peer mpirun -np "$stages" --oversubscribe \
       "$train" configs/quickstart.yaml --set "train.steps=$steps" --set train.micro_batch=4 \
       --set "train.global_batch=$((4 * m))" --set "parallel.pipeline.size=$stages" \
       --set "parallel.pipeline.schedule=$schedule" --set data.val_path= --set sample.tokens=0 \
@@ -37,7 +33,7 @@ for schedule in gpipe 1f1b; do
       { echo "$out" >&2; exit 1; }
     measured=$(python3 bench/pipeline_bubble.py "$work"/trace.rank*.json)
     # Stage 0 holds the most micro-batches in flight; --memory-plan prints rank 0's memory.
-    acts=$(env -u OPENBLAS_CORETYPE mpirun -np "$stages" --oversubscribe "$train" \
+    acts=$(peer mpirun -np "$stages" --oversubscribe "$train" \
       configs/quickstart.yaml --set train.micro_batch=4 --set "train.global_batch=$((4 * m))" \
       --set "parallel.pipeline.size=$stages" --set "parallel.pipeline.schedule=$schedule" \
       --memory-plan 2>&1 | sed -n 's/^memory plan (rank 0): .*activations \([0-9.]* [KMG]iB\).*/\1/p')

@@ -11,27 +11,14 @@
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "train_parity.hpp"
 
 using namespace colossal;
 
 namespace {
 
 std::string shared_data(parallel::Communicator& world) {
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "colossal_dp_data.txt").string();
-  if (world.rank() == 0) {
-    // Text with structure but no short period, so losses keep moving for all ten steps.
-    std::string text;
-    uint32_t s = 12345;
-    for (int i = 0; i < 6000; ++i) {
-      s = s * 1103515245u + 12345u;
-      text.push_back(static_cast<char>("abcdefgh ijklmnop\n"[(s >> 16) % 18]));
-      if (i % 7 == 0) text += "the ";
-    }
-    std::ofstream(path) << text;
-  }
-  world.barrier();
-  return path;
+  return test::shared_training_text(world, "colossal_dp_data.txt", 12345, 7, "the ");
 }
 
 // `run` names the log directory: single-rank references run on every rank at once, so each needs

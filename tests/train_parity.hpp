@@ -16,10 +16,11 @@
 
 namespace colossal::test {
 
-// Text with structure but no short period, so losses keep moving for all ten steps; written once
-// by rank 0 under `name` in the temporary directory.
+// Text with structure but no short period, so losses keep moving for all ten steps (`word`
+// every `every` characters); written once by rank 0 under `name` in the temporary directory.
 inline std::string shared_training_text(parallel::Communicator& world, const std::string& name,
-                                        uint32_t seed) {
+                                        uint32_t seed, int every = 5,
+                                        const std::string& word = "and ") {
   const std::string path = (std::filesystem::temp_directory_path() / name).string();
   if (world.rank() == 0) {
     std::string text;
@@ -27,7 +28,7 @@ inline std::string shared_training_text(parallel::Communicator& world, const std
     for (int i = 0; i < 6000; ++i) {
       s = s * 1103515245u + 12345u;
       text.push_back(static_cast<char>("abcdefgh ijklmnop\n"[(s >> 16) % 18]));
-      if (i % 5 == 0) text += "and ";
+      if (i % every == 0) text += word;
     }
     std::ofstream(path) << text;
   }
