@@ -1,6 +1,7 @@
 // colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
 #include <cstdio>
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <vector>
 #include <string>
@@ -11,14 +12,24 @@
 
 using namespace colossal;
 
+namespace {
+// SIGTERM (scancel, pre-emption) and SIGUSR1 (#SBATCH --signal=USR1@120): finish the step,
+// write a checkpoint, exit 0.
+extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
+}  // namespace
+
 int main(int argc, char** argv) {
+  std::signal(SIGTERM, on_stop_signal);
+  std::signal(SIGUSR1, on_stop_signal);
   apps::ProgramInfo info{
       "colossal_train",
       "usage: colossal_train CONFIG [--set KEY=VALUE ...] [--print-config]\n"
       "                      [--eval-only --weights MODEL.h5]\n\n"
       "Trains the model the config describes with AdamW on its token data. Prints a progress line\n"
       "every log.every steps, validates every eval.every steps, writes log.dir/metrics.csv and the\n"
-      "final weights to log.dir/model.h5 (HDF5, Hugging Face names), then a summary.\n\n"
+      "final weights to log.dir/model.h5 (HDF5, Hugging Face names), then a summary.\n"
+      "Checkpoints every checkpoint.every steps; on SIGTERM or SIGUSR1 it finishes the step,\n"
+      "writes a checkpoint and exits 0; checkpoint.resume: auto continues from the newest.\n\n"
       "Program options:\n"
       "  --eval-only            do not train: print the validation loss of --weights\n"
       "  --weights FILE         model file to evaluate (with --eval-only)\n"
@@ -73,6 +84,13 @@ int main(int argc, char** argv) {
       return 0;
     }
     const apps::TrainSummary s = trainer.train();
+    if (s.stopped) {
+      if (log) {
+        std::fprintf(log, "\n== stopped ==\nsteps %lld to %lld in %.1fs; checkpoint %s\n",
+                     (long long)s.first_step, (long long)s.steps, s.seconds, s.checkpoint.c_str());
+      }
+      return 0;
+    }
     if (log) {
       std::fprintf(log, "\n== summary ==\n");
       std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",

@@ -6,7 +6,9 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <atomic>
 #include <filesystem>
+#include <map>
 #include <span>
 #include <utility>
 #include <type_traits>
@@ -413,6 +415,13 @@ TrainSummary Trainer::train() {
 
   // Rank 0 writes the run's files; every rank trains.
   const bool writer = world_->rank() == 0;
+  int64_t first_step = 0;
+  if (config_.checkpoint.resume == "auto" && profile_steps_ == 0) {
+    const io::CheckpointState state = resume();
+    first_step = state.step;
+    summary.first_step = first_step;
+    summary.skipped_steps = state.step - state.optimizer_step;
+  }
   std::unique_ptr<io::MetricsCsv> metrics;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
@@ -427,7 +436,8 @@ TrainSummary Trainer::train() {
     metrics = std::make_unique<io::MetricsCsv>(
         config_.log.dir + "/metrics.csv",
         std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                                 "step_seconds", "val_loss", "peak_tracked_bytes"});
+                                 "step_seconds", "val_loss", "peak_tracked_bytes"},
+        /*append=*/first_step > 0);
   }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
@@ -465,7 +475,7 @@ TrainSummary Trainer::train() {
   Clock::time_point timed_start = start;
   double window_seconds = 0.0;
   int64_t window_steps = 0;
-  for (int64_t step = 0; step < t.steps; ++step) {
+  for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
     hp.lr = schedule.at(step);
     const double loss = run_step(step);
@@ -507,7 +517,7 @@ TrainSummary Trainer::train() {
         }
       }
     }
-    if (step == 0) {
+    if (step == first_step) {
       summary.first_loss = loss;
       timed_start = Clock::now();  // the first step pays for first-touch page faults
     }
@@ -539,6 +549,24 @@ TrainSummary Trainer::train() {
             format_duration(eta).c_str());
       window_seconds = 0.0;
       window_steps = 0;
+    }
+    if (step_callback_) step_callback_(step + 1);
+    // A stop request (SIGTERM, SIGUSR1) on any rank stops every rank after this step.
+    const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+    const int64_t every = config_.checkpoint.every;
+    if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+      save_checkpoint(step + 1, step + 1 - summary.skipped_steps);
+      summary.checkpoint = checkpoint_dir() + "/ckpt-" + std::to_string(step + 1) + ".h5";
+      print("step %lld: checkpoint %s\n", (long long)step + 1, summary.checkpoint.c_str());
+    }
+    if (stop && !last) {
+      summary.stopped = true;
+      summary.steps = step + 1;
+      summary.seconds = seconds_since(start);
+      print("stopped at step %lld on request (signal %d); continue with "
+            "--set checkpoint.resume=auto\n",
+            (long long)step + 1, stop_requested());
+      return summary;
     }
   }
   summary.steps = t.steps;
@@ -613,12 +641,136 @@ std::size_t logical_offset(const std::vector<core::ParamSpec>& logical, const st
 }
 }  // namespace
 
+namespace {
+std::atomic<int> g_stop_signal{0};
+
+// "section.key" -> its line, for the two-level YAML the config writer produces.
+std::map<std::string, std::string> config_entries(const std::string& text) {
+  std::map<std::string, std::string> entries;
+  std::string section;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);
+    at = end + 1;
+    const std::size_t colon = line.find(':');
+    if (line.empty() || colon == std::string::npos) continue;
+    const std::size_t indent = line.find_first_not_of(' ');
+    const std::string key = line.substr(indent, colon - indent);
+    if (indent == 0) {
+      section = key;
+      entries[section] = line.substr(colon + 1);
+    } else {
+      entries[section + "." + key] = line.substr(colon + 1);
+    }
+  }
+  return entries;
+}
+}  // namespace
+
+void request_stop(int signal) { g_stop_signal.store(signal); }
+int stop_requested() { return g_stop_signal.load(); }
+
+std::string Trainer::checkpoint_dir() const {
+  return config_.checkpoint.dir.empty() ? config_.log.dir + "/checkpoints" : config_.checkpoint.dir;
+}
+
+void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
+  const std::vector<float> params = logical_parameters();
+  const std::vector<float> m = to_logical(optimizer_->gather_state(0));
+  const std::vector<float> v = to_logical(optimizer_->gather_state(1));
+  std::string error;
+  if (world_->rank() == 0) {
+    io::CheckpointState state{step, optimizer_step,
+                              step * int64_t(config_.train.global_batch) * config_.train.seq_len,
+                              int64_t(config_.train.seed), config_.text, plan_};
+    try {
+      io::write_checkpoint(checkpoint_dir(), logical_table(), params.data(), m.data(), v.data(),
+                           state, config_.checkpoint.keep);
+    } catch (const std::exception& e) {
+      error = e.what();
+      if (error.empty()) error = "unknown error";
+    }
+  }
+  world_->broadcast_string(error, 0);
+  if (!error.empty()) {
+    throw CollectiveError("checkpoint at step " + std::to_string(step) + " failed: " + error +
+                          "; the previous checkpoint is untouched");
+  }
+}
+
+// Keys whose values differ between two config texts, model keys and the others apart.
+namespace {
+std::pair<std::string, std::string> config_changes(const std::string& before_text,
+                                                   const std::string& now_text) {
+  const auto before = config_entries(before_text), now = config_entries(now_text);
+  std::string model_changes, other_changes;
+  for (const auto& [key, value] : now) {
+    const auto it = before.find(key);
+    if (it != before.end() && it->second == value) continue;
+    std::string& list = key.rfind("model.", 0) == 0 ? model_changes : other_changes;
+    list += (list.empty() ? "" : ", ") + key;
+  }
+  return {model_changes, other_changes};
+}
+}  // namespace
+
+io::CheckpointState Trainer::resume() {
+  const std::string dir = checkpoint_dir();
+  const auto logical = logical_table();
+  const std::size_t floats = core::parameter_units(logical, 16).back().end;
+  std::vector<float> params(floats), m(floats), v(floats);
+  // Rank 0 picks the newest checkpoint that reads back intact; every rank then loads it. One of
+  // another model is an error, not damage to skip.
+  std::string chosen, warnings, fatal;
+  if (world_->rank() == 0) {
+    for (const std::string& path : io::list_checkpoints(dir)) {
+      try {
+        const std::string written = io::read_checkpoint_config(path);
+        const std::string model_changes = config_changes(written, config_.text).first;
+        if (!model_changes.empty()) {
+          fatal = "checkpoint " + path + " was written for another model (" + model_changes +
+                  " differ); resume with the model config it was written with, or point "
+                  "checkpoint.dir elsewhere";
+          break;
+        }
+        io::read_checkpoint(path, logical, params, m, v);
+        chosen = path;
+        break;
+      } catch (const std::exception& e) {
+        warnings += "warning: skipping checkpoint " + path + ": " + e.what() + "\n";
+      }
+    }
+  }
+  world_->broadcast_string(fatal, 0);
+  if (!fatal.empty()) throw CollectiveError(fatal);
+  world_->broadcast_string(chosen, 0);
+  world_->broadcast_string(warnings, 0);
+  print("%s", warnings.c_str());
+  if (chosen.empty()) {
+    print("checkpoint.resume: auto: no intact checkpoint in %s; starting from step 0\n",
+          dir.c_str());
+    return {};
+  }
+  const io::CheckpointState state = io::read_checkpoint(chosen, logical, params, m, v);
+  const std::string other_changes = config_changes(state.config, config_.text).second;
+  set_local_parameters(from_logical(params));
+  optimizer_->scatter_state(0, from_logical(m));
+  optimizer_->scatter_state(1, from_logical(v));
+  print("resumed from %s at step %lld%s%s\n", chosen.c_str(), (long long)state.step,
+        other_changes.empty() ? "" : "; changed since: ", other_changes.c_str());
+  return state;
+}
+
 std::vector<core::ParamSpec> Trainer::logical_table() const {
   return core::parameter_table(config_.model);
 }
 
 std::vector<float> Trainer::logical_parameters() {
-  std::vector<float> local = local_parameters();  // collective over data under ZeRO-3
+  return to_logical(local_parameters());  // collective over data under ZeRO-3
+}
+
+std::vector<float> Trainer::to_logical(std::vector<float> local) {
   const int t = tp_->size();
   std::vector<float> all;
   if (t > 1) {
@@ -672,10 +824,8 @@ void Trainer::save_weights(const std::string& path) {
   if (writer) io::write_model_file(path, logical_table(), values.data(), config_.text, plan_);
 }
 
-void Trainer::load_weights(const std::string& path) {
+std::vector<float> Trainer::from_logical(const std::vector<float>& values) const {
   const auto logical = logical_table();
-  std::vector<float> values(core::parameter_units(logical, 16).back().end, 0.0f);
-  io::read_model_file(path, logical, values);
   // This rank's part of every tensor, in its own layout.
   std::vector<float> host(model_->flat_size(), 0.0f);
   for (const core::ParamSpec& p : model_->parameters()) {
@@ -685,6 +835,17 @@ void Trainer::load_weights(const std::string& path) {
       std::copy(src, src + run.length, host.data() + p.offset + run.local);
     }
   }
+  return host;
+}
+
+void Trainer::load_weights(const std::string& path) {
+  const auto logical = logical_table();
+  std::vector<float> values(core::parameter_units(logical, 16).back().end, 0.0f);
+  io::read_model_file(path, logical, values);
+  set_local_parameters(from_logical(values));
+}
+
+void Trainer::set_local_parameters(const std::vector<float>& host) {
   core::ParameterStore& store = model_->store();
   for (std::size_t u = 0; u < store.units().size(); ++u) {
     const core::ParamUnit& unit = store.units()[u];

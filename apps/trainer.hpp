@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/profiler.hpp"
+#include "io/checkpoint.hpp"
 #include "io/config.hpp"
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
@@ -24,8 +26,16 @@
 
 namespace colossal::apps {
 
+// Asks every trainer of this process to stop after its current step with a checkpoint
+// (async-signal-safe: SIGTERM / SIGUSR1 handlers call it). 0 clears the request.
+void request_stop(int signal);
+int stop_requested();
+
 struct TrainSummary {
   int64_t steps = 0;
+  int64_t first_step = 0;          // where a resumed run started
+  bool stopped = false;            // stopped early on request (checkpoint written)
+  std::string checkpoint;          // the last checkpoint written, if any
   int64_t skipped_steps = 0;       // non-finite steps skipped (train.on_nonfinite: skip)
   std::vector<double> losses;      // mean training loss of every step (global batch)
   double first_loss = 0.0;
@@ -89,6 +99,20 @@ class Trainer {
   // whatever this run's (collective over the tensor group, and the data group under ZeRO-3).
   std::vector<float> logical_parameters();
   std::vector<core::ParamSpec> logical_table() const;
+  // This rank's flat layout <-> the logical tensors (collective over tensor and pipeline ranks).
+  std::vector<float> to_logical(std::vector<float> local);
+  std::vector<float> from_logical(const std::vector<float>& logical) const;
+  void set_local_parameters(const std::vector<float>& host);
+
+  // Checkpoints (io/checkpoint.hpp) of the model and AdamW state after `step` steps, written by
+  // rank 0; collective. A failure to write is reported on every rank.
+  void save_checkpoint(int64_t step, int64_t optimizer_step);
+  // checkpoint.resume: auto: restores the newest intact checkpoint of checkpoint.dir and returns
+  // its state (step 0 when there is none); collective.
+  io::CheckpointState resume();
+  std::string checkpoint_dir() const;
+  // Called after every step with the number of steps done (tests use it to stop a run).
+  void set_step_callback(std::function<void(int64_t)> callback) { step_callback_ = std::move(callback); }
   void load_weights(const std::string& path);
   // Continues `prompt` by `tokens` sampled tokens (temperature; 0 = greedy). For a byte vocabulary
   // the result is text; otherwise token ids separated by spaces.
@@ -174,6 +198,7 @@ class Trainer {
   double trace_clock_us() const;
   void write_trace() const;
   std::string trace_path_;
+  std::function<void(int64_t)> step_callback_;
   std::vector<TraceEvent> trace_;
   std::chrono::steady_clock::time_point trace_origin_ = std::chrono::steady_clock::now();
   double profiled_seconds_ = 0.0;

@@ -278,6 +278,22 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.log.dir; },
        .doc = "directory for metrics and the resolved config", .non_empty = true},
 
+      {.key = "checkpoint.dir", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.checkpoint.dir; },
+       .doc = "directory of the training checkpoints; empty = log.dir/checkpoints"},
+      {.key = "checkpoint.every", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.checkpoint.every; },
+       .doc = "steps between checkpoints (and one at the end); 0 = none, except on SIGTERM/SIGUSR1",
+       .range = at_least(0)},
+      {.key = "checkpoint.keep", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.checkpoint.keep; },
+       .doc = "newest checkpoints kept in checkpoint.dir", .range = at_least(1)},
+      {.key = "checkpoint.resume", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.checkpoint.resume; },
+       .doc = "auto: continue from the newest intact checkpoint in checkpoint.dir (a corrupted "
+              "one is skipped with a warning); never: start afresh",
+       .choices = {"never", "auto"}},
+
       {.key = "sample.prompt", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.sample.prompt; },
        .doc = "text the end-of-run sample starts from; empty = a newline"},

@@ -65,6 +65,13 @@ struct ParallelConfig {
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
 
+struct CheckpointConfig {
+  std::string dir;               // "" = log.dir/checkpoints
+  int64_t every = 0;             // steps between checkpoints; 0 = none while training
+  int keep = 2;                  // newest checkpoints kept
+  std::string resume = "never";  // never | auto
+};
+
 struct HardwareConfig {
   std::string preset = "host";
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
@@ -95,6 +102,7 @@ struct Config {
   EvalConfig eval;
   LogConfig log;
   SampleConfig sample;
+  CheckpointConfig checkpoint;
 
   std::string source;            // file name the config came from ("<string>" for text)
   std::string text;              // the resolved config as YAML (after presets and overrides)

@@ -7,15 +7,17 @@
 
 namespace colossal::io {
 
-MetricsCsv::MetricsCsv(const std::string& path, std::vector<std::string> columns)
+MetricsCsv::MetricsCsv(const std::string& path, std::vector<std::string> columns, bool append)
     : path_(path), columns_(std::move(columns)) {
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-  file_ = std::fopen(path.c_str(), "w");
+  const bool header = !append || !std::filesystem::exists(p) || std::filesystem::file_size(p) == 0;
+  file_ = std::fopen(path.c_str(), append ? "a" : "w");
   if (file_ == nullptr) {
     throw std::runtime_error("cannot write metrics file '" + path + "': " + std::strerror(errno) +
                              "; check log.dir");
   }
+  if (!header) return;
   for (std::size_t i = 0; i < columns_.size(); ++i) {
     std::fprintf(file_, "%s%s", i ? "," : "", columns_[i].c_str());
   }

@@ -10,8 +10,9 @@ namespace colossal::io {
 
 class MetricsCsv {
  public:
-  // Creates (truncates) `path` and writes the header line.
-  MetricsCsv(const std::string& path, std::vector<std::string> columns);
+  // Creates (truncates) `path` and writes the header line; with `append` (a resumed run) adds to
+  // an existing file instead, writing the header only when the file is new or empty.
+  MetricsCsv(const std::string& path, std::vector<std::string> columns, bool append = false);
   ~MetricsCsv();
   MetricsCsv(const MetricsCsv&) = delete;
   MetricsCsv& operator=(const MetricsCsv&) = delete;

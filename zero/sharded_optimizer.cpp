@@ -164,6 +164,52 @@ void ShardedAdamW::sum_sequence_partial_gradients(float* grads) {
   Kokkos::fence();
 }
 
+std::vector<float> ShardedAdamW::gather_state(int which) {
+  core::AdamW& adamw = *adamw_;
+  const float* state = which == 0 ? adamw.m() : adamw.v();
+  std::vector<float> flat(padded_, 0.0f);
+  if (stage_ == 0) {
+    core::copy_to_host(flat.data(), state, padded_ * sizeof(float));
+    return flat;
+  }
+  if (stage_ == 1) {
+    core::copy_to_host(flat.data() + shard_begin_, state, shard_size_ * sizeof(float));
+    if (dp_.size() > 1) {
+      dp_.all_gather({flat.data() + shard_begin_, shard_size_}, {flat.data(), padded_});
+    }
+    return flat;
+  }
+  // Stages 2-3: this rank's slice of every unit, in unit order; each unit gathered in place.
+  std::size_t at = 0;
+  for (const core::ParamUnit& unit : store_->units()) {
+    const std::size_t slice = unit.size() / dp_.size();
+    float* whole = flat.data() + unit.begin;
+    core::copy_to_host(whole + dp_.rank() * slice, state + at, slice * sizeof(float));
+    if (dp_.size() > 1) dp_.all_gather({whole + dp_.rank() * slice, slice}, {whole, unit.size()});
+    at += slice;
+  }
+  return flat;
+}
+
+void ShardedAdamW::scatter_state(int which, const std::vector<float>& flat) {
+  if (flat.size() != padded_) throw std::invalid_argument("optimizer state of the wrong size");
+  core::AdamW& adamw = *adamw_;
+  float* state = which == 0 ? adamw.m() : adamw.v();
+  if (stage_ == 0) {
+    core::copy_to_device(state, flat.data(), padded_ * sizeof(float));
+  } else if (stage_ == 1) {
+    core::copy_to_device(state, flat.data() + shard_begin_, shard_size_ * sizeof(float));
+  } else {
+    std::size_t at = 0;
+    for (const core::ParamUnit& unit : store_->units()) {
+      const std::size_t slice = unit.size() / dp_.size();
+      core::copy_to_device(state + at, flat.data() + unit.begin + dp_.rank() * slice,
+                           slice * sizeof(float));
+      at += slice;
+    }
+  }
+}
+
 void ShardedAdamW::tie_embedding(float* grads) {
   if (pipeline_.tied == nullptr) return;
   // The embedding is unit 0 of both the first and the last stage: the same range of the whole

@@ -90,6 +90,11 @@ class ShardedAdamW {
   // Stages 0-1: flat ranges, in issue order (stages 2-3 reduce per unit: empty).
   const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }
   const core::AdamW& adamw() const { return *adamw_; }
+  // Checkpoints: the AdamW first (which = 0) or second (1) moment of this rank's whole flat
+  // layout in host memory, assembled from every data-parallel rank's part (collective under
+  // ZeRO 1-3); and the inverse, which keeps this rank's part of such a buffer.
+  std::vector<float> gather_state(int which);
+  void scatter_state(int which, const std::vector<float>& flat);
 
  private:
   // Stages 0-1: starts the non-blocking all-reduce of every bucket lying in [offset, end) that

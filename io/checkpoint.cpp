@@ -1,0 +1,195 @@
+#include "io/checkpoint.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include "io/hdf5_detail.hpp"
+#include "io/hdf5_file.hpp"
+
+namespace colossal::io {
+
+namespace fs = std::filesystem;
+using detail::check;
+
+uint32_t crc32(const void* data, std::size_t bytes) {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xFFFFFFFFu;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+namespace {
+
+std::string checkpoint_name(int64_t step) { return "ckpt-" + std::to_string(step) + ".h5"; }
+
+void write_dataset(hid_t parent, const std::string& name, const core::ParamSpec& p,
+                   const float* values) {
+  std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
+  H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose,
+                 "H5Screate_simple");
+  H5Handle dset(H5Dcreate2(parent, name.c_str(), H5T_IEEE_F32LE, space.get(), H5P_DEFAULT,
+                           H5P_DEFAULT, H5P_DEFAULT),
+                H5Dclose, "creating dataset " + name);
+  check(H5Dwrite(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values),
+        "writing dataset " + name);
+  detail::write_int_attribute(dset.get(), "crc32", crc32(values, p.count * sizeof(float)));
+}
+
+void read_dataset(hid_t parent, const std::string& name, const core::ParamSpec& p, float* out,
+                  const std::string& path) {
+  if (H5Lexists(parent, name.c_str(), H5P_DEFAULT) <= 0) {
+    throw H5Error("checkpoint '" + path + "' has no dataset '" + name +
+                  "' (written for another model?)");
+  }
+  H5Handle dset(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose, "opening " + name);
+  H5Handle space(H5Dget_space(dset.get()), H5Sclose, "H5Dget_space");
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  if (!std::equal(dims.begin(), dims.end(), p.shape.begin(), p.shape.end(),
+                  [](hsize_t a, int64_t b) { return a == hsize_t(b); })) {
+    std::string got, want;
+    for (auto d : dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+    throw H5Error("checkpoint '" + path + "': '" + name + "' has shape [" + got +
+                  "] but the model expects [" + want + "] (another model shape?)");
+  }
+  check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
+        "reading " + name + " from '" + path + "'");
+  const auto want = uint32_t(detail::read_int_attribute(dset.get(), "crc32"));
+  if (crc32(out, p.count * sizeof(float)) != want) {
+    throw H5Error("checkpoint '" + path + "': '" + name + "' fails its checksum (corrupted)");
+  }
+}
+
+}  // namespace
+
+std::string write_checkpoint(const std::string& dir, const std::vector<core::ParamSpec>& table,
+                             const float* params, const float* m, const float* v,
+                             const CheckpointState& state, int keep) {
+  detail::silence_hdf5_errors();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw H5Error("cannot create checkpoint.dir '" + dir + "': " + ec.message());
+  const std::string path = (fs::path(dir) / checkpoint_name(state.step)).string();
+  const std::string tmp = path + ".tmp";
+  try {
+    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,
+                  "creating '" + tmp + "' (is checkpoint.dir writable?)");
+    H5Handle model(H5Gcreate2(file.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   H5Gclose, "creating /model");
+    H5Handle optimizer(H5Gcreate2(file.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                       H5Gclose, "creating /optimizer");
+    for (const auto& p : table) {
+      write_dataset(model.get(), p.name, p, params + p.offset);
+      H5Handle group(H5Gcreate2(optimizer.get(), p.name.c_str(), H5P_DEFAULT, H5P_DEFAULT,
+                                H5P_DEFAULT),
+                     H5Gclose, "creating /optimizer/" + p.name);
+      write_dataset(group.get(), "m", p, m + p.offset);
+      write_dataset(group.get(), "v", p, v + p.offset);
+    }
+    H5Handle data(H5Gcreate2(file.get(), "data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
+                  "creating /data");
+    detail::write_int_attribute(data.get(), "next_step", state.step);
+    detail::write_string_attribute(file.get(), "format", "colossal-checkpoint");
+    detail::write_int_attribute(file.get(), "format_version", kCheckpointFormatVersion);
+    detail::write_int_attribute(file.get(), "step", state.step);
+    detail::write_int_attribute(file.get(), "optimizer_step", state.optimizer_step);
+    detail::write_int_attribute(file.get(), "tokens", state.tokens);
+    detail::write_int_attribute(file.get(), "seed", state.seed);
+    detail::write_string_attribute(file.get(), "config", state.config);
+    detail::write_string_attribute(file.get(), "plan", state.plan);
+    detail::write_string_attribute(file.get(), "hdf5_version",
+                                   std::to_string(H5_VERS_MAJOR) + "." +
+                                       std::to_string(H5_VERS_MINOR) + "." +
+                                       std::to_string(H5_VERS_RELEASE));
+    check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing '" + tmp + "'");
+  } catch (...) {
+    fs::remove(tmp, ec);  // never leave a partial file behind
+    throw;
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) throw H5Error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  // The latest pointer, replaced atomically too.
+  const std::string latest = (fs::path(dir) / "latest").string();
+  {
+    std::ofstream out(latest + ".tmp");
+    out << checkpoint_name(state.step) << "\n";
+    if (!out) throw H5Error("cannot write '" + latest + ".tmp' (disk full?)");
+  }
+  fs::rename(latest + ".tmp", latest, ec);
+  if (ec) throw H5Error("cannot update '" + latest + "': " + ec.message());
+  const auto all = list_checkpoints(dir);
+  for (std::size_t i = std::max(1, keep); i < all.size(); ++i) fs::remove(all[i], ec);
+  return path;
+}
+
+CheckpointState read_checkpoint(const std::string& path, const std::vector<core::ParamSpec>& table,
+                                std::vector<float>& params, std::vector<float>& m,
+                                std::vector<float>& v) {
+  detail::silence_hdf5_errors();
+  if (!fs::exists(path)) throw H5Error("checkpoint '" + path + "' does not exist");
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
+                "opening '" + path + "' (truncated, or not an HDF5 file?)");
+  if (detail::read_string_attribute(file.get(), "format") != "colossal-checkpoint") {
+    throw H5Error("'" + path + "' is not a colossal checkpoint");
+  }
+  const long long version = detail::read_int_attribute(file.get(), "format_version");
+  if (version != kCheckpointFormatVersion) {
+    throw H5Error("checkpoint '" + path + "' has format version " + std::to_string(version) +
+                  "; this build reads version " + std::to_string(kCheckpointFormatVersion));
+  }
+  for (const auto& p : table) {
+    read_dataset(file.get(), "model/" + p.name, p, params.data() + p.offset, path);
+    read_dataset(file.get(), "optimizer/" + p.name + "/m", p, m.data() + p.offset, path);
+    read_dataset(file.get(), "optimizer/" + p.name + "/v", p, v.data() + p.offset, path);
+  }
+  CheckpointState state;
+  state.step = detail::read_int_attribute(file.get(), "step");
+  state.optimizer_step = detail::read_int_attribute(file.get(), "optimizer_step");
+  state.tokens = detail::read_int_attribute(file.get(), "tokens");
+  state.seed = detail::read_int_attribute(file.get(), "seed");
+  state.config = detail::read_string_attribute(file.get(), "config");
+  state.plan = detail::read_string_attribute(file.get(), "plan");
+  return state;
+}
+
+std::string read_checkpoint_config(const std::string& path) {
+  detail::silence_hdf5_errors();
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
+                "opening '" + path + "'");
+  return detail::read_string_attribute(file.get(), "config");
+}
+
+std::vector<std::string> list_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  static const std::regex name("ckpt-([0-9]+)\\.h5");
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::smatch match;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, match, name)) {
+      found.emplace_back(std::stoll(match[1].str()), entry.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> paths;
+  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  return paths;
+}
+
+}  // namespace colossal::io

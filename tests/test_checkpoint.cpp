@@ -1,0 +1,145 @@
+// Checkpoints and resume: N steps straight equal k steps, a stop, a checkpoint and N-k resumed
+// steps, bitwise on the same layout and within fp32 tolerance across layouts; a damaged newest
+// checkpoint is skipped for the one before; a checkpoint of another model is refused.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <csignal>
+#include <filesystem>
+
+#include "apps/trainer.hpp"
+#include "io/checkpoint.hpp"
+#include "io/config.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "train_parity.hpp"
+
+using namespace colossal;
+
+namespace {
+
+struct Layout {
+  int data = 1, tensor = 1, pipeline = 1, stage = 0;
+};
+
+io::Config config(const std::string& data, const std::string& dir, const Layout& l,
+                  const std::string& extra = "") {
+  const std::string text =
+      "model: {arch: gpt2, layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200,"
+      " max_seq: 16, vocab_multiple: 16}\n"
+      "data: {path: " + data + "}\n"
+      "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
+      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
+      "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
+      std::to_string(l.tensor) + "}, pipeline: {size: " + std::to_string(l.pipeline) +
+      "}, zero: {stage: " + std::to_string(l.stage) + "}}\n"
+      "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " + dir + "}\n" + extra;
+  return io::parse_config(text, "test");
+}
+
+std::string fresh_dir(parallel::Communicator& world, const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("colossal_ckpt_" + name);
+  if (world.rank() == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  world.barrier();
+  return dir.string();
+}
+
+// Trains with checkpoint.every = 3 and stops (as on SIGUSR1) after `stop_at` steps.
+apps::TrainSummary train_and_stop(const io::Config& c, parallel::Communicator& world, int stop_at) {
+  apps::Trainer trainer(c, nullptr, &world);
+  trainer.set_step_callback([&](int64_t done) {
+    if (done == stop_at && world.rank() == 0) apps::request_stop(SIGUSR1);  // one rank is enough
+  });
+  const apps::TrainSummary s = trainer.train();
+  apps::request_stop(0);
+  return s;
+}
+
+TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const Layout layout{world.size(), 1, 1, world.size() > 1 ? 1 : 0};
+  const std::string dir = fresh_dir(world, "same" + std::to_string(world.size()));
+  const std::string every = "checkpoint: {every: 3, keep: 3, resume: auto}\n";
+
+  apps::Trainer straight(config(data, dir + "/straight", layout), nullptr, &world);
+  const apps::TrainSummary all = straight.train();
+  const std::vector<float> final_weights = straight.logical_parameters();
+
+  const apps::TrainSummary first = train_and_stop(config(data, dir + "/run", layout, every), world, 5);
+  EXPECT_TRUE(first.stopped);
+  EXPECT_EQ(first.steps, 5);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(first.losses[i], all.losses[i]) << "step " << i + 1;
+  const auto saved = io::list_checkpoints(dir + "/run/checkpoints");
+  ASSERT_EQ(saved.size(), 2u);  // after steps 3 and 5 (the stop)
+  EXPECT_EQ(std::filesystem::path(saved[0]).filename(), "ckpt-5.h5");
+
+  {
+    apps::Trainer resumed(config(data, dir + "/run", layout, every), nullptr, &world);
+    const apps::TrainSummary rest = resumed.train();
+    EXPECT_EQ(rest.first_step, 5);
+    ASSERT_EQ(rest.losses.size(), 5u);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(rest.losses[i], all.losses[5 + i]) << "step " << 6 + i << ": not bitwise";
+    }
+    EXPECT_EQ(resumed.logical_parameters(), final_weights) << "weights not bitwise equal";
+  }
+  // The resumed run kept checkpoints 6, 9 and 10 (keep: 3). Damage the newest: the next resume
+  // warns, takes the one before and repeats step 10 exactly.
+  if (world.rank() == 0) {
+    const auto kept = io::list_checkpoints(dir + "/run/checkpoints");
+    ASSERT_EQ(kept.size(), 3u);
+    std::filesystem::resize_file(kept[0], std::filesystem::file_size(kept[0]) / 2);
+  }
+  world.barrier();
+  apps::Trainer again(config(data, dir + "/run", layout, every), nullptr, &world);
+  const apps::TrainSummary last = again.train();
+  EXPECT_EQ(last.first_step, 9);
+  ASSERT_EQ(last.losses.size(), 1u);
+  EXPECT_EQ(last.losses[0], all.losses[9]);
+
+  // A checkpoint of another model is refused, naming the keys that differ.
+  io::Config other = config(data, dir + "/run", layout, every);
+  other.model.ffn_hidden = 128;
+  other.text.replace(other.text.find("ffn_hidden: 64"), 14, "ffn_hidden: 128");
+  apps::Trainer wrong(other, nullptr, &world);
+  try {
+    wrong.train();
+    FAIL() << "resumed a checkpoint of another model";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_TRUE(what.find("model.ffn_hidden") != std::string::npos ||
+                what.find("shape") != std::string::npos)
+        << what;
+  }
+}
+
+// Save under one layout, resume under another: the checkpoint holds logical tensors.
+TEST(Checkpoint, ResumesUnderAnotherLayout) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const std::string dir = fresh_dir(world, "layout" + std::to_string(world.size()));
+  // 2 ranks: tp2 -> dp2 with ZeRO-3. 4 ranks: tp2 x dp2 with ZeRO-2 -> pp2 x dp2 with ZeRO-1.
+  const Layout before = world.size() == 2 ? Layout{1, 2, 1, 0} : Layout{2, 2, 1, 2};
+  const Layout after = world.size() == 2 ? Layout{2, 1, 1, 3} : Layout{2, 1, 2, 1};
+  const std::string every = "checkpoint: {every: 4, resume: auto}\n";
+
+  apps::Trainer reference(config(data, dir + "/ref" + std::to_string(world.rank()), Layout{}),
+                          nullptr);
+  const apps::TrainSummary all = reference.train();
+
+  train_and_stop(config(data, dir + "/run", before, every), world, 6);
+  apps::Trainer resumed(config(data, dir + "/run", after, every), nullptr, &world);
+  const apps::TrainSummary rest = resumed.train();
+  EXPECT_EQ(rest.first_step, 6);
+  ASSERT_EQ(rest.losses.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(rest.losses[i], all.losses[6 + i], 1e-5 * all.losses[6 + i]) << "step " << 7 + i;
+  }
+  test::expect_same_weights(resumed, reference);
+}
+
+}  // namespace
