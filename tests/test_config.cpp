@@ -283,7 +283,7 @@ TEST(ConfigError, UnknownKeySuggestsTheClosest) {
 TEST(ConfigError, UnknownSectionSuggestsTheClosest) {
   const std::string message = error_of(std::string(kMinimal) + "trian:\n  steps: 3\n");
   expect_all(message, {"test.yaml:5:1: trian: unknown section",
-                       "sections: model, data, train, parallel, hardware, eval, log, sample",
+                       "sections: model, data, train, parallel, hardware, eval, log, checkpoint, sample",
                        "did you mean 'train'?"});
 }
 
