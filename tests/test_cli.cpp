@@ -237,6 +237,48 @@ TEST_F(Cli, PipelineRunTracesEachRankAndAFailedStageStopsTheJob) {
       << r.output;
 }
 
+// Slurm pre-emption: SIGUSR1 to mpirun (which forwards it to every rank) finishes the step,
+// writes a checkpoint and exits 0; the resumed run continues from it and appends to metrics.csv.
+TEST_F(Cli, SignalWritesACheckpointAndResumeContinues) {
+  const std::string mpi =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const std::string config = write_config("sig.yaml");
+  const std::string run_dir = dir + "/sig";
+  const std::string args = " --set parallel.data=2 --set train.steps=100000 --set log.dir=" +
+                           run_dir + " --set checkpoint.resume=auto";
+  // Start mpirun (under timeout) in the background, wait for a few steps of metrics, then signal
+  // mpirun, the child of timeout.
+  const std::string script =
+      mpi + bin("colossal_train") + " " + config + args + " > " + dir + "/sig.out 2>&1 & "
+      "pid=$!; for i in $(seq 600); do n=$(wc -l < " + run_dir + "/metrics.csv 2>/dev/null "
+      "|| echo 0); [ \"$n\" -gt 5 ] && break; sleep 0.1; done; pkill -USR1 -P $pid; wait $pid; "
+      "rc=$?; cat " + dir + "/sig.out; exit $rc";
+  Result r = run(script);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("stopped at step"), std::string::npos) << r.output;
+  const std::size_t at = r.output.find("stopped at step ");
+  ASSERT_NE(at, std::string::npos);
+  const long stopped = std::stol(r.output.substr(at + 16));
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/ckpt-" + std::to_string(stopped) +
+                                      ".h5"));
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/checkpoints/latest"));
+  // Resume for two more steps (a shorter run: the schedule changes, the model does not).
+  r = run(mpi + bin("colossal_train") + " " + config + args + " --set train.steps=" +
+          std::to_string(stopped + 2));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + run_dir + "/checkpoints/ckpt-" +
+                          std::to_string(stopped) + ".h5 at step " + std::to_string(stopped)),
+            std::string::npos)
+      << r.output;
+  std::ifstream metrics(run_dir + "/metrics.csv");
+  std::string line;
+  int header = 0, rows = 0;
+  while (std::getline(metrics, line)) (line.rfind("step,", 0) == 0 ? header : rows)++;
+  EXPECT_EQ(header, 1) << "appended without a second header";
+  EXPECT_EQ(rows, stopped + 2);
+}
+
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
 // the ranks, the sample, the model file) gathers parameters collectively; the file it writes
 // evaluates to the same loss on one rank.
