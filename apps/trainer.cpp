@@ -246,17 +246,34 @@ const int32_t* Trainer::slot_targets(int slot) const {
   return targets_.data() + slot * host_chunk_.size();
 }
 
+// Scatter-gather between stages (Megatron): without sequence_split every tensor rank holds the
+// whole (replicated) activation, so each sends only its 1/t of it to its peer on the next stage,
+// and the receivers all-gather the parts over the tensor group. Under sequence_split the stage
+// boundary is already this rank's rows. Returns {offset, count} of the part this rank sends.
+std::pair<std::size_t, std::size_t> Trainer::stage_part(std::size_t floats) const {
+  if (tp_->size() == 1 || config_.parallel.sequence_split) return {0, floats};
+  const std::size_t part = floats / std::size_t(tp_->size());
+  return {part * std::size_t(tp_->rank()), part};
+}
+
+void Trainer::receive_stage_buffer(float* buffer, std::size_t floats, int source, int tag) {
+  const auto [offset, count] = stage_part(floats);
+  pp_->recv({buffer + offset, count}, source, tag);
+  if (count != floats) tp_->all_gather({buffer + offset, count}, {buffer, floats});
+}
+
 // One forward of `batch` sequences already uploaded to slot 0 through every pipeline stage
 // (evaluation and sampling): each stage receives its input, runs, and passes its output on.
 // Returns the mean loss on the last stage and 0 elsewhere.
 double Trainer::pipeline_forward(int batch) {
   const int stage = pp_->rank(), stages = pp_->size();
   const std::size_t floats = std::size_t(model_->stage_floats(batch));
-  if (stage > 0) pp_->recv({model_->stage_input(0), floats}, stage - 1, 0);
+  if (stage > 0) receive_stage_buffer(model_->stage_input(0), floats, stage - 1, 0);
   const double loss = model_->forward(slot_inputs(0), slot_targets(0), batch, 0.0f, 0);
   if (stage + 1 < stages) {
     Kokkos::fence();
-    pp_->send({model_->stage_output(0), floats}, stage + 1, 0);
+    const auto [offset, count] = stage_part(floats);
+    pp_->send({model_->stage_output(0) + offset, count}, stage + 1, 0);
   }
   return loss;
 }
@@ -347,7 +364,7 @@ double Trainer::run_step(int64_t step) {
         forward_sends_[slot].reset();
         if (stage > 0) {
           TraceSpan span(*this, "recv F" + std::to_string(action.micro), "receive");
-          pp_->recv({model_->stage_input(slot), floats}, stage - 1, forward_tag);
+          receive_stage_buffer(model_->stage_input(slot), floats, stage - 1, forward_tag);
         }
       }
       {
@@ -357,8 +374,9 @@ double Trainer::run_step(int64_t step) {
       }
       if (stage + 1 < stages) {
         Kokkos::fence();
-        forward_sends_[slot] =
-            pp_->start_send({model_->stage_output(slot), floats}, stage + 1, forward_tag);
+        const auto [offset, count] = stage_part(floats);
+        forward_sends_[slot] = pp_->start_send({model_->stage_output(slot) + offset, count},
+                                               stage + 1, forward_tag);
       }
       ++pipeline_stats_.forwards;
       pipeline_stats_.peak_in_flight = std::max(pipeline_stats_.peak_in_flight, ++in_flight);
@@ -366,7 +384,7 @@ double Trainer::run_step(int64_t step) {
       if (stage + 1 < stages) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
         TraceSpan span(*this, "recv B" + std::to_string(action.micro), "receive");
-        pp_->recv({model_->output_gradient(), floats}, stage + 1, backward_tag);
+        receive_stage_buffer(model_->output_gradient(), floats, stage + 1, backward_tag);
       }
       // On the last micro-batch, gradient buckets start reducing as soon as they are final.
       optimizer_->set_overlap(action.micro + 1 == accumulation);
@@ -378,10 +396,11 @@ double Trainer::run_step(int64_t step) {
       if (stage > 0) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
         if (backward_sends_[slot]) backward_sends_[slot]->wait();
-        float* out = grad_sends_.data() + std::size_t(slot) * floats;
-        core::kernels::copy(out, model_->input_gradient(), int64_t(floats));
+        const auto [offset, count] = stage_part(floats);
+        float* out = grad_sends_.data() + std::size_t(slot) * count;
+        core::kernels::copy(out, model_->input_gradient() + offset, int64_t(count));
         Kokkos::fence();
-        backward_sends_[slot] = pp_->start_send({out, floats}, stage - 1, backward_tag);
+        backward_sends_[slot] = pp_->start_send({out, count}, stage - 1, backward_tag);
       }
       ++pipeline_stats_.backwards;
       --in_flight;

@@ -143,6 +143,8 @@ class Trainer {
   const int32_t* slot_inputs(int slot) const;
   const int32_t* slot_targets(int slot) const;
   double pipeline_forward(int batch);
+  std::pair<std::size_t, std::size_t> stage_part(std::size_t floats) const;
+  void receive_stage_buffer(float* buffer, std::size_t floats, int source, int tag);
 
   io::Config config_;
   std::FILE* log_;

@@ -116,9 +116,9 @@ TEST_P(Pipeline, TrainsTheSingleRankModel) {
   EXPECT_EQ(stats.peak_in_flight,
             layout.schedule == "gpipe" ? micro : std::min<int64_t>(stages - stage, micro));
   // Point to point: each micro-batch's output goes forward (but from the last stage) and its input
-  // gradient back (but from the first), micro_batch x (T / sequence) x hidden floats (/ tensor
-  // size under sequence_split, not used here).
-  const uint64_t floats = 2 * (16 / layout.sequence) * 32;
+  // gradient back (but from the first), micro_batch x (T / sequence) x hidden floats, divided by
+  // the tensor size: each tensor rank sends its part and the receivers all-gather (scatter-gather).
+  const uint64_t floats = 2 * (16 / layout.sequence) * 32 / layout.tensor;
   const uint64_t sends = uint64_t(steps * micro) * ((stage + 1 < stages) + (stage > 0));
   EXPECT_EQ(pp.stats().send.calls, sends);
   EXPECT_EQ(pp.stats().send.payload_bytes, sends * floats * 4);
