@@ -100,12 +100,33 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                                                       4.0 * T * C,
                                              2.0 * C * spec.vocab);
   }
-  core::StageRange range{0, 0, stage == 0, stage == stages - 1};
-  for (int s = 0; s < stage; ++s) range.layer_begin += stage_layers_[s];
-  range.layer_end = range.layer_begin + stage_layers_[stage];
+  // Virtual stages: one per rank, or `chunks` per rank under the interleaved schedule (virtual
+  // stage c * stages + rank); the partition is over the virtual stages.
+  const int chunks = par.pipeline_chunks;
+  virtual_stages_ = stages * chunks;
+  if (chunks > 1 && !par.pipeline_layers.empty()) stage_layers_ = par.pipeline_layers;
+  if (chunks > 1 && par.pipeline_layers.empty()) {
+    const double C = spec.hidden, F = spec.ffn_hidden, T = train.seq_len;
+    stage_layers_ = parallel::balance_stages(spec.layers, virtual_stages_,
+                                             2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
+                                             2.0 * C * spec.vocab);
+  }
   schedule_ = parallel::pipeline_schedule(par.pipeline_schedule, stages, stage,
-                                          config_.accumulation_steps());
-  slots_ = parallel::peak_in_flight(schedule_);
+                                          config_.accumulation_steps(), chunks);
+  chunks_.resize(chunks);
+  for (int c = 0; c < chunks; ++c) {
+    Chunk& chunk = chunks_[c];
+    chunk.virtual_stage = c * stages + stage;
+    const int v = chunk.virtual_stage;
+    chunk.range = core::StageRange{0, 0, v == 0, v == virtual_stages_ - 1};
+    for (int s = 0; s < v; ++s) chunk.range.layer_begin += stage_layers_[s];
+    chunk.range.layer_end = chunk.range.layer_begin + stage_layers_[v];
+    std::vector<parallel::PipelineAction> mine;
+    for (const auto& a : schedule_) {
+      if (a.chunk == c) mine.push_back(a);
+    }
+    chunk.slots = parallel::peak_in_flight(mine);
+  }
   zero::PipelineLinks links;
   if (stages > 1) {
     // The first and last stage of each (tensor, sequence, data) position share the tied
@@ -114,7 +135,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     const bool ends = stage == 0 || stage == stages - 1;
     tied_owner_ = world_->split(ends ? world_->rank() % inner : inner + world_->rank(),
                                 world_->rank());
-    links = zero::PipelineLinks{pp_, ends ? tied_owner_.get() : nullptr, stage == 0};
+    links = zero::PipelineLinks{pp_, ends ? tied_owner_.get() : nullptr, true};
   }
   train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
   train_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 2,
@@ -125,46 +146,62 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
                      "train.seq_len + 1 tokens for one validation window");
   }
-  // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. The
-  // optimizer owns the store the parameters live in (whole, or sharded by stage).
+  // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each
+  // chunk's optimizer owns the store its parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;
-  const auto table = core::parameter_table(
-      spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()}, range);
-  auto units = core::parameter_units(table, unit_multiple);
-  const std::size_t flat = units.back().end;
-  optimizer_ = std::make_unique<zero::ShardedAdamW>(
-      table, std::move(units), flat, config_.parallel.zero_stage, config_.parallel.bucket_mb, *grad_,
-      tracker_, config_.parallel.offload_optimizer, config_.parallel.offload_params,
-      tp_->size() > 1 ? tp_ : nullptr, config_.parallel.sequence_split, links);
-  model_ = std::make_unique<core::Model>(
-      spec, train.micro_batch, chunk_, tracker_, *gemm_,
-      core::ModelOptions{.unit_multiple = unit_multiple,
-                         .store = &optimizer_->store(),
-                         .tensor = tensor_group_.get(),
-                         .sequence_split = config_.parallel.sequence_split,
-                         .sequence = sequence_group_.get(),
-                         .stage = range,
-                         .slots = slots_});
-  if (!memory_plan) model_->init_parameters(train.seed);
-  model_->set_profiler(&profiler_);
+  for (Chunk& chunk : chunks_) {
+    const auto table = core::parameter_table(
+        spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()}, chunk.range);
+    auto units = core::parameter_units(table, unit_multiple);
+    const std::size_t flat = units.back().end;
+    zero::PipelineLinks chunk_links = links;
+    if (stages > 1) {
+      // Only the chunks holding the tied embedding sum it; the norm is summed over stages (and
+      // over the chunks, by the trainer, when there are several); the head counts no embedding.
+      const bool holds = chunk.range.embeds || chunk.range.head;
+      if (!holds) chunk_links.tied = nullptr;
+      chunk_links.count_embedding = !chunk.range.head || chunk.range.embeds;
+      chunk_links.sum_over_stages = chunks_.size() == 1;
+    }
+    chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
+        table, std::move(units), flat, par.zero_stage, par.bucket_mb, *grad_, tracker_,
+        par.offload_optimizer, par.offload_params, tp_->size() > 1 ? tp_ : nullptr,
+        par.sequence_split, chunk_links);
+    chunk.model = std::make_unique<core::Model>(
+        spec, train.micro_batch, chunk_, tracker_, *gemm_,
+        core::ModelOptions{.unit_multiple = unit_multiple,
+                           .store = &chunk.optimizer->store(),
+                           .tensor = tensor_group_.get(),
+                           .sequence_split = par.sequence_split,
+                           .sequence = sequence_group_.get(),
+                           .stage = chunk.range,
+                           .slots = chunk.slots});
+    if (!memory_plan) chunk.model->init_parameters(train.seed);
+    chunk.model->set_profiler(&profiler_);
+  }
+  model_ = chunks_.front().model.get();
+  optimizer_ = chunks_.front().optimizer.get();
   agree_on_plan();
-  // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's chunk,
+  // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,
   // one per activation slot (a pipeline stage needs a micro-batch's tokens again in backward).
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   const std::size_t chunk_tokens = std::size_t(train.micro_batch) * chunk_;
   host_chunk_.resize(chunk_tokens);
-  inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, chunk_tokens * slots_);
-  targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, chunk_tokens * slots_);
   host_inputs_.resize(tokens);
   host_targets_.resize(tokens);
-  if (stages > 1 && stage > 0) {
-    // Gradients for the previous stage, one buffer per slot while their sends complete.
-    grad_sends_ = core::DeviceArray<float>(tracker_, core::MemCategory::temporaries,
-                                           std::size_t(model_->stage_floats(train.micro_batch)) *
-                                               slots_);
+  for (Chunk& chunk : chunks_) {
+    using core::MemCategory;
+    chunk.inputs = core::DeviceArray<int32_t>(tracker_, MemCategory::data, chunk_tokens * chunk.slots);
+    chunk.targets = core::DeviceArray<int32_t>(tracker_, MemCategory::data, chunk_tokens * chunk.slots);
+    if (chunk.virtual_stage > 0) {
+      // Gradients for the previous stage, one buffer per slot while their sends complete.
+      chunk.grad_sends = core::DeviceArray<float>(
+          tracker_, MemCategory::temporaries,
+          std::size_t(chunk.model->stage_floats(train.micro_batch)) * chunk.slots);
+    }
+    chunk.forward_sends.resize(chunk.slots);
+    chunk.backward_sends.resize(chunk.slots);
   }
-  forward_sends_.resize(slots_);
-  backward_sends_.resize(slots_);
 }
 
 // The layout as YAML. Derived on every rank from the same config; rank 0's copy is broadcast and
@@ -205,7 +242,8 @@ void Trainer::agree_on_plan() {
                      (p.zero_stage < 2 ? per_stage(double(optimizer_->buckets().size())) +
                                              " all-reduce buckets"
                                        : std::string("reduce-scatter per unit")) + "\n" +
-                     "activation_slots: " + per_stage(double(slots_)) + "\n" +
+                     "activation_slots: " + per_stage(double(chunks_.front().slots)) + "\n" +
+                     "model_chunks: " + std::to_string(chunks_.size()) + "\n" +
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";
   std::string root = plan;
   world_->broadcast_string(root, 0);
@@ -227,10 +265,12 @@ void Trainer::print(const char* fmt, ...) const {
   std::fflush(log_);
 }
 
-void Trainer::upload(int slot) {
+void Trainer::upload(int slot, int chunk) {
   const int T = config_.train.seq_len;
   const std::size_t rows = host_inputs_.size() / T, begin = std::size_t(sp_->rank()) * chunk_;
-  for (auto [host, device] : {std::pair{&host_inputs_, &inputs_}, std::pair{&host_targets_, &targets_}}) {
+  Chunk& part = chunks_[chunk];
+  for (auto [host, device] : {std::pair{&host_inputs_, &part.inputs},
+                              std::pair{&host_targets_, &part.targets}}) {
     for (std::size_t r = 0; r < rows; ++r) {
       std::copy_n(host->begin() + r * T + begin, chunk_, host_chunk_.begin() + r * chunk_);
     }
@@ -239,11 +279,11 @@ void Trainer::upload(int slot) {
   }
 }
 
-const int32_t* Trainer::slot_inputs(int slot) const {
-  return inputs_.data() + slot * host_chunk_.size();
+const int32_t* Trainer::slot_inputs(int slot, int chunk) const {
+  return chunks_[chunk].inputs.data() + slot * host_chunk_.size();
 }
-const int32_t* Trainer::slot_targets(int slot) const {
-  return targets_.data() + slot * host_chunk_.size();
+const int32_t* Trainer::slot_targets(int slot, int chunk) const {
+  return chunks_[chunk].targets.data() + slot * host_chunk_.size();
 }
 
 // Scatter-gather between stages (Megatron): without sequence_split every tensor rank holds the
@@ -266,14 +306,19 @@ void Trainer::receive_stage_buffer(float* buffer, std::size_t floats, int source
 // (evaluation and sampling): each stage receives its input, runs, and passes its output on.
 // Returns the mean loss on the last stage and 0 elsewhere.
 double Trainer::pipeline_forward(int batch) {
-  const int stage = pp_->rank(), stages = pp_->size();
-  const std::size_t floats = std::size_t(model_->stage_floats(batch));
-  if (stage > 0) receive_stage_buffer(model_->stage_input(0), floats, stage - 1, 0);
-  const double loss = model_->forward(slot_inputs(0), slot_targets(0), batch, 0.0f, 0);
-  if (stage + 1 < stages) {
-    Kokkos::fence();
-    const auto [offset, count] = stage_part(floats);
-    pp_->send({model_->stage_output(0) + offset, count}, stage + 1, 0);
+  double loss = 0.0;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    core::Model& model = *chunks_[c].model;
+    const int v = chunks_[c].virtual_stage;
+    const std::size_t floats = std::size_t(model.stage_floats(batch));
+    if (c > 0) upload(0, int(c));  // the tokens are in the host buffers already
+    if (v > 0) receive_stage_buffer(model.stage_input(0), floats, previous_rank(), 0);
+    loss += model.forward(slot_inputs(0, int(c)), slot_targets(0, int(c)), batch, 0.0f, 0);
+    if (v + 1 < virtual_stages_) {
+      Kokkos::fence();
+      const auto [offset, count] = stage_part(floats);
+      pp_->send({model.stage_output(0) + offset, count}, next_rank(), 0);
+    }
   }
   return loss;
 }
@@ -334,7 +379,7 @@ double Trainer::run_step(int64_t step) {
   const std::size_t floats = std::size_t(model_->stage_floats(t.micro_batch));
   {
     core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
-    model_->zero_grad();
+    for (Chunk& chunk : chunks_) chunk.model->zero_grad();
   }
   if (const char* fail = std::getenv("COLOSSAL_INJECT_FAILURE")) {
     // Testing hook: "STAGE:STEP" makes that pipeline stage fail at that step (1-based), alone.
@@ -347,71 +392,83 @@ double Trainer::run_step(int64_t step) {
     }
   }
   double loss = 0.0;
-  int in_flight = 0;
+  std::vector<int> in_flight(chunks_.size(), 0);
   for (const parallel::PipelineAction& action : schedule_) {
-    const int slot = action.micro % slots_;
-    const int forward_tag = 2 * action.micro, backward_tag = 2 * action.micro + 1;
+    Chunk& chunk = chunks_[action.chunk];
+    core::Model& model = *chunk.model;
+    const int v = chunk.virtual_stage;
+    const int slot = action.micro % chunk.slots;
+    // Messages between virtual stages b and b+1 for micro-batch i: tag 2 * (i * V + b) (+1 back).
+    const int forward_tag = 2 * (action.micro * virtual_stages_ + v - 1);
+    const int backward_tag = 2 * (action.micro * virtual_stages_ + v) + 1;
+    const std::string label = (chunks_.size() > 1 ? std::to_string(action.chunk) + "." : "") +
+                              std::to_string(action.micro);
     if (action.forward) {
       {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
         sampler_->batch(step, first + int64_t(action.micro) * t.micro_batch, t.micro_batch,
                         t.global_batch, host_inputs_.data(), host_targets_.data());
-        upload(slot);
+        upload(slot, action.chunk);
       }
       {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        if (forward_sends_[slot]) forward_sends_[slot]->wait();  // the slot's output is free
-        forward_sends_[slot].reset();
-        if (stage > 0) {
-          TraceSpan span(*this, "recv F" + std::to_string(action.micro), "receive");
-          receive_stage_buffer(model_->stage_input(slot), floats, stage - 1, forward_tag);
+        auto& pending = chunk.forward_sends[slot];
+        if (pending) pending->wait();  // the slot's output is free
+        pending.reset();
+        if (v > 0) {
+          TraceSpan span(*this, "recv F" + label, "receive");
+          receive_stage_buffer(model.stage_input(slot), floats, previous_rank(), forward_tag);
         }
       }
       {
-        TraceSpan span(*this, "F" + std::to_string(action.micro), "forward");
-        loss += model_->forward(slot_inputs(slot), slot_targets(slot), t.micro_batch, grad_scale,
-                                slot);
+        TraceSpan span(*this, "F" + label, "forward");
+        loss += model.forward(slot_inputs(slot, action.chunk), slot_targets(slot, action.chunk),
+                              t.micro_batch, grad_scale, slot);
       }
-      if (stage + 1 < stages) {
+      if (v + 1 < virtual_stages_) {
         Kokkos::fence();
         const auto [offset, count] = stage_part(floats);
-        forward_sends_[slot] = pp_->start_send({model_->stage_output(slot) + offset, count},
-                                               stage + 1, forward_tag);
+        chunk.forward_sends[slot] = pp_->start_send({model.stage_output(slot) + offset, count},
+                                                    next_rank(), forward_tag + 2);
       }
       ++pipeline_stats_.forwards;
-      pipeline_stats_.peak_in_flight = std::max(pipeline_stats_.peak_in_flight, ++in_flight);
+      pipeline_stats_.peak_in_flight =
+          std::max(pipeline_stats_.peak_in_flight, ++in_flight[action.chunk]);
     } else {
-      if (stage + 1 < stages) {
+      if (v + 1 < virtual_stages_) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        TraceSpan span(*this, "recv B" + std::to_string(action.micro), "receive");
-        receive_stage_buffer(model_->output_gradient(), floats, stage + 1, backward_tag);
+        TraceSpan span(*this, "recv B" + label, "receive");
+        receive_stage_buffer(model.output_gradient(), floats, next_rank(), backward_tag);
       }
       // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-      optimizer_->set_overlap(action.micro + 1 == accumulation);
+      chunk.optimizer->set_overlap(action.micro + 1 == accumulation);
       {
-        TraceSpan span(*this, "B" + std::to_string(action.micro), "backward");
-        model_->backward(slot_inputs(slot), t.micro_batch, slot);
+        TraceSpan span(*this, "B" + label, "backward");
+        model.backward(slot_inputs(slot, action.chunk), t.micro_batch, slot);
       }
-      optimizer_->set_overlap(false);
-      if (stage > 0) {
+      chunk.optimizer->set_overlap(false);
+      if (v > 0) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        if (backward_sends_[slot]) backward_sends_[slot]->wait();
+        auto& pending = chunk.backward_sends[slot];
+        if (pending) pending->wait();
         const auto [offset, count] = stage_part(floats);
-        float* out = grad_sends_.data() + std::size_t(slot) * count;
-        core::kernels::copy(out, model_->input_gradient() + offset, int64_t(count));
+        float* out = chunk.grad_sends.data() + std::size_t(slot) * count;
+        core::kernels::copy(out, model.input_gradient() + offset, int64_t(count));
         Kokkos::fence();
-        backward_sends_[slot] = pp_->start_send({out, count}, stage - 1, backward_tag);
+        pending = pp_->start_send({out, count}, previous_rank(), backward_tag - 2);
       }
       ++pipeline_stats_.backwards;
-      --in_flight;
+      --in_flight[action.chunk];
     }
   }
   {
     TraceSpan span(*this, "wait sends", "send");
-    for (auto* sends : {&forward_sends_, &backward_sends_}) {
-      for (auto& pending : *sends) {
-        if (pending) pending->wait();
-        pending.reset();
+    for (Chunk& chunk : chunks_) {
+      for (auto* sends : {&chunk.forward_sends, &chunk.backward_sends}) {
+        for (auto& pending : *sends) {
+          if (pending) pending->wait();
+          pending.reset();
+        }
       }
     }
   }
@@ -502,7 +559,18 @@ TrainSummary Trainer::train() {
     {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
       TraceSpan span(*this, "reduce gradients", "communication");
-      norm = optimizer_->reduce_gradients();
+      if (chunks_.size() == 1) {
+        norm = optimizer_->reduce_gradients();
+      } else {
+        // Each chunk's norm over its data and tensor groups; the squares summed over the chunks
+        // and then over the stages.
+        double squares = 0.0;
+        for (Chunk& chunk : chunks_) {
+          const double n = chunk.optimizer->reduce_gradients();
+          squares += n * n;
+        }
+        norm = std::sqrt(pp_->all_reduce_sum_value(squares));
+      }
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (t.on_nonfinite == "stop") {
@@ -517,7 +585,9 @@ TrainSummary Trainer::train() {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
       core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
       TraceSpan span(*this, "optimizer", "optimizer");
-      optimizer_->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
+      for (Chunk& chunk : chunks_) {
+        chunk.optimizer->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
+      }
     }
     const double step_seconds = seconds_since(step_start);
     if (profile_steps_ > 0) {
@@ -639,9 +709,12 @@ double Trainer::evaluate() {
   return grad_->all_reduce_sum_value(total) / double(windows) / double(sp_->size());
 }
 
-std::vector<float> Trainer::local_parameters() {
-  std::vector<float> host(model_->flat_size());
-  core::ParameterStore& store = model_->store();
+std::vector<float> Trainer::local_parameters() { return chunk_parameters(chunks_.front()); }
+
+std::vector<float> Trainer::chunk_parameters(Chunk& chunk) {
+  core::Model& model = *chunk.model;
+  std::vector<float> host(model.flat_size());
+  core::ParameterStore& store = model.store();
   for (std::size_t u = 0; u < store.units().size(); ++u) {
     const core::ParamUnit& unit = store.units()[u];
     const float* values = store.gather(int(u));
@@ -696,8 +769,13 @@ std::string Trainer::checkpoint_dir() const {
 
 void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
   const std::vector<float> params = logical_parameters();
-  const std::vector<float> m = to_logical(optimizer_->gather_state(0));
-  const std::vector<float> v = to_logical(optimizer_->gather_state(1));
+  std::vector<std::vector<float>> m_parts, v_parts;
+  for (Chunk& chunk : chunks_) {
+    m_parts.push_back(chunk.optimizer->gather_state(0));
+    v_parts.push_back(chunk.optimizer->gather_state(1));
+  }
+  const std::vector<float> m = to_logical(m_parts);
+  const std::vector<float> v = to_logical(v_parts);
   std::string error;
   if (world_->rank() == 0) {
     io::CheckpointState state{step, optimizer_step,
@@ -774,8 +852,11 @@ io::CheckpointState Trainer::resume() {
   const io::CheckpointState state = io::read_checkpoint(chosen, logical, params, m, v);
   const std::string other_changes = config_changes(state.config, config_.text).second;
   set_local_parameters(from_logical(params));
-  optimizer_->scatter_state(0, from_logical(m));
-  optimizer_->scatter_state(1, from_logical(v));
+  const auto m_parts = from_logical(m), v_parts = from_logical(v);
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c].optimizer->scatter_state(0, m_parts[c]);
+    chunks_[c].optimizer->scatter_state(1, v_parts[c]);
+  }
   print("resumed from %s at step %lld%s%s\n", chosen.c_str(), (long long)state.step,
         other_changes.empty() ? "" : "; changed since: ", other_changes.c_str());
   return state;
@@ -786,35 +867,36 @@ std::vector<core::ParamSpec> Trainer::logical_table() const {
 }
 
 std::vector<float> Trainer::logical_parameters() {
-  return to_logical(local_parameters());  // collective over data under ZeRO-3
+  std::vector<std::vector<float>> local;
+  for (Chunk& chunk : chunks_) local.push_back(chunk_parameters(chunk));  // collective (ZeRO-3)
+  return to_logical(local);
 }
 
-std::vector<float> Trainer::to_logical(std::vector<float> local) {
+std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& local) {
   const int t = tp_->size();
-  std::vector<float> all;
-  if (t > 1) {
-    all.resize(local.size() * t);
-    tp_->all_gather(local, all);  // every tensor rank's part
-  } else {
-    all = std::move(local);
-  }
   const auto logical = logical_table();
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
-  const auto& mine = model_->parameters();
-  const std::size_t stride = model_->flat_size();
-  const bool later_stage = pp_->rank() > 0;  // the first stage alone writes the tied embedding
-  for (const core::ParamSpec& p : mine) {
-    if (later_stage && p.unit == 0 && model_->stage().embeds == false &&
-        (p.role == core::ParamRole::token_embedding ||
-         p.role == core::ParamRole::position_embedding)) {
-      continue;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const core::Model& model = *chunks_[c].model;
+    std::vector<float> gathered;
+    if (t > 1) {
+      gathered.resize(local[c].size() * t);
+      tp_->all_gather(local[c], gathered);  // every tensor rank's part
     }
-    const std::size_t at = logical_offset(logical, p.name);
-    for (int r = 0; r < t; ++r) {
-      if (p.shard.replicated() && r > 0) continue;
-      for (const core::ShardRun& run : core::shard_runs(p, r)) {
-        const float* src = all.data() + r * stride + p.offset + run.local;
-        std::copy(src, src + run.length, out.data() + at + run.logical);
+    const std::vector<float>& all = t > 1 ? gathered : local[c];
+    const std::size_t stride = model.flat_size();
+    for (const core::ParamSpec& p : model.parameters()) {
+      // The tied embedding is written by the chunk that embeds tokens, not by the head's copy.
+      const bool embedding = p.role == core::ParamRole::token_embedding ||
+                             p.role == core::ParamRole::position_embedding;
+      if (embedding && !model.stage().embeds) continue;
+      const std::size_t at = logical_offset(logical, p.name);
+      for (int r = 0; r < t; ++r) {
+        if (p.shard.replicated() && r > 0) continue;
+        for (const core::ShardRun& run : core::shard_runs(p, r)) {
+          const float* src = all.data() + r * stride + p.offset + run.local;
+          std::copy(src, src + run.length, out.data() + at + run.logical);
+        }
       }
     }
   }
@@ -843,18 +925,22 @@ void Trainer::save_weights(const std::string& path) {
   if (writer) io::write_model_file(path, logical_table(), values.data(), config_.text, plan_);
 }
 
-std::vector<float> Trainer::from_logical(const std::vector<float>& values) const {
+std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& values) const {
   const auto logical = logical_table();
-  // This rank's part of every tensor, in its own layout.
-  std::vector<float> host(model_->flat_size(), 0.0f);
-  for (const core::ParamSpec& p : model_->parameters()) {
-    const std::size_t at = logical_offset(logical, p.name);
-    for (const core::ShardRun& run : core::shard_runs(p, tp_->rank())) {
-      const float* src = values.data() + at + run.logical;
-      std::copy(src, src + run.length, host.data() + p.offset + run.local);
+  // This rank's part of every tensor, in each chunk's layout.
+  std::vector<std::vector<float>> out;
+  for (const Chunk& chunk : chunks_) {
+    std::vector<float> host(chunk.model->flat_size(), 0.0f);
+    for (const core::ParamSpec& p : chunk.model->parameters()) {
+      const std::size_t at = logical_offset(logical, p.name);
+      for (const core::ShardRun& run : core::shard_runs(p, tp_->rank())) {
+        const float* src = values.data() + at + run.logical;
+        std::copy(src, src + run.length, host.data() + p.offset + run.local);
+      }
     }
+    out.push_back(std::move(host));
   }
-  return host;
+  return out;
 }
 
 void Trainer::load_weights(const std::string& path) {
@@ -864,13 +950,16 @@ void Trainer::load_weights(const std::string& path) {
   set_local_parameters(from_logical(values));
 }
 
-void Trainer::set_local_parameters(const std::vector<float>& host) {
-  core::ParameterStore& store = model_->store();
-  for (std::size_t u = 0; u < store.units().size(); ++u) {
-    const core::ParamUnit& unit = store.units()[u];
-    core::copy_to_device(store.begin_write(int(u)), host.data() + unit.begin,
-                         unit.size() * sizeof(float));
-    store.commit(int(u));
+void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_chunk) {
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const std::vector<float>& host = per_chunk[c];
+    core::ParameterStore& store = chunks_[c].model->store();
+    for (std::size_t u = 0; u < store.units().size(); ++u) {
+      const core::ParamUnit& unit = store.units()[u];
+      core::copy_to_device(store.begin_write(int(u)), host.data() + unit.begin,
+                           unit.size() * sizeof(float));
+      store.commit(int(u));
+    }
   }
 }
 
@@ -897,7 +986,8 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     const int last = pp_->size() - 1;
     if (pp_->rank() == last) {
       const int owner = int(len - 1) / chunk_;
-      model_->gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0, logits.data());
+      head_model().gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0,
+                                 logits.data());
       if (sp_->size() > 1) {
         sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
       }

@@ -100,9 +100,10 @@ class Trainer {
   std::vector<float> logical_parameters();
   std::vector<core::ParamSpec> logical_table() const;
   // This rank's flat layout <-> the logical tensors (collective over tensor and pipeline ranks).
-  std::vector<float> to_logical(std::vector<float> local);
-  std::vector<float> from_logical(const std::vector<float>& logical) const;
-  void set_local_parameters(const std::vector<float>& host);
+  // (one buffer per model chunk; one chunk but under the interleaved schedule)
+  std::vector<float> to_logical(const std::vector<std::vector<float>>& local);
+  std::vector<std::vector<float>> from_logical(const std::vector<float>& logical) const;
+  void set_local_parameters(const std::vector<std::vector<float>>& host);
 
   // Checkpoints (io/checkpoint.hpp) of the model and AdamW state after `step` steps, written by
   // rank 0; collective. A failure to write is reported on every rank.
@@ -138,10 +139,14 @@ class Trainer {
   void print(const char* fmt, ...) const;
   void agree_on_plan();
   double run_step(int64_t step);
-  // host_inputs_/host_targets_ -> this rank's chunk of them in slot `slot` of inputs_/targets_
-  void upload(int slot = 0);
-  const int32_t* slot_inputs(int slot) const;
-  const int32_t* slot_targets(int slot) const;
+  // host_inputs_/host_targets_ -> this rank's part of them in slot `slot` of a chunk's buffers
+  void upload(int slot = 0, int chunk = 0);
+  const int32_t* slot_inputs(int slot, int chunk = 0) const;
+  const int32_t* slot_targets(int slot, int chunk = 0) const;
+  // The ranks holding the virtual stages before and after chunk `chunk` of this rank.
+  int previous_rank() const { return (pp_->rank() + pp_->size() - 1) % pp_->size(); }
+  int next_rank() const { return (pp_->rank() + 1) % pp_->size(); }
+  core::Model& head_model() { return *chunks_.back().model; }
   double pipeline_forward(int batch);
   std::pair<std::size_t, std::size_t> stage_part(std::size_t floats) const;
   void receive_stage_buffer(float* buffer, std::size_t floats, int source, int tag);
@@ -163,17 +168,29 @@ class Trainer {
   std::unique_ptr<parallel::Communicator> tied_owner_;  // first + last stage (tied embedding)
   std::vector<int> stage_layers_;                 // blocks per stage
   std::vector<parallel::PipelineAction> schedule_;  // this stage's forwards and backwards
-  int slots_ = 1;                                 // micro-batches in flight at most
-  std::vector<std::unique_ptr<parallel::PendingCollective>> forward_sends_, backward_sends_;
-  core::DeviceArray<float> grad_sends_;           // input gradients on their way back
+  // One model chunk of this rank (several under the interleaved schedule): virtual stage
+  // index * stages + pipeline rank, its optimizer and model, its micro-batches in flight.
+  struct Chunk {
+    int virtual_stage = 0;
+    core::StageRange range;
+    std::unique_ptr<zero::ShardedAdamW> optimizer;
+    std::unique_ptr<core::Model> model;
+    int slots = 1;
+    std::vector<std::unique_ptr<parallel::PendingCollective>> forward_sends, backward_sends;
+    core::DeviceArray<float> grad_sends;      // input gradients on their way back
+    core::DeviceArray<int32_t> inputs, targets;  // this rank's chunk of the tokens, per slot
+  };
+  std::vector<Chunk> chunks_;
+  int virtual_stages_ = 1;
+  // A chunk's flat parameters in host memory (collective under ZeRO-3).
+  std::vector<float> chunk_parameters(Chunk& chunk);
   PipelineStats pipeline_stats_;
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
-  std::unique_ptr<core::Model> model_;
-  std::unique_ptr<zero::ShardedAdamW> optimizer_;
+  core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
+  zero::ShardedAdamW* optimizer_ = nullptr;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;
-  core::DeviceArray<int32_t> inputs_, targets_;
   std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;
   std::string plan_;
   core::Profiler profiler_;

@@ -250,12 +250,14 @@ const std::vector<KeySpec>& schema() {
       {.key = "parallel.pipeline.schedule", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.pipeline_schedule; },
        .doc = "gpipe: all forwards, then all backwards; 1f1b: warm-up forwards, then one "
-              "forward one backward, then cool-down",
-       .choices = {"gpipe", "1f1b"}, .planned = {"interleaved"}},
+              "forward one backward, then cool-down; interleaved: 1F1B over pipeline.chunks "
+              "model chunks per rank",
+       .choices = {"gpipe", "1f1b", "interleaved"}},
       {.key = "parallel.pipeline.chunks", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.pipeline_chunks; },
-       .doc = "virtual stages per rank for the interleaved schedule (not yet: must be 1)",
-       .range = Range{1, false, 1, false}},
+       .doc = "model chunks (virtual stages) per rank; more than 1 needs schedule: interleaved",
+       .range = at_least(1),
+       .cross_check = "> 1 only with schedule: interleaved"},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -966,14 +968,43 @@ class Resolver {
   void check_pipeline(const Config& config) const {
     const auto& p = config.parallel;
     const int layers = config.model.layers;
-    if (p.pipeline > layers) {
-      raise(where_first({"parallel.pipeline.size", "model.layers", "model.preset"}),
+    const bool interleaved = p.pipeline_schedule == "interleaved";
+    if (p.pipeline_chunks > 1 && !interleaved) {
+      raise(where_first({"parallel.pipeline.chunks", "parallel.pipeline.schedule"}),
+            "parallel.pipeline.chunks",
+            std::to_string(p.pipeline_chunks) + " with schedule " + p.pipeline_schedule,
+            "model chunks per rank need the interleaved schedule",
+            "set parallel.pipeline.schedule: interleaved, or chunks: 1");
+    }
+    if (interleaved && (p.pipeline < 2 || p.pipeline_chunks < 2)) {
+      raise(where_first({"parallel.pipeline.schedule", "parallel.pipeline.size",
+                         "parallel.pipeline.chunks"}),
+            "parallel.pipeline.schedule",
+            "interleaved with " + std::to_string(p.pipeline) + " stages and " +
+                std::to_string(p.pipeline_chunks) + " chunks",
+            "it interleaves at least 2 chunks per rank over at least 2 stages",
+            "set parallel.pipeline.size and parallel.pipeline.chunks to 2 or more, or use 1f1b");
+    }
+    const int virtual_stages = p.pipeline * p.pipeline_chunks;
+    if (virtual_stages > layers) {
+      raise(where_first({"parallel.pipeline.size", "parallel.pipeline.chunks", "model.layers",
+                         "model.preset"}),
             "parallel.pipeline.size",
-            std::to_string(p.pipeline) + " stages for " + std::to_string(layers) + " layers",
+            std::to_string(virtual_stages) + " stages (size x chunks) for " +
+                std::to_string(layers) + " layers",
             "every stage runs at least one transformer block",
-            "set parallel.pipeline.size to at most " + std::to_string(layers));
+            "set parallel.pipeline.size x chunks to at most " + std::to_string(layers));
     }
     const int micro = config.train.global_batch / std::max(1, p.data * config.train.micro_batch);
+    if (interleaved && micro % p.pipeline != 0) {
+      raise(where_first({"parallel.pipeline.schedule", "train.global_batch"}),
+            "parallel.pipeline.schedule",
+            "interleaved with " + std::to_string(micro) + " micro-batches per step for " +
+                std::to_string(p.pipeline) + " stages",
+            "the interleaved schedule runs micro-batches in groups of one per stage",
+            "make train.global_batch / (parallel.data * train.micro_batch) a multiple of " +
+                std::to_string(p.pipeline));
+    }
     if (p.pipeline > 1 && p.pipeline_schedule == "1f1b" && micro < p.pipeline) {
       raise(where_first({"parallel.pipeline.schedule", "parallel.pipeline.size",
                          "train.global_batch"}),
@@ -989,15 +1020,15 @@ class Resolver {
     if (p.pipeline_layers.empty()) return;
     int total = 0;
     for (int n : p.pipeline_layers) total += n;
-    if (int(p.pipeline_layers.size()) != p.pipeline || total != layers) {
+    if (int(p.pipeline_layers.size()) != virtual_stages || total != layers) {
       raise(where_first({"parallel.pipeline.layers", "parallel.pipeline.size"}),
             "parallel.pipeline.layers",
             std::to_string(p.pipeline_layers.size()) + " entries summing to " +
-                std::to_string(total) + " for " + std::to_string(p.pipeline) + " stages of " +
-                std::to_string(layers) + " layers",
-            "one block count per stage, every count >= 1, summing to model.layers",
-            "give " + std::to_string(p.pipeline) + " counts summing to " + std::to_string(layers) +
-                ", or [] to balance");
+                std::to_string(total) + " for " + std::to_string(virtual_stages) +
+                " stages of " + std::to_string(layers) + " layers",
+            "one block count per (virtual) stage, every count >= 1, summing to model.layers",
+            "give " + std::to_string(virtual_stages) + " counts summing to " +
+                std::to_string(layers) + ", or [] to balance");
     }
   }
 

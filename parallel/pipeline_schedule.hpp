@@ -4,6 +4,11 @@
 //   gpipe: every forward, then every backward (all micro-batches in flight on every stage).
 //   1f1b:  stages - stage - 1 warm-up forwards, then one forward and one backward alternately,
 //          then the remaining backwards: stage s holds at most stages - s micro-batches.
+//   interleaved (Narayanan et al. 2021, Megatron's schedule): every rank holds `chunks` model
+//          chunks, virtual stages chunk * stages + rank; forwards go through the chunks in groups
+//          of `stages` micro-batches, warm-up (stages - rank - 1) * 2 + (chunks - 1) * stages,
+//          then 1F1B over (chunk, micro-batch) pairs; the bubble shrinks by the chunk count.
+//          Needs the micro-batch count to be a multiple of the stage count.
 //
 // Neighbouring stages run matching orders (a micro-batch's forward leaves stage s before stage s+1
 // needs it; its gradient comes back before stage s needs it), so blocking receives with
@@ -18,13 +23,19 @@ namespace colossal::parallel {
 struct PipelineAction {
   bool forward;
   int micro;
+  int chunk = 0;  // model chunk on this rank (interleaved); virtual stage chunk * stages + rank
   bool operator==(const PipelineAction&) const = default;
 };
 
 std::vector<PipelineAction> pipeline_schedule(const std::string& kind, int stages, int stage,
-                                              int micro);
+                                              int micro, int chunks = 1);
 
-// The most micro-batches whose activations a stage holds at once under `actions`.
+// Runs every rank's schedule against the others with blocking receives and non-blocking sends:
+// true when all of them finish (no deadlock) and every dependency is met in order.
+bool schedule_completes(const std::string& kind, int stages, int micro, int chunks = 1);
+
+// The most micro-batches whose activations a stage holds at once under `actions` (per chunk:
+// the largest over the chunks).
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
 // Blocks per stage: the first given counts, or balanced by predicted time per stage (FLOPs of a

@@ -245,15 +245,18 @@ TEST_F(Cli, SignalWritesACheckpointAndResumeContinues) {
       "--oversubscribe ";
   const std::string config = write_config("sig.yaml");
   const std::string run_dir = dir + "/sig";
+  std::filesystem::remove_all(run_dir);
   const std::string args = " --set parallel.data=2 --set train.steps=100000 --set log.dir=" +
                            run_dir + " --set checkpoint.resume=auto";
-  // Start mpirun (under timeout) in the background, wait for a few steps of metrics, then signal
-  // mpirun, the child of timeout.
+  // mpirun in the background (no `timeout` in between, so $! is mpirun, which forwards SIGUSR1 to
+  // the ranks); a guard kills it after 120 s. Wait for a few steps of metrics, then signal it.
   const std::string script =
-      mpi + bin("colossal_train") + " " + config + args + " > " + dir + "/sig.out 2>&1 & "
-      "pid=$!; for i in $(seq 600); do n=$(wc -l < " + run_dir + "/metrics.csv 2>/dev/null "
-      "|| echo 0); [ \"$n\" -gt 5 ] && break; sleep 0.1; done; pkill -USR1 -P $pid; wait $pid; "
-      "rc=$?; cat " + dir + "/sig.out; exit $rc";
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe " +
+      bin("colossal_train") + " " + config + args + " > " + dir + "/sig.out 2>&1 & pid=$!; "
+      "(sleep 120; kill -KILL $pid) > /dev/null 2>&1 & guard=$!; "
+      "for i in $(seq 600); do n=$(wc -l < " + run_dir + "/metrics.csv 2>/dev/null || echo 0); "
+      "[ \"$n\" -gt 5 ] && break; sleep 0.1; done; kill -USR1 $pid; wait $pid; rc=$?; "
+      "kill $guard 2> /dev/null; cat " + dir + "/sig.out; exit $rc";
   Result r = run(script);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("stopped at step"), std::string::npos) << r.output;

@@ -366,7 +366,12 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
       {std::string(kMinimal) + "train: {seq_len: 250}\nparallel: {sequence: 4}\n",
        {"parallel.sequence: 4 does not divide train.seq_len = 250", "248 or 252"}},
       {std::string(kMinimal) + "parallel: {pipeline: {size: 13}}\n",
-       {"parallel.pipeline.size: 13 stages for 12 layers", "at most 12"}},
+       {"parallel.pipeline.size: 13 stages (size x chunks) for 12 layers", "at most 12"}},
+      {std::string(kMinimal) + "parallel: {pipeline: {size: 2, chunks: 2}}\n",
+       {"parallel.pipeline.chunks: 2 with schedule 1f1b", "schedule: interleaved"}},
+      {std::string(kMinimal) + "train: {global_batch: 24, micro_batch: 8}\n"
+       "parallel: {pipeline: {size: 2, chunks: 2, schedule: interleaved}}\n",
+       {"interleaved with 3 micro-batches per step for 2 stages", "a multiple of 2"}},
       {std::string(kMinimal) + "parallel: {pipeline: {size: 2, layers: [5, 5]}}\n",
        {"parallel.pipeline.layers: 2 entries summing to 10 for 2 stages of 12 layers"}},
       {std::string(kMinimal) + "parallel: {pipeline: {size: 2, layers: [12, 0]}}\n",

@@ -46,7 +46,49 @@ TEST(PipelineSchedule, EveryMicroBatchOnceAndTheTheoreticalInFlight) {
       }
     }
   }
-  EXPECT_THROW(parallel::pipeline_schedule("interleaved", 2, 0, 4), std::invalid_argument);
+  EXPECT_THROW(parallel::pipeline_schedule("zigzag", 2, 0, 4), std::invalid_argument);
+}
+
+// Every schedule, run rank against rank with blocking receives and non-blocking sends, finishes:
+// no rank ever waits for a message its neighbour only sends after waiting on it.
+TEST(PipelineSchedule, NoScheduleDeadlocks) {
+  for (int stages : {1, 2, 3, 4}) {
+    for (int micro : {4, 8, 12}) {
+      EXPECT_TRUE(parallel::schedule_completes("gpipe", stages, micro)) << stages << " " << micro;
+      EXPECT_TRUE(parallel::schedule_completes("1f1b", stages, micro)) << stages << " " << micro;
+      for (int chunks : {1, 2, 3}) {
+        if (micro % stages != 0) continue;
+        EXPECT_TRUE(parallel::schedule_completes("interleaved", stages, micro, chunks))
+            << stages << " stages, " << micro << " micro-batches, " << chunks << " chunks";
+      }
+    }
+  }
+}
+
+TEST(PipelineSchedule, InterleavedRunsEveryChunkOfEveryMicroBatchOnce) {
+  const int stages = 4, micro = 8, chunks = 2;
+  for (int stage = 0; stage < stages; ++stage) {
+    const auto actions = parallel::pipeline_schedule("interleaved", stages, stage, micro, chunks);
+    ASSERT_EQ(actions.size(), std::size_t(2 * micro * chunks));
+    std::vector<int> forwarded(micro * chunks, 0), backwarded(micro * chunks, 0);
+    for (const auto& a : actions) {
+      const int id = a.chunk * micro + a.micro;
+      if (a.forward) {
+        ++forwarded[id];
+      } else {
+        EXPECT_EQ(forwarded[id], 1);
+        ++backwarded[id];
+      }
+    }
+    EXPECT_EQ(std::count(forwarded.begin(), forwarded.end(), 1), micro * chunks);
+    EXPECT_EQ(std::count(backwarded.begin(), backwarded.end(), 1), micro * chunks);
+  }
+  // Megatron's warm-up: the first stage runs (stages - 1) * 2 + (chunks - 1) * stages forwards
+  // before its first backward.
+  const auto first = parallel::pipeline_schedule("interleaved", stages, 0, micro, chunks);
+  const auto warm = std::find_if(first.begin(), first.end(), [](const auto& a) { return !a.forward; });
+  EXPECT_EQ(warm - first.begin(), (stages - 1) * 2 + (chunks - 1) * stages + 1);
+  EXPECT_THROW(parallel::pipeline_schedule("interleaved", 4, 0, 6, 2), std::invalid_argument);
 }
 
 TEST(PipelineSchedule, BalancedStagesGiveTheHeadStageFewerBlocks) {
@@ -63,6 +105,7 @@ struct Layout {
   std::string schedule = "1f1b";
   int data = 1, tensor = 1, sequence = 1, stage = 0;
   std::string layers = "[]";
+  int chunks = 1;
 };
 
 io::Config config(const std::string& data, const Layout& l, bool parallel, const std::string& run) {
@@ -75,7 +118,8 @@ io::Config config(const std::string& data, const Layout& l, bool parallel, const
       (parallel ? "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
                       std::to_string(l.tensor) + "}, sequence: " + std::to_string(l.sequence) +
                       ", pipeline: {size: " + std::to_string(l.pipeline) + ", schedule: " +
-                      l.schedule + ", layers: " + l.layers + "}, zero: {stage: " +
+                      l.schedule + ", layers: " + l.layers + ", chunks: " +
+                      std::to_string(l.chunks) + "}, zero: {stage: " +
                       std::to_string(l.stage) + "}, bucket_mb: 0.01}\n"
                 : std::string()) +
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
@@ -106,20 +150,27 @@ TEST_P(Pipeline, TrainsTheSingleRankModel) {
   const apps::TrainSummary got = trainer.train();
   test::expect_same_losses(got, expected);
 
-  // Schedule theory: every micro-batch forward and backward once per step; in flight at most
-  // all of them (GPipe) or stages - stage (1F1B).
-  const int64_t steps = 10, micro = 8 / (2 * layout.data);
+  // Schedule theory: every micro-batch forward and backward once per step and chunk; in flight
+  // at most all of them (GPipe), stages - stage (1F1B), or what the interleaved schedule says.
+  const int64_t steps = 10, micro = 8 / (2 * layout.data), chunks = layout.chunks;
   const int stage = pp.rank(), stages = pp.size();
   const auto& stats = trainer.pipeline_stats();
-  EXPECT_EQ(stats.forwards, steps * micro);
-  EXPECT_EQ(stats.backwards, steps * micro);
-  EXPECT_EQ(stats.peak_in_flight,
-            layout.schedule == "gpipe" ? micro : std::min<int64_t>(stages - stage, micro));
+  EXPECT_EQ(stats.forwards, steps * micro * chunks);
+  EXPECT_EQ(stats.backwards, steps * micro * chunks);
+  const int theory =
+      layout.schedule == "gpipe" ? int(micro)
+      : layout.schedule == "1f1b"
+          ? std::min<int>(stages - stage, int(micro))
+          : parallel::peak_in_flight(parallel::pipeline_schedule("interleaved", stages, stage,
+                                                                 int(micro), int(chunks)));
+  EXPECT_EQ(stats.peak_in_flight, theory);
   // Point to point: each micro-batch's output goes forward (but from the last stage) and its input
   // gradient back (but from the first), micro_batch x (T / sequence) x hidden floats, divided by
   // the tensor size: each tensor rank sends its part and the receivers all-gather (scatter-gather).
   const uint64_t floats = 2 * (16 / layout.sequence) * 32 / layout.tensor;
-  const uint64_t sends = uint64_t(steps * micro) * ((stage + 1 < stages) + (stage > 0));
+  // Every (chunk, micro-batch) sends forward but on the last virtual stage, back but on the first.
+  const uint64_t sends = uint64_t(steps * micro) *
+                         (2 * chunks - (stage + 1 == stages) - (stage == 0));
   EXPECT_EQ(pp.stats().send.calls, sends);
   EXPECT_EQ(pp.stats().send.payload_bytes, sends * floats * 4);
   EXPECT_EQ(pp.stats().recv.calls, sends);
@@ -135,7 +186,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, "1f1b", 2}, Layout{"opt", 2, "gpipe", 2, 1, 1, 1},
                       Layout{"gpt2", 2, "1f1b", 1, 2}, Layout{"opt", 2, "1f1b", 1, 1, 2},
                       Layout{"gpt2", 2, "1f1b", 2, 2, 1, 1}, Layout{"opt", 2, "gpipe", 2, 2},
-                      Layout{"gpt2", 2, "1f1b", 2, 1, 1, 2}, Layout{"opt", 2, "1f1b", 2, 1, 1, 3}),
+                      Layout{"gpt2", 2, "1f1b", 2, 1, 1, 2}, Layout{"opt", 2, "1f1b", 2, 1, 1, 3},
+                      // Interleaved: 2 model chunks per rank, 4 virtual stages of one block.
+                      Layout{"gpt2", 2, "interleaved", 1, 1, 1, 0, "[]", 2},
+                      Layout{"opt", 2, "interleaved", 2, 1, 1, 1, "[]", 2},
+                      Layout{"gpt2", 2, "interleaved", 1, 2, 1, 0, "[]", 2}),
     [](const auto& info) {
       const Layout& l = info.param;
       std::string name = l.arch + "_pp" + std::to_string(l.pipeline) + "_" + l.schedule;
@@ -144,6 +199,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (l.sequence > 1) name += "_sp" + std::to_string(l.sequence);
       if (l.stage > 0) name += "_zero" + std::to_string(l.stage);
       if (l.layers != "[]") name += "_given";
+      if (l.chunks > 1) name += "_chunks" + std::to_string(l.chunks);
       return name;
     });
 

@@ -235,7 +235,9 @@ double ShardedAdamW::distributed_norm(const float* grads, bool reduce_over_data)
     replicated = dp_.all_reduce_sum_value(replicated);
   }
   double total = (tp_ != nullptr ? tp_->all_reduce_sum_value(split) : split) + replicated;
-  if (pipeline_.stages != nullptr) total = pipeline_.stages->all_reduce_sum_value(total);
+  if (pipeline_.stages != nullptr && pipeline_.sum_over_stages) {
+    total = pipeline_.stages->all_reduce_sum_value(total);
+  }
   return std::sqrt(total);
 }
 

@@ -53,6 +53,7 @@ struct PipelineLinks {
   parallel::Communicator* stages = nullptr;  // one rank per stage (null: no pipeline)
   parallel::Communicator* tied = nullptr;    // the first and last stage (null elsewhere)
   bool count_embedding = true;               // false on the last stage: the first counts it
+  bool sum_over_stages = true;  // false: the caller sums the squared norm over stages (chunks)
 };
 
 class ShardedAdamW {
