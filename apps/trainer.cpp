@@ -574,10 +574,19 @@ TrainSummary Trainer::train() {
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       if (t.on_nonfinite == "stop") {
+        // The update was not applied: checkpoint the last good state (the steps before this one)
+        // so the run can resume, e.g. with a lower learning rate.
+        std::string saved;
+        if (step > 0) {
+          save_checkpoint(step, step - summary.skipped_steps);
+          saved = "; checkpoint " + checkpoint_dir() + "/ckpt-" + std::to_string(step) +
+                  ".h5 holds the state before it";
+        }
         throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                              ", gradient norm " + std::to_string(norm) +
-                             " is not finite; lower train.optimizer.lr or set "
-                             "train.on_nonfinite: skip to skip such steps");
+                             " is not finite" + saved +
+                             "; lower train.optimizer.lr or set train.on_nonfinite: skip to skip "
+                             "such steps");
       }
       ++summary.skipped_steps;
       print("step %lld: non-finite loss or gradient, update skipped\n", (long long)step + 1);

@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <hdf5.h>
+
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 
 #include "apps/trainer.hpp"
 #include "io/checkpoint.hpp"
@@ -113,6 +116,49 @@ TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
     EXPECT_TRUE(what.find("model.ffn_hidden") != std::string::npos ||
                 what.find("shape") != std::string::npos)
         << what;
+  }
+}
+
+// A checkpoint whose tensor bytes were changed fails its checksum and is skipped; an unwritable
+// checkpoint.dir is an error on every rank and leaves nothing behind.
+TEST(Checkpoint, ACorruptedTensorIsSkippedAndAnUnwritableDirectoryStopsEveryRank) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const std::string dir = fresh_dir(world, "corrupt" + std::to_string(world.size()));
+  const Layout layout{world.size(), 1, 1, 0};
+  const std::string every = "checkpoint: {every: 2, keep: 5, resume: auto}\n";
+  io::Config c = config(data, dir + "/run", layout, every);
+  c.train.steps = 4;
+  { apps::Trainer(c, nullptr, &world).train(); }
+  if (world.rank() == 0) {
+    // Overwrite 16 bytes in the middle of one tensor of the newest checkpoint, in place.
+    const std::string path = dir + "/run/checkpoints/ckpt-4.h5";
+    const hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    const hid_t dset = H5Dopen2(file, "model/transformer.h.1.mlp.c_fc.weight", H5P_DEFAULT);
+    const haddr_t offset = H5Dget_offset(dset);
+    H5Dclose(dset);
+    H5Fclose(file);
+    ASSERT_NE(offset, HADDR_UNDEF);
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(std::streamoff(offset + 64));
+    f.write("corrupted bytes!", 16);
+  }
+  world.barrier();
+  c.train.steps = 6;
+  apps::Trainer resumed(c, nullptr, &world);
+  EXPECT_EQ(resumed.train().first_step, 2) << "the damaged ckpt-4 must be skipped";
+
+  // checkpoint.dir under a regular file cannot be created.
+  io::Config bad = config(data, dir + "/bad", layout, "checkpoint: {every: 1}\n");
+  bad.checkpoint.dir = data + "/checkpoints";
+  bad.train.steps = 2;
+  apps::Trainer trainer(bad, nullptr, &world);
+  try {
+    trainer.train();
+    FAIL() << "wrote a checkpoint into " << bad.checkpoint.dir;
+  } catch (const apps::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot create checkpoint.dir"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
+#include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
 
 using namespace colossal;
@@ -119,7 +120,11 @@ TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
     stop.train();
     FAIL() << "expected a non-finite error";
   } catch (const apps::NonFiniteError& e) {
-    EXPECT_NE(std::string(e.what()).find("train.on_nonfinite"), std::string::npos);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("train.on_nonfinite"), std::string::npos) << what;
+    // The state before the bad step is checkpointed, so the run can resume from it.
+    EXPECT_NE(what.find("holds the state before it"), std::string::npos) << what;
+    EXPECT_FALSE(io::list_checkpoints(dir + "/run/checkpoints").empty());
   }
   c.train.on_nonfinite = "skip";
   apps::Trainer skip(c, nullptr);
