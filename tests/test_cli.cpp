@@ -282,6 +282,50 @@ TEST_F(Cli, SignalWritesACheckpointAndResumeContinues) {
   EXPECT_EQ(rows, stopped + 2);
 }
 
+// A rank killed mid-run (SIGKILL, as a node failure would): the job ends with an error instead of
+// hanging, the checkpoint directory holds intact checkpoints, and resume: auto continues.
+TEST_F(Cli, AKilledRankEndsTheJobAndResumeContinuesFromTheLastCheckpoint) {
+  const std::string config = write_config("kill.yaml");
+  const std::string run_dir = dir + "/kill";
+  std::filesystem::remove_all(run_dir);
+  const std::string args = " --set parallel.data=2 --set train.steps=100000 --set log.dir=" +
+                           run_dir + " --set checkpoint.every=3 --set checkpoint.resume=auto";
+  // Kill the first rank (a child of mpirun, found through /proc) after some steps; a guard kills
+  // mpirun after 120 s and leaves a file saying so.
+  const std::string script =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 --oversubscribe " +
+      bin("colossal_train") + " " + config + args + " > " + dir + "/kill.out 2>&1 & pid=$!; "
+      "(sleep 120; touch " + dir + "/kill.hung; kill -KILL $pid) > /dev/null 2>&1 & guard=$!; "
+      "for i in $(seq 600); do n=$(wc -l < " + run_dir + "/metrics.csv 2>/dev/null || echo 0); "
+      "[ \"$n\" -gt 8 ] && break; sleep 0.1; done; "
+      "for p in /proc/[0-9]*; do [ \"$(cut -d' ' -f4 $p/stat 2>/dev/null)\" = \"$pid\" ] && "
+      "{ kill -KILL ${p#/proc/}; break; }; done; "
+      "wait $pid; rc=$?; kill $guard 2> /dev/null; exit $rc";
+  std::filesystem::remove(dir + "/kill.hung");
+  Result r = run(script);
+  EXPECT_NE(r.code, 0) << "the job must fail when a rank dies";
+  EXPECT_FALSE(std::filesystem::exists(dir + "/kill.hung"))
+      << "the surviving rank hung until the guard killed mpirun";
+  const auto saved = std::filesystem::directory_iterator(run_dir + "/checkpoints");
+  int checkpoints = 0;
+  for (const auto& entry : saved) {
+    if (entry.path().extension() == ".h5") ++checkpoints;
+    EXPECT_NE(entry.path().extension(), ".tmp") << "a partial checkpoint was left behind";
+  }
+  EXPECT_GE(checkpoints, 1);
+  // Resume: from the newest intact checkpoint, two more steps.
+  std::ifstream latest(run_dir + "/checkpoints/latest");
+  std::string name;
+  latest >> name;
+  const long step = std::stol(name.substr(5));  // ckpt-<step>.h5
+  r = run("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+          "--oversubscribe " + bin("colossal_train") + " " + config + args +
+          " --set train.steps=" + std::to_string(step + 2));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + run_dir + "/checkpoints/" + name), std::string::npos)
+      << r.output;
+}
+
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
 // the ranks, the sample, the model file) gathers parameters collectively; the file it writes
 // evaluates to the same loss on one rank.
