@@ -326,6 +326,39 @@ TEST_F(Cli, AKilledRankEndsTheJobAndResumeContinuesFromTheLastCheckpoint) {
       << r.output;
 }
 
+// The Slurm scripts outside Slurm (the launcher replaced, the array task id given): a sweep point
+// trains with its overrides into runs/<sweep>-<array job>/<task>, and summarize.sh tabulates it.
+TEST_F(Cli, SweepScriptRunsAPointAndSummarizeCollectsIt) {
+  const char* source = std::getenv("COLOSSAL_SOURCE_DIR");
+  if (source == nullptr) GTEST_SKIP() << "COLOSSAL_SOURCE_DIR is not set (run through ctest)";
+  const std::string config = write_config("sweep-base.yaml");
+  std::ofstream(dir + "/tiny.sweep") << "base: " << config << "\n# two points\n"
+                                     << "--set train.steps=2\n--set train.steps=3 --set train.seed=7\n";
+  std::filesystem::remove_all(dir + "/sweeps");
+  const std::string env = "COLOSSAL_ROOT=" + std::string(source) + " COLOSSAL_BIN=" +
+                          bin("colossal_train") + " COLOSSAL_LAUNCH= SLURM_ARRAY_JOB_ID=42 ";
+  Result r = run("bash " + std::string(source) + "/slurm/sweep.sbatch " + dir + "/tiny.sweep --count");
+  EXPECT_EQ(r.output, "2\n");
+  r = run(env + "SLURM_ARRAY_TASK_ID=1 COLOSSAL_SWEEP_DIR=" + dir + "/sweeps/tiny-42 bash " +
+          std::string(source) + "/slurm/sweep.sbatch " + dir + "/tiny.sweep");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("point 1: --set train.steps=3 --set train.seed=7"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/sweeps/tiny-42/1/model.h5"));
+  r = run(env + "SLURM_ARRAY_TASK_ID=5 bash " + std::string(source) + "/slurm/sweep.sbatch " + dir +
+          "/tiny.sweep");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("has 2 points; array task 5 has none"), std::string::npos) << r.output;
+  r = run("bash " + std::string(source) + "/slurm/summarize.sh " + dir + "/sweeps");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream summary(dir + "/sweeps/summary.csv");
+  std::string header, row;
+  std::getline(summary, header);
+  std::getline(summary, row);
+  EXPECT_EQ(header, "run,point,steps,final_loss,best_val_loss,tokens_per_s");
+  EXPECT_EQ(row.rfind("tiny-42/1,\"--set train.steps=3 --set train.seed=7\",3,", 0), 0u) << row;
+}
+
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
 // the ranks, the sample, the model file) gathers parameters collectively; the file it writes
 // evaluates to the same loss on one rank.
