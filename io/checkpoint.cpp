@@ -86,6 +86,10 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
   if (ec) throw H5Error("cannot create checkpoint.dir '" + dir + "': " + ec.message());
   const std::string path = (fs::path(dir) / checkpoint_name(state.step)).string();
   const std::string tmp = path + ".tmp";
+  // Temporary files of saves that a crash interrupted are never read; remove them now.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".tmp") fs::remove(entry.path(), ec);
+  }
   try {
     H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,
                   "creating '" + tmp + "' (is checkpoint.dir writable?)");

@@ -11,7 +11,8 @@
 //   position is the step alone.
 // A save writes DIR/ckpt-<step>.h5.tmp, flushes and closes it, renames it into place, then
 // rewrites DIR/latest (through a temporary name) and removes all but the newest `keep`
-// checkpoints: a crash at any moment leaves the previous checkpoint whole.
+// checkpoints: a crash at any moment leaves the previous checkpoint whole. The temporary files of
+// an interrupted save are removed by the next one.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,113 @@
+#include "planner/step_graph.hpp"
+
+#include <cstdio>
+#include <stdexcept>
+
+namespace colossal::planner {
+
+double StepGraph::forward_flops() const {
+  double total = 0.0;
+  for (const Op& op : ops) total += op.forward_flops;
+  return total;
+}
+double StepGraph::backward_flops() const {
+  double total = 0.0;
+  for (const Op& op : ops) total += op.backward_flops;
+  return total;
+}
+double StepGraph::saved_bytes() const {
+  double total = 0.0;
+  for (const Op& op : ops) total += op.saved_bytes;
+  return total;
+}
+double StepGraph::collective_bytes() const {
+  double total = 0.0;
+  for (const Op& op : ops) total += op.collective_bytes;
+  return total;
+}
+
+StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
+  if (l.tensor < 1 || l.sequence < 1 || l.seq_len % l.sequence != 0 ||
+      s.heads % l.tensor != 0 || s.ffn_hidden % l.tensor != 0) {
+    throw std::invalid_argument("build_step_graph: the layout does not divide the model");
+  }
+  const double f = 4.0;  // bytes per fp32 value
+  const double t = l.tensor, B = l.micro_batch, T = l.seq_len / l.sequence, keys = l.seq_len;
+  const double C = s.hidden, Cl = C / t, H = s.heads / t, F = s.ffn_hidden / t;
+  const double V = double(core::padded_vocab(s, l.tensor)) / t;
+  const double N = B * T;                                  // tokens of this micro-batch here
+  const double rows = l.sequence_split && l.tensor > 1 ? N / t : N;  // residual-stream rows
+  const bool tp = l.tensor > 1, split = tp && l.sequence_split, ring = l.sequence > 1;
+  const int first = l.stage.layer_begin, last = l.stage.layer_end < 0 ? s.layers : l.stage.layer_end;
+  // A tensor-parallel boundary: all-reduce of (N, C), or reduce-scatter + all-gather under split.
+  const char* boundary = split ? "reduce_scatter+all_gather(tp)" : tp ? "all_reduce(tp)" : "";
+  const double boundary_bytes = tp ? N * C * f : 0.0;
+  StepGraph g;
+  auto add = [&g](Op op) { g.ops.push_back(std::move(op)); };
+  // A GEMM of (M, K) x (K, Nout): 2MKN forward; backward computes both input and weight grads.
+  auto gemm = [&](std::string name, double M, double K, double Nout, double saved,
+                  const char* collective = "", double collective_bytes = 0.0) {
+    add(Op{std::move(name), "gemm", 2 * M * K * Nout, 4 * M * K * Nout,
+           f * (M * K + K * Nout + M * Nout), saved, collective, collective_bytes});
+  };
+  if (l.stage.embeds) {
+    add(Op{"embedding", "embedding", 0.0, 0.0, f * (N * C + N * C), f * rows * C, boundary,
+           boundary_bytes});
+  } else {
+    add(Op{"stage input", "embedding", 0.0, 0.0, 0.0, f * rows * C, "recv(pp)", f * rows * C});
+  }
+  for (int layer = first; layer < last; ++layer) {
+    const std::string h = "h." + std::to_string(layer) + ".";
+    add(Op{h + "ln_1", "layernorm", 0.0, 0.0, f * 2 * rows * C, f * (rows * C + 2 * rows),
+           split ? "all_gather(tp)" : "", split ? N * C * f : 0.0});
+    gemm(h + "attn.qkv", N, C, 3 * Cl, f * 3 * N * Cl, split ? "" : tp ? "all_reduce(tp)" : "",
+         split ? 0.0 : boundary_bytes);
+    // Dense causal attention computes every (query, key) pair: QK^T and PV, 2 x 2BHT(keys)hd.
+    const double pairs = B * H * T * keys, hd = C / s.heads;
+    const double scores = s.fused_attention ? B * H * T : pairs;
+    add(Op{h + "attn.core", "attention", 4 * pairs * hd, 8 * pairs * hd,
+           f * (3 * N * Cl + 2 * pairs + N * Cl), f * (scores + N * Cl),
+           ring ? "send_recv+reduce_scatter(sp)" : "",
+           ring ? f * (4 * (l.sequence - 1) * N * Cl + 2 * l.sequence * N * Cl) : 0.0});
+    gemm(h + "attn.out", N, Cl, C, f * rows * C, boundary, boundary_bytes);
+    add(Op{h + "ln_2", "layernorm", 0.0, 0.0, f * 2 * rows * C, f * (rows * C + 2 * rows),
+           split ? "all_gather(tp)" : "", split ? N * C * f : 0.0});
+    gemm(h + "mlp.fc", N, C, F, f * N * F, split ? "" : tp ? "all_reduce(tp)" : "",
+         split ? 0.0 : boundary_bytes);
+    add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * 2 * N * F, 0.0});  // recomputed in backward
+    gemm(h + "mlp.out", N, F, C, f * rows * C, boundary, boundary_bytes);
+  }
+  if (l.stage.head) {
+    add(Op{"ln_f", "layernorm", 0.0, 0.0, f * 2 * rows * C, f * (N * C + 2 * rows),
+           split ? "all_gather(tp)" : "", split ? N * C * f : 0.0});
+    gemm("lm_head", N, C, V, f * N * V, tp ? (split ? "reduce_scatter(tp)" : "all_reduce(tp)") : "",
+         boundary_bytes);
+    add(Op{"cross_entropy", "loss", 0.0, 0.0, f * 2 * N * V, f * N, tp ? "all_reduce(tp)" : "",
+           tp ? 3 * N * f : 0.0});
+  }
+  return g;
+}
+
+std::string format_step_graph(const StepGraph& g) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-22s %-10s %10s %10s %10s %10s  %s\n", "op", "kind",
+                "fwd GFLOP", "bwd GFLOP", "moved MB", "saved MiB", "collective (bytes)");
+  out += line;
+  for (const Op& op : g.ops) {
+    std::snprintf(line, sizeof line, "%-22s %-10s %10.3f %10.3f %10.2f %10.2f  %s%s\n",
+                  op.name.c_str(), op.kind, op.forward_flops / 1e9, op.backward_flops / 1e9,
+                  op.bytes / 1e6, op.saved_bytes / 1048576.0, op.collective,
+                  op.collective_bytes > 0
+                      ? (" (" + std::to_string(int64_t(op.collective_bytes)) + ")").c_str()
+                      : "");
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-22s %-10s %10.3f %10.3f %10s %10.2f  %.0f bytes\n", "total",
+                "", g.forward_flops() / 1e9, g.backward_flops() / 1e9, "",
+                g.saved_bytes() / 1048576.0, g.collective_bytes());
+  out += line;
+  return out;
+}
+
+}  // namespace colossal::planner

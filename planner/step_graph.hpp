@@ -1,0 +1,51 @@
+// The symbolic graph of one training micro-batch: every op of forward and backward with its FLOPs,
+// the bytes it moves, the activation bytes it keeps for backward and the collective its sharding
+// implies, computed from the model spec and the layout alone (nothing is allocated, no kernel
+// runs). The first piece of the symbolic cost pass: its saved bytes are exactly what core::Model
+// allocates for activations (tests/test_step_graph.cpp), and its matmul FLOPs add up to the
+// 6N + 12LTd per token of core::flops_per_token.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.hpp"
+
+namespace colossal::planner {
+
+// One rank's view of the layout.
+struct Layout {
+  int micro_batch = 1;
+  int seq_len = 1024;            // the whole sequence
+  int tensor = 1;                // 1D tensor parallelism
+  bool sequence_split = false;   // Megatron sequence parallelism inside the tensor group
+  int sequence = 1;              // ring self-attention
+  core::StageRange stage{};      // pipeline stage (the whole model by default)
+};
+
+struct Op {
+  std::string name;                // e.g. "h.3.mlp.fc"
+  const char* kind = "";           // embedding | layernorm | gemm | attention | activation | loss
+  double forward_flops = 0.0;
+  double backward_flops = 0.0;
+  double bytes = 0.0;              // forward: bytes read and written (fp32)
+  double saved_bytes = 0.0;        // activations kept for backward
+  const char* collective = "";     // what the sharding implies, per micro-batch (forward+backward)
+  double collective_bytes = 0.0;   // payload of those collectives
+};
+
+struct StepGraph {
+  std::vector<Op> ops;
+  double forward_flops() const;
+  double backward_flops() const;
+  double saved_bytes() const;
+  double collective_bytes() const;
+};
+
+StepGraph build_step_graph(const core::ModelSpec& spec, const Layout& layout);
+
+// The per-op table (op, kind, GFLOP forward/backward, MB moved, MiB saved, collective) and totals.
+std::string format_step_graph(const StepGraph& graph);
+
+}  // namespace colossal::planner
