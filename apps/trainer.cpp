@@ -175,7 +175,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                            .sequence_split = par.sequence_split,
                            .sequence = sequence_group_.get(),
                            .stage = chunk.range,
-                           .slots = chunk.slots});
+                           .slots = chunk.slots,
+                           .recompute = train.recomputed(spec.layers)});
     if (!memory_plan) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
   }

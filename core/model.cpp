@@ -146,21 +146,57 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // The final layernorm's output is needed whole by the LM head; its statistics and the losses
   // per token as before (head stage only). One such set per slot.
   const std::size_t head_floats = stage_.head ? BTC + 2 * BTr + BT : 0;
-  const std::size_t per_slot = BTCr * (L + 1) + L * per_block + head_floats;
+  // Recomputed blocks keep only their input (a residual); their activations live in one set
+  // shared by all of them (a temporary), rebuilt by running the block again in backward.
+  recompute_.assign(L, 0);
+  std::size_t recomputed = 0;
+  for (int block : options.recompute) {
+    if (block >= layer_begin_ && block < layer_end_ && !recompute_[block - layer_begin_]) {
+      recompute_[block - layer_begin_] = 1;
+      ++recomputed;
+    }
+  }
+  const std::size_t per_slot = BTCr * (L + 1) + (L - recomputed) * per_block + head_floats;
   const std::size_t slots = std::size_t(options.slots);
   acts_ = DeviceArray<float>(tracker, MemCategory::activations, per_slot * slots);
   logits_ = DeviceArray<float>(tracker, MemCategory::activations,
                                stage_.head ? BT * local_vocab_ * slots : 0);
-  float* cursor = acts_.data();
+  float* cursor = nullptr;
   auto carve = [&cursor](std::size_t n) {
     float* p = cursor;
     if (cursor != nullptr) cursor += n;  // null in a dry run (MemoryTracker::set_dry_run)
     return p;
   };
+  auto carve_block = [&] {
+    BlockActs a{};
+    a.ln1 = carve(BTCr);
+    a.ln1_mean = carve(BTr);
+    a.ln1_rstd = carve(BTr);
+    a.qkv = carve(3 * BTCl);
+    a.att = carve(att_floats);
+    a.atty = carve(BTCl);
+    a.mid = carve(BTCr);
+    a.ln2 = carve(BTCr);
+    a.ln2_mean = carve(BTr);
+    a.ln2_rstd = carve(BTr);
+    a.fch = carve(BT * F);
+    return a;
+  };
+  BlockActs shared{};
+  if (recomputed > 0) {
+    recompute_arena_ = DeviceArray<float>(tracker, MemCategory::temporaries, per_block);
+    cursor = recompute_arena_.data();
+    shared = carve_block();
+  }
+  cursor = acts_.data();
   for (std::size_t slot = 0; slot < slots; ++slot) {
     Acts acts{};
     for (std::size_t l = 0; l <= L; ++l) acts.residual.push_back(carve(BTCr));
     for (std::size_t l = 0; l < L; ++l) {
+      if (recompute_[l]) {
+        acts.blocks.push_back(shared);
+        continue;
+      }
       BlockActs a{};
       a.ln1 = carve(BTCr);
       a.ln1_mean = carve(BTr);
@@ -393,6 +429,54 @@ void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, 
                         ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
+// One block's forward from A.residual[i] to A.residual[i + 1], its activations into the block's
+// saved set (or the shared recompute set: recomputed blocks run this again in backward).
+void Model::block_forward(int i, Acts& A, int B, const float* P) {
+  const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
+  const int H = local_heads_;
+  const int64_t N = int64_t(B) * T;
+  const int64_t Nl = local_rows(N);
+  const float eps = spec_.layernorm_eps();
+  const BlockParams& bp = blocks_[i];
+  BlockActs& a = A.blocks[i];
+  timed(WorkKind::layernorm, [&] {
+    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
+                         P + bp.ln1_b, Nl, C, eps);
+  });
+  const float* ln1 = gather_rows(a.ln1, N);
+  for (int part = 0; part < bp.qkv_parts; ++part) {
+    const Linear lin = qkv_part(bp, part);
+    float* out = a.qkv + part * Cl;
+    timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
+    linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
+  }
+  timed(WorkKind::attention, [&] {
+    if (ring_) {
+      ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
+    } else if (spec_.fused_attention) {
+      fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
+    } else {
+      attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
+    }
+  });
+  // Row-parallel output projection: partial sums over the tensor group.
+  float* out = row_parallel_begin(a.mid, A.residual[i], P + bp.attn_out_b, N);
+  linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
+  row_parallel_end(a.mid, A.residual[i], P + bp.attn_out_b, N);
+
+  timed(WorkKind::layernorm, [&] {
+    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
+                         C, eps);
+  });
+  const float* ln2 = gather_rows(a.ln2, N);
+  timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
+  linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
+  activation_forward(act_buf_, a.fch, N * F);
+  out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
+  linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+  row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
+}
+
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
                       int slot) {
   if (B < 1 || B > max_batch_) {
@@ -400,8 +484,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
                                 std::to_string(max_batch_) + "]");
   }
   Acts& A = acts_of(slot);
-  const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
-  const int H = local_heads_, V = int(local_vocab_);
+  const int T = seq_len_, C = spec_.hidden, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);  // rows of the residual stream on this rank
   const float eps = spec_.layernorm_eps();
@@ -428,46 +511,9 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     }
   }  // else the previous stage's output is already in stage_input(slot)
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    const BlockParams& bp = blocks_[i];
-    BlockActs& a = A.blocks[i];
-    const float* P = store_->gather(bp.unit);
-    timed(WorkKind::layernorm, [&] {
-      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
-                           P + bp.ln1_b, Nl, C, eps);
-    });
-    const float* ln1 = gather_rows(a.ln1, N);
-    for (int part = 0; part < bp.qkv_parts; ++part) {
-      const Linear lin = qkv_part(bp, part);
-      float* out = a.qkv + part * Cl;
-      timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
-      linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
-    }
-    timed(WorkKind::attention, [&] {
-      if (ring_) {
-        ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
-      } else if (spec_.fused_attention) {
-        fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
-      } else {
-        attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
-      }
-    });
-    // Row-parallel output projection: partial sums over the tensor group.
-    float* out = row_parallel_begin(a.mid, A.residual[i], P + bp.attn_out_b, N);
-    linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
-    row_parallel_end(a.mid, A.residual[i], P + bp.attn_out_b, N);
-
-    timed(WorkKind::layernorm, [&] {
-      k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
-                           C, eps);
-    });
-    const float* ln2 = gather_rows(a.ln2, N);
-    timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
-    linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
-    activation_forward(act_buf_, a.fch, N * F);
-    out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
-    linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
-    row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
-    store_->release(bp.unit);
+    const float* P = store_->gather(blocks_[i].unit);
+    block_forward(int(i), A, B, P);
+    store_->release(blocks_[i].unit);
   }
   if (!stage_.head) {  // stage_output(slot) goes to the next stage
     if (E != nullptr) store_->release(embed_unit_);
@@ -551,6 +597,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     const BlockParams& bp = blocks_[i];
     const BlockActs& a = A.blocks[i];
     const float* P = store_->gather(bp.unit);
+    // A recomputed block kept only its input: run its forward again into the shared set.
+    if (recompute_[i]) block_forward(i, A, B, P);
     float* G = store_->gradients(bp.unit);
     // MLP: the activation output was not saved; recompute it for the second linear's dW.
     activation_forward(act_buf_, a.fch, N * F);

@@ -35,6 +35,9 @@ struct ModelOptions {
   TensorGroup* sequence = nullptr;   // ring self-attention
   StageRange stage{};                // pipeline stage (the whole model by default)
   int slots = 1;                     // activation sets: micro-batches in flight on this stage
+  // Blocks (global indices) whose activations are not kept but recomputed from their input in
+  // backward (activation checkpointing): one extra forward of each, their memory freed.
+  std::vector<int> recompute{};
 };
 
 class Model {
@@ -169,6 +172,7 @@ class Model {
     std::vector<BlockActs> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *losses, *logits;
   };
+  void block_forward(int i, Acts& A, int batch, const float* P);
   Acts& acts_of(int slot) {
     if (slot < 0 || slot >= int(slot_acts_.size())) {
       throw std::out_of_range("activation slot " + std::to_string(slot) + " of " +
@@ -245,6 +249,8 @@ class Model {
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
   std::vector<Acts> slot_acts_;
+  std::vector<char> recompute_;        // per local block
+  DeviceArray<float> recompute_arena_;  // the activations of the block being recomputed
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one

@@ -190,6 +190,15 @@ const std::vector<KeySpec>& schema() {
       {.key = "train.optimizer.grad_clip", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.grad_clip; },
        .doc = "clip the global gradient norm to this; 0 = off", .range = at_least(0)},
+      {.key = "train.recompute.blocks", .kind = Kind::integer_list,
+       .field = [](Config& c) -> Field { return &c.train.recompute_blocks; },
+       .doc = "blocks whose activations are recomputed in backward instead of kept (activation "
+              "checkpointing)",
+       .range = at_least(0), .cross_check = "each < model.layers"},
+      {.key = "train.recompute.every", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.train.recompute_every; },
+       .doc = "also recompute every k-th block (0, k, 2k, ...); 1 = all, 0 = none",
+       .range = at_least(0)},
       {.key = "train.on_nonfinite", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.train.on_nonfinite; },
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
@@ -907,6 +916,7 @@ class Resolver {
     check_heads(config.model);
     check_tensor_split(config);
     check_pipeline(config);
+    check_recompute(config);
     const TrainConfig& t = config.train;
     if (t.seq_len > config.model.max_seq)
       raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",
@@ -965,6 +975,18 @@ class Resolver {
   }
 
   // The tensor size must divide the heads and the MLP width; offer the nearest sizes that do.
+  void check_recompute(const Config& config) const {
+    for (int block : config.train.recompute_blocks) {
+      if (block >= config.model.layers) {
+        raise(where_first({"train.recompute.blocks"}), "train.recompute.blocks",
+              "block " + std::to_string(block) + " of a model with " +
+                  std::to_string(config.model.layers) + " layers",
+              "blocks are numbered from 0", "list blocks below " +
+                  std::to_string(config.model.layers));
+      }
+    }
+  }
+
   void check_pipeline(const Config& config) const {
     const auto& p = config.parallel;
     const int layers = config.model.layers;

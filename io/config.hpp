@@ -46,6 +46,14 @@ struct TrainConfig {
   std::string precision = "fp32";
   OptimizerConfig optimizer;
   std::string on_nonfinite = "stop";  // stop | skip
+  // Activation checkpointing: blocks recomputed in backward instead of keeping their activations.
+  std::vector<int> recompute_blocks;  // block indices
+  int recompute_every = 0;            // also every k-th block (0, k, 2k, ...); 0 = none
+  std::vector<int> recomputed(int layers) const {
+    std::vector<int> blocks = recompute_blocks;
+    for (int b = 0; recompute_every > 0 && b < layers; b += recompute_every) blocks.push_back(b);
+    return blocks;
+  }
 };
 
 struct ParallelConfig {

@@ -1,5 +1,6 @@
 #include "planner/step_graph.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 
@@ -58,6 +59,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   }
   for (int layer = first; layer < last; ++layer) {
     const std::string h = "h." + std::to_string(layer) + ".";
+    const std::size_t block_begin = g.ops.size();
     add(Op{h + "ln_1", "layernorm", 0.0, 0.0, f * 2 * rows * C, f * (rows * C + 2 * rows),
            split ? "all_gather(tp)" : "", split ? N * C * f : 0.0});
     gemm(h + "attn.qkv", N, C, 3 * Cl, f * 3 * N * Cl, split ? "" : tp ? "all_reduce(tp)" : "",
@@ -76,6 +78,16 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
          split ? 0.0 : boundary_bytes);
     add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * 2 * N * F, 0.0});  // recomputed in backward
     gemm(h + "mlp.out", N, F, C, f * rows * C, boundary, boundary_bytes);
+    if (std::find(l.recompute.begin(), l.recompute.end(), layer) != l.recompute.end()) {
+      // Activation checkpointing: only the block's output (the next block's input) stays; the
+      // backward runs the block's forward again.
+      for (std::size_t i = block_begin; i < g.ops.size(); ++i) {
+        Op& op = g.ops[i];
+        op.backward_flops += op.forward_flops;
+        if (i + 1 < g.ops.size()) op.saved_bytes = 0.0;
+        op.name += " (recomputed)";
+      }
+    }
   }
   if (l.stage.head) {
     add(Op{"ln_f", "layernorm", 0.0, 0.0, f * 2 * rows * C, f * (N * C + 2 * rows),

@@ -22,6 +22,7 @@ struct Layout {
   bool sequence_split = false;   // Megatron sequence parallelism inside the tensor group
   int sequence = 1;              // ring self-attention
   core::StageRange stage{};      // pipeline stage (the whole model by default)
+  std::vector<int> recompute{};  // blocks recomputed in backward (activation checkpointing)
 };
 
 struct Op {

@@ -106,6 +106,7 @@ struct Layout {
   int data = 1, tensor = 1, sequence = 1, stage = 0;
   std::string layers = "[]";
   int chunks = 1;
+  int recompute_every = 0;  // activation checkpointing
 };
 
 io::Config config(const std::string& data, const Layout& l, bool parallel, const std::string& run) {
@@ -114,7 +115,8 @@ io::Config config(const std::string& data, const Layout& l, bool parallel, const
       " max_seq: 16, vocab_multiple: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
-      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n" +
+      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2},\n"
+      "        recompute: {every: " + std::to_string(parallel ? l.recompute_every : 0) + "}}\n" +
       (parallel ? "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
                       std::to_string(l.tensor) + "}, sequence: " + std::to_string(l.sequence) +
                       ", pipeline: {size: " + std::to_string(l.pipeline) + ", schedule: " +
@@ -190,7 +192,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Interleaved: 2 model chunks per rank, 4 virtual stages of one block.
                       Layout{"gpt2", 2, "interleaved", 1, 1, 1, 0, "[]", 2},
                       Layout{"opt", 2, "interleaved", 2, 1, 1, 1, "[]", 2},
-                      Layout{"gpt2", 2, "interleaved", 1, 2, 1, 0, "[]", 2}),
+                      Layout{"gpt2", 2, "interleaved", 1, 2, 1, 0, "[]", 2},
+                      // Activation checkpointing inside pipeline stages with tensor parallelism.
+                      Layout{"opt", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1}),
     [](const auto& info) {
       const Layout& l = info.param;
       std::string name = l.arch + "_pp" + std::to_string(l.pipeline) + "_" + l.schedule;
@@ -200,6 +204,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (l.stage > 0) name += "_zero" + std::to_string(l.stage);
       if (l.layers != "[]") name += "_given";
       if (l.chunks > 1) name += "_chunks" + std::to_string(l.chunks);
+      if (l.recompute_every > 0) name += "_recompute";
       return name;
     });
 

@@ -33,6 +33,7 @@ struct Case {
   bool split = false, fused = false;
   core::StageRange stage{};
   int slots = 1;
+  std::vector<int> recompute{};
 };
 
 class SavedBytes : public ::testing::TestWithParam<Case> {};
@@ -52,8 +53,9 @@ TEST_P(SavedBytes, EqualWhatTheModelAllocates) {
                                        .sequence_split = c.split,
                                        .sequence = &ring,
                                        .stage = c.stage,
-                                       .slots = c.slots});
-  planner::Layout layout{B, T, c.tensor, c.split, c.sequence, c.stage};
+                                       .slots = c.slots,
+                                       .recompute = c.recompute});
+  planner::Layout layout{B, T, c.tensor, c.split, c.sequence, c.stage, c.recompute};
   const planner::StepGraph graph = planner::build_step_graph(spec, layout);
   EXPECT_EQ(double(model.activation_bytes()), graph.saved_bytes() * c.slots);
   EXPECT_EQ(tracker.current(core::MemCategory::activations), model.activation_bytes());
@@ -66,7 +68,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{core::Arch::gpt2, 2, 2, true}, Case{core::Arch::opt, 1, 1, false, true},
                       Case{core::Arch::gpt2, 1, 1, false, false, {0, 2, true, false}, 3},
                       Case{core::Arch::opt, 2, 1, false, false, {2, 4, false, true}, 2},
-                      Case{core::Arch::gpt2, 1, 1, false, false, {1, 3, false, false}, 2}));
+                      Case{core::Arch::gpt2, 1, 1, false, false, {1, 3, false, false}, 2},
+                      // Activation checkpointing: recomputed blocks keep only their output.
+                      Case{core::Arch::gpt2, 1, 1, false, false, {}, 1, {0, 1, 2, 3}},
+                      Case{core::Arch::opt, 2, 1, true, false, {}, 2, {1, 3}},
+                      Case{core::Arch::gpt2, 1, 2, false, false, {1, 3, false, false}, 2, {2}}));
 
 TEST(StepGraph, MatmulFlopsAre6NPlus12LTdPerTokenAndSplitOverTensorRanks) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 6, 96, 6, 384, 768, 128);

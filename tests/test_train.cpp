@@ -154,3 +154,27 @@ TEST(MemoryPlan, CountsWhatTheRealRunAllocates) {
   EXPECT_NE(real.model().store().full_params(), nullptr);
 }
 }  // namespace
+
+namespace {
+// Activation checkpointing changes memory, not results: recomputing blocks in backward gives
+// bitwise the same losses and weights, and frees their activations.
+TEST(Recompute, SameTrainingWithLessActivationMemory) {
+  const std::string dir = temp_dir("recompute");
+  io::Config keep = tiny_config(dir, "gpt2");
+  keep.train.steps = 6;
+  io::Config again = keep;
+  again.train.recompute_every = 1;  // every block
+  apps::Trainer a(keep, nullptr), b(again, nullptr);
+  const apps::TrainSummary sa = a.train(), sb = b.train();
+  ASSERT_EQ(sa.losses.size(), sb.losses.size());
+  for (std::size_t i = 0; i < sa.losses.size(); ++i) EXPECT_EQ(sa.losses[i], sb.losses[i]) << i;
+  EXPECT_EQ(a.logical_parameters(), b.logical_parameters());
+  const std::size_t kept = a.memory().current(core::MemCategory::activations);
+  const std::size_t recomputed = b.memory().current(core::MemCategory::activations);
+  EXPECT_LT(recomputed, kept / 2) << "the blocks' activations must be freed";
+  io::Config one = keep;
+  one.train.recompute_blocks = {1};
+  apps::Trainer c(one, nullptr);
+  EXPECT_EQ(c.train().losses, sa.losses);
+}
+}  // namespace
