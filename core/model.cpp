@@ -192,25 +192,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   for (std::size_t slot = 0; slot < slots; ++slot) {
     Acts acts{};
     for (std::size_t l = 0; l <= L; ++l) acts.residual.push_back(carve(BTCr));
-    for (std::size_t l = 0; l < L; ++l) {
-      if (recompute_[l]) {
-        acts.blocks.push_back(shared);
-        continue;
-      }
-      BlockActs a{};
-      a.ln1 = carve(BTCr);
-      a.ln1_mean = carve(BTr);
-      a.ln1_rstd = carve(BTr);
-      a.qkv = carve(3 * BTCl);
-      a.att = carve(att_floats);
-      a.atty = carve(BTCl);
-      a.mid = carve(BTCr);
-      a.ln2 = carve(BTCr);
-      a.ln2_mean = carve(BTr);
-      a.ln2_rstd = carve(BTr);
-      a.fch = carve(BT * F);
-      acts.blocks.push_back(a);
-    }
+    for (std::size_t l = 0; l < L; ++l) acts.blocks.push_back(recompute_[l] ? shared : carve_block());
     if (stage_.head) {
       acts.lnf = carve(BTC);
       acts.lnf_mean = carve(BTr);

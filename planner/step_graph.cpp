@@ -6,26 +6,18 @@
 
 namespace colossal::planner {
 
-double StepGraph::forward_flops() const {
-  double total = 0.0;
-  for (const Op& op : ops) total += op.forward_flops;
-  return total;
+namespace {
+double total(const std::vector<Op>& ops, double Op::*field) {
+  double sum = 0.0;
+  for (const Op& op : ops) sum += op.*field;
+  return sum;
 }
-double StepGraph::backward_flops() const {
-  double total = 0.0;
-  for (const Op& op : ops) total += op.backward_flops;
-  return total;
-}
-double StepGraph::saved_bytes() const {
-  double total = 0.0;
-  for (const Op& op : ops) total += op.saved_bytes;
-  return total;
-}
-double StepGraph::collective_bytes() const {
-  double total = 0.0;
-  for (const Op& op : ops) total += op.collective_bytes;
-  return total;
-}
+}  // namespace
+
+double StepGraph::forward_flops() const { return total(ops, &Op::forward_flops); }
+double StepGraph::backward_flops() const { return total(ops, &Op::backward_flops); }
+double StepGraph::saved_bytes() const { return total(ops, &Op::saved_bytes); }
+double StepGraph::collective_bytes() const { return total(ops, &Op::collective_bytes); }
 
 StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   if (l.tensor < 1 || l.sequence < 1 || l.seq_len % l.sequence != 0 ||
