@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "apps/cli.hpp"
-#include "parallel/pipeline_schedule.hpp"
+#include "apps/trainer.hpp"
 #include "planner/step_graph.hpp"
 
 using namespace colossal;
@@ -37,13 +37,7 @@ int main(int argc, char** argv) {
                              std::to_string(stages - 1) + "]");
     }
     const auto start = std::chrono::steady_clock::now();
-    std::vector<int> layers = p.pipeline_layers;
-    if (layers.empty()) {
-      const double C = c.model.hidden, F = c.model.ffn_hidden, T = c.train.seq_len;
-      layers = parallel::balance_stages(c.model.layers, stages,
-                                        2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
-                                        2.0 * C * c.model.vocab);
-    }
+    const std::vector<int> layers = apps::pipeline_layers(c);
     core::StageRange range{0, 0, stage == 0, stage == stages - 1};
     for (int s = 0; s < stage; ++s) range.layer_begin += layers[s];
     range.layer_end = range.layer_begin + layers[stage];

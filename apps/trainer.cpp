@@ -8,7 +8,8 @@
 #include <cstdlib>
 #include <atomic>
 #include <filesystem>
-#include <map>
+#include <optional>
+#include <unordered_map>
 #include <span>
 #include <utility>
 #include <type_traits>
@@ -40,6 +41,17 @@ std::string format_duration(double s) {
   return buf;
 }
 }  // namespace
+
+std::vector<int> pipeline_layers(const io::Config& config) {
+  const auto& p = config.parallel;
+  if (!p.pipeline_layers.empty()) return p.pipeline_layers;
+  const auto& spec = config.model;
+  const double C = spec.hidden, F = spec.ffn_hidden, T = config.train.seq_len;
+  // Forward FLOPs per token of a block (its matmuls and attention) and of the LM head.
+  return parallel::balance_stages(spec.layers, p.pipeline * p.pipeline_chunks,
+                                  2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
+                                  2.0 * C * spec.vocab);
+}
 
 double peak_flops(const io::HardwareConfig& hardware) {
   if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
@@ -92,25 +104,12 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   const auto& train = config_.train;
   const auto& spec = config_.model;
   // Pipeline: this rank's stage, its blocks, its schedule, and the ranks it talks to.
-  const int stages = pp_->size(), stage = pp_->rank();
-  stage_layers_ = par.pipeline_layers;
-  if (stage_layers_.empty()) {
-    const double C = spec.hidden, F = spec.ffn_hidden, T = train.seq_len;
-    stage_layers_ = parallel::balance_stages(spec.layers, stages, 2.0 * (4 * C * C + 2 * C * F) +
-                                                                      4.0 * T * C,
-                                             2.0 * C * spec.vocab);
-  }
   // Virtual stages: one per rank, or `chunks` per rank under the interleaved schedule (virtual
   // stage c * stages + rank); the partition is over the virtual stages.
+  const int stages = pp_->size(), stage = pp_->rank();
   const int chunks = par.pipeline_chunks;
   virtual_stages_ = stages * chunks;
-  if (chunks > 1 && !par.pipeline_layers.empty()) stage_layers_ = par.pipeline_layers;
-  if (chunks > 1 && par.pipeline_layers.empty()) {
-    const double C = spec.hidden, F = spec.ffn_hidden, T = train.seq_len;
-    stage_layers_ = parallel::balance_stages(spec.layers, virtual_stages_,
-                                             2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
-                                             2.0 * C * spec.vocab);
-  }
+  stage_layers_ = pipeline_layers(config_);
   schedule_ = parallel::pipeline_schedule(par.pipeline_schedule, stages, stage,
                                           config_.accumulation_steps(), chunks);
   chunks_.resize(chunks);
@@ -333,14 +332,20 @@ double Trainer::pipeline_forward(int batch) {
 // backward of each in turn). A stage receives its input from the previous stage before a forward
 // and the gradient of its output from the next before a backward (blocking), and sends its output
 // and input gradient on without waiting; sends complete before their buffers are reused.
-Trainer::TraceSpan::TraceSpan(Trainer& t, std::string name, const char* category)
-    : trainer_(t), name_(std::move(name)), category_(category),
+Trainer::TraceSpan::TraceSpan(Trainer& t, const char* name, const char* category,
+                              std::optional<parallel::PipelineAction> action)
+    : trainer_(t), name_(name), category_(category), action_(action),
       begin_us_(t.trace_path_.empty() ? 0.0 : t.trace_clock_us()) {}
 
 Trainer::TraceSpan::~TraceSpan() {
-  if (trainer_.trace_path_.empty()) return;
+  if (trainer_.trace_path_.empty()) return;  // no names built, nothing kept
+  std::string name = name_;
+  if (action_) {
+    if (trainer_.chunks_.size() > 1) name += std::to_string(action_->chunk) + ".";
+    name += std::to_string(action_->micro);
+  }
   trainer_.trace_.push_back(
-      {std::move(name_), category_, begin_us_, trainer_.trace_clock_us() - begin_us_});
+      {std::move(name), category_, begin_us_, trainer_.trace_clock_us() - begin_us_});
 }
 
 double Trainer::trace_clock_us() const {
@@ -402,10 +407,9 @@ double Trainer::run_step(int64_t step) {
     // Messages between virtual stages b and b+1 for micro-batch i: tag 2 * (i * V + b) (+1 back).
     const int forward_tag = 2 * (action.micro * virtual_stages_ + v - 1);
     const int backward_tag = 2 * (action.micro * virtual_stages_ + v) + 1;
-    const std::string label = (chunks_.size() > 1 ? std::to_string(action.chunk) + "." : "") +
-                              std::to_string(action.micro);
     if (action.forward) {
-      {
+      // Only the chunk that embeds needs the tokens, and the one with the head the targets.
+      if (chunk.range.embeds || chunk.range.head) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
         sampler_->batch(step, first + int64_t(action.micro) * t.micro_batch, t.micro_batch,
                         t.global_batch, host_inputs_.data(), host_targets_.data());
@@ -417,12 +421,12 @@ double Trainer::run_step(int64_t step) {
         if (pending) pending->wait();  // the slot's output is free
         pending.reset();
         if (v > 0) {
-          TraceSpan span(*this, "recv F" + label, "receive");
+          TraceSpan span(*this, "recv F", "receive", action);
           receive_stage_buffer(model.stage_input(slot), floats, previous_rank(), forward_tag);
         }
       }
       {
-        TraceSpan span(*this, "F" + label, "forward");
+        TraceSpan span(*this, "F", "forward", action);
         loss += model.forward(slot_inputs(slot, action.chunk), slot_targets(slot, action.chunk),
                               t.micro_batch, grad_scale, slot);
       }
@@ -438,13 +442,13 @@ double Trainer::run_step(int64_t step) {
     } else {
       if (v + 1 < virtual_stages_) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        TraceSpan span(*this, "recv B" + label, "receive");
+        TraceSpan span(*this, "recv B", "receive", action);
         receive_stage_buffer(model.output_gradient(), floats, next_rank(), backward_tag);
       }
       // On the last micro-batch, gradient buckets start reducing as soon as they are final.
       chunk.optimizer->set_overlap(action.micro + 1 == accumulation);
       {
-        TraceSpan span(*this, "B" + label, "backward");
+        TraceSpan span(*this, "B", "backward", action);
         model.backward(slot_inputs(slot, action.chunk), t.micro_batch, slot);
       }
       chunk.optimizer->set_overlap(false);
@@ -735,39 +739,18 @@ std::vector<float> Trainer::chunk_parameters(Chunk& chunk) {
 }
 
 namespace {
-std::size_t logical_offset(const std::vector<core::ParamSpec>& logical, const std::string& name) {
-  for (const core::ParamSpec& p : logical) {
-    if (p.name == name) return p.offset;
-  }
-  throw std::logic_error("no logical tensor named '" + name + "'");
+// Offset of every logical tensor by name, built once per conversion.
+std::unordered_map<std::string, std::size_t> logical_offsets(
+    const std::vector<core::ParamSpec>& logical) {
+  std::unordered_map<std::string, std::size_t> offsets;
+  for (const core::ParamSpec& p : logical) offsets.emplace(p.name, p.offset);
+  return offsets;
 }
 }  // namespace
 
 namespace {
 std::atomic<int> g_stop_signal{0};
 
-// "section.key" -> its line, for the two-level YAML the config writer produces.
-std::map<std::string, std::string> config_entries(const std::string& text) {
-  std::map<std::string, std::string> entries;
-  std::string section;
-  std::size_t at = 0;
-  while (at < text.size()) {
-    const std::size_t end = std::min(text.find('\n', at), text.size());
-    const std::string line = text.substr(at, end - at);
-    at = end + 1;
-    const std::size_t colon = line.find(':');
-    if (line.empty() || colon == std::string::npos) continue;
-    const std::size_t indent = line.find_first_not_of(' ');
-    const std::string key = line.substr(indent, colon - indent);
-    if (indent == 0) {
-      section = key;
-      entries[section] = line.substr(colon + 1);
-    } else {
-      entries[section + "." + key] = line.substr(colon + 1);
-    }
-  }
-  return entries;
-}
 }  // namespace
 
 void request_stop(int signal) { g_stop_signal.store(signal); }
@@ -810,11 +793,8 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
 namespace {
 std::pair<std::string, std::string> config_changes(const std::string& before_text,
                                                    const std::string& now_text) {
-  const auto before = config_entries(before_text), now = config_entries(now_text);
   std::string model_changes, other_changes;
-  for (const auto& [key, value] : now) {
-    const auto it = before.find(key);
-    if (it != before.end() && it->second == value) continue;
+  for (const std::string& key : io::changed_keys(before_text, now_text)) {
     std::string& list = key.rfind("model.", 0) == 0 ? model_changes : other_changes;
     list += (list.empty() ? "" : ", ") + key;
   }
@@ -830,6 +810,7 @@ io::CheckpointState Trainer::resume() {
   // Rank 0 picks the newest checkpoint that reads back intact; every rank then loads it. One of
   // another model is an error, not damage to skip.
   std::string chosen, warnings, fatal;
+  io::CheckpointState state;
   if (world_->rank() == 0) {
     for (const std::string& path : io::list_checkpoints(dir)) {
       try {
@@ -841,7 +822,7 @@ io::CheckpointState Trainer::resume() {
                   "checkpoint.dir elsewhere";
           break;
         }
-        io::read_checkpoint(path, logical, params, m, v);
+        state = io::read_checkpoint(path, logical, params, m, v);
         chosen = path;
         break;
       } catch (const std::exception& e) {
@@ -859,7 +840,7 @@ io::CheckpointState Trainer::resume() {
           dir.c_str());
     return {};
   }
-  const io::CheckpointState state = io::read_checkpoint(chosen, logical, params, m, v);
+  if (world_->rank() != 0) state = io::read_checkpoint(chosen, logical, params, m, v);  // rank 0 has it
   const std::string other_changes = config_changes(state.config, config_.text).second;
   set_local_parameters(from_logical(params));
   const auto m_parts = from_logical(m), v_parts = from_logical(v);
@@ -885,6 +866,7 @@ std::vector<float> Trainer::logical_parameters() {
 std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& local) {
   const int t = tp_->size();
   const auto logical = logical_table();
+  const auto offsets = logical_offsets(logical);
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const core::Model& model = *chunks_[c].model;
@@ -900,7 +882,7 @@ std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& lo
       const bool embedding = p.role == core::ParamRole::token_embedding ||
                              p.role == core::ParamRole::position_embedding;
       if (embedding && !model.stage().embeds) continue;
-      const std::size_t at = logical_offset(logical, p.name);
+      const std::size_t at = offsets.at(p.name);
       for (int r = 0; r < t; ++r) {
         if (p.shard.replicated() && r > 0) continue;
         for (const core::ShardRun& run : core::shard_runs(p, r)) {
@@ -936,13 +918,13 @@ void Trainer::save_weights(const std::string& path) {
 }
 
 std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& values) const {
-  const auto logical = logical_table();
+  const auto offsets = logical_offsets(logical_table());
   // This rank's part of every tensor, in each chunk's layout.
   std::vector<std::vector<float>> out;
   for (const Chunk& chunk : chunks_) {
     std::vector<float> host(chunk.model->flat_size(), 0.0f);
     for (const core::ParamSpec& p : chunk.model->parameters()) {
-      const std::size_t at = logical_offset(logical, p.name);
+      const std::size_t at = offsets.at(p.name);
       for (const core::ShardRun& run : core::shard_runs(p, tp_->rank())) {
         const float* src = values.data() + at + run.logical;
         std::copy(src, src + run.length, host.data() + p.offset + run.local);

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -67,6 +68,10 @@ struct PipelineStats {
   int64_t forwards = 0, backwards = 0;
   int peak_in_flight = 0;
 };
+
+// Blocks per (virtual) pipeline stage: parallel.pipeline.layers, or balanced by predicted FLOPs
+// (parallel::balance_stages) over size x chunks stages.
+std::vector<int> pipeline_layers(const io::Config& config);
 
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
 double peak_flops(const io::HardwareConfig& hardware);
@@ -203,15 +208,18 @@ class Trainer {
   };
   class TraceSpan {
    public:
-    TraceSpan(Trainer& t, std::string name, const char* category);
+    // A pipeline action's span is named name + [chunk.] micro-batch, built only when tracing.
+    TraceSpan(Trainer& t, const char* name, const char* category,
+              std::optional<parallel::PipelineAction> action = std::nullopt);
     ~TraceSpan();
     TraceSpan(const TraceSpan&) = delete;
     TraceSpan& operator=(const TraceSpan&) = delete;
 
    private:
     Trainer& trainer_;
-    std::string name_;
+    const char* name_;
     const char* category_;
+    std::optional<parallel::PipelineAction> action_;
     double begin_us_;
   };
   double trace_clock_us() const;

@@ -1220,6 +1220,39 @@ std::string to_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
+namespace {
+// Every leaf of a YAML tree as "a.b.c" -> its value as YAML.
+void flatten(const YAML::Node& node, const std::string& prefix,
+             std::map<std::string, std::string>& out) {
+  if (node.IsMap()) {
+    for (const auto& entry : node) {
+      const std::string key = entry.first.as<std::string>();
+      flatten(entry.second, prefix.empty() ? key : prefix + "." + key, out);
+    }
+    return;
+  }
+  YAML::Emitter text;
+  text << YAML::Flow << node;
+  out[prefix] = text.c_str();
+}
+}  // namespace
+
+std::vector<std::string> changed_keys(const std::string& before, const std::string& after) {
+  std::map<std::string, std::string> a, b;
+  flatten(YAML::Load(before), "", a);
+  flatten(YAML::Load(after), "", b);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : b) {
+    const auto it = a.find(key);
+    if (it == a.end() || it->second != value) keys.push_back(key);
+  }
+  for (const auto& [key, value] : a) {
+    if (!b.count(key)) keys.push_back(key);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
 const std::vector<ConfigKeyInfo>& config_schema() {
   static const std::vector<ConfigKeyInfo> info = [] {
     std::vector<ConfigKeyInfo> rows;

@@ -130,6 +130,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 // The resolved configuration as YAML; parse_config(to_yaml(c)) gives back c.
 std::string to_yaml(const Config& config);
 
+// The dotted keys ("parallel.zero.stage") whose values differ between two YAML config texts,
+// keys present in only one of them included, sorted.
+std::vector<std::string> changed_keys(const std::string& before, const std::string& after);
+
 // One key of the schema, as documented in configs/README.md (and printable by --help).
 struct ConfigKeyInfo {
   std::string key;            // dotted, e.g. "train.optimizer.lr"

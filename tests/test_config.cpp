@@ -493,3 +493,17 @@ TEST(DidYouMean, SuggestsTheClosestCloseEnoughKey) {
 
 }  // namespace
 }  // namespace colossal::io
+
+namespace colossal::io {
+// The key diff a resumed run reports: nested keys by their full dotted name.
+TEST(ConfigDiff, NamesEveryChangedKeyByItsDottedPath) {
+  const Config a = parse_config(kMinimal, "a.yaml");
+  const Config b = parse_config(
+      std::string(kMinimal) + "parallel: {zero: {stage: 1}}\ntrain: {steps: 7}\n", "b.yaml");
+  EXPECT_EQ(changed_keys(a.text, b.text),
+            (std::vector<std::string>{"parallel.zero.stage", "train.steps"}));
+  EXPECT_TRUE(changed_keys(a.text, a.text).empty());
+  EXPECT_EQ(changed_keys("model: {hidden: 8}\n", "model: {hidden: 8, heads: 2}\n"),
+            (std::vector<std::string>{"model.heads"}));
+}
+}  // namespace colossal::io
