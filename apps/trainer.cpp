@@ -352,11 +352,25 @@ double Trainer::trace_clock_us() const {
   return std::chrono::duration<double, std::micro>(Clock::now() - trace_origin_).count();
 }
 
+std::string Trainer::trace_file() const {
+  return world_->size() == 1 ? trace_path_
+                             : trace_path_ + ".rank" + std::to_string(world_->rank()) + ".json";
+}
+
+void Trainer::set_trace(const std::string& path) {
+  trace_path_ = path;
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(trace_file().c_str(), "w");
+  if (f == nullptr) {
+    throw std::runtime_error("--trace: cannot write '" + trace_file() +
+                             "'; give a path in a writable directory");
+  }
+  std::fclose(f);
+}
+
 void Trainer::write_trace() const {
   if (trace_path_.empty()) return;
-  const std::string path = world_->size() == 1
-                               ? trace_path_
-                               : trace_path_ + ".rank" + std::to_string(world_->rank()) + ".json";
+  const std::string path = trace_file();
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) throw std::runtime_error("cannot write the trace '" + path + "'");
   // One process per rank; the stage and coordinates in its name.

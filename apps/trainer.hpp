@@ -93,7 +93,8 @@ class Trainer {
   // Records forward, backward, send, receive, gradient-reduction and optimizer spans of every
   // step and writes them at the end of train() as Chrome trace-event JSON (chrome://tracing,
   // Perfetto): to `path` on one rank, to path.rankN.json on each rank N of several.
-  void set_trace(const std::string& path) { trace_path_ = path; }
+  // The file is created here, so an unwritable path fails before any training.
+  void set_trace(const std::string& path);
   // Mean validation loss over data.val_path windows (capped by data.val_windows).
   double evaluate();
   // Collective under ZeRO-3 (call on every rank); rank 0 writes the file.
@@ -224,6 +225,7 @@ class Trainer {
   };
   double trace_clock_us() const;
   void write_trace() const;
+  std::string trace_file() const;  // this rank's trace file
   std::string trace_path_;
   std::function<void(int64_t)> step_callback_;
   std::vector<TraceEvent> trace_;

@@ -248,6 +248,11 @@ TEST_F(Cli, PipelineRunTracesEachRankAndAFailedStageStopsTheJob) {
     EXPECT_EQ(count("\"cat\": \"optimizer\""), 3u);
     EXPECT_EQ(count("\"cat\": \"receive\""), 6u) << "stage 0 receives gradients, 1 activations";
   }
+  // An unwritable trace path fails before training, on every rank, without hanging.
+  r = run(mpirun + bin("colossal_train") + " " + config + " --trace " + dir + "/no/such/dir/t");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--trace: cannot write"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step      1/"), std::string::npos) << "trained before failing";
   r = run("COLOSSAL_INJECT_FAILURE=1:2 " + mpirun + bin("colossal_train") + " " + config);
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "timed out: a stage hung waiting for the failed one";
