@@ -46,6 +46,11 @@ void check_chain(const Chain& chain, const char* who) {
   }
 }
 
+// Copies of the stored activations (pipeline micro-batches in flight); the arena has one.
+std::size_t multiplier(const Chain& chain) {
+  return static_cast<std::size_t>(std::max(1, chain.stored_multiplier));
+}
+
 Schedule make_schedule(const Chain& chain, std::vector<Keep> keep) {
   Schedule s;
   s.cost = evaluate(chain, keep);
@@ -120,6 +125,7 @@ Cost evaluate(const Chain& chain, const std::vector<Keep>& keep) {
                                 "pass a schedule of the chain's length");
   }
   Cost cost;
+  const std::size_t k = multiplier(chain);
   double base = 0.0;
   std::size_t segment = 0;  // arena of the open segment
   bool open = false;
@@ -133,11 +139,11 @@ Cost evaluate(const Chain& chain, const std::vector<Keep>& keep) {
     switch (keep[j]) {
       case Keep::all:
         close();
-        cost.stored += op.input_bytes + op.saved_bytes;
+        cost.stored += k * (op.input_bytes + op.saved_bytes);
         break;
       case Keep::input:
         close();
-        cost.stored += op.input_bytes;
+        cost.stored += k * op.input_bytes;
         segment = op.saved_bytes;
         open = true;
         cost.recompute_time += op.forward_time;
@@ -212,6 +218,7 @@ Schedule solve_min_memory(const Chain& chain) {
   const std::size_t n = chain.ops.size();
   const Prefix pre(chain);
   const TimeOrder order = time_order(chain);
+  const std::size_t k = multiplier(chain);
 
   std::vector<std::size_t> caps{0};
   for (std::size_t s = 0; s < n; ++s) {
@@ -249,10 +256,10 @@ Schedule solve_min_memory(const Chain& chain) {
     for (std::size_t e = 1; e <= n; ++e) {
       const std::size_t j = e - 1;
       const ChainOp& op = chain.ops[j];
-      best[e] = Val{best[j].stored + op.input_bytes + op.saved_bytes, best[j].time};
+      best[e] = Val{best[j].stored + k * (op.input_bytes + op.saved_bytes), best[j].time};
       choice[e] = -1;
       if (static_cast<std::size_t>(emax[j]) >= e) {
-        const Val key{best[j].stored + op.input_bytes, best[j].time - pre.p[j]};
+        const Val key{best[j].stored + k * op.input_bytes, best[j].time - pre.p[j]};
         while (tail > head && !less(dq_key[tail - 1], key)) --tail;
         dq[tail] = static_cast<std::int32_t>(j);
         dq_key[tail] = key;
@@ -314,8 +321,8 @@ Schedule solve_rotor(const Chain& chain, std::size_t budget_bytes, int memory_sl
   const Prefix pre(chain);
   std::vector<std::size_t> S(n), X(n);  // U(x_j + a_j), U(x_j)
   for (std::size_t j = 0; j < n; ++j) {
-    S[j] = units(chain.ops[j].input_bytes + chain.ops[j].saved_bytes);
-    X[j] = units(chain.ops[j].input_bytes);
+    S[j] = units(multiplier(chain) * (chain.ops[j].input_bytes + chain.ops[j].saved_bytes));
+    X[j] = units(multiplier(chain) * chain.ops[j].input_bytes);
   }
   // Candidate caps: arena grows with e, so stop extending a segment once it exceeds B.
   std::vector<char> is_cap(B + 1, 0);

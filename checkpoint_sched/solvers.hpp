@@ -8,7 +8,7 @@
 //   input  only x_j kept; op j starts a recomputed segment;
 //   none   nothing kept; continues the segment begun by the nearest earlier `input` op.
 // A segment is a maximal run [s, e) with keep[s] == input and keep[s+1..e) == none.
-//   stored         = sum_{all j} (x_j + a_j) + sum_{input j} x_j
+//   stored         = k * (sum_{all j} (x_j + a_j) + sum_{input j} x_j), k = stored_multiplier
 //   arena([s, e))  = a_s + sum_{j=s+1}^{e-1} (x_j + a_j)
 //   arena          = max over segments of arena(segment)   (0 without segments; one arena is
 //                    shared because segments are recomputed one at a time in backward)
@@ -23,9 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_sched/keep.hpp"
+
 namespace colossal::checkpoint_sched {
 
-enum class Keep : std::uint8_t { all, input, none };
 
 struct ChainOp {
   std::size_t input_bytes = 0;  // x_j
@@ -39,6 +40,9 @@ struct Chain {
   // Consecutive ops that make one transformer block (e.g. 2: attention, then MLP); ops.size() is
   // a multiple of it.
   int ops_per_block = 1;
+  // Copies of the kept activations (a pipeline stage keeps one per micro-batch in flight); the
+  // arena is one: memory = stored_multiplier * stored + arena, and Cost::stored includes it.
+  int stored_multiplier = 1;
 };
 
 struct Cost {

@@ -31,6 +31,8 @@ cs::Chain random_chain(std::mt19937& rng, std::size_t n, std::size_t max_bytes) 
   for (std::size_t j = 0; j < n; ++j) {
     chain.ops.push_back(op(bytes(rng), bytes(rng), time(rng), time(rng)));
   }
+  // Pipeline stages keep 1..3 copies of the stored activations and one arena.
+  chain.stored_multiplier = 1 + int(n % 3);
   return chain;
 }
 
@@ -136,6 +138,13 @@ TEST(CheckpointSched, EvaluateByHand) {
   EXPECT_EQ(c.stored, 10u + 12u + 2u);
   EXPECT_EQ(c.arena, 20u);
   EXPECT_DOUBLE_EQ(c.recompute_time, 1.5);
+  // Three micro-batches in flight keep three copies of the stored part and one arena.
+  chain.stored_multiplier = 3;
+  c = cs::evaluate(chain, {Keep::input, Keep::all, Keep::input});
+  EXPECT_EQ(c.stored, 3 * (10u + 12u + 2u));
+  EXPECT_EQ(c.arena, 20u);
+  EXPECT_EQ(c.memory, 3 * 24u + 20u);
+  chain.stored_multiplier = 1;
 }
 
 TEST(CheckpointSched, EvaluateRejectsInvalidSchedules) {
