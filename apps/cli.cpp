@@ -83,7 +83,10 @@ ParsedArgs parse_args(int argc, char** argv, const ProgramInfo& info) {
                        args.config_path + "'); see " + info.name + " --help");
     }
   }
-  if (!args.help && args.config_path.empty()) {
+  const bool optional = std::any_of(info.config_optional_with.begin(),
+                                    info.config_optional_with.end(),
+                                    [&](const std::string& s) { return is(args.switches, s); });
+  if (!args.help && args.config_path.empty() && !optional) {
     throw UsageError("no config file given; usage: " + info.name +
                      " CONFIG [options], e.g. configs/quickstart.yaml (see --help)");
   }
@@ -93,6 +96,7 @@ ParsedArgs parse_args(int argc, char** argv, const ProgramInfo& info) {
 // Rank 0 loads and validates; the resolved text (or the error) is broadcast, so every rank parses
 // identical text and fails identically: nothing hangs on a bad config.
 io::Config load_and_broadcast(const ParsedArgs& args, int rank) {
+  if (args.config_path.empty()) return io::Config{};  // a mode that needs no config
   std::string text, error;
   if (rank == 0) {
     try {

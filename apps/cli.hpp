@@ -29,6 +29,7 @@ struct ProgramInfo {
   std::vector<std::string> switches; // boolean flags (e.g. "--eval-only")
   bool print_threads = false;        // print the thread decision at start-up (long-running programs)
   bool any_world_size = false;       // plans a layout without running it: any number of ranks
+  std::vector<std::string> config_optional_with{};  // switches that need no CONFIG
 };
 
 struct Invocation {

@@ -1,58 +1,148 @@
-// colossal_plan: the symbolic cost of the layout a config describes, without running it.
+// colossal_plan: the symbolic cost of the layout a config describes, without running it, and the
+// calibration of this host's hardware spec.
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 
+#include "apps/calibrate.hpp"
 #include "apps/cli.hpp"
+#include "apps/layout.hpp"
 #include "apps/trainer.hpp"
+#include "core/host_threads.hpp"
+#include "planner/cost_model.hpp"
 #include "planner/step_graph.hpp"
 
 using namespace colossal;
 
+namespace {
+
+// --hardware NAME|FILE, else the config's hardware.file / hardware.preset.
+planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) {
+  const std::string name = inv.flag("--hardware");
+  if (name.empty()) return apps::hardware_spec(inv.config, threads);
+  for (const std::string& preset : planner::hardware_presets()) {
+    if (preset == name) return planner::scaled_to_threads(planner::hardware_preset(name), threads);
+  }
+  if (!std::ifstream(name)) {
+    std::string names;
+    for (const std::string& n : planner::hardware_presets()) names += (names.empty() ? "" : ", ") + n;
+    throw apps::UsageError("--hardware: '" + name + "' is neither a preset (" + names +
+                           ") nor a readable hardware file");
+  }
+  return planner::scaled_to_threads(planner::read_hardware(name), threads);
+}
+
+int calibrate(apps::Invocation& inv) {
+  const std::string out = inv.flag("--out", "hardware-host.yaml");
+  if (inv.rank == 0) {
+    std::printf("calibrating this host with %d thread(s) per rank, %d rank(s): GEMM sizes, "
+                "attention, memory-bound kernels, AdamW%s ...\n",
+                core::HostThreads::shared().size(), inv.world_size,
+                inv.world_size > 1 ? ", ping-pong between ranks 0 and 1" : "");
+    std::fflush(stdout);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const planner::HardwareSpec hw = apps::calibrate_host(*inv.world);
+  if (inv.rank != 0) return 0;
+  const std::string text = planner::hardware_yaml(hw);
+  const std::string tmp = out + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!(f << text)) throw std::runtime_error("cannot write '" + tmp + "'; choose --out elsewhere");
+  }
+  std::rename(tmp.c_str(), out.c_str());
+  std::printf("%s\nwritten to %s in %.1f s; use it with hardware.file: %s (or --hardware %s)\n",
+              text.c_str(), out.c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              out.c_str(), out.c_str());
+  return 0;
+}
+
+int profile(apps::Invocation& inv) {
+  const io::Config& c = inv.config;
+  const auto& p = c.parallel;
+  const std::string stage_text = inv.flag("--stage", "0");
+  char* end = nullptr;
+  const long stage = std::strtol(stage_text.c_str(), &end, 10);
+  if (end == stage_text.c_str() || *end != '\0' || stage < 0 || stage >= p.pipeline) {
+    throw apps::UsageError("--stage: '" + stage_text + "' must be an integer in [0, " +
+                           std::to_string(p.pipeline - 1) + "]");
+  }
+  // Threads per rank as colossal_train would decide them for the config's ranks on this node.
+  const int ranks = p.world_size();
+  const int threads = std::max(1, core::available_cores() / std::max(1, ranks));
+  const planner::HardwareSpec hw = chosen_hardware(inv, threads);
+  const auto start = std::chrono::steady_clock::now();
+  // The schedule from the spec as written, as colossal_train derives it.
+  const apps::ActivationPlan plan = apps::activation_plan(c, int(stage), chosen_hardware(inv, 0));
+  const planner::RankLayout layout = apps::rank_layout(c, int(stage), plan.keep, plan.selective);
+  std::string tables;
+  std::size_t ops = 0;
+  for (const auto& chunk : layout.chunks) {
+    const planner::StepGraph graph = planner::build_step_graph(c.model, layout.graph_layout(chunk));
+    ops += graph.ops.size();
+    char head[200];
+    std::snprintf(head, sizeof head, "\nvirtual stage %d (blocks %d..%d), %d micro-batch(es) in flight:\n",
+                  chunk.virtual_stage, chunk.stage.layer_begin, chunk.stage.layer_end - 1, chunk.slots);
+    tables += head + planner::format_profile(graph, layout, hw, c.model.fused_attention);
+  }
+  const planner::MemoryPrediction memory = planner::predict_memory(c.model, layout);
+  const planner::TimePrediction time = planner::predict_time(c.model, layout, hw);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (inv.rank != 0) return 0;
+  std::printf("symbolic step of pipeline rank %ld: micro-batch %d x %d tokens, %d micro-batches, "
+              "tensor %d%s, sequence %d, data %d (ZeRO %d); %zu ops costed in %.2f ms\n"
+              "hardware: %s (%d thread(s) per rank)\nactivation checkpointing: %s\n%s",
+              stage, c.train.micro_batch, c.train.seq_len, layout.micro_batches, p.tensor,
+              p.sequence_split ? " (sequence_split)" : "", p.sequence, p.data, p.zero_stage, ops, ms,
+              hw.name.c_str(), threads, plan.description.c_str(), tables.c_str());
+  std::printf("\npredicted memory per rank: %s\n", memory.format().c_str());
+  std::printf("predicted step: %.4f s = compute %.4f (recompute %.4f) + layer collectives %.4f + "
+              "pipeline sends %.4f + bubble %.4f + gradient reduction %.4f + optimizer %.4f\n",
+              time.step, time.compute, time.recompute, time.tensor_comm, time.pipeline_comm,
+              time.bubble, time.data_comm, time.optimizer);
+  const double tokens = double(c.train.global_batch) * c.train.seq_len;
+  std::printf("predicted throughput: %.0f tokens/s, %.2f TFLOP/s per rank (MFU %.1f%% of %.3g "
+              "TFLOP/s)\n",
+              tokens / time.step, time.flops / time.step / 1e12,
+              100.0 * time.flops / time.step / hw.peak_flops(layout.bf16),
+              hw.peak_flops(layout.bf16) / 1e12);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   apps::ProgramInfo info{
       "colossal_plan",
-      "usage: colossal_plan CONFIG --profile [--stage S] [--set KEY=VALUE ...]\n\n"
-      "Builds the symbolic graph of one micro-batch of the config's model and layout as seen by\n"
-      "one rank (tensor rank 0, pipeline stage S, default 0) and prints every op of forward and\n"
-      "backward: FLOPs, bytes moved, activation bytes kept for backward and the collectives its\n"
-      "sharding implies, with totals. Nothing is allocated; no kernel runs. For the memory every\n"
-      "rank allocates, run colossal_train CONFIG --memory-plan with the config's ranks.\n\n"
+      "usage: colossal_plan CONFIG --profile [--stage S] [--hardware NAME|FILE] [--set KEY=VALUE ...]\n"
+      "       colossal_plan --calibrate [--out FILE]        (under mpirun -np 2 to measure the link)\n\n"
+      "--profile builds the symbolic graph of one micro-batch of the config's model and layout as\n"
+      "seen by one rank (tensor rank 0, pipeline rank S) and prints every op of forward and\n"
+      "backward: FLOPs, bytes moved, activation bytes kept, predicted time (roofline from the\n"
+      "hardware spec) and collectives; then the predicted memory per rank by category (what\n"
+      "colossal_train's tracker will count) and the predicted step time. Nothing is allocated; no\n"
+      "kernel runs. checkpointing.policy is solved as colossal_train would.\n\n"
+      "--calibrate measures this host with the real kernels (GEMM sizes, attention, memory-bound\n"
+      "work, AdamW, and with 2+ ranks the link between ranks 0 and 1) and writes a hardware YAML\n"
+      "for hardware.file or --hardware.\n\n"
       "Program options:\n"
-      "  --profile              print the per-op table (the only mode so far)\n"
-      "  --stage S              the pipeline stage to describe (0 .. parallel.pipeline.size-1)\n",
-      {"--stage"},
-      {"--profile"},
+      "  --profile              the per-op table, memory and step-time prediction\n"
+      "  --stage S              the pipeline rank to describe (0 .. parallel.pipeline.size-1)\n"
+      "  --hardware NAME|FILE   a preset (host, a100-40g, a100-80g, h100, h200, v100) or a file\n"
+      "  --calibrate            measure this host and write its hardware YAML\n"
+      "  --out FILE             where --calibrate writes (default hardware-host.yaml)\n",
+      {"--stage", "--hardware", "--out"},
+      {"--profile", "--calibrate"},
       /*print_threads=*/false,
-      /*any_world_size=*/true};
+      /*any_world_size=*/true,
+      /*config_optional_with=*/{"--calibrate"}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
-    if (!inv.has("--profile")) throw apps::UsageError("nothing to do: give --profile; see --help");
-    const io::Config& c = inv.config;
-    const auto& p = c.parallel;
-    const int stages = p.pipeline * p.pipeline_chunks;
-    const std::string stage_text = inv.flag("--stage", "0");
-    char* end = nullptr;
-    const long stage = std::strtol(stage_text.c_str(), &end, 10);
-    if (end == stage_text.c_str() || *end != '\0' || stage < 0 || stage >= stages) {
-      throw apps::UsageError("--stage: '" + stage_text + "' must be an integer in [0, " +
-                             std::to_string(stages - 1) + "]");
+    if (inv.has("--calibrate")) return calibrate(inv);
+    if (!inv.has("--profile")) {
+      throw apps::UsageError("nothing to do: give --profile or --calibrate; see --help");
     }
-    const auto start = std::chrono::steady_clock::now();
-    const std::vector<int> layers = apps::pipeline_layers(c);
-    core::StageRange range{0, 0, stage == 0, stage == stages - 1};
-    for (int s = 0; s < stage; ++s) range.layer_begin += layers[s];
-    range.layer_end = range.layer_begin + layers[stage];
-    const planner::Layout layout{c.train.micro_batch, c.train.seq_len, p.tensor, p.sequence_split,
-                                 p.sequence, range};
-    const planner::StepGraph graph = planner::build_step_graph(c.model, layout);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    if (inv.rank == 0) {
-      std::printf("symbolic step of stage %ld (blocks %d..%d), micro-batch %d x %d tokens, tensor "
-                  "%d%s, sequence %d: %zu ops in %.2f ms\n\n%s",
-                  stage, range.layer_begin, range.layer_end - 1, c.train.micro_batch,
-                  c.train.seq_len, p.tensor, p.sequence_split ? " (sequence_split)" : "",
-                  p.sequence, graph.ops.size(), ms, planner::format_step_graph(graph).c_str());
-    }
-    return 0;
+    return profile(inv);
   });
 }

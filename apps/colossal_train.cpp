@@ -102,6 +102,16 @@ int main(int argc, char** argv) {
       std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
                    core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
                    core::format_bytes(double(s.peak_rss_bytes)).c_str());
+      const double step_s = s.tokens_per_s > 0
+                                ? double(inv.config.train.global_batch) * inv.config.train.seq_len /
+                                      s.tokens_per_s
+                                : 0.0;
+      std::fprintf(log, "cost model (rank 0): step %.3f s predicted, %.3f s measured (%+.0f%%); "
+                   "memory %s predicted, %s tracked\n",
+                   s.predicted_step_seconds, step_s,
+                   step_s > 0 ? 100.0 * (s.predicted_step_seconds / step_s - 1.0) : 0.0,
+                   core::format_bytes(s.predicted_peak_bytes).c_str(),
+                   core::format_bytes(double(s.peak_tracked_bytes)).c_str());
       std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
                    inv.config.log.dir.c_str());
       if (!s.sample.empty()) {

@@ -1,5 +1,7 @@
 #include "apps/trainer.hpp"
 
+#include "core/host_threads.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -55,9 +57,10 @@ std::vector<int> pipeline_layers(const io::Config& config) {
 
 double peak_flops(const io::HardwareConfig& hardware) {
   if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
-  // "host": fp32 sgemm ceiling of the 2-core AVX-512 development machine (2 x 177 GFLOP/s,
-  // shared/BUILD-NOTES.md). Set hardware.peak_tflops for other machines.
-  return 0.34e12;
+  // The spec's fp32 peak ("host": the sgemm ceiling of the 2-core AVX-512 development machine,
+  // 2 x 177 GFLOP/s, shared/BUILD-NOTES.md). Set hardware.peak_tflops for other machines.
+  return hardware.file.empty() ? planner::hardware_preset(hardware.preset).peak_flops()
+                               : planner::read_hardware(hardware.file).peak_flops();
 }
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
@@ -148,6 +151,11 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each
   // chunk's optimizer owns the store its parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;
+  // Activation checkpointing as checkpointing.policy decides for this pipeline rank: from the
+  // hardware spec as written (not scaled to this rank's threads), so that every rank of a stage
+  // derives the same schedule from the same config.
+  activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
+  const planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
   for (Chunk& chunk : chunks_) {
     const auto table = core::parameter_table(
         spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()}, chunk.range);
@@ -175,12 +183,20 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                            .sequence = sequence_group_.get(),
                            .stage = chunk.range,
                            .slots = chunk.slots,
-                           .recompute = train.recomputed(spec.layers)});
+                           .keep = activation_plan_.keep,
+                           .selective = activation_plan_.selective});
     if (!memory_plan) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
   }
   model_ = chunks_.front().model.get();
   optimizer_ = chunks_.front().optimizer.get();
+  {
+    const planner::RankLayout layout =
+        rank_layout(config_, stage, activation_plan_.keep, activation_plan_.selective);
+    predicted_memory_ = planner::predict_memory(spec, layout);
+    predicted_time_ = planner::predict_time(spec, layout, hw);
+    hardware_name_ = hw.name;
+  }
   agree_on_plan();
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,
   // one per activation slot (a pipeline stage needs a micro-batch's tokens again in backward).
@@ -564,7 +580,17 @@ TrainSummary Trainer::train() {
           config_.parallel.offload_params ? ", parameters offloaded" : "");
   }
   print("plan (identical on every rank):\n%s", plan_.c_str());
+  if (activation_plan_.description != "none") {
+    print("activation checkpointing: %s\n", activation_plan_.description.c_str());
+  }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
+  print("cost model (hardware %s, rank 0): memory %s; step %.3f s (compute %.3f, recompute %.3f, "
+        "communication %.3f, bubble %.3f, optimizer %.3f)\n",
+        hardware_name_.c_str(), core::format_bytes(predicted_memory_.total()).c_str(),
+        predicted_time_.step, predicted_time_.compute - predicted_time_.recompute,
+        predicted_time_.recompute,
+        predicted_time_.tensor_comm + predicted_time_.pipeline_comm + predicted_time_.data_comm,
+        predicted_time_.bubble, predicted_time_.optimizer);
 
   const auto start = Clock::now();
   Clock::time_point timed_start = start;
@@ -694,6 +720,8 @@ TrainSummary Trainer::train() {
                                      : tokens_per_step / summary.seconds;
   summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
   summary.peak_tracked_bytes = tracker_.peak_total();
+  summary.predicted_step_seconds = predicted_time_.step;
+  summary.predicted_peak_bytes = predicted_memory_.total();
 
   write_trace();
   summary.model_path = config_.log.dir + "/model.h5";

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/layout.hpp"
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model.hpp"
@@ -47,6 +48,9 @@ struct TrainSummary {
   double mfu = 0.0;
   std::size_t peak_tracked_bytes = 0;
   std::size_t peak_rss_bytes = 0;
+  // The cost model's prediction for this rank (planner/cost_model.hpp), to compare.
+  double predicted_step_seconds = 0.0;
+  double predicted_peak_bytes = 0.0;
   std::string model_path;
   std::string sample;
   std::string profile;             // the --profile-steps table, when profiling
@@ -199,6 +203,10 @@ class Trainer {
   std::unique_ptr<io::TrainSampler> sampler_;
   std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;
   std::string plan_;
+  ActivationPlan activation_plan_;   // checkpointing.policy's schedule for this rank
+  planner::MemoryPrediction predicted_memory_;  // the cost model's view of this rank
+  planner::TimePrediction predicted_time_;
+  std::string hardware_name_;
   core::Profiler profiler_;
   int profile_steps_ = 0;
   // --trace: spans of every step, in microseconds since the trainer started.

@@ -137,62 +137,94 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // sequence parallelism: layernorms and residual adds on this rank's rows only).
   const std::size_t t = sequence_split_ ? tp_->size() : 1;
   const std::size_t BTr = BT / t, BTCr = BTC / t;
-  // ln1, mid, ln2 (3 BTCr) + atty (BTCl) + qkv (3 BTCl) + two means and rstds + probabilities +
-  // fch
   // Probabilities: this rank's T query rows against all ring_size * T keys under ring attention.
   const std::size_t keys = T * ring_size;
   const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * keys;
-  const std::size_t per_block = 3 * BTCr + 4 * BTCl + 4 * BTr + att_floats + BT * F;
   // The final layernorm's output is needed whole by the LM head; its statistics and the losses
   // per token as before (head stage only). One such set per slot.
   const std::size_t head_floats = stage_.head ? BTC + 2 * BTr + BT : 0;
-  // Recomputed blocks keep only their input (a residual); their activations live in one set
-  // shared by all of them (a temporary), rebuilt by running the block again in backward.
-  recompute_.assign(L, 0);
-  std::size_t recomputed = 0;
-  for (int block : options.recompute) {
-    if (block >= layer_begin_ && block < layer_end_ && !recompute_[block - layer_begin_]) {
-      recompute_[block - layer_begin_] = 1;
-      ++recomputed;
-    }
+  // Activation checkpointing (ModelOptions::keep): per local op, what the first forward keeps.
+  // Op 2i is block i's attention sub-layer (input residual[i]; saves ln1 and its statistics,
+  // qkv, the probabilities and the attention output), op 2i+1 its MLP (input mid; saves ln2 and
+  // its statistics and fch). `all` keeps input and saved set, `input` the input alone, `none`
+  // nothing: dropped sets live in one arena, carved per segment from its start.
+  using checkpoint_sched::Keep;
+  constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+  if (!options.keep.empty() && options.keep.size() != std::size_t(spec.layers) * kOps) {
+    throw std::invalid_argument("ModelOptions::keep has " + std::to_string(options.keep.size()) +
+                                " entries; the model has " + std::to_string(spec.layers * kOps) +
+                                " ops (" + std::to_string(kOps) + " per block)");
   }
-  const std::size_t per_slot = BTCr * (L + 1) + (L - recomputed) * per_block + head_floats;
+  keep_.assign(L * kOps, Keep::all);
+  if (!options.keep.empty()) {
+    std::copy(options.keep.begin() + std::ptrdiff_t(layer_begin_) * kOps,
+              options.keep.begin() + std::ptrdiff_t(layer_end_) * kOps, keep_.begin());
+  }
+  if (!keep_.empty() && keep_.front() == Keep::none) keep_.front() = Keep::input;  // stage input
+  // Selective recompute drops the probabilities of kept attention ops (nothing to drop when fused).
+  selective_ = options.selective && !spec.fused_attention;
+  bool kept_attention = false;
+  for (std::size_t op = 0; op < keep_.size(); op += kOps) kept_attention |= keep_[op] == Keep::all;
+  selective_ = selective_ && kept_attention;
+  const std::size_t attn_saved = BTCr + 2 * BTr + 4 * BTCl + att_floats;
+  const std::size_t mlp_saved = BTCr + 2 * BTr + BT * F;
+  auto saved_of = [&](std::size_t op) { return op % kOps == 0 ? attn_saved : mlp_saved; };
+  std::size_t kept = BTCr, arena = 0, segment = 0;  // kept: the stage output residual[L]
+  for (std::size_t op = 0; op < keep_.size(); ++op) {
+    const std::size_t a = saved_of(op) - (op % kOps == 0 && selective_ && keep_[op] == Keep::all
+                                              ? att_floats : 0);
+    switch (keep_[op]) {
+      case Keep::all: kept += BTCr + a; break;
+      case Keep::input: kept += BTCr; segment = a; break;
+      case Keep::none: segment += BTCr + a; break;
+    }
+    arena = std::max(arena, keep_[op] == Keep::all ? 0 : segment);
+  }
+  const std::size_t per_slot = kept + head_floats;
   const std::size_t slots = std::size_t(options.slots);
   acts_ = DeviceArray<float>(tracker, MemCategory::activations, per_slot * slots);
   logits_ = DeviceArray<float>(tracker, MemCategory::activations,
                                stage_.head ? BT * local_vocab_ * slots : 0);
+  recompute_arena_ = DeviceArray<float>(tracker, MemCategory::temporaries, arena);
+  selective_att_ = DeviceArray<float>(tracker, MemCategory::temporaries, selective_ ? att_floats : 0);
   float* cursor = nullptr;
-  auto carve = [&cursor](std::size_t n) {
-    float* p = cursor;
-    if (cursor != nullptr) cursor += n;  // null in a dry run (MemoryTracker::set_dry_run)
+  float* arena_cursor = nullptr;
+  auto carve_from = [](float*& from, std::size_t n) {
+    float* p = from;
+    if (from != nullptr) from += n;  // null in a dry run (MemoryTracker::set_dry_run)
     return p;
   };
-  auto carve_block = [&] {
-    BlockActs a{};
-    a.ln1 = carve(BTCr);
-    a.ln1_mean = carve(BTr);
-    a.ln1_rstd = carve(BTr);
-    a.qkv = carve(3 * BTCl);
-    a.att = carve(att_floats);
-    a.atty = carve(BTCl);
-    a.mid = carve(BTCr);
-    a.ln2 = carve(BTCr);
-    a.ln2_mean = carve(BTr);
-    a.ln2_rstd = carve(BTr);
-    a.fch = carve(BT * F);
-    return a;
+  auto carve = [&](std::size_t n) { return carve_from(cursor, n); };
+  // The saved set of op `op` and its input: kept, or in the arena.
+  auto carve_op = [&](std::size_t op, Acts& acts) {
+    const Keep keep = keep_[op];
+    if (keep == Keep::input) arena_cursor = recompute_arena_.data();  // a segment starts
+    float*& x = keep == Keep::none ? arena_cursor : cursor;
+    float*& s = keep == Keep::all ? cursor : arena_cursor;
+    BlockActs& a = acts.blocks[op / kOps];
+    if (op % kOps == 0) {
+      acts.residual[op / kOps] = carve_from(x, BTCr);
+      a.ln1 = carve_from(s, BTCr);
+      a.ln1_mean = carve_from(s, BTr);
+      a.ln1_rstd = carve_from(s, BTr);
+      a.qkv = carve_from(s, 3 * BTCl);
+      a.att = selective_ && keep == Keep::all ? selective_att_.data() : carve_from(s, att_floats);
+      a.atty = carve_from(s, BTCl);
+    } else {
+      a.mid = carve_from(x, BTCr);
+      a.ln2 = carve_from(s, BTCr);
+      a.ln2_mean = carve_from(s, BTr);
+      a.ln2_rstd = carve_from(s, BTr);
+      a.fch = carve_from(s, BT * F);
+    }
   };
-  BlockActs shared{};
-  if (recomputed > 0) {
-    recompute_arena_ = DeviceArray<float>(tracker, MemCategory::temporaries, per_block);
-    cursor = recompute_arena_.data();
-    shared = carve_block();
-  }
   cursor = acts_.data();
   for (std::size_t slot = 0; slot < slots; ++slot) {
     Acts acts{};
-    for (std::size_t l = 0; l <= L; ++l) acts.residual.push_back(carve(BTCr));
-    for (std::size_t l = 0; l < L; ++l) acts.blocks.push_back(recompute_[l] ? shared : carve_block());
+    acts.residual.assign(L + 1, nullptr);
+    acts.blocks.assign(L, BlockActs{});
+    for (std::size_t op = 0; op < keep_.size(); ++op) carve_op(op, acts);
+    acts.residual[L] = carve(BTCr);
     if (stage_.head) {
       acts.lnf = carve(BTC);
       acts.lnf_mean = carve(BTr);
@@ -204,19 +236,11 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     slot_acts_.push_back(std::move(acts));
   }
 
-  // Temporaries shared by every block: the MLP activation output (recomputed in backward rather
-  // than saved), gradient buffers, and one batch-row of attention-score gradients.
-  // Ring attention: score gradients of every batch row at once, two key/value blocks in flight,
-  // and this rank's part of every block's dK and dV.
   const std::size_t datt_floats = spec.fused_attention ? 0 : ring_ ? B * H * T * keys : H * T * T;
-  const std::size_t ring_floats = ring_ ? 2 * BTCl + 2 * BTCl * ring_size : 0;
-  // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
   const std::size_t ce_floats = tp_ ? 3 * BT : 0;
-  // sequence_split: whole-row buffers for gathers and partial sums, and one rank's rows.
-  const std::size_t split_floats = sequence_split_ ? 3 * BTC + 2 * BTCr : 0;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                BTC * 2 + BT * F * 2 + 3 * BTCl + datt_floats + ce_floats +
-                                    split_floats + ring_floats);
+                                scratch_floats(spec, max_batch, seq_len, split.size,
+                                               sequence_split_, ring_size));
   cursor = scratch_.data();
   dresidual_ = carve(BTC);
   dbuf_c_ = carve(BTC);
@@ -245,8 +269,31 @@ const ParamSpec& Model::parameter(const std::string& name) const {
   throw std::out_of_range("no parameter named '" + name + "'");
 }
 
+std::size_t Model::scratch_floats(const ModelSpec& spec, int batch, int seq_len, int tensor,
+                                  bool sequence_split, int ring) {
+  const std::size_t t = std::size_t(tensor), B = std::size_t(batch), T = std::size_t(seq_len);
+  const std::size_t C = spec.hidden, Cl = C / t, H = spec.heads / t, F = spec.ffn_hidden / t;
+  const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl, keys = T * std::size_t(ring);
+  const bool split = sequence_split && tensor > 1;
+  // The MLP activation output (recomputed in backward rather than saved), gradient buffers, and
+  // one batch-row of attention-score gradients. Ring attention: score gradients of every batch
+  // row at once, two key/value blocks in flight, and this rank's part of every block's dK and dV.
+  const std::size_t datt = spec.fused_attention ? 0 : ring > 1 ? B * H * T * keys : H * T * T;
+  const std::size_t ring_floats = ring > 1 ? 2 * BTCl + 2 * BTCl * std::size_t(ring) : 0;
+  // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
+  const std::size_t ce = tensor > 1 ? 3 * BT : 0;
+  // sequence_split: whole-row buffers for gathers and partial sums, and one rank's rows.
+  const std::size_t split_floats = split ? 3 * BTC + 2 * (BTC / t) : 0;
+  return BTC * 2 + BT * F * 2 + 3 * BTCl + datt + ce + split_floats + ring_floats;
+}
+
 std::size_t Model::activation_bytes() const { return acts_.bytes() + logits_.bytes(); }
-std::size_t Model::temporary_bytes() const { return scratch_.bytes(); }
+std::size_t Model::temporary_bytes() const {
+  return scratch_.bytes() + recompute_arena_.bytes() + selective_att_.bytes();
+}
+std::size_t Model::recompute_bytes() const {
+  return recompute_arena_.bytes() + selective_att_.bytes();
+}
 
 void Model::set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
   if (!own_store_) {
@@ -411,11 +458,22 @@ void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, 
                         ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
-// One block's forward from A.residual[i] to A.residual[i + 1], its activations into the block's
-// saved set (or the shared recompute set: recomputed blocks run this again in backward).
-void Model::block_forward(int i, Acts& A, int B, const float* P) {
-  const int T = seq_len_, C = spec_.hidden, F = local_ffn_, Cl = local_hidden_;
-  const int H = local_heads_;
+void Model::attention_core_forward(BlockActs& a, int B) {
+  const int T = seq_len_, Cl = local_hidden_, H = local_heads_;
+  timed(WorkKind::attention, [&] {
+    if (ring_) {
+      ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
+    } else if (spec_.fused_attention) {
+      fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
+    } else {
+      attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
+    }
+  });
+}
+
+// Block i's attention sub-layer, from A.residual[i] to a.mid.
+void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
+  const int T = seq_len_, C = spec_.hidden, Cl = local_hidden_;
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);
   const float eps = spec_.layernorm_eps();
@@ -432,19 +490,21 @@ void Model::block_forward(int i, Acts& A, int B, const float* P) {
     timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
     linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
   }
-  timed(WorkKind::attention, [&] {
-    if (ring_) {
-      ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
-    } else if (spec_.fused_attention) {
-      fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
-    } else {
-      attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
-    }
-  });
+  attention_core_forward(a, B);
   // Row-parallel output projection: partial sums over the tensor group.
   float* out = row_parallel_begin(a.mid, A.residual[i], P + bp.attn_out_b, N);
   linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
   row_parallel_end(a.mid, A.residual[i], P + bp.attn_out_b, N);
+}
+
+// Block i's MLP sub-layer, from a.mid to A.residual[i + 1].
+void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
+  const int T = seq_len_, C = spec_.hidden, F = local_ffn_;
+  const int64_t N = int64_t(B) * T;
+  const int64_t Nl = local_rows(N);
+  const float eps = spec_.layernorm_eps();
+  const BlockParams& bp = blocks_[i];
+  BlockActs& a = A.blocks[i];
 
   timed(WorkKind::layernorm, [&] {
     k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
@@ -454,7 +514,7 @@ void Model::block_forward(int i, Acts& A, int B, const float* P) {
   timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
   linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
   activation_forward(act_buf_, a.fch, N * F);
-  out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
+  float* out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
   linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
   row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
 }
@@ -494,7 +554,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   }  // else the previous stage's output is already in stage_input(slot)
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     const float* P = store_->gather(blocks_[i].unit);
-    block_forward(int(i), A, B, P);
+    attention_op_forward(int(i), A, B, P);
+    mlp_op_forward(int(i), A, B, P);
     store_->release(blocks_[i].unit);
   }
   if (!stage_.head) {  // stage_output(slot) goes to the next stage
@@ -577,10 +638,12 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
 
   for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
     const BlockParams& bp = blocks_[i];
-    const BlockActs& a = A.blocks[i];
+    BlockActs& a = A.blocks[i];
+    constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+    // Dropped activations: run the forward of their segment again from its kept input first
+    // (no block's parameters are gathered meanwhile: ZeRO-3 has one work buffer for them).
+    if (segment_ends_at(i * kOps + 1)) recompute_segment(A, B, i * kOps + 1);
     const float* P = store_->gather(bp.unit);
-    // A recomputed block kept only its input: run its forward again into the shared set.
-    if (recompute_[i]) block_forward(i, A, B, P);
     float* G = store_->gradients(bp.unit);
     // MLP: the activation output was not saved; recompute it for the second linear's dW.
     activation_forward(act_buf_, a.fch, N * F);
@@ -597,6 +660,13 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
                             a.ln2_mean, a.ln2_rstd, Nl, C);
     });
     // Attention.
+    if (segment_ends_at(i * kOps)) {
+      store_->release(bp.unit);
+      recompute_segment(A, B, i * kOps);
+      P = store_->gather(bp.unit);
+    } else if (selective_ && keep_of(i * kOps) == checkpoint_sched::Keep::all) {
+      attention_core_forward(a, B);  // the probabilities again (the output rewritten unchanged)
+    }
     dres = gather_rows(dresidual_, N, dfull_);
     linear_backward(P, G, dbuf_c_, Cl, dres, C, a.atty, Cl,
                     Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
@@ -635,6 +705,24 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   }  // else input_gradient() goes to the previous stage
   Kokkos::fence();
   if (GE != nullptr) store_->gradients_done(embed_unit_);
+}
+
+bool Model::segment_ends_at(int op) const {
+  using checkpoint_sched::Keep;
+  if (keep_of(op) == Keep::all) return false;
+  return op + 1 == int(keep_.size()) || keep_of(op + 1) != Keep::none;
+}
+
+void Model::recompute_segment(Acts& A, int B, int last) {
+  constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+  int first = last;
+  while (keep_of(first) == checkpoint_sched::Keep::none) --first;  // keep_[0] is never none
+  for (int block = first / kOps; block <= last / kOps; ++block) {
+    const float* P = store_->gather(blocks_[block].unit);
+    if (first <= block * kOps) attention_op_forward(block, A, B, P);
+    if (last >= block * kOps + 1) mlp_op_forward(block, A, B, P);
+    store_->release(blocks_[block].unit);
+  }
 }
 
 }  // namespace colossal::core

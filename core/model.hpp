@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint_sched/keep.hpp"
 #include "core/gemm.hpp"
 #include "core/layers.hpp"
 #include "core/memory.hpp"
@@ -35,9 +36,15 @@ struct ModelOptions {
   TensorGroup* sequence = nullptr;   // ring self-attention
   StageRange stage{};                // pipeline stage (the whole model by default)
   int slots = 1;                     // activation sets: micro-batches in flight on this stage
-  // Blocks (global indices) whose activations are not kept but recomputed from their input in
-  // backward (activation checkpointing): one extra forward of each, their memory freed.
-  std::vector<int> recompute{};
+  // Activation checkpointing: one entry per op of the whole model, two per block (attention
+  // sub-layer, MLP sub-layer; checkpoint_sched/keep.hpp); empty keeps everything. Dropped ops
+  // are recomputed in backward from the last kept input, into one arena (a temporary) sized for
+  // the largest segment. A stage's first op is always treated as keeping its input.
+  std::vector<checkpoint_sched::Keep> keep{};
+  // Selective recompute (Korthikanti et al. 2022): the attention probabilities of kept blocks
+  // are not saved but recomputed from q, k, v in backward. Nothing to drop with fused
+  // attention, which never stores them.
+  bool selective = false;
 };
 
 class Model {
@@ -131,9 +138,16 @@ class Model {
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   void set_profiler(Profiler* profiler) { profiler_ = profiler; }
 
+  // Floats of the temporaries shared by every block (gradient buffers, the recomputed MLP
+  // activation, attention-score gradients, gather buffers) of a model built with these sizes:
+  // what the cost model predicts for them without building one.
+  static std::size_t scratch_floats(const ModelSpec& spec, int batch, int seq_len, int tensor,
+                                    bool sequence_split, int ring);
   // Bytes of saved activations and of temporaries (for reports and the cost model's checks).
   std::size_t activation_bytes() const;
   std::size_t temporary_bytes() const;
+  // Of the temporaries: activation checkpointing's recompute arena and selective buffer.
+  std::size_t recompute_bytes() const;
 
  private:
   // Offsets of one block's parameters relative to its unit's first element. qkv has one entry for
@@ -172,7 +186,18 @@ class Model {
     std::vector<BlockActs> blocks;
     float *lnf, *lnf_mean, *lnf_rstd, *losses, *logits;
   };
-  void block_forward(int i, Acts& A, int batch, const float* P);
+  // The two ops of local block i: attention from residual[i] to mid, MLP from mid to
+  // residual[i + 1], their activations into wherever the schedule put them.
+  void attention_op_forward(int i, Acts& A, int batch, const float* P);
+  void mlp_op_forward(int i, Acts& A, int batch, const float* P);
+  // The attention core alone: probabilities (or log-sum-exp) and output from q, k, v.
+  void attention_core_forward(BlockActs& a, int batch);
+  // Recomputes the dropped segment that ends at local op `last` (forward again from its kept
+  // input); gathers and releases each block's parameters itself.
+  void recompute_segment(Acts& A, int batch, int last);
+  // Local op j's schedule entry, and whether a recomputed segment ends at it.
+  checkpoint_sched::Keep keep_of(int op) const { return keep_[std::size_t(op)]; }
+  bool segment_ends_at(int op) const;
   Acts& acts_of(int slot) {
     if (slot < 0 || slot >= int(slot_acts_.size())) {
       throw std::out_of_range("activation slot " + std::to_string(slot) + " of " +
@@ -249,8 +274,10 @@ class Model {
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
   std::vector<Acts> slot_acts_;
-  std::vector<char> recompute_;        // per local block
-  DeviceArray<float> recompute_arena_;  // the activations of the block being recomputed
+  std::vector<checkpoint_sched::Keep> keep_;  // per local op (2 per block)
+  bool selective_ = false;                    // probabilities of kept blocks recomputed
+  DeviceArray<float> recompute_arena_;        // the activations of the segment being recomputed
+  DeviceArray<float> selective_att_;          // selective: the probabilities of one block
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one

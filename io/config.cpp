@@ -190,15 +190,6 @@ const std::vector<KeySpec>& schema() {
       {.key = "train.optimizer.grad_clip", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.grad_clip; },
        .doc = "clip the global gradient norm to this; 0 = off", .range = at_least(0)},
-      {.key = "train.recompute.blocks", .kind = Kind::integer_list,
-       .field = [](Config& c) -> Field { return &c.train.recompute_blocks; },
-       .doc = "blocks whose activations are recomputed in backward instead of kept (activation "
-              "checkpointing)",
-       .range = at_least(0), .cross_check = "each < model.layers"},
-      {.key = "train.recompute.every", .kind = Kind::integer,
-       .field = [](Config& c) -> Field { return &c.train.recompute_every; },
-       .doc = "also recompute every k-th block (0, k, 2k, ...); 1 = all, 0 = none",
-       .range = at_least(0)},
       {.key = "train.on_nonfinite", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.train.on_nonfinite; },
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
@@ -271,9 +262,37 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
 
+      {.key = "checkpointing.policy", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.checkpointing.policy; },
+       .doc = "activation checkpointing: none keeps every activation; full keeps only block "
+              "inputs; every_k keeps the input of every k-th block; sqrt is every_k with "
+              "k = ceil(sqrt(layers)) (Chen et al. 2016); rotor is the fastest schedule at "
+              "attention/MLP granularity under memory_budget (dynamic program); selective "
+              "recomputes only the attention probabilities (Korthikanti et al. 2022); manual "
+              "recomputes the listed blocks",
+       .choices = {"none", "full", "every_k", "sqrt", "rotor", "selective", "manual"}},
+      {.key = "checkpointing.every", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.checkpointing.every; },
+       .doc = "every_k: blocks per recomputed segment (the input of blocks 0, k, 2k, ... kept)",
+       .range = at_least(0), .default_note = "0 (unset)", .cross_check = ">= 1 with every_k"},
+      {.key = "checkpointing.blocks", .kind = Kind::integer_list,
+       .field = [](Config& c) -> Field { return &c.checkpointing.blocks; },
+       .doc = "manual: blocks that keep only their input and run their forward again in backward",
+       .range = at_least(0), .cross_check = "each < model.layers; only with manual"},
+      {.key = "checkpointing.memory_budget", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.checkpointing.memory_budget; },
+       .doc = "rotor: GiB per rank for everything the tracker counts (parameters, gradients, "
+              "optimizer, activations, temporaries, data); the schedule gets what the rest leaves",
+       .range = at_least(0), .cross_check = "> 0 with rotor"},
+
       {.key = "hardware.preset", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.hardware.preset; },
-       .doc = "hardware spec for the cost model and MFU", .choices = {"host"}},
+       .doc = "hardware spec for the cost model and MFU (planner/hardware.cpp)",
+       .choices = {"host", "a100-40g", "a100-80g", "h100", "h200", "v100"}},
+      {.key = "hardware.file", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.hardware.file; },
+       .doc = "a hardware YAML written by colossal_plan --calibrate; overrides hardware.preset "
+              "for the cost model"},
       {.key = "hardware.peak_tflops", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.hardware.peak_tflops; },
        .doc = "peak TFLOP/s per device for MFU; 0 = the preset's value", .range = at_least(0)},
@@ -976,15 +995,42 @@ class Resolver {
 
   // The tensor size must divide the heads and the MLP width; offer the nearest sizes that do.
   void check_recompute(const Config& config) const {
-    for (int block : config.train.recompute_blocks) {
+    const auto& c = config.checkpointing;
+    for (int block : c.blocks) {
       if (block >= config.model.layers) {
-        raise(where_first({"train.recompute.blocks"}), "train.recompute.blocks",
+        raise(where_first({"checkpointing.blocks"}), "checkpointing.blocks",
               "block " + std::to_string(block) + " of a model with " +
                   std::to_string(config.model.layers) + " layers",
               "blocks are numbered from 0", "list blocks below " +
                   std::to_string(config.model.layers));
       }
     }
+    // A key that the chosen policy ignores is a mistake worth stopping for.
+    auto only_with = [&](const char* key, bool given, const char* policy) {
+      if (given && c.policy != policy) {
+        raise(where_first({key}), key,
+              "is set but checkpointing.policy is " + c.policy,
+              std::string("it is used only by policy ") + policy,
+              std::string("set checkpointing.policy: ") + policy + " or remove " + key);
+      }
+    };
+    only_with("checkpointing.blocks", !c.blocks.empty(), "manual");
+    only_with("checkpointing.every", c.every != 0, "every_k");
+    only_with("checkpointing.memory_budget", c.memory_budget != 0, "rotor");
+    auto needs = [&](const char* key, bool missing, const char* policy, const std::string& what,
+                     const std::string& example) {
+      if (c.policy == policy && missing) {
+        raise(where_first({"checkpointing.policy", key}), key,
+              std::string("is needed by checkpointing.policy: ") + policy, what, example);
+      }
+    };
+    needs("checkpointing.every", c.every < 1, "every_k", "an integer >= 1 (blocks per segment)",
+          "e.g. checkpointing: {policy: every_k, every: 2}");
+    needs("checkpointing.blocks", c.blocks.empty(), "manual", "a non-empty list of blocks",
+          "e.g. checkpointing: {policy: manual, blocks: [0, 1]}");
+    needs("checkpointing.memory_budget", c.memory_budget <= 0, "rotor",
+          "GiB per rank, > 0 (colossal_train --memory-plan shows what a run needs)",
+          "e.g. checkpointing: {policy: rotor, memory_budget: 6}");
   }
 
   void check_pipeline(const Config& config) const {

@@ -46,14 +46,14 @@ struct TrainConfig {
   std::string precision = "fp32";
   OptimizerConfig optimizer;
   std::string on_nonfinite = "stop";  // stop | skip
-  // Activation checkpointing: blocks recomputed in backward instead of keeping their activations.
-  std::vector<int> recompute_blocks;  // block indices
-  int recompute_every = 0;            // also every k-th block (0, k, 2k, ...); 0 = none
-  std::vector<int> recomputed(int layers) const {
-    std::vector<int> blocks = recompute_blocks;
-    for (int b = 0; recompute_every > 0 && b < layers; b += recompute_every) blocks.push_back(b);
-    return blocks;
-  }
+};
+
+// Activation checkpointing (checkpoint_sched/): which activations the first forward keeps.
+struct CheckpointingConfig {
+  std::string policy = "none";   // none | full | every_k | sqrt | rotor | selective | manual
+  int every = 0;                 // every_k: blocks per recomputed segment
+  std::vector<int> blocks;       // manual: blocks recomputed whole
+  double memory_budget = 0.0;    // rotor: GiB per rank for everything the tracker counts
 };
 
 struct ParallelConfig {
@@ -83,6 +83,7 @@ struct CheckpointConfig {
 struct HardwareConfig {
   std::string preset = "host";
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
+  std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
 };
 
 struct EvalConfig {
@@ -111,6 +112,7 @@ struct Config {
   LogConfig log;
   SampleConfig sample;
   CheckpointConfig checkpoint;
+  CheckpointingConfig checkpointing;
 
   std::string source;            // file name the config came from ("<string>" for text)
   std::string text;              // the resolved config as YAML (after presets and overrides)

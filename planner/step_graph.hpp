@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_sched/keep.hpp"
 #include "core/model_spec.hpp"
 
 namespace colossal::planner {
@@ -22,7 +23,10 @@ struct Layout {
   bool sequence_split = false;   // Megatron sequence parallelism inside the tensor group
   int sequence = 1;              // ring self-attention
   core::StageRange stage{};      // pipeline stage (the whole model by default)
-  std::vector<int> recompute{};  // blocks recomputed in backward (activation checkpointing)
+  // Activation checkpointing, as core::ModelOptions: per op of the whole model (two per block),
+  // empty keeps everything; selective drops the attention probabilities of kept blocks.
+  std::vector<checkpoint_sched::Keep> keep{};
+  bool selective = false;
 };
 
 struct Op {
@@ -34,10 +38,17 @@ struct Op {
   double saved_bytes = 0.0;        // activations kept for backward
   const char* collective = "";     // what the sharding implies, per micro-batch (forward+backward)
   double collective_bytes = 0.0;   // payload of those collectives
+  double recompute_flops = 0.0;    // its forward run again in backward (activation checkpointing)
+  bool recomputed = false;         // in a dropped segment: its whole forward runs again
 };
 
 struct StepGraph {
   std::vector<Op> ops;
+  // Activation checkpointing's temporaries: the recompute arena (the largest dropped segment)
+  // and, under selective recompute, one block's attention probabilities.
+  double arena_bytes = 0.0;
+  double selective_bytes = 0.0;
+  double recompute_flops() const;
   double forward_flops() const;
   double backward_flops() const;
   double saved_bytes() const;

@@ -283,7 +283,7 @@ TEST(ConfigError, UnknownKeySuggestsTheClosest) {
 TEST(ConfigError, UnknownSectionSuggestsTheClosest) {
   const std::string message = error_of(std::string(kMinimal) + "trian:\n  steps: 3\n");
   expect_all(message, {"test.yaml:5:1: trian: unknown section",
-                       "sections: model, data, train, parallel, hardware, eval, log, checkpoint, sample",
+                       "sections: model, data, train, parallel, checkpointing, hardware, eval, log, checkpoint, sample",
                        "did you mean 'train'?"});
 }
 
@@ -365,10 +365,23 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
        {"parallel.tensor.mode: 2d is not supported yet"}},
       {std::string(kMinimal) + "train: {seq_len: 250}\nparallel: {sequence: 4}\n",
        {"parallel.sequence: 4 does not divide train.seq_len = 250", "248 or 252"}},
-      {std::string(kMinimal) + "train: {recompute: {blocks: [3, 12]}}\n",
-       {"train.recompute.blocks: block 12 of a model with 12 layers", "below 12"}},
-      {std::string(kMinimal) + "train: {recompute: {every: -1}}\n",
-       {"train.recompute.every: -1 is out of range"}},
+      {std::string(kMinimal) + "checkpointing: {policy: manual, blocks: [3, 12]}\n",
+       {"checkpointing.blocks: block 12 of a model with 12 layers", "below 12"}},
+      {std::string(kMinimal) + "checkpointing: {policy: every_k, every: -1}\n",
+       {"checkpointing.every: -1 is out of range"}},
+      {std::string(kMinimal) + "checkpointing: {policy: every_k}\n",
+       {"checkpointing.every: is needed by checkpointing.policy: every_k", "every: 2"}},
+      {std::string(kMinimal) + "checkpointing: {policy: rotor}\n",
+       {"checkpointing.memory_budget: is needed by checkpointing.policy: rotor",
+        "--memory-plan"}},
+      {std::string(kMinimal) + "checkpointing: {policy: manual}\n",
+       {"checkpointing.blocks: is needed by checkpointing.policy: manual"}},
+      {std::string(kMinimal) + "checkpointing: {policy: sqrt, blocks: [1]}\n",
+       {"checkpointing.blocks: is set but checkpointing.policy is sqrt", "policy: manual"}},
+      {std::string(kMinimal) + "checkpointing: {policy: full, memory_budget: 4}\n",
+       {"checkpointing.memory_budget: is set but checkpointing.policy is full"}},
+      {std::string(kMinimal) + "checkpointing: {policy: rotr}\n",
+       {"checkpointing.policy", "did you mean 'rotor'?"}},
       {"model: {preset: gpt2-124m, vocab_multiple: 0}\ndata: {path: d}\n",
        {"model.vocab_multiple: 0 is out of range"}},
       {std::string(kMinimal) + "parallel: {pipeline: {size: 13}}\n",

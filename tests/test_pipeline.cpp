@@ -115,8 +115,10 @@ io::Config config(const std::string& data, const Layout& l, bool parallel, const
       " max_seq: 16, vocab_multiple: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
-      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2},\n"
-      "        recompute: {every: " + std::to_string(parallel ? l.recompute_every : 0) + "}}\n" +
+      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n" +
+      (parallel && l.recompute_every > 0
+           ? "checkpointing: {policy: every_k, every: " + std::to_string(l.recompute_every) + "}\n"
+           : std::string()) +
       (parallel ? "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
                       std::to_string(l.tensor) + "}, sequence: " + std::to_string(l.sequence) +
                       ", pipeline: {size: " + std::to_string(l.pipeline) + ", schedule: " +

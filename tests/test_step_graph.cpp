@@ -33,8 +33,21 @@ struct Case {
   bool split = false, fused = false;
   core::StageRange stage{};
   int slots = 1;
-  std::vector<int> recompute{};
+  std::vector<int> recompute{};  // whole blocks (keep_blocks)
+  std::string keep{};            // or per op: A = all, I = input, . = none (two per block)
+  bool selective = false;
 };
+
+std::vector<checkpoint_sched::Keep> keep_of(const Case& c, int layers) {
+  if (c.keep.empty()) return c.recompute.empty() ? std::vector<checkpoint_sched::Keep>{}
+                                                 : checkpoint_sched::keep_blocks(layers, c.recompute);
+  std::vector<checkpoint_sched::Keep> keep;
+  for (char ch : c.keep) {
+    keep.push_back(ch == 'A' ? checkpoint_sched::Keep::all
+                   : ch == 'I' ? checkpoint_sched::Keep::input : checkpoint_sched::Keep::none);
+  }
+  return keep;
+}
 
 class SavedBytes : public ::testing::TestWithParam<Case> {};
 
@@ -54,11 +67,14 @@ TEST_P(SavedBytes, EqualWhatTheModelAllocates) {
                                        .sequence = &ring,
                                        .stage = c.stage,
                                        .slots = c.slots,
-                                       .recompute = c.recompute});
-  planner::Layout layout{B, T, c.tensor, c.split, c.sequence, c.stage, c.recompute};
+                                       .keep = keep_of(c, spec.layers),
+                                       .selective = c.selective});
+  planner::Layout layout{B,       T,       c.tensor, c.split, c.sequence,
+                         c.stage, keep_of(c, spec.layers), c.selective};
   const planner::StepGraph graph = planner::build_step_graph(spec, layout);
   EXPECT_EQ(double(model.activation_bytes()), graph.saved_bytes() * c.slots);
   EXPECT_EQ(tracker.current(core::MemCategory::activations), model.activation_bytes());
+  EXPECT_EQ(double(model.recompute_bytes()), graph.arena_bytes + graph.selective_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -72,7 +88,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // Activation checkpointing: recomputed blocks keep only their output.
                       Case{core::Arch::gpt2, 1, 1, false, false, {}, 1, {0, 1, 2, 3}},
                       Case{core::Arch::opt, 2, 1, true, false, {}, 2, {1, 3}},
-                      Case{core::Arch::gpt2, 1, 2, false, false, {1, 3, false, false}, 2, {2}}));
+                      Case{core::Arch::gpt2, 1, 2, false, false, {1, 3, false, false}, 2, {2}},
+                      // Op granularity: segments across blocks and sub-layers, selective.
+                      Case{core::Arch::gpt2, 1, 1, false, false, {}, 1, {}, "I..AAI.A"},
+                      Case{core::Arch::opt, 2, 1, true, false, {}, 2, {}, "AI...IAA"},
+                      Case{core::Arch::gpt2, 1, 1, false, false, {1, 4, false, true}, 1, {},
+                           "AAAI.I.A"},
+                      Case{core::Arch::gpt2, 1, 1, false, false, {}, 1, {}, "AAI.AAAA", true},
+                      Case{core::Arch::opt, 1, 2, false, false, {}, 2, {}, "I.......", true}));
 
 TEST(StepGraph, MatmulFlopsAre6NPlus12LTdPerTokenAndSplitOverTensorRanks) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 6, 96, 6, 384, 768, 128);

@@ -163,7 +163,7 @@ TEST(Recompute, SameTrainingWithLessActivationMemory) {
   io::Config keep = tiny_config(dir, "gpt2");
   keep.train.steps = 6;
   io::Config again = keep;
-  again.train.recompute_every = 1;  // every block
+  again.checkpointing.policy = "full";  // every block keeps only its input
   apps::Trainer a(keep, nullptr), b(again, nullptr);
   const apps::TrainSummary sa = a.train(), sb = b.train();
   ASSERT_EQ(sa.losses.size(), sb.losses.size());
@@ -173,7 +173,8 @@ TEST(Recompute, SameTrainingWithLessActivationMemory) {
   const std::size_t recomputed = b.memory().current(core::MemCategory::activations);
   EXPECT_LT(recomputed, kept / 2) << "the blocks' activations must be freed";
   io::Config one = keep;
-  one.train.recompute_blocks = {1};
+  one.checkpointing.policy = "manual";
+  one.checkpointing.blocks = {1};
   apps::Trainer c(one, nullptr);
   EXPECT_EQ(c.train().losses, sa.losses);
 }

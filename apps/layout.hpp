@@ -1,0 +1,38 @@
+// From a config to the cost model's view of one rank, and to the activation-checkpoint schedule
+// its policy chooses. Pure functions of the config (every rank derives the same answer; the
+// trainer's plan check compares them), usable without MPI by colossal_plan.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint_sched/keep.hpp"
+#include "io/config.hpp"
+#include "planner/cost_model.hpp"
+#include "planner/hardware.hpp"
+
+namespace colossal::apps {
+
+// The layout of the ranks of pipeline stage `pipeline_rank`: their chunks (one, or `chunks` under
+// the interleaved schedule), the micro-batches each keeps in flight, the checkpoint schedule.
+planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
+                                const std::vector<checkpoint_sched::Keep>& keep = {},
+                                bool selective = false);
+
+// hardware.file when set, else hardware.preset, with host rates scaled to `threads` per rank
+// (0: as written).
+planner::HardwareSpec hardware_spec(const io::Config& config, int threads);
+
+struct ActivationPlan {
+  std::vector<checkpoint_sched::Keep> keep;  // per op of the whole model; empty keeps all
+  bool selective = false;
+  std::string description;                    // the policy and, per stage, the schedule
+};
+
+// checkpointing.policy for the ranks of `pipeline_rank`. rotor solves each chunk's chain (two ops
+// per block, costs from the step graph and `hw`) under checkpointing.memory_budget minus what the
+// rest of the rank needs; a budget below the minimum throws std::runtime_error with the numbers.
+ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
+                               const planner::HardwareSpec& hw);
+
+}  // namespace colossal::apps

@@ -1,0 +1,301 @@
+#include "planner/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+
+#include "core/model.hpp"
+
+namespace colossal::planner {
+
+Layout RankLayout::graph_layout(const Chunk& chunk) const {
+  return Layout{micro_batch, seq_len,   tensor, sequence_split, sequence,
+                chunk.stage, keep,      selective};
+}
+
+double MemoryPrediction::total() const {
+  double sum = 0.0;
+  for (double b : bytes) sum += b;
+  return sum;
+}
+
+double MemoryPrediction::device() const {
+  return total() - (*this)[core::MemCategory::offloaded];
+}
+
+std::string MemoryPrediction::format() const {
+  std::string out;
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    if (bytes[std::size_t(c)] == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string(core::category_name(core::MemCategory(c))) +
+           " " + core::format_bytes(bytes[std::size_t(c)]);
+  }
+  return out + " (total " + core::format_bytes(total()) + ")";
+}
+
+namespace {
+constexpr double kF = 4.0;  // bytes per fp32 value
+
+// One chunk's flat parameter buffer as the trainer pads and shards it.
+struct ChunkParams {
+  double flat = 0, first = 0, widest = 0, units = 0;
+  double layernorm_owned = 0;  // layernorm floats in the pieces this rank's optimizer updates
+};
+
+ChunkParams chunk_params(const core::ModelSpec& spec, const RankLayout& l,
+                         const RankLayout::Chunk& chunk) {
+  const std::size_t ranks = std::size_t(l.data) * std::size_t(l.sequence);
+  const std::size_t multiple = ranks * 16;
+  const auto table =
+      core::parameter_table(spec, multiple, core::TensorSplit{l.tensor, 0}, chunk.stage);
+  const auto units = core::parameter_units(table, multiple);
+  ChunkParams p;
+  p.flat = double(units.back().end);
+  p.first = double(units.front().size());
+  p.units = double(units.size());
+  for (std::size_t u = 1; u < units.size(); ++u) p.widest = std::max(p.widest, double(units[u].size()));
+  // Stages 0-1 update the whole buffer's norm pieces, stages 2-3 slice 0 of every unit.
+  for (const auto& param : table) {
+    if (param.role != core::ParamRole::layernorm_weight &&
+        param.role != core::ParamRole::layernorm_bias) {
+      continue;
+    }
+    std::size_t lo = param.offset, hi = param.offset + param.count;
+    if (l.zero_stage >= 2) {
+      const auto& unit = units[std::size_t(param.unit)];
+      hi = std::min(hi, unit.begin + unit.size() / ranks);
+    }
+    if (hi > lo) p.layernorm_owned += double(hi - lo);
+  }
+  return p;
+}
+
+// Ring collectives over p ranks of a link: all-reduce moves 2(p-1)/p of the payload in 2(p-1)
+// steps, all-gather and reduce-scatter (p-1)/p in p-1 steps, a send n bytes in one.
+double all_reduce_time(double bytes, int p, const LinkSpec& link) {
+  if (p <= 1 || bytes <= 0) return 0.0;
+  return 2.0 * (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
+}
+double gather_time(double bytes, int p, const LinkSpec& link) {
+  if (p <= 1 || bytes <= 0) return 0.0;
+  return (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
+}
+double send_time(double bytes, const LinkSpec& link) {
+  return bytes <= 0 ? 0.0 : link.latency_s + bytes / link.bandwidth_Bps;
+}
+
+bool starts_with(const char* text, const char* prefix) {
+  return std::strncmp(text, prefix, std::strlen(prefix)) == 0;
+}
+
+// The mesh is tensor innermost, then sequence, data, pipeline: a group stays inside a node while
+// the ranks up to its axis fit in one.
+const LinkSpec& link_for(int ranks_inside, const HardwareSpec& hw) {
+  return ranks_inside <= hw.devices_per_node ? hw.intra_node : hw.inter_node;
+}
+}  // namespace
+
+MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l) {
+  using core::MemCategory;
+  MemoryPrediction m;
+  const double D = double(l.data) * l.sequence;  // ZeRO shards over data x sequence
+  const int chunk_len = l.seq_len / l.sequence;
+  const double rows = double(l.micro_batch) * chunk_len /
+                      (l.sequence_split && l.tensor > 1 ? l.tensor : 1);
+  for (const RankLayout::Chunk& chunk : l.chunks) {
+    const ChunkParams p = chunk_params(spec, l, chunk);
+    const double P = p.flat * kF, S = P / D, work = (p.first + p.widest) * kF;
+    const MemCategory opt = l.offload_optimizer ? MemCategory::offloaded : MemCategory::optimizer;
+    switch (l.zero_stage) {
+      case 0:
+        m[MemCategory::parameters] += P;
+        m[MemCategory::gradients] += P;
+        m[MemCategory::optimizer] += 2 * P;
+        break;
+      case 1:
+      case 2:
+        m[MemCategory::parameters] += P;
+        m[MemCategory::gradients] += l.zero_stage == 1 ? P : S + (D > 1 ? work : 0.0);
+        m[opt] += 2 * S;
+        break;
+      default:  // 3: the shard, plus two gather buffers unless one rank holds everything
+        m[l.offload_params ? MemCategory::offloaded : MemCategory::parameters] += S;
+        if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
+        m[MemCategory::gradients] += S + (D > 1 ? work : 0.0);
+        m[opt] += 2 * S;
+        break;
+    }
+    if (l.offload_optimizer) {  // gradients and (unless offloaded already) parameters on the host
+      m[MemCategory::offloaded] += S + (l.offload_params ? 0.0 : S);
+    }
+    if (l.sequence_split && (l.tensor > 1 || l.pipeline > 1)) {
+      m[MemCategory::temporaries] += p.layernorm_owned * kF;  // packed partial layernorm grads
+    }
+    const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
+    m[MemCategory::activations] += graph.saved_bytes() * chunk.slots;
+    m[MemCategory::temporaries] +=
+        kF * double(core::Model::scratch_floats(spec, l.micro_batch, chunk_len, l.tensor,
+                                                l.sequence_split, l.sequence)) +
+        graph.arena_bytes + graph.selective_bytes;
+    // Trainer: token ids and targets per slot; gradient sends to the previous stage per slot.
+    m[MemCategory::data] += 2.0 * l.micro_batch * chunk_len * chunk.slots * 4;
+    if (chunk.virtual_stage > 0) m[MemCategory::temporaries] += rows * spec.hidden * kF * chunk.slots;
+  }
+  return m;
+}
+
+OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool fused_attention) {
+  OpTime t;
+  const double bw = hw.memory_bandwidth;
+  const double memory = op.bytes / bw;
+  const std::string_view kind = op.kind;
+  if (kind == "gemm") {
+    // Backward is two GEMMs of the forward's size (input and weight gradients).
+    const double f = op.forward_flops;
+    t.forward = std::max(f / hw.gemm_rate(f, l.bf16), memory);
+    t.backward = std::max(op.backward_flops / hw.gemm_rate(op.backward_flops / 2, l.bf16), 2 * memory);
+    if (op.recomputed) t.recompute = t.forward;
+  } else if (kind == "attention") {
+    const double rate = fused_attention ? hw.fused_attention_flops : hw.attention_flops;
+    t.forward = std::max(op.forward_flops / rate, memory);
+    t.backward = std::max(op.backward_flops / rate, 2 * memory);
+    if (op.recomputed) t.recompute = t.forward;
+    // Selective recompute runs the attention core again in backward.
+    if (op.recompute_flops > 0 && !op.recomputed) t.recompute = t.forward;
+  } else {
+    // Memory-bound: backward reads and writes about twice the forward's bytes; the MLP activation
+    // is also recomputed there (it is never saved).
+    t.forward = memory;
+    t.backward = (kind == "activation" ? 2.5 : 2.0) * memory;
+    if (op.recomputed) t.recompute = t.forward;
+  }
+  if (op.collective_bytes > 0) {
+    const char* c = op.collective;
+    const int inside_tp = l.tensor, inside_sp = l.tensor * l.sequence;
+    if (std::strstr(c, "(tp)") != nullptr) {
+      const LinkSpec& link = link_for(inside_tp, hw);
+      if (starts_with(c, "all_reduce")) {
+        t.communication = all_reduce_time(op.collective_bytes, l.tensor, link);
+      } else if (starts_with(c, "reduce_scatter+all_gather")) {
+        t.communication = 2 * gather_time(op.collective_bytes, l.tensor, link);
+      } else {
+        t.communication = gather_time(op.collective_bytes, l.tensor, link);
+      }
+    } else if (std::strstr(c, "(sp)") != nullptr) {
+      // Ring attention: S-1 key/value block exchanges forward and backward plus the dK/dV
+      // reduce-scatter, about 3(S-1) messages.
+      const LinkSpec& link = link_for(inside_sp, hw);
+      t.communication = 3.0 * (l.sequence - 1) * link.latency_s +
+                        op.collective_bytes / link.bandwidth_Bps;
+    }  // (pp): the stage-boundary transfers are counted per step by predict_time
+  }
+  return t;
+}
+
+TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
+                            const HardwareSpec& hw) {
+  TimePrediction t;
+  const double m = l.micro_batches;
+  const int chunk_len = l.seq_len / l.sequence;
+  const double rows = double(l.micro_batch) * chunk_len /
+                      (l.sequence_split && l.tensor > 1 ? l.tensor : 1);
+  const int world = l.data * l.tensor * l.sequence * l.pipeline;
+  double per_micro = 0.0, flat = 0.0, units = 0.0;
+  for (const RankLayout::Chunk& chunk : l.chunks) {
+    const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
+    for (const Op& op : graph.ops) {
+      const OpTime o = op_time(op, l, hw, spec.fused_attention);
+      t.compute += m * (o.forward + o.backward + o.recompute);
+      t.recompute += m * o.recompute;
+      t.tensor_comm += m * o.communication;
+      per_micro += o.total();
+    }
+    t.flops += m * (graph.forward_flops() + graph.backward_flops());
+    if (l.pipeline > 1) {
+      // The activation out (unless last) and its gradient back (unless first), per micro-batch.
+      const double bytes = rows * spec.hidden * kF;
+      const LinkSpec& link = link_for(world, hw);
+      const int virtual_stages = l.pipeline * int(l.chunks.size());
+      const int transfers = (chunk.virtual_stage > 0) + (chunk.virtual_stage < virtual_stages - 1);
+      t.pipeline_comm += m * transfers * send_time(bytes, link);
+      per_micro += transfers * send_time(bytes, link);
+    }
+    const ChunkParams p = chunk_params(spec, l, chunk);
+    flat += p.flat;
+    units += p.units;
+  }
+  // Fill and drain: (p - 1) / v micro-batch times (v model chunks per rank, Narayanan et al.).
+  if (l.pipeline > 1) t.bubble = double(l.pipeline - 1) / double(l.chunks.size()) * per_micro;
+  // Gradient reduction over data x sequence (zero/README.md): stage 0 all-reduces, 1 adds the
+  // parameter all-gather, 2 reduce-scatters every micro-batch, 3 also gathers twice per micro-batch.
+  const int D = l.data * l.sequence;
+  const double P = flat * kF;
+  const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
+  if (D > 1) {
+    const double buckets = std::ceil(P / (25.0 * 1024 * 1024));
+    switch (l.zero_stage) {
+      case 0:
+        t.data_comm = all_reduce_time(P, D, dp_link) + (buckets - 1) * 2 * (D - 1) * dp_link.latency_s;
+        break;
+      case 1:
+        t.data_comm = all_reduce_time(P, D, dp_link) + gather_time(P, D, dp_link) +
+                      (buckets - 1) * 2 * (D - 1) * dp_link.latency_s;
+        break;
+      case 2:
+        t.data_comm = m * gather_time(P, D, dp_link) + gather_time(P, D, dp_link) +
+                      (m * units - m) * (D - 1) * dp_link.latency_s;
+        break;
+      default:
+        t.data_comm = 3 * m * gather_time(P, D, dp_link) + 3 * (m * units - m) * (D - 1) * dp_link.latency_s;
+        break;
+    }
+  }
+  // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
+  const double updated = l.zero_stage == 0 ? flat : flat / D;
+  t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
+  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
+  return t;
+}
+
+std::string format_profile(const StepGraph& g, const RankLayout& l, const HardwareSpec& hw,
+                           bool fused_attention) {
+  std::string out;
+  char line[320];
+  std::snprintf(line, sizeof line, "%-24s %-10s %9s %9s %9s %9s %9s %9s  %s\n", "op", "kind",
+                "fwd GFLOP", "bwd GFLOP", "moved MB", "saved MiB", "fwd ms", "bwd ms",
+                "collective (bytes)");
+  out += line;
+  OpTime sum;
+  for (const Op& op : g.ops) {
+    const OpTime o = op_time(op, l, hw, fused_attention);
+    sum.forward += o.forward;
+    sum.backward += o.backward;
+    sum.recompute += o.recompute;
+    sum.communication += o.communication;
+    std::snprintf(line, sizeof line, "%-24s %-10s %9.3f %9.3f %9.2f %9.2f %9.3f %9.3f  %s%s\n",
+                  op.name.c_str(), op.kind, op.forward_flops / 1e9,
+                  (op.backward_flops + op.recompute_flops) / 1e9, op.bytes / 1e6,
+                  op.saved_bytes / 1048576.0, o.forward * 1e3,
+                  (o.backward + o.recompute + o.communication) * 1e3, op.collective,
+                  op.collective_bytes > 0
+                      ? (" (" + std::to_string(int64_t(op.collective_bytes)) + ")").c_str()
+                      : "");
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "%-24s %-10s %9.3f %9.3f %9s %9.2f %9.3f %9.3f  %.0f bytes\n",
+                "total", "", g.forward_flops() / 1e9, (g.backward_flops() + g.recompute_flops()) / 1e9,
+                "", g.saved_bytes() / 1048576.0, sum.forward * 1e3,
+                (sum.backward + sum.recompute + sum.communication) * 1e3, g.collective_bytes());
+  out += line;
+  std::snprintf(line, sizeof line,
+                "(bwd includes recomputation: %.3f ms; collectives inside layers: %.3f ms; "
+                "recompute arena %.2f MiB)\n",
+                sum.recompute * 1e3, sum.communication * 1e3,
+                (g.arena_bytes + g.selective_bytes) / 1048576.0);
+  out += line;
+  return out;
+}
+
+}  // namespace colossal::planner

@@ -1,0 +1,83 @@
+// The cost of one rank's training step without running it: memory by category (everything the
+// trainer's tracker counts, from closed forms and the step graph) and time (roofline per op from a
+// hardware spec, alpha-beta collectives, the pipeline bubble, the optimizer).
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "checkpoint_sched/keep.hpp"
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+#include "planner/hardware.hpp"
+#include "planner/step_graph.hpp"
+
+namespace colossal::planner {
+
+// One rank's place in a run: what sets its memory and its step time.
+struct RankLayout {
+  int micro_batch = 1;
+  int seq_len = 1024;            // the whole sequence
+  int micro_batches = 1;         // per optimizer step on this rank (gradient accumulation)
+  bool bf16 = false;
+  int data = 1;                  // data-parallel ranks
+  int tensor = 1;
+  bool sequence_split = false;
+  int sequence = 1;              // ring self-attention ranks
+  int pipeline = 1;              // pipeline stages (ranks)
+  int zero_stage = 0;
+  bool offload_optimizer = false, offload_params = false;
+  std::vector<checkpoint_sched::Keep> keep{};  // per op of the whole model (empty: keep all)
+  bool selective = false;
+  // The model chunks this rank runs (one, or several under the interleaved schedule).
+  struct Chunk {
+    core::StageRange stage{};
+    int virtual_stage = 0;
+    int slots = 1;               // micro-batches in flight (the schedule's peak)
+  };
+  std::vector<Chunk> chunks{Chunk{}};
+  // The step graph of one chunk's micro-batch.
+  Layout graph_layout(const Chunk& chunk) const;
+};
+
+struct MemoryPrediction {
+  std::array<double, int(core::MemCategory::count)> bytes{};
+  double total() const;
+  double device() const;  // all but the offloaded (host) bytes
+  double& operator[](core::MemCategory c) { return bytes[std::size_t(c)]; }
+  double operator[](core::MemCategory c) const { return bytes[std::size_t(c)]; }
+  std::string format() const;  // "params 12.4 MiB, grads ..., total ..."
+};
+
+// Bytes per category, exactly as core::Model, zero::ShardedAdamW and apps::Trainer allocate them
+// (tests/test_cost_model.cpp checks it against the tracker of real runs).
+MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& layout);
+
+// Seconds of one op, forward, backward (and recompute in backward), and its collectives.
+struct OpTime {
+  double forward = 0.0, backward = 0.0, recompute = 0.0, communication = 0.0;
+  double total() const { return forward + backward + recompute + communication; }
+};
+OpTime op_time(const Op& op, const RankLayout& layout, const HardwareSpec& hw,
+               bool fused_attention);
+
+struct TimePrediction {
+  double compute = 0.0;         // forward + backward + recompute, all micro-batches and chunks
+  double recompute = 0.0;       // of which recomputation
+  double tensor_comm = 0.0;     // tensor and sequence collectives inside the layers
+  double pipeline_comm = 0.0;   // stage-boundary sends
+  double bubble = 0.0;          // pipeline fill and drain
+  double data_comm = 0.0;       // gradient reduction and ZeRO gathers
+  double optimizer = 0.0;
+  double step = 0.0;            // the sum
+  double flops = 0.0;           // model FLOPs of this rank's step (recompute excluded)
+};
+TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& layout,
+                            const HardwareSpec& hw);
+
+// The per-op table of format_step_graph with a predicted-time column.
+std::string format_profile(const StepGraph& graph, const RankLayout& layout, const HardwareSpec& hw,
+                           bool fused_attention);
+
+}  // namespace colossal::planner

@@ -1,0 +1,194 @@
+#include "planner/hardware.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+
+namespace colossal::planner {
+
+double HardwareSpec::gemm_rate(double flops, bool bf16) const {
+  const double scale = bf16 && bf16_flops > 0 && fp32_flops > 0 ? bf16_flops / fp32_flops : 1.0;
+  if (gemm_curve.empty()) return gemm_efficiency * peak_flops(bf16);
+  if (flops <= gemm_curve.front().first) return gemm_curve.front().second * scale;
+  if (flops >= gemm_curve.back().first) return gemm_curve.back().second * scale;
+  for (std::size_t i = 1; i < gemm_curve.size(); ++i) {
+    const auto [f1, r1] = gemm_curve[i];
+    if (flops > f1) continue;
+    const auto [f0, r0] = gemm_curve[i - 1];
+    const double w = std::log(flops / f0) / std::log(f1 / f0);
+    return std::exp(std::log(r0) + w * (std::log(r1) - std::log(r0))) * scale;
+  }
+  return gemm_curve.back().second * scale;
+}
+
+namespace {
+constexpr double G = 1e9, T = 1e12, GiB = 1024.0 * 1024.0 * 1024.0;
+
+// A data-centre GPU from its datasheet: dense peaks, HBM bandwidth and capacity, NVLink per
+// direction, one InfiniBand port per GPU. Achieved rates are fixed fractions of the peaks (GEMM
+// 70%, attention 50%, memory-bound kernels 80% of HBM bandwidth): refine them by calibrating.
+HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, double hbm_tbs,
+                 double memory_gb, double nvlink_gbs, double ib_gbits) {
+  HardwareSpec h;
+  h.name = name;
+  h.fp32_flops = fp32_tflops * T;
+  h.bf16_flops = bf16_tflops * T;
+  h.gemm_efficiency = 0.7;
+  h.attention_flops = 0.5 * h.fp32_flops;
+  h.fused_attention_flops = 0.5 * h.fp32_flops;
+  h.memory_bandwidth = 0.8 * hbm_tbs * T;
+  h.optimizer_bandwidth = 0.8 * hbm_tbs * T;
+  h.memory_bytes = memory_gb * 1e9;
+  h.devices_per_node = 8;
+  h.intra_node = {3e-6, nvlink_gbs * G};
+  h.inter_node = {8e-6, ib_gbits / 8 * G};
+  return h;
+}
+
+// This development machine (2 cores, AVX-512) as measured on 2026-11-30 with 2 threads in one
+// rank; `colossal_plan --calibrate` replaces these numbers with the current machine's.
+HardwareSpec host() {
+  HardwareSpec h;
+  h.name = "host";
+  h.fp32_flops = 0.34 * T;
+  h.gemm_curve = {{4.2e6, 60 * G}, {3.4e7, 140 * G}, {1.2e9, 300 * G}, {1.7e10, 330 * G}};
+  h.attention_flops = 60 * G;
+  h.fused_attention_flops = 20 * G;
+  h.memory_bandwidth = 6 * G;
+  h.optimizer_bandwidth = 8 * G;
+  h.memory_bytes = 24 * GiB;
+  h.threads = 2;
+  h.intra_node = {2e-6, 5 * G};
+  h.inter_node = {2e-6, 5 * G};
+  return h;
+}
+}  // namespace
+
+std::vector<std::string> hardware_presets() {
+  return {"host", "a100-40g", "a100-80g", "h100", "h200", "v100"};
+}
+
+HardwareSpec hardware_preset(const std::string& name) {
+  // fp32 is the TF32 tensor-core peak on A100/H100/H200 (what cuBLAS uses for fp32 GEMMs with
+  // TF32 enabled); V100 has no TF32 and runs fp32 on CUDA cores.
+  if (name == "host") return host();
+  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 300, 200);
+  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 300, 200);
+  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 450, 400);
+  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 450, 400);
+  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 150, 100);
+  std::string names;
+  for (const std::string& n : hardware_presets()) names += (names.empty() ? "" : ", ") + n;
+  throw std::invalid_argument("unknown hardware preset '" + name + "' (known: " + names +
+                              "); or give a calibrated file with hardware.file");
+}
+
+HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads) {
+  if (spec.threads <= 0 || threads <= 0 || threads == spec.threads) return spec;
+  HardwareSpec h = spec;
+  const double k = double(threads) / spec.threads;
+  h.fp32_flops *= k;
+  h.bf16_flops *= k;
+  for (auto& point : h.gemm_curve) point.second *= k;
+  h.attention_flops *= k;
+  h.fused_attention_flops *= k;
+  h.threads = threads;
+  return h;
+}
+
+namespace {
+// Keys of the YAML, with the unit each is written in.
+struct Field {
+  const char* key;
+  double HardwareSpec::*value;
+  double unit;
+};
+const Field kFields[] = {
+    {"fp32_tflops", &HardwareSpec::fp32_flops, T},
+    {"bf16_tflops", &HardwareSpec::bf16_flops, T},
+    {"gemm_efficiency", &HardwareSpec::gemm_efficiency, 1.0},
+    {"attention_gflops", &HardwareSpec::attention_flops, G},
+    {"fused_attention_gflops", &HardwareSpec::fused_attention_flops, G},
+    {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth, G},
+    {"optimizer_bandwidth_gbs", &HardwareSpec::optimizer_bandwidth, G},
+    {"memory_gib", &HardwareSpec::memory_bytes, GiB},
+};
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+}  // namespace
+
+std::string hardware_yaml(const HardwareSpec& h) {
+  std::string out = "# colossal hardware spec (planner/README.md): rates per device (per rank on a host)\n";
+  out += "name: \"" + h.name + "\"\n";
+  for (const Field& f : kFields) out += std::string(f.key) + ": " + number(h.*(f.value) / f.unit) + "\n";
+  out += "devices_per_node: " + std::to_string(h.devices_per_node) + "\n";
+  out += "threads: " + std::to_string(h.threads) + "\n";
+  out += "gemm_curve:   # [FLOPs of one call, achieved GFLOP/s]\n";
+  for (const auto& [flops, rate] : h.gemm_curve) out += "  - [" + number(flops) + ", " + number(rate / G) + "]\n";
+  if (h.gemm_curve.empty()) out += "  []\n";
+  auto link = [&](const char* key, const LinkSpec& l) {
+    out += std::string(key) + ": {latency_us: " + number(l.latency_s * 1e6) +
+           ", bandwidth_gbs: " + number(l.bandwidth_Bps / G) + "}\n";
+  };
+  link("intra_node", h.intra_node);
+  link("inter_node", h.inter_node);
+  return out;
+}
+
+HardwareSpec read_hardware(const std::string& path) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    throw std::runtime_error("hardware file " + path + ": " + e.what() +
+                             "; write one with colossal_plan --calibrate --out " + path);
+  }
+  auto bad = [&](const std::string& key, const std::string& what) {
+    return std::runtime_error("hardware file " + path + ": " + key + " " + what +
+                              " (see planner/README.md for the format)");
+  };
+  auto positive = [&](const YAML::Node& node, const std::string& key) {
+    if (!node) throw bad(key, "is missing");
+    double v = 0;
+    try {
+      v = node.as<double>();
+    } catch (const YAML::Exception&) {
+      throw bad(key, "must be a number");
+    }
+    if (!(v >= 0) || !std::isfinite(v)) throw bad(key, "must be a finite number >= 0");
+    return v;
+  };
+  HardwareSpec h;
+  h.name = root["name"] ? root["name"].as<std::string>() : path;
+  for (const Field& f : kFields) h.*(f.value) = positive(root[f.key], f.key) * f.unit;
+  h.devices_per_node = int(positive(root["devices_per_node"], "devices_per_node"));
+  h.threads = root["threads"] ? int(positive(root["threads"], "threads")) : 0;
+  if (h.fp32_flops <= 0) throw bad("fp32_tflops", "must be > 0");
+  if (h.devices_per_node < 1) throw bad("devices_per_node", "must be >= 1");
+  if (const YAML::Node curve = root["gemm_curve"]; curve && curve.IsSequence()) {
+    for (std::size_t i = 0; i < curve.size(); ++i) {
+      const std::string key = "gemm_curve[" + std::to_string(i) + "]";
+      if (!curve[i].IsSequence() || curve[i].size() != 2) throw bad(key, "must be [flops, gflops]");
+      h.gemm_curve.emplace_back(positive(curve[i][0], key), positive(curve[i][1], key) * G);
+    }
+    std::sort(h.gemm_curve.begin(), h.gemm_curve.end());
+  }
+  auto link = [&](const char* key) {
+    const YAML::Node node = root[key];
+    if (!node || !node.IsMap()) throw bad(key, "must be {latency_us: .., bandwidth_gbs: ..}");
+    return LinkSpec{positive(node["latency_us"], std::string(key) + ".latency_us") * 1e-6,
+                    positive(node["bandwidth_gbs"], std::string(key) + ".bandwidth_gbs") * G};
+  };
+  h.intra_node = link("intra_node");
+  h.inter_node = link("inter_node");
+  return h;
+}
+
+}  // namespace colossal::planner

@@ -1,0 +1,60 @@
+// What the cost model knows about a device and its links: peak and achieved rates per kind of
+// work, memory, and alpha-beta (latency, bandwidth) of the links inside and between nodes.
+// Presets carry vendor peak numbers; `colossal_plan --calibrate` measures this host's rates with
+// the real kernels and writes them as a hardware YAML that `hardware.file` reads back.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace colossal::planner {
+
+struct LinkSpec {
+  double latency_s = 0.0;      // alpha: seconds per message
+  double bandwidth_Bps = 0.0;  // beta: bytes per second per direction
+};
+
+struct HardwareSpec {
+  std::string name;
+  // Peak GEMM FLOP/s per device by dtype (MFU is reported against the precision's peak).
+  double fp32_flops = 0.0;
+  double bf16_flops = 0.0;
+  // Achieved GEMM FLOP/s as a function of one call's FLOPs (measured; sorted by FLOPs). Empty:
+  // gemm_efficiency * peak for every call.
+  std::vector<std::pair<double, double>> gemm_curve;
+  double gemm_efficiency = 0.7;
+  // Achieved FLOP/s of the attention core (dense: two batched GEMMs and a softmax; fused: the
+  // tiled online-softmax kernel), forward and backward.
+  double attention_flops = 0.0;
+  double fused_attention_flops = 0.0;
+  // Effective bytes/s of memory-bound kernels (layernorm, activation, embedding, loss) counted as
+  // the step graph counts their bytes, and of the optimizer step (28 bytes per parameter).
+  double memory_bandwidth = 0.0;
+  double optimizer_bandwidth = 0.0;
+  double memory_bytes = 0.0;   // per device
+  int devices_per_node = 1;
+  int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)
+  LinkSpec intra_node, inter_node;
+
+  // Achieved GEMM FLOP/s for one call of `flops` in this precision (log-log interpolation of the
+  // curve, clamped at its ends; the bf16 peak scales it when the curve is fp32).
+  double gemm_rate(double flops, bool bf16 = false) const;
+  double peak_flops(bool bf16 = false) const { return bf16 && bf16_flops > 0 ? bf16_flops : fp32_flops; }
+};
+
+// Names accepted by hardware.preset and --hardware.
+std::vector<std::string> hardware_presets();
+// Throws std::invalid_argument listing the presets for an unknown name.
+HardwareSpec hardware_preset(const std::string& name);
+
+// The hardware YAML (docs in planner/README.md). read throws std::runtime_error naming the file
+// and the key on a missing or bad value.
+HardwareSpec read_hardware(const std::string& path);
+std::string hardware_yaml(const HardwareSpec& spec);
+
+// Rates per rank when `threads` host threads run it instead of the calibrated spec.threads:
+// compute scales with threads, memory bandwidth does not.
+HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads);
+
+}  // namespace colossal::planner

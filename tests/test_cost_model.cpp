@@ -1,0 +1,136 @@
+// The cost model without MPI: hardware specs (interpolation, YAML round trip, bad files), the
+// roofline and alpha-beta arithmetic of op_time, and the symbolic parameter count of every preset
+// against a built (dry-run) model.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/model.hpp"
+#include "planner/cost_model.hpp"
+#include "planner/hardware.hpp"
+
+namespace colossal {
+namespace {
+
+TEST(Hardware, GemmRateInterpolatesLogLogAndClamps) {
+  planner::HardwareSpec h;
+  h.fp32_flops = 100e9;
+  h.bf16_flops = 400e9;
+  h.gemm_curve = {{1e6, 10e9}, {1e8, 40e9}};
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1e6), 10e9);
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1e3), 10e9) << "clamped below";
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1e12), 40e9) << "clamped above";
+  // Halfway in log(FLOPs) is the geometric mean of the rates.
+  EXPECT_NEAR(h.gemm_rate(1e7), 20e9, 1e-3);
+  EXPECT_NEAR(h.gemm_rate(1e7, /*bf16=*/true), 80e9, 1e-3) << "scaled by the bf16/fp32 peaks";
+  h.gemm_curve.clear();
+  h.gemm_efficiency = 0.5;
+  EXPECT_DOUBLE_EQ(h.gemm_rate(1e7), 50e9);
+}
+
+TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
+  const planner::HardwareSpec h = planner::hardware_preset("a100-80g");
+  const auto path = std::filesystem::temp_directory_path() / "colossal_hw.yaml";
+  std::ofstream(path) << planner::hardware_yaml(h);
+  const planner::HardwareSpec back = planner::read_hardware(path.string());
+  EXPECT_EQ(back.name, h.name);
+  EXPECT_NEAR(back.bf16_flops, h.bf16_flops, 1e-5 * h.bf16_flops);
+  EXPECT_NEAR(back.memory_bandwidth, h.memory_bandwidth, 1e-5 * h.memory_bandwidth);
+  EXPECT_NEAR(back.inter_node.bandwidth_Bps, h.inter_node.bandwidth_Bps, 1e-5 * h.inter_node.bandwidth_Bps);
+  EXPECT_EQ(back.devices_per_node, 8);
+  const planner::HardwareSpec host = planner::hardware_preset("host");
+  std::ofstream(path) << planner::hardware_yaml(host);
+  EXPECT_EQ(planner::read_hardware(path.string()).gemm_curve.size(), host.gemm_curve.size());
+
+  std::ofstream(path) << "name: x\nfp32_tflops: 1\n";
+  try {
+    planner::read_hardware(path.string());
+    FAIL() << "a file without bf16_tflops must be rejected";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16_tflops is missing"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(planner::read_hardware("/nonexistent/hw.yaml"), std::runtime_error);
+  EXPECT_THROW(planner::hardware_preset("tpu"), std::invalid_argument);
+  std::filesystem::remove(path);
+}
+
+TEST(CostModel, OpTimeIsRooflinePlusAlphaBeta) {
+  planner::HardwareSpec hw;
+  hw.fp32_flops = 1e12;
+  hw.gemm_efficiency = 0.5;
+  hw.attention_flops = 1e11;
+  hw.fused_attention_flops = 2e10;
+  hw.memory_bandwidth = 1e10;
+  hw.devices_per_node = 8;
+  hw.intra_node = {1e-5, 1e9};
+  planner::RankLayout l;
+  l.tensor = 4;
+  // A compute-bound GEMM: 2e9 FLOPs forward at 0.5 TFLOP/s; backward twice that.
+  planner::Op gemm{"fc", "gemm", 2e9, 4e9, 1e6, 0.0, "all_reduce(tp)", 4e6};
+  planner::OpTime t = planner::op_time(gemm, l, hw, false);
+  EXPECT_DOUBLE_EQ(t.forward, 4e-3);
+  EXPECT_DOUBLE_EQ(t.backward, 8e-3);
+  EXPECT_EQ(t.recompute, 0.0);
+  // Ring all-reduce of 4 MB over 4 ranks: 2 * 3 steps of (alpha + 1 MB / beta).
+  EXPECT_NEAR(t.communication, 6 * (1e-5 + 1e6 / 1e9), 1e-12);
+  // A memory-bound GEMM is limited by its bytes instead.
+  planner::Op thin{"thin", "gemm", 2e3, 4e3, 1e8, 0.0};
+  EXPECT_DOUBLE_EQ(planner::op_time(thin, l, hw, false).forward, 1e-2);
+  // Layernorm: bytes over bandwidth, backward twice; recomputed ops pay their forward again.
+  planner::Op ln{"ln", "layernorm", 0, 0, 1e7, 0.0};
+  ln.recomputed = true;
+  t = planner::op_time(ln, l, hw, false);
+  EXPECT_DOUBLE_EQ(t.forward, 1e-3);
+  EXPECT_DOUBLE_EQ(t.backward, 2e-3);
+  EXPECT_DOUBLE_EQ(t.recompute, 1e-3);
+  // Attention at the fused or dense rate.
+  planner::Op core{"core", "attention", 1e9, 2e9, 1e3, 0.0};
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, false).forward, 1e-2);
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 5e-2);
+}
+
+TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {
+  for (const std::string& name : core::preset_names()) {
+    SCOPED_TRACE(name);
+    const core::ModelSpec spec = *core::find_preset(name);
+    core::MemoryTracker tracker;
+    tracker.set_dry_run(true);  // counts every buffer, allocates none (OPT-175B included)
+    auto gemm = core::make_host_gemm();
+    core::Model model(spec, 1, std::min(spec.max_seq, 128), tracker, *gemm);
+    EXPECT_EQ(core::parameter_count(spec), model.num_parameters());
+    planner::RankLayout l;
+    l.seq_len = std::min(spec.max_seq, 128);
+    const planner::MemoryPrediction m = planner::predict_memory(spec, l);
+    EXPECT_EQ(m[core::MemCategory::parameters], double(tracker.current(core::MemCategory::parameters)));
+    EXPECT_EQ(m[core::MemCategory::activations], double(tracker.current(core::MemCategory::activations)));
+    EXPECT_EQ(m[core::MemCategory::temporaries], double(tracker.current(core::MemCategory::temporaries)));
+  }
+}
+
+TEST(CostModel, Opt175bStepGraphAndPredictionAreFast) {
+  const core::ModelSpec spec = *core::find_preset("opt-175b");
+  planner::RankLayout l;
+  l.seq_len = 2048;
+  l.tensor = 8;
+  l.pipeline = 8;
+  l.micro_batches = 16;
+  l.chunks[0].stage = core::StageRange{0, 12, true, false};
+  l.chunks[0].slots = 8;
+  const auto start = std::chrono::steady_clock::now();
+  const planner::HardwareSpec hw = planner::hardware_preset("a100-80g");
+  const planner::TimePrediction t = planner::predict_time(spec, l, hw);
+  const planner::MemoryPrediction m = planner::predict_memory(spec, l);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("OPT-175B stage of 12 blocks at tp8 x pp8: predicted %.2f s per step, %s; %.2f ms\n",
+              t.step, m.format().c_str(), ms);
+  EXPECT_GT(t.step, 0.0);
+  EXPECT_GT(m.total(), 0.0);
+}
+
+}  // namespace
+}  // namespace colossal
