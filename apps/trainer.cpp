@@ -593,7 +593,9 @@ TrainSummary Trainer::train() {
         predicted_time_.bubble, predicted_time_.optimizer);
 
   const auto start = Clock::now();
-  Clock::time_point timed_start = start;
+  // Seconds of the training steps after the first (which pays first-touch page faults), without
+  // validation, checkpoints and logging: the throughput the summary reports.
+  double timed = 0.0;
   double window_seconds = 0.0;
   int64_t window_steps = 0;
   for (int64_t step = first_step; step < t.steps; ++step) {
@@ -654,6 +656,13 @@ TrainSummary Trainer::train() {
         if (step == profile_steps_) {
           summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
           print("\nprofile of %d steps (rank 0):\n%s", profile_steps_, summary.profile.c_str());
+          const double measured = profiled_seconds_ / profile_steps_;
+          print("cost model (rank 0, hardware %s): step %.4f s predicted, %.4f s measured "
+                "(%+.1f%%); memory %s predicted, %s tracked\n",
+                hardware_name_.c_str(), predicted_time_.step, measured,
+                100.0 * (predicted_time_.step / measured - 1.0),
+                core::format_bytes(predicted_memory_.total()).c_str(),
+                core::format_bytes(double(tracker_.peak_total())).c_str());
           summary.steps = step + 1;
           summary.losses.push_back(loss);
           return summary;
@@ -662,7 +671,8 @@ TrainSummary Trainer::train() {
     }
     if (step == first_step) {
       summary.first_loss = loss;
-      timed_start = Clock::now();  // the first step pays for first-touch page faults
+    } else {
+      timed += step_seconds;
     }
     summary.last_loss = loss;
     summary.losses.push_back(loss);
@@ -714,9 +724,8 @@ TrainSummary Trainer::train() {
   }
   summary.steps = t.steps;
   summary.seconds = seconds_since(start);
-  const double timed = seconds_since(timed_start);
-  const double timed_steps = double(t.steps > 1 ? t.steps - 1 : 1);
-  summary.tokens_per_s = t.steps > 1 ? tokens_per_step * timed_steps / timed
+  const double timed_steps = double(t.steps - first_step - 1);
+  summary.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed
                                      : tokens_per_step / summary.seconds;
   summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
   summary.peak_tracked_bytes = tracker_.peak_total();
