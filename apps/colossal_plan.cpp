@@ -111,13 +111,131 @@ int profile(apps::Invocation& inv) {
   return 0;
 }
 
+// --gpus, else hardware.gpus, else the ranks the config's sizes need.
+int planned_devices(const apps::Invocation& inv) {
+  const std::string text = inv.flag("--gpus");
+  if (!text.empty()) {
+    char* end = nullptr;
+    const long n = std::strtol(text.c_str(), &end, 10);
+    if (end == text.c_str() || *end != '\0' || n < 1 || n > 1000000) {
+      throw apps::UsageError("--gpus: '" + text + "' must be an integer in [1, 1000000]");
+    }
+    return int(n);
+  }
+  if (inv.config.hardware.gpus > 0) return inv.config.hardware.gpus;
+  return inv.config.parallel.world_size();
+}
+
+void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
+                       const std::string& path) {
+  std::vector<std::string> sets = planner::plan_overrides(plan);
+  sets.insert(sets.begin(), "parallel.mode=manual");
+  const io::Config planned = io::parse_config(inv.config.text, inv.config.source, sets);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!(f << io::to_yaml(planned))) throw std::runtime_error("cannot write '" + tmp + "'");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "'");
+  }
+}
+
+// --precision bf16 plans mixed precision (what colossal_train does not run yet: train.precision
+// accepts fp32 only); else the config's precision.
+bool bf16(const apps::Invocation& inv) {
+  const std::string p = inv.flag("--precision", inv.config.train.precision);
+  if (p != "fp32" && p != "bf16") {
+    throw apps::UsageError("--precision: '" + p + "' must be fp32 or bf16");
+  }
+  return p == "bf16";
+}
+
+// The layout the config fixes, predicted (--evaluate), or the search's best plans.
+int plan(apps::Invocation& inv) {
+  const io::Config& c = inv.config;
+  const int devices = planned_devices(inv);
+  const planner::Cluster cluster = apps::make_cluster(chosen_hardware(inv, 0), devices);
+  const bool json = inv.has("--json");
+  const std::string emit = inv.flag("--emit-yaml");
+  int top = 5;
+  if (const std::string t = inv.flag("--top"); !t.empty()) {
+    char* end = nullptr;
+    top = int(std::strtol(t.c_str(), &end, 10));
+    if (end == t.c_str() || *end != '\0' || top < 1 || top > 100) {
+      throw apps::UsageError("--top: '" + t + "' must be an integer in [1, 100]");
+    }
+  }
+  planner::Plan chosen;
+  std::string text;
+  if (inv.has("--evaluate")) {
+    planner::RunLayout run = apps::run_layout(c);
+    run.bf16 = bf16(inv);
+    if (run.world() != devices) {
+      throw apps::UsageError("--evaluate: the config's layout uses " + std::to_string(run.world()) +
+                             " devices but " + std::to_string(devices) +
+                             " are planned for; drop --gpus / hardware.gpus or change the sizes");
+    }
+    chosen = planner::evaluate_plan(c.model, run, cluster, c.checkpointing.policy,
+                                    c.checkpointing.every, c.checkpointing.blocks,
+                                    c.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0);
+    if (!chosen.why.empty() && chosen.step_time == 0.0) {
+      throw apps::UsageError("--evaluate: the config's layout is not valid: " + chosen.why);
+    }
+    text = "the config's layout on " + std::to_string(devices) + " x " + cluster.hw.name + " (" +
+           core::format_bytes(cluster.hw.memory_bytes) + " each):\n        " +
+           planner::format_plan(chosen) +
+           (chosen.fits ? "" : "    does not fit: " + chosen.why + "\n");
+  } else {
+    planner::SearchOptions options;
+    options.top = top;
+    const planner::SearchResult result = planner::search_plans(
+        c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
+    if (result.best.empty()) {
+      throw io::ConfigError(
+          "no layout of " + std::to_string(devices) + " devices fits " + c.model_preset +
+          " in " + core::format_bytes(cluster.hw.memory_bytes) + " per device (" +
+          std::to_string(result.candidates) + " layouts tried); the closest needs " +
+          core::format_bytes(result.closest.memory.device()) + " per device: " +
+          planner::format_plan(result.closest) +
+          "use more devices (--gpus), a device with more memory (--hardware), or a smaller "
+          "train.global_batch / train.seq_len");
+    }
+    chosen = result.best.front();
+    text = planner::format_search(result, cluster);
+  }
+  if (inv.rank != 0) return 0;
+  if (json) {
+    std::printf("%s\n", planner::plan_json(chosen).c_str());
+  } else {
+    std::printf("%s\nas config blocks:\n%s", text.c_str(), planner::plan_yaml(chosen).c_str());
+  }
+  if (!emit.empty()) {
+    write_plan_config(inv, chosen, emit);
+    if (!json) std::printf("\nwritten to %s (run it with colossal_train %s)\n", emit.c_str(), emit.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   apps::ProgramInfo info{
       "colossal_plan",
-      "usage: colossal_plan CONFIG --profile [--stage S] [--hardware NAME|FILE] [--set KEY=VALUE ...]\n"
+      "usage: colossal_plan CONFIG [--gpus N] [--hardware NAME|FILE] [--top K] [--json]\n"
+      "                    [--emit-yaml FILE] [--set KEY=VALUE ...]\n"
+      "       colossal_plan CONFIG --evaluate [--hardware NAME|FILE] [--json] [--set ...]\n"
+      "       colossal_plan CONFIG --profile [--stage S] [--hardware NAME|FILE] [--set ...]\n"
       "       colossal_plan --calibrate [--out FILE]        (under mpirun -np 2 to measure the link)\n\n"
+      "Without a mode: the joint planner. Searches data x tensor x sequence x pipeline layouts\n"
+      "(tensor inside a node), the pipeline partition and schedule (1F1B, interleaved chunks),\n"
+      "the micro-batch size, ZeRO stage and offload, with each pipeline rank's activation\n"
+      "checkpointing (none, or rotor under the device memory), for N devices of the hardware\n"
+      "(--gpus, else hardware.gpus, else the config's ranks; --hardware, else hardware.*), and\n"
+      "prints the best plans with predicted step time, TFLOP/s per device, MFU and memory, and\n"
+      "why the runner-ups lost. --emit-yaml writes the config with the best plan filled in.\n"
+      "--evaluate predicts the layout the config fixes instead. --json prints the plan and its\n"
+      "prediction as JSON.\n\n"
       "--profile builds the symbolic graph of one micro-batch of the config's model and layout as\n"
       "seen by one rank (tensor rank 0, pipeline rank S) and prints every op of forward and\n"
       "backward: FLOPs, bytes moved, activation bytes kept, predicted time (roofline from the\n"
@@ -128,21 +246,26 @@ int main(int argc, char** argv) {
       "work, AdamW, and with 2+ ranks the link between ranks 0 and 1) and writes a hardware YAML\n"
       "for hardware.file or --hardware.\n\n"
       "Program options:\n"
+      "  --gpus N               devices to plan for\n"
+      "  --top K                plans to print (default 5)\n"
+      "  --precision P          fp32 or bf16 (mixed precision, for planning GPU runs)\n"
+      "  --evaluate             predict the config's own layout instead of searching\n"
+      "  --json                 the chosen plan and its prediction as JSON\n"
+      "  --emit-yaml FILE       write the config with the chosen plan as its parallel: and\n"
+      "                         checkpointing: blocks\n"
       "  --profile              the per-op table, memory and step-time prediction\n"
       "  --stage S              the pipeline rank to describe (0 .. parallel.pipeline.size-1)\n"
       "  --hardware NAME|FILE   a preset (host, a100-40g, a100-80g, h100, h200, v100) or a file\n"
       "  --calibrate            measure this host and write its hardware YAML\n"
       "  --out FILE             where --calibrate writes (default hardware-host.yaml)\n",
-      {"--stage", "--hardware", "--out"},
-      {"--profile", "--calibrate"},
+      {"--stage", "--hardware", "--out", "--gpus", "--top", "--emit-yaml", "--precision"},
+      {"--profile", "--calibrate", "--evaluate", "--json"},
       /*print_threads=*/false,
       /*any_world_size=*/true,
       /*config_optional_with=*/{"--calibrate"}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     if (inv.has("--calibrate")) return calibrate(inv);
-    if (!inv.has("--profile")) {
-      throw apps::UsageError("nothing to do: give --profile or --calibrate; see --help");
-    }
-    return profile(inv);
+    if (inv.has("--profile")) return profile(inv);
+    return plan(inv);
   });
 }

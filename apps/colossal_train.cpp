@@ -7,6 +7,8 @@
 #include <string>
 
 #include "apps/cli.hpp"
+#include "apps/layout.hpp"
+#include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
 #include "core/memory.hpp"
 
@@ -47,6 +49,15 @@ int main(int argc, char** argv) {
       /*print_threads=*/true};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
+    if (inv.config.parallel.mode == "auto") {
+      std::string report;
+      inv.config = apps::plan_automatically(inv.config, *inv.world,
+                                            core::HostThreads::shared().size(), &report);
+      if (log) {
+        std::fprintf(log, "parallel.mode: auto: planned for %d rank(s)\n%s", inv.world_size,
+                     report.c_str());
+      }
+    }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.

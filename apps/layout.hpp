@@ -8,10 +8,16 @@
 
 #include "checkpoint_sched/keep.hpp"
 #include "io/config.hpp"
+#include "parallel/communicator.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
+#include "planner/layout_plan.hpp"
+#include "planner/search.hpp"
 
 namespace colossal::apps {
+
+// The run's layout as the config fixes it (the trainer's pipeline partition included).
+planner::RunLayout run_layout(const io::Config& config);
 
 // The layout of the ranks of pipeline stage `pipeline_rank`: their chunks (one, or `chunks` under
 // the interleaved schedule), the micro-batches each keeps in flight, the checkpoint schedule.
@@ -34,5 +40,16 @@ struct ActivationPlan {
 // rest of the rank needs; a budget below the minimum throws std::runtime_error with the numbers.
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
+
+// The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
+// makes one device of each rank, all on this node, sharing its memory.
+planner::Cluster make_cluster(planner::HardwareSpec hw, int devices);
+
+// parallel.mode: auto. Rank 0 searches the layouts of `world`'s ranks on the config's hardware
+// (host rates scaled to `threads` per rank, its memory shared by the ranks), broadcasts the chosen
+// plan's overrides, and every rank returns the config re-read with them (parallel.mode: manual).
+// `report` (rank 0) receives the search's summary. No layout fits: a clear error on every rank.
+io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
+                              std::string* report);
 
 }  // namespace colossal::apps

@@ -446,12 +446,12 @@ Schedule solve_rotor(const Chain& chain, std::size_t budget_bytes, int memory_sl
 }
 
 Schedule solve(const std::string& policy, const Chain& chain, std::size_t budget_bytes,
-               int every_k) {
+               int every_k, int memory_slots) {
   if (policy == "none") return solve_none(chain);
   if (policy == "full") return solve_full(chain);
   if (policy == "every_k") return solve_every_k(chain, every_k);
   if (policy == "sqrt") return solve_sqrt(chain);
-  if (policy == "rotor") return solve_rotor(chain, budget_bytes);
+  if (policy == "rotor") return solve_rotor(chain, budget_bytes, memory_slots);
   throw std::invalid_argument(where("solve") + "unknown policy '" + policy +
                               "' (no solver has that name); use one of none, full, every_k, " +
                               "sqrt, rotor");

@@ -92,7 +92,7 @@ Schedule solve_rotor(const Chain& chain, std::size_t budget_bytes, int memory_sl
 // only and every_k by every_k only; the fixed policies ignore the budget (compare cost.memory).
 // Unknown policy -> std::invalid_argument listing the allowed names.
 Schedule solve(const std::string& policy, const Chain& chain, std::size_t budget_bytes,
-               int every_k);
+               int every_k, int memory_slots = 500);
 
 // A compact string: per op "A" (all kept), "I" (input kept, segment recomputed) or "." (dropped),
 // blocks of ops_per_block ops separated by '|', e.g. "I.|..|AA".

@@ -195,6 +195,11 @@ const std::vector<KeySpec>& schema() {
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
        .choices = {"stop", "skip"}},
 
+      {.key = "parallel.mode", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.mode; },
+       .doc = "manual: the sizes below; auto: colossal_train plans the layout and checkpointing "
+              "for the ranks started on rank 0 (planner/README.md) and every rank runs it",
+       .choices = {"manual", "auto"}},
       {.key = "parallel.data", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.data; },
        .doc = "data-parallel ranks; the number of ranks started must equal it",
@@ -289,6 +294,11 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.hardware.preset; },
        .doc = "hardware spec for the cost model and MFU (planner/hardware.cpp)",
        .choices = {"host", "a100-40g", "a100-80g", "h100", "h200", "v100"}},
+      {.key = "hardware.gpus", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.hardware.gpus; },
+       .doc = "devices colossal_plan plans for (--gpus overrides); 0 = the ranks the config's "
+              "parallel sizes need",
+       .range = at_least(0)},
       {.key = "hardware.file", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.hardware.file; },
        .doc = "a hardware YAML written by colossal_plan --calibrate; overrides hardware.preset "

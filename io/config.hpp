@@ -57,6 +57,7 @@ struct CheckpointingConfig {
 };
 
 struct ParallelConfig {
+  std::string mode = "manual";   // manual: the sizes below; auto: the planner chooses them
   int data = 1;                  // data-parallel ranks (the world size must equal it)
   int zero_stage = 0;            // 0: replicated; 1: optimizer states; 2: + gradients; 3: + params
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
@@ -84,6 +85,7 @@ struct HardwareConfig {
   std::string preset = "host";
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
   std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
+  int gpus = 0;                  // devices to plan for (colossal_plan); 0 = the config's ranks
 };
 
 struct EvalConfig {

@@ -11,8 +11,8 @@
 namespace colossal::planner {
 
 Layout RankLayout::graph_layout(const Chunk& chunk) const {
-  return Layout{micro_batch, seq_len,   tensor, sequence_split, sequence,
-                chunk.stage, keep,      selective};
+  return Layout{micro_batch, seq_len, tensor, sequence_split, sequence,
+                chunk.stage, keep,    selective, bf16};
 }
 
 double MemoryPrediction::total() const {
@@ -46,29 +46,43 @@ struct ChunkParams {
 
 ChunkParams chunk_params(const core::ModelSpec& spec, const RankLayout& l,
                          const RankLayout::Chunk& chunk) {
+  // Every block's unit has the same size, so the table of a one-block stage with the chunk's
+  // embeddings and head gives each kind of unit once (building the whole model's table for every
+  // candidate of a search would dominate its time).
   const std::size_t ranks = std::size_t(l.data) * std::size_t(l.sequence);
   const std::size_t multiple = ranks * 16;
-  const auto table =
-      core::parameter_table(spec, multiple, core::TensorSplit{l.tensor, 0}, chunk.stage);
+  core::ModelSpec one = spec;
+  one.layers = 1;
+  const core::StageRange stage{0, 1, chunk.stage.embeds, chunk.stage.head};
+  const auto table = core::parameter_table(one, multiple, core::TensorSplit{l.tensor, 0}, stage);
   const auto units = core::parameter_units(table, multiple);
-  ChunkParams p;
-  p.flat = double(units.back().end);
-  p.first = double(units.front().size());
-  p.units = double(units.size());
-  for (std::size_t u = 1; u < units.size(); ++u) p.widest = std::max(p.widest, double(units[u].size()));
-  // Stages 0-1 update the whole buffer's norm pieces, stages 2-3 slice 0 of every unit.
+  // Layernorm floats this rank's optimizer updates, per unit: all of them (stages 0-1) or those
+  // in slice 0 of the unit (stages 2-3).
+  std::vector<double> layernorm(units.size(), 0.0);
   for (const auto& param : table) {
     if (param.role != core::ParamRole::layernorm_weight &&
         param.role != core::ParamRole::layernorm_bias) {
       continue;
     }
+    const auto& unit = units[std::size_t(param.unit)];
     std::size_t lo = param.offset, hi = param.offset + param.count;
-    if (l.zero_stage >= 2) {
-      const auto& unit = units[std::size_t(param.unit)];
-      hi = std::min(hi, unit.begin + unit.size() / ranks);
-    }
-    if (hi > lo) p.layernorm_owned += double(hi - lo);
+    if (l.zero_stage >= 2) hi = std::min(hi, unit.begin + unit.size() / ranks);
+    if (hi > lo) layernorm[std::size_t(param.unit)] += double(hi - lo);
   }
+  const std::size_t block = chunk.stage.embeds || chunk.stage.head ? 1 : 0;  // its unit index
+  const int end = chunk.stage.layer_end < 0 ? spec.layers : chunk.stage.layer_end;
+  const int blocks = end - chunk.stage.layer_begin;
+  std::vector<double> sizes;
+  ChunkParams p;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const int copies = u == block ? blocks : 1;
+    for (int c = 0; c < copies; ++c) sizes.push_back(double(units[u].size()));
+    p.layernorm_owned += copies * layernorm[u];
+  }
+  for (double size : sizes) p.flat += size;
+  p.first = sizes.front();
+  p.units = double(sizes.size());
+  for (std::size_t u = 1; u < sizes.size(); ++u) p.widest = std::max(p.widest, sizes[u]);
   return p;
 }
 
@@ -106,29 +120,35 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
                       (l.sequence_split && l.tensor > 1 ? l.tensor : 1);
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const ChunkParams p = chunk_params(spec, l, chunk);
-    const double P = p.flat * kF, S = P / D, work = (p.first + p.widest) * kF;
+    // fp32 training keeps parameters, gradients, m and v in 4 bytes each. bf16 (mixed precision,
+    // as Megatron-LM): 2-byte parameters, 4-byte gradients, and an fp32 master copy with m and v
+    // (12 bytes) in the optimizer states.
+    const double pb = l.bf16 ? 2.0 : kF, ob = l.bf16 ? 6.0 : kF;  // per parameter; 2 states
+    const double P = p.flat * pb, S = P / D, work = (p.first + p.widest) * pb;
+    const double G = p.flat * kF, GS = G / D, gwork = (p.first + p.widest) * kF;
+    const double O = p.flat * ob, OS = O / D;
     const MemCategory opt = l.offload_optimizer ? MemCategory::offloaded : MemCategory::optimizer;
     switch (l.zero_stage) {
       case 0:
         m[MemCategory::parameters] += P;
-        m[MemCategory::gradients] += P;
-        m[MemCategory::optimizer] += 2 * P;
+        m[MemCategory::gradients] += G;
+        m[MemCategory::optimizer] += 2 * O;
         break;
       case 1:
       case 2:
         m[MemCategory::parameters] += P;
-        m[MemCategory::gradients] += l.zero_stage == 1 ? P : S + (D > 1 ? work : 0.0);
-        m[opt] += 2 * S;
+        m[MemCategory::gradients] += l.zero_stage == 1 ? G : GS + (D > 1 ? gwork : 0.0);
+        m[opt] += 2 * OS;
         break;
       default:  // 3: the shard, plus two gather buffers unless one rank holds everything
         m[l.offload_params ? MemCategory::offloaded : MemCategory::parameters] += S;
         if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
-        m[MemCategory::gradients] += S + (D > 1 ? work : 0.0);
-        m[opt] += 2 * S;
+        m[MemCategory::gradients] += GS + (D > 1 ? gwork : 0.0);
+        m[opt] += 2 * OS;
         break;
     }
     if (l.offload_optimizer) {  // gradients and (unless offloaded already) parameters on the host
-      m[MemCategory::offloaded] += S + (l.offload_params ? 0.0 : S);
+      m[MemCategory::offloaded] += GS + (l.offload_params ? 0.0 : S);
     }
     if (l.sequence_split && (l.tensor > 1 || l.pipeline > 1)) {
       m[MemCategory::temporaries] += p.layernorm_owned * kF;  // packed partial layernorm grads
@@ -136,7 +156,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     m[MemCategory::activations] += graph.saved_bytes() * chunk.slots;
     m[MemCategory::temporaries] +=
-        kF * double(core::Model::scratch_floats(spec, l.micro_batch, chunk_len, l.tensor,
+        (l.bf16 ? 2.0 : kF) * double(core::Model::scratch_floats(spec, l.micro_batch, chunk_len, l.tensor,
                                                 l.sequence_split, l.sequence)) +
         graph.arena_bytes + graph.selective_bytes;
     // Trainer: token ids and targets per slot; gradient sends to the previous stage per slot.
@@ -158,6 +178,8 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
     t.backward = std::max(op.backward_flops / hw.gemm_rate(op.backward_flops / 2, l.bf16), 2 * memory);
     if (op.recomputed) t.recompute = t.forward;
   } else if (kind == "attention") {
+    // One rate per precision: the GPU presets' attention rate (half the TF32 peak) stands for the
+    // unfused core whose softmax and masking are memory-bound, in bf16 as in fp32.
     const double rate = fused_attention ? hw.fused_attention_flops : hw.attention_flops;
     t.forward = std::max(op.forward_flops / rate, memory);
     t.backward = std::max(op.backward_flops / rate, 2 * memory);
@@ -190,6 +212,8 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
       t.communication = 3.0 * (l.sequence - 1) * link.latency_s +
                         op.collective_bytes / link.bandwidth_Bps;
     }  // (pp): the stage-boundary transfers are counted per step by predict_time
+    // Recomputation runs the forward's collectives again.
+    if (op.recomputed) t.recompute += op.forward_collective * t.communication;
   }
   return t;
 }
@@ -215,7 +239,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     t.flops += m * (graph.forward_flops() + graph.backward_flops());
     if (l.pipeline > 1) {
       // The activation out (unless last) and its gradient back (unless first), per micro-batch.
-      const double bytes = rows * spec.hidden * kF;
+      const double bytes = rows * spec.hidden * (l.bf16 ? 2.0 : kF);
       const LinkSpec& link = link_for(world, hw);
       const int virtual_stages = l.pipeline * int(l.chunks.size());
       const int transfers = (chunk.virtual_stage > 0) + (chunk.virtual_stage < virtual_stages - 1);
@@ -254,7 +278,18 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double updated = l.zero_stage == 0 ? flat : flat / D;
-  t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
+  if (l.offload_optimizer) {
+    // ZeRO-Offload: the gradient shard down and the updated parameters up the host link, the
+    // update at the host's rate.
+    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
+                                                         : hw.optimizer_bandwidth;
+    t.optimizer = updated * 28.0 / host;
+    if (hw.host_link_bandwidth > 0) {
+      t.optimizer += updated * (kF + (l.bf16 ? 2.0 : kF)) / hw.host_link_bandwidth;
+    }
+  } else {
+    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
+  }
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
   return t;
 }

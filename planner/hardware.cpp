@@ -31,7 +31,7 @@ constexpr double G = 1e9, T = 1e12, GiB = 1024.0 * 1024.0 * 1024.0;
 // direction, one InfiniBand port per GPU. Achieved rates are fixed fractions of the peaks (GEMM
 // 70%, attention 50%, memory-bound kernels 80% of HBM bandwidth): refine them by calibrating.
 HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, double hbm_tbs,
-                 double memory_gb, double nvlink_gbs, double ib_gbits) {
+                 double memory_gb, double nvlink_gbs, double ib_gbits, double pcie_gbs) {
   HardwareSpec h;
   h.name = name;
   h.fp32_flops = fp32_tflops * T;
@@ -42,6 +42,8 @@ HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, doubl
   h.memory_bandwidth = 0.8 * hbm_tbs * T;
   h.optimizer_bandwidth = 0.8 * hbm_tbs * T;
   h.memory_bytes = memory_gb * 1e9;
+  h.host_link_bandwidth = pcie_gbs * G;
+  h.host_optimizer_bandwidth = 5 * G;  // a node's CPU AdamW shared by its 8 GPUs
   h.devices_per_node = 8;
   h.intra_node = {3e-6, nvlink_gbs * G};
   h.inter_node = {8e-6, ib_gbits / 8 * G};
@@ -75,11 +77,14 @@ HardwareSpec hardware_preset(const std::string& name) {
   // fp32 is the TF32 tensor-core peak on A100/H100/H200 (what cuBLAS uses for fp32 GEMMs with
   // TF32 enabled); V100 has no TF32 and runs fp32 on CUDA cores.
   if (name == "host") return host();
-  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 300, 200);
-  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 300, 200);
-  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 450, 400);
-  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 450, 400);
-  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 150, 100);
+  // Links at the bus bandwidth NCCL reaches on them (nccl-tests all-reduce busbw: about 230 GB/s
+  // on A100 NVSwitch of a 300 GB/s per-direction NVLink, 360 on H100/H200 of 450, 130 on V100 of
+  // 150) and about 92% of the InfiniBand line rate.
+  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 230, 0.92 * 200, 25);
+  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 230, 0.92 * 200, 25);
+  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 360, 0.92 * 400, 50);
+  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 360, 0.92 * 400, 50);
+  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 130, 0.92 * 100, 12);
   std::string names;
   for (const std::string& n : hardware_presets()) names += (names.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown hardware preset '" + name + "' (known: " + names +
@@ -115,6 +120,8 @@ const Field kFields[] = {
     {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth, G},
     {"optimizer_bandwidth_gbs", &HardwareSpec::optimizer_bandwidth, G},
     {"memory_gib", &HardwareSpec::memory_bytes, GiB},
+    {"host_link_gbs", &HardwareSpec::host_link_bandwidth, G},
+    {"host_optimizer_gbs", &HardwareSpec::host_optimizer_bandwidth, G},
 };
 
 std::string number(double v) {
@@ -167,7 +174,13 @@ HardwareSpec read_hardware(const std::string& path) {
   };
   HardwareSpec h;
   h.name = root["name"] ? root["name"].as<std::string>() : path;
-  for (const Field& f : kFields) h.*(f.value) = positive(root[f.key], f.key) * f.unit;
+  for (const Field& f : kFields) {
+    // The offload keys came later: absent means a CPU host (no transfer, the device's rate).
+    const bool optional = std::string(f.key).rfind("host_", 0) == 0;
+    if (optional && !root[f.key]) continue;
+    h.*(f.value) = positive(root[f.key], f.key) * f.unit;
+  }
+  if (h.host_optimizer_bandwidth == 0.0) h.host_optimizer_bandwidth = h.optimizer_bandwidth;
   h.devices_per_node = int(positive(root["devices_per_node"], "devices_per_node"));
   h.threads = root["threads"] ? int(positive(root["threads"], "threads")) : 0;
   if (h.fp32_flops <= 0) throw bad("fp32_tflops", "must be > 0");

@@ -33,6 +33,10 @@ struct HardwareSpec {
   double memory_bandwidth = 0.0;
   double optimizer_bandwidth = 0.0;
   double memory_bytes = 0.0;   // per device
+  // ZeRO offload: the host link (PCIe) each way and the host's AdamW rate per device; 0 link
+  // bandwidth means host and device share memory (a CPU rank): offload costs no transfer.
+  double host_link_bandwidth = 0.0;
+  double host_optimizer_bandwidth = 0.0;
   int devices_per_node = 1;
   int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)
   LinkSpec intra_node, inter_node;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <stdexcept>
+#include <string_view>
 
 namespace colossal::planner {
 
@@ -10,7 +11,7 @@ namespace {
 // The probabilities' share of an attention op's saved bytes: (B, H/t, T/S, T) fp32.
 double score_bytes(const core::ModelSpec& s, const Layout& l) {
   const double t = l.tensor;
-  return 4.0 * l.micro_batch * (s.heads / t) * (double(l.seq_len) / l.sequence) * l.seq_len;
+  return (l.bf16 ? 2.0 : 4.0) * l.micro_batch * (s.heads / t) * (double(l.seq_len) / l.sequence) * l.seq_len;
 }
 
 double total(const std::vector<Op>& ops, double Op::*field) {
@@ -84,7 +85,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
       s.heads % l.tensor != 0 || s.ffn_hidden % l.tensor != 0) {
     throw std::invalid_argument("build_step_graph: the layout does not divide the model");
   }
-  const double f = 4.0;  // bytes per fp32 value
+  const double f = l.bf16 ? 2.0 : 4.0;  // bytes per activation value
   const double t = l.tensor, B = l.micro_batch, T = l.seq_len / l.sequence, keys = l.seq_len;
   const double C = s.hidden, Cl = C / t, H = s.heads / t, F = s.ffn_hidden / t;
   const double V = double(core::padded_vocab(s, l.tensor)) / t;
@@ -133,6 +134,16 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
          split ? 0.0 : boundary_bytes);
     add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * 2 * N * F, 0.0});  // recomputed in backward
     gemm(h + "mlp.out", N, F, C, f * rows * C, boundary, boundary_bytes);
+  }
+  for (Op& op : g.ops) {
+    if (op.collective_bytes <= 0) continue;
+    const std::string_view c = op.collective;
+    const bool output = op.name == "embedding" || op.name.ends_with(".out");
+    if (c.starts_with("reduce_scatter+all_gather")) {
+      op.forward_collective = 0.5;
+    } else if (output || c.starts_with("all_gather")) {
+      op.forward_collective = 1.0;
+    }
   }
   apply_checkpointing(g, block_begin, s, l, first, last);
   if (l.stage.head) {

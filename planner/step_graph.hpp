@@ -27,6 +27,7 @@ struct Layout {
   // empty keeps everything; selective drops the attention probabilities of kept blocks.
   std::vector<checkpoint_sched::Keep> keep{};
   bool selective = false;
+  bool bf16 = false;             // activations and their collectives in 2 bytes (mixed precision)
 };
 
 struct Op {
@@ -40,6 +41,10 @@ struct Op {
   double collective_bytes = 0.0;   // payload of those collectives
   double recompute_flops = 0.0;    // its forward run again in backward (activation checkpointing)
   bool recomputed = false;         // in a dropped segment: its whole forward runs again
+  // Share of the collective that forward runs (and recomputation runs again): 1 for row-parallel
+  // outputs, the embedding and sequence_split's gathers, 0.5 for a reduce-scatter forward +
+  // all-gather backward pair, 0 for column-parallel inputs (their all-reduce is in backward).
+  double forward_collective = 0.0;
 };
 
 struct StepGraph {

@@ -1,0 +1,182 @@
+#include "planner/layout_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "checkpoint_sched/solvers.hpp"
+#include "parallel/pipeline_schedule.hpp"
+
+namespace colossal::planner {
+
+using checkpoint_sched::Keep;
+
+RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& keep,
+                       bool selective) {
+  RankLayout l;
+  l.micro_batch = run.micro_batch;
+  l.seq_len = run.seq_len;
+  l.micro_batches = run.micro_batches();
+  l.bf16 = run.bf16;
+  l.data = run.data;
+  l.tensor = run.tensor;
+  l.sequence_split = run.sequence_split;
+  l.sequence = run.sequence;
+  l.pipeline = run.pipeline;
+  l.zero_stage = run.zero_stage;
+  l.offload_optimizer = run.offload_optimizer;
+  l.offload_params = run.offload_params;
+  l.keep = keep;
+  l.selective = selective;
+  const int stages = run.pipeline, chunks = run.chunks, virtual_stages = stages * chunks;
+  if (int(run.layers.size()) != virtual_stages) {
+    throw std::invalid_argument("rank_layout: " + std::to_string(run.layers.size()) +
+                                " stage sizes for " + std::to_string(virtual_stages) +
+                                " virtual stages");
+  }
+  const auto schedule =
+      parallel::pipeline_schedule(run.schedule, stages, rank, l.micro_batches, chunks);
+  l.chunks.clear();
+  for (int c = 0; c < chunks; ++c) {
+    RankLayout::Chunk chunk;
+    chunk.virtual_stage = c * stages + rank;
+    const int v = chunk.virtual_stage;
+    chunk.stage = core::StageRange{0, 0, v == 0, v == virtual_stages - 1};
+    for (int s = 0; s < v; ++s) chunk.stage.layer_begin += run.layers[std::size_t(s)];
+    chunk.stage.layer_end = chunk.stage.layer_begin + run.layers[std::size_t(v)];
+    std::vector<parallel::PipelineAction> mine;
+    for (const auto& a : schedule) {
+      if (a.chunk == c) mine.push_back(a);
+    }
+    chunk.slots = parallel::peak_in_flight(mine);
+    l.chunks.push_back(chunk);
+  }
+  return l;
+}
+
+std::vector<int> partition_layers(const std::vector<double>& cost, int stages, double first_extra,
+                                  double last_extra) {
+  const int n = int(cost.size());
+  if (stages < 1 || stages > n) {
+    throw std::invalid_argument(std::to_string(stages) + " pipeline stages for " +
+                                std::to_string(n) + " layers");
+  }
+  std::vector<double> prefix(std::size_t(n) + 1, 0.0);
+  for (int i = 0; i < n; ++i) prefix[std::size_t(i) + 1] = prefix[std::size_t(i)] + cost[std::size_t(i)];
+  // best[s][i]: the least slowest-stage cost of blocks [0, i) in s stages; cut[s][i] where the
+  // last of them starts. Stages are scanned so that the earliest stages get the fewest blocks.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(std::size_t(stages) + 1,
+                                        std::vector<double>(std::size_t(n) + 1, inf));
+  std::vector<std::vector<int>> cut(std::size_t(stages) + 1, std::vector<int>(std::size_t(n) + 1, 0));
+  best[0][0] = 0.0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int i = s; i <= n - (stages - s); ++i) {
+      for (int j = i - 1; j >= s - 1; --j) {  // the stage is [j, i): later starts first
+        double stage = prefix[std::size_t(i)] - prefix[std::size_t(j)];
+        if (s == 1) stage += first_extra;
+        if (s == stages) stage += last_extra;
+        const double worst = std::max(best[std::size_t(s) - 1][std::size_t(j)], stage);
+        // Ties: the smallest j, so that the stages before this one hold the fewest blocks.
+        if (worst < best[std::size_t(s)][std::size_t(i)] ||
+            (worst == best[std::size_t(s)][std::size_t(i)] && j < cut[std::size_t(s)][std::size_t(i)])) {
+          best[std::size_t(s)][std::size_t(i)] = worst;
+          cut[std::size_t(s)][std::size_t(i)] = j;
+        }
+      }
+    }
+  }
+  std::vector<int> counts(std::size_t(stages), 0);
+  int i = n;
+  for (int s = stages; s >= 1; --s) {
+    const int j = cut[std::size_t(s)][std::size_t(i)];
+    counts[std::size_t(s) - 1] = i - j;
+    i = j;
+  }
+  return counts;
+}
+
+namespace {
+// The chain of one chunk for the solvers: per block its attention op (ln_1, qkv, core, out) and
+// its MLP op (ln_2, fc, act, out). x is the op's input (saved by the sub-op before it), a what its
+// sub-ops save besides its output; times from the roofline of each sub-op.
+checkpoint_sched::Chain chunk_chain(const core::ModelSpec& spec, const RankLayout& l,
+                                    const RankLayout::Chunk& chunk, const HardwareSpec& hw) {
+  RankLayout all = l;
+  all.keep.clear();
+  all.selective = false;
+  const StepGraph g = build_step_graph(spec, all.graph_layout(chunk));
+  checkpoint_sched::Chain chain;
+  chain.ops_per_block = checkpoint_sched::kOpsPerBlock;
+  const std::size_t first = 1;  // ops[0] is the embedding or the stage input
+  const int blocks = chunk.stage.layer_end - chunk.stage.layer_begin;
+  for (int op = 0; op < blocks * checkpoint_sched::kOpsPerBlock; ++op) {
+    const std::size_t begin = first + std::size_t(op) * 4;
+    checkpoint_sched::ChainOp c;
+    c.input_bytes = std::size_t(g.ops[begin - 1].saved_bytes);
+    for (std::size_t i = begin; i < begin + 4; ++i) {
+      if (i + 1 < begin + 4) c.saved_bytes += std::size_t(g.ops[i].saved_bytes);
+      const OpTime t = op_time(g.ops[i], all, hw, spec.fused_attention);
+      c.forward_time += t.forward;
+      c.backward_time += t.backward + t.communication;
+    }
+    chain.ops.push_back(c);
+  }
+  chain.stored_multiplier = chunk.slots;
+  return chain;
+}
+}  // namespace
+
+CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
+                                  const HardwareSpec& hw, const std::string& policy,
+                                  double budget_bytes, int every, const std::vector<int>& blocks,
+                                  int memory_slots) {
+  const int layers = spec.layers;
+  CheckpointPlan plan;
+  plan.description = policy;
+  if (policy == "none") return plan;
+  if (policy == "selective") {
+    plan.selective = true;
+    return plan;
+  }
+  if (policy == "manual") {
+    plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
+    plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
+    return plan;
+  }
+  // The other policies solve each chunk of this pipeline rank on its own chain.
+  plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
+  RankLayout l = rank;
+  l.keep.clear();
+  l.selective = false;
+  // What the rank needs besides the chains' kept activations (with everything kept).
+  const double everything = predict_memory(spec, l).total();
+  std::vector<checkpoint_sched::Chain> chains;
+  double kept = 0.0;
+  for (const auto& chunk : l.chunks) {
+    chains.push_back(chunk_chain(spec, l, chunk, hw));
+    kept += double(checkpoint_sched::solve_none(chains.back()).cost.memory);
+  }
+  plan.rest_bytes = everything - kept;
+  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
+    const auto& chain = chains[i];
+    const double none = double(checkpoint_sched::solve_none(chain).cost.memory);
+    // Several chunks (interleaved) share what is left in proportion to their needs.
+    const double share = kept > 0 ? none / kept : 1.0;
+    const double chain_budget = std::max(0.0, (budget_bytes - plan.rest_bytes) * share);
+    const checkpoint_sched::Schedule s =
+        checkpoint_sched::solve(policy, chain, std::size_t(chain_budget), every, memory_slots);
+    if (!s.feasible) {
+      plan.feasible = false;
+      plan.minimum_bytes = std::max(plan.minimum_bytes, plan.rest_bytes + double(s.cost.memory) / share);
+    }
+    const auto& stage = l.chunks[i].stage;
+    std::copy(s.keep.begin(), s.keep.end(),
+              plan.keep.begin() + std::ptrdiff_t(stage.layer_begin) * checkpoint_sched::kOpsPerBlock);
+    plan.description += (i ? "; " : ": ") + checkpoint_sched::describe(s.keep, chain.ops_per_block);
+  }
+  return plan;
+}
+
+}  // namespace colossal::planner

@@ -1,0 +1,66 @@
+// A whole run's layout (what the parallel: block of a config fixes) and, from it, one pipeline
+// rank's RankLayout and its activation-checkpoint schedule. Shared by colossal_train (through
+// apps/layout.hpp), colossal_plan and the joint search, so all three derive the same answer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "checkpoint_sched/keep.hpp"
+#include "core/model_spec.hpp"
+#include "planner/cost_model.hpp"
+#include "planner/hardware.hpp"
+
+namespace colossal::planner {
+
+struct RunLayout {
+  int global_batch = 8;          // sequences per optimizer step
+  int micro_batch = 1;
+  int seq_len = 1024;
+  bool bf16 = false;
+  int data = 1, tensor = 1, sequence = 1, pipeline = 1;
+  bool sequence_split = false;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int chunks = 1;                 // model chunks per rank (interleaved)
+  std::vector<int> layers;        // blocks per virtual stage (pipeline * chunks entries)
+  int zero_stage = 0;
+  bool offload_optimizer = false, offload_params = false;
+  int world() const { return data * tensor * sequence * pipeline; }
+  int micro_batches() const { return global_batch / (micro_batch * data); }  // per rank
+};
+
+// Pipeline rank `rank`'s chunks, their stages and the micro-batches each keeps in flight under the
+// schedule, with the given checkpoint schedule.
+RankLayout rank_layout(const RunLayout& run, int rank,
+                       const std::vector<checkpoint_sched::Keep>& keep = {},
+                       bool selective = false);
+
+// Blocks per stage minimising the slowest stage: a dynamic program over contiguous partitions of
+// `layer_cost` (one entry per block) into `stages` non-empty stages, the first stage also paying
+// `first_extra` (embeddings) and the last `last_extra` (final layernorm, LM head, loss). Among
+// equally slow partitions, the one with the fewest blocks on the earliest stages (the first stage
+// holds the most micro-batches under 1F1B).
+std::vector<int> partition_layers(const std::vector<double>& layer_cost, int stages,
+                                  double first_extra, double last_extra);
+
+struct CheckpointPlan {
+  std::vector<checkpoint_sched::Keep> keep;  // per op of the whole model; empty keeps all
+  bool selective = false;
+  std::string description;                    // the policy and, per chunk, the schedule
+  bool feasible = true;                       // rotor: the budget can be met
+  double minimum_bytes = 0.0;                 // rotor: the least this rank can need
+  double rest_bytes = 0.0;                    // rotor: what the rank needs besides activations
+};
+
+// The schedule of `policy` (none | full | every_k | sqrt | rotor | selective | manual) for the
+// rank whose layout is `rank` (its keep is ignored): rotor solves each chunk's chain (two ops per
+// block, costs from the step graph and `hw`, k = the chunk's micro-batches in flight) under
+// budget_bytes minus everything else the rank allocates; chunks share the rest in proportion to
+// what they would keep. feasible = false (and minimum_bytes) when even the least-memory schedule
+// does not fit.
+CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
+                                  const HardwareSpec& hw, const std::string& policy,
+                                  double budget_bytes, int every, const std::vector<int>& blocks,
+                                  int memory_slots = 500);
+
+}  // namespace colossal::planner

@@ -1,0 +1,369 @@
+#include "planner/search.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+namespace colossal::planner {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> d;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) d.push_back(i);
+  }
+  return d;
+}
+
+// Blocks per virtual stage balancing forward FLOPs per token: a block's matmuls and attention,
+// the embedding on the first stage (nothing to speak of) and the LM head on the last.
+std::vector<int> balanced_layers(const core::ModelSpec& spec, const RunLayout& run) {
+  const double C = spec.hidden, F = spec.ffn_hidden, T = run.seq_len;
+  const std::vector<double> cost(std::size_t(spec.layers), 2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C);
+  return partition_layers(cost, run.pipeline * run.chunks, 0.0, 2.0 * C * spec.vocab);
+}
+
+// What makes a layout impossible before costing it; empty when it is possible.
+std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
+  if (spec.heads % r.tensor != 0 || spec.ffn_hidden % r.tensor != 0) {
+    return "tensor " + std::to_string(r.tensor) + " does not divide heads and MLP width";
+  }
+  if (r.seq_len % r.sequence != 0) return "sequence does not divide the sequence length";
+  if (r.sequence > 1 && spec.fused_attention) return "ring attention needs unfused attention";
+  if (r.sequence_split && (r.tensor == 1 || r.seq_len % r.tensor != 0)) {
+    return "sequence_split needs tensor > 1 dividing the sequence length";
+  }
+  if (r.global_batch % (r.micro_batch * r.data) != 0) {
+    return "global batch not a multiple of data x micro-batch";
+  }
+  if (r.pipeline * r.chunks > spec.layers) return "more virtual stages than layers";
+  if (r.schedule == "interleaved" && r.micro_batches() % r.pipeline != 0) {
+    return "interleaved needs micro-batches per rank a multiple of the stages";
+  }
+  if (r.zero_stage > 0 && r.data * r.sequence == 1) return "ZeRO needs data or sequence ranks";
+  if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
+  return "";
+}
+
+std::string bytes_text(double b) { return core::format_bytes(b); }
+
+}  // namespace
+
+Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
+                   const std::string& policy, int every, const std::vector<int>& blocks,
+                   double budget_bytes, int memory_slots) {
+  Plan plan;
+  const HardwareSpec& hw = cluster.hw;
+  if (run.layers.empty() && run.pipeline * run.chunks <= spec.layers) {
+    run.layers = balanced_layers(spec, run);
+  }
+  plan.run = run;
+  plan.why = invalid(spec, run);
+  if (!plan.why.empty()) return plan;
+  if (run.world() != cluster.devices) {
+    plan.why = "uses " + std::to_string(run.world()) + " devices of " +
+               std::to_string(cluster.devices);
+    return plan;
+  }
+  const double memory = hw.memory_bytes;
+  // The ranks that decide: the first (most micro-batches in flight, embeddings), the last (LM
+  // head) and the one with the most blocks.
+  std::vector<int> ranks{0};
+  if (run.pipeline > 1) {
+    int widest = 0;
+    for (int r = 0; r < run.pipeline; ++r) {
+      int blocks_here = 0;
+      for (int c = 0; c < run.chunks; ++c) blocks_here += run.layers[std::size_t(c * run.pipeline + r)];
+      int blocks_widest = 0;
+      for (int c = 0; c < run.chunks; ++c) blocks_widest += run.layers[std::size_t(c * run.pipeline + widest)];
+      if (blocks_here > blocks_widest) widest = r;
+    }
+    ranks.push_back(widest);
+    ranks.push_back(run.pipeline - 1);
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  }
+  plan.fits = true;
+  plan.policy = policy == "auto" ? "none" : policy;
+  plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
+  for (int r : ranks) {
+    RankLayout l = rank_layout(run, r);
+    std::string chosen = policy;
+    if (policy == "auto") {
+      chosen = predict_memory(spec, l).total() <= memory ? "none" : "rotor";
+      if (chosen == "rotor") plan.policy = "rotor";
+    }
+    const CheckpointPlan cp =
+        plan_checkpointing(spec, l, hw, chosen, plan.budget_bytes, every, blocks, memory_slots);
+    l.keep = cp.keep;
+    l.selective = cp.selective;
+    const MemoryPrediction m = predict_memory(spec, l);
+    const TimePrediction t = predict_time(spec, l, hw);
+    plan.schedules.push_back("rank " + std::to_string(r) + ": " + cp.description);
+    if (!cp.feasible || m.device() > memory) {
+      plan.fits = false;
+      plan.why = "pipeline rank " + std::to_string(r) + " needs " +
+                 bytes_text(cp.feasible ? m.device() : cp.minimum_bytes) + " of " +
+                 bytes_text(memory);
+    }
+    if (m.device() > plan.memory.device()) plan.memory = m;
+    if (t.step > plan.time.step) plan.time = t;
+  }
+  if (plan.policy != "rotor") plan.budget_bytes = 0.0;
+  plan.step_time = plan.time.step;
+  const double tokens = double(run.global_batch) * run.seq_len;
+  plan.tokens_per_s = tokens / plan.step_time;
+  plan.tflops_per_device =
+      core::flops_per_token(spec, run.seq_len) * tokens / plan.step_time / cluster.devices / 1e12;
+  plan.mfu = plan.tflops_per_device * 1e12 / hw.peak_flops(run.bf16);
+  return plan;
+}
+
+SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
+                          const Cluster& cluster, const SearchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  SearchResult result;
+  const int G = cluster.devices;
+  auto better = [](const Plan& a, const Plan& b) {
+    if (a.step_time != b.step_time) return a.step_time < b.step_time;
+    return a.memory.device() < b.memory.device();
+  };
+  auto keep_best = [&](const Plan& p) {
+    result.best.push_back(p);
+    std::sort(result.best.begin(), result.best.end(), better);
+    if (int(result.best.size()) > options.top) result.best.pop_back();
+  };
+  // The slowest plan still kept: a candidate whose lower bound is above it cannot enter.
+  auto bar = [&] {
+    return int(result.best.size()) < options.top ? INFINITY : result.best.back().step_time;
+  };
+  // Pass 1: every shape (tensor, sequence, pipeline, micro-batch, split, schedule) with a lower
+  // bound on its step time: the slowest rank's compute, layer collectives, sends and bubble with
+  // everything kept and no gradient reduction. A ZeRO stage or offload only adds to it, and so does
+  // recomputation. Pass 2 costs the shapes in bound order and stops at the first whose bound
+  // cannot beat the plans kept.
+  struct Shape {
+    RunLayout run;
+    double bound;
+  };
+  std::vector<Shape> shapes;
+  for (int t : divisors(G)) {
+    if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
+    for (int s = 1; s <= options.max_sequence && t * s <= G; s *= 2) {
+      if ((G / t) % s != 0 || seq_len % s != 0 || (s > 1 && spec.fused_attention)) continue;
+      for (int p : divisors(G / (t * s))) {
+        if (p > spec.layers) continue;
+        const int d = G / (t * s * p);
+        if (global_batch % d != 0) continue;
+        for (int b : options.micro_batches) {
+          if ((global_batch / d) % b != 0) continue;
+          const int m = global_batch / (d * b);
+          std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
+          if (p > 1 && m % p == 0) {
+            for (int v = 2; v <= options.max_chunks && p * v <= spec.layers; ++v) {
+              schedules.emplace_back("interleaved", v);
+            }
+          }
+          for (bool split : {false, true}) {
+            if (split && (t == 1 || seq_len % t != 0)) continue;
+            for (const auto& [schedule, v] : schedules) {
+              RunLayout run;
+              run.global_batch = global_batch;
+              run.micro_batch = b;
+              run.seq_len = seq_len;
+              run.bf16 = bf16;
+              run.data = d;
+              run.tensor = t;
+              run.sequence = s;
+              run.pipeline = p;
+              run.sequence_split = split;
+              run.schedule = schedule;
+              run.chunks = v;
+              if (!invalid(spec, run).empty()) continue;
+              run.layers = balanced_layers(spec, run);
+              double bound = 0.0;
+              for (int r : {0, p - 1}) {
+                const TimePrediction tp = predict_time(spec, rank_layout(run, r), cluster.hw);
+                bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+              }
+              shapes.push_back(Shape{run, bound});
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(shapes.begin(), shapes.end(),
+                   [](const Shape& a, const Shape& b) { return a.bound < b.bound; });
+  for (const Shape& shape : shapes) {
+    const int D = shape.run.data * shape.run.sequence;
+    for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
+      for (bool offload : {false, true}) {
+        if (offload && (z == 0 || !options.offload)) continue;
+        ++result.candidates;
+        if (options.prune && shape.bound >= bar()) {
+          ++result.pruned;
+          continue;
+        }
+        RunLayout run = shape.run;
+        run.zero_stage = z;
+        run.offload_optimizer = offload;
+        ++result.evaluated;
+        const Plan plan = evaluate_plan(spec, run, cluster, "auto", 0, {}, 0.0, options.memory_slots);
+        if (!plan.fits) {
+          ++result.infeasible;
+          if (result.closest.memory.device() == 0.0 ||
+              plan.memory.device() < result.closest.memory.device()) {
+            result.closest = plan;
+          }
+          continue;
+        }
+        keep_best(plan);
+      }
+    }
+  }
+  // Why each runner-up lost to the best: its largest extra cost.
+  if (!result.best.empty()) {
+    const TimePrediction& w = result.best.front().time;
+    for (std::size_t i = 1; i < result.best.size(); ++i) {
+      const TimePrediction& l = result.best[i].time;
+      const std::pair<double, const char*> parts[] = {
+          {l.compute - l.recompute - (w.compute - w.recompute), "compute"},
+          {l.recompute - w.recompute, "recomputation"},
+          {l.tensor_comm - w.tensor_comm, "tensor/sequence collectives"},
+          {l.pipeline_comm - w.pipeline_comm, "pipeline sends"},
+          {l.bubble - w.bubble, "pipeline bubble"},
+          {l.data_comm - w.data_comm, "gradient reduction / ZeRO gathers"},
+          {l.optimizer - w.optimizer, "optimizer"}};
+      const auto worst = *std::max_element(std::begin(parts), std::end(parts));
+      char why[160];
+      std::snprintf(why, sizeof why, "%+.1f%% step time, mostly %s (%+.3f s)",
+                    100.0 * (l.step / w.step - 1.0), worst.second, worst.first);
+      result.best[i].why = why;
+    }
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+std::string format_plan(const Plan& p) {
+  const RunLayout& r = p.run;
+  char line[512];
+  std::string layers;
+  for (int n : r.layers) layers += (layers.empty() ? "" : ",") + std::to_string(n);
+  std::snprintf(line, sizeof line,
+                "data %d x tensor %d%s x sequence %d x pipeline %d (%s%s, layers [%s]) | "
+                "micro-batch %d x %d | ZeRO %d%s | checkpointing %s",
+                r.data, r.tensor, r.sequence_split ? " (split)" : "", r.sequence, r.pipeline,
+                r.schedule.c_str(),
+                r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
+                layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
+                r.offload_optimizer ? " + offload" : "", p.policy.c_str());
+  std::string out = line;
+  std::snprintf(line, sizeof line,
+                "\n    step %.4f s, %.0f tokens/s, %.2f TFLOP/s per device, MFU %.1f%%; memory per "
+                "device %s\n",
+                p.step_time, p.tokens_per_s, p.tflops_per_device, 100.0 * p.mfu,
+                p.memory.format().c_str());
+  out += line;
+  return out;
+}
+
+std::string format_search(const SearchResult& r, const Cluster& cluster) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "searched %zu layouts for %d devices (%s, %s per device): %zu costed, %zu pruned "
+                "by bounds, %zu over memory; %.3f s\n\n",
+                r.candidates, cluster.devices, cluster.hw.name.c_str(),
+                core::format_bytes(cluster.hw.memory_bytes).c_str(), r.evaluated, r.pruned,
+                r.infeasible, r.seconds);
+  out += line;
+  for (std::size_t i = 0; i < r.best.size(); ++i) {
+    out += (i == 0 ? "best:   " : "#" + std::to_string(i + 1) + ":     ") + format_plan(r.best[i]);
+    if (i > 0) out += "    lost by " + r.best[i].why + "\n";
+  }
+  return out;
+}
+
+std::vector<std::string> plan_overrides(const Plan& p) {
+  const RunLayout& r = p.run;
+  std::string layers;
+  for (int n : r.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(n);
+  std::vector<std::string> o = {
+      "parallel.data=" + std::to_string(r.data),
+      "parallel.tensor.size=" + std::to_string(r.tensor),
+      "parallel.tensor.sequence_split=" + std::string(r.sequence_split ? "true" : "false"),
+      "parallel.sequence=" + std::to_string(r.sequence),
+      "parallel.pipeline.size=" + std::to_string(r.pipeline),
+      "parallel.pipeline.schedule=" + r.schedule,
+      "parallel.pipeline.chunks=" + std::to_string(r.chunks),
+      "parallel.pipeline.layers=[" + (r.pipeline > 1 ? layers : std::string()) + "]",
+      "parallel.zero.stage=" + std::to_string(r.zero_stage),
+      "parallel.zero.offload.optimizer=" + std::string(r.offload_optimizer ? "true" : "false"),
+      "parallel.zero.offload.params=false",
+      "train.micro_batch=" + std::to_string(r.micro_batch),
+      "checkpointing.policy=" + p.policy};
+  if (p.policy == "rotor") {
+    char budget[64];
+    std::snprintf(budget, sizeof budget, "checkpointing.memory_budget=%.6f",
+                  p.budget_bytes / (1024.0 * 1024.0 * 1024.0));
+    o.push_back(budget);
+  }
+  return o;
+}
+
+std::string plan_yaml(const Plan& p) {
+  const RunLayout& r = p.run;
+  std::string layers;
+  for (int n : r.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(n);
+  char text[1024];
+  std::snprintf(
+      text, sizeof text,
+      "parallel:\n  data: %d\n  tensor: {size: %d, mode: 1d, sequence_split: %s}\n  sequence: %d\n"
+      "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
+      "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
+      "checkpointing: {policy: %s%s}\n",
+      r.data, r.tensor, r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
+      r.pipeline > 1 ? layers.c_str() : "", r.schedule.c_str(), r.chunks, r.zero_stage,
+      r.offload_optimizer ? "true" : "false", p.policy.c_str(),
+      p.policy == "rotor"
+          ? (", memory_budget: " + std::to_string(p.budget_bytes / (1024.0 * 1024.0 * 1024.0))).c_str()
+          : "");
+  return text;
+}
+
+std::string plan_json(const Plan& p) {
+  const RunLayout& r = p.run;
+  std::string layers, schedules;
+  for (int n : r.layers) layers += (layers.empty() ? "" : ", ") + std::to_string(n);
+  for (const std::string& s : p.schedules) schedules += (schedules.empty() ? "\"" : ", \"") + s + "\"";
+  std::string memory;
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    char item[96];
+    std::snprintf(item, sizeof item, "%s\"%s\": %.0f", memory.empty() ? "" : ", ",
+                  core::category_name(core::MemCategory(c)), p.memory.bytes[std::size_t(c)]);
+    memory += item;
+  }
+  char text[2048];
+  std::snprintf(
+      text, sizeof text,
+      "{\"layout\": {\"data\": %d, \"tensor\": %d, \"tensor_mode\": \"1d\", \"sequence_split\": %s, "
+      "\"sequence\": %d, \"pipeline\": %d, \"schedule\": \"%s\", \"chunks\": %d, \"layers\": [%s], "
+      "\"micro_batch\": %d, \"micro_batches\": %d, \"zero_stage\": %d, \"offload_optimizer\": %s, "
+      "\"offload_params\": false, \"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
+      "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
+      "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
+      r.data, r.tensor, r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
+      r.schedule.c_str(), r.chunks, layers.c_str(), r.micro_batch, r.micro_batches(),
+      r.zero_stage, r.offload_optimizer ? "true" : "false", p.policy.c_str(), schedules.c_str(),
+      p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
+      memory.c_str(), p.memory.total());
+  return text;
+}
+
+}  // namespace colossal::planner

@@ -1,0 +1,83 @@
+// The joint planner (Colossal-Auto's idea, carried through): for a model, a training shape and a
+// cluster, search the parallel layout (data x pipeline x tensor x sequence, pipeline partition
+// and schedule, micro-batch size, ZeRO stage and offload) together with each pipeline rank's
+// activation-checkpoint schedule, and keep the layouts with the least predicted step time that
+// fit in device memory (ties: less memory).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.hpp"
+#include "planner/cost_model.hpp"
+#include "planner/hardware.hpp"
+#include "planner/layout_plan.hpp"
+
+namespace colossal::planner {
+
+struct Cluster {
+  HardwareSpec hw;  // per device; devices_per_node and links set the topology
+  int devices = 1;  // devices (ranks) of the run
+};
+
+// A layout and its prediction.
+struct Plan {
+  RunLayout run;
+  std::string policy = "none";     // checkpointing.policy: none, or rotor under device memory
+  double budget_bytes = 0.0;       // rotor's checkpointing.memory_budget
+  std::vector<std::string> schedules;  // per pipeline rank, the checkpoint schedule
+  bool fits = false;
+  double step_time = 0.0;          // the slowest pipeline rank's
+  double tokens_per_s = 0.0;
+  double tflops_per_device = 0.0;  // model FLOPs (6N + 12LTd per token; recompute excluded)
+  double mfu = 0.0;
+  MemoryPrediction memory;         // the pipeline rank needing the most
+  TimePrediction time;             // the slowest pipeline rank's
+  std::string why;                 // why it lost, or did not fit
+};
+
+// Predicts a fixed layout. `policy` is a checkpointing policy, or "auto": none when everything
+// fits, else rotor under the device memory. run.layers empty: partitioned by partition_layers.
+// budget_bytes: rotor's budget (0: the device memory).
+Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
+                   const std::string& policy = "auto", int every = 0,
+                   const std::vector<int>& blocks = {}, double budget_bytes = 0.0,
+                   int memory_slots = 500);
+
+struct SearchOptions {
+  int top = 5;                           // plans to keep
+  std::vector<int> micro_batches{1, 2, 4, 8, 16};
+  int max_sequence = 8;                  // ring sizes tried: 1, 2, 4, ... up to this
+  int max_chunks = 4;                    // interleaved model chunks tried: 2 .. this
+  bool zero = true;                      // try ZeRO stages 1-3
+  bool offload = true;                   // try optimizer offload with ZeRO
+  int memory_slots = 100;                // rotor's memory discretisation while searching
+  bool prune = true;                     // skip shapes whose lower bound cannot win (tests: off)
+};
+
+struct SearchResult {
+  std::vector<Plan> best;      // fitting plans, fastest first
+  Plan closest;                // when nothing fits: the plan needing the least memory
+  std::size_t candidates = 0;  // layouts enumerated
+  std::size_t evaluated = 0;   // of which costed (the rest pruned by bounds)
+  std::size_t pruned = 0;
+  std::size_t infeasible = 0;  // costed but over device memory under every schedule
+  double seconds = 0.0;
+};
+
+SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
+                          const Cluster& cluster, const SearchOptions& options = {});
+
+// Text: one plan per line (layout, schedule, checkpointing, step time, TFLOP/s per device, MFU,
+// memory per device by category) and, for the runner-ups, why they lost.
+std::string format_plan(const Plan& plan);
+std::string format_search(const SearchResult& result, const Cluster& cluster);
+// The parallel: and checkpointing: blocks of a config (they round-trip through colossal_train).
+std::string plan_yaml(const Plan& plan);
+// The same as --set overrides ("parallel.data=4", ...), train.micro_batch included.
+std::vector<std::string> plan_overrides(const Plan& plan);
+// Machine-readable: the layout and the prediction.
+std::string plan_json(const Plan& plan);
+
+}  // namespace colossal::planner
