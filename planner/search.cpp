@@ -51,6 +51,12 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
 
 std::string bytes_text(double b) { return core::format_bytes(b); }
 
+// The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
+// states live in the same memory.
+double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
+  return hw.host_link_bandwidth > 0 ? m.device() : m.total();
+}
+
 }  // namespace
 
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
@@ -104,13 +110,13 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     const MemoryPrediction m = predict_memory(spec, l);
     const TimePrediction t = predict_time(spec, l, hw);
     plan.schedules.push_back("rank " + std::to_string(r) + ": " + cp.description);
-    if (!cp.feasible || m.device() > memory) {
+    if (!cp.feasible || on_device(m, hw) > memory) {
       plan.fits = false;
       plan.why = "pipeline rank " + std::to_string(r) + " needs " +
-                 bytes_text(cp.feasible ? m.device() : cp.minimum_bytes) + " of " +
+                 bytes_text(cp.feasible ? on_device(m, hw) : cp.minimum_bytes) + " of " +
                  bytes_text(memory);
     }
-    if (m.device() > plan.memory.device()) plan.memory = m;
+    if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
   }
   if (plan.policy != "rotor") plan.budget_bytes = 0.0;
@@ -128,9 +134,9 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   const auto start = std::chrono::steady_clock::now();
   SearchResult result;
   const int G = cluster.devices;
-  auto better = [](const Plan& a, const Plan& b) {
+  auto better = [&](const Plan& a, const Plan& b) {
     if (a.step_time != b.step_time) return a.step_time < b.step_time;
-    return a.memory.device() < b.memory.device();
+    return on_device(a.memory, cluster.hw) < on_device(b.memory, cluster.hw);
   };
   auto keep_best = [&](const Plan& p) {
     result.best.push_back(p);
@@ -216,8 +222,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         const Plan plan = evaluate_plan(spec, run, cluster, "auto", 0, {}, 0.0, options.memory_slots);
         if (!plan.fits) {
           ++result.infeasible;
-          if (result.closest.memory.device() == 0.0 ||
-              plan.memory.device() < result.closest.memory.device()) {
+          if (result.closest.memory.total() == 0.0 ||
+              on_device(plan.memory, cluster.hw) < on_device(result.closest.memory, cluster.hw)) {
             result.closest = plan;
           }
           continue;

@@ -118,6 +118,37 @@ TEST_P(ActivationPlans, SameLossesAndPredictedMemory) {
   }
 }
 
+// parallel.mode: auto at every rank count: rank 0 plans the layout (whatever it chooses: data,
+// tensor, sequence, pipeline, ZeRO, checkpointing), every rank trains it, and the losses are those
+// of one rank.
+TEST(AutoPlan, TrainsTheSingleRankModel) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string data = test::shared_training_text(world, "colossal_auto_data.txt", 99);
+  auto text = [&](const std::string& run, const std::string& mode) {
+    return "model: {arch: gpt2, layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200, "
+           "max_seq: 32, vocab_multiple: 16}\n"
+           "data: {path: " + data + "}\n"
+           "train: {steps: 10, seq_len: 32, global_batch: 8, micro_batch: 2,\n"
+           "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
+           "parallel: {mode: " + mode + ", bucket_mb: 0.01}\n"
+           "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
+           (std::filesystem::temp_directory_path() / ("colossal_auto_" + run)).string() + "}\n";
+  };
+  apps::Trainer reference(
+      io::parse_config(text("ref" + std::to_string(world.rank()), "manual"), "test"), nullptr);
+  const apps::TrainSummary expected = reference.train();
+  std::string report;
+  const io::Config planned = apps::plan_automatically(
+      io::parse_config(text("auto", "auto"), "test"), world, 1, &report);
+  if (world.rank() == 0) std::printf("%s", report.c_str());
+  EXPECT_EQ(planned.parallel.mode, "manual");
+  EXPECT_EQ(planned.parallel.world_size(), world.size());
+  apps::Trainer trainer(planned, nullptr, &world);
+  const apps::TrainSummary got = trainer.train();
+  test::expect_same_losses(got, expected);
+  if (world.rank() == 0) std::printf("planned:\n%s", trainer.plan().c_str());
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ActivationPlans,
     ::testing::Values(

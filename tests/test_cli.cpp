@@ -79,13 +79,74 @@ TEST_F(Cli, PlanProfilesALayoutWithoutItsRanks) {
   for (const char* part : {"tensor 2", "h.0.attn.qkv", "all_reduce(tp)", "lm_head", "total"}) {
     EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
   }
-  r = run(bin("colossal_plan") + " " + config);
-  EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("give --profile"), std::string::npos) << r.output;
   r = run(bin("colossal_plan") + " " + config + " --profile --stage 3");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("--stage: '3' must be an integer in [0, 0]"), std::string::npos)
       << r.output;
+}
+
+// The joint planner from the command line: a search for 8 devices of a GPU preset, its JSON, the
+// config it writes (which colossal_train runs on the planned ranks), --evaluate of the config's
+// own layout, a model that fits nowhere, and a calibration file that --hardware reads back.
+TEST_F(Cli, PlanSearchesEvaluatesAndEmitsAConfigThatTrains) {
+  const std::string config = write_config("search.yaml");
+  Result r = run(bin("colossal_plan") + " " + config + " --gpus 8 --hardware a100-80g --top 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"searched", "layouts for 8 devices", "best:", "#2:", "lost by",
+                           "as config blocks:", "parallel:"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  r = run(bin("colossal_plan") + " " + config + " --gpus 8 --hardware a100-80g --json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* key : {"\"layout\"", "\"tensor\":", "\"zero_stage\":", "\"step_time_s\":",
+                          "\"tflops_per_device\":", "\"mfu\":", "\"memory_bytes_per_device\":"}) {
+    EXPECT_NE(r.output.find(key), std::string::npos) << key << "\n" << r.output;
+  }
+  // Two host ranks: the emitted config runs under mpirun -np 2 and trains.
+  const std::string planned = dir + "/planned.yaml";
+  r = run(bin("colossal_plan") + " " + config + " --gpus 2 --emit-yaml " + planned);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(planned));
+  r = run("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 " +
+          bin("colossal_train") + " " + planned + " --set sample.tokens=0");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("== summary =="), std::string::npos) << r.output;
+  // --evaluate scores the config's own layout; --json too.
+  r = run(bin("colossal_plan") + " " + config + " --evaluate --set parallel.data=2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("the config's layout on 2 x host"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("data 2 x tensor 1"), std::string::npos) << r.output;
+  // Nothing fits: exit 2 with the least memory and the closest layout.
+  const std::string big = write_config(
+      "big.yaml", "model: {preset: opt-13b}\ndata: {path: " + dir +
+                      "/data.txt}\ntrain: {seq_len: 2048, global_batch: 8, micro_batch: 1}\n");
+  r = run(bin("colossal_plan") + " " + big + " --gpus 2 --hardware v100");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no layout of 2 devices fits"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the closest needs"), std::string::npos) << r.output;
+  // Bad flags.
+  r = run(bin("colossal_plan") + " " + config + " --gpus zero");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("--gpus: 'zero' must be an integer"), std::string::npos) << r.output;
+  r = run(bin("colossal_plan") + " " + config + " --hardware tpu-v9");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("neither a preset"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, CalibrateWritesAHardwareFileThatPlansRead) {
+  const std::string hw = dir + "/hw.yaml";
+  Result r = run(bin("colossal_plan") + " --calibrate --out " + hw);
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_TRUE(std::filesystem::exists(hw));
+  const std::string config = write_config("calibrated.yaml");
+  r = run(bin("colossal_plan") + " " + config + " --profile --set hardware.file=" + hw);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("calibrated by colossal_plan --calibrate"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("predicted step:"), std::string::npos) << r.output;
+  std::ofstream(hw) << "name: broken\nfp32_tflops: fast\n";
+  r = run(bin("colossal_plan") + " " + config + " --profile --set hardware.file=" + hw);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("fp32_tflops must be a number"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, MissingConfigFileAndNoConfigAreUsageErrors) {
