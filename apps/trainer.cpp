@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <atomic>
 #include <filesystem>
 #include <optional>
@@ -417,6 +418,15 @@ double Trainer::run_step(int64_t step) {
     core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
     for (Chunk& chunk : chunks_) chunk.model->zero_grad();
   }
+  if (const char* hang = std::getenv("COLOSSAL_INJECT_HANG")) {
+    // Testing hook: "STAGE:STEP" makes that pipeline stage stop responding at that step (as a
+    // wedged node would); the watchdog must end the job.
+    int hang_stage = -1, hang_step = -1;
+    if (std::sscanf(hang, "%d:%d", &hang_stage, &hang_step) == 2 && hang_stage == stage &&
+        hang_step == step + 1) {
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
   if (const char* fail = std::getenv("COLOSSAL_INJECT_FAILURE")) {
     // Testing hook: "STAGE:STEP" makes that pipeline stage fail at that step (1-based), alone.
     int fail_stage = -1, fail_step = -1;
@@ -524,6 +534,13 @@ TrainSummary Trainer::train() {
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
 
+  // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
+  Watchdog watchdog(t.watchdog_seconds, world_->rank());
+  struct Unset {
+    Watchdog*& slot;
+    ~Unset() { slot = nullptr; }
+  } unset{watchdog_};
+  watchdog_ = &watchdog;
   // Rank 0 writes the run's files; every rank trains.
   const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
@@ -646,6 +663,7 @@ TrainSummary Trainer::train() {
       }
     }
     const double step_seconds = seconds_since(step_start);
+    watchdog.progress(step + 1, "after a step");
     if (profile_steps_ > 0) {
       // The first step pays for first-touch page faults: profile the ones after it.
       if (step == 0) {
@@ -767,6 +785,7 @@ double Trainer::evaluate() {
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
     const double loss = pipeline_forward(count) * count;
+    if (watchdog_ != nullptr) watchdog_->progress(-1, "validating");
     if (real) total += loss;
   }
   // The losses live on the last stage; each sequence rank averaged its chunk of the same windows.
@@ -838,6 +857,7 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
     throw CollectiveError("checkpoint at step " + std::to_string(step) + " failed: " + error +
                           "; the previous checkpoint is untouched");
   }
+  if (watchdog_ != nullptr) watchdog_->progress(step, "after a checkpoint");
 }
 
 // Keys whose values differ between two config texts, model keys and the others apart.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/layout.hpp"
+#include "apps/watchdog.hpp"
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model.hpp"
@@ -203,6 +204,7 @@ class Trainer {
   std::unique_ptr<io::TrainSampler> sampler_;
   std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;
   std::string plan_;
+  Watchdog* watchdog_ = nullptr;     // during train(): told of every step, batch and checkpoint
   ActivationPlan activation_plan_;   // checkpointing.policy's schedule for this rank
   planner::MemoryPrediction predicted_memory_;  // the cost model's view of this rank
   planner::TimePrediction predicted_time_;

@@ -1,5 +1,7 @@
 #include "io/checkpoint.hpp"
 
+#include <csignal>
+#include <cstdlib>
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -104,6 +106,11 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
                      H5Gclose, "creating /optimizer/" + p.name);
       write_dataset(group.get(), "m", p, m + p.offset);
       write_dataset(group.get(), "v", p, v + p.offset);
+    }
+    // Testing hook: die here, half-way through writing the checkpoint of step STEP (as a node
+    // failure would), to show that the previous checkpoint stays the one to resume from.
+    if (const char* kill = std::getenv("COLOSSAL_INJECT_KILL_IN_CHECKPOINT")) {
+      if (std::atoll(kill) == state.step) std::raise(SIGKILL);
     }
     H5Handle data(H5Gcreate2(file.get(), "data", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose,
                   "creating /data");

@@ -190,6 +190,11 @@ const std::vector<KeySpec>& schema() {
       {.key = "train.optimizer.grad_clip", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.grad_clip; },
        .doc = "clip the global gradient norm to this; 0 = off", .range = at_least(0)},
+      {.key = "train.watchdog_seconds", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.train.watchdog_seconds; },
+       .doc = "end a rank (with an error) when no step, validation batch or checkpoint finishes for "
+              "this long, so a job whose peer died or hung in a collective ends; 0 = off",
+       .range = at_least(0)},
       {.key = "train.on_nonfinite", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.train.on_nonfinite; },
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",

@@ -46,6 +46,7 @@ struct TrainConfig {
   std::string precision = "fp32";
   OptimizerConfig optimizer;
   std::string on_nonfinite = "stop";  // stop | skip
+  double watchdog_seconds = 1800.0;   // end a rank that makes no progress this long; 0 = off
 };
 
 // Activation checkpointing (checkpoint_sched/): which activations the first forward keeps.

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -411,6 +412,57 @@ TEST_F(Cli, AKilledRankEndsTheJobAndResumeContinuesFromTheLastCheckpoint) {
   for (const auto& entry : std::filesystem::directory_iterator(run_dir + "/checkpoints")) {
     EXPECT_NE(entry.path().extension(), ".tmp") << "a stale temporary file survived the resume";
   }
+}
+
+// A rank killed half-way through writing a checkpoint (the writer, rank 0): the job ends with an
+// error, the half-written file is never taken for a checkpoint, `latest` still names the previous
+// one, and resume: auto continues from it (removing the leftover).
+TEST_F(Cli, AKillDuringACheckpointWriteLeavesThePreviousCheckpoint) {
+  const std::string config = write_config("killwrite.yaml");
+  const std::string run_dir = dir + "/killwrite";
+  std::filesystem::remove_all(run_dir);
+  const std::string args = " --set parallel.data=2 --set train.steps=8 --set log.dir=" + run_dir +
+                           " --set checkpoint.every=2 --set checkpoint.resume=auto";
+  const std::string mpi =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe " + bin("colossal_train") + " " + config + args;
+  Result r = run("COLOSSAL_INJECT_KILL_IN_CHECKPOINT=4 " + mpi);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, 124) << "the surviving rank hung until timeout ended it\n" << r.output;
+  const std::string ckpt = run_dir + "/checkpoints";
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/ckpt-2.h5"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/ckpt-4.h5")) << "a half-written checkpoint";
+  std::ifstream latest(ckpt + "/latest");
+  std::string name;
+  latest >> name;
+  EXPECT_EQ(name, "ckpt-2.h5");
+  r = run(mpi);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + ckpt + "/ckpt-2.h5"), std::string::npos) << r.output;
+  for (const auto& entry : std::filesystem::directory_iterator(ckpt)) {
+    EXPECT_NE(entry.path().extension(), ".tmp") << "the half-written file survived the resume";
+  }
+}
+
+// A pipeline stage that stops responding (a wedged node): the watchdog ends the job with an error
+// instead of every rank waiting forever.
+TEST_F(Cli, TheWatchdogEndsAJobThatStopsMakingProgress) {
+  const std::string config = write_config("hang.yaml");
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run("COLOSSAL_INJECT_HANG=1:3 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
+                 "timeout 120 mpirun -np 2 --oversubscribe " + bin("colossal_train") + " " + config +
+                 " --set model.layers=2 --set parallel.pipeline.size=2 --set train.steps=20 "
+                 "--set train.watchdog_seconds=3 --set log.dir=" + dir + "/hang");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.code, 124) << "nothing ended the hung job\n" << r.output;
+  EXPECT_NE(r.output.find("watchdog: no progress for"), std::string::npos) << r.output;
+  EXPECT_LT(seconds, 100.0);
+  r = run(bin("colossal_train") + " " + config + " --set train.watchdog_seconds=-1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("train.watchdog_seconds: -1 is out of range"), std::string::npos)
+      << r.output;
 }
 
 // The Slurm scripts outside Slurm (the launcher replaced, the array task id given): a sweep point
