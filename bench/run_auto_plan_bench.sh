@@ -21,10 +21,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-plan="$root/build/bin/colossal_plan"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-peer "$plan" --calibrate --out "$work/hw.yaml" > /dev/null
+calibrate "$work/hw.yaml"
 model=(configs/quickstart.yaml --set model.layers=4 --set model.hidden=256 --set model.heads=8
        --set train.seq_len=128 --set train.global_batch=16 --set data.val_path= --set sample.tokens=0
        --set "hardware.file=$work/hw.yaml" --set "log.dir=$work/run")

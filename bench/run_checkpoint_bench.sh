@@ -24,10 +24,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-plan="$root/build/bin/colossal_plan"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-peer "$plan" --calibrate --out "$work/hw.yaml" > /dev/null
+calibrate "$work/hw.yaml"
 base=(configs/gpt2-124m.yaml --set "train.seq_len=$seq" --set train.global_batch=1
       --set train.micro_batch=1 --set data.val_path= --set sample.tokens=0
       --set "hardware.file=$work/hw.yaml" --set "log.dir=$work/run")

@@ -25,13 +25,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-plan="$root/build/bin/colossal_plan"
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-
 echo "calibrating (1 rank x 2 threads, then 2 ranks x 1 thread) ..."
-peer "$plan" --calibrate --out "$work/hw1.yaml" > /dev/null
-peer mpirun -np 2 --oversubscribe "$plan" --calibrate --out "$work/hw2.yaml" > /dev/null
+calibrate "$work/hw1.yaml"
+calibrate "$work/hw2.yaml" 2
 
 # A small GPT-2 (6 x 384, T=256) and OPT (4 x 256, T=128) beside the quickstart model.
 small_gpt2=(--set model.layers=6 --set model.hidden=384 --set model.heads=6 --set model.ffn_hidden=1536

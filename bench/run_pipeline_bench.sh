@@ -21,7 +21,6 @@ while [ $# -gt 0 ]; do
   shift
 done
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-work=$(mktemp -d)
 printf '%-11s %3s %9s %9s   %-24s %s\n' schedule m theory measured "bubble per stage" "stage 0 activations (tracked)"
 for schedule in gpipe 1f1b interleaved; do
   chunks=1
