@@ -385,6 +385,30 @@ TEST_F(Cli, SweepScriptRunsAPointAndSummarizeCollectsIt) {
   EXPECT_EQ(row.rfind("tiny-42/1,\"--set train.steps=3 --set train.seed=7\",3,", 0), 0u) << row;
 }
 
+// In a Slurm job (the environment as srun leaves it) colossal_train reports the job and, unless
+// --set log.dir is given, suffixes log.dir with the job id (array job and task for an array).
+TEST_F(Cli, SlurmJobNamesTheRunDirectory) {
+  const std::string config = write_config("slurm.yaml");
+  for (const char* d : {"/run-901", "/run-900_4", "/explicit"}) std::filesystem::remove_all(dir + d);
+  Result r = run("SLURM_JOB_ID=901 SLURM_JOB_NAME=tiny SLURM_STEP_ID=0 SLURM_LOCALID=0 " +
+                 bin("colossal_train") + " " + config + " --set train.steps=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("slurm: job 901 'tiny', step 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("slurm: run directory " + dir + "/run-901 "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("local rank 0 (SLURM_LOCALID)"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/run-901/metrics.csv"));
+  r = run("SLURM_JOB_ID=905 SLURM_ARRAY_JOB_ID=900 SLURM_ARRAY_TASK_ID=4 " + bin("colossal_train") +
+          " " + config + " --set train.steps=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/run-900_4/metrics.csv")) << r.output;
+  r = run("SLURM_JOB_ID=906 " + bin("colossal_train") + " " + config +
+          " --set train.steps=1 --set log.dir=" + dir + "/explicit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("slurm: run directory"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/explicit/metrics.csv"));
+}
+
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
 // the ranks, the sample, the model file) gathers parameters collectively; the file it writes
 // evaluates to the same loss on one rank.
