@@ -425,6 +425,26 @@ TEST_F(Cli, SweepProgramHelpAndErrors) {
   EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
 }
 
+TEST_F(Cli, SlurmScriptsHaveHelpAndUsage) {
+  const char* source = std::getenv("COLOSSAL_SOURCE_DIR");
+  if (source == nullptr) GTEST_SKIP() << "COLOSSAL_SOURCE_DIR is not set (run through ctest)";
+  for (const std::string script : {"train", "sweep", "plan"}) {
+    const std::string path = std::string(source) + "/slurm/" + script + ".sbatch";
+    Result r = run("bash " + path + " --help");
+    EXPECT_EQ(r.code, 0) << script;
+    EXPECT_NE(r.output.find("slurm/" + script + ".sbatch"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("#SBATCH --job-name"), std::string::npos) << r.output;
+    r = run("bash " + path);
+    EXPECT_EQ(r.code, 2) << script;
+    EXPECT_NE(r.output.find(script + ".sbatch: usage: "), std::string::npos) << r.output;
+  }
+  Result r = run("COLOSSAL_LAUNCH= COLOSSAL_BIN=" + bin("colossal_train") + " bash " +
+                 std::string(source) + "/slurm/train.sbatch " + dir + "/absent.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("config '" + dir + "/absent.yaml' does not exist"), std::string::npos)
+      << r.output;
+}
+
 // In a Slurm job (the environment as srun leaves it) colossal_train reports the job and, unless
 // --set log.dir is given, suffixes log.dir with the job id (array job and task for an array).
 TEST_F(Cli, SlurmJobNamesTheRunDirectory) {
