@@ -9,10 +9,12 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "apps/launch_env.hpp"
 #include "apps/trainer.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5_file.hpp"
 #include "core/host_threads.hpp"
+#include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
 
 namespace colossal::apps {
@@ -93,14 +95,29 @@ ParsedArgs parse_args(int argc, char** argv, const ProgramInfo& info) {
   return args;
 }
 
+bool overrides_key(const std::vector<std::string>& overrides, const std::string& key) {
+  return std::any_of(overrides.begin(), overrides.end(), [&](const std::string& text) {
+    std::string k = text.substr(0, text.find('='));
+    k.erase(0, k.find_first_not_of(" \t"));
+    k.erase(k.find_last_not_of(" \t") + 1);
+    return k == key;
+  });
+}
+
 // Rank 0 loads and validates; the resolved text (or the error) is broadcast, so every rank parses
-// identical text and fails identically: nothing hangs on a bad config.
-io::Config load_and_broadcast(const ParsedArgs& args, int rank) {
+// identical text and fails identically: nothing hangs on a bad config. With `slurm` (a Slurm job
+// whose command line does not set log.dir) log.dir is suffixed with the job id first.
+io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* slurm) {
   if (args.config_path.empty()) return io::Config{};  // a mode that needs no config
   std::string text, error;
   if (rank == 0) {
     try {
-      text = io::load_config(args.config_path, args.overrides).text;
+      io::Config config = io::load_config(args.config_path, args.overrides);
+      if (slurm != nullptr) {
+        config.log.dir = slurm_run_dir(config.log.dir, *slurm);
+        config.text = io::to_yaml(config);
+      }
+      text = config.text;
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -142,6 +159,18 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   MPI_Comm_rank(MPI_COMM_WORLD, &inv.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &inv.world_size);
   int code = kOk;
+  // This process's rank on its node and the node's rank count: for the GPU (chosen before Kokkos,
+  // cuBLAS or NCCL start) and the host threads.
+  int local_rank = 0, local_ranks = 1;
+  {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Comm_free(&node);
+  }
+  const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
+  const SlurmEnv slurm = read_slurm_env();
   {
     Kokkos::ScopeGuard kokkos(argc, argv);
     std::string message;
@@ -150,7 +179,9 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
       if (args.help) {
         if (inv.rank == 0) std::printf("%s\n%s", info.usage.c_str(), common_help().c_str());
       } else {
-        inv.config = load_and_broadcast(args, inv.rank);
+        const bool rename = info.slurm_run_dir && slurm.in_job() &&
+                            !overrides_key(args.overrides, "log.dir");
+        inv.config = load_and_broadcast(args, inv.rank, rename ? &slurm : nullptr);
         inv.flags = args.flags;
         inv.switches = args.switches;
         if (args.print_config) {
@@ -177,13 +208,19 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           inv.world = world.get();
           // One decision for BLAS and host threads: the cores of this process split among the
           // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
-          MPI_Comm node;
-          MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
-          int local_ranks = 1;
-          MPI_Comm_size(node, &local_ranks);
-          MPI_Comm_free(&node);
           const core::ThreadPlan threads = core::set_threads_per_rank(local_ranks);
           if (inv.rank == 0 && info.print_threads) {
+            if (slurm.in_job()) {
+              std::printf("slurm: %s\n", slurm.describe().c_str());
+              if (rename) {
+                std::printf("slurm: run directory %s (the config's log.dir + '-%s'; --set "
+                            "log.dir=DIR chooses it)\n",
+                            inv.config.log.dir.c_str(), slurm.run_suffix().c_str());
+              }
+            }
+            if (slurm.in_job() || device.cuda_built) {
+              std::printf("gpu (rank 0): %s\n", device.describe().c_str());
+            }
             std::printf("threads: %d per rank for BLAS and host loops (%d usable core%s, %d rank%s "
                         "on this node; from %s)\n",
                         threads.threads, threads.cores, threads.cores == 1 ? "" : "s",

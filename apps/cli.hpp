@@ -30,6 +30,10 @@ struct ProgramInfo {
   bool print_threads = false;        // print the thread decision at start-up (long-running programs)
   bool any_world_size = false;       // plans a layout without running it: any number of ranks
   std::vector<std::string> config_optional_with{};  // switches that need no CONFIG
+  // Inside a Slurm job, unless --set log.dir=... was given: log.dir becomes
+  // "<log.dir>-<job id>" ("<log.dir>-<array job id>_<task id>" for an array task), so jobs of one
+  // config do not share (or resume from) one directory, and a requeued job finds its own.
+  bool slurm_run_dir = false;
 };
 
 struct Invocation {

@@ -31,7 +31,11 @@ int main(int argc, char** argv) {
       "every log.every steps, validates every eval.every steps, writes log.dir/metrics.csv and the\n"
       "final weights to log.dir/model.h5 (HDF5, Hugging Face names), then a summary.\n"
       "Checkpoints every checkpoint.every steps; on SIGTERM or SIGUSR1 it finishes the step,\n"
-      "writes a checkpoint and exits 0; checkpoint.resume: auto continues from the newest.\n\n"
+      "writes a checkpoint and exits 0; checkpoint.resume: auto continues from the newest.\n"
+      "In a Slurm job (SLURM_JOB_ID set) it prints the job, step, node and task, and unless\n"
+      "--set log.dir=DIR is given the run directory is log.dir + '-<job id>' (an array task:\n"
+      "'-<array job id>_<task id>'), the same after a requeue. The GPU (CUDA builds) is the local\n"
+      "rank (SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK) modulo the visible devices.\n\n"
       "Program options:\n"
       "  --eval-only            do not train: print the validation loss of --weights\n"
       "  --weights FILE         model file to evaluate (with --eval-only)\n"
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
       {"--weights", "--profile-steps", "--trace"},
       {"--eval-only", "--memory-plan"},
       /*print_threads=*/true};
+  info.slurm_run_dir = true;
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
     if (inv.config.parallel.mode == "auto") {

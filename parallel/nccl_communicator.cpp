@@ -1,6 +1,8 @@
 // Compiled only when COLOSSAL_HAVE_CUDA (see parallel/CMakeLists.txt).
 #include "parallel/nccl_communicator.hpp"
 
+#include "parallel/local_device.hpp"
+
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -176,6 +178,8 @@ int node_local_device(const MpiCommunicator& world) {
   int local_rank = 0;
   MPI_Comm_rank(node, &local_rank);
   MPI_Comm_free(&node);
+  // The launcher's word (srun's SLURM_LOCALID, mpirun's OMPI_COMM_WORLD_LOCAL_RANK) when given.
+  if (const LocalRank env = local_rank_from_env(); env.rank >= 0) local_rank = env.rank;
   int devices = 0;
   const cudaError_t error = cudaGetDeviceCount(&devices);
   if (error != cudaSuccess || devices == 0) {

@@ -65,8 +65,10 @@ class NcclCommunicator final : public Communicator {
   CUstream_st* stream_ = nullptr;
 };
 
-// The CUDA device this process should use: its rank among the processes on the same node, modulo
-// the number of visible devices. Collective over `world`. Throws if no device is visible.
+// The CUDA device this process should use: its rank on its node (the launcher's SLURM_LOCALID or
+// OMPI_COMM_WORLD_LOCAL_RANK when set, else its rank among the processes of `world` on the same
+// node), modulo the number of visible devices. Collective over `world`. Throws if no device is
+// visible.
 int node_local_device(const MpiCommunicator& world);
 
 // An NcclCommunicator over the ranks of `world`, each process on node_local_device(world).

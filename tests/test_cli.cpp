@@ -466,36 +466,120 @@ TEST_F(Cli, TheWatchdogEndsAJobThatStopsMakingProgress) {
 }
 
 // The Slurm scripts outside Slurm (the launcher replaced, the array task id given): a sweep point
-// trains with its overrides into runs/<sweep>-<array job>/<task>, and summarize.sh tabulates it.
+// (line format and YAML grid) trains with its overrides into runs/<sweep>-<array job>/<task>, and
+// summarize.sh (colossal_sweep summarize) tabulates it.
 TEST_F(Cli, SweepScriptRunsAPointAndSummarizeCollectsIt) {
   const char* source = std::getenv("COLOSSAL_SOURCE_DIR");
   if (source == nullptr) GTEST_SKIP() << "COLOSSAL_SOURCE_DIR is not set (run through ctest)";
   const std::string config = write_config("sweep-base.yaml");
   std::ofstream(dir + "/tiny.sweep") << "base: " << config << "\n# two points\n"
                                      << "--set train.steps=2\n--set train.steps=3 --set train.seed=7\n";
+  std::ofstream(dir + "/grid.yaml") << "base: " << config << "\nset: {train.steps: 2}\n"
+                                    << "grid: {train.seed: [1, 2], train.optimizer.lr: [1.0e-3, 2.0e-3]}\n";
   std::filesystem::remove_all(dir + "/sweeps");
   const std::string env = "COLOSSAL_ROOT=" + std::string(source) + " COLOSSAL_BIN=" +
                           bin("colossal_train") + " COLOSSAL_LAUNCH= SLURM_ARRAY_JOB_ID=42 ";
-  Result r = run("bash " + std::string(source) + "/slurm/sweep.sbatch " + dir + "/tiny.sweep --count");
+  const std::string script = " bash " + std::string(source) + "/slurm/sweep.sbatch ";
+  Result r = run(env + script + dir + "/tiny.sweep --count");
   EXPECT_EQ(r.output, "2\n");
-  r = run(env + "SLURM_ARRAY_TASK_ID=1 COLOSSAL_SWEEP_DIR=" + dir + "/sweeps/tiny-42 bash " +
-          std::string(source) + "/slurm/sweep.sbatch " + dir + "/tiny.sweep");
+  r = run(env + script + dir + "/grid.yaml --count");
+  EXPECT_EQ(r.output, "4\n");
+  r = run(env + "SLURM_ARRAY_TASK_ID=1 COLOSSAL_SWEEP_DIR=" + dir + "/sweeps/tiny-42" + script +
+          dir + "/tiny.sweep");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("point 1: --set train.steps=3 --set train.seed=7"), std::string::npos)
-      << r.output;
+  EXPECT_NE(r.output.find("point 1 of " + dir + "/tiny.sweep: train.steps=3 train.seed=7"),
+            std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/sweeps/tiny-42/1/model.h5"));
-  r = run(env + "SLURM_ARRAY_TASK_ID=5 bash " + std::string(source) + "/slurm/sweep.sbatch " + dir +
-          "/tiny.sweep");
+  // Grid point 3: seed 2, lr 2e-3 (the last key varies fastest).
+  r = run(env + "SLURM_ARRAY_TASK_ID=3 COLOSSAL_SWEEP_DIR=" + dir + "/sweeps/grid-42" + script +
+          dir + "/grid.yaml");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("train.steps=2 train.seed=2 train.optimizer.lr=2.0e-3"),
+            std::string::npos) << r.output;
+  r = run(env + "SLURM_ARRAY_TASK_ID=5" + script + dir + "/tiny.sweep");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("has 2 points; array task 5 has none"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tiny.sweep has 2 points (indices 0-1); there is no point 5"),
+            std::string::npos) << r.output;
   r = run("bash " + std::string(source) + "/slurm/summarize.sh " + dir + "/sweeps");
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 runs; written to " + dir + "/sweeps/summary.csv"), std::string::npos)
+      << r.output;
   std::ifstream summary(dir + "/sweeps/summary.csv");
-  std::string header, row;
+  std::string header, row, row2;
   std::getline(summary, header);
   std::getline(summary, row);
-  EXPECT_EQ(header, "run,point,steps,final_loss,best_val_loss,tokens_per_s");
-  EXPECT_EQ(row.rfind("tiny-42/1,\"--set train.steps=3 --set train.seed=7\",3,", 0), 0u) << row;
+  std::getline(summary, row2);
+  EXPECT_EQ(header, "run,overrides,steps,final_loss,best_val_loss,tokens_per_s,finished");
+  EXPECT_EQ(row.rfind("grid-42/3,train.steps=2 train.seed=2 train.optimizer.lr=2.0e-3,2,", 0), 0u)
+      << row;
+  EXPECT_EQ(row2.rfind("tiny-42/1,train.steps=3 train.seed=7,3,", 0), 0u) << row2;
+  EXPECT_EQ(row2.substr(row2.size() - 4), ",yes") << row2;
+}
+
+TEST_F(Cli, SweepProgramHelpAndErrors) {
+  Result r = run(bin("colossal_sweep") + " --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("usage: colossal_sweep count FILE"), std::string::npos) << r.output;
+  r = run(bin("colossal_sweep"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("no command given"), std::string::npos) << r.output;
+  r = run(bin("colossal_sweep") + " point " + dir + "/x.yaml -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("INDEX '-1' must be a non-negative integer"), std::string::npos)
+      << r.output;
+  std::ofstream(dir + "/bad.yaml") << "base: " << write_config("b.yaml") << "\n"
+                                   << "grid: {train.stepz: [1, 2]}\n";
+  r = run(bin("colossal_sweep") + " count " + dir + "/bad.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("point 0 (train.stepz=1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did you mean 'train.steps'?"), std::string::npos) << r.output;
+  r = run(bin("colossal_sweep") + " summarize " + dir + "/nowhere");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("is not a directory"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, SlurmScriptsHaveHelpAndUsage) {
+  const char* source = std::getenv("COLOSSAL_SOURCE_DIR");
+  if (source == nullptr) GTEST_SKIP() << "COLOSSAL_SOURCE_DIR is not set (run through ctest)";
+  for (const std::string script : {"train", "sweep", "plan"}) {
+    const std::string path = std::string(source) + "/slurm/" + script + ".sbatch";
+    Result r = run("bash " + path + " --help");
+    EXPECT_EQ(r.code, 0) << script;
+    EXPECT_NE(r.output.find("slurm/" + script + ".sbatch"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("#SBATCH --job-name"), std::string::npos) << r.output;
+    r = run("bash " + path);
+    EXPECT_EQ(r.code, 2) << script;
+    EXPECT_NE(r.output.find(script + ".sbatch: usage: "), std::string::npos) << r.output;
+  }
+  Result r = run("COLOSSAL_LAUNCH= COLOSSAL_BIN=" + bin("colossal_train") + " bash " +
+                 std::string(source) + "/slurm/train.sbatch " + dir + "/absent.yaml");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("config '" + dir + "/absent.yaml' does not exist"), std::string::npos)
+      << r.output;
+}
+
+// In a Slurm job (the environment as srun leaves it) colossal_train reports the job and, unless
+// --set log.dir is given, suffixes log.dir with the job id (array job and task for an array).
+TEST_F(Cli, SlurmJobNamesTheRunDirectory) {
+  const std::string config = write_config("slurm.yaml");
+  for (const char* d : {"/run-901", "/run-900_4", "/explicit"}) std::filesystem::remove_all(dir + d);
+  Result r = run("SLURM_JOB_ID=901 SLURM_JOB_NAME=tiny SLURM_STEP_ID=0 SLURM_LOCALID=0 " +
+                 bin("colossal_train") + " " + config + " --set train.steps=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("slurm: job 901 'tiny', step 0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("slurm: run directory " + dir + "/run-901 "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("local rank 0 (SLURM_LOCALID)"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/run-901/metrics.csv"));
+  r = run("SLURM_JOB_ID=905 SLURM_ARRAY_JOB_ID=900 SLURM_ARRAY_TASK_ID=4 " + bin("colossal_train") +
+          " " + config + " --set train.steps=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/run-900_4/metrics.csv")) << r.output;
+  r = run("SLURM_JOB_ID=906 " + bin("colossal_train") + " " + config +
+          " --set train.steps=1 --set log.dir=" + dir + "/explicit");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("slurm: run directory"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/explicit/metrics.csv"));
 }
 
 // ZeRO-3 with both offloads end to end: every forward (validation over 3 windows split 2/1 between
