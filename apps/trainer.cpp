@@ -643,6 +643,37 @@ TrainSummary Trainer::train() {
   double window_seconds = 0.0;
   int64_t window_steps = 0;
   bool metrics_h5_failing = false;
+  // One row of metrics.csv and metrics.h5 (rank 0).
+  auto write_metrics = [&](int64_t step, double loss, double norm, double step_seconds,
+                           double val_loss, bool profiled,
+                           const std::array<double, core::Profiler::kKinds>& profiled_before) {
+    if (!metrics) return;
+    const double tokens_per_s = tokens_per_step / step_seconds;
+    const double mfu = flops_per_step / step_seconds / peak;
+    metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
+                  double(tracker_.peak_total())});
+    // The columns of metrics_h5_columns(), in order.
+    std::vector<double> row{double(step + 1), loss,         val_loss,
+                            hp.lr,            norm,         tokens_per_s,
+                            mfu,              step_seconds, double(tracker_.peak_total())};
+    for (int c = 0; c < int(core::MemCategory::count); ++c) {
+      row.push_back(double(tracker_.peak(core::MemCategory(c))));
+    }
+    for (int k = 0; k < core::Profiler::kKinds; ++k) {
+      row.push_back(profiled ? profiler_.seconds(core::WorkKind(k)) - profiled_before[k]
+                             : std::nan(""));
+    }
+    if (!metrics_h5->row(row)) {
+      if (!metrics_h5_failing) {
+        print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
+              (long long)step + 1, metrics_h5->path().c_str(), metrics_h5->error().c_str());
+      }
+      metrics_h5_failing = true;
+    } else if (metrics_h5_failing) {
+      print("step %lld: %s written again\n", (long long)step + 1, metrics_h5->path().c_str());
+      metrics_h5_failing = false;
+    }
+  };
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
     // Time per kind of work is recorded for the steps the profiler watches (--profile-steps).
@@ -716,6 +747,7 @@ TrainSummary Trainer::train() {
                 core::format_bytes(double(tracker_.peak_total())).c_str());
           summary.steps = step + 1;
           summary.losses.push_back(loss);
+          write_metrics(step, loss, norm, step_seconds, std::nan(""), profiled, profiled_before);
           return summary;
         }
       }
@@ -729,8 +761,6 @@ TrainSummary Trainer::train() {
     summary.losses.push_back(loss);
     window_seconds += step_seconds;
     ++window_steps;
-    const double tokens_per_s = tokens_per_step / step_seconds;
-    const double mfu = flops_per_step / step_seconds / peak;
 
     double val_loss = std::nan("");
     const bool last = step + 1 == t.steps;
@@ -739,31 +769,7 @@ TrainSummary Trainer::train() {
       summary.val_loss = val_loss;
       print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
     }
-    if (metrics) {
-      metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
-                    double(tracker_.peak_total())});
-      // The columns of metrics_h5_columns(), in order.
-      std::vector<double> row{double(step + 1), loss,         val_loss,
-                              hp.lr,            norm,         tokens_per_s,
-                              mfu,              step_seconds, double(tracker_.peak_total())};
-      for (int c = 0; c < int(core::MemCategory::count); ++c) {
-        row.push_back(double(tracker_.peak(core::MemCategory(c))));
-      }
-      for (int k = 0; k < core::Profiler::kKinds; ++k) {
-        row.push_back(profiled ? profiler_.seconds(core::WorkKind(k)) - profiled_before[k]
-                               : std::nan(""));
-      }
-      if (!metrics_h5->row(row)) {
-        if (!metrics_h5_failing) {
-          print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
-                (long long)step + 1, metrics_h5->path().c_str(), metrics_h5->error().c_str());
-        }
-        metrics_h5_failing = true;
-      } else if (metrics_h5_failing) {
-        print("step %lld: %s written again\n", (long long)step + 1, metrics_h5->path().c_str());
-        metrics_h5_failing = false;
-      }
-    }
+    write_metrics(step, loss, norm, step_seconds, val_loss, profiled, profiled_before);
     if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
       const double avg = window_seconds / double(window_steps);
       const double eta = avg * double(t.steps - step - 1);
