@@ -600,4 +600,66 @@ TEST_F(Cli, MetricsH5HasOneRowPerStepThroughACrashAndResumes) {
   EXPECT_GT(h5.at("memory_params_bytes")[7], 0.0);
 }
 
+// colossal_report: the summary of a run, plots when matplotlib is there, and what to install
+// when it is not.
+TEST_F(Cli, ReportSummarizesARunAndNamesMissingPackages) {
+  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string run_dir = dir + "/report";
+  std::filesystem::remove_all(run_dir);
+  Result r = run(bin("colossal_train") + " " + write_config("report.yaml") + " --set log.dir=" +
+                 run_dir + " --set train.steps=6 --set eval.every=2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string report = bin("colossal_report");
+  r = run(report + " " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"steps: 6 rows, steps 1 to 6", "train loss: first ", ", final ",
+                           ", best ", "val loss: final ", "3 evaluations", "throughput: ",
+                           "tokens/s over 5 steps", "memory: tracked peak "}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  if (r.output.find("(from metrics.h5)") != std::string::npos) {
+    EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("params "), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("apt-get install python3-h5py"), std::string::npos) << r.output;
+  }
+  if (r.output.find("plots: ") != std::string::npos) {
+    for (const char* png : {"/loss.png", "/throughput.png"}) {
+      std::ifstream in(run_dir + png, std::ios::binary);
+      char magic[4] = {};
+      in.read(magic, 4);
+      EXPECT_EQ(std::string(magic + 1, 3), "PNG") << png;
+    }
+  } else {
+    EXPECT_NE(r.output.find("plots skipped: matplotlib is not installed; apt-get install "
+                            "python3-matplotlib"),
+              std::string::npos)
+        << r.output;
+  }
+  // Without h5py and matplotlib: the summary from metrics.csv, and what to install.
+  r = run("COLOSSAL_REPORT_WITHOUT=h5py,matplotlib " + report + " " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"(from metrics.csv)", "train loss: first ", "apt-get install python3-h5py",
+                           "apt-get install python3-matplotlib"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  r = run(report + " --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("usage: colossal_report RUN_DIR"), std::string::npos) << r.output;
+  r = run(report);
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run(report + " " + dir + "/no-such-run");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("run directory '" + dir + "/no-such-run' does not exist"),
+            std::string::npos) << r.output;
+  std::filesystem::create_directories(dir + "/empty-run");
+  r = run(report + " " + dir + "/empty-run");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("has no metrics.h5 or metrics.csv"), std::string::npos) << r.output;
+  std::ofstream(dir + "/empty-run/metrics.csv") << "step,loss,lr\n";
+  r = run(report + " " + dir + "/empty-run");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("has no rows yet"), std::string::npos) << r.output;
+}
+
 }  // namespace
