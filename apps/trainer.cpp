@@ -3,6 +3,7 @@
 #include "core/host_threads.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -523,6 +524,29 @@ double Trainer::run_step(int64_t step) {
   return grad_->all_reduce_sum_value(stage_loss / accumulation) / grad_->size();
 }
 
+namespace {
+// "params", "grads", ..., "offloaded": the tracker's category names as identifiers.
+std::string memory_key(core::MemCategory category) {
+  const std::string name = core::category_name(category);
+  return name.substr(0, name.find(' '));
+}
+
+// The columns of metrics.h5 (docs/metrics-format.md): metrics.csv's, then the tracked peak per
+// memory category, then the seconds per kind of work (NaN unless the profiler runs).
+std::vector<std::string> metrics_h5_columns() {
+  std::vector<std::string> columns{"step",         "loss",         "val_loss",
+                                   "lr",           "grad_norm",    "tokens_per_s",
+                                   "mfu",          "step_seconds", "peak_tracked_bytes"};
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    columns.push_back("memory_" + memory_key(core::MemCategory(c)) + "_bytes");
+  }
+  for (int k = 0; k < core::Profiler::kKinds; ++k) {
+    columns.push_back(std::string("time_") + core::work_kind_key(core::WorkKind(k)) + "_seconds");
+  }
+  return columns;
+}
+}  // namespace
+
 TrainSummary Trainer::train() {
   const auto& t = config_.train;
   const auto& spec = config_.model;
@@ -551,6 +575,7 @@ TrainSummary Trainer::train() {
     summary.skipped_steps = state.step - state.optimizer_step;
   }
   std::unique_ptr<io::MetricsCsv> metrics;
+  std::unique_ptr<io::MetricsH5> metrics_h5;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
     // The resolved config beside the metrics: what this run was, reusable as a config file.
@@ -561,11 +586,30 @@ TrainSummary Trainer::train() {
       std::fwrite(config_.text.data(), 1, config_.text.size(), f);
       std::fclose(f);
     }
+    // A resumed run appends, after dropping the rows of steps trained after its checkpoint.
+    const int64_t resume_step = first_step > 0 ? first_step : -1;
+    const std::string csv_path = config_.log.dir + "/metrics.csv";
     metrics = std::make_unique<io::MetricsCsv>(
-        config_.log.dir + "/metrics.csv",
+        csv_path,
         std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
                                  "step_seconds", "val_loss", "peak_tracked_bytes"},
-        /*append=*/first_step > 0);
+        /*append=*/first_step > 0, resume_step);
+    metrics_h5 = std::make_unique<io::MetricsH5>(config_.log.dir + "/metrics.h5",
+                                                 metrics_h5_columns(), resume_step, csv_path);
+    if (!metrics_h5->note().empty()) print("metrics: %s\n", metrics_h5->note().c_str());
+    // What this run is and what the cost model predicts for it, beside the measurements.
+    metrics_h5->set_attribute("config", config_.text);
+    metrics_h5->set_attribute("hardware", hardware_name_);
+    metrics_h5->set_attribute("peak_flops", peak);
+    metrics_h5->set_attribute("tokens_per_step", tokens_per_step);
+    metrics_h5->set_attribute("parameters", double(model_->num_parameters()));
+    metrics_h5->set_attribute("predicted_step_seconds", predicted_time_.step);
+    metrics_h5->set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
+    for (int c = 0; c < int(core::MemCategory::count); ++c) {
+      const auto category = core::MemCategory(c);
+      metrics_h5->set_attribute("predicted_memory_" + memory_key(category) + "_bytes",
+                                predicted_memory_[category]);
+    }
   }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
@@ -615,8 +659,46 @@ TrainSummary Trainer::train() {
   double timed = 0.0;
   double window_seconds = 0.0;
   int64_t window_steps = 0;
+  bool metrics_h5_failing = false;
+  // One row of metrics.csv and metrics.h5 (rank 0).
+  auto write_metrics = [&](int64_t step, double loss, double norm, double step_seconds,
+                           double val_loss, bool profiled,
+                           const std::array<double, core::Profiler::kKinds>& profiled_before) {
+    if (!metrics) return;
+    const double tokens_per_s = tokens_per_step / step_seconds;
+    const double mfu = flops_per_step / step_seconds / peak;
+    metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
+                  double(tracker_.peak_total())});
+    // The columns of metrics_h5_columns(), in order.
+    std::vector<double> row{double(step + 1), loss,         val_loss,
+                            hp.lr,            norm,         tokens_per_s,
+                            mfu,              step_seconds, double(tracker_.peak_total())};
+    for (int c = 0; c < int(core::MemCategory::count); ++c) {
+      row.push_back(double(tracker_.peak(core::MemCategory(c))));
+    }
+    for (int k = 0; k < core::Profiler::kKinds; ++k) {
+      row.push_back(profiled ? profiler_.seconds(core::WorkKind(k)) - profiled_before[k]
+                             : std::nan(""));
+    }
+    if (!metrics_h5->row(row)) {
+      if (!metrics_h5_failing) {
+        print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
+              (long long)step + 1, metrics_h5->path().c_str(), metrics_h5->error().c_str());
+      }
+      metrics_h5_failing = true;
+    } else if (metrics_h5_failing) {
+      print("step %lld: %s written again\n", (long long)step + 1, metrics_h5->path().c_str());
+      metrics_h5_failing = false;
+    }
+  };
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
+    // Time per kind of work is recorded for the steps the profiler watches (--profile-steps).
+    const bool profiled = profiler_.enabled();
+    std::array<double, core::Profiler::kKinds> profiled_before{};
+    for (int k = 0; k < core::Profiler::kKinds; ++k) {
+      profiled_before[k] = profiler_.seconds(core::WorkKind(k));
+    }
     hp.lr = schedule.at(step);
     const double loss = run_step(step);
     double norm = 0.0;
@@ -683,6 +765,7 @@ TrainSummary Trainer::train() {
                 core::format_bytes(double(tracker_.peak_total())).c_str());
           summary.steps = step + 1;
           summary.losses.push_back(loss);
+          write_metrics(step, loss, norm, step_seconds, std::nan(""), profiled, profiled_before);
           return summary;
         }
       }
@@ -696,8 +779,6 @@ TrainSummary Trainer::train() {
     summary.losses.push_back(loss);
     window_seconds += step_seconds;
     ++window_steps;
-    const double tokens_per_s = tokens_per_step / step_seconds;
-    const double mfu = flops_per_step / step_seconds / peak;
 
     double val_loss = std::nan("");
     const bool last = step + 1 == t.steps;
@@ -706,10 +787,7 @@ TrainSummary Trainer::train() {
       summary.val_loss = val_loss;
       print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
     }
-    if (metrics) {
-      metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
-                    double(tracker_.peak_total())});
-    }
+    write_metrics(step, loss, norm, step_seconds, val_loss, profiled, profiled_before);
     if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
       const double avg = window_seconds / double(window_steps);
       const double eta = avg * double(t.steps - step - 1);

@@ -19,6 +19,21 @@ const char* work_kind_name(WorkKind kind) {
   }
 }
 
+const char* work_kind_key(WorkKind kind) {
+  switch (kind) {
+    case WorkKind::gemm: return "gemm";
+    case WorkKind::attention: return "attention";
+    case WorkKind::layernorm: return "layernorm";
+    case WorkKind::activation: return "activation";
+    case WorkKind::embedding: return "embedding";
+    case WorkKind::loss: return "loss";
+    case WorkKind::optimizer: return "optimizer";
+    case WorkKind::communication: return "communication";
+    case WorkKind::data: return "data";
+    default: return "unknown";
+  }
+}
+
 double Profiler::total() const {
   double t = 0.0;
   for (double s : seconds_) t += s;

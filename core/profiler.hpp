@@ -16,6 +16,8 @@ enum class WorkKind : int {
 };
 
 const char* work_kind_name(WorkKind kind);
+// A short identifier ("gemm", "attention", ...) for column names such as time_gemm_seconds.
+const char* work_kind_key(WorkKind kind);
 
 class Profiler {
  public:

@@ -8,6 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <stdexcept>
+
+#include <yaml-cpp/yaml.h>
 
 #include "io/hdf5_detail.hpp"
 #include "io/hdf5_file.hpp"
@@ -52,28 +55,81 @@ void write_dataset(hid_t parent, const std::string& name, const core::ParamSpec&
 
 void read_dataset(hid_t parent, const std::string& name, const core::ParamSpec& p, float* out,
                   const std::string& path) {
-  if (H5Lexists(parent, name.c_str(), H5P_DEFAULT) <= 0) {
+  const htri_t exists = H5Lexists(parent, name.c_str(), H5P_DEFAULT);
+  if (exists < 0) {
+    throw H5Error("checkpoint '" + path + "': cannot look up '" + name + "' (damaged file?)");
+  }
+  if (exists == 0) {
     throw H5Error("checkpoint '" + path + "' has no dataset '" + name +
                   "' (written for another model?)");
   }
-  H5Handle dset(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose, "opening " + name);
-  H5Handle space(H5Dget_space(dset.get()), H5Sclose, "H5Dget_space");
-  const int rank = H5Sget_simple_extent_ndims(space.get());
-  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
-  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  if (!std::equal(dims.begin(), dims.end(), p.shape.begin(), p.shape.end(),
-                  [](hsize_t a, int64_t b) { return a == hsize_t(b); })) {
-    std::string got, want;
-    for (auto d : dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
-    for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
-    throw H5Error("checkpoint '" + path + "': '" + name + "' has shape [" + got +
-                  "] but the model expects [" + want + "] (another model shape?)");
+  // Any failure below is damage: name the file and the tensor.
+  try {
+    H5Handle dset(H5Dopen2(parent, name.c_str(), H5P_DEFAULT), H5Dclose, "opening " + name);
+    H5Handle space(H5Dget_space(dset.get()), H5Sclose, "H5Dget_space " + name);
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    if (rank < 0) throw H5Error("HDF5: the shape of " + name + " cannot be read");
+    std::vector<hsize_t> dims(std::size_t(rank), 0);
+    if (rank > 0 && H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) < 0) {
+      throw H5Error("HDF5: the shape of " + name + " cannot be read");
+    }
+    if (!std::equal(dims.begin(), dims.end(), p.shape.begin(), p.shape.end(),
+                    [](hsize_t a, int64_t b) { return a == hsize_t(b); })) {
+      std::string got, want;
+      for (auto d : dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
+      for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
+      throw H5Error("checkpoint '" + path + "': '" + name + "' has shape [" + got +
+                    "] but the model expects [" + want + "] (another model shape?)");
+    }
+    check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
+          "reading " + name + " from '" + path + "'");
+    const auto want = uint32_t(detail::read_int_attribute(dset.get(), "crc32"));
+    if (crc32(out, p.count * sizeof(float)) != want) {
+      throw H5Error("checkpoint '" + path + "': '" + name + "' fails its checksum (corrupted)");
+    }
+  } catch (const H5Error& e) {
+    if (std::string(e.what()).find(path) != std::string::npos) throw;
+    throw H5Error("checkpoint '" + path + "': '" + name + "' cannot be read (" + e.what() +
+                  "; damaged file?)");
   }
-  check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out),
-        "reading " + name + " from '" + path + "'");
-  const auto want = uint32_t(detail::read_int_attribute(dset.get(), "crc32"));
-  if (crc32(out, p.count * sizeof(float)) != want) {
-    throw H5Error("checkpoint '" + path + "': '" + name + "' fails its checksum (corrupted)");
+}
+
+// Opens a checkpoint for reading; the errors say what a user can do about it.
+H5Handle open_checkpoint(const std::string& path) {
+  detail::silence_hdf5_errors();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw H5Error("checkpoint '" + path + "' does not exist");
+  if (!fs::is_regular_file(path, ec)) throw H5Error("checkpoint '" + path + "' is not a file");
+  return H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
+                  "opening checkpoint '" + path + "' (truncated, damaged, or not an HDF5 file?)");
+}
+
+// The config attribute, which resume compares key by key with the run's config: it must be a
+// YAML mapping.
+std::string checked_config(hid_t file, const std::string& path) {
+  const std::string text = detail::read_string_attribute(file, "config");
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw H5Error("checkpoint '" + path + "': its config attribute is not valid YAML (" + e.msg +
+                  "; damaged file?)");
+  }
+  if (!root.IsMap()) {
+    throw H5Error("checkpoint '" + path + "': its config attribute is not a YAML mapping of "
+                  "config sections (damaged file, or not written by colossal_train?)");
+  }
+  return text;
+}
+
+// Runs `read`, naming the file in any HDF5 error that does not name it yet.
+template <typename Read>
+auto naming_the_file(const std::string& path, Read&& read) {
+  try {
+    return read();
+  } catch (const H5Error& e) {
+    if (std::string(e.what()).find(path) != std::string::npos) throw;
+    throw H5Error("checkpoint '" + path + "': " + e.what() + " (damaged file?)");
   }
 }
 
@@ -151,38 +207,49 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
 CheckpointState read_checkpoint(const std::string& path, const std::vector<core::ParamSpec>& table,
                                 std::vector<float>& params, std::vector<float>& m,
                                 std::vector<float>& v) {
-  detail::silence_hdf5_errors();
-  if (!fs::exists(path)) throw H5Error("checkpoint '" + path + "' does not exist");
-  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
-                "opening '" + path + "' (truncated, or not an HDF5 file?)");
-  if (detail::read_string_attribute(file.get(), "format") != "colossal-checkpoint") {
-    throw H5Error("'" + path + "' is not a colossal checkpoint");
-  }
-  const long long version = detail::read_int_attribute(file.get(), "format_version");
-  if (version != kCheckpointFormatVersion) {
-    throw H5Error("checkpoint '" + path + "' has format version " + std::to_string(version) +
-                  "; this build reads version " + std::to_string(kCheckpointFormatVersion));
-  }
-  for (const auto& p : table) {
-    read_dataset(file.get(), "model/" + p.name, p, params.data() + p.offset, path);
-    read_dataset(file.get(), "optimizer/" + p.name + "/m", p, m.data() + p.offset, path);
-    read_dataset(file.get(), "optimizer/" + p.name + "/v", p, v.data() + p.offset, path);
-  }
-  CheckpointState state;
-  state.step = detail::read_int_attribute(file.get(), "step");
-  state.optimizer_step = detail::read_int_attribute(file.get(), "optimizer_step");
-  state.tokens = detail::read_int_attribute(file.get(), "tokens");
-  state.seed = detail::read_int_attribute(file.get(), "seed");
-  state.config = detail::read_string_attribute(file.get(), "config");
-  state.plan = detail::read_string_attribute(file.get(), "plan");
-  return state;
+  return naming_the_file(path, [&] {
+    H5Handle file = open_checkpoint(path);
+    if (detail::read_string_attribute(file.get(), "format") != "colossal-checkpoint") {
+      throw H5Error("'" + path + "' is not a colossal checkpoint");
+    }
+    const long long version = detail::read_int_attribute(file.get(), "format_version");
+    if (version != kCheckpointFormatVersion) {
+      throw H5Error("checkpoint '" + path + "' has format version " + std::to_string(version) +
+                    "; this build reads version " + std::to_string(kCheckpointFormatVersion));
+    }
+    for (const auto& p : table) {
+      if (p.offset + p.count > params.size() || p.offset + p.count > m.size() ||
+          p.offset + p.count > v.size()) {
+        throw std::invalid_argument("read_checkpoint: buffers smaller than the table");
+      }
+      read_dataset(file.get(), "model/" + p.name, p, params.data() + p.offset, path);
+      read_dataset(file.get(), "optimizer/" + p.name + "/m", p, m.data() + p.offset, path);
+      read_dataset(file.get(), "optimizer/" + p.name + "/v", p, v.data() + p.offset, path);
+    }
+    CheckpointState state;
+    state.step = detail::read_int_attribute(file.get(), "step");
+    state.optimizer_step = detail::read_int_attribute(file.get(), "optimizer_step");
+    state.tokens = detail::read_int_attribute(file.get(), "tokens");
+    state.seed = detail::read_int_attribute(file.get(), "seed");
+    state.config = checked_config(file.get(), path);
+    state.plan = detail::read_string_attribute(file.get(), "plan");
+    // Counters that are not counts would send the resumed run to a nonsensical step.
+    if (state.step < 0 || state.optimizer_step < 0 || state.optimizer_step > state.step ||
+        state.tokens < 0) {
+      throw H5Error("checkpoint '" + path + "': step " + std::to_string(state.step) +
+                    ", optimizer_step " + std::to_string(state.optimizer_step) + ", tokens " +
+                    std::to_string(state.tokens) +
+                    " are not the counters of a run (damaged file?)");
+    }
+    return state;
+  });
 }
 
 std::string read_checkpoint_config(const std::string& path) {
-  detail::silence_hdf5_errors();
-  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
-                "opening '" + path + "'");
-  return detail::read_string_attribute(file.get(), "config");
+  return naming_the_file(path, [&] {
+    H5Handle file = open_checkpoint(path);
+    return checked_config(file.get(), path);
+  });
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <variant>
 
@@ -1287,7 +1288,15 @@ void flatten(const YAML::Node& node, const std::string& prefix,
              std::map<std::string, std::string>& out) {
   if (node.IsMap()) {
     for (const auto& entry : node) {
-      const std::string key = entry.first.as<std::string>();
+      // A key that is not a scalar (YAML allows `[a, b]: 1`) is compared by its flow text.
+      std::string key;
+      if (entry.first.IsScalar()) {
+        key = entry.first.Scalar();
+      } else {
+        YAML::Emitter text;
+        text << YAML::Flow << entry.first;
+        key = text.c_str();
+      }
       flatten(entry.second, prefix.empty() ? key : prefix + "." + key, out);
     }
     return;
@@ -1300,8 +1309,14 @@ void flatten(const YAML::Node& node, const std::string& prefix,
 
 std::vector<std::string> changed_keys(const std::string& before, const std::string& after) {
   std::map<std::string, std::string> a, b;
-  flatten(YAML::Load(before), "", a);
-  flatten(YAML::Load(after), "", b);
+  for (auto [text, out, name] : {std::tuple{&before, &a, "before"}, std::tuple{&after, &b, "after"}}) {
+    try {
+      flatten(YAML::Load(*text), "", *out);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(std::string("changed_keys: the config text '") + name +
+                        "' is not valid YAML: " + e.msg);
+    }
+  }
   std::vector<std::string> keys;
   for (const auto& [key, value] : b) {
     const auto it = a.find(key);

@@ -136,7 +136,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
 std::string to_yaml(const Config& config);
 
 // The dotted keys ("parallel.zero.stage") whose values differ between two YAML config texts,
-// keys present in only one of them included, sorted.
+// keys present in only one of them included, sorted. Throws ConfigError when either is not YAML.
 std::vector<std::string> changed_keys(const std::string& before, const std::string& after);
 
 // One key of the schema, as documented in configs/README.md (and printable by --help).

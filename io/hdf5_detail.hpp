@@ -58,6 +58,12 @@ inline std::string read_string_attribute(hid_t object, const char* name) {
     return value;
   }
   const std::size_t size = H5Tget_size(type.get());
+  // The size comes from the file: refuse what no colossal file holds rather than allocate it.
+  constexpr std::size_t kLargest = std::size_t(64) << 20;
+  if (size == 0 || size > kLargest) {
+    throw H5Error(std::string("HDF5: string attribute '") + name + "' has a size of " +
+                  std::to_string(size) + " bytes (at most 64 MiB expected)");
+  }
   std::string value(size, '\0');
   check(H5Tset_size(mem.get(), size), "H5Tset_size");
   check(H5Aread(attr.get(), mem.get(), value.data()), std::string("H5Aread ") + name);
@@ -67,6 +73,9 @@ inline std::string read_string_attribute(hid_t object, const char* name) {
 
 
 inline long long read_int_attribute(hid_t object, const char* name) {
+  const htri_t exists = H5Aexists(object, name);
+  if (exists == 0) throw H5Error(std::string("attribute '") + name + "' is missing");
+  if (exists < 0) throw H5Error(std::string("attribute '") + name + "' cannot be looked up");
   H5Handle attr(H5Aopen(object, name, H5P_DEFAULT), H5Aclose, std::string("H5Aopen ") + name);
   long long value = 0;
   check(H5Aread(attr.get(), H5T_NATIVE_LLONG, &value), std::string("H5Aread ") + name);

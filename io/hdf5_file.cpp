@@ -22,6 +22,12 @@ void H5Handle::reset() {
   id_ = -1;
 }
 
+herr_t H5Handle::close() {
+  const herr_t status = id_ >= 0 && closer_ != nullptr ? closer_(id_) : herr_t(0);
+  id_ = -1;
+  return status;
+}
+
 void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
                       const float* params, const std::string& config_text,
                       const std::string& plan_text) {

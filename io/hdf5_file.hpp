@@ -40,6 +40,8 @@ class H5Handle {
   }
   hid_t get() const { return id_; }
   void reset();
+  // Closes now and returns the closer's status (a file's close flushes it: check it after writes).
+  herr_t close();
 
  private:
   hid_t id_ = -1;

@@ -1,16 +1,23 @@
 // The programs as a user runs them: exit codes and messages for bad input (also under mpirun, where
 // every rank must exit without hanging), and a short end-to-end run with its outputs.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <sys/wait.h>
 
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "io/hdf5_file.hpp"
+#include "io/metrics.hpp"
 
 namespace {
 
@@ -683,6 +690,173 @@ TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
     r = run("h5ls " + weights);
     EXPECT_NE(r.output.find("transformer.h.0.attn.c_attn.weight"), std::string::npos) << r.output;
   }
+}
+
+// metrics.h5 next to metrics.csv, one row per step through a crash and two resumes.
+namespace {
+// Every 1-D dataset of metrics.h5 by name.
+std::map<std::string, std::vector<double>> read_metrics_h5(const std::string& path) {
+  using colossal::io::H5Handle;
+  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+  std::map<std::string, std::vector<double>> columns;
+  H5G_info_t info;
+  EXPECT_GE(H5Gget_info(file.get(), &info), 0);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {};
+    EXPECT_GT(H5Lget_name_by_idx(file.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name,
+                                 sizeof(name), H5P_DEFAULT), 0);
+    H5Handle dset(H5Dopen2(file.get(), name, H5P_DEFAULT), H5Dclose, name);
+    H5Handle space(H5Dget_space(dset.get()), H5Sclose, "space");
+    hsize_t rows = 0;
+    EXPECT_EQ(H5Sget_simple_extent_ndims(space.get()), 1) << name;
+    H5Sget_simple_extent_dims(space.get(), &rows, nullptr);
+    std::vector<double> values(rows);
+    if (rows > 0) {
+      EXPECT_GE(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        values.data()), 0);
+    }
+    columns[name] = values;
+  }
+  return columns;
+}
+
+bool same_value(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::fabs(a - b) <= 1e-8 * std::max(std::fabs(a), std::fabs(b));  // CSV keeps 9 digits
+}
+
+// Every CSV column equals the HDF5 column of the same name, row by row.
+void expect_csv_matches_h5(const colossal::io::CsvTable& csv,
+                           const std::map<std::string, std::vector<double>>& h5) {
+  for (std::size_t c = 0; c < csv.columns.size(); ++c) {
+    const std::string& name = csv.columns[c];
+    ASSERT_TRUE(h5.count(name)) << name << " missing from metrics.h5";
+    const auto& column = h5.at(name);
+    ASSERT_EQ(column.size(), csv.rows.size()) << name;
+    for (std::size_t r = 0; r < csv.rows.size(); ++r) {
+      EXPECT_TRUE(same_value(column[r], csv.rows[r][c]))
+          << name << " row " << r << ": h5 " << column[r] << ", csv " << csv.rows[r][c];
+    }
+  }
+}
+}  // namespace
+
+TEST_F(Cli, MetricsH5HasOneRowPerStepThroughACrashAndResumes) {
+  const std::string config = write_config("metrics.yaml");
+  const std::string run_dir = dir + "/metrics";
+  std::filesystem::remove_all(run_dir);
+  const std::string train = bin("colossal_train") + " " + config + " --set log.dir=" + run_dir +
+                            " --set checkpoint.every=3 --set checkpoint.resume=auto";
+  Result r = run(train + " --set train.steps=5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto first = colossal::io::read_metrics_csv(run_dir + "/metrics.csv");
+  ASSERT_EQ(first.rows.size(), 5u);
+  // A crash after step 5, before its checkpoint: the run resumes from step 3 and trains steps 4
+  // and 5 again; their first rows go from both files.
+  std::filesystem::remove(run_dir + "/checkpoints/ckpt-5.h5");
+  r = run(train + " --set train.steps=7");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + run_dir + "/checkpoints/ckpt-3.h5"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("dropped 2 rows after step 3"), std::string::npos) << r.output;
+  const auto csv = colossal::io::read_metrics_csv(run_dir + "/metrics.csv");
+  auto h5 = read_metrics_h5(run_dir + "/metrics.h5");
+  ASSERT_EQ(csv.rows.size(), 7u);
+  for (std::size_t i = 0; i < 7; ++i) EXPECT_EQ(csv.rows[i][0], double(i + 1)) << "step";
+  // The resumed steps trained the same model on the same data: the same losses.
+  for (std::size_t i = 3; i < 5; ++i) EXPECT_EQ(csv.rows[i][1], first.rows[i][1]) << "step " << i + 1;
+  expect_csv_matches_h5(csv, h5);
+  for (const auto& [name, column] : h5) {
+    EXPECT_EQ(column.size(), 7u) << name;
+    for (double v : column) {
+      if (name.rfind("memory_params", 0) == 0) {
+        EXPECT_GT(v, 0.0) << name;
+      }
+      if (name.rfind("time_", 0) == 0) {
+        EXPECT_TRUE(std::isnan(v)) << name << " without a profiler";
+      }
+    }
+  }
+  for (const char* name : {"val_loss", "memory_activations_bytes", "memory_optimizer_bytes",
+                           "time_gemm_seconds", "grad_norm", "mfu"}) {
+    EXPECT_TRUE(h5.count(name)) << name;
+  }
+
+  // A metrics.h5 damaged beyond reading is moved aside and rebuilt from metrics.csv.
+  std::filesystem::resize_file(run_dir + "/metrics.h5", 700);
+  r = run(train + " --set train.steps=8");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("moved it to " + run_dir + "/metrics.h5.damaged; rebuilt 7 rows from " +
+                          run_dir + "/metrics.csv"),
+            std::string::npos)
+      << r.output;
+  h5 = read_metrics_h5(run_dir + "/metrics.h5");
+  expect_csv_matches_h5(colossal::io::read_metrics_csv(run_dir + "/metrics.csv"), h5);
+  ASSERT_EQ(h5.at("memory_params_bytes").size(), 8u);
+  EXPECT_TRUE(std::isnan(h5.at("memory_params_bytes")[6])) << "not in metrics.csv";
+  EXPECT_GT(h5.at("memory_params_bytes")[7], 0.0);
+}
+
+// colossal_report: the summary of a run, plots when matplotlib is there, and what to install
+// when it is not.
+TEST_F(Cli, ReportSummarizesARunAndNamesMissingPackages) {
+  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "no python3";
+  const std::string run_dir = dir + "/report";
+  std::filesystem::remove_all(run_dir);
+  Result r = run(bin("colossal_train") + " " + write_config("report.yaml") + " --set log.dir=" +
+                 run_dir + " --set train.steps=6 --set eval.every=2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string report = bin("colossal_report");
+  r = run(report + " " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"steps: 6 rows, steps 1 to 6", "train loss: first ", ", final ",
+                           ", best ", "val loss: final ", "3 evaluations", "throughput: ",
+                           "tokens/s over 5 steps", "memory: tracked peak "}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  if (r.output.find("(from metrics.h5)") != std::string::npos) {
+    EXPECT_NE(r.output.find("predicted"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("params "), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("apt-get install python3-h5py"), std::string::npos) << r.output;
+  }
+  if (r.output.find("plots: ") != std::string::npos) {
+    for (const char* png : {"/loss.png", "/throughput.png"}) {
+      std::ifstream in(run_dir + png, std::ios::binary);
+      char magic[4] = {};
+      in.read(magic, 4);
+      EXPECT_EQ(std::string(magic + 1, 3), "PNG") << png;
+    }
+  } else {
+    EXPECT_NE(r.output.find("plots skipped: matplotlib is not installed; apt-get install "
+                            "python3-matplotlib"),
+              std::string::npos)
+        << r.output;
+  }
+  // Without h5py and matplotlib: the summary from metrics.csv, and what to install.
+  r = run("COLOSSAL_REPORT_WITHOUT=h5py,matplotlib " + report + " " + run_dir);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* part : {"(from metrics.csv)", "train loss: first ", "apt-get install python3-h5py",
+                           "apt-get install python3-matplotlib"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << "\n" << r.output;
+  }
+  r = run(report + " --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("usage: colossal_report RUN_DIR"), std::string::npos) << r.output;
+  r = run(report);
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run(report + " " + dir + "/no-such-run");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("run directory '" + dir + "/no-such-run' does not exist"),
+            std::string::npos) << r.output;
+  std::filesystem::create_directories(dir + "/empty-run");
+  r = run(report + " " + dir + "/empty-run");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("has no metrics.h5 or metrics.csv"), std::string::npos) << r.output;
+  std::ofstream(dir + "/empty-run/metrics.csv") << "step,loss,lr\n";
+  r = run(report + " " + dir + "/empty-run");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.output.find("has no rows yet"), std::string::npos) << r.output;
 }
 
 }  // namespace
