@@ -963,7 +963,10 @@ io::CheckpointState Trainer::resume() {
   if (world_->rank() == 0) {
     for (const std::string& path : io::list_checkpoints(dir)) {
       try {
-        const std::string written = io::read_checkpoint_config(path);
+        // The whole-file checksum is checked here, before HDF5 parses anything, and not again
+        // for the tensors just below.
+        const bool verify = config_.checkpoint.verify;
+        const std::string written = io::read_checkpoint_config(path, verify);
         const std::string model_changes = config_changes(written, config_.text).first;
         if (!model_changes.empty()) {
           fatal = "checkpoint " + path + " was written for another model (" + model_changes +
@@ -971,7 +974,7 @@ io::CheckpointState Trainer::resume() {
                   "checkpoint.dir elsewhere";
           break;
         }
-        state = io::read_checkpoint(path, logical, params, m, v);
+        state = io::read_checkpoint(path, logical, params, m, v, /*verify=*/false);
         chosen = path;
         break;
       } catch (const std::exception& e) {
@@ -989,7 +992,9 @@ io::CheckpointState Trainer::resume() {
           dir.c_str());
     return {};
   }
-  if (world_->rank() != 0) state = io::read_checkpoint(chosen, logical, params, m, v);  // rank 0 has it
+  if (world_->rank() != 0) {  // rank 0 has it
+    state = io::read_checkpoint(chosen, logical, params, m, v, config_.checkpoint.verify);
+  }
   const std::string other_changes = config_changes(state.config, config_.text).second;
   set_local_parameters(from_logical(params));
   const auto m_parts = from_logical(m), v_parts = from_logical(v);

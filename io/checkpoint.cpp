@@ -4,7 +4,10 @@
 #include <cstdlib>
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -20,7 +23,9 @@ namespace colossal::io {
 namespace fs = std::filesystem;
 using detail::check;
 
-uint32_t crc32(const void* data, std::size_t bytes) {
+namespace {
+// The running CRC-32 register (start 0xFFFFFFFF, finish with xor 0xFFFFFFFF).
+uint32_t crc32_update(uint32_t c, const void* data, std::size_t bytes) {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -30,15 +35,71 @@ uint32_t crc32(const void* data, std::size_t bytes) {
     }
     return t;
   }();
-  uint32_t c = 0xFFFFFFFFu;
   const auto* p = static_cast<const unsigned char*>(data);
   for (std::size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
-  return c ^ 0xFFFFFFFFu;
+  return c;
+}
+}  // namespace
+
+uint32_t crc32(const void* data, std::size_t bytes) {
+  return crc32_update(0xFFFFFFFFu, data, bytes) ^ 0xFFFFFFFFu;
 }
 
 namespace {
 
 std::string checkpoint_name(int64_t step) { return "ckpt-" + std::to_string(step) + ".h5"; }
+
+// --- the integrity header --------------------------------------------------------------------
+
+std::string hex32(uint32_t v) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", unsigned(v));
+  return text;
+}
+
+constexpr const char* kIntegrityMagic = "colossal-checkpoint-integrity";
+constexpr char kHdf5Signature[8] = {'\211', 'H', 'D', 'F', '\r', '\n', '\032', '\n'};
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using File = std::unique_ptr<std::FILE, FileCloser>;
+
+// CRC-32 and byte count of `file` from `offset` to its end.
+std::pair<uint32_t, uint64_t> crc32_from(std::FILE* file, uint64_t offset, const std::string& path) {
+  if (std::fseek(file, long(offset), SEEK_SET) != 0) {
+    throw H5Error("cannot seek in '" + path + "': " + std::strerror(errno));
+  }
+  std::vector<unsigned char> buffer(std::size_t(4) << 20);
+  uint32_t c = 0xFFFFFFFFu;
+  uint64_t bytes = 0;
+  for (;;) {
+    const std::size_t n = std::fread(buffer.data(), 1, buffer.size(), file);
+    c = crc32_update(c, buffer.data(), n);
+    bytes += n;
+    if (n < buffer.size()) break;
+  }
+  if (std::ferror(file)) throw H5Error("cannot read '" + path + "': " + std::strerror(errno));
+  return {c ^ 0xFFFFFFFFu, bytes};
+}
+
+void write_integrity_header(const std::string& path) {
+  File file(std::fopen(path.c_str(), "r+b"));
+  if (!file) throw H5Error("cannot reopen '" + path + "': " + std::strerror(errno));
+  const auto [crc, bytes] = crc32_from(file.get(), kCheckpointUserBlock, path);
+  char header[kCheckpointUserBlock] = {};
+  std::snprintf(header, sizeof(header), "%s 1\nhdf5-bytes %llu\ncrc32 %08x\n", kIntegrityMagic,
+                (unsigned long long)bytes, unsigned(crc));
+  if (std::fseek(file.get(), 0, SEEK_SET) != 0 ||
+      std::fwrite(header, 1, sizeof(header), file.get()) != sizeof(header) ||
+      std::fflush(file.get()) != 0) {
+    throw H5Error("cannot write the integrity header of '" + path + "': " + std::strerror(errno) +
+                  " (disk full?)");
+  }
+  if (std::fclose(file.release()) != 0) {
+    throw H5Error("cannot close '" + path + "': " + std::strerror(errno));
+  }
+}
 
 void write_dataset(hid_t parent, const std::string& name, const core::ParamSpec& p,
                    const float* values) {
@@ -61,7 +122,7 @@ void read_dataset(hid_t parent, const std::string& name, const core::ParamSpec& 
   }
   if (exists == 0) {
     throw H5Error("checkpoint '" + path + "' has no dataset '" + name +
-                  "' (written for another model?)");
+                  "' (written for another model, or damaged?)");
   }
   // Any failure below is damage: name the file and the tensor.
   try {
@@ -94,6 +155,61 @@ void read_dataset(hid_t parent, const std::string& name, const core::ParamSpec& 
   }
 }
 
+}  // namespace
+
+void verify_checkpoint_integrity(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw H5Error("checkpoint '" + path + "' does not exist");
+  if (!fs::is_regular_file(path, ec)) throw H5Error("checkpoint '" + path + "' is not a file");
+  File file(std::fopen(path.c_str(), "rb"));
+  if (!file) throw H5Error("cannot open checkpoint '" + path + "': " + std::strerror(errno));
+  char block[kCheckpointUserBlock] = {};
+  const std::size_t got = std::fread(block, 1, sizeof(block), file.get());
+  if (got >= sizeof(kHdf5Signature) &&
+      std::memcmp(block, kHdf5Signature, sizeof(kHdf5Signature)) == 0) {
+    throw H5Error("'" + path + "' is an HDF5 file without the integrity header of a checkpoint: "
+                  "a model file, or a checkpoint of format 1 (written by an older "
+                  "colossal_train), which cannot be checked before HDF5 parses it (HDF5 may "
+                  "crash on a damaged file); to resume from such a checkpoint anyway set "
+                  "checkpoint.verify: false");
+  }
+  const std::string magic = kIntegrityMagic;
+  if (got < magic.size() || std::memcmp(block, magic.data(), magic.size()) != 0) {
+    throw H5Error("'" + path + "' is not a colossal checkpoint (" +
+                  (got == 0 ? std::string("empty file") : "no integrity header, no HDF5 signature") +
+                  ")");
+  }
+  if (got < sizeof(block)) {
+    throw H5Error("checkpoint '" + path + "' is truncated (" + std::to_string(got) +
+                  " bytes, shorter than its header)");
+  }
+  // "colossal-checkpoint-integrity 1\nhdf5-bytes N\ncrc32 XXXXXXXX\n", NUL-padded.
+  const std::string text(block, strnlen(block, sizeof(block)));
+  unsigned version = 0;
+  unsigned long long bytes = 0;
+  unsigned crc = 0;
+  int consumed = 0;
+  const std::string format = magic + " %u\nhdf5-bytes %llu\ncrc32 %8x\n%n";
+  if (std::sscanf(text.c_str(), format.c_str(), &version, &bytes, &crc, &consumed) != 3 ||
+      std::size_t(consumed) != text.size() || version != 1) {
+    throw H5Error("checkpoint '" + path + "': its integrity header is damaged or of an unknown "
+                  "version");
+  }
+  const auto [actual_crc, actual_bytes] = crc32_from(file.get(), kCheckpointUserBlock, path);
+  if (actual_bytes != bytes) {
+    throw H5Error("checkpoint '" + path + "' is " +
+                  (actual_bytes < bytes ? "truncated" : "longer than written") + ": " +
+                  std::to_string(actual_bytes) + " bytes after its header, " +
+                  std::to_string(bytes) + " written");
+  }
+  if (actual_crc != crc) {
+    throw H5Error("checkpoint '" + path + "' is damaged: its bytes fail the whole-file checksum "
+                  "(CRC-32 " + hex32(actual_crc) + ", written " + hex32(crc) + ")");
+  }
+}
+
+namespace {
+
 // Opens a checkpoint for reading; the errors say what a user can do about it.
 H5Handle open_checkpoint(const std::string& path) {
   detail::silence_hdf5_errors();
@@ -112,7 +228,8 @@ std::string checked_config(hid_t file, const std::string& path) {
   try {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw H5Error("checkpoint '" + path + "': its config attribute is not valid YAML (" + e.msg +
+    throw H5Error("checkpoint '" + path + "': its config attribute is not valid YAML (" +
+                  (e.msg == "bad file" ? std::string("nested too deeply") : e.msg) +
                   "; damaged file?)");
   }
   if (!root.IsMap()) {
@@ -149,7 +266,10 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
     if (entry.path().extension() == ".tmp") fs::remove(entry.path(), ec);
   }
   try {
-    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose,
+    // The user block holds the integrity header, written once the HDF5 part is complete.
+    H5Handle fcpl(H5Pcreate(H5P_FILE_CREATE), H5Pclose, "H5Pcreate(file create)");
+    check(H5Pset_userblock(fcpl.get(), kCheckpointUserBlock), "H5Pset_userblock");
+    H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT), H5Fclose,
                   "creating '" + tmp + "' (is checkpoint.dir writable?)");
     H5Handle model(H5Gcreate2(file.get(), "model", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                    H5Gclose, "creating /model");
@@ -184,6 +304,11 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
                                        std::to_string(H5_VERS_MINOR) + "." +
                                        std::to_string(H5_VERS_RELEASE));
     check(H5Fflush(file.get(), H5F_SCOPE_GLOBAL), "flushing '" + tmp + "'");
+    optimizer.reset();
+    model.reset();
+    data.reset();
+    check(file.close(), "closing '" + tmp + "'");
+    write_integrity_header(tmp);
   } catch (...) {
     fs::remove(tmp, ec);  // never leave a partial file behind
     throw;
@@ -206,16 +331,18 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
 
 CheckpointState read_checkpoint(const std::string& path, const std::vector<core::ParamSpec>& table,
                                 std::vector<float>& params, std::vector<float>& m,
-                                std::vector<float>& v) {
+                                std::vector<float>& v, bool verify) {
+  if (verify) verify_checkpoint_integrity(path);
   return naming_the_file(path, [&] {
     H5Handle file = open_checkpoint(path);
     if (detail::read_string_attribute(file.get(), "format") != "colossal-checkpoint") {
       throw H5Error("'" + path + "' is not a colossal checkpoint");
     }
     const long long version = detail::read_int_attribute(file.get(), "format_version");
-    if (version != kCheckpointFormatVersion) {
+    if (version != 1 && version != kCheckpointFormatVersion) {
       throw H5Error("checkpoint '" + path + "' has format version " + std::to_string(version) +
-                    "; this build reads version " + std::to_string(kCheckpointFormatVersion));
+                    "; this build reads versions 1 and " +
+                    std::to_string(kCheckpointFormatVersion));
     }
     for (const auto& p : table) {
       if (p.offset + p.count > params.size() || p.offset + p.count > m.size() ||
@@ -245,7 +372,8 @@ CheckpointState read_checkpoint(const std::string& path, const std::vector<core:
   });
 }
 
-std::string read_checkpoint_config(const std::string& path) {
+std::string read_checkpoint_config(const std::string& path, bool verify) {
+  if (verify) verify_checkpoint_integrity(path);
   return naming_the_file(path, [&] {
     H5Handle file = open_checkpoint(path);
     return checked_config(file.get(), path);

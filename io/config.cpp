@@ -7,6 +7,10 @@
 #include "io/config.hpp"
 
 #include <yaml-cpp/yaml.h>
+#if __has_include(<yaml-cpp/depthguard.h>)
+#include <yaml-cpp/depthguard.h>
+#define COLOSSAL_YAML_DEPTH_GUARD 1
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -339,6 +343,11 @@ const std::vector<KeySpec>& schema() {
        .doc = "auto: continue from the newest intact checkpoint in checkpoint.dir (a corrupted "
               "one is skipped with a warning); never: start afresh",
        .choices = {"never", "auto"}},
+      {.key = "checkpoint.verify", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.checkpoint.verify; },
+       .doc = "check a checkpoint's whole-file checksum before HDF5 parses it (HDF5 can crash on "
+              "damaged files); false also reads format-1 checkpoints, which have none",
+       .choices = {"true", "false"}},
 
       {.key = "sample.prompt", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.sample.prompt; },
@@ -569,6 +578,16 @@ std::string default_text(const KeySpec& spec) {
   throw ConfigError(message);
 }
 
+// yaml-cpp's message, except for its nesting limit, which it reports as "bad file".
+std::string yaml_error_text(const YAML::Exception& e) {
+#ifdef COLOSSAL_YAML_DEPTH_GUARD
+  if (dynamic_cast<const YAML::DeepRecursion*>(&e) != nullptr) {
+    return "nested too deeply (more levels of [ ] or { } than the YAML parser allows)";
+  }
+#endif
+  return e.msg;
+}
+
 std::string describe_node(const YAML::Node& node) {
   if (!node.IsDefined() || node.IsNull()) return "nothing (an empty value)";
   if (node.IsSequence()) return "a list";
@@ -722,7 +741,7 @@ class Resolver {
     try {
       value = YAML::Load(text.substr(eq + 1));
     } catch (const YAML::Exception& e) {
-      raise(here, key, "the value is not valid YAML: " + e.msg,
+      raise(here, key, "the value is not valid YAML: " + yaml_error_text(e),
             "a scalar, a [flow, list] or a {flow: mapping}",
             "quote the value if it holds YAML punctuation");
     }
@@ -1247,7 +1266,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     const std::string where = e.mark.is_null() ? source
                                                : source + ":" + std::to_string(e.mark.line + 1) +
                                                      ":" + std::to_string(e.mark.column + 1);
-    raise(where, "YAML syntax error", e.msg, "the config must be valid YAML",
+    raise(where, "YAML syntax error", yaml_error_text(e), "the config must be valid YAML",
           "check indentation, brackets and quotes at or just before this point");
   }
   return Resolver(source, root).run(overrides);
@@ -1314,7 +1333,7 @@ std::vector<std::string> changed_keys(const std::string& before, const std::stri
       flatten(YAML::Load(*text), "", *out);
     } catch (const YAML::Exception& e) {
       throw ConfigError(std::string("changed_keys: the config text '") + name +
-                        "' is not valid YAML: " + e.msg);
+                        "' is not valid YAML: " + yaml_error_text(e));
     }
   }
   std::vector<std::string> keys;

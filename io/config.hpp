@@ -80,6 +80,7 @@ struct CheckpointConfig {
   int64_t every = 0;             // steps between checkpoints; 0 = none while training
   int keep = 2;                  // newest checkpoints kept
   std::string resume = "never";  // never | auto
+  bool verify = true;            // whole-file checksum before HDF5 reads a checkpoint
 };
 
 struct HardwareConfig {

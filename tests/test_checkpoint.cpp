@@ -119,7 +119,7 @@ TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
   }
 }
 
-// A checkpoint whose tensor bytes were changed fails its checksum and is skipped; an unwritable
+// A checkpoint whose tensor bytes were changed fails its checksums and is skipped; an unwritable
 // checkpoint.dir is an error on every rank and leaves nothing behind.
 TEST(Checkpoint, ACorruptedTensorIsSkippedAndAnUnwritableDirectoryStopsEveryRank) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);

@@ -849,6 +849,7 @@ TEST_F(Cli, ReportSummarizesARunAndNamesMissingPackages) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("run directory '" + dir + "/no-such-run' does not exist"),
             std::string::npos) << r.output;
+  std::filesystem::remove_all(dir + "/empty-run");
   std::filesystem::create_directories(dir + "/empty-run");
   r = run(report + " " + dir + "/empty-run");
   EXPECT_EQ(r.code, 3);

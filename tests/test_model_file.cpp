@@ -1,8 +1,12 @@
-// The HDF5 model file: round trip, shape checks, and the config attribute in both string forms.
+// The HDF5 model file: round trip, shape checks, and the config attribute in both string forms;
+// the checkpoint file's whole-file integrity header.
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
+#include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
 
 using namespace colossal;
@@ -67,6 +71,77 @@ TEST(ModelFile, MissingDatasetIsNamed) {
     EXPECT_NE(std::string(e.what()).find("has no dataset '" + table.back().name + "'"), std::string::npos)
         << e.what();
   }
+}
+
+// What HDF5 must never see: every kind of damage is caught by the integrity header first, with a
+// message naming the file; an intact checkpoint reads back, also through plain HDF5 (h5py's way).
+TEST(CheckpointFile, IntegrityHeaderIsCheckedBeforeHdf5ParsesTheFile) {
+  namespace fs = std::filesystem;
+  const auto table = small_table();
+  const std::size_t n = flat(table);
+  std::vector<float> params(n), m(n), v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    params[i] = 0.5f * float(i % 13) - 2.0f;
+    m[i] = 0.01f * float(i % 7);
+    v[i] = 0.001f * float(i % 5);
+  }
+  const fs::path dir = fs::temp_directory_path() / "colossal_ckpt_integrity";
+  fs::remove_all(dir);
+  io::CheckpointState state;
+  state.step = 7;
+  state.optimizer_step = 7;
+  state.config = "model: {layers: 1}\n";
+  const std::string path = io::write_checkpoint(dir.string(), table, params.data(), m.data(),
+                                                v.data(), state, 2);
+  std::vector<float> p2(n), m2(n), v2(n);
+  // Every tensor read back (the flat buffers have padding between units that is not saved).
+  auto expect_tensors = [&](const std::vector<float>& got, const std::vector<float>& want) {
+    for (const auto& p : table) {
+      for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
+        ASSERT_EQ(got[i], want[i]) << p.name;
+      }
+    }
+  };
+  EXPECT_EQ(io::read_checkpoint(path, table, p2, m2, v2).step, 7);
+  expect_tensors(p2, params);
+  expect_tensors(v2, v);
+  {
+    // HDF5 itself finds the superblock after the user block.
+    io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open");
+    EXPECT_GE(H5Aexists(file.get(), "format"), 1);
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string good{std::istreambuf_iterator<char>(in), {}};
+  ASSERT_EQ(good.rfind("colossal-checkpoint-integrity 1\nhdf5-bytes ", 0), 0u);
+
+  auto expect_refused = [&](const std::string& bytes, const std::string& what) {
+    const std::string damaged = (dir / "damaged.h5").string();
+    std::ofstream(damaged, std::ios::binary | std::ios::trunc) << bytes;
+    try {
+      io::read_checkpoint_config(damaged);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const io::H5Error& e) {
+      EXPECT_NE(std::string(e.what()).find(damaged), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << what << ": " << e.what();
+    }
+  };
+  std::string flipped = good;
+  flipped[600] = char(flipped[600] ^ 0x10);  // HDF5 metadata, just after the superblock
+  expect_refused(flipped, "fail the whole-file checksum");
+  expect_refused(good.substr(0, good.size() - 100), "is truncated");
+  expect_refused(good + "x", "longer than written");
+  std::string header = good;
+  header.replace(header.find("crc32"), 5, "crc33");
+  expect_refused(header, "integrity header is damaged");
+  expect_refused(good.substr(0, 300), "is truncated");
+  expect_refused("", "not a colossal checkpoint");
+  // Format 1 (no user block): refused unless verification is off.
+  expect_refused(good.substr(512), "checkpoint.verify: false");
+  const std::string legacy = (dir / "legacy.h5").string();
+  std::ofstream(legacy, std::ios::binary | std::ios::trunc) << good.substr(512);
+  std::fill(p2.begin(), p2.end(), 0.0f);
+  EXPECT_EQ(io::read_checkpoint(legacy, table, p2, m2, v2, /*verify=*/false).step, 7);
+  expect_tensors(p2, params);
 }
 
 }  // namespace
