@@ -76,7 +76,8 @@ struct TimePrediction {
 TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& layout,
                             const HardwareSpec& hw);
 
-// The per-op table of format_step_graph with a predicted-time column.
+// The per-op table colossal_plan --profile prints (op, kind, GFLOP forward and backward with
+// recomputation, MB moved, MiB saved, predicted ms forward and backward, collective) and totals.
 std::string format_profile(const StepGraph& graph, const RankLayout& layout, const HardwareSpec& hw,
                            bool fused_attention);
 

@@ -80,15 +80,10 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   // head) and the one with the most blocks.
   std::vector<int> ranks{0};
   if (run.pipeline > 1) {
-    int widest = 0;
-    for (int r = 0; r < run.pipeline; ++r) {
-      int blocks_here = 0;
-      for (int c = 0; c < run.chunks; ++c) blocks_here += run.layers[std::size_t(c * run.pipeline + r)];
-      int blocks_widest = 0;
-      for (int c = 0; c < run.chunks; ++c) blocks_widest += run.layers[std::size_t(c * run.pipeline + widest)];
-      if (blocks_here > blocks_widest) widest = r;
-    }
-    ranks.push_back(widest);
+    // Blocks per rank: virtual stage c * pipeline + r belongs to rank r.
+    std::vector<int> blocks(std::size_t(run.pipeline), 0);
+    for (std::size_t v = 0; v < run.layers.size(); ++v) blocks[v % std::size_t(run.pipeline)] += run.layers[v];
+    ranks.push_back(int(std::max_element(blocks.begin(), blocks.end()) - blocks.begin()));
     ranks.push_back(run.pipeline - 1);
     std::sort(ranks.begin(), ranks.end());
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());

@@ -1,7 +1,6 @@
 #include "planner/step_graph.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <stdexcept>
 #include <string_view>
 
@@ -157,26 +156,5 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   return g;
 }
 
-std::string format_step_graph(const StepGraph& g) {
-  std::string out;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-22s %-10s %10s %10s %10s %10s  %s\n", "op", "kind",
-                "fwd GFLOP", "bwd GFLOP", "moved MB", "saved MiB", "collective (bytes)");
-  out += line;
-  for (const Op& op : g.ops) {
-    std::snprintf(line, sizeof line, "%-22s %-10s %10.3f %10.3f %10.2f %10.2f  %s%s\n",
-                  op.name.c_str(), op.kind, op.forward_flops / 1e9, op.backward_flops / 1e9,
-                  op.bytes / 1e6, op.saved_bytes / 1048576.0, op.collective,
-                  op.collective_bytes > 0
-                      ? (" (" + std::to_string(int64_t(op.collective_bytes)) + ")").c_str()
-                      : "");
-    out += line;
-  }
-  std::snprintf(line, sizeof line, "%-22s %-10s %10.3f %10.3f %10s %10.2f  %.0f bytes\n", "total",
-                "", g.forward_flops() / 1e9, g.backward_flops() / 1e9, "",
-                g.saved_bytes() / 1048576.0, g.collective_bytes());
-  out += line;
-  return out;
-}
 
 }  // namespace colossal::planner

@@ -62,7 +62,4 @@ struct StepGraph {
 
 StepGraph build_step_graph(const core::ModelSpec& spec, const Layout& layout);
 
-// The per-op table (op, kind, GFLOP forward/backward, MB moved, MiB saved, collective) and totals.
-std::string format_step_graph(const StepGraph& graph);
-
 }  // namespace colossal::planner
