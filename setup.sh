@@ -37,7 +37,9 @@ quietly() {
 
 packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
           libtrilinos-kokkos-kernels-dev libhdf5-openmpi-dev hdf5-tools libyaml-cpp-dev
-          libopenblas-dev libgtest-dev python3)
+          libopenblas-dev libgtest-dev python3
+          # optional host GEMM backends (hardware.gemm: blis | onednn | auto), loaded at run time
+          libblis4-openmp libdnnl2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

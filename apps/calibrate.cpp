@@ -56,7 +56,8 @@ double total_memory_bytes() {
 }
 }  // namespace
 
-planner::HardwareSpec calibrate_host(parallel::Communicator& world) {
+planner::HardwareSpec calibrate_host(parallel::Communicator& world,
+                                     const std::string& gemm_backend) {
   planner::HardwareSpec h;
   h.name = "host (calibrated by colossal_plan --calibrate)";
   h.threads = core::HostThreads::shared().size();
@@ -64,7 +65,7 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world) {
   h.memory_bytes = total_memory_bytes() / h.devices_per_node;
   h.gemm_efficiency = 1.0;
   core::MemoryTracker tracker;
-  auto gemm = core::make_default_gemm();
+  auto gemm = core::make_default_gemm(gemm_backend);
   // GEMM: achieved FLOP/s against the FLOPs of one call, from attention-sized to MLP-sized.
   struct Shape { int M, N, K; };
   const Shape shapes[] = {{64, 64, 64},     {128, 128, 128},  {256, 256, 256},

@@ -10,6 +10,7 @@ namespace colossal::apps {
 // as the step graph counts it) and an AdamW update on this rank's threads, and, with two or more
 // ranks in `world`, a ping-pong between ranks 0 and 1 for the link's latency and bandwidth (one
 // rank: a memory copy stands in for the bandwidth). About 5-10 s. Every rank must call it.
-planner::HardwareSpec calibrate_host(parallel::Communicator& world);
+planner::HardwareSpec calibrate_host(parallel::Communicator& world,
+                                     const std::string& gemm_backend = "openblas");
 
 }  // namespace colossal::apps

@@ -42,7 +42,7 @@ int calibrate(apps::Invocation& inv) {
     std::fflush(stdout);
   }
   const auto start = std::chrono::steady_clock::now();
-  const planner::HardwareSpec hw = apps::calibrate_host(*inv.world);
+  const planner::HardwareSpec hw = apps::calibrate_host(*inv.world, inv.config.hardware.gemm);
   if (inv.rank != 0) return 0;
   const std::string text = planner::hardware_yaml(hw);
   const std::string tmp = out + ".tmp";

@@ -67,7 +67,7 @@ double peak_flops(const io::HardwareConfig& hardware) {
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
                  bool memory_plan)
-    : config_(config), log_(log), gemm_(core::make_default_gemm()) {
+    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
   tracker_.set_dry_run(memory_plan);
   if (world == nullptr) {
     own_world_ = std::make_unique<parallel::LocalCommunicator>();
@@ -645,6 +645,7 @@ TrainSummary Trainer::train() {
     print("activation checkpointing: %s\n", activation_plan_.description.c_str());
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
+  print("gemm: %s (hardware.gemm)\n", gemm_->name().c_str());
   print("cost model (hardware %s, rank 0): memory %s; step %.3f s (compute %.3f, recompute %.3f, "
         "communication %.3f, bubble %.3f, optimizer %.3f)\n",
         hardware_name_.c_str(), core::format_bytes(predicted_memory_.total()).c_str(),
@@ -755,7 +756,8 @@ TrainSummary Trainer::train() {
         profiled_seconds_ += step_seconds;
         if (step == profile_steps_) {
           summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
-          print("\nprofile of %d steps (rank 0):\n%s", profile_steps_, summary.profile.c_str());
+          print("\nprofile of %d steps (rank 0; gemm %s):\n%s", profile_steps_,
+                gemm_->name().c_str(), summary.profile.c_str());
           const double measured = profiled_seconds_ / profile_steps_;
           print("cost model (rank 0, hardware %s): step %.4f s predicted, %.4f s measured "
                 "(%+.1f%%); memory %s predicted, %s tracked\n",

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,68 @@ double gemm_ceiling(Gemm& gemm, const Case& c, int repeats) {
   return flops / time;
 }
 
+// GFLOP/s of one product, best of `repeats` after a warm-up call.
+double gemm_rate(Gemm& gemm, Trans ta, Trans tb, int M, int N, int K, int repeats) {
+  std::vector<float> a(std::size_t(M) * K, 0.01f), b(std::size_t(K) * N, 0.02f),
+      out(std::size_t(M) * N, 0.0f);
+  const int lda = ta == Trans::N ? K : M, ldb = tb == Trans::N ? N : K;
+  double best = 1e300;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto t0 = Clock::now();
+    gemm.gemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), N);
+    if (r > 0) best = std::min(best, seconds(t0));
+  }
+  return 2.0 * M * N * K / best / 1e9;
+}
+
+// The training step's GEMMs of one block and the LM head (forward, input gradient, weight
+// gradient), each timed with every host backend; the last column is the FLOP-weighted total.
+void gemm_backend_table(const Case& c, int repeats) {
+  const int R = c.batch * c.seq_len, C = c.spec.hidden, F = c.spec.ffn_hidden, V = c.spec.vocab;
+  struct Shape { const char* name; Trans ta, tb; int M, N, K; };
+  const Shape shapes[] = {
+      {"qkv fwd", Trans::N, Trans::N, R, 3 * C, C},  {"qkv dX", Trans::N, Trans::T, R, C, 3 * C},
+      {"qkv dW", Trans::T, Trans::N, C, 3 * C, R},   {"proj fwd", Trans::N, Trans::N, R, C, C},
+      {"fc fwd", Trans::N, Trans::N, R, F, C},       {"fc dX", Trans::N, Trans::T, R, C, F},
+      {"fc dW", Trans::T, Trans::N, C, F, R},        {"fc2 fwd", Trans::N, Trans::N, R, C, F},
+      {"fc2 dX", Trans::N, Trans::T, R, F, C},       {"fc2 dW", Trans::T, Trans::N, F, C, R},
+      {"head fwd", Trans::N, Trans::T, R, V, C},     {"head dX", Trans::N, Trans::N, R, C, V},
+      {"head dW", Trans::T, Trans::N, V, C, R},
+      {"attn QK^T", Trans::N, Trans::T, c.seq_len, c.seq_len, C / c.spec.heads},
+      {"attn PV", Trans::N, Trans::N, c.seq_len, C / c.spec.heads, c.seq_len}};
+  const std::vector<std::string> names = host_gemm_backends();
+  std::vector<std::unique_ptr<Gemm>> backends;
+  std::printf("%s: GFLOP/s per training GEMM shape (M x N x K), best of %d\n%-10s %18s",
+              c.name.c_str(), repeats, "shape", "M x N x K");
+  for (const auto& n : names) {
+    backends.push_back(make_host_gemm(n));
+    std::printf(" %9s", n.c_str());
+  }
+  std::printf(" %9s\n", "best");
+  std::vector<double> time(names.size(), 0.0);
+  double best_time = 0.0;
+  for (const Shape& s : shapes) {
+    const double flops = 2.0 * s.M * s.N * s.K;
+    char dims[32];
+    std::snprintf(dims, sizeof dims, "%dx%dx%d", s.M, s.N, s.K);
+    std::printf("%-10s %18s", s.name, dims);
+    double best = 0.0;
+    for (std::size_t b = 0; b < names.size(); ++b) {
+      const double rate = gemm_rate(*backends[b], s.ta, s.tb, s.M, s.N, s.K, repeats);
+      time[b] += flops / rate;
+      best = std::max(best, rate);
+      std::printf(" %9.1f", rate);
+    }
+    best_time += flops / best;
+    std::printf(" %9.1f\n", best);
+  }
+  double total = 0.0;
+  for (const Shape& s : shapes) total += 2.0 * s.M * s.N * s.K;
+  std::printf("%-10s %18s", "weighted", "");
+  for (double t : time) std::printf(" %9.1f", total / t);
+  std::printf(" %9.1f\n\n", total / best_time);
+}
+
 struct TrainRate {
   double tokens_per_s, flops_per_s;
   std::size_t tracked_bytes;
@@ -94,33 +158,67 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5;
+  int steps = 5, threads = 0;
+  bool table = false;
+  std::string backend = "openblas";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help")) {
       std::printf(
-          "usage: colossal_bench [--steps N] [--case NAME ...]\n\n"
+          "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--threads N]\n"
+          "                      [--gemm-table]\n\n"
           "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
           "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
           "(FLOPs per token = 6N + 12 L T d, N = 12 L d^2 + 13 L d + 2 d + V d) and its share of the\n"
-          "ceiling, and the tracked memory peak. Threads: OPENBLAS_NUM_THREADS. Run through\n"
-          "bench/run_bench.sh to compare with PyTorch in the same run.\n");
+          "ceiling, and the tracked memory peak. Run through bench/run_bench.sh to compare with\n"
+          "PyTorch in the same run.\n\n"
+          "  --gemm NAME    host GEMM backend: openblas (default), blis, onednn or auto\n"
+          "  --threads N    GEMM threads (default: OPENBLAS_NUM_THREADS, else 1)\n"
+          "  --gemm-table   instead, each case's training GEMM shapes timed with every host\n"
+          "                 backend that loads here (GFLOP/s), the table behind hardware.gemm\n");
       return 0;
     }
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
       steps = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       only.push_back(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--gemm") && i + 1 < argc) {
+      backend = argv[++i];
+    } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--gemm-table")) {
+      table = true;
     } else {
       std::fprintf(stderr, "colossal_bench: unknown argument '%s'; see --help\n", argv[i]);
       return 2;
     }
   }
-  Kokkos::ScopeGuard kokkos(argc, argv);
-  auto gemm = make_host_gemm();
+  int kokkos_argc = 1;  // our flags are not Kokkos's (it would claim --threads)
+  Kokkos::ScopeGuard kokkos(kokkos_argc, argv);
+  if (threads < 1) {
+    const char* env = std::getenv("OPENBLAS_NUM_THREADS");
+    threads = env != nullptr && std::atoi(env) > 0 ? std::atoi(env) : 1;
+  }
+  set_blas_threads(threads);
+  std::unique_ptr<Gemm> gemm;
+  try {
+    gemm = make_host_gemm(backend);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "colossal_bench: --gemm %s: %s\n", backend.c_str(), e.what());
+    return 2;
+  }
   std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
                              {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
                              {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
+  if (table) {
+    for (const auto& c : cases) {
+      if (only.empty() || std::find(only.begin(), only.end(), c.name) != only.end()) {
+        gemm_backend_table(c, 3);
+      }
+    }
+    return 0;
+  }
+  std::printf("gemm %s, %d thread(s)\n", backend.c_str(), threads);
   std::printf("%-11s %9s %11s %10s %9s %11s %12s\n", "case", "params", "sgemm GF/s", "tokens/s",
               "GFLOP/s", "of ceiling", "tracked mem");
   for (const auto& c : cases) {

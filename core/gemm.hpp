@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace colossal::core {
 
@@ -23,16 +24,22 @@ class Gemm {
                                     int64_t stride_c, int batch) = 0;
 };
 
-// OpenBLAS through cblas; operates on host memory.
-std::unique_ptr<Gemm> make_host_gemm();
+// A host GEMM backend (host memory): "openblas" (linked), "blis" or "onednn" (loaded at run time
+// when their Debian libraries libblis4-* / libdnnl2 are installed), or "auto" (per shape the
+// fastest of those available, measured on the shape's first product). Throws naming what is
+// missing.
+std::unique_ptr<Gemm> make_host_gemm(const std::string& backend = "openblas");
+// The host backends that load here, "openblas" first.
+std::vector<std::string> host_gemm_backends();
 #ifdef COLOSSAL_HAVE_CUDA
 // cuBLAS on the current CUDA device; operates on device memory. Creates its own handle.
 std::unique_ptr<Gemm> make_cublas_gemm();
 #endif
-// Threads OpenBLAS uses for each host GEMM.
+// Threads each host GEMM uses (OpenBLAS now; BLIS and oneDNN when they are created).
 void set_blas_threads(int threads);
 
-// The backend that matches the default Kokkos execution space's memory.
-std::unique_ptr<Gemm> make_default_gemm();
+// The backend that matches the default Kokkos execution space's memory: cuBLAS on a device,
+// otherwise the named host backend.
+std::unique_ptr<Gemm> make_default_gemm(const std::string& host_backend = "openblas");
 
 }  // namespace colossal::core

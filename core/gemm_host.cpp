@@ -1,7 +1,18 @@
+// Host GEMM backends. OpenBLAS is linked (cblas); BLIS and oneDNN are loaded at run time with
+// dlopen(RTLD_LOCAL) when their shared libraries are installed, so one binary offers all three
+// without link-time symbol clashes: BLIS also exports cblas_* and sgemm_, and with RTLD_LOCAL
+// neither its nor OpenBLAS's copies can interpose on the other. BLIS is called through its own
+// typed API (bli_sgemm), not its cblas layer, whose sgemm_ call could bind to OpenBLAS's.
 #include <cblas.h>
+#include <dlfcn.h>
 
+#include <chrono>
+#include <cstring>
+#include <map>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 
@@ -10,16 +21,14 @@
 namespace colossal::core {
 namespace {
 
+int g_blas_threads = 1;
+
 CBLAS_TRANSPOSE to_cblas(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
 
-class HostGemm final : public Gemm {
+// Every backend's batched product is a loop of single products: on the host each product of a
+// batch (one attention head) is large enough to use the threads itself.
+class LoopedBatchGemm : public Gemm {
  public:
-  std::string name() const override { return "openblas"; }
-  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) override {
-    cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), M, N, K, alpha, A, lda, B, ldb, beta, C,
-                ldc);
-  }
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
@@ -30,19 +39,205 @@ class HostGemm final : public Gemm {
   }
 };
 
+class OpenBlasGemm final : public LoopedBatchGemm {
+ public:
+  std::string name() const override { return "openblas"; }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), M, N, K, alpha, A, lda, B, ldb, beta, C,
+                ldc);
+  }
+};
+
+// A shared library opened privately, and symbols looked up in it.
+class Library {
+ public:
+  explicit Library(const std::vector<const char*>& names) {
+    for (const char* n : names) {
+      handle_ = dlopen(n, RTLD_NOW | RTLD_LOCAL);
+      if (handle_ != nullptr) {
+        path_ = n;
+        return;
+      }
+    }
+  }
+  ~Library() {
+    if (handle_ != nullptr) dlclose(handle_);
+  }
+  Library(const Library&) = delete;
+  Library& operator=(const Library&) = delete;
+  bool loaded() const { return handle_ != nullptr; }
+  template <typename F>
+  F symbol(const char* name) const {
+    void* s = handle_ != nullptr ? dlsym(handle_, name) : nullptr;
+    if (s == nullptr) {
+      throw std::runtime_error(std::string("GEMM backend library ") + path_ + " lacks " + name);
+    }
+    return reinterpret_cast<F>(s);
+  }
+
+ private:
+  void* handle_ = nullptr;
+  std::string path_;
+};
+
+// BLIS's typed API (blis.h): trans_t is an enum where transposition is bit 3; dim_t and inc_t
+// are 64-bit integers in Debian's build (BLIS_INT_TYPE_SIZE 64). Row-major C = op(A) op(B) is
+// expressed with row strides ld and column strides 1.
+constexpr int kBlisNoTranspose = 0x0, kBlisTranspose = 0x8;
+using BlisSgemm = void (*)(int, int, int64_t, int64_t, int64_t, const float*, const float*,
+                           int64_t, int64_t, const float*, int64_t, int64_t, const float*, float*,
+                           int64_t, int64_t);
+using BlisSetThreads = void (*)(int64_t);
+
+class BlisGemm final : public LoopedBatchGemm {
+ public:
+  BlisGemm()
+      : lib_({"libblis.so.4", "libblis.so"}),
+        sgemm_(lib_.loaded() ? lib_.symbol<BlisSgemm>("bli_sgemm") : nullptr) {
+    if (!lib_.loaded()) {
+      throw std::runtime_error("GEMM backend blis: libblis.so.4 not found (Debian: apt-get "
+                               "install libblis4-openmp)");
+    }
+    lib_.symbol<BlisSetThreads>("bli_thread_set_num_threads")(g_blas_threads);
+  }
+  std::string name() const override { return "blis"; }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    sgemm_(ta == Trans::N ? kBlisNoTranspose : kBlisTranspose,
+           tb == Trans::N ? kBlisNoTranspose : kBlisTranspose, M, N, K, &alpha, A, lda, 1, B, ldb,
+           1, &beta, C, ldc, 1);
+  }
+
+ private:
+  Library lib_;
+  BlisSgemm sgemm_;
+};
+
+// oneDNN's C API: dnnl_sgemm is row-major with 'N'/'T' characters and returns a status (0 = ok).
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                          const float*, int64_t, float, float*, int64_t);
+using OmpSetThreads = void (*)(int);
+
+class OneDnnGemm final : public LoopedBatchGemm {
+ public:
+  OneDnnGemm()
+      : lib_({"libdnnl.so.2", "libdnnl.so.3", "libdnnl.so"}),
+        sgemm_(lib_.loaded() ? lib_.symbol<DnnlSgemm>("dnnl_sgemm") : nullptr) {
+    if (!lib_.loaded()) {
+      throw std::runtime_error("GEMM backend onednn: libdnnl.so.2 not found (Debian: apt-get "
+                               "install libdnnl2)");
+    }
+    // oneDNN's CPU threads are OpenMP's (libgomp, a dependency of libdnnl found through it).
+    lib_.symbol<OmpSetThreads>("omp_set_num_threads")(g_blas_threads);
+  }
+  std::string name() const override { return "onednn"; }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    const int status = sgemm_(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', M, N, K,
+                              alpha, A, lda, B, ldb, beta, C, ldc);
+    if (status != 0) {
+      throw std::runtime_error("dnnl_sgemm failed with status " + std::to_string(status));
+    }
+  }
+
+ private:
+  Library lib_;
+  DnnlSgemm sgemm_;
+};
+
+// Per shape, the fastest of the available backends: the first product of each shape is run by
+// every backend (best of two runs, each on a scratch copy of C so that beta != 0 stays correct)
+// and the winner serves that shape from then on. Different backends round differently, so
+// results are not bitwise reproducible from one run to the next; fixed backends are.
+class AutoGemm final : public LoopedBatchGemm {
+ public:
+  explicit AutoGemm(std::vector<std::unique_ptr<Gemm>> backends)
+      : backends_(std::move(backends)), wins_(backends_.size(), 0) {}
+  std::string name() const override {
+    std::string s = "auto (";
+    for (std::size_t b = 0; b < backends_.size(); ++b) {
+      s += (b ? ", " : "") + backends_[b]->name() + " " + std::to_string(wins_[b]);
+    }
+    return s + " shapes)";
+  }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    const Key key{ta, tb, M, N, K, lda, ldb, ldc, beta == 0.0f};
+    auto it = choice_.find(key);
+    if (it == choice_.end()) {
+      it = choice_.emplace(key, tune(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)).first;
+      ++wins_[it->second];
+    }
+    backends_[it->second]->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+
+ private:
+  using Key = std::tuple<Trans, Trans, int, int, int, int, int, int, bool>;
+  std::size_t tune(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+                   const float* B, int ldb, float beta, const float* C, int ldc) {
+    const std::size_t c_floats = std::size_t(M - 1) * ldc + N;
+    scratch_.resize(c_floats);
+    std::size_t best = 0;
+    double best_seconds = 1e300;
+    for (std::size_t b = 0; b < backends_.size(); ++b) {
+      for (int run = 0; run < 2; ++run) {
+        std::memcpy(scratch_.data(), C, c_floats * sizeof(float));
+        const auto t0 = std::chrono::steady_clock::now();
+        backends_[b]->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, scratch_.data(), ldc);
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                             .count();
+        if (s < best_seconds) best_seconds = s, best = b;
+      }
+    }
+    return best;
+  }
+  std::vector<std::unique_ptr<Gemm>> backends_;
+  std::vector<int> wins_;
+  std::map<Key, std::size_t> choice_;
+  std::vector<float> scratch_;
+};
+
 }  // namespace
 
-std::unique_ptr<Gemm> make_host_gemm() { return std::make_unique<HostGemm>(); }
+std::vector<std::string> host_gemm_backends() {
+  std::vector<std::string> out{"openblas"};
+  for (const char* name : {"blis", "onednn"}) {
+    try {
+      make_host_gemm(name);
+      out.push_back(name);
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
 
-void set_blas_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+std::unique_ptr<Gemm> make_host_gemm(const std::string& backend) {
+  if (backend == "openblas") return std::make_unique<OpenBlasGemm>();
+  if (backend == "blis") return std::make_unique<BlisGemm>();
+  if (backend == "onednn") return std::make_unique<OneDnnGemm>();
+  if (backend == "auto") {
+    std::vector<std::unique_ptr<Gemm>> all;
+    for (const std::string& name : host_gemm_backends()) all.push_back(make_host_gemm(name));
+    return std::make_unique<AutoGemm>(std::move(all));
+  }
+  throw std::runtime_error("unknown host GEMM backend '" + backend +
+                           "' (allowed: openblas, blis, onednn, auto)");
+}
 
-std::unique_ptr<Gemm> make_default_gemm() {
+void set_blas_threads(int threads) {
+  g_blas_threads = threads < 1 ? 1 : threads;
+  openblas_set_num_threads(g_blas_threads);
+}
+
+std::unique_ptr<Gemm> make_default_gemm(const std::string& host_backend) {
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    return make_host_gemm();
+    return make_host_gemm(host_backend);
   } else {
 #ifdef COLOSSAL_HAVE_CUDA
     return make_cublas_gemm();
 #else
+    (void)host_backend;
     throw std::runtime_error(
         "Kokkos runs on a device but colossal was built without CUDA; reconfigure with "
         "-DCOLOSSAL_ENABLE_CUDA=ON");

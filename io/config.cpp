@@ -313,6 +313,13 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.hardware.file; },
        .doc = "a hardware YAML written by colossal_plan --calibrate; overrides hardware.preset "
               "for the cost model"},
+      {.key = "hardware.gemm", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.hardware.gemm; },
+       .doc = "host GEMM backend: openblas (linked), blis or onednn (loaded at run time when "
+              "Debian's libblis4-openmp / libdnnl2 are installed), or auto (per shape the fastest "
+              "of those, measured on its first product; not bitwise reproducible across runs). "
+              "GPU builds use cuBLAS",
+       .choices = {"openblas", "blis", "onednn", "auto"}},
       {.key = "hardware.peak_tflops", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.hardware.peak_tflops; },
        .doc = "peak TFLOP/s per device for MFU; 0 = the preset's value", .range = at_least(0)},

@@ -88,6 +88,7 @@ struct HardwareConfig {
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
   std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
   int gpus = 0;                  // devices to plan for (colossal_plan); 0 = the config's ranks
+  std::string gemm = "openblas"; // host GEMM backend: openblas | blis | onednn | auto
 };
 
 struct EvalConfig {
