@@ -1,5 +1,6 @@
 #include "core/layers.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -190,91 +191,155 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty
 
 namespace colossal::core {
 
-// Row (b, h, i): s_j = scale q_i.k_j for j <= i; m, l track the running max and sum of exp(s - m);
-// acc the running sum of exp(s_j - m) v_j, rescaled whenever m grows. y_i = acc / l,
-// lse_i = m + log l.
-void fused_attention_forward(float* lse, float* atty, const float* qkv, int B, int T, int C,
-                             int H) {
-  const int hs = C / H;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int64_t rows = int64_t(B) * H * T;
+// Notation for one head of one sequence: Q, K, V, Y, dY are T x hs column blocks of qkv / atty
+// (leading dimension 3C or C); a query tile holds rows [r0, r0 + nr), a key tile columns
+// [c0, c0 + nc); with equal, aligned tiles only the diagonal block (c0 = r0) needs the causal
+// mask, and there row i sees columns j <= i.
+namespace {
+
+// Per row of the score block S (ld `ld`): the causal mask, the online-softmax update of the row's
+// maximum m and sum l, S replaced by exp(S - m_new), and the row of the output accumulator
+// (y, ld ldy, hs wide) rescaled by exp(m_old - m_new) unless this is the first key tile.
+void online_softmax_block(float* S, int ld, float* m, float* l, float* y, int ldy, int hs, int nr,
+                          int nc, bool diagonal, bool first) {
   Kokkos::parallel_for(
-      "colossal::core::fused_attention_forward", Kokkos::RangePolicy<>(0, rows),
-      KOKKOS_LAMBDA(int64_t r) {
-        const int i = static_cast<int>(r % T);
-        const int h = static_cast<int>((r / T) % H);
-        const int64_t b = r / (int64_t(T) * H);
-        const float* q = qkv + (b * T + i) * 3 * C + h * hs;
-        float* y = atty + (b * T + i) * C + h * hs;
-        for (int d = 0; d < hs; ++d) y[d] = 0.0f;
-        float m = -3.0e38f, l = 0.0f;
-        for (int j = 0; j <= i; ++j) {
-          const float* k = qkv + (b * T + j) * 3 * C + C + h * hs;
-          const float* v = k + C;
-          float s = 0.0f;
-          for (int d = 0; d < hs; ++d) s += q[d] * k[d];
-          s *= scale;
-          if (s > m) {
-            const float correction = kernels::fast_exp(m - s);
-            l *= correction;
-            for (int d = 0; d < hs; ++d) y[d] *= correction;
-            m = s;
-          }
-          const float p = kernels::fast_exp(s - m);
-          l += p;
-          for (int d = 0; d < hs; ++d) y[d] += p * v[d];
+      "colossal::core::fused_attention_online_softmax", Kokkos::RangePolicy<>(0, nr),
+      KOKKOS_LAMBDA(int i) {
+        float* s = S + int64_t(i) * ld;
+        const int valid = diagonal ? i + 1 : nc;
+        float mx = first ? -3.0e38f : m[i];
+        for (int j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
+        float sum = 0.0f;
+        for (int j = 0; j < valid; ++j) {
+          s[j] = kernels::fast_exp(s[j] - mx);
+          sum += s[j];
         }
-        const float inv = 1.0f / l;
-        for (int d = 0; d < hs; ++d) y[d] *= inv;
-        lse[r] = m + kmath::log(l);
+        for (int j = valid; j < nc; ++j) s[j] = 0.0f;
+        if (first) {
+          l[i] = sum;
+        } else {
+          const float correction = kernels::fast_exp(m[i] - mx);
+          l[i] = l[i] * correction + sum;
+          float* yi = y + int64_t(i) * ldy;
+          for (int d = 0; d < hs; ++d) yi[d] *= correction;
+        }
+        m[i] = mx;
       });
 }
 
-// Per (b, h), rows in order (dK and dV of a head gather from every later row, so one work item
-// owns a head: no atomics, deterministic). p_ij = exp(s_ij - lse_i), D_i = dy_i.y_i,
-// ds_ij = p_ij (dy_i.v_j - D_i); dq_i = scale sum_j ds_ij k_j, dk_j += scale ds_ij q_i,
-// dv_j += p_ij dy_i.
-void fused_attention_backward(float* dqkv, const float* datty, const float* atty,
-                              const float* qkv, const float* lse, int B, int T, int C, int H) {
+}  // namespace
+
+void fused_attention_forward(Gemm& gemm, float* lse, float* atty, const float* qkv, float* work,
+                             int B, int T, int C, int H, int tile) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  Kokkos::parallel_for(
-      "colossal::core::fused_attention_backward", Kokkos::RangePolicy<>(0, int64_t(B) * H),
-      KOKKOS_LAMBDA(int64_t bh) {
-        const int h = static_cast<int>(bh % H);
-        const int64_t b = bh / H;
-        for (int t = 0; t < T; ++t) {
-          float* d = dqkv + (b * T + t) * 3 * C + h * hs;
-          for (int e = 0; e < hs; ++e) d[e] = d[C + e] = d[2 * C + e] = 0.0f;
+  float* S = work;
+  float* m = S + int64_t(tile) * tile;
+  float* l = m + tile;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      const float* q = qkv + int64_t(b) * T * 3 * C + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      float* y = atty + int64_t(b) * T * C + h * hs;
+      float* row_lse = lse + (int64_t(b) * H + h) * T;
+      for (int r0 = 0; r0 < T; r0 += tile) {
+        const int nr = std::min(tile, T - r0);
+        float* yI = y + int64_t(r0) * C;
+        for (int c0 = 0; c0 <= r0; c0 += tile) {
+          const int nc = std::min(tile, T - c0);
+          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
+                    k + int64_t(c0) * 3 * C, 3 * C, 0.0f, S, tile);
+          online_softmax_block(S, tile, m, l, yI, C, hs, nr, nc, c0 == r0, c0 == 0);
+          gemm.gemm(Trans::N, Trans::N, nr, hs, nc, 1.0f, S, tile, v + int64_t(c0) * 3 * C,
+                    3 * C, c0 == 0 ? 0.0f : 1.0f, yI, C);
         }
-        for (int i = 0; i < T; ++i) {
-          const float* q = qkv + (b * T + i) * 3 * C + h * hs;
-          const float* dy = datty + (b * T + i) * C + h * hs;
-          const float* y = atty + (b * T + i) * C + h * hs;
-          float* dq = dqkv + (b * T + i) * 3 * C + h * hs;
-          float D = 0.0f;
-          for (int e = 0; e < hs; ++e) D += dy[e] * y[e];
-          const float row_lse = lse[(b * H + h) * T + i];
-          for (int j = 0; j <= i; ++j) {
-            const float* k = qkv + (b * T + j) * 3 * C + C + h * hs;
-            const float* v = k + C;
-            float* dk = dqkv + (b * T + j) * 3 * C + C + h * hs;
-            float* dv = dk + C;
-            float s = 0.0f, dp = 0.0f;
-            for (int e = 0; e < hs; ++e) {
-              s += q[e] * k[e];
-              dp += dy[e] * v[e];
-            }
-            const float p = kernels::fast_exp(s * scale - row_lse);
-            const float ds = scale * p * (dp - D);
-            for (int e = 0; e < hs; ++e) {
-              dq[e] += ds * k[e];
-              dk[e] += ds * q[e];
-              dv[e] += p * dy[e];
-            }
-          }
+        float* lseI = row_lse + r0;
+        Kokkos::parallel_for(
+            "colossal::core::fused_attention_normalize", Kokkos::RangePolicy<>(0, nr),
+            KOKKOS_LAMBDA(int i) {
+              const float inv = 1.0f / l[i];
+              float* yi = yI + int64_t(i) * C;
+              for (int d = 0; d < hs; ++d) yi[d] *= inv;
+              lseI[i] = m[i] + kmath::log(l[i]);
+            });
+      }
+    }
+  }
+  Kokkos::fence();
+}
+
+// p_ij = exp(s_ij - lse_i) (masked: 0), D_i = dy_i.y_i, ds_ij = scale p_ij (dp_ij - D_i) with
+// dP = dY V^T; dV += P^T dY, dQ = dS K, dK += dS^T Q, block by block.
+void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const float* atty,
+                              const float* qkv, const float* lse, float* work, int B, int T,
+                              int C, int H, int tile) {
+  const int hs = C / H;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float* P = work;
+  float* dP = P + int64_t(tile) * tile;
+  float* D = dP + int64_t(tile) * tile;
+  for (int b = 0; b < B; ++b) {
+    // dK and dV accumulate over query tiles: start them at zero (dQ is assigned per tile).
+    float* dkv = dqkv + int64_t(b) * T * 3 * C + C;
+    Kokkos::parallel_for(
+        "colossal::core::fused_attention_zero_dkv", Kokkos::RangePolicy<>(0, T),
+        KOKKOS_LAMBDA(int t) {
+          float* row = dkv + int64_t(t) * 3 * C;
+          for (int e = 0; e < 2 * C; ++e) row[e] = 0.0f;
+        });
+    for (int h = 0; h < H; ++h) {
+      const float* q = qkv + int64_t(b) * T * 3 * C + h * hs;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      const float* y = atty + int64_t(b) * T * C + h * hs;
+      const float* dy = datty + int64_t(b) * T * C + h * hs;
+      float* dq = dqkv + int64_t(b) * T * 3 * C + h * hs;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      const float* row_lse = lse + (int64_t(b) * H + h) * T;
+      for (int r0 = 0; r0 < T; r0 += tile) {
+        const int nr = std::min(tile, T - r0);
+        const float* dyI = dy + int64_t(r0) * C;
+        const float* yI = y + int64_t(r0) * C;
+        Kokkos::parallel_for(
+            "colossal::core::fused_attention_row_dot", Kokkos::RangePolicy<>(0, nr),
+            KOKKOS_LAMBDA(int i) {
+              float s = 0.0f;
+              for (int e = 0; e < hs; ++e) s += dyI[int64_t(i) * C + e] * yI[int64_t(i) * C + e];
+              D[i] = s;
+            });
+        for (int c0 = 0; c0 <= r0; c0 += tile) {
+          const int nc = std::min(tile, T - c0);
+          const bool diagonal = c0 == r0;
+          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
+                    k + int64_t(c0) * 3 * C, 3 * C, 0.0f, P, tile);
+          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, 1.0f, dyI, C, v + int64_t(c0) * 3 * C, 3 * C,
+                    0.0f, dP, tile);
+          const float* lseI = row_lse + r0;
+          Kokkos::parallel_for(
+              "colossal::core::fused_attention_block_grad", Kokkos::RangePolicy<>(0, nr),
+              KOKKOS_LAMBDA(int i) {
+                float* p = P + int64_t(i) * tile;
+                float* ds = dP + int64_t(i) * tile;
+                const int valid = diagonal ? i + 1 : nc;
+                for (int j = 0; j < valid; ++j) {
+                  p[j] = kernels::fast_exp(p[j] - lseI[i]);
+                  ds[j] = scale * p[j] * (ds[j] - D[i]);
+                }
+                for (int j = valid; j < nc; ++j) p[j] = ds[j] = 0.0f;
+              });
+          gemm.gemm(Trans::T, Trans::N, nc, hs, nr, 1.0f, P, tile, dyI, C, 1.0f,
+                    dv + int64_t(c0) * 3 * C, 3 * C);
+          gemm.gemm(Trans::N, Trans::N, nr, hs, nc, 1.0f, dP, tile, k + int64_t(c0) * 3 * C,
+                    3 * C, c0 == 0 ? 0.0f : 1.0f, dq + int64_t(r0) * 3 * C, 3 * C);
+          gemm.gemm(Trans::T, Trans::N, nc, hs, nr, 1.0f, dP, tile, q + int64_t(r0) * 3 * C,
+                    3 * C, 1.0f, dk + int64_t(c0) * 3 * C, 3 * C);
         }
-      });
+      }
+    }
+  }
+  Kokkos::fence();
 }
 
 }  // namespace colossal::core

@@ -2,6 +2,7 @@
 // Element-wise layers are in kernels.hpp; the model composes both.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/gemm.hpp"
@@ -66,17 +67,28 @@ void ring_attention_backward(Gemm& gemm, TensorGroup& ring, float* dqkv, float* 
                              float* ring_block, float* dkv_all, int B, int Tl, int C, int H);
 
 // Fused causal attention: the same result as attention_forward/backward without the (B,H,T,T)
-// probability matrix. Forward runs an online softmax per query row and saves only the row's
-// log-sum-exp; backward recomputes each probability from it (FlashAttention's recurrences, one
-// row at a time). Activation memory is linear in T instead of quadratic; the work is done by
-// Kokkos loops rather than BLAS, so it is slower than the dense path at short T.
-void fused_attention_forward(float* lse,        // (B,H,T) out: log-sum-exp of each row's scores
+// probability matrix (FlashAttention's algorithm, Dao et al. 2022, on the host). Each head's
+// queries and keys are cut into tiles of `tile` positions; for a query tile, the key tiles at or
+// before it (the causal mask skips the rest: about half the products of the dense path) each give
+// a tile x tile block of scores by one GEMM, folded into the output by an online softmax (running
+// row maximum and sum, the output rescaled when the maximum grows) and a second GEMM. Only the
+// log-sum-exp of each row is saved; backward recomputes each block's probabilities from it and
+// gets dV, dP, dQ and dK from four GEMMs per block. Activation memory is linear in T; the work
+// buffer is fused_attention_work_floats(tile) floats whatever T is.
+constexpr int kAttentionTile = 128;
+constexpr std::size_t fused_attention_work_floats(int tile = kAttentionTile) {
+  return 2 * std::size_t(tile) * tile + 2 * std::size_t(tile);
+}
+void fused_attention_forward(Gemm& gemm,
+                             float* lse,        // (B,H,T) out: log-sum-exp of each row's scores
                              float* atty,       // (B,T,C) out
                              const float* qkv,  // (B,T,3C)
-                             int B, int T, int C, int H);
+                             float* work,       // fused_attention_work_floats(tile)
+                             int B, int T, int C, int H, int tile = kAttentionTile);
 
 // dqkv (B,T,3C) assigned.
-void fused_attention_backward(float* dqkv, const float* datty, const float* atty,
-                              const float* qkv, const float* lse, int B, int T, int C, int H);
+void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const float* atty,
+                              const float* qkv, const float* lse, float* work, int B, int T,
+                              int C, int H, int tile = kAttentionTile);
 
 }  // namespace colossal::core

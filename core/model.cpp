@@ -236,7 +236,9 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     slot_acts_.push_back(std::move(acts));
   }
 
-  const std::size_t datt_floats = spec.fused_attention ? 0 : ring_ ? B * H * T * keys : H * T * T;
+  const std::size_t datt_floats = spec.fused_attention ? fused_attention_work_floats()
+                                  : ring_                ? B * H * T * keys
+                                                         : H * T * T;
   const std::size_t ce_floats = tp_ ? 3 * BT : 0;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
                                 scratch_floats(spec, max_batch, seq_len, split.size,
@@ -276,9 +278,12 @@ std::size_t Model::scratch_floats(const ModelSpec& spec, int batch, int seq_len,
   const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl, keys = T * std::size_t(ring);
   const bool split = sequence_split && tensor > 1;
   // The MLP activation output (recomputed in backward rather than saved), gradient buffers, and
-  // one batch-row of attention-score gradients. Ring attention: score gradients of every batch
-  // row at once, two key/value blocks in flight, and this rank's part of every block's dK and dV.
-  const std::size_t datt = spec.fused_attention ? 0 : ring > 1 ? B * H * T * keys : H * T * T;
+  // one batch-row of attention-score gradients (fused attention: one tile of scores and of their
+  // gradients). Ring attention: score gradients of every batch row at once, two key/value blocks
+  // in flight, and this rank's part of every block's dK and dV.
+  const std::size_t datt = spec.fused_attention ? fused_attention_work_floats()
+                           : ring > 1           ? B * H * T * keys
+                                                : H * T * T;
   const std::size_t ring_floats = ring > 1 ? 2 * BTCl + 2 * BTCl * std::size_t(ring) : 0;
   // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
   const std::size_t ce = tensor > 1 ? 3 * BT : 0;
@@ -464,7 +469,7 @@ void Model::attention_core_forward(BlockActs& a, int B) {
     if (ring_) {
       ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
     } else if (spec_.fused_attention) {
-      fused_attention_forward(a.att, a.atty, a.qkv, B, T, Cl, H);
+      fused_attention_forward(gemm_, a.att, a.atty, a.qkv, datt_, B, T, Cl, H);
     } else {
       attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
     }
@@ -675,7 +680,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
         ring_attention_backward(gemm_, *ring_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, ring_block_,
                                 dkv_all_, B, T, Cl, H);
       } else if (spec_.fused_attention) {
-        fused_attention_backward(dqkv_, dbuf_c_, a.atty, a.qkv, a.att, B, T, Cl, H);
+        fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, a.qkv, a.att, datt_, B, T, Cl, H);
       } else {
         attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, Cl, H);
       }

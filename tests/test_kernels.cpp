@@ -18,6 +18,7 @@ using colossal::test::dot;
 using colossal::test::random_vector;
 
 void check_gemm(Gemm& gemm, int M, int N, int K);
+void check_fused_attention(Gemm& gemm, int tile);
 
 class Kernels : public ::testing::Test {
  protected:
@@ -288,8 +289,19 @@ TEST(Reductions, SumSquaresMatchesDoubleReferenceForRaggedLengths) {
   }
 }
 
+// Tiles of 4 positions: T = 9 has three query tiles (the last ragged), off-diagonal and masked
+// diagonal blocks, and the online softmax's rescaling across key tiles; tile 16 is one block.
 TEST_F(Kernels, FusedAttentionMatchesDenseForwardAndBackward) {
+  for (int tile : {4, 16}) {
+    SCOPED_TRACE("tile " + std::to_string(tile));
+    check_fused_attention(*gemm, tile);
+  }
+}
+
+void check_fused_attention(Gemm& gemm_ref, int tile) {
+  Gemm* gemm = &gemm_ref;
   const int B = 2, T = 9, C = 12, H = 3;
+  std::vector<float> work(fused_attention_work_floats(tile));
   auto qkv = random_vector(B * T * 3 * C, 21, 2.0f), g = random_vector(B * T * C, 22);
   std::vector<float> att(B * H * T * T), dense_y(B * T * C), dense_dqkv(B * T * 3 * C),
       scratch(H * T * T);
@@ -297,7 +309,8 @@ TEST_F(Kernels, FusedAttentionMatchesDenseForwardAndBackward) {
   attention_backward(*gemm, dense_dqkv.data(), scratch.data(), g.data(), qkv.data(), att.data(), B,
                      T, C, H);
   std::vector<float> lse(B * H * T), y(B * T * C), dqkv(B * T * 3 * C, 7.0f);
-  fused_attention_forward(lse.data(), y.data(), qkv.data(), B, T, C, H);
+  fused_attention_forward(*gemm, lse.data(), y.data(), qkv.data(), work.data(), B, T, C, H,
+                            tile);
   for (std::size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], dense_y[i], 1e-5) << i;
   // The saved log-sum-exp reproduces the dense probabilities.
   const int hs = C / H;
@@ -315,13 +328,16 @@ TEST_F(Kernels, FusedAttentionMatchesDenseForwardAndBackward) {
       }
     }
   }
-  fused_attention_backward(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B, T, C, H);
+  fused_attention_backward(*gemm, dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(),
+                           work.data(), B, T, C, H, tile);
   for (std::size_t i = 0; i < dqkv.size(); ++i) ASSERT_NEAR(dqkv[i], dense_dqkv[i], 1e-4) << i;
   auto f = [&] {
-    fused_attention_forward(lse.data(), y.data(), qkv.data(), B, T, C, H);
+    fused_attention_forward(*gemm, lse.data(), y.data(), qkv.data(), work.data(), B, T, C, H,
+                            tile);
     return dot(y, g);
   };
   f();
-  fused_attention_backward(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B, T, C, H);
+  fused_attention_backward(*gemm, dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(),
+                           work.data(), B, T, C, H, tile);
   EXPECT_EQ(check_gradient("fused dqkv", f, qkv, dqkv, 1, 1e-2, 1e-3), 0);
 }
