@@ -94,7 +94,8 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
         att(tracker, core::MemCategory::temporaries, std::size_t(B) * H * T * T),
         atty(tracker, core::MemCategory::temporaries, B * T * C),
         dqkv(tracker, core::MemCategory::temporaries, B * T * 3 * C),
-        datt(tracker, core::MemCategory::temporaries, std::size_t(H) * T * T);
+        datt(tracker, core::MemCategory::temporaries, std::size_t(H) * T * T),
+        work(tracker, core::MemCategory::temporaries, core::fused_attention_work_floats());
     fill(qkv, 0.1f);
     fill(atty, 0.1f);
     const double dense = seconds_per_call([&] {
@@ -104,9 +105,10 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     });
     h.attention_flops = 12.0 * pairs * hd / dense;
     const double fused = seconds_per_call([&] {
-      core::fused_attention_forward(att.data(), atty.data(), qkv.data(), B, T, C, H);
-      core::fused_attention_backward(dqkv.data(), atty.data(), atty.data(), qkv.data(), att.data(),
-                                     B, T, C, H);
+      core::fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(), work.data(), B, T,
+                                    C, H);
+      core::fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), qkv.data(),
+                                     att.data(), work.data(), B, T, C, H);
     });
     h.fused_attention_flops = 12.0 * pairs * hd / fused;
   }
