@@ -14,6 +14,7 @@
 
 #include "core/gemm.hpp"
 #include "core/kernels.hpp"
+#include "core/layers.hpp"
 #include "core/memory.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -119,6 +120,54 @@ void gemm_backend_table(const Case& c, int repeats) {
   std::printf(" %9.1f\n\n", total / best_time);
 }
 
+// Causal attention of gpt2-124m's shape (12 heads of 64) at several sequence lengths, forward +
+// backward: the dense path (stores B*H*T*T probabilities) against the tiled fused path at several
+// tile sizes; milliseconds per call and the bytes each keeps between forward and backward.
+void attention_table(Gemm& gemm) {
+  const int C = 768, H = 12, tokens = 4096;
+  std::printf("attention fwd+bwd, %d heads of %d, %d tokens per call: ms (activation MiB kept)\n",
+              H, C / H, tokens);
+  std::printf("%6s %4s %18s %18s %18s %18s\n", "T", "B", "dense", "fused tile 64",
+              "fused tile 128", "fused tile 256");
+  for (int T : {128, 256, 512, 1024, 2048}) {
+    const int B = std::max(1, tokens / T);
+    const std::size_t BT = std::size_t(B) * T;
+    std::vector<float> qkv(BT * 3 * C), y(BT * C), dy(BT * C), dqkv(BT * 3 * C);
+    for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float((i * 104729) % 1000) * 1e-3f - 0.5f;
+    auto best_of = [](int n, auto&& f) {
+      double best = 1e300;
+      for (int r = 0; r <= n; ++r) {
+        const auto t0 = Clock::now();
+        f();
+        if (r > 0) best = std::min(best, seconds(t0));
+      }
+      return best * 1e3;
+    };
+    std::printf("%6d %4d", T, B);
+    {
+      std::vector<float> att(BT * H * T), datt(std::size_t(H) * T * T);
+      const double ms = best_of(2, [&] {
+        attention_forward(gemm, att.data(), y.data(), qkv.data(), B, T, C, H);
+        attention_backward(gemm, dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B, T,
+                           C, H);
+      });
+      std::printf(" %9.1f (%6.0f)", ms, double(att.size()) * 4 / 1048576.0);
+    }
+    for (int tile : {64, 128, 256}) {
+      std::vector<float> lse(BT * H), work(fused_attention_work_floats(tile));
+      const double ms = best_of(2, [&] {
+        fused_attention_forward(gemm, lse.data(), y.data(), qkv.data(), work.data(), B, T, C, H,
+                                tile);
+        fused_attention_backward(gemm, dqkv.data(), dy.data(), y.data(), qkv.data(), lse.data(),
+                                 work.data(), B, T, C, H, tile);
+      });
+      std::printf(" %9.1f (%6.2f)", ms, double(lse.size()) * 4 / 1048576.0);
+    }
+    std::printf("\n");
+  }
+}
+
 struct TrainRate {
   double tokens_per_s, flops_per_s;
   std::size_t tracked_bytes;
@@ -159,14 +208,14 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps) {
 
 int main(int argc, char** argv) {
   int steps = 5, threads = 0;
-  bool table = false;
+  bool table = false, attention = false;
   std::string backend = "openblas";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help")) {
       std::printf(
           "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--threads N]\n"
-          "                      [--gemm-table]\n\n"
+          "                      [--gemm-table | --attention]\n\n"
           "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
           "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
           "(FLOPs per token = 6N + 12 L T d, N = 12 L d^2 + 13 L d + 2 d + V d) and its share of the\n"
@@ -175,7 +224,9 @@ int main(int argc, char** argv) {
           "  --gemm NAME    host GEMM backend: openblas (default), blis, onednn or auto\n"
           "  --threads N    GEMM threads (default: OPENBLAS_NUM_THREADS, else 1)\n"
           "  --gemm-table   instead, each case's training GEMM shapes timed with every host\n"
-          "                 backend that loads here (GFLOP/s), the table behind hardware.gemm\n");
+          "                 backend that loads here (GFLOP/s), the table behind hardware.gemm\n"
+          "  --attention    instead, dense against tiled fused causal attention (fwd + bwd) at\n"
+          "                 T = 128..2048, gpt2-124m's heads, 4096 tokens per call\n");
       return 0;
     }
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
@@ -188,6 +239,8 @@ int main(int argc, char** argv) {
       threads = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--gemm-table")) {
       table = true;
+    } else if (!std::strcmp(argv[i], "--attention")) {
+      attention = true;
     } else {
       std::fprintf(stderr, "colossal_bench: unknown argument '%s'; see --help\n", argv[i]);
       return 2;
@@ -210,6 +263,10 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
                              {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
                              {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
+  if (attention) {
+    attention_table(*gemm);
+    return 0;
+  }
   if (table) {
     for (const auto& c : cases) {
       if (only.empty() || std::find(only.begin(), only.end(), c.name) != only.end()) {
