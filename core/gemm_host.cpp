@@ -17,6 +17,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "core/gemm.hpp"
+#include "core/host_threads.hpp"
 
 namespace colossal::core {
 namespace {
@@ -25,23 +26,49 @@ int g_blas_threads = 1;
 
 CBLAS_TRANSPOSE to_cblas(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
 
-// Every backend's batched product is a loop of single products: on the host each product of a
-// batch (one attention head) is large enough to use the threads itself.
+// Products of fewer FLOPs than this (an attention head's scores at short T: 128x128x32 is 1
+// MFLOP) gain little from a multithreaded GEMM, whose threads synchronise on every call: a batch
+// of them runs one product per host thread, each single-threaded.
+constexpr double kSmallProductFlops = 8.0e6;
+
+// Every backend's batched product is a loop of single products: large ones use the GEMM's own
+// threads, small ones are spread over the host threads.
 class LoopedBatchGemm : public Gemm {
  public:
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    for (int i = 0; i < batch; ++i) {
-      gemm(ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-           C + i * stride_c, ldc);
+    auto products = [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        gemm(ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+             C + i * stride_c, ldc);
+      }
+    };
+    HostThreads& pool = HostThreads::shared();
+    if (pool.size() == 1 || batch < 2 || 2.0 * M * N * K >= kSmallProductFlops) {
+      products(0, std::size_t(batch));
+      return;
     }
+    pool.run(
+        std::size_t(batch),
+        [&](std::size_t, std::size_t begin, std::size_t end) {
+          set_calling_thread_threads(1);
+          products(begin, end);
+        },
+        /*grain=*/1);
+    set_calling_thread_threads(g_blas_threads);
   }
+
+ protected:
+  // Threads of the GEMMs this thread calls from now on (OpenBLAS's and BLIS's setting is global,
+  // OpenMP's, used by oneDNN, per thread).
+  virtual void set_calling_thread_threads(int threads) = 0;
 };
 
 class OpenBlasGemm final : public LoopedBatchGemm {
  public:
   std::string name() const override { return "openblas"; }
+  void set_calling_thread_threads(int threads) override { openblas_set_num_threads(threads); }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
     cblas_sgemm(CblasRowMajor, to_cblas(ta), to_cblas(tb), M, N, K, alpha, A, lda, B, ldb, beta, C,
@@ -99,9 +126,11 @@ class BlisGemm final : public LoopedBatchGemm {
       throw std::runtime_error("GEMM backend blis: libblis.so.4 not found (Debian: apt-get "
                                "install libblis4-openmp)");
     }
-    lib_.symbol<BlisSetThreads>("bli_thread_set_num_threads")(g_blas_threads);
+    set_threads_ = lib_.symbol<BlisSetThreads>("bli_thread_set_num_threads");
+    set_threads_(g_blas_threads);
   }
   std::string name() const override { return "blis"; }
+  void set_calling_thread_threads(int threads) override { set_threads_(threads); }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
     sgemm_(ta == Trans::N ? kBlisNoTranspose : kBlisTranspose,
@@ -112,6 +141,7 @@ class BlisGemm final : public LoopedBatchGemm {
  private:
   Library lib_;
   BlisSgemm sgemm_;
+  BlisSetThreads set_threads_ = nullptr;
 };
 
 // oneDNN's C API: dnnl_sgemm is row-major with 'N'/'T' characters and returns a status (0 = ok).
@@ -129,9 +159,11 @@ class OneDnnGemm final : public LoopedBatchGemm {
                                "install libdnnl2)");
     }
     // oneDNN's CPU threads are OpenMP's (libgomp, a dependency of libdnnl found through it).
-    lib_.symbol<OmpSetThreads>("omp_set_num_threads")(g_blas_threads);
+    set_threads_ = lib_.symbol<OmpSetThreads>("omp_set_num_threads");
+    set_threads_(g_blas_threads);
   }
   std::string name() const override { return "onednn"; }
+  void set_calling_thread_threads(int threads) override { set_threads_(threads); }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
     const int status = sgemm_(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', M, N, K,
@@ -144,13 +176,14 @@ class OneDnnGemm final : public LoopedBatchGemm {
  private:
   Library lib_;
   DnnlSgemm sgemm_;
+  OmpSetThreads set_threads_ = nullptr;
 };
 
 // Per shape, the fastest of the available backends: the first product of each shape is run by
 // every backend (best of two runs, each on a scratch copy of C so that beta != 0 stays correct)
 // and the winner serves that shape from then on. Different backends round differently, so
 // results are not bitwise reproducible from one run to the next; fixed backends are.
-class AutoGemm final : public LoopedBatchGemm {
+class AutoGemm final : public Gemm {
  public:
   explicit AutoGemm(std::vector<std::unique_ptr<Gemm>> backends)
       : backends_(std::move(backends)), wins_(backends_.size(), 0) {}
@@ -170,6 +203,18 @@ class AutoGemm final : public LoopedBatchGemm {
       ++wins_[it->second];
     }
     backends_[it->second]->gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  // The first product picks the shape's backend (tuning it if new); that backend runs the rest,
+  // so the tuner's map is never touched from the host threads.
+  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
+    if (batch < 1) return;
+    gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const Key key{ta, tb, M, N, K, lda, ldb, ldc, beta == 0.0f};
+    backends_[choice_.at(key)]->gemm_strided_batched(
+        ta, tb, M, N, K, alpha, A + stride_a, lda, stride_a, B + stride_b, ldb, stride_b, beta,
+        C + stride_c, ldc, stride_c, batch - 1);
   }
 
  private:

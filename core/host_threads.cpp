@@ -90,9 +90,9 @@ ThreadPlan set_threads_per_rank(int local_ranks) {
   return plan;
 }
 
-void HostThreads::run(std::size_t n, const Work& work) {
+void HostThreads::run(std::size_t n, const Work& work, std::size_t grain) {
   const std::size_t parts = static_cast<std::size_t>(size());
-  if (parts == 1 || n < 4096 * parts) {
+  if (parts == 1 || n < grain * parts) {
     work(0, 0, n);
     return;
   }

@@ -31,9 +31,10 @@ class HostThreads {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls work(part, begin, end) on contiguous parts of [0, n), one per thread (the caller takes
-  // part 0), and returns when all are done. part < size(); small n runs as part 0 alone.
+  // part 0), and returns when all are done. part < size(); n below grain items per thread runs as
+  // part 0 alone.
   using Work = std::function<void(std::size_t part, std::size_t begin, std::size_t end)>;
-  void run(std::size_t n, const Work& work);
+  void run(std::size_t n, const Work& work, std::size_t grain = 4096);
 
   // The process's pool: sized by set_threads_per_rank(), else from the environment on first use.
   static HostThreads& shared();

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/gemm.hpp"
+#include "core/host_threads.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
 #include "grad_check.hpp"
@@ -46,6 +47,33 @@ TEST_F(Kernels, GemmMatchesNaiveForEveryTransposeAndBackend) {
       }
     }
   }
+}
+
+// Small products of a batch run one per host thread, each single-threaded: the result must equal
+// the products one by one, for every backend, with beta != 0 and strides between the items.
+TEST_F(Kernels, BatchedGemmOverHostThreadsMatchesOneByOne) {
+  const int previous = HostThreads::shared().size();
+  HostThreads::resize_shared(3);
+  std::vector<std::string> backends = host_gemm_backends();
+  backends.push_back("auto");
+  const int M = 9, N = 11, K = 5, batch = 7;
+  const int64_t sa = M * K + 3, sb = K * N + 1, sc = M * N + 2;
+  const auto A = random_vector(sa * batch, 31), B = random_vector(sb * batch, 32),
+             C0 = random_vector(sc * batch, 33);
+  for (const std::string& backend : backends) {
+    SCOPED_TRACE(backend);
+    auto g = make_host_gemm(backend);
+    std::vector<float> batched = C0, single = C0;
+    g->gemm_strided_batched(Trans::N, Trans::T, M, N, K, 0.7f, A.data(), K, sa, B.data(), K, sb,
+                            1.5f, batched.data(), N, sc, batch);
+    for (int i = 0; i < batch; ++i) {
+      g->gemm(Trans::N, Trans::T, M, N, K, 0.7f, A.data() + i * sa, K, B.data() + i * sb, K, 1.5f,
+              single.data() + i * sc, N);
+    }
+    for (std::size_t i = 0; i < single.size(); ++i) ASSERT_FLOAT_EQ(batched[i], single[i]) << i;
+  }
+  HostThreads::resize_shared(previous);
+  set_blas_threads(previous);
 }
 
 TEST_F(Kernels, UnknownGemmBackendIsRefusedByName) {
