@@ -18,6 +18,8 @@ class TensorGroup {
   virtual void all_gather(const float* input, std::size_t n, float* output) = 0;
   // output (n / size() floats) <- block rank() of the sum over ranks of input (n floats).
   virtual void reduce_scatter(const float* input, std::size_t n, float* output) = 0;
+  // In place: every rank's n floats become root's.
+  virtual void broadcast(float* data, std::size_t n, int root) = 0;
   // Sends n floats to `dest` and receives n from `source` at once (a ring shift).
   virtual void send_recv(const float* send, std::size_t n, int dest, float* recv, int source) = 0;
 };

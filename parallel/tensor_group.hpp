@@ -19,6 +19,9 @@ class CommunicatorGroup final : public core::TensorGroup {
   void reduce_scatter(const float* input, std::size_t n, float* output) override {
     comm_.reduce_scatter_sum({input, n}, {output, n / std::size_t(comm_.size())});
   }
+  void broadcast(float* data, std::size_t n, int root) override {
+    comm_.broadcast({data, n}, root);
+  }
   void send_recv(const float* send, std::size_t n, int dest, float* recv, int source) override {
     comm_.send_recv({send, n}, dest, {recv, n}, source, /*tag=*/7);
   }

@@ -20,6 +20,7 @@ class PretendGroup final : public core::TensorGroup {
   void all_reduce_max(float*, std::size_t) override { fail(); }
   void all_gather(const float*, std::size_t, float*) override { fail(); }
   void reduce_scatter(const float*, std::size_t, float*) override { fail(); }
+  void broadcast(float*, std::size_t, int) override { fail(); }
   void send_recv(const float*, std::size_t, int, float*, int) override { fail(); }
 
  private:
