@@ -88,6 +88,14 @@ void summa_atb(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* 
   grid.col.reduce_scatter(partials, std::size_t(q * m * n), C);
 }
 
+void tesseract_weight_grad(Gemm& gemm, Grid2D& layer, TensorGroup& depth, const float* X,
+                           const float* dY, float* dW, int64_t rows, int64_t in, int64_t out,
+                           float* work) {
+  summa_atb(gemm, layer, X, dY, dW, /*M=*/in, /*N=*/out, /*K=*/rows, work);
+  const int q = layer.q();
+  depth.all_reduce_sum(dW, std::size_t(in / q * (out / q)));
+}
+
 void layernorm2d_forward(Grid2D& grid, float* out, float* mean, float* rstd, const float* x,
                          const float* weight, const float* bias, int64_t rows, int64_t cols,
                          float eps, float* work) {

@@ -56,6 +56,16 @@ void summa_abt(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* 
 void summa_atb(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* C, int64_t M,
                int64_t N, int64_t K, float* work);
 
+// 2.5D (Tesseract, Wang et al. 2021): size q x q x d, d layers of q x q grids. The rows
+// (tokens: the batch) are split across the depth, layer by layer, and each layer runs the 2D
+// blocks above on its rows; weights are replicated across the depth. The weight gradient of
+// Y = X W (X: rows x in, W: in x out) is therefore the layer's summa_atb, summed over the `depth`
+// group (the d ranks at the same grid position): one all-reduce of in out / q^2 floats. `rows`
+// is the layer's row count (the global rows / d).
+void tesseract_weight_grad(Gemm& gemm, Grid2D& layer, TensorGroup& depth, const float* X,
+                           const float* dY, float* dW, int64_t rows, int64_t in, int64_t out,
+                           float* work);
+
 // Floats of `work` any of the three products needs for these global sizes.
 std::size_t summa_work_floats(int64_t M, int64_t N, int64_t K, int q);
 

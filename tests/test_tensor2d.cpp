@@ -2,7 +2,8 @@
 // 9), each against the dense single-rank result computed on every rank: SUMMA in its three
 // transpose variants, the distributed layernorm forward and backward, and the vocabulary-parallel
 // cross-entropy over the grid row; plus the floats each moves against the closed forms in the
-// header.
+// header. At 8 ranks, 2.5D (2 x 2 x 2): SUMMA per depth layer and the depth-summed weight
+// gradient.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -135,6 +136,38 @@ TEST(Tensor2D, SummaProductsMatchTheDenseProductInEveryTransposeVariant) {
     EXPECT_EQ(g.row_comm->stats().all_gather.payload_bytes, uint64_t(q * k * m * 4));
     EXPECT_EQ(g.col_comm->stats().reduce_scatter.payload_bytes, uint64_t(q * m * n * 4));
   }
+}
+
+// 2.5D on q x q x d = 2 x 2 x 2 ranks, world rank = (d q + i) q + j: each depth layer takes its
+// slice of the rows and runs SUMMA on it with the same (replicated) weight blocks; the weight
+// gradient is summed over the depth.
+TEST(Tensor25D, LayersSplitTheRowsAndTheWeightGradientSumsOverTheDepth) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks (q = 2, d = 2)";
+  const int q = 2, depth_size = 2;
+  const int d = world.rank() / (q * q), i = world.rank() / q % q, j = world.rank() % q;
+  auto row_comm = world.split(d * q + i, j), col_comm = world.split(d * q + j, i),
+       depth_comm = world.split(i * q + j, d);
+  parallel::CommunicatorGroup row(*row_comm), col(*col_comm), depth(*depth_comm);
+  core::Grid2D layer{row, col};
+  auto gemm = core::make_host_gemm();
+  const int64_t M = 8 * q * depth_size, K = 3 * q, N = 5 * q, Ml = M / depth_size;
+  const auto X = random_vector(M * K, 61), W = random_vector(K * N, 62),
+             dY = random_vector(M * N, 63);
+  // This layer's rows.
+  const std::vector<float> Xl(X.begin() + d * Ml * K, X.begin() + (d + 1) * Ml * K),
+      dYl(dY.begin() + d * Ml * N, dY.begin() + (d + 1) * Ml * N);
+  std::vector<float> work(core::summa_work_floats(std::max(Ml, K), N, std::max(Ml, K), q));
+  std::vector<float> Y(Ml / q * (N / q)), dW(K / q * (N / q));
+  core::summa_ab(*gemm, layer, block(Xl, Ml, K, q, i, j).data(), block(W, K, N, q, i, j).data(),
+                 Y.data(), Ml, N, K, work.data());
+  expect_block_near(Y, dense_product(Xl, false, W, false, Ml, N, K), Ml, N, q, i, j, 1e-5, "Y");
+  depth_comm->reset_stats();
+  core::tesseract_weight_grad(*gemm, layer, depth, block(Xl, Ml, K, q, i, j).data(),
+                              block(dYl, Ml, N, q, i, j).data(), dW.data(), Ml, K, N,
+                              work.data());
+  expect_block_near(dW, dense_product(X, true, dY, false, K, N, M), K, N, q, i, j, 1e-4, "dW");
+  EXPECT_EQ(depth_comm->stats().all_reduce.payload_bytes, uint64_t(K / q * (N / q) * 4));
 }
 
 TEST(Tensor2D, SizesThatDoNotDivideTheGridAreRefused) {
