@@ -1,0 +1,468 @@
+#include "core/model2d.hpp"
+
+#include <algorithm>
+#include <initializer_list>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include "core/kernels.hpp"
+#include "core/layers.hpp"
+#include "core/optimizer.hpp"
+#include "core/rng.hpp"
+#include "core/tensor_group.hpp"
+
+namespace colossal::core {
+
+namespace k = kernels;
+
+namespace {
+
+void require_multiple(const char* key, int64_t value, int q) {
+  if (value % q != 0) {
+    throw std::invalid_argument(std::string(key) + " = " + std::to_string(value) +
+                                " must be a multiple of q = " + std::to_string(q) +
+                                " for 2D tensor parallelism (nearest: " +
+                                std::to_string(value / q * q) + " or " +
+                                std::to_string((value / q + 1) * q) + ")");
+  }
+}
+
+// out[n, e] += bias[e] over rows of `cols`.
+void add_bias(float* out, const float* bias, int64_t rows, int64_t cols) {
+  Kokkos::parallel_for(
+      "colossal::core::model2d_add_bias", Kokkos::RangePolicy<>(0, rows),
+      KOKKOS_LAMBDA(int64_t n) {
+        for (int64_t e = 0; e < cols; ++e) out[n * cols + e] += bias[e];
+      });
+}
+
+}  // namespace
+
+Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
+                 MemoryTracker& tracker)
+    : spec_(spec), batch_(batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
+      grid_(grid), gemm_(gemm) {
+  const int q = q_;
+  require_multiple("train.micro_batch", batch, q);
+  require_multiple("model.heads", spec.heads, q);
+  require_multiple("model.hidden", spec.hidden, q);
+  require_multiple("model.ffn_hidden", spec.ffn_hidden, q);
+  if (seq_len > spec.max_seq) {
+    throw std::invalid_argument("train.seq_len = " + std::to_string(seq_len) +
+                                " exceeds model.max_seq = " + std::to_string(spec.max_seq));
+  }
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
+  rows_ = BT / q;
+  c_ = C / q;
+  f_ = F / q;
+  vocab_block_ = (spec.vocab + q - 1) / q;
+  position_block_ = (spec.position_rows() + q - 1) / q;
+
+  // Matrices first, then everything replicated down the grid column (biases, layernorms) as one
+  // contiguous region, summed over the column in one all-reduce.
+  const int64_t L = spec.layers;
+  blocks_.resize(L);
+  const bool gpt2 = spec.arch == Arch::gpt2;
+  const std::string emb = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
+  const std::string pos = gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight";
+  wte_ = add_param(emb, ParamRole::token_embedding, vocab_block_ * c_, false);
+  wpe_ = add_param(pos, ParamRole::position_embedding, position_block_ * c_, false);
+  for (int64_t l = 0; l < L; ++l) {
+    Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
+    b.qkv = {add_param(h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_, false), 0, C, 3 * C};
+    b.proj = {add_param(h + ".proj.weight", ParamRole::residual_out_weight, c_ * c_, false), 0, C,
+              C};
+    b.fc = {add_param(h + ".fc.weight", ParamRole::weight, c_ * f_, false), 0, C, F};
+    b.fc2 = {add_param(h + ".fc2.weight", ParamRole::residual_out_weight, f_ * c_, false), 0, F,
+             C};
+  }
+  replicated_begin_ = table_.empty() ? 0 : table_.back().offset + table_.back().count;
+  replicated_begin_ = (replicated_begin_ + 15) / 16 * 16;
+  for (int64_t l = 0; l < L; ++l) {
+    Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
+    b.ln1_w = add_param(h + ".ln1.weight", ParamRole::layernorm_weight, c_, true);
+    b.ln1_b = add_param(h + ".ln1.bias", ParamRole::layernorm_bias, c_, true);
+    b.qkv.b = add_param(h + ".qkv.bias", ParamRole::bias, 3 * c_, true);
+    b.proj.b = add_param(h + ".proj.bias", ParamRole::bias, c_, true);
+    b.ln2_w = add_param(h + ".ln2.weight", ParamRole::layernorm_weight, c_, true);
+    b.ln2_b = add_param(h + ".ln2.bias", ParamRole::layernorm_bias, c_, true);
+    b.fc.b = add_param(h + ".fc.bias", ParamRole::bias, f_, true);
+    b.fc2.b = add_param(h + ".fc2.bias", ParamRole::bias, c_, true);
+  }
+  lnf_w_ = add_param("ln_f.weight", ParamRole::layernorm_weight, c_, true);
+  lnf_b_ = add_param("ln_f.bias", ParamRole::layernorm_bias, c_, true);
+  const std::size_t flat = (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
+  grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
+  k::fill(params_.data(), int64_t(flat), 0.0f);
+  k::fill(grads_.data(), int64_t(flat), 0.0f);
+  map_runs();
+
+  // Activations kept for backward, per layer, then the head's.
+  const int64_t R = rows_, c = c_, f = f_, T = seq_len;
+  const int64_t att = int64_t(batch / q) * (spec.heads / q) * T * T;
+  // x, ln1, atty, xmid, ln2 (R x c each), qkv (R x 3c), four row statistics, the probabilities,
+  // and the MLP's pre- and post-activation (R x f each).
+  const int64_t per_layer = 5 * R * c + 3 * R * c + 4 * R + att + 2 * R * f;
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
+                             std::size_t(L * per_layer + 2 * R * c + 3 * R + R * vocab_block_));
+  float* cursor = acts_.data();
+  auto carve = [&cursor](int64_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  layer_acts_.resize(L);
+  for (LayerActs& a : layer_acts_) {
+    a.x = carve(R * c);
+    a.ln1 = carve(R * c);
+    a.ln1_mean = carve(R);
+    a.ln1_rstd = carve(R);
+    a.qkv = carve(3 * R * c);
+    a.att = carve(att);
+    a.atty = carve(R * c);
+    a.xmid = carve(R * c);
+    a.ln2 = carve(R * c);
+    a.ln2_mean = carve(R);
+    a.ln2_rstd = carve(R);
+    a.h = carve(R * f);
+    a.a = carve(R * f);
+  }
+  x_final_ = carve(R * c);
+  lnf_ = carve(R * c);
+  lnf_mean_ = carve(R);
+  lnf_rstd_ = carve(R);
+  logits_ = carve(R * vocab_block_);
+  losses_ = carve(R);
+
+  // Temporaries: the products' work (the largest of every SUMMA call below), the embedding's
+  // whole-batch columns, gradient buffers, one batch row of attention-score gradients and one
+  // weight block's gradient.
+  const int64_t Vp = vocab_block_ * q;
+  std::size_t work = 0;
+  for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
+                         std::tuple{BT, C, F}, std::tuple{BT, Vp, C}, std::tuple{BT, C, Vp},
+                         std::tuple{Vp, C, BT}, std::tuple{BT, C, 3 * C},
+                         std::tuple{C, 3 * C, BT}, std::tuple{C, C, BT}, std::tuple{C, F, BT},
+                         std::tuple{F, C, BT}}) {
+    work = std::max(work, summa_work_floats(M, N, K, q));
+  }
+  const int64_t dweight = std::max({vocab_block_ * c, 3 * c * c, c * f});
+  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  scratch_ = DeviceArray<float>(
+      tracker, MemCategory::temporaries,
+      work + std::size_t(BT * c + 3 * R * c + 3 * R * c + R * f + datt + dweight + 3 * R));
+  cursor = scratch_.data();
+  work_ = carve(int64_t(work));
+  embed_ = carve(BT * c);
+  dx_ = carve(R * c);
+  dln_ = carve(R * c);
+  datty_ = carve(R * c);
+  dqkv_ = carve(3 * R * c);
+  dh_ = carve(R * f);
+  datt_ = carve(datt);
+  dweight_ = carve(dweight);
+  ln_work_ = carve(3 * R);
+}
+
+std::size_t Model2D::add_param(const std::string& name, ParamRole role, std::size_t count,
+                               bool replicated) {
+  ParamSpec p;
+  p.name = name;
+  p.role = role;
+  p.count = count;
+  p.shape = {int64_t(count)};
+  p.local_shape = p.shape;
+  p.offset = table_.empty() ? 0 : (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  if (replicated && p.offset < replicated_begin_) p.offset = replicated_begin_;
+  table_.push_back(p);
+  replicated_.push_back(replicated);
+  return p.offset;
+}
+
+// Element by element (set-up only), merged into runs.
+void Model2D::map_runs() {
+  const std::vector<ParamSpec> logical = parameter_table(spec_);
+  std::map<std::string, int> index;
+  for (std::size_t t = 0; t < logical.size(); ++t) index[logical[t].name] = int(t);
+  auto tensor = [&](const std::string& name) { return index.at(name); };
+  auto emit = [this](std::size_t local, int t, std::size_t at) {
+    if (!runs_.empty()) {
+      Run& r = runs_.back();
+      if (r.tensor == t && r.local + r.length == local && r.logical + r.length == at) {
+        ++r.length;
+        return;
+      }
+    }
+    runs_.push_back({local, t, at, 1});
+  };
+  const bool gpt2 = spec_.arch == Arch::gpt2;
+  const int64_t C = spec_.hidden, F = spec_.ffn_hidden, c = c_, f = f_;
+  // A [rows x cols] table (embedding) whose row block i and column block j are held here.
+  auto table_block = [&](std::size_t off, int t, int64_t block_rows, int64_t logical_rows) {
+    for (int64_t r = 0; r < block_rows; ++r) {
+      const int64_t row = i_ * block_rows + r;
+      if (row >= logical_rows) break;  // padding rows: no logical element
+      for (int64_t s = 0; s < c; ++s) emit(off + r * c + s, t, row * C + j_ * c + s);
+    }
+  };
+  // Column block j of a vector of length n_local * q.
+  auto vector_block = [&](std::size_t off, int t, int64_t n_local) {
+    for (int64_t s = 0; s < n_local; ++s) emit(off + s, t, j_ * n_local + s);
+  };
+  // An [in x out] weight block (i, j); `locate(in, out)` gives the logical tensor and element.
+  auto matrix_block = [&](std::size_t off, int64_t in_local, int64_t out_local, auto locate) {
+    for (int64_t r = 0; r < in_local; ++r) {
+      for (int64_t s = 0; s < out_local; ++s) {
+        const auto [t, at] = locate(i_ * in_local + r, s);
+        emit(off + r * out_local + s, t, at);
+      }
+    }
+  };
+  table_block(wte_, tensor(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight"),
+              vocab_block_, spec_.vocab);
+  table_block(wpe_,
+              tensor(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight"),
+              position_block_, spec_.position_rows());
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
+                          ".";
+    // q|k|v: local column s is part s / c (q, k, v), logical column j c + s % c of that part.
+    const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+    matrix_block(b.qkv.w, c, 3 * c, [&](int64_t in, int64_t s) {
+      const int64_t part = s / c, out = j_ * c + s % c;
+      if (gpt2) return std::pair{tensor(h + "attn.c_attn.weight"), std::size_t(in * 3 * C + part * C + out)};
+      return std::pair{tensor(h + "self_attn." + parts[part] + ".weight"), std::size_t(out * C + in)};
+    });
+    // The other linears: local column s is logical column j out_local + s.
+    auto linear = [&](const Linear& lin, int64_t in_local, int64_t out_local,
+                      const std::string& name, bool out_in) {
+      const int t = tensor(name);
+      matrix_block(lin.w, in_local, out_local, [&](int64_t in, int64_t s) {
+        const int64_t out = j_ * out_local + s;
+        return std::pair{t, std::size_t(out_in ? out * lin.in + in : in * lin.out + out)};
+      });
+    };
+    if (gpt2) {
+      linear(b.proj, c, c, h + "attn.c_proj.weight", false);
+      linear(b.fc, c, f, h + "mlp.c_fc.weight", false);
+      linear(b.fc2, f, c, h + "mlp.c_proj.weight", false);
+    } else {
+      linear(b.proj, c, c, h + "self_attn.out_proj.weight", true);
+      linear(b.fc, c, f, h + "fc1.weight", true);
+      linear(b.fc2, f, c, h + "fc2.weight", true);
+    }
+  }
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
+                          ".";
+    vector_block(b.ln1_w, tensor(h + (gpt2 ? "ln_1.weight" : "self_attn_layer_norm.weight")), c);
+    vector_block(b.ln1_b, tensor(h + (gpt2 ? "ln_1.bias" : "self_attn_layer_norm.bias")), c);
+    if (gpt2) {
+      for (int64_t s = 0; s < 3 * c; ++s) {
+        emit(b.qkv.b + s, tensor(h + "attn.c_attn.bias"), (s / c) * C + j_ * c + s % c);
+      }
+    } else {
+      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+      for (int part = 0; part < 3; ++part) {
+        vector_block(b.qkv.b + part * c, tensor(h + "self_attn." + parts[part] + ".bias"), c);
+      }
+    }
+    vector_block(b.proj.b, tensor(h + (gpt2 ? "attn.c_proj.bias" : "self_attn.out_proj.bias")), c);
+    vector_block(b.ln2_w, tensor(h + (gpt2 ? "ln_2.weight" : "final_layer_norm.weight")), c);
+    vector_block(b.ln2_b, tensor(h + (gpt2 ? "ln_2.bias" : "final_layer_norm.bias")), c);
+    vector_block(b.fc.b, tensor(h + (gpt2 ? "mlp.c_fc.bias" : "fc1.bias")), f);
+    vector_block(b.fc2.b, tensor(h + (gpt2 ? "mlp.c_proj.bias" : "fc2.bias")), c);
+  }
+  vector_block(lnf_w_,
+               tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"), c);
+  vector_block(lnf_b_,
+               tensor(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias"), c);
+  (void)F;
+}
+
+void Model2D::init_parameters(uint64_t seed) {
+  const std::vector<ParamSpec> logical = parameter_table(spec_);
+  std::vector<float> host(params_.size(), 0.0f);
+  for (const Run& run : runs_) {
+    const ParamSpec& p = logical[run.tensor];
+    float* dst = host.data() + run.local;
+    switch (p.role) {
+      case ParamRole::layernorm_weight: std::fill(dst, dst + run.length, 1.0f); break;
+      case ParamRole::layernorm_bias:
+      case ParamRole::bias: break;
+      default:
+        fill_normal(dst, run.length, p.init_std(spec_.layers), seed, hash_name(p.name),
+                    run.logical);
+    }
+  }
+  copy_to_device(params_.data(), host.data(), host.size() * sizeof(float));
+}
+
+void Model2D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f); }
+
+void Model2D::linear_forward(const Linear& lin, const float* in, float* out) {
+  const int64_t BT = int64_t(batch_) * seq_len_;
+  summa_ab(gemm_, grid_, in, params_.data() + lin.w, out, BT, lin.out, lin.in, work_);
+  add_bias(out, params_.data() + lin.b, rows_, lin.out / q_);
+}
+
+// din = dout W^T (assigned); dW += in^T dout; db += column sums of dout.
+void Model2D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
+  const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
+  float* G = grads_.data();
+  k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
+  summa_abt(gemm_, grid_, dout, params_.data() + lin.w, din, BT, lin.in, lin.out, work_);
+  summa_atb(gemm_, grid_, in, dout, dweight_, lin.in, lin.out, BT, work_);
+  k::add(G + lin.w, dweight_, lin.in / q_ * out_local);
+}
+
+void Model2D::activation_forward(float* out, const float* in, int64_t n) {
+  if (spec_.arch == Arch::gpt2) {
+    k::gelu_forward(out, in, n);
+  } else {
+    k::relu_forward(out, in, n);
+  }
+}
+
+void Model2D::activation_backward(float* din, const float* in, const float* dout, int64_t n) {
+  if (spec_.arch == Arch::gpt2) {
+    k::gelu_backward(din, in, dout, n);
+  } else {
+    k::relu_backward(din, in, dout, n);
+  }
+}
+
+double Model2D::forward(const int32_t* tokens, const int32_t* targets, float grad_scale) {
+  const int q = q_, T = seq_len_;
+  const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params_.data();
+  const float eps = spec_.layernorm_eps();
+  // Embedding: every token row's part from this rank's vocabulary and position rows (block i),
+  // columns j; the reduce-scatter down the column sums the parts and leaves row block i here.
+  {
+    float* part = embed_;
+    const float* wte = P + wte_;
+    const float* wpe = P + wpe_;
+    const int64_t v0 = i_ * vocab_block_, vb = vocab_block_, p0 = i_ * position_block_,
+                  pb = position_block_;
+    const int offset = spec_.position_offset();
+    Kokkos::parallel_for(
+        "colossal::core::model2d_embedding", Kokkos::RangePolicy<>(0, BT),
+        KOKKOS_LAMBDA(int64_t n) {
+          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+          float* o = part + n * c;
+          for (int64_t s = 0; s < c; ++s) o[s] = 0.0f;
+          if (tok >= 0 && tok < vb) {
+            for (int64_t s = 0; s < c; ++s) o[s] += wte[tok * c + s];
+          }
+          if (p >= 0 && p < pb) {
+            for (int64_t s = 0; s < c; ++s) o[s] += wpe[p * c + s];
+          }
+        });
+    Kokkos::fence();
+    grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
+  }
+  const int L = spec_.layers, Bl = batch_ / q, Hl = spec_.heads / q;
+  for (int l = 0; l < L; ++l) {
+    LayerActs& A = layer_acts_[l];
+    const Block& b = blocks_[l];
+    float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
+    layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
+                        C, eps, ln_work_);
+    linear_forward(b.qkv, A.ln1, A.qkv);
+    attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+    linear_forward(b.proj, A.atty, A.xmid);
+    k::add(A.xmid, A.x, R * c);
+    layernorm2d_forward(grid_, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w, P + b.ln2_b, BT,
+                        C, eps, ln_work_);
+    linear_forward(b.fc, A.ln2, A.h);
+    activation_forward(A.a, A.h, R * f_);
+    linear_forward(b.fc2, A.a, next);
+    k::add(next, A.xmid, R * c);
+  }
+  layernorm2d_forward(grid_, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_, P + lnf_b_, BT, C,
+                      eps, ln_work_);
+  // Logits block (i, j): this rank's rows against vocabulary block j (tied LM head).
+  const int64_t Vp = vocab_block_ * q;
+  summa_abt(gemm_, grid_, lnf_, P + wte_, logits_, BT, Vp, C, work_);
+  const int64_t v0 = j_ * vocab_block_;
+  const int valid = int(std::clamp<int64_t>(spec_.vocab - v0, 0, vocab_block_));
+  vocab_parallel_cross_entropy(grid_.row, logits_, losses_, targets + i_ * R, R,
+                               int(vocab_block_), valid, v0, grad_scale, ln_work_);
+  // Every rank of grid row i has the same losses of row block i: sum the row blocks down the
+  // column.
+  float total = float(k::sum(losses_, R));
+  grid_.col.all_reduce_sum(&total, 1);
+  return double(total) / double(BT);
+}
+
+void Model2D::backward(const int32_t* tokens) {
+  const int q = q_, T = seq_len_;
+  const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params_.data();
+  float* G = grads_.data();
+  const int64_t Vp = vocab_block_ * q;
+  // LM head: the logits hold their gradient.
+  summa_ab(gemm_, grid_, logits_, P + wte_, dln_, BT, C, Vp, work_);
+  summa_atb(gemm_, grid_, logits_, lnf_, dweight_, Vp, C, BT, work_);
+  k::add(G + wte_, dweight_, vocab_block_ * c);
+  k::fill(dx_, R * c, 0.0f);
+  layernorm2d_backward(grid_, dx_, G + lnf_w_, G + lnf_b_, dln_, x_final_, P + lnf_w_, lnf_mean_,
+                       lnf_rstd_, BT, C, ln_work_);
+  const int Bl = batch_ / q, Hl = spec_.heads / q;
+  for (int l = spec_.layers - 1; l >= 0; --l) {
+    LayerActs& A = layer_acts_[l];
+    const Block& b = blocks_[l];
+    // dx holds the gradient of the block's output; the residual passes it to xmid unchanged.
+    linear_backward(b.fc2, A.a, dx_, dh_);
+    activation_backward(dh_, A.h, dh_, R * f_);
+    linear_backward(b.fc, A.ln2, dh_, dln_);
+    layernorm2d_backward(grid_, dx_, G + b.ln2_w, G + b.ln2_b, dln_, A.xmid, P + b.ln2_w,
+                         A.ln2_mean, A.ln2_rstd, BT, C, ln_work_);
+    linear_backward(b.proj, A.atty, dx_, datty_);
+    attention_backward(gemm_, dqkv_, datt_, datty_, A.qkv, A.att, Bl, T, int(c), Hl);
+    linear_backward(b.qkv, A.ln1, dqkv_, dln_);
+    layernorm2d_backward(grid_, dx_, G + b.ln1_w, G + b.ln1_b, dln_, A.x, P + b.ln1_w, A.ln1_mean,
+                         A.ln1_rstd, BT, C, ln_work_);
+  }
+  // Embedding: every token row's gradient (columns j), gathered down the column, added into this
+  // rank's vocabulary and position rows; one work item per column, so no two write one element.
+  Kokkos::fence();
+  grid_.col.all_gather(dx_, std::size_t(R * c), embed_);
+  const float* d = embed_;
+  float* dwte = G + wte_;
+  float* dwpe = G + wpe_;
+  const int64_t v0 = i_ * vocab_block_, vb = vocab_block_, p0 = i_ * position_block_,
+                pb = position_block_;
+  const int offset = spec_.position_offset();
+  Kokkos::parallel_for(
+      "colossal::core::model2d_embedding_backward", Kokkos::RangePolicy<>(0, c),
+      KOKKOS_LAMBDA(int64_t s) {
+        for (int64_t n = 0; n < BT; ++n) {
+          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+          if (tok >= 0 && tok < vb) dwte[tok * c + s] += d[n * c + s];
+          if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
+        }
+      });
+  Kokkos::fence();
+}
+
+void Model2D::reduce_replicated_gradients() {
+  Kokkos::fence();
+  grid_.col.all_reduce_sum(grads_.data() + replicated_begin_, grads_.size() - replicated_begin_);
+}
+
+double Model2D::gradient_sum_squares() const {
+  double s = sum_of_squares(grads_.data(), replicated_begin_);
+  if (i_ == 0) s += sum_of_squares(grads_.data() + replicated_begin_,
+                                   grads_.size() - replicated_begin_);
+  return s;
+}
+
+}  // namespace colossal::core

@@ -1,0 +1,122 @@
+// The GPT-2 / OPT transformer under 2D tensor parallelism (Optimus, Xu et al. 2021) on a q x q
+// grid (core/tensor2d.hpp), written out layer by layer like core::Model: every activation and
+// every weight matrix is a q x q block of the logical one, so each rank holds 1/q^2 of both.
+//
+// Layout on rank (i, j), with c = C/q, f = F/q, Vp the vocabulary padded to a multiple of q and
+// Pp the position rows padded likewise:
+//   activations  rows block i of the micro-batch's B*T token rows (whole sequences: B % q == 0),
+//                columns block j; the residual stream is R x c with R = B*T/q
+//   wte, wpe     rows (vocabulary / position) block i, columns block j: Vp/q x c, Pp/q x c
+//   linears      weights as [in, out] blocks (i, j) whatever the architecture's storage (OPT's
+//                [out, in] tensors are mapped transposed); q|k|v columns are regrouped so that
+//                column block j holds the q, k and v columns of heads [j H/q, (j+1) H/q), which
+//                makes attention local: B/q sequences x H/q heads on every rank
+//   biases, layernorm weights  columns block j, replicated down the grid column (their gradients
+//                are summed over it: reduce_replicated_gradients)
+// Products are SUMMA (forward A B; backward A B^T for inputs, A^T B for weights); layernorm
+// statistics and the cross-entropy are reduced along the grid row; the embedding is a
+// vocabulary-parallel lookup down the grid column (each rank adds its rows' part for every token,
+// a reduce-scatter down the column sums them) and its gradient an all-gather down the column.
+//
+// Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
+// parallelism; the trainer does not build this model yet (tests/test_model2d.cpp drives it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/gemm.hpp"
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+#include "core/tensor2d.hpp"
+
+namespace colossal::core {
+
+class Model2D {
+ public:
+  // Buffers for micro-batches of exactly `batch` sequences of `seq_len` tokens (batch % q == 0,
+  // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
+  Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
+          MemoryTracker& tracker);
+
+  // The values the single-rank model draws for the same seed (keyed by logical element).
+  void init_parameters(uint64_t seed);
+  void zero_grad();
+
+  // tokens and targets: the whole micro-batch (batch x seq_len), the same on every rank. Returns
+  // the mean loss over all its tokens (identical on every rank); with grad_scale != 0 the logits
+  // keep grad_scale * (softmax - onehot) for backward (1/(batch*seq_len) for the mean).
+  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale);
+  // Accumulates this micro-batch's gradients into grads().
+  void backward(const int32_t* tokens);
+  // Sums the gradients of the parameters replicated down the grid column over it (once per
+  // optimizer step, before the norm and the update).
+  void reduce_replicated_gradients();
+  // This rank's part of the global sum of squared gradients: every element once over the grid
+  // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
+  double gradient_sum_squares() const;
+
+  // The local flat buffers and their table (names are the logical tensors'; roles give decay).
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  std::size_t flat_size() const { return params_.size(); }
+  const std::vector<ParamSpec>& parameters() const { return table_; }
+
+  // How the local buffer maps into the logical tensors of parameter_table(spec): runs of
+  // `length` elements from local offset `local` to element `logical` of tensor `tensor` (an
+  // index into that table). Padding (vocabulary and position rows past the logical ones) has no
+  // run; replicated parameters have runs on every grid row.
+  struct Run {
+    std::size_t local;
+    int tensor;
+    std::size_t logical, length;
+  };
+  const std::vector<Run>& logical_runs() const { return runs_; }
+
+  int local_rows() const { return rows_; }
+
+ private:
+  struct Linear {
+    std::size_t w = 0, b = 0;  // offsets of the weight block (in x out) and the bias block
+    int64_t in = 0, out = 0;   // logical sizes
+  };
+  struct Block {
+    std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
+    Linear qkv, proj, fc, fc2;
+  };
+  struct LayerActs {
+    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd,
+        *h, *a;
+  };
+
+  std::size_t add_param(const std::string& name, ParamRole role, std::size_t count,
+                        bool replicated);
+  void map_runs();
+  void linear_forward(const Linear& lin, const float* in, float* out);
+  void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
+  void activation_forward(float* out, const float* in, int64_t n);
+  void activation_backward(float* din, const float* in, const float* dout, int64_t n);
+
+  ModelSpec spec_;
+  int batch_, seq_len_, q_, i_, j_;
+  int64_t rows_, c_, f_, vocab_block_, position_block_;
+  Grid2D& grid_;
+  Gemm& gemm_;
+  std::vector<ParamSpec> table_;
+  std::vector<bool> replicated_;  // per table entry
+  std::size_t replicated_begin_ = 0;
+  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  std::vector<Block> blocks_;
+  std::vector<Run> runs_;
+  DeviceArray<float> params_, grads_, acts_, scratch_;
+  std::vector<LayerActs> layer_acts_;
+  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
+        *logits_ = nullptr, *losses_ = nullptr;
+  float *work_ = nullptr, *embed_ = nullptr, *dx_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
+        *dqkv_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dweight_ = nullptr,
+        *ln_work_ = nullptr;
+};
+
+}  // namespace colossal::core
