@@ -570,7 +570,9 @@ TrainSummary Trainer::train() {
   const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
   if (config_.checkpoint.resume == "auto" && profile_steps_ == 0) {
+    const auto resuming = Clock::now();
     const io::CheckpointState state = resume();
+    if (state.step > 0) print("resume took %.2f s\n", seconds_since(resuming));
     first_step = state.step;
     summary.first_step = first_step;
     summary.skipped_steps = state.step - state.optimizer_step;
@@ -805,9 +807,11 @@ TrainSummary Trainer::train() {
     const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
     const int64_t every = config_.checkpoint.every;
     if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+      const auto saving = Clock::now();
       save_checkpoint(step + 1, step + 1 - summary.skipped_steps);
       summary.checkpoint = checkpoint_dir() + "/ckpt-" + std::to_string(step + 1) + ".h5";
-      print("step %lld: checkpoint %s\n", (long long)step + 1, summary.checkpoint.c_str());
+      print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
+            summary.checkpoint.c_str(), seconds_since(saving));
     }
     if (stop && !last) {
       summary.stopped = true;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <tuple>
 #include <type_traits>
 #include <unordered_map>
@@ -28,19 +29,36 @@ namespace fs = std::filesystem;
 using detail::check;
 
 namespace {
-// The running CRC-32 register (start 0xFFFFFFFF, finish with xor 0xFFFFFFFF).
+// The running CRC-32 register (start 0xFFFFFFFF, finish with xor 0xFFFFFFFF), eight bytes per
+// step through eight tables (table k: a byte followed by k zero bytes), about four times the
+// byte-at-a-time speed: it runs over every byte of every checkpoint twice (the datasets' CRCs
+// and the whole-file pass), so it sets much of the cost of a save.
 uint32_t crc32_update(uint32_t c, const void* data, std::size_t bytes) {
-  static const std::array<uint32_t, 256> table = [] {
-    std::array<uint32_t, 256> t{};
+  static const std::array<std::array<uint32_t, 256>, 8> tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
     for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-      t[i] = c;
+      uint32_t r = i;
+      for (int k = 0; k < 8; ++k) r = (r & 1) ? 0xEDB88320u ^ (r >> 1) : r >> 1;
+      t[0][i] = r;
+    }
+    for (std::size_t k = 1; k < t.size(); ++k) {
+      for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
     }
     return t;
   }();
   const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) c = table[(c ^ p[i]) & 0xFFu] ^ (c >> 8);
+  if constexpr (std::endian::native == std::endian::little) {
+    for (; bytes >= 8; bytes -= 8, p += 8) {
+      uint32_t lo, hi;
+      std::memcpy(&lo, p, 4);
+      std::memcpy(&hi, p + 4, 4);
+      lo ^= c;
+      c = tables[7][lo & 0xFFu] ^ tables[6][(lo >> 8) & 0xFFu] ^ tables[5][(lo >> 16) & 0xFFu] ^
+          tables[4][lo >> 24] ^ tables[3][hi & 0xFFu] ^ tables[2][(hi >> 8) & 0xFFu] ^
+          tables[1][(hi >> 16) & 0xFFu] ^ tables[0][hi >> 24];
+    }
+  }
+  for (; bytes > 0; --bytes, ++p) c = tables[0][(c ^ *p) & 0xFFu] ^ (c >> 8);
   return c;
 }
 }  // namespace

@@ -18,8 +18,16 @@ TEST(CheckpointPlan, Crc32CombineEqualsTheCrcOfTheConcatenation) {
   std::mt19937 rng(7);
   std::vector<unsigned char> bytes(5000);
   for (auto& b : bytes) b = static_cast<unsigned char>(rng());
-  // The IEEE CRC-32 that zlib and PNG use: crc32("123456789") = cbf43926.
+  // The IEEE CRC-32 that zlib and PNG use: crc32("123456789") = cbf43926, and bit by bit.
   EXPECT_EQ(io::crc32("123456789", 9), 0xcbf43926u);
+  for (std::size_t length : {0, 1, 7, 8, 9, 15, 16, 17, 4093, 5000}) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (std::size_t i = 0; i < length; ++i) {
+      c ^= bytes[i];
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+    }
+    EXPECT_EQ(io::crc32(bytes.data(), length), c ^ 0xFFFFFFFFu) << length << " bytes";
+  }
   for (std::size_t split : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(64),
                             std::size_t(1000), std::size_t(4999), std::size_t(5000)}) {
     const uint32_t a = io::crc32(bytes.data(), split);
