@@ -948,10 +948,10 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
   io::CheckpointShard mine;
   for (Chunk& chunk : chunks_) {
     zero::ShardedAdamW& optimizer = *chunk.optimizer;
+    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;  // a replica of rank 0's state
     buffers.push_back(optimizer.owned_parameters());
     buffers.push_back(optimizer.state(0));
     buffers.push_back(optimizer.state(1));
-    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;  // a replica of rank 0's state
     const auto ranges = optimizer.state_ranges();
     const core::Model& model = *chunk.model;
     std::vector<io::TensorRun>* kinds[3] = {&mine.params, &mine.m, &mine.v};
