@@ -23,6 +23,7 @@
 #include "io/hdf5_file.hpp"
 #include "io/metrics.hpp"
 #include "parallel/local_communicator.hpp"
+#include "parallel/mpi_communicator.hpp"
 
 namespace colossal::apps {
 
@@ -569,7 +570,9 @@ TrainSummary Trainer::train() {
   const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
   if (config_.checkpoint.resume == "auto" && profile_steps_ == 0) {
+    const auto resuming = Clock::now();
     const io::CheckpointState state = resume();
+    if (state.step > 0) print("resume took %.2f s\n", seconds_since(resuming));
     first_step = state.step;
     summary.first_step = first_step;
     summary.skipped_steps = state.step - state.optimizer_step;
@@ -806,9 +809,11 @@ TrainSummary Trainer::train() {
     const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
     const int64_t every = config_.checkpoint.every;
     if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+      const auto saving = Clock::now();
       save_checkpoint(step + 1, step + 1 - summary.skipped_steps);
       summary.checkpoint = checkpoint_dir() + "/ckpt-" + std::to_string(step + 1) + ".h5";
-      print("step %lld: checkpoint %s\n", (long long)step + 1, summary.checkpoint.c_str());
+      print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
+            summary.checkpoint.c_str(), seconds_since(saving));
     }
     if (stop && !last) {
       summary.stopped = true;
@@ -910,31 +915,62 @@ std::string Trainer::checkpoint_dir() const {
   return config_.checkpoint.dir.empty() ? config_.log.dir + "/checkpoints" : config_.checkpoint.dir;
 }
 
-void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
-  const std::vector<float> params = logical_parameters();
-  std::vector<std::vector<float>> m_parts, v_parts;
-  for (Chunk& chunk : chunks_) {
-    m_parts.push_back(chunk.optimizer->gather_state(0));
-    v_parts.push_back(chunk.optimizer->gather_state(1));
+namespace {
+// A chunk's flat ranges held in `buffer`: at their flat offsets (`flat_addressed`, a buffer of the
+// chunk's whole flat size) or packed in the optimizer's state order.
+std::vector<io::FlatRange> held_ranges(const std::vector<zero::ShardedAdamW::StateRange>& ranges,
+                                       std::vector<float>& buffer, bool flat_addressed) {
+  std::vector<io::FlatRange> out;
+  for (const auto& r : ranges) {
+    out.push_back({r.begin, r.length, buffer.data() + (flat_addressed ? r.begin : r.at)});
   }
-  const std::vector<float> m = to_logical(m_parts);
-  const std::vector<float> v = to_logical(v_parts);
-  std::string error;
-  if (world_->rank() == 0) {
-    io::CheckpointState state{step, optimizer_step,
-                              step * int64_t(config_.train.global_batch) * config_.train.seq_len,
-                              int64_t(config_.train.seed), config_.text, plan_};
-    try {
-      io::write_checkpoint(checkpoint_dir(), logical_table(), params.data(), m.data(), v.data(),
-                           state, config_.checkpoint.keep);
-    } catch (const std::exception& e) {
-      error = e.what();
-      if (error.empty()) error = "unknown error";
+  return out;
+}
+
+void append(std::vector<io::TensorRun>& to, const std::vector<io::TensorRun>& runs) {
+  to.insert(to.end(), runs.begin(), runs.end());
+}
+
+// The communicator parallel HDF5 opens files over (null: a serial file).
+MPI_Comm file_communicator(parallel::Communicator* world) {
+  auto* mpi = dynamic_cast<parallel::MpiCommunicator*>(world);
+  return mpi != nullptr && mpi->size() > 1 ? mpi->native() : MPI_COMM_NULL;
+}
+}  // namespace
+
+// Who writes what (docs/checkpoint-format.md): every rank the elements its optimizer owns, from
+// its own layout, as hyperslabs of the logical datasets: under ZeRO 1-3 each data(-and-sequence)
+// rank its shard of parameters and moments; without ZeRO the first of them everything it holds.
+// Tensor ranks > 0 leave out replicated tensors, and a chunk that only runs the tied LM head
+// leaves out the embedding unit. Nothing is gathered.
+void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
+  const auto logical = logical_table();
+  std::vector<std::vector<float>> buffers;  // per chunk: parameters, m, v in state order
+  buffers.reserve(3 * chunks_.size());
+  io::CheckpointShard mine;
+  for (Chunk& chunk : chunks_) {
+    zero::ShardedAdamW& optimizer = *chunk.optimizer;
+    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;  // a replica of rank 0's state
+    buffers.push_back(optimizer.owned_parameters());
+    buffers.push_back(optimizer.state(0));
+    buffers.push_back(optimizer.state(1));
+    const auto ranges = optimizer.state_ranges();
+    const core::Model& model = *chunk.model;
+    std::vector<io::TensorRun>* kinds[3] = {&mine.params, &mine.m, &mine.v};
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<float>& held = buffers[buffers.size() - 3 + kind];
+      append(*kinds[kind], io::chunk_runs(model.parameters(), tp_->rank(), model.stage().embeds,
+                                          held_ranges(ranges, held, false), logical, true));
     }
   }
-  world_->broadcast_string(error, 0);
-  if (!error.empty()) {
-    throw CollectiveError("checkpoint at step " + std::to_string(step) + " failed: " + error +
+  io::CheckpointState state{step, optimizer_step,
+                            step * int64_t(config_.train.global_batch) * config_.train.seq_len,
+                            int64_t(config_.train.seed), config_.text, plan_};
+  try {
+    io::write_checkpoint(checkpoint_dir(), logical, mine, state, config_.checkpoint.keep,
+                         file_communicator(world_));  // errors alike on every rank
+  } catch (const std::exception& e) {
+    throw CollectiveError("checkpoint at step " + std::to_string(step) + " failed: " + e.what() +
                           "; the previous checkpoint is untouched");
   }
   if (watchdog_ != nullptr) watchdog_->progress(step, "after a checkpoint");
@@ -956,53 +992,85 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
 io::CheckpointState Trainer::resume() {
   const std::string dir = checkpoint_dir();
   const auto logical = logical_table();
-  const std::size_t floats = core::parameter_units(logical, 16).back().end;
-  std::vector<float> params(floats), m(floats), v(floats);
-  // Rank 0 picks the newest checkpoint that reads back intact; every rank then loads it. One of
-  // another model is an error, not damage to skip.
-  std::string chosen, warnings, fatal;
-  io::CheckpointState state;
+  // What this rank reads: its whole layout of the parameters (ZeRO-3: only its slices) and its
+  // moments; and what it would write, whose CRCs verify every dataset once over all ranks.
+  std::vector<std::vector<float>> params, m, v;
+  io::CheckpointShard wanted, owned;
+  for (Chunk& chunk : chunks_) {
+    const zero::ShardedAdamW& optimizer = *chunk.optimizer;
+    const core::Model& model = *chunk.model;
+    const auto ranges = optimizer.state_ranges();
+    const std::size_t state = ranges.back().at + ranges.back().length;
+    std::vector<float>& p = params.emplace_back(model.flat_size(), 0.0f);
+    std::vector<float>& mc = m.emplace_back(state, 0.0f);
+    std::vector<float>& vc = v.emplace_back(state, 0.0f);
+    const std::vector<zero::ShardedAdamW::StateRange> whole{{0, model.flat_size(), 0}};
+    const auto read = [&](const std::vector<io::FlatRange>& held, bool writing) {
+      return io::chunk_runs(model.parameters(), tp_->rank(), model.stage().embeds, held, logical,
+                            writing);
+    };
+    append(wanted.params, read(held_ranges(optimizer.stage() == 3 ? ranges : whole, p, true),
+                               false));
+    append(wanted.m, read(held_ranges(ranges, mc, false), false));
+    append(wanted.v, read(held_ranges(ranges, vc, false), false));
+    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;
+    append(owned.params, read(held_ranges(ranges, p, true), true));
+    append(owned.m, read(held_ranges(ranges, mc, false), true));
+    append(owned.v, read(held_ranges(ranges, vc, false), true));
+  }
+  // Rank 0 checks each candidate's integrity header and model config, newest first; then every
+  // rank reads its part collectively. One of another model is an error, not damage to skip.
+  std::string listing;
   if (world_->rank() == 0) {
-    for (const std::string& path : io::list_checkpoints(dir)) {
+    for (const std::string& path : io::list_checkpoints(dir)) listing += path + "\n";
+  }
+  world_->broadcast_string(listing, 0);
+  std::string chosen, warnings;
+  io::CheckpointState state;
+  for (std::size_t at = 0, end; (end = listing.find('\n', at)) != std::string::npos;
+       at = end + 1) {
+    const std::string path = listing.substr(at, end - at);
+    std::string fatal, damage;
+    if (world_->rank() == 0) {
       try {
-        // The whole-file checksum is checked here, before HDF5 parses anything, and not again
-        // for the tensors just below.
-        const bool verify = config_.checkpoint.verify;
-        const std::string written = io::read_checkpoint_config(path, verify);
+        const std::string written = io::read_checkpoint_config(path, config_.checkpoint.verify);
         const std::string model_changes = config_changes(written, config_.text).first;
         if (!model_changes.empty()) {
           fatal = "checkpoint " + path + " was written for another model (" + model_changes +
                   " differ); resume with the model config it was written with, or point "
                   "checkpoint.dir elsewhere";
-          break;
         }
-        state = io::read_checkpoint(path, logical, params, m, v, /*verify=*/false);
-        chosen = path;
-        break;
       } catch (const std::exception& e) {
-        warnings += "warning: skipping checkpoint " + path + ": " + e.what() + "\n";
+        damage = e.what();
       }
     }
+    world_->broadcast_string(fatal, 0);
+    if (!fatal.empty()) throw CollectiveError(fatal);
+    world_->broadcast_string(damage, 0);
+    if (damage.empty()) {
+      try {
+        // The whole-file checksum was checked just above, before HDF5 parsed anything.
+        state = io::read_checkpoint(path, logical, wanted, owned, file_communicator(world_),
+                                    /*verify=*/false);
+        chosen = path;
+        break;
+      } catch (const io::H5Error& e) {  // thrown on every rank alike
+        damage = e.what();
+      }
+    }
+    warnings += "warning: skipping checkpoint " + path + ": " + damage + "\n";
   }
-  world_->broadcast_string(fatal, 0);
-  if (!fatal.empty()) throw CollectiveError(fatal);
-  world_->broadcast_string(chosen, 0);
-  world_->broadcast_string(warnings, 0);
   print("%s", warnings.c_str());
   if (chosen.empty()) {
     print("checkpoint.resume: auto: no intact checkpoint in %s; starting from step 0\n",
           dir.c_str());
     return {};
   }
-  if (world_->rank() != 0) {  // rank 0 has it
-    state = io::read_checkpoint(chosen, logical, params, m, v, config_.checkpoint.verify);
-  }
   const std::string other_changes = config_changes(state.config, config_.text).second;
-  set_local_parameters(from_logical(params));
-  const auto m_parts = from_logical(m), v_parts = from_logical(v);
+  set_local_parameters(params);
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    chunks_[c].optimizer->scatter_state(0, m_parts[c]);
-    chunks_[c].optimizer->scatter_state(1, v_parts[c]);
+    chunks_[c].optimizer->set_state(0, m[c]);
+    chunks_[c].optimizer->set_state(1, v[c]);
   }
   print("resumed from %s at step %lld%s%s\n", chosen.c_str(), (long long)state.step,
         other_changes.empty() ? "" : "; changed since: ", other_changes.c_str());

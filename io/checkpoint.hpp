@@ -14,11 +14,18 @@
 // after the block. Readers check it before HDF5 parses a byte, because Debian's HDF5 1.10 can
 // crash or read out of bounds on a damaged file (found by tests/fuzz). Files of format 1 have no
 // header and are read only with verification off (checkpoint.verify: false).
+// Written collectively (parallel HDF5 over MPI-IO): every rank writes the elements it owns
+// straight from its own layout as hyperslabs of the logical datasets, and reads back only the
+// hyperslabs its layout holds (docs/checkpoint-format.md, "Who writes and reads what"). The
+// per-dataset CRC-32 is combined on rank 0 from every rank's CRCs of its own runs, so no tensor
+// is ever gathered. With one rank (or MPI_COMM_NULL) the same code runs on a serial file.
 // A save writes DIR/ckpt-<step>.h5.tmp, flushes and closes it, renames it into place, then
 // rewrites DIR/latest (through a temporary name) and removes all but the newest `keep`
 // checkpoints: a crash at any moment leaves the previous checkpoint whole. The temporary files of
 // an interrupted save are removed by the next one.
 #pragma once
+
+#include <mpi.h>
 
 #include <cstdint>
 #include <string>
@@ -43,8 +50,80 @@ struct CheckpointState {
 // CRC-32 (IEEE 802.3) of `bytes` bytes.
 uint32_t crc32(const void* data, std::size_t bytes);
 
-// Writes one checkpoint of the logical tensors of `table` (flat host buffers at table offsets) and
-// returns its path.
+// CRC-32 of the concatenation A + B from crc32(A), crc32(B) and the length of B in bytes
+// (GF(2) matrix powers of the one-zero-bit shift; what zlib calls crc32_combine).
+uint32_t crc32_combine(uint32_t crc_a, uint32_t crc_b, uint64_t bytes_b);
+
+// --- Which elements a rank writes and reads ----------------------------------------------------
+
+// Elements [logical, logical + length) (row-major) of logical tensor `tensor` (an index into the
+// logical table), held in host memory at data[0, length): the source of a write, the target of
+// a read.
+struct TensorRun {
+  std::size_t tensor = 0, logical = 0, length = 0;
+  float* data = nullptr;
+};
+
+// The runs one rank writes or reads of each kind of dataset: /model/<name> and the AdamW moments
+// /optimizer/<name>/m and /v. Runs of one dataset must not overlap.
+struct CheckpointShard {
+  std::vector<TensorRun> params, m, v;
+};
+
+// Flat elements [begin, begin + length) of a chunk's local buffer, held at data[0, length).
+struct FlatRange {
+  std::size_t begin = 0, length = 0;
+  float* data = nullptr;
+};
+
+// The runs of the logical tensors that `ranges` of one chunk's flat buffer hold: each parameter
+// of `chunk_table` (that chunk's core::parameter_table, tensor-split) is intersected with the
+// ranges and mapped through core::shard_runs(p, tensor_rank) into the tensor of `logical` with
+// its name (vocabulary padding maps nowhere). With `writing`, copies that another rank or chunk
+// writes are left out: tensors replicated over the tensor group on tensor ranks > 0, and the
+// tied embedding unit on a chunk that does not embed tokens (the LM head's copy).
+std::vector<TensorRun> chunk_runs(const std::vector<core::ParamSpec>& chunk_table,
+                                  int tensor_rank, bool embeds,
+                                  const std::vector<FlatRange>& ranges,
+                                  const std::vector<core::ParamSpec>& logical, bool writing);
+
+// A rectangle of a dataset viewed as [rows, columns] (a 1-D dataset is one row).
+struct SelectionBlock {
+  uint64_t row = 0, col = 0, rows = 0, cols = 0;
+  bool operator==(const SelectionBlock&) const = default;
+};
+// The rectangles whose union is exactly the elements of `runs` (each a flat run of a dataset of
+// `shape`, rank 1 or 2): a run becomes a partial head row, whole middle rows and a partial tail
+// row, and rectangles that continue each other down the same columns are merged (a column split
+// over the tensor group is one rectangle, not one per row).
+std::vector<SelectionBlock> selection_blocks(const std::vector<int64_t>& shape,
+                                             const std::vector<TensorRun>& runs);
+
+// Float elements this process has read from checkpoint datasets so far (tests check that a rank
+// reads only its own hyperslabs).
+uint64_t checkpoint_elements_read();
+
+// --- Writing and reading -----------------------------------------------------------------------
+
+// Writes one checkpoint and returns its path; collective over `comm` (every rank calls it with
+// the same dir, table, state and keep; MPI_COMM_NULL or one rank: a serial file). Each rank
+// writes `mine`; together the ranks' runs must cover every dataset exactly once (checked before
+// the file is created). Errors are thrown on every rank, and the previous checkpoint is kept.
+std::string write_checkpoint(const std::string& dir, const std::vector<core::ParamSpec>& table,
+                             const CheckpointShard& mine, const CheckpointState& state, int keep,
+                             MPI_Comm comm);
+
+// Reads a checkpoint collectively: each rank reads exactly the runs of `wanted`. `owned` are runs
+// of the same buffers that tile every dataset exactly once over the ranks (a layout's write
+// runs): their CRCs, combined on rank 0, are checked against each dataset's crc32 attribute, so
+// every dataset is verified without any rank reading more than it needs. With `verify`, rank 0
+// checks the whole-file integrity header before any rank lets HDF5 parse the file. Errors are
+// thrown on every rank alike.
+CheckpointState read_checkpoint(const std::string& path, const std::vector<core::ParamSpec>& table,
+                                const CheckpointShard& wanted, const CheckpointShard& owned,
+                                MPI_Comm comm, bool verify = true);
+
+// One process: writes the logical tensors of `table` from flat host buffers at table offsets.
 std::string write_checkpoint(const std::string& dir, const std::vector<core::ParamSpec>& table,
                              const float* params, const float* m, const float* v,
                              const CheckpointState& state, int keep);
@@ -54,7 +133,7 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
 // is refused with the hint to set checkpoint.verify: false.
 void verify_checkpoint_integrity(const std::string& path);
 
-// Reads a checkpoint written by write_checkpoint into flat host buffers sized for `table`,
+// One process: reads a checkpoint into flat host buffers sized for `table`,
 // checking every dataset's presence, shape and checksum; with `verify`, the whole file's
 // integrity first (verify_checkpoint_integrity). Throws H5Error naming what is wrong.
 CheckpointState read_checkpoint(const std::string& path, const std::vector<core::ParamSpec>& table,

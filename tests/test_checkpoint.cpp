@@ -8,6 +8,7 @@
 
 #include <csignal>
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 
 #include "apps/trainer.hpp"
@@ -21,7 +22,11 @@ using namespace colossal;
 namespace {
 
 struct Layout {
-  int data = 1, tensor = 1, pipeline = 1, stage = 0;
+  int data = 1, tensor = 1, pipeline = 1, stage = 0, sequence = 1;
+  std::string name() const {
+    return "dp" + std::to_string(data) + "tp" + std::to_string(tensor) + "pp" +
+           std::to_string(pipeline) + "sp" + std::to_string(sequence) + "z" + std::to_string(stage);
+  }
 };
 
 io::Config config(const std::string& data, const std::string& dir, const Layout& l,
@@ -34,7 +39,8 @@ io::Config config(const std::string& data, const std::string& dir, const Layout&
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
       std::to_string(l.tensor) + "}, pipeline: {size: " + std::to_string(l.pipeline) +
-      "}, zero: {stage: " + std::to_string(l.stage) + "}}\n"
+      "}, sequence: " + std::to_string(l.sequence) + ", zero: {stage: " +
+      std::to_string(l.stage) + "}}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " + dir + "}\n" + extra;
   return io::parse_config(text, "test");
 }
@@ -186,6 +192,133 @@ TEST(Checkpoint, ResumesUnderAnotherLayout) {
     EXPECT_NEAR(rest.losses[i], all.losses[6 + i], 1e-5 * all.losses[6 + i]) << "step " << 7 + i;
   }
   test::expect_same_weights(resumed, reference);
+}
+
+// Per tensor, the relative L1 difference of two checkpoints' dataset values.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b,
+                           const core::ParamSpec& p) {
+  double diff = 0, size = 0;
+  for (std::size_t i = p.offset; i < p.offset + p.count; ++i) {
+    diff += std::abs(double(a[i]) - double(b[i]));
+    size += std::abs(double(b[i]));
+  }
+  return size == 0 ? diff : diff / size;
+}
+
+// The collective save and load under each layout: the file holds the same datasets as one
+// rank's (the parameters bitwise those the old gather path assembles, the moments within fp32
+// rounding of one rank's), every rank reads only its part of it on resume, the same layout
+// resumes bitwise, another layout and one rank resume with the same losses.
+TEST(Checkpoint, CollectiveSavesMatchOneRankAndEachRankReadsOnlyItsPart) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const std::string dir = fresh_dir(world, "collective" + std::to_string(world.size()));
+  const std::string every = "checkpoint: {every: 4, keep: 3, resume: auto}\n";
+  const std::vector<Layout> layouts =
+      world.size() == 2
+          ? std::vector<Layout>{{1, 2, 1, 0}, {1, 1, 2, 0}, {2, 1, 1, 3}, {1, 1, 1, 2, 2}}
+          : std::vector<Layout>{{2, 2, 1, 2}, {2, 1, 2, 1}, {4, 1, 1, 3}, {1, 2, 2, 0},
+                                {1, 2, 1, 3, 2}};
+  io::Config one = config(data, dir + "/ref" + std::to_string(world.rank()), Layout{}, every);
+  one.train.steps = 6;
+  apps::Trainer reference(one, nullptr);
+  const apps::TrainSummary all = reference.train();
+  const auto table = reference.logical_table();
+  const std::size_t floats = core::parameter_units(table, 16).back().end;
+  std::size_t elements = 0;  // of every dataset together
+  for (const auto& p : table) elements += 3 * p.count;
+  std::vector<float> ref_params(floats), ref_m(floats), ref_v(floats);
+  io::read_checkpoint(dir + "/ref" + std::to_string(world.rank()) + "/checkpoints/ckpt-4.h5",
+                      table, ref_params, ref_m, ref_v);
+
+  for (std::size_t i = 0; i < layouts.size(); ++i) {
+    const Layout& layout = layouts[i];
+    SCOPED_TRACE(layout.name());
+    const std::string run = dir + "/" + layout.name();
+    std::vector<float> saved_params;
+    {
+      io::Config c = config(data, run, layout, every);
+      c.train.steps = 6;  // the learning-rate schedule of the reference
+      apps::Trainer trainer(c, nullptr, &world);
+      trainer.set_step_callback([&](int64_t done) {
+        if (done == 4 && world.rank() == 0) apps::request_stop(SIGUSR1);
+      });
+      trainer.train();
+      apps::request_stop(0);
+      saved_params = trainer.logical_parameters();  // the gather path, as a reference
+    }
+    const std::string ckpt = run + "/checkpoints/ckpt-4.h5";
+    if (world.rank() == 0) {
+      std::vector<float> params(floats), m(floats), v(floats);
+      io::read_checkpoint(ckpt, table, params, m, v);  // integrity and every crc32 checked
+      for (const auto& p : table) {
+        EXPECT_TRUE(std::equal(params.begin() + p.offset, params.begin() + p.offset + p.count,
+                               saved_params.begin() + p.offset))
+            << p.name << ": not the trainer's parameters";
+        EXPECT_LT(relative_difference(params, ref_params, p), 1e-4) << p.name;
+        EXPECT_LT(relative_difference(m, ref_m, p), 1e-3) << p.name << "/m";
+        EXPECT_LT(relative_difference(v, ref_v, p), 1e-3) << p.name << "/v";
+      }
+    }
+    // Same layout: the resumed steps are bitwise those of a straight run, and no rank read more
+    // than its part (every element is read by some rank; ZeRO-3 reads each exactly once).
+    io::Config straight_config = config(data, run + "-straight", layout);
+    straight_config.train.steps = 6;
+    const apps::TrainSummary straight = apps::Trainer(straight_config, nullptr, &world).train();
+    io::Config again = config(data, run, layout, every);
+    again.train.steps = 6;
+    const uint64_t before = io::checkpoint_elements_read();
+    const apps::TrainSummary resumed = apps::Trainer(again, nullptr, &world).train();
+    const double read = double(io::checkpoint_elements_read() - before);
+    ASSERT_EQ(resumed.first_step, 4);
+    ASSERT_EQ(resumed.losses.size(), 2u);
+    EXPECT_EQ(resumed.losses[0], straight.losses[4]) << "not bitwise";
+    EXPECT_EQ(resumed.losses[1], straight.losses[5]) << "not bitwise";
+    EXPECT_LT(read, (world.size() == 4 ? 0.7 : 0.9) * double(elements))
+        << "rank " << world.rank() << " read most of the file";
+    const double total = world.all_reduce_sum_value(read);
+    EXPECT_GE(total, double(elements));
+    if (layout.stage == 3 && layout.data == world.size()) {
+      EXPECT_EQ(total, double(elements)) << "ZeRO-3 ranks read disjoint parts";
+    }
+    if (layout.tensor == world.size()) {  // each its part, and the replicated tensors all
+      double replicated = 0;
+      for (const auto& p : core::parameter_table(one.model, 16, {layout.tensor, 0})) {
+        if (p.shard.replicated()) replicated += 3.0 * double(p.count);
+      }
+      EXPECT_EQ(total, double(elements) + (layout.tensor - 1) * replicated);
+    }
+    // Another layout, and one rank, resume from a copy of the same checkpoint.
+    const Layout& next = layouts[(i + 1) % layouts.size()];
+    const std::string other = dir + "/" + layout.name() + "-as-" + next.name();
+    if (world.rank() == 0) {
+      std::filesystem::create_directories(other + "/checkpoints");
+      std::filesystem::copy_file(ckpt, other + "/checkpoints/ckpt-4.h5");
+      std::filesystem::create_directories(other + "-one/checkpoints");
+      std::filesystem::copy_file(ckpt, other + "-one/checkpoints/ckpt-4.h5");
+    }
+    world.barrier();
+    io::Config moved = config(data, other, next, every);
+    moved.train.steps = 6;
+    const apps::TrainSummary after = apps::Trainer(moved, nullptr, &world).train();
+    ASSERT_EQ(after.losses.size(), 2u);
+    for (int k = 0; k < 2; ++k) {
+      EXPECT_NEAR(after.losses[k], all.losses[4 + k], 1e-5 * all.losses[4 + k])
+          << "resumed as " << next.name() << ", step " << 5 + k;
+    }
+    if (world.rank() == 0) {
+      io::Config alone = config(data, other + "-one", Layout{}, every);
+      alone.train.steps = 6;
+      const apps::TrainSummary single = apps::Trainer(alone, nullptr).train();
+      ASSERT_EQ(single.losses.size(), 2u);
+      for (int k = 0; k < 2; ++k) {
+        EXPECT_NEAR(single.losses[k], all.losses[4 + k], 1e-5 * all.losses[4 + k])
+            << "resumed on one rank, step " << 5 + k;
+      }
+    }
+    world.barrier();
+  }
 }
 
 }  // namespace

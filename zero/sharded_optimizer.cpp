@@ -164,50 +164,46 @@ void ShardedAdamW::sum_sequence_partial_gradients(float* grads) {
   Kokkos::fence();
 }
 
-std::vector<float> ShardedAdamW::gather_state(int which) {
-  core::AdamW& adamw = *adamw_;
-  const float* state = which == 0 ? adamw.m() : adamw.v();
-  std::vector<float> flat(padded_, 0.0f);
-  if (stage_ == 0) {
-    core::copy_to_host(flat.data(), state, padded_ * sizeof(float));
-    return flat;
-  }
-  if (stage_ == 1) {
-    core::copy_to_host(flat.data() + shard_begin_, state, shard_size_ * sizeof(float));
-    if (dp_.size() > 1) {
-      dp_.all_gather({flat.data() + shard_begin_, shard_size_}, {flat.data(), padded_});
-    }
-    return flat;
-  }
-  // Stages 2-3: this rank's slice of every unit, in unit order; each unit gathered in place.
+std::vector<ShardedAdamW::StateRange> ShardedAdamW::state_ranges() const {
+  if (stage_ == 0) return {{0, padded_, 0}};
+  if (stage_ == 1) return {{shard_begin_, shard_size_, 0}};
+  std::vector<StateRange> ranges;
   std::size_t at = 0;
-  for (const core::ParamUnit& unit : store_->units()) {
-    const std::size_t slice = unit.size() / dp_.size();
-    float* whole = flat.data() + unit.begin;
-    core::copy_to_host(whole + dp_.rank() * slice, state + at, slice * sizeof(float));
-    if (dp_.size() > 1) dp_.all_gather({whole + dp_.rank() * slice, slice}, {whole, unit.size()});
-    at += slice;
+  for (const auto& [begin, end] : sharded_->owned_ranges()) {
+    ranges.push_back({begin, end - begin, at});
+    at += end - begin;
   }
-  return flat;
+  return ranges;
 }
 
-void ShardedAdamW::scatter_state(int which, const std::vector<float>& flat) {
-  if (flat.size() != padded_) throw std::invalid_argument("optimizer state of the wrong size");
-  core::AdamW& adamw = *adamw_;
-  float* state = which == 0 ? adamw.m() : adamw.v();
-  if (stage_ == 0) {
-    core::copy_to_device(state, flat.data(), padded_ * sizeof(float));
-  } else if (stage_ == 1) {
-    core::copy_to_device(state, flat.data() + shard_begin_, shard_size_ * sizeof(float));
-  } else {
-    std::size_t at = 0;
-    for (const core::ParamUnit& unit : store_->units()) {
-      const std::size_t slice = unit.size() / dp_.size();
-      core::copy_to_device(state + at, flat.data() + unit.begin + dp_.rank() * slice,
-                           slice * sizeof(float));
-      at += slice;
-    }
+std::vector<float> ShardedAdamW::state(int which) const {
+  const core::AdamW& adamw = *adamw_;
+  std::vector<float> host(stage_ == 0 ? padded_ : shard_size_);
+  core::copy_to_host(host.data(), which == 0 ? adamw.m() : adamw.v(), host.size() * sizeof(float));
+  return host;
+}
+
+void ShardedAdamW::set_state(int which, const std::vector<float>& values) {
+  if (values.size() != (stage_ == 0 ? padded_ : shard_size_)) {
+    throw std::invalid_argument("optimizer state of the wrong size");
   }
+  core::AdamW& adamw = *adamw_;
+  core::copy_to_device(which == 0 ? adamw.m() : adamw.v(), values.data(),
+                       values.size() * sizeof(float));
+}
+
+std::vector<float> ShardedAdamW::owned_parameters() {
+  std::vector<float> host(stage_ == 0 ? padded_ : shard_size_);
+  if (stage_ == 3) {
+    core::copy_to_host(host.data(), sharded_->param_shard(), host.size() * sizeof(float));
+    return host;
+  }
+  // Stages 0-2 hold the whole flat buffer.
+  const float* whole = store_->full_params();
+  for (const StateRange& range : state_ranges()) {
+    core::copy_to_host(host.data() + range.at, whole + range.begin, range.length * sizeof(float));
+  }
+  return host;
 }
 
 void ShardedAdamW::tie_embedding(float* grads) {

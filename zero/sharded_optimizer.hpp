@@ -91,11 +91,19 @@ class ShardedAdamW {
   // Stages 0-1: flat ranges, in issue order (stages 2-3 reduce per unit: empty).
   const std::vector<std::pair<std::size_t, std::size_t>>& buckets() const { return buckets_; }
   const core::AdamW& adamw() const { return *adamw_; }
-  // Checkpoints: the AdamW first (which = 0) or second (1) moment of this rank's whole flat
-  // layout in host memory, assembled from every data-parallel rank's part (collective under
-  // ZeRO 1-3); and the inverse, which keeps this rank's part of such a buffer.
-  std::vector<float> gather_state(int which);
-  void scatter_state(int which, const std::vector<float>& flat);
+  // Checkpoints without a gather: the ranges of the flat buffer that this rank's moments hold, in
+  // the order the moment arrays hold them (stage 0: the whole buffer; 1: its shard; 2-3: its
+  // slice of every unit). `at` is the range's first element in the moment arrays.
+  struct StateRange {
+    std::size_t begin, length, at;
+  };
+  std::vector<StateRange> state_ranges() const;
+  // A host copy of this rank's first (which = 0) or second (1) moment array, and its inverse.
+  std::vector<float> state(int which) const;
+  void set_state(int which, const std::vector<float>& values);
+  // The parameters at state_ranges(), in the same order, in host memory (stage 3: the parameter
+  // shard itself; nothing is gathered).
+  std::vector<float> owned_parameters();
 
  private:
   // Stages 0-1: starts the non-blocking all-reduce of every bucket lying in [offset, end) that
