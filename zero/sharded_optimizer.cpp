@@ -29,11 +29,11 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                            core::MemoryTracker& tracker, bool offload_optimizer,
                            bool offload_params, parallel::Communicator* tensor,
                            bool sequence_split, PipelineLinks pipeline)
-    : stage_(stage),
+    : pipeline_(pipeline),
+      stage_(stage),
       padded_(flat_size),
       dp_(dp),
       tp_(tensor != nullptr && tensor->size() > 1 ? tensor : nullptr),
-      pipeline_(pipeline),
       offload_(offload_optimizer) {
   if (pipeline_.stages != nullptr && pipeline_.stages->size() == 1) pipeline_ = {};
   if (stage < 0 || stage > 3) {
