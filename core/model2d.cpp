@@ -168,6 +168,62 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   ln_work_ = carve(3 * R);
 }
 
+namespace {
+std::size_t aligned(std::size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+std::size_t Model2D::parameter_floats(const ModelSpec& s, int q) {
+  const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
+  const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
+  const std::size_t blocks = aligned(vb * c) + aligned(pb * c) +
+                             L * (aligned(3 * c * c) + aligned(c * c) + 2 * aligned(c * f));
+  const std::size_t replicated =
+      L * (5 * aligned(c) + aligned(3 * c) + aligned(f) + aligned(c)) + 2 * aligned(c);
+  return aligned(blocks) + replicated;
+}
+
+std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
+  const std::size_t R = std::size_t(batch) * seq_len / q, c = s.hidden / q, f = s.ffn_hidden / q;
+  const std::size_t att = std::size_t(batch / q) * (s.heads / q) * seq_len * seq_len;
+  const std::size_t vb = (s.vocab + q - 1) / q;
+  return s.layers * (8 * R * c + 4 * R + att + 2 * R * f) + 2 * R * c + 3 * R + R * vb;
+}
+
+Model2D::Communication Model2D::step_communication(const ModelSpec& s, int batch, int seq_len,
+                                                   int q) {
+  const double BT = double(batch) * seq_len, R = BT / q, C = s.hidden, F = s.ffn_hidden;
+  const double Vp = double((s.vocab + q - 1) / q) * q;
+  Communication m;
+  auto linear = [&](double in, double out) {
+    m.row_broadcast += BT * in / q;         // forward: A blocks along the row
+    m.col_broadcast += in * out / q;        // forward: W blocks down the column
+    m.col_all_gather += in * out / q;       // input gradient: W's column of blocks
+    m.row_reduce_scatter += BT * in / q;    // input gradient: q partial blocks
+    m.row_all_gather += BT * in / q;        // weight gradient: the input's row of blocks
+    m.col_reduce_scatter += in * out / q;   // weight gradient: q partial blocks
+  };
+  for (int l = 0; l < s.layers; ++l) {
+    linear(C, 3 * C);
+    linear(C, C);
+    linear(C, F);
+    linear(F, C);
+  }
+  const double layernorms = 2.0 * s.layers + 1;
+  m.row_all_reduce += layernorms * (2 * R + 2 * R) + 3 * R;  // forward + backward; cross-entropy
+  // Tied head: forward A B^T, backward A B and A^T B.
+  m.col_all_gather += Vp * C / q;
+  m.row_reduce_scatter += BT * Vp / q;
+  m.row_broadcast += BT * Vp / q;
+  m.col_broadcast += Vp * C / q;
+  m.row_all_gather += BT * Vp / q;
+  m.col_reduce_scatter += Vp * C / q;
+  // Embedding and loss.
+  m.col_reduce_scatter += BT * C / q;
+  m.col_all_gather += BT * C / q;
+  m.col_all_reduce += 1;
+  return m;
+}
+
 std::size_t Model2D::add_param(const std::string& name, ParamRole role, std::size_t count,
                                bool replicated) {
   ParamSpec p;

@@ -77,6 +77,28 @@ class Model2D {
 
   int local_rows() const { return rows_; }
 
+  // Closed forms, per rank, in floats. Parameters: Vp/q c + Pp/q c + L (3c^2 + c^2 + 2 c f) in
+  // weight blocks and L (4c + 3c + c + f + c) + 2c replicated, each tensor 16-float aligned.
+  // Activations kept: L (8 R c + 4 R + (B/q)(H/q) T^2 + 2 R f) + 2 R c + 3 R + R Vp/q.
+  static std::size_t parameter_floats(const ModelSpec& spec, int q);
+  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+
+  // Payload floats one forward + backward moves in each group (all-gathers count their output,
+  // reduce-scatters their input, as the communicator's counters do). For a linear [in, out] over
+  // BT token rows: forward SUMMA broadcasts BT in / q along the row and in out / q down the
+  // column; backward's input gradient all-gathers in out / q down the column and reduce-scatters
+  // BT in / q along the row, its weight gradient all-gathers BT in / q along the row and
+  // reduce-scatters in out / q down the column. Each layernorm all-reduces 2R along the row
+  // forward and 2R backward; the cross-entropy R (max) and 2R (sums). The tied head is a linear
+  // [C, Vp] run as A B^T forward (column all-gather Vp C / q, row reduce-scatter BT Vp / q) and
+  // A B / A^T B backward. The embedding reduce-scatters BT c down the column and all-gathers it
+  // back in backward; the loss is one float down the column.
+  struct Communication {
+    double row_broadcast = 0, row_all_gather = 0, row_reduce_scatter = 0, row_all_reduce = 0;
+    double col_broadcast = 0, col_all_gather = 0, col_reduce_scatter = 0, col_all_reduce = 0;
+  };
+  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
+
  private:
   struct Linear {
     std::size_t w = 0, b = 0;  // offsets of the weight block (in x out) and the bias block

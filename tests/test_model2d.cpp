@@ -145,6 +145,44 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
   EXPECT_LT(ratio, 0.40);
 }
 
+// The bytes one forward + backward moves along the grid row and down the column, and the tracked
+// parameter and activation bytes, against the closed forms next to the model.
+TEST_P(Model2DParity, CommunicationAndMemoryEqualTheClosedForms) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const int q = 2, i = world.rank() / q, j = world.rank() % q;
+  auto row_comm = world.split(i, j), col_comm = world.split(j, i);
+  parallel::CommunicatorGroup row(*row_comm), col(*col_comm);
+  core::Grid2D grid{row, col};
+  const core::ModelSpec spec = core::model_spec(GetParam(), 3, 48, 6, 96, 101, 16);
+  const int B = 6, T = 10;
+  auto gemm = core::make_host_gemm();
+  core::MemoryTracker tracker;
+  core::Model2D model(spec, B, T, grid, *gemm, tracker);
+  model.init_parameters(5);
+  EXPECT_EQ(tracker.current(core::MemCategory::parameters),
+            core::Model2D::parameter_floats(spec, q) * sizeof(float));
+  EXPECT_EQ(tracker.current(core::MemCategory::activations),
+            core::Model2D::activation_floats(spec, B, T, q) * sizeof(float));
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int n = 0; n < B * T; ++n) tokens[n] = targets[(n + 1) % (B * T)] = n * 3 % spec.vocab;
+  row_comm->reset_stats();
+  col_comm->reset_stats();
+  model.forward(tokens.data(), targets.data(), 1.0f / float(B * T));
+  model.backward(tokens.data());
+  const auto want = core::Model2D::step_communication(spec, B, T, q);
+  const auto& r = row_comm->stats();
+  const auto& c = col_comm->stats();
+  EXPECT_EQ(double(r.broadcast.payload_bytes), 4 * want.row_broadcast);
+  EXPECT_EQ(double(r.all_gather.payload_bytes), 4 * want.row_all_gather);
+  EXPECT_EQ(double(r.reduce_scatter.payload_bytes), 4 * want.row_reduce_scatter);
+  EXPECT_EQ(double(r.all_reduce.payload_bytes), 4 * want.row_all_reduce);
+  EXPECT_EQ(double(c.broadcast.payload_bytes), 4 * want.col_broadcast);
+  EXPECT_EQ(double(c.all_gather.payload_bytes), 4 * want.col_all_gather);
+  EXPECT_EQ(double(c.reduce_scatter.payload_bytes), 4 * want.col_reduce_scatter);
+  EXPECT_EQ(double(c.all_reduce.payload_bytes), 4 * want.col_all_reduce);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, Model2DParity, ::testing::Values(core::Arch::gpt2, core::Arch::opt),
                          [](const auto& info) {
                            return info.param == core::Arch::gpt2 ? std::string("gpt2")
