@@ -291,8 +291,12 @@ void Model2D::map_runs() {
     const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
     matrix_block(b.qkv.w, c, 3 * c, [&](int64_t in, int64_t s) {
       const int64_t part = s / c, out = j_ * c + s % c;
-      if (gpt2) return std::pair{tensor(h + "attn.c_attn.weight"), std::size_t(in * 3 * C + part * C + out)};
-      return std::pair{tensor(h + "self_attn." + parts[part] + ".weight"), std::size_t(out * C + in)};
+      if (gpt2) {
+        return std::pair{tensor(h + "attn.c_attn.weight"),
+                         std::size_t(in * 3 * C + part * C + out)};
+      }
+      return std::pair{tensor(h + "self_attn." + parts[part] + ".weight"),
+                       std::size_t(out * C + in)};
     });
     // The other linears: local column s is logical column j out_local + s.
     auto linear = [&](const Linear& lin, int64_t in_local, int64_t out_local,
@@ -335,8 +339,9 @@ void Model2D::map_runs() {
     vector_block(b.fc.b, tensor(h + (gpt2 ? "mlp.c_fc.bias" : "fc1.bias")), f);
     vector_block(b.fc2.b, tensor(h + (gpt2 ? "mlp.c_proj.bias" : "fc2.bias")), c);
   }
-  vector_block(lnf_w_,
-               tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"), c);
+  vector_block(
+      lnf_w_, tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"),
+      c);
   vector_block(lnf_b_,
                tensor(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias"), c);
   (void)F;
@@ -358,6 +363,11 @@ void Model2D::init_parameters(uint64_t seed) {
     }
   }
   copy_to_device(params_.data(), host.data(), host.size() * sizeof(float));
+}
+
+Model2D::EmbeddingRows Model2D::embedding_rows() const {
+  return {i_ * vocab_block_, vocab_block_, i_ * position_block_, position_block_,
+          int64_t(spec_.position_offset())};
 }
 
 void Model2D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f); }
@@ -405,9 +415,8 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
     float* part = embed_;
     const float* wte = P + wte_;
     const float* wpe = P + wpe_;
-    const int64_t v0 = i_ * vocab_block_, vb = vocab_block_, p0 = i_ * position_block_,
-                  pb = position_block_;
-    const int offset = spec_.position_offset();
+    const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
+    const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
     Kokkos::parallel_for(
         "colossal::core::model2d_embedding", Kokkos::RangePolicy<>(0, BT),
         KOKKOS_LAMBDA(int64_t n) {
@@ -494,9 +503,8 @@ void Model2D::backward(const int32_t* tokens) {
   const float* d = embed_;
   float* dwte = G + wte_;
   float* dwpe = G + wpe_;
-  const int64_t v0 = i_ * vocab_block_, vb = vocab_block_, p0 = i_ * position_block_,
-                pb = position_block_;
-  const int offset = spec_.position_offset();
+  const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
+  const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
   Kokkos::parallel_for(
       "colossal::core::model2d_embedding_backward", Kokkos::RangePolicy<>(0, c),
       KOKKOS_LAMBDA(int64_t s) {

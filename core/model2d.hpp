@@ -113,6 +113,12 @@ class Model2D {
         *h, *a;
   };
 
+  // This rank's vocabulary and position rows: [v0, v0 + vb) and [p0, p0 + pb); the position of
+  // token t is row t + offset.
+  struct EmbeddingRows {
+    int64_t v0, vb, p0, pb, offset;
+  };
+  EmbeddingRows embedding_rows() const;
   std::size_t add_param(const std::string& name, ParamRole role, std::size_t count,
                         bool replicated);
   void map_runs();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <type_traits>
@@ -18,6 +19,24 @@ namespace colossal::test {
 // These tests hand host pointers to kernels, so they need a host default execution space.
 inline bool host_memory() {
   return std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
+}
+
+// C (M x N) = op(A) op(B) with op(A) M x K and op(B) K x N, row-major, summed in double: the dense
+// reference of the distributed products.
+inline std::vector<float> dense_product(const std::vector<float>& A, bool ta,
+                                        const std::vector<float>& B, bool tb, int64_t M,
+                                        int64_t N, int64_t K) {
+  std::vector<float> C(M * N);
+  for (int64_t a = 0; a < M; ++a) {
+    for (int64_t b = 0; b < N; ++b) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        s += double(ta ? A[k * M + a] : A[a * K + k]) * (tb ? B[b * K + k] : B[k * N + b]);
+      }
+      C[a * N + b] = float(s);
+    }
+  }
+  return C;
 }
 
 inline std::vector<float> random_vector(std::size_t n, unsigned seed, float scale = 1.0f) {

@@ -106,7 +106,8 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
     reference.zero_grad();
     const double want = reference.forward(tokens.data(), targets.data(), global_batch, scale);
     reference.backward(tokens.data(), global_batch);
-    const double ref_norm = std::sqrt(core::sum_of_squares(reference.grads(), reference.flat_size()));
+    const double ref_norm =
+        std::sqrt(core::sum_of_squares(reference.grads(), reference.flat_size()));
 
     // This data rank's sequences; the loss is scaled for the global mean, so the data group sums.
     model.zero_grad();

@@ -18,6 +18,7 @@
 #include "parallel/tensor_group.hpp"
 
 using namespace colossal;
+using colossal::test::dense_product;
 using colossal::test::random_vector;
 
 namespace {
@@ -55,27 +56,6 @@ std::vector<float> block(const std::vector<float>& X, int64_t R, int64_t S, int 
     for (int64_t b = 0; b < s; ++b) out[a * s + b] = X[(bi * r + a) * S + bj * s + b];
   }
   return out;
-}
-
-// op(X)(a, b) for X row-major with `cols` columns.
-float at(const std::vector<float>& X, int64_t cols, bool transposed, int64_t a, int64_t b) {
-  return transposed ? X[b * cols + a] : X[a * cols + b];
-}
-
-// C (M x N) = op(A) op(B) with op(A) M x K and op(B) K x N, in double.
-std::vector<float> dense_product(const std::vector<float>& A, bool ta, const std::vector<float>& B,
-                                 bool tb, int64_t M, int64_t N, int64_t K) {
-  std::vector<float> C(M * N);
-  for (int64_t a = 0; a < M; ++a) {
-    for (int64_t b = 0; b < N; ++b) {
-      double s = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        s += double(at(A, ta ? M : K, ta, a, k)) * at(B, tb ? K : N, tb, k, b);
-      }
-      C[a * N + b] = float(s);
-    }
-  }
-  return C;
 }
 
 void expect_block_near(const std::vector<float>& got, const std::vector<float>& dense, int64_t R,

@@ -15,6 +15,7 @@
 #include "parallel/tensor_group.hpp"
 
 using namespace colossal;
+using colossal::test::dense_product;
 using colossal::test::random_vector;
 
 namespace {
@@ -56,25 +57,11 @@ std::vector<float> sub(const std::vector<float>& X, int64_t cols, int64_t r0, in
   return out;
 }
 
-// C (M x N) = op(A) op(B), in double.
-std::vector<float> product(const std::vector<float>& A, bool ta, const std::vector<float>& B,
-                           bool tb, int64_t M, int64_t N, int64_t K) {
-  std::vector<float> C(M * N);
-  for (int64_t a = 0; a < M; ++a) {
-    for (int64_t b = 0; b < N; ++b) {
-      double s = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        s += double(ta ? A[k * M + a] : A[a * K + k]) * (tb ? B[b * K + k] : B[k * N + b]);
-      }
-      C[a * N + b] = float(s);
-    }
-  }
-  return C;
-}
-
 void expect_near(const std::vector<float>& got, const std::vector<float>& want, const char* what) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  for (std::size_t e = 0; e < want.size(); ++e) ASSERT_NEAR(got[e], want[e], 1e-5) << what << " " << e;
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    ASSERT_NEAR(got[e], want[e], 1e-5) << what << " " << e;
+  }
 }
 
 }  // namespace
@@ -96,8 +83,9 @@ TEST(Tensor3D, LinearForwardAndBackwardMatchTheDenseProducts) {
   core::Cube3D cube{*c.input, *c.weight, *c.output};
   c.reset();
   core::linear3d_forward(*gemm, cube, Xb.data(), Ab.data(), Y.data(), M, N, K, work.data());
-  expect_near(Y, sub(product(X, false, A, false, M, N, K), N, (c.i * q + c.l) * (M / q2), M / q2,
-                     c.j * (N / q), N / q),
+  expect_near(Y,
+              sub(dense_product(X, false, A, false, M, N, K), N, (c.i * q + c.l) * (M / q2),
+                  M / q2, c.j * (N / q), N / q),
               "Y");
   EXPECT_EQ(c.input_comm->stats().all_gather.payload_bytes, uint64_t(M * K / q2 * 4));
   EXPECT_EQ(c.weight_comm->stats().all_gather.payload_bytes, uint64_t(K * N / q2 * 4));
@@ -105,10 +93,11 @@ TEST(Tensor3D, LinearForwardAndBackwardMatchTheDenseProducts) {
   c.reset();
   core::linear3d_backward(*gemm, cube, dYb.data(), Xb.data(), Ab.data(), dX.data(), dA.data(), M,
                           N, K, work.data());
-  expect_near(dX, sub(product(dY, false, A, true, M, K, N), K, (c.i * q + c.j) * (M / q2), M / q2,
-                      c.l * (K / q), K / q),
+  expect_near(dX,
+              sub(dense_product(dY, false, A, true, M, K, N), K, (c.i * q + c.j) * (M / q2),
+                  M / q2, c.l * (K / q), K / q),
               "dX");
-  expect_near(dA, sub(product(X, true, dY, false, K, N, M), N, c.l * (K / q), K / q,
+  expect_near(dA, sub(dense_product(X, true, dY, false, K, N, M), N, c.l * (K / q), K / q,
                       (c.j * q + c.i) * (N / q2), N / q2),
               "dA");
   EXPECT_EQ(c.output_comm->stats().all_gather.payload_bytes, uint64_t(M * N / q2 * 4));
@@ -137,6 +126,7 @@ TEST(Tensor3D, ConsecutiveLinearsAlternateTheInputAndOutputGroups) {
   core::Cube3D first{*c.input, *c.weight, *c.output}, second{*c.output, *c.weight, *c.input};
   core::linear3d_forward(*gemm, first, Xb.data(), Ab.data(), Y.data(), M, N, K, work.data());
   core::linear3d_forward(*gemm, second, Y.data(), Bb.data(), Z.data(), M, P, N, work.data());
-  const auto dense = product(product(X, false, A, false, M, N, K), false, B, false, M, P, N);
+  const auto dense =
+      dense_product(dense_product(X, false, A, false, M, N, K), false, B, false, M, P, N);
   expect_near(Z, sub(dense, P, (c.i * q + c.j) * (M / q2), M / q2, c.l * (P / q), P / q), "Z");
 }
