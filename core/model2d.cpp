@@ -40,9 +40,9 @@ void add_bias(float* out, const float* bias, int64_t rows, int64_t cols) {
 }  // namespace
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-                 MemoryTracker& tracker)
+                 MemoryTracker& tracker, TensorGroup* depth)
     : spec_(spec), batch_(batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
-      grid_(grid), gemm_(gemm) {
+      grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
   require_multiple("train.micro_batch", batch, q);
   require_multiple("model.heads", spec.heads, q);
@@ -461,10 +461,12 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
   vocab_parallel_cross_entropy(grid_.row, logits_, losses_, targets + i_ * R, R,
                                int(vocab_block_), valid, v0, grad_scale, ln_work_);
   // Every rank of grid row i has the same losses of row block i: sum the row blocks down the
-  // column.
+  // column (and the layers over the depth).
   float total = float(k::sum(losses_, R));
   grid_.col.all_reduce_sum(&total, 1);
-  return double(total) / double(BT);
+  const int layers = depth_ != nullptr ? depth_->size() : 1;
+  if (depth_ != nullptr) depth_->all_reduce_sum(&total, 1);
+  return double(total) / (double(BT) * layers);
 }
 
 void Model2D::backward(const int32_t* tokens) {
@@ -517,8 +519,9 @@ void Model2D::backward(const int32_t* tokens) {
   Kokkos::fence();
 }
 
-void Model2D::reduce_replicated_gradients() {
+void Model2D::reduce_gradients() {
   Kokkos::fence();
+  if (depth_ != nullptr) depth_->all_reduce_sum(grads_.data(), grads_.size());
   grid_.col.all_reduce_sum(grads_.data() + replicated_begin_, grads_.size() - replicated_begin_);
 }
 

@@ -12,11 +12,17 @@
 //                column block j holds the q, k and v columns of heads [j H/q, (j+1) H/q), which
 //                makes attention local: B/q sequences x H/q heads on every rank
 //   biases, layernorm weights  columns block j, replicated down the grid column (their gradients
-//                are summed over it: reduce_replicated_gradients)
+//                are summed over it: reduce_gradients)
 // Products are SUMMA (forward A B; backward A B^T for inputs, A^T B for weights); layernorm
 // statistics and the cross-entropy are reduced along the grid row; the embedding is a
 // vocabulary-parallel lookup down the grid column (each rank adds its rows' part for every token,
 // a reduce-scatter down the column sums them) and its gradient an all-gather down the column.
+//
+// 2.5D (Tesseract, Wang et al. 2021) is this model with a `depth` group: d layers of q x q grids,
+// the batch split across the layers (each runs `batch` sequences of its own), weights replicated
+// across them and every gradient summed over the depth (reduce_gradients). Within a layer the
+// products, layernorms and cross-entropy are the 2D ones; as the weights are the same in every
+// layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
 // parallelism; the trainer does not build this model yet (tests/test_model2d.cpp drives it).
@@ -38,22 +44,24 @@ class Model2D {
  public:
   // Buffers for micro-batches of exactly `batch` sequences of `seq_len` tokens (batch % q == 0,
   // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
+  // `depth` (2.5D): the ranks at this grid position in the other depth layers; null for 2D.
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-          MemoryTracker& tracker);
+          MemoryTracker& tracker, TensorGroup* depth = nullptr);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed);
   void zero_grad();
 
-  // tokens and targets: the whole micro-batch (batch x seq_len), the same on every rank. Returns
-  // the mean loss over all its tokens (identical on every rank); with grad_scale != 0 the logits
-  // keep grad_scale * (softmax - onehot) for backward (1/(batch*seq_len) for the mean).
+  // tokens and targets: this layer's micro-batch (batch x seq_len), the same on every rank of the
+  // grid. Returns the mean loss over its tokens and those of the other depth layers (identical
+  // on every rank); with grad_scale != 0 the logits keep grad_scale * (softmax - onehot) for
+  // backward (1/(depth * batch * seq_len) for the mean).
   double forward(const int32_t* tokens, const int32_t* targets, float grad_scale);
   // Accumulates this micro-batch's gradients into grads().
   void backward(const int32_t* tokens);
-  // Sums the gradients of the parameters replicated down the grid column over it (once per
-  // optimizer step, before the norm and the update).
-  void reduce_replicated_gradients();
+  // Once per optimizer step, before the norm and the update: sums every gradient over the depth
+  // (2.5D), then those of the parameters replicated down the grid column over it.
+  void reduce_gradients();
   // This rank's part of the global sum of squared gradients: every element once over the grid
   // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
   double gradient_sum_squares() const;
@@ -131,6 +139,7 @@ class Model2D {
   int batch_, seq_len_, q_, i_, j_;
   int64_t rows_, c_, f_, vocab_block_, position_block_;
   Grid2D& grid_;
+  TensorGroup* depth_;
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
   std::vector<bool> replicated_;  // per table entry

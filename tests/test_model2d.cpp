@@ -63,28 +63,28 @@ void expect_same_trained_weights(const core::Model2D& m, const float* local,
 
 class Model2DParity : public ::testing::TestWithParam<core::Arch> {};
 
-// 4 ranks: one 2 x 2 grid. 8 ranks: 2D x data parallelism, two grids (world rank = d 4 + i 2 + j)
-// each running half of the global batch, gradients averaged over the data group (the ranks at the
-// same grid position).
+// 4 ranks: one 2 x 2 grid (2D). 8 ranks: 2.5D with q = 2, d = 2 (world rank = d 4 + i 2 + j),
+// each depth layer running half of the global batch, gradients summed over the depth group (the
+// ranks at the same grid position); the same computation as 2D x dp2.
 TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() != 4 && world.size() != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
-  const int q = 2, dp = world.size() / 4, d = world.rank() / 4, i = world.rank() / q % q,
+  const int q = 2, layers = world.size() / 4, d = world.rank() / 4, i = world.rank() / q % q,
             j = world.rank() % q;
   auto row_comm = world.split(d * q + i, j), col_comm = world.split(d * q + j, i),
-       data_comm = world.split(i * q + j, d);
-  parallel::CommunicatorGroup row(*row_comm), col(*col_comm);
+       depth_comm = world.split(i * q + j, d);
+  parallel::CommunicatorGroup row(*row_comm), col(*col_comm), depth(*depth_comm);
   core::Grid2D grid{row, col};
 
   const core::ModelSpec spec = core::model_spec(GetParam(), 2, 32, 4, 64, 51, 16);
-  const int B = 4, global_batch = B * dp, T = 12;
+  const int B = 4, global_batch = B * layers, T = 12;
   auto gemm = core::make_host_gemm();
   core::MemoryTracker ref_tracker, tracker;
   // OPT's ReLU has a kink: a pre-activation within rounding of zero flips its derivative between
   // layouts and the runs part (seed 77 with 8 sequences hits one at step 4; 78-81 do not).
   const uint64_t seed = 78;
   core::Model reference(spec, global_batch, T, ref_tracker, *gemm);
-  core::Model2D model(spec, B, T, grid, *gemm, tracker);
+  core::Model2D model(spec, B, T, grid, *gemm, tracker, &depth);
   reference.init_parameters(seed);
   model.init_parameters(seed);
   Kokkos::fence();
@@ -109,16 +109,14 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
     const double ref_norm =
         std::sqrt(core::sum_of_squares(reference.grads(), reference.flat_size()));
 
-    // This data rank's sequences; the loss is scaled for the global mean, so the data group sums.
+    // This depth layer's sequences; the loss is scaled for the global mean.
     model.zero_grad();
     const int32_t* my_tokens = tokens.data() + d * B * T;
-    double got = model.forward(my_tokens, targets.data() + d * B * T, scale) / dp;
+    const double got = model.forward(my_tokens, targets.data() + d * B * T, scale);
     model.backward(my_tokens);
-    data_comm->all_reduce_sum({model.grads(), model.flat_size()});
-    got = data_comm->all_reduce_sum_value(got);
-    model.reduce_replicated_gradients();
+    model.reduce_gradients();
     double squares = model.gradient_sum_squares();
-    // One grid holds every element once (the data replicas are equal).
+    // One grid holds every element once (the depth layers' copies are equal).
     squares = row_comm->all_reduce_sum_value(squares);
     squares = col_comm->all_reduce_sum_value(squares);
     Kokkos::fence();
