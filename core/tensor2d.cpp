@@ -100,8 +100,13 @@ void layernorm2d_forward(Grid2D& grid, float* out, float* mean, float* rstd, con
                          const float* weight, const float* bias, int64_t rows, int64_t cols,
                          float eps, float* work) {
   check_blocks(grid, rows, cols, grid.q());
-  const int q = grid.q();
-  const int64_t r = rows / q, c = cols / q;
+  layernorm_split_forward(grid.row, out, mean, rstd, x, weight, bias, rows / grid.q(),
+                          cols / grid.q(), cols, eps, work);
+}
+
+void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float* rstd,
+                             const float* x, const float* weight, const float* bias, int64_t r,
+                             int64_t c, int64_t cols, float eps, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;
   Kokkos::parallel_for(
@@ -112,7 +117,7 @@ void layernorm2d_forward(Grid2D& grid, float* out, float* mean, float* rstd, con
         sums[n] = s;
       });
   Kokkos::fence();
-  grid.row.all_reduce_sum(sums, std::size_t(r));
+  across.all_reduce_sum(sums, std::size_t(r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_row_squares", Kokkos::RangePolicy<>(0, r),
       KOKKOS_LAMBDA(int64_t n) {
@@ -123,7 +128,7 @@ void layernorm2d_forward(Grid2D& grid, float* out, float* mean, float* rstd, con
         sums[n] = v;
       });
   Kokkos::fence();
-  grid.row.all_reduce_sum(sums, std::size_t(r));
+  across.all_reduce_sum(sums, std::size_t(r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_normalize", Kokkos::RangePolicy<>(0, r),
       KOKKOS_LAMBDA(int64_t n) {
@@ -140,8 +145,14 @@ void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias,
                           const float* x, const float* weight, const float* mean,
                           const float* rstd, int64_t rows, int64_t cols, float* work) {
   check_blocks(grid, rows, cols, grid.q());
-  const int q = grid.q();
-  const int64_t r = rows / q, c = cols / q;
+  layernorm_split_backward(grid.row, dx, dweight, dbias, dout, x, weight, mean, rstd,
+                           rows / grid.q(), cols / grid.q(), cols, work);
+}
+
+void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, float* dbias,
+                              const float* dout, const float* x, const float* weight,
+                              const float* mean, const float* rstd, int64_t r, int64_t c,
+                              int64_t cols, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;  // r sums of dnorm, then r sums of dnorm * xhat (dnorm = dout * weight)
   Kokkos::parallel_for(
@@ -157,7 +168,7 @@ void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias,
         sums[r + n] = b;
       });
   Kokkos::fence();
-  grid.row.all_reduce_sum(sums, std::size_t(2 * r));
+  across.all_reduce_sum(sums, std::size_t(2 * r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_backward_input", Kokkos::RangePolicy<>(0, r),
       KOKKOS_LAMBDA(int64_t n) {

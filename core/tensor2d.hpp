@@ -86,6 +86,17 @@ void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias,
                           const float* x, const float* weight, const float* mean,
                           const float* rstd, int64_t rows, int64_t cols, float* work);
 
+// The same over any split of the columns: this rank holds r rows and c of their `cols` columns,
+// the other columns being on the ranks of `across` (the grid row in 2D; in 3D the group that
+// splits the layout's columns).
+void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float* rstd,
+                             const float* x, const float* weight, const float* bias, int64_t r,
+                             int64_t c, int64_t cols, float eps, float* work);
+void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, float* dbias,
+                              const float* dout, const float* x, const float* weight,
+                              const float* mean, const float* rstd, int64_t r, int64_t c,
+                              int64_t cols, float* work);
+
 // Cross-entropy of logits held with rows blocked by grid row and vocabulary columns
 // [v0, v0 + valid) on this rank (leading dimension ld; columns past `valid` are padding): the
 // vocabulary-parallel cross-entropy over `group` (the grid row in 2D, the tensor group in 1D).

@@ -1,0 +1,466 @@
+#include "core/model3d.hpp"
+
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+#include <tuple>
+
+#include "core/kernels.hpp"
+#include "core/layers.hpp"
+#include "core/optimizer.hpp"
+#include "core/rng.hpp"
+#include "core/tensor2d.hpp"
+#include "core/tensor_group.hpp"
+
+namespace colossal::core {
+
+namespace k = kernels;
+
+namespace {
+
+void require_multiple_3d(const char* key, int64_t value, int64_t m) {
+  if (value % m != 0) {
+    throw std::invalid_argument(std::string(key) + " = " + std::to_string(value) +
+                                " must be a multiple of " + std::to_string(m) +
+                                " for 3D tensor parallelism (nearest: " +
+                                std::to_string(value / m * m) + " or " +
+                                std::to_string((value / m + 1) * m) + ")");
+  }
+}
+
+void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
+  Kokkos::parallel_for(
+      "colossal::core::model3d_add_bias", Kokkos::RangePolicy<>(0, rows),
+      KOKKOS_LAMBDA(int64_t n) {
+        for (int64_t e = 0; e < cols; ++e) out[n * cols + e] += bias[e];
+      });
+}
+
+}  // namespace
+
+Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
+                 MemoryTracker& tracker)
+    : spec_(spec), batch_(batch), seq_len_(seq_len), q_(groups.input.size()),
+      i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
+      groups_(groups), first_{groups.input, groups.weight, groups.output},
+      second_{groups.output, groups.weight, groups.input}, gemm_(gemm) {
+  const int q = q_, q2 = q * q;
+  require_multiple_3d("train.micro_batch", batch, q2);
+  require_multiple_3d("model.hidden", spec.hidden, q2);
+  require_multiple_3d("model.ffn_hidden", spec.ffn_hidden, q2);
+  require_multiple_3d("model.heads", spec.heads, q);
+  if (seq_len > spec.max_seq) {
+    throw std::invalid_argument("train.seq_len = " + std::to_string(seq_len) +
+                                " exceeds model.max_seq = " + std::to_string(spec.max_seq));
+  }
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
+  rows_ = BT / q2;
+  c_ = C / q;
+  f_ = F / q;
+  vocab_block_ = (spec.vocab + q2 - 1) / q2;
+  position_block_ = (spec.position_rows() + q2 - 1) / q2;
+  const int64_t c = c_, f = f_, cq = c / q, fq = f / q, Vp = vocab_block_ * q2;
+  const bool gpt2 = spec.arch == Arch::gpt2;
+  const int L = spec.layers;
+  blocks_.resize(L);
+  wte_ = add_param("wte", ParamRole::token_embedding, c * vocab_block_, Replica::none);
+  wpe_ = add_param("wpe", ParamRole::position_embedding, position_block_ * c, Replica::none);
+  for (int l = 0; l < L; ++l) {
+    Block& b = blocks_[l];
+    const std::string h = "layer" + std::to_string(l);
+    b.qkv = {add_param(h + ".qkv", ParamRole::weight, c * (3 * c / q), Replica::none), 0, C,
+             3 * C, true};
+    b.proj = {add_param(h + ".proj", ParamRole::residual_out_weight, c * cq, Replica::none), 0, C,
+              C, false};
+    b.fc = {add_param(h + ".fc", ParamRole::weight, c * fq, Replica::none), 0, C, F, true};
+    b.fc2 = {add_param(h + ".fc2", ParamRole::residual_out_weight, f * cq, Replica::none), 0, F, C,
+             false};
+  }
+  for (int l = 0; l < L; ++l) {  // outputs in the Y layout: replicated over the plane sharing j
+    Block& b = blocks_[l];
+    const std::string h = "layer" + std::to_string(l);
+    b.qkv.b = add_param(h + ".qkv.bias", ParamRole::bias, 3 * c, Replica::plane_j);
+    b.fc.b = add_param(h + ".fc.bias", ParamRole::bias, f, Replica::plane_j);
+  }
+  for (int l = 0; l < L; ++l) {  // X layout: replicated over the plane sharing l
+    Block& b = blocks_[l];
+    const std::string h = "layer" + std::to_string(l);
+    b.ln1_w = add_param(h + ".ln1.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
+    b.ln1_b = add_param(h + ".ln1.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
+    b.proj.b = add_param(h + ".proj.bias", ParamRole::bias, c, Replica::plane_l);
+    b.ln2_w = add_param(h + ".ln2.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
+    b.ln2_b = add_param(h + ".ln2.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
+    b.fc2.b = add_param(h + ".fc2.bias", ParamRole::bias, c, Replica::plane_l);
+  }
+  lnf_w_ = add_param("ln_f.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
+  lnf_b_ = add_param("ln_f.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
+  (void)gpt2;
+  const std::size_t flat = (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
+  grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
+  k::fill(params_.data(), int64_t(flat), 0.0f);
+  k::fill(grads_.data(), int64_t(flat), 0.0f);
+  map_runs();
+
+  const int64_t R = rows_, T = seq_len;
+  const int64_t att = int64_t(batch / q2) * (spec.heads / q) * T * T;
+  const int64_t per_layer = 5 * R * c + 3 * R * c + 4 * R + att + 2 * R * f;
+  const int64_t logits = R * (Vp / q);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
+                             std::size_t(L * per_layer + 2 * R * c + 3 * R + logits));
+  float* cursor = acts_.data();
+  auto carve = [&cursor](int64_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  layer_acts_.resize(L);
+  for (LayerActs& a : layer_acts_) {
+    a.x = carve(R * c);
+    a.ln1 = carve(R * c);
+    a.ln1_mean = carve(R);
+    a.ln1_rstd = carve(R);
+    a.qkv = carve(3 * R * c);
+    a.att = carve(att);
+    a.atty = carve(R * c);
+    a.xmid = carve(R * c);
+    a.ln2 = carve(R * c);
+    a.ln2_mean = carve(R);
+    a.ln2_rstd = carve(R);
+    a.h = carve(R * f);
+    a.a = carve(R * f);
+  }
+  x_final_ = carve(R * c);
+  lnf_ = carve(R * c);
+  lnf_mean_ = carve(R);
+  lnf_rstd_ = carve(R);
+  logits_ = carve(logits);
+  losses_ = carve(R);
+
+  std::size_t work = 0;
+  for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
+                         std::tuple{BT, C, F}, std::tuple{BT, Vp, C}}) {
+    work = std::max(work, linear3d_work_floats(M, N, K, q));
+  }
+  const int64_t dweight = std::max({c * (3 * c / q), c * cq, c * fq, f * cq, c * vocab_block_});
+  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  scratch_ = DeviceArray<float>(
+      tracker, MemCategory::temporaries,
+      work + std::size_t(BT * c + 3 * R * c + 3 * R * c + R * f + datt + dweight + 3 * R));
+  cursor = scratch_.data();
+  work_ = carve(int64_t(work));
+  embed_ = carve(BT * c);
+  dx_ = carve(R * c);
+  dln_ = carve(R * c);
+  datty_ = carve(R * c);
+  dqkv_ = carve(3 * R * c);
+  dh_ = carve(R * f);
+  datt_ = carve(datt);
+  dweight_ = carve(dweight);
+  ln_work_ = carve(3 * R);
+}
+
+std::size_t Model3D::add_param(const std::string& name, ParamRole role, std::size_t count,
+                               Replica r) {
+  ParamSpec p;
+  p.name = name;
+  p.role = role;
+  p.count = count;
+  p.shape = {int64_t(count)};
+  p.local_shape = p.shape;
+  p.offset = table_.empty() ? 0 : (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  // The first parameter of each replicated region opens it.
+  if (r == Replica::plane_j && plane_j_begin_ == 0) plane_j_begin_ = p.offset;
+  if (r == Replica::plane_l && plane_l_begin_ == 0) plane_l_begin_ = p.offset;
+  table_.push_back(p);
+  return p.offset;
+}
+
+void Model3D::map_runs() {
+  const std::vector<ParamSpec> logical = parameter_table(spec_);
+  std::map<std::string, int> index;
+  for (std::size_t t = 0; t < logical.size(); ++t) index[logical[t].name] = int(t);
+  auto tensor = [&](const std::string& name) { return index.at(name); };
+  auto emit = [this](std::size_t local, int t, std::size_t at) {
+    if (!runs_.empty()) {
+      Run& r = runs_.back();
+      if (r.tensor == t && r.local + r.length == local && r.logical + r.length == at) {
+        ++r.length;
+        return;
+      }
+    }
+    runs_.push_back({local, t, at, 1});
+  };
+  const bool gpt2 = spec_.arch == Arch::gpt2;
+  const int q = q_;
+  const int64_t C = spec_.hidden, c = c_, f = f_, cq = c / q, fq = f / q;
+  const int64_t plane = int64_t(j_) * q + i_;  // this rank's block of q^2 (vocabulary, positions)
+  // The head's weight block: hidden rows [l c, (l+1) c), vocabulary columns of block `plane`.
+  const int wte = tensor(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight");
+  for (int64_t r = 0; r < c; ++r) {
+    for (int64_t s = 0; s < vocab_block_; ++s) {
+      const int64_t v = plane * vocab_block_ + s;
+      if (v < spec_.vocab) emit(wte_ + r * vocab_block_ + s, wte, v * C + l_ * c + r);
+    }
+  }
+  const int wpe =
+      tensor(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight");
+  for (int64_t r = 0; r < position_block_; ++r) {
+    const int64_t p = plane * position_block_ + r;
+    if (p >= spec_.position_rows()) break;
+    for (int64_t s = 0; s < c; ++s) emit(wpe_ + r * c + s, wpe, p * C + l_ * c + s);
+  }
+  // An [in x out] weight block: rows [row0, row0 + in_local), columns [col0, col0 + out_local)
+  // of the logical (q|k|v-regrouped) matrix.
+  auto matrix_block = [&](std::size_t off, int64_t row0, int64_t in_local, int64_t col0,
+                          int64_t out_local, auto locate) {
+    for (int64_t r = 0; r < in_local; ++r) {
+      for (int64_t s = 0; s < out_local; ++s) {
+        const auto [t, at] = locate(row0 + r, col0 + s);
+        emit(off + r * out_local + s, t, at);
+      }
+    }
+  };
+  // Regrouped q|k|v column u of 3C -> (part, logical column within the part).
+  auto qkv_column = [&](int64_t u) {
+    const int64_t block = u / (3 * c), within = u % (3 * c);
+    return std::pair{within / c, block * c + within % c};
+  };
+  const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
+                          ".";
+    // X -> Y weights: rows block l, columns block (j q + i) of q^2.
+    const int64_t qkv_cols = 3 * c / q;
+    matrix_block(b.qkv.w, l_ * c, c, plane * qkv_cols, qkv_cols, [&](int64_t in, int64_t u) {
+      const auto [part, out] = qkv_column(u);
+      if (gpt2) {
+        return std::pair{tensor(h + "attn.c_attn.weight"),
+                         std::size_t(in * 3 * C + part * C + out)};
+      }
+      return std::pair{tensor(h + "self_attn." + parts[part] + ".weight"),
+                       std::size_t(out * C + in)};
+    });
+    auto linear = [&](const Linear& lin, int64_t row0, int64_t in_local, int64_t col0,
+                      int64_t out_local, const std::string& name, bool out_in) {
+      const int t = tensor(name);
+      matrix_block(lin.w, row0, in_local, col0, out_local, [&](int64_t in, int64_t out) {
+        return std::pair{t, std::size_t(out_in ? out * lin.in + in : in * lin.out + out)};
+      });
+    };
+    // Y -> X weights (the swapped cube): rows block j, columns block (l q + i) of q^2.
+    const int64_t swapped = int64_t(l_) * q + i_;
+    linear(b.proj, j_ * c, c, swapped * cq, cq,
+           h + (gpt2 ? "attn.c_proj.weight" : "self_attn.out_proj.weight"), !gpt2);
+    linear(b.fc, l_ * c, c, plane * fq, fq, h + (gpt2 ? "mlp.c_fc.weight" : "fc1.weight"), !gpt2);
+    linear(b.fc2, j_ * f, f, swapped * cq, cq, h + (gpt2 ? "mlp.c_proj.weight" : "fc2.weight"),
+           !gpt2);
+  }
+  // Replicated vectors: Y-layout biases hold columns block j, X-layout ones block l.
+  auto vector_block = [&](std::size_t off, int t, int64_t first, int64_t n) {
+    for (int64_t s = 0; s < n; ++s) emit(off + s, t, first + s);
+  };
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
+                          ".";
+    for (int64_t s = 0; s < 3 * c; ++s) {
+      const auto [part, out] = qkv_column(j_ * 3 * c + s);
+      if (gpt2) {
+        emit(b.qkv.b + s, tensor(h + "attn.c_attn.bias"), part * C + out);
+      } else {
+        emit(b.qkv.b + s, tensor(h + "self_attn." + parts[part] + ".bias"), out);
+      }
+    }
+    vector_block(b.fc.b, tensor(h + (gpt2 ? "mlp.c_fc.bias" : "fc1.bias")), j_ * f, f);
+  }
+  for (int l = 0; l < spec_.layers; ++l) {
+    const Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
+                          ".";
+    const int64_t x0 = l_ * c;
+    vector_block(b.ln1_w, tensor(h + (gpt2 ? "ln_1.weight" : "self_attn_layer_norm.weight")), x0,
+                 c);
+    vector_block(b.ln1_b, tensor(h + (gpt2 ? "ln_1.bias" : "self_attn_layer_norm.bias")), x0, c);
+    vector_block(b.proj.b, tensor(h + (gpt2 ? "attn.c_proj.bias" : "self_attn.out_proj.bias")),
+                 x0, c);
+    vector_block(b.ln2_w, tensor(h + (gpt2 ? "ln_2.weight" : "final_layer_norm.weight")), x0, c);
+    vector_block(b.ln2_b, tensor(h + (gpt2 ? "ln_2.bias" : "final_layer_norm.bias")), x0, c);
+    vector_block(b.fc2.b, tensor(h + (gpt2 ? "mlp.c_proj.bias" : "fc2.bias")), x0, c);
+  }
+  vector_block(
+      lnf_w_, tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"),
+      l_ * c, c);
+  vector_block(
+      lnf_b_, tensor(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias"),
+      l_ * c, c);
+}
+
+void Model3D::init_parameters(uint64_t seed) {
+  const std::vector<ParamSpec> logical = parameter_table(spec_);
+  std::vector<float> host(params_.size(), 0.0f);
+  for (const Run& run : runs_) {
+    const ParamSpec& p = logical[run.tensor];
+    float* dst = host.data() + run.local;
+    switch (p.role) {
+      case ParamRole::layernorm_weight: std::fill(dst, dst + run.length, 1.0f); break;
+      case ParamRole::layernorm_bias:
+      case ParamRole::bias: break;
+      default:
+        fill_normal(dst, run.length, p.init_std(spec_.layers), seed, hash_name(p.name),
+                    run.logical);
+    }
+  }
+  copy_to_device(params_.data(), host.data(), host.size() * sizeof(float));
+}
+
+void Model3D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f); }
+
+void Model3D::linear_forward(const Linear& lin, const float* in, float* out) {
+  const int64_t BT = int64_t(batch_) * seq_len_;
+  linear3d_forward(gemm_, cube(lin), in, params_.data() + lin.w, out, BT, lin.out, lin.in, work_);
+  add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
+}
+
+void Model3D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
+  const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
+  float* G = grads_.data();
+  k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
+  linear3d_backward(gemm_, cube(lin), dout, in, params_.data() + lin.w, din, dweight_, BT,
+                    lin.out, lin.in, work_);
+  k::add(G + lin.w, dweight_, lin.in / q_ * (lin.out / (q_ * q_)));
+}
+
+double Model3D::forward(const int32_t* tokens, const int32_t* targets, float grad_scale) {
+  const int q = q_, T = seq_len_;
+  const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params_.data();
+  const float eps = spec_.layernorm_eps();
+  {
+    float* part = embed_;
+    const float* wte = P + wte_;
+    const float* wpe = P + wpe_;
+    const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
+    const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
+    Kokkos::parallel_for(
+        "colossal::core::model3d_embedding", Kokkos::RangePolicy<>(0, BT),
+        KOKKOS_LAMBDA(int64_t n) {
+          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+          float* o = part + n * c;
+          for (int64_t s = 0; s < c; ++s) {
+            float v = 0.0f;
+            if (tok >= 0 && tok < vb) v += wte[s * vb + tok];
+            if (p >= 0 && p < pb) v += wpe[p * c + s];
+            o[s] = v;
+          }
+        });
+    Kokkos::fence();
+    groups_.plane_l.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
+  }
+  const int L = spec_.layers, Bl = batch_ / (q * q), Hl = spec_.heads / q;
+  TensorGroup& x_columns = groups_.output;  // splits the X layout's columns
+  for (int l = 0; l < L; ++l) {
+    LayerActs& A = layer_acts_[l];
+    const Block& b = blocks_[l];
+    float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
+    layernorm_split_forward(x_columns, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w,
+                            P + b.ln1_b, R, c, C, eps, ln_work_);
+    linear_forward(b.qkv, A.ln1, A.qkv);
+    attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+    linear_forward(b.proj, A.atty, A.xmid);
+    k::add(A.xmid, A.x, R * c);
+    layernorm_split_forward(x_columns, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w,
+                            P + b.ln2_b, R, c, C, eps, ln_work_);
+    linear_forward(b.fc, A.ln2, A.h);
+    if (spec_.arch == Arch::gpt2) {
+      k::gelu_forward(A.a, A.h, R * f_);
+    } else {
+      k::relu_forward(A.a, A.h, R * f_);
+    }
+    linear_forward(b.fc2, A.a, next);
+    k::add(next, A.xmid, R * c);
+  }
+  layernorm_split_forward(x_columns, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_,
+                          P + lnf_b_, R, c, C, eps, ln_work_);
+  // Logits in the Y layout: rows block i q + l, vocabulary block j of q.
+  const int64_t Vp = vocab_block_ * q * q, vq = Vp / q;
+  linear3d_forward(gemm_, first_, lnf_, P + wte_, logits_, BT, Vp, C, work_);
+  const int64_t v0 = j_ * vq;
+  const int valid = int(std::clamp<int64_t>(spec_.vocab - v0, 0, vq));
+  vocab_parallel_cross_entropy(groups_.input, logits_, losses_,
+                               targets + (int64_t(i_) * q + l_) * R, R, int(vq), valid, v0,
+                               grad_scale, ln_work_);
+  // Rows block (i, l) is the same on every j: sum over l, then over i.
+  float total = float(k::sum(losses_, R));
+  groups_.output.all_reduce_sum(&total, 1);
+  groups_.weight.all_reduce_sum(&total, 1);
+  return double(total) / double(BT);
+}
+
+void Model3D::backward(const int32_t* tokens) {
+  const int q = q_, T = seq_len_;
+  const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params_.data();
+  float* G = grads_.data();
+  const int64_t Vp = vocab_block_ * q * q;
+  linear3d_backward(gemm_, first_, logits_, lnf_, P + wte_, dln_, dweight_, BT, Vp, C, work_);
+  k::add(G + wte_, dweight_, c * vocab_block_);
+  k::fill(dx_, R * c, 0.0f);
+  TensorGroup& x_columns = groups_.output;
+  layernorm_split_backward(x_columns, dx_, G + lnf_w_, G + lnf_b_, dln_, x_final_, P + lnf_w_,
+                           lnf_mean_, lnf_rstd_, R, c, C, ln_work_);
+  const int Bl = batch_ / (q * q), Hl = spec_.heads / q;
+  for (int l = spec_.layers - 1; l >= 0; --l) {
+    LayerActs& A = layer_acts_[l];
+    const Block& b = blocks_[l];
+    linear_backward(b.fc2, A.a, dx_, dh_);
+    if (spec_.arch == Arch::gpt2) {
+      k::gelu_backward(dh_, A.h, dh_, R * f_);
+    } else {
+      k::relu_backward(dh_, A.h, dh_, R * f_);
+    }
+    linear_backward(b.fc, A.ln2, dh_, dln_);
+    layernorm_split_backward(x_columns, dx_, G + b.ln2_w, G + b.ln2_b, dln_, A.xmid, P + b.ln2_w,
+                             A.ln2_mean, A.ln2_rstd, R, c, C, ln_work_);
+    linear_backward(b.proj, A.atty, dx_, datty_);
+    attention_backward(gemm_, dqkv_, datt_, datty_, A.qkv, A.att, Bl, T, int(c), Hl);
+    linear_backward(b.qkv, A.ln1, dqkv_, dln_);
+    layernorm_split_backward(x_columns, dx_, G + b.ln1_w, G + b.ln1_b, dln_, A.x, P + b.ln1_w,
+                             A.ln1_mean, A.ln1_rstd, R, c, C, ln_work_);
+  }
+  Kokkos::fence();
+  groups_.plane_l.all_gather(dx_, std::size_t(R * c), embed_);
+  const float* d = embed_;
+  float* dwte = G + wte_;
+  float* dwpe = G + wpe_;
+  const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
+  const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
+  Kokkos::parallel_for(
+      "colossal::core::model3d_embedding_backward", Kokkos::RangePolicy<>(0, c),
+      KOKKOS_LAMBDA(int64_t s) {
+        for (int64_t n = 0; n < BT; ++n) {
+          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+          if (tok >= 0 && tok < vb) dwte[s * vb + tok] += d[n * c + s];
+          if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
+        }
+      });
+  Kokkos::fence();
+}
+
+void Model3D::reduce_gradients() {
+  Kokkos::fence();
+  float* G = grads_.data();
+  groups_.plane_j.all_reduce_sum(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
+  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, grads_.size() - plane_l_begin_);
+}
+
+double Model3D::gradient_sum_squares() const {
+  const float* G = grads_.data();
+  double s = sum_of_squares(G, plane_j_begin_);
+  if (i_ == 0 && l_ == 0) s += sum_of_squares(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
+  if (i_ == 0 && j_ == 0) s += sum_of_squares(G + plane_l_begin_, grads_.size() - plane_l_begin_);
+  return s;
+}
+
+}  // namespace colossal::core

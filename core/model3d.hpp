@@ -1,0 +1,116 @@
+// The GPT-2 / OPT transformer under 3D tensor parallelism (Bian et al. 2021) on a q x q x q cube
+// (core/tensor3d.hpp), written out layer by layer like core::Model and core::Model2D.
+//
+// Two activation layouts alternate (c = C/q, R = B*T/q^2 token rows per rank):
+//   X layout  rows block i q + j of q^2, columns block l: the residual stream, layernorms, the
+//             input of q|k|v, the first MLP linear and the LM head, the output of the attention
+//             projection and of the second MLP linear
+//   Y layout  rows block i q + l, columns block j: the output of q|k|v, the first MLP linear and
+//             the LM head (attention, the activation function and the cross-entropy run here)
+// Linears from X to Y run on the cube (input, weight, output); linears from Y back to X on the
+// cube with the input and output groups exchanged, so no activation is ever redistributed.
+// Weights are blocks [in/q x out/q^2] (1/q^3 per rank); q|k|v columns are regrouped as in 2D so
+// that columns block j holds whole heads (attention is local: B/q^2 sequences x H/q heads).
+// The tied embedding is the LM head's weight block (vocabulary block j q + i, hidden block l),
+// looked up by a reduce-scatter over the plane of the q^2 ranks sharing l. Biases of Y-layout
+// outputs are replicated over the plane sharing j, those of X-layout outputs and the layernorms
+// over the plane sharing l; reduce_gradients sums them there.
+//
+// Not here (yet): the trainer does not build this model (tests/test_model3d.cpp drives it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/gemm.hpp"
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+#include "core/tensor3d.hpp"
+
+namespace colossal::core {
+
+class TensorGroup;
+
+// The cube's groups for a model: the three axes and the two planes the replicated parameters
+// and the embedding use. Rank (i, j, l).
+struct Cube3DGroups {
+  TensorGroup& input;    // (i, *, l), by j
+  TensorGroup& weight;   // (*, j, l), by i
+  TensorGroup& output;   // (i, j, *), by l
+  TensorGroup& plane_l;  // (*, *, l), by i q + j
+  TensorGroup& plane_j;  // (*, j, *), any order
+};
+
+class Model3D {
+ public:
+  // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
+  // value and the nearest valid ones otherwise).
+  Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
+          MemoryTracker& tracker);
+
+  void init_parameters(uint64_t seed);  // the single-rank model's values
+  void zero_grad();
+  // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
+  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale);
+  void backward(const int32_t* tokens);
+  // Sums the replicated parameters' gradients over their planes (once per optimizer step).
+  void reduce_gradients();
+  // This rank's part of the global sum of squared gradients (every element once over the cube).
+  double gradient_sum_squares() const;
+
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  std::size_t flat_size() const { return params_.size(); }
+  const std::vector<ParamSpec>& parameters() const { return table_; }
+  struct Run {
+    std::size_t local;
+    int tensor;
+    std::size_t logical, length;
+  };
+  const std::vector<Run>& logical_runs() const { return runs_; }
+
+ private:
+  struct Linear {
+    std::size_t w = 0, b = 0;
+    int64_t in = 0, out = 0;
+    bool to_y = true;  // X -> Y on the cube; false: Y -> X on the swapped cube
+  };
+  struct Block {
+    std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
+    Linear qkv, proj, fc, fc2;
+  };
+  struct LayerActs {
+    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd,
+        *h, *a;
+  };
+  enum class Replica { none, plane_j, plane_l };
+
+  std::size_t add_param(const std::string& name, ParamRole role, std::size_t count, Replica r);
+  void map_runs();
+  Cube3D& cube(const Linear& lin) { return lin.to_y ? first_ : second_; }
+  void linear_forward(const Linear& lin, const float* in, float* out);
+  void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
+
+  ModelSpec spec_;
+  int batch_, seq_len_, q_, i_, j_, l_;
+  int64_t rows_, c_, f_, vocab_block_, position_block_;
+  Cube3DGroups& groups_;
+  Cube3D first_, second_;
+  Gemm& gemm_;
+  std::vector<ParamSpec> table_;
+  std::size_t plane_j_begin_ = 0, plane_l_begin_ = 0;  // replicated regions, in this order
+  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  std::vector<Block> blocks_;
+  std::vector<Run> runs_;
+  DeviceArray<float> params_, grads_, acts_, scratch_;
+  std::vector<LayerActs> layer_acts_;
+  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
+        *logits_ = nullptr, *losses_ = nullptr;
+  float *work_ = nullptr, *embed_ = nullptr, *dx_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
+        *dqkv_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dweight_ = nullptr,
+        *ln_work_ = nullptr;
+};
+
+}  // namespace colossal::core
