@@ -10,6 +10,7 @@
 #include "apps/layout.hpp"
 #include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
+#include "apps/trainer_md.hpp"
 #include "core/memory.hpp"
 
 using namespace colossal;
@@ -18,6 +19,42 @@ namespace {
 // SIGTERM (scancel, pre-emption) and SIGUSR1 (#SBATCH --signal=USR1@120): finish the step,
 // write a checkpoint, exit 0.
 extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
+
+// The end-of-run summary (rank 0), for every tensor mode.
+void print_summary(std::FILE* log, const colossal::io::Config& config,
+                   const colossal::apps::TrainSummary& s) {
+  using namespace colossal;
+  std::fprintf(log, "\n== summary ==\n");
+  std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",
+               (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
+               s.last_loss);
+  if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
+  std::fprintf(log, "throughput %.0f tokens/s | MFU %.1f%% of %.2f TFLOP/s\n", s.tokens_per_s,
+               100.0 * s.mfu, apps::peak_flops(config.hardware) / 1e12);
+  std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
+               core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
+               core::format_bytes(double(s.peak_rss_bytes)).c_str());
+  const double step_s =
+      s.tokens_per_s > 0 ? double(config.train.global_batch) * config.train.seq_len / s.tokens_per_s
+                         : 0.0;
+  if (s.predicted_step_seconds > 0) {  // the cost model covers the 1d layouts
+    std::fprintf(log,
+                 "cost model (rank 0): step %.3f s predicted, %.3f s measured (%+.0f%%); "
+                 "memory %s predicted, %s tracked\n",
+                 s.predicted_step_seconds, step_s,
+                 step_s > 0 ? 100.0 * (s.predicted_step_seconds / step_s - 1.0) : 0.0,
+                 core::format_bytes(s.predicted_peak_bytes).c_str(),
+                 core::format_bytes(double(s.peak_tracked_bytes)).c_str());
+  }
+  std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
+               config.log.dir.c_str());
+  if (!s.sample.empty()) {
+    std::fprintf(log, "sample (%d tokens after \"%s\"):\n", config.sample.tokens,
+                 config.sample.prompt.c_str());
+    const std::string text = config.sample.prompt + s.sample + "\n";
+    std::fwrite(text.data(), 1, text.size(), log);
+  }
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -63,6 +100,19 @@ int main(int argc, char** argv) {
                      report.c_str());
       }
     }
+    if (inv.config.parallel.tensor_mode != "1d") {
+      // 2d / 2.5d / 3d: the sharded models' own loop (apps/trainer_md.hpp).
+      for (const char* flag : {"--memory-plan", "--eval-only", "--profile-steps", "--trace"}) {
+        if (inv.has(flag)) {
+          throw apps::UsageError(std::string(flag) + " is not available with parallel.tensor.mode " +
+                                 inv.config.parallel.tensor_mode + " yet; use mode 1d for it");
+        }
+      }
+      apps::TrainerMD trainer(inv.config, log, inv.world);
+      const apps::TrainSummary s = trainer.train();
+      if (log) print_summary(log, inv.config, s);
+      return 0;
+    }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
@@ -107,36 +157,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (log) {
-      std::fprintf(log, "\n== summary ==\n");
-      std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",
-                   (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
-                   s.last_loss);
-      if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
-      std::fprintf(log, "throughput %.0f tokens/s | MFU %.1f%% of %.2f TFLOP/s\n", s.tokens_per_s,
-                   100.0 * s.mfu, apps::peak_flops(inv.config.hardware) / 1e12);
-      std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
-                   core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
-                   core::format_bytes(double(s.peak_rss_bytes)).c_str());
-      const double step_s = s.tokens_per_s > 0
-                                ? double(inv.config.train.global_batch) * inv.config.train.seq_len /
-                                      s.tokens_per_s
-                                : 0.0;
-      std::fprintf(log, "cost model (rank 0): step %.3f s predicted, %.3f s measured (%+.0f%%); "
-                   "memory %s predicted, %s tracked\n",
-                   s.predicted_step_seconds, step_s,
-                   step_s > 0 ? 100.0 * (s.predicted_step_seconds / step_s - 1.0) : 0.0,
-                   core::format_bytes(s.predicted_peak_bytes).c_str(),
-                   core::format_bytes(double(s.peak_tracked_bytes)).c_str());
-      std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
-                   inv.config.log.dir.c_str());
-      if (!s.sample.empty()) {
-        std::fprintf(log, "sample (%d tokens after \"%s\"):\n", inv.config.sample.tokens,
-                     inv.config.sample.prompt.c_str());
-        const std::string text = inv.config.sample.prompt + s.sample + "\n";
-        std::fwrite(text.data(), 1, text.size(), log);
-      }
-    }
+    if (log) print_summary(log, inv.config, s);
     return 0;
   });
 }

@@ -525,6 +525,11 @@ void Model2D::reduce_gradients() {
   grid_.col.all_reduce_sum(grads_.data() + replicated_begin_, grads_.size() - replicated_begin_);
 }
 
+bool Model2D::owns(std::size_t local) const {
+  // One model copy per depth layer; replicated parameters are written by grid row 0.
+  return local < replicated_begin_ || i_ == 0;
+}
+
 double Model2D::gradient_sum_squares() const {
   double s = sum_of_squares(grads_.data(), replicated_begin_);
   if (i_ == 0) s += sum_of_squares(grads_.data() + replicated_begin_,

@@ -36,11 +36,12 @@
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
+#include "core/sharded_model.hpp"
 #include "core/tensor2d.hpp"
 
 namespace colossal::core {
 
-class Model2D {
+class Model2D final : public ShardedModel {
  public:
   // Buffers for micro-batches of exactly `batch` sequences of `seq_len` tokens (batch % q == 0,
   // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
@@ -49,39 +50,35 @@ class Model2D {
           MemoryTracker& tracker, TensorGroup* depth = nullptr);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
-  void init_parameters(uint64_t seed);
-  void zero_grad();
+  void init_parameters(uint64_t seed) override;
+  void zero_grad() override;
 
   // tokens and targets: this layer's micro-batch (batch x seq_len), the same on every rank of the
   // grid. Returns the mean loss over its tokens and those of the other depth layers (identical
   // on every rank); with grad_scale != 0 the logits keep grad_scale * (softmax - onehot) for
   // backward (1/(depth * batch * seq_len) for the mean).
-  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale);
+  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale) override;
   // Accumulates this micro-batch's gradients into grads().
-  void backward(const int32_t* tokens);
+  void backward(const int32_t* tokens) override;
   // Once per optimizer step, before the norm and the update: sums every gradient over the depth
   // (2.5D), then those of the parameters replicated down the grid column over it.
-  void reduce_gradients();
+  void reduce_gradients() override;
   // This rank's part of the global sum of squared gradients: every element once over the grid
   // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
-  double gradient_sum_squares() const;
+  double gradient_sum_squares() const override;
 
   // The local flat buffers and their table (names are the logical tensors'; roles give decay).
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  std::size_t flat_size() const { return params_.size(); }
-  const std::vector<ParamSpec>& parameters() const { return table_; }
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+  std::size_t flat_size() const override { return params_.size(); }
+  const std::vector<ParamSpec>& parameters() const override { return table_; }
 
   // How the local buffer maps into the logical tensors of parameter_table(spec): runs of
   // `length` elements from local offset `local` to element `logical` of tensor `tensor` (an
   // index into that table). Padding (vocabulary and position rows past the logical ones) has no
   // run; replicated parameters have runs on every grid row.
-  struct Run {
-    std::size_t local;
-    int tensor;
-    std::size_t logical, length;
-  };
-  const std::vector<Run>& logical_runs() const { return runs_; }
+  const std::vector<Run>& logical_runs() const override { return runs_; }
+  bool owns(std::size_t local) const override;
 
   int local_rows() const { return rows_; }
 

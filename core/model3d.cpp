@@ -455,6 +455,12 @@ void Model3D::reduce_gradients() {
   groups_.plane_l.all_reduce_sum(G + plane_l_begin_, grads_.size() - plane_l_begin_);
 }
 
+bool Model3D::owns(std::size_t local) const {
+  if (local < plane_j_begin_) return true;
+  if (local < plane_l_begin_) return i_ == 0 && l_ == 0;
+  return i_ == 0 && j_ == 0;
+}
+
 double Model3D::gradient_sum_squares() const {
   const float* G = grads_.data();
   double s = sum_of_squares(G, plane_j_begin_);

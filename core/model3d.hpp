@@ -27,6 +27,7 @@
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
+#include "core/sharded_model.hpp"
 #include "core/tensor3d.hpp"
 
 namespace colossal::core {
@@ -43,33 +44,29 @@ struct Cube3DGroups {
   TensorGroup& plane_j;  // (*, j, *), any order
 };
 
-class Model3D {
+class Model3D final : public ShardedModel {
  public:
   // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
   // value and the nearest valid ones otherwise).
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
           MemoryTracker& tracker);
 
-  void init_parameters(uint64_t seed);  // the single-rank model's values
-  void zero_grad();
+  void init_parameters(uint64_t seed) override;  // the single-rank model's values
+  void zero_grad() override;
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
-  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale);
-  void backward(const int32_t* tokens);
+  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale) override;
+  void backward(const int32_t* tokens) override;
   // Sums the replicated parameters' gradients over their planes (once per optimizer step).
-  void reduce_gradients();
+  void reduce_gradients() override;
   // This rank's part of the global sum of squared gradients (every element once over the cube).
-  double gradient_sum_squares() const;
+  double gradient_sum_squares() const override;
 
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  std::size_t flat_size() const { return params_.size(); }
-  const std::vector<ParamSpec>& parameters() const { return table_; }
-  struct Run {
-    std::size_t local;
-    int tensor;
-    std::size_t logical, length;
-  };
-  const std::vector<Run>& logical_runs() const { return runs_; }
+  float* params() override { return params_.data(); }
+  float* grads() override { return grads_.data(); }
+  std::size_t flat_size() const override { return params_.size(); }
+  const std::vector<ParamSpec>& parameters() const override { return table_; }
+  const std::vector<Run>& logical_runs() const override { return runs_; }
+  bool owns(std::size_t local) const override;
 
  private:
   struct Linear {

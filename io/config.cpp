@@ -238,8 +238,15 @@ const std::vector<KeySpec>& schema() {
        .cross_check = "divides model.heads and model.ffn_hidden"},
       {.key = "parallel.tensor.mode", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.tensor_mode; },
-       .doc = "tensor parallelism: 1d (Megatron column/row-parallel linears)",
-       .choices = {"1d"}, .planned = {"2d", "2.5d", "3d"}},
+       .doc = "tensor parallelism: 1d (Megatron column/row-parallel linears), 2d (SUMMA on a "
+              "q x q grid: size = q^2), 2.5d (Tesseract: size = q^2 x depth), 3d (q^3 cube)",
+       .choices = {"1d", "2d", "2.5d", "3d"},
+       .cross_check = "2d/2.5d/3d: size a square / square x depth / cube; no pipeline, "
+                      "sequence, ZeRO, offload, fused attention, checkpointing or checkpoints"},
+      {.key = "parallel.tensor.depth", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.parallel.tensor_depth; },
+       .doc = "2.5d: depth layers d of q x q grids (the batch is split across them)",
+       .range = at_least(1), .cross_check = "> 1 only with mode 2.5d; divides tensor.size"},
       {.key = "parallel.tensor.sequence_split", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.sequence_split; },
        .doc = "Megatron sequence parallelism inside the tensor group: layernorms and residual "
@@ -975,7 +982,8 @@ class Resolver {
 
   void check_consistency(const Config& config) const {
     check_heads(config.model);
-    check_tensor_split(config);
+    check_tensor_mode(config);
+    if (config.parallel.tensor_mode == "1d") check_tensor_split(config);
     check_pipeline(config);
     check_recompute(config);
     const TrainConfig& t = config.train;
@@ -1139,6 +1147,77 @@ class Resolver {
             "one block count per (virtual) stage, every count >= 1, summing to model.layers",
             "give " + std::to_string(virtual_stages) + " counts summing to " +
                 std::to_string(layers) + ", or [] to balance");
+    }
+  }
+
+  // 2d / 2.5d / 3d (core::Model2D, core::Model3D): the grid's shape and what those models run.
+  void check_tensor_mode(const Config& config) const {
+    const ParallelConfig& p = config.parallel;
+    const std::string& mode = p.tensor_mode;
+    if (mode != "2.5d" && p.tensor_depth != 1) {
+      raise(where_first({"parallel.tensor.depth", "parallel.tensor.mode"}),
+            "parallel.tensor.depth", std::to_string(p.tensor_depth) + " with mode " + mode,
+            "depth layers belong to 2.5d", "set parallel.tensor.mode: 2.5d or depth: 1");
+    }
+    if (mode == "1d") return;
+    const int t = p.tensor, d = mode == "2.5d" ? p.tensor_depth : 1, power = mode == "3d" ? 3 : 2;
+    const std::string shape = mode == "3d" ? "a cube q^3" : mode == "2d" ? "a square q^2"
+                                                                         : "q^2 x depth";
+    int q = 1;
+    while (std::pow(q + 1, power) * d <= t) ++q;
+    if (t % d != 0 || int(std::pow(q, power)) * d != t || q < 2) {
+      const int lower = std::max(2, q), upper = lower + 1;
+      raise(where_first({"parallel.tensor.size", "parallel.tensor.mode"}), "parallel.tensor.size",
+            std::to_string(t) + " is not " + shape + " with q >= 2 (mode " + mode +
+                (mode == "2.5d" ? ", depth " + std::to_string(d) : "") + ")",
+            "the ranks form a grid of that shape",
+            "set parallel.tensor.size to " + std::to_string(int(std::pow(lower, power)) * d) +
+                " or " + std::to_string(int(std::pow(upper, power)) * d));
+    }
+    const core::ModelSpec& m = config.model;
+    const int width = mode == "3d" ? q * q : q;  // what hidden and ffn_hidden must divide by
+    const int rows = mode == "3d" ? q * q : q;   // what micro_batch must divide by
+    for (auto [key, value, by] : {std::tuple<const char*, int, int>{"model.heads", m.heads, q},
+                                  {"model.hidden", m.hidden, width},
+                                  {"model.ffn_hidden", m.ffn_hidden, width},
+                                  {"train.micro_batch", config.train.micro_batch, rows}}) {
+      if (value % by == 0) continue;
+      raise(where_first({key, "parallel.tensor.size", "model.preset"}), key,
+            std::to_string(value) + " is not a multiple of " + std::to_string(by) + " (mode " +
+                mode + ", q = " + std::to_string(q) + ")",
+            "every rank of the grid takes an equal block",
+            "set " + std::string(key) + " to " +
+                (value / by > 0 ? std::to_string(value / by * by) + " or " : std::string()) +
+                std::to_string((value / by + 1) * by));
+    }
+    const std::string why = "the " + mode + " model (core/model" + (mode == "3d" ? "3d" : "2d") +
+                            ".hpp) does not run it yet";
+    auto refuse = [&](bool bad, const char* key, const std::string& value, const char* todo) {
+      if (bad) raise(where_first({key, "parallel.tensor.mode"}), key, value + " with tensor mode " + mode, why, todo);
+    };
+    refuse(p.pipeline > 1, "parallel.pipeline.size", std::to_string(p.pipeline), "set it to 1, or parallel.tensor.mode: 1d");
+    refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence), "set it to 1, or parallel.tensor.mode: 1d");
+    refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");
+    refuse(p.zero_stage > 0, "parallel.zero.stage", std::to_string(p.zero_stage), "set it to 0");
+    refuse(p.offload_optimizer, "parallel.zero.offload.optimizer", "true", "set it to false");
+    refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
+    refuse(config.checkpointing.policy != "none", "checkpointing.policy",
+           config.checkpointing.policy, "set it to none");
+    refuse(config.checkpoint.every > 0, "checkpoint.every", std::to_string(config.checkpoint.every),
+           "set it to 0 (training checkpoints are 1d-only for now; the model file is written)");
+    refuse(config.checkpoint.resume != "never", "checkpoint.resume", config.checkpoint.resume,
+           "set it to never");
+    refuse(config.sample.tokens > 0, "sample.tokens", std::to_string(config.sample.tokens),
+           "set it to 0 (sample from the written model.h5 with colossal_generate)");
+    refuse(p.mode == "auto", "parallel.mode", "auto", "set it to manual (the planner searches 1d)");
+    const int per_step = config.train.micro_batch * p.data * d;
+    if (config.train.global_batch % per_step != 0) {
+      raise(where_first({"train.global_batch", "train.micro_batch", "parallel.tensor.depth"}),
+            "train.global_batch",
+            std::to_string(config.train.global_batch) + " is not a multiple of train.micro_batch "
+                "x parallel.data x depth = " + std::to_string(per_step),
+            "every data rank and depth layer runs the same whole micro-batches",
+            "set train.global_batch to a multiple of " + std::to_string(per_step));
     }
   }
 

@@ -65,7 +65,8 @@ struct ParallelConfig {
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
   bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
   int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
-  std::string tensor_mode = "1d";
+  std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d
+  int tensor_depth = 1;            // 2.5d: depth layers d (tensor = q * q * d)
   bool sequence_split = false;     // Megatron sequence parallelism inside the tensor group
   int sequence = 1;                // ring self-attention ranks
   int pipeline = 1;                // pipeline stages
@@ -122,9 +123,10 @@ struct Config {
   std::string source;            // file name the config came from ("<string>" for text)
   std::string text;              // the resolved config as YAML (after presets and overrides)
 
-  // Micro-batches each data-parallel rank runs per optimizer step.
+  // Micro-batches each data-parallel rank (each 2.5D depth layer) runs per optimizer step.
   int accumulation_steps() const {
-    return train.global_batch / (train.micro_batch * parallel.data);
+    const int depth = parallel.tensor_mode == "2.5d" ? parallel.tensor_depth : 1;
+    return train.global_batch / (train.micro_batch * parallel.data * depth);
   }
 };
 

@@ -1,0 +1,267 @@
+#include "apps/trainer_md.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <filesystem>
+#include <stdexcept>
+
+#include "core/model2d.hpp"
+#include "io/hdf5_file.hpp"
+#include "io/metrics.hpp"
+#include "parallel/local_communicator.hpp"
+
+namespace colossal::apps {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+int root_of(int n, int power) {
+  int q = 1;
+  while (int(std::pow(q + 1, power)) <= n) ++q;
+  return q;
+}
+}  // namespace
+
+TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world)
+    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
+  if (world == nullptr) {
+    own_world_ = std::make_unique<parallel::LocalCommunicator>();
+    world = own_world_.get();
+  }
+  world_ = world;
+  const auto& par = config_.parallel;
+  if (world_->size() != par.world_size()) {
+    throw CollectiveError("parallel.data = " + std::to_string(par.data) +
+                          " x parallel.tensor.size = " + std::to_string(par.tensor) + " needs " +
+                          std::to_string(par.world_size()) + " ranks but " +
+                          std::to_string(world_->size()) + " were started");
+  }
+  groups_ = parallel::make_groups(
+      *world_, parallel::DeviceMesh(parallel::MeshShape{
+                   .data = par.data, .pipeline = 1, .tensor = par.tensor, .sequence = 1}));
+  dp_ = groups_.dp.get();
+  tp_ = groups_.tp.get();
+  const std::string& mode = par.tensor_mode;
+  const int r = tp_->rank();
+  auto group = [&](int color, int key) -> core::TensorGroup& {
+    comms_.push_back(tp_->split(color, key));
+    views_.push_back(std::make_unique<parallel::CommunicatorGroup>(*comms_.back()));
+    return *views_.back();
+  };
+  const core::ModelSpec& spec = config_.model;
+  const auto& t = config_.train;
+  std::string grid;
+  if (mode == "3d") {
+    const int q = root_of(par.tensor, 3), i = r / (q * q), j = r / q % q, l = r % q;
+    core::TensorGroup& input = group(i * q + l, j);
+    core::TensorGroup& weight = group(j * q + l, i);
+    core::TensorGroup& output = group(i * q + j, l);
+    core::TensorGroup& plane_l = group(l, i * q + j);
+    core::TensorGroup& plane_j = group(j, i * q + l);
+    cube_ = std::make_unique<core::Cube3DGroups>(
+        core::Cube3DGroups{input, weight, output, plane_l, plane_j});
+    model_ = std::make_unique<core::Model3D>(spec, t.micro_batch, t.seq_len, *cube_, *gemm_,
+                                             tracker_);
+    grid = std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q) + " cube";
+  } else {
+    depth_ = mode == "2.5d" ? par.tensor_depth : 1;
+    const int q = root_of(par.tensor / depth_, 2);
+    depth_rank_ = r / (q * q);
+    const int i = r / q % q, j = r % q;
+    core::TensorGroup& row = group(depth_rank_ * q + i, j);
+    core::TensorGroup& col = group(depth_rank_ * q + j, i);
+    core::TensorGroup* depth = depth_ > 1 ? &group(i * q + j, depth_rank_) : nullptr;
+    grid_ = std::make_unique<core::Grid2D>(core::Grid2D{row, col});
+    model_ = std::make_unique<core::Model2D>(spec, t.micro_batch, t.seq_len, *grid_, *gemm_,
+                                             tracker_, depth);
+    grid = std::to_string(q) + " x " + std::to_string(q) + " grid" +
+           (depth_ > 1 ? " x " + std::to_string(depth_) + " depth layers" : "");
+  }
+  plan_ = "tensor: {size: " + std::to_string(par.tensor) + ", mode: " + mode + "}  # " + grid +
+          "\ndata: " + std::to_string(par.data) + "\nmicro_batch: " +
+          std::to_string(t.micro_batch) + "\naccumulation: " +
+          std::to_string(config_.accumulation_steps()) + "\n";
+  train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
+  train_data_->check(spec.vocab, static_cast<std::size_t>(t.seq_len) + 2,
+                     "train.seq_len + 1 tokens for one window, and more than one window");
+  sampler_ = std::make_unique<io::TrainSampler>(*train_data_, t.seq_len, t.seed);
+  if (!config_.data.val_path.empty()) {
+    val_data_ = std::make_unique<io::TokenFile>(config_.data.val_path, "data.val_path");
+    val_data_->check(spec.vocab, static_cast<std::size_t>(t.seq_len) + 1,
+                     "train.seq_len + 1 tokens for one validation window");
+  }
+  model_->init_parameters(t.seed);
+  optimizer_ = std::make_unique<core::AdamW>(model_->parameters(), model_->flat_size(), tracker_);
+  const std::size_t tokens = std::size_t(t.micro_batch) * t.seq_len;
+  host_inputs_.resize(tokens);
+  host_targets_.resize(tokens);
+  inputs_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
+  targets_ = core::DeviceArray<int32_t>(tracker_, core::MemCategory::data, tokens);
+  print("plan:\n%s", plan_.c_str());
+  print("memory (per rank): %s\n", tracker_.summary().c_str());
+}
+
+TrainerMD::~TrainerMD() = default;
+
+void TrainerMD::print(const char* fmt, ...) const {
+  if (log_ == nullptr) return;
+  va_list args;
+  va_start(args, fmt);
+  std::vfprintf(log_, fmt, args);
+  va_end(args);
+  std::fflush(log_);
+}
+
+std::vector<core::ParamSpec> TrainerMD::logical_table() const {
+  return core::parameter_table(config_.model);
+}
+
+std::vector<float> TrainerMD::logical_parameters() {
+  const auto table = logical_table();
+  std::vector<float> out(core::parameter_units(table, 16).back().end, 0.0f);
+  std::vector<float> local(model_->flat_size());
+  core::copy_to_host(local.data(), model_->params(), local.size() * sizeof(float));
+  // One model copy writes (2.5D: depth layer 0), each element from its one owner; the sum over
+  // the tensor group assembles the whole.
+  if (depth_rank_ == 0) {
+    for (const core::ShardedModel::Run& run : model_->logical_runs()) {
+      if (!model_->owns(run.local)) continue;
+      std::copy(local.begin() + run.local, local.begin() + run.local + run.length,
+                out.begin() + table[run.tensor].offset + run.logical);
+    }
+  }
+  tp_->all_reduce_sum(out);
+  return out;
+}
+
+double TrainerMD::evaluate() {
+  if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
+  const int T = config_.train.seq_len, B = config_.train.micro_batch;
+  const int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
+  const int64_t replicas = int64_t(dp_->size()) * depth_;
+  const int64_t replica = int64_t(dp_->rank()) * depth_ + depth_rank_;
+  const int64_t rounds = windows / (B * replicas);
+  if (rounds == 0) {
+    throw CollectiveError("data.val_path has " + std::to_string(windows) + " windows, fewer " +
+                          "than one round of train.micro_batch x data x depth = " +
+                          std::to_string(B * replicas));
+  }
+  double total = 0.0;
+  for (int64_t k = 0; k < rounds; ++k) {
+    io::validation_batch(*val_data_, T, (k * replicas + replica) * B, B, host_inputs_.data(),
+                         host_targets_.data());
+    core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * 4);
+    core::copy_to_device(targets_.data(), host_targets_.data(), host_targets_.size() * 4);
+    // The mean over the tensor group's windows (B, or B x depth in 2.5D).
+    total += model_->forward(inputs_.data(), targets_.data(), 0.0f) * double(B * depth_);
+  }
+  return dp_->all_reduce_sum_value(total) / double(rounds * B * replicas);
+}
+
+TrainSummary TrainerMD::train() {
+  const auto& t = config_.train;
+  const auto& spec = config_.model;
+  TrainSummary summary;
+  const double tokens_per_step = double(t.global_batch) * t.seq_len;
+  const double peak = peak_flops(config_.hardware);
+  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
+  core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
+                       t.optimizer.weight_decay};
+  const bool writer = world_->rank() == 0;
+  std::unique_ptr<io::MetricsCsv> metrics;
+  if (writer) {
+    std::filesystem::create_directories(config_.log.dir);
+    metrics = std::make_unique<io::MetricsCsv>(
+        config_.log.dir + "/metrics.csv",
+        std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
+                                 "step_seconds", "val_loss", "peak_tracked_bytes"});
+  }
+  const int accumulation = config_.accumulation_steps();
+  const int64_t replicas = int64_t(dp_->size()) * depth_;
+  const int64_t replica = int64_t(dp_->rank()) * depth_ + depth_rank_;
+  const int64_t per_replica = t.global_batch / replicas;
+  const float grad_scale = 1.0f / float(tokens_per_step);
+  const auto start = Clock::now();
+  double timed = 0.0, window_seconds = 0.0;
+  int window_steps = 0;
+  for (int64_t step = 0; step < t.steps; ++step) {
+    const auto step_start = Clock::now();
+    model_->zero_grad();
+    double loss = 0.0;
+    for (int a = 0; a < accumulation; ++a) {
+      sampler_->batch(step, replica * per_replica + int64_t(a) * t.micro_batch, t.micro_batch,
+                      t.global_batch, host_inputs_.data(), host_targets_.data());
+      core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * 4);
+      core::copy_to_device(targets_.data(), host_targets_.data(), host_targets_.size() * 4);
+      // The mean over the tensor group's tokens (one depth layer's or all of them in 2.5D).
+      loss += model_->forward(inputs_.data(), targets_.data(), grad_scale) *
+              double(t.micro_batch) * depth_;
+      model_->backward(inputs_.data());
+    }
+    model_->reduce_gradients();
+    if (dp_->size() > 1) dp_->all_reduce_sum({model_->grads(), model_->flat_size()});
+    loss = dp_->all_reduce_sum_value(loss) / double(t.global_batch);
+    // Every element once: the 2.5D depth layers hold equal copies, layer 0 counts.
+    const double squares =
+        tp_->all_reduce_sum_value(depth_rank_ == 0 ? model_->gradient_sum_squares() : 0.0);
+    const double norm = std::sqrt(squares);
+    if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
+                           ", gradient norm " + std::to_string(norm) +
+                           " (tensor modes 2d/2.5d/3d stop on non-finite values); lower "
+                           "train.optimizer.lr or check the data");
+    }
+    hp.lr = schedule.at(step);
+    optimizer_->update(model_->params(), model_->grads(), hp, step + 1,
+                       float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
+    const double step_seconds = seconds_since(step_start);
+    if (step == 0) {
+      summary.first_loss = loss;
+    } else {
+      timed += step_seconds;
+    }
+    summary.last_loss = loss;
+    summary.losses.push_back(loss);
+    window_seconds += step_seconds;
+    ++window_steps;
+    const bool last = step + 1 == t.steps;
+    double val_loss = std::nan("");
+    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+      val_loss = evaluate();
+      summary.val_loss = val_loss;
+      print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
+    }
+    const double flops = core::flops_per_token(spec, t.seq_len) * tokens_per_step;
+    if (metrics) {
+      metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_step / step_seconds,
+                    flops / step_seconds / peak, step_seconds, val_loss,
+                    double(tracker_.peak_total())});
+    }
+    if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
+      const double avg = window_seconds / window_steps;
+      print("step %6lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | %.0f tok/s | MFU %.1f%% | "
+            "mem %s\n",
+            (long long)step + 1, (long long)t.steps, loss, hp.lr, norm, tokens_per_step / avg,
+            100.0 * flops / avg / peak, core::format_bytes(double(tracker_.peak_total())).c_str());
+      window_seconds = 0.0;
+      window_steps = 0;
+    }
+  }
+  summary.steps = t.steps;
+  summary.seconds = seconds_since(start);
+  summary.tokens_per_s = t.steps > 1 ? tokens_per_step * double(t.steps - 1) / timed
+                                     : tokens_per_step / summary.seconds;
+  summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
+  summary.peak_tracked_bytes = tracker_.peak_total();
+  summary.model_path = config_.log.dir + "/model.h5";
+  const std::vector<float> values = logical_parameters();
+  if (writer) io::write_model_file(summary.model_path, logical_table(), values.data(), config_.text,
+                                   plan_);
+  summary.peak_rss_bytes = core::peak_rss_bytes();
+  return summary;
+}
+
+}  // namespace colossal::apps

@@ -1,0 +1,71 @@
+// colossal_train's loop for parallel.tensor.mode 2d, 2.5d and 3d: the sharded models of
+// core/model2d.hpp (2D, and 2.5D with a depth group) and core/model3d.hpp (3D), with data
+// parallelism on top. Data -> micro-batches with gradient accumulation -> clipped AdamW ->
+// progress, metrics.csv, validation and model.h5, as apps::Trainer does for 1d. What those
+// models do not run yet (pipeline, sequence, ZeRO, offload, fused attention, activation
+// checkpointing, training checkpoints, the end-of-run sample) the config refuses by key.
+//
+// Ranks: the mesh of apps::Trainer with tensor innermost (rank = data index * tensor size +
+// tensor rank); inside the tensor group, rank r is grid position (i, j) = (r / q, r % q) in 2D,
+// (depth layer, i, j) = (r / q^2, r / q % q, r % q) in 2.5D and (i, j, l) = (r / q^2, r / q % q,
+// r % q) in 3D.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/trainer.hpp"
+#include "core/sharded_model.hpp"
+#include "core/tensor2d.hpp"
+#include "core/model3d.hpp"
+
+namespace colossal::apps {
+
+class TrainerMD {
+ public:
+  TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr);
+  ~TrainerMD();
+
+  TrainSummary train();
+  // Mean validation loss over whole rounds of micro-batches (every data rank and depth layer
+  // runs the same forwards): the windows of data.val_path rounded down to a multiple of
+  // micro_batch x data x depth.
+  double evaluate();
+  // Every logical (Hugging Face) tensor in one rank's layout (collective over the tensor group).
+  std::vector<float> logical_parameters();
+  std::vector<core::ParamSpec> logical_table() const;
+  const std::string& plan() const { return plan_; }
+  parallel::Communicator& tensor_parallel() { return *tp_; }
+  parallel::Communicator& data_parallel() { return *dp_; }
+  const core::MemoryTracker& memory() const { return tracker_; }
+
+ private:
+  void print(const char* fmt, ...) const;
+
+  io::Config config_;
+  std::FILE* log_;
+  std::unique_ptr<parallel::Communicator> own_world_;
+  parallel::Communicator* world_;
+  parallel::Groups groups_;
+  parallel::Communicator* dp_;
+  parallel::Communicator* tp_;
+  // The tensor group's sub-groups and their model-side views.
+  std::vector<std::unique_ptr<parallel::Communicator>> comms_;
+  std::vector<std::unique_ptr<parallel::CommunicatorGroup>> views_;
+  std::unique_ptr<core::Grid2D> grid_;
+  std::unique_ptr<core::Cube3DGroups> cube_;
+  int depth_ = 1, depth_rank_ = 0;  // 2.5D layers and this rank's
+  core::MemoryTracker tracker_;
+  std::unique_ptr<core::Gemm> gemm_;
+  std::unique_ptr<core::ShardedModel> model_;
+  std::unique_ptr<core::AdamW> optimizer_;
+  std::unique_ptr<io::TokenFile> train_data_, val_data_;
+  std::unique_ptr<io::TrainSampler> sampler_;
+  core::DeviceArray<int32_t> inputs_, targets_;
+  std::vector<int32_t> host_inputs_, host_targets_;
+  std::string plan_;
+};
+
+}  // namespace colossal::apps
