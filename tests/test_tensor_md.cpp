@@ -1,0 +1,99 @@
+// colossal_train's 2d, 2.5d and 3d tensor modes (apps/TrainerMD) train the single-rank model:
+// 10 steps of per-step losses within 1e-5 relative and final logical weights (worst below 1e-4,
+// mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
+// apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
+// 2d x dp2 on 8. Also the model file holds the logical tensors and the tensor group's per-rank
+// parameters are the mode's fraction.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "apps/trainer.hpp"
+#include "apps/trainer_md.hpp"
+#include "io/config.hpp"
+#include "io/hdf5_file.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "train_parity.hpp"
+
+using namespace colossal;
+
+namespace {
+
+struct Layout {
+  std::string arch, mode;
+  int tensor, depth = 1, data = 1;
+};
+
+io::Config config(const std::string& data, const Layout& l, bool sharded, const std::string& run) {
+  const std::string text =
+      "model: {arch: " + l.arch + ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 201,"
+      " max_seq: 16}\n"
+      "data: {path: " + data + "}\n"
+      "train: {steps: 10, seq_len: 16, global_batch: 16, micro_batch: 4,\n"
+      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n" +
+      (sharded ? "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
+                     std::to_string(l.tensor) + ", mode: " + l.mode +
+                     ", depth: " + std::to_string(l.depth) + "}}\n"
+               : std::string()) +
+      "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
+      (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
+  return io::parse_config(text, "test");
+}
+
+class TensorMD : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(TensorMD, TrainsTheSingleRankModel) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Layout layout = GetParam();
+  if (world.size() != layout.tensor * layout.data) GTEST_SKIP() << "needs another rank count";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  apps::Trainer reference(config(data, layout, false, "md_ref" + std::to_string(world.rank())),
+                          nullptr);
+  const apps::TrainSummary expected = reference.train();
+
+  apps::TrainerMD trainer(config(data, layout, true, "md_" + layout.mode), nullptr, &world);
+  EXPECT_NE(trainer.plan().find("mode: " + layout.mode), std::string::npos) << trainer.plan();
+  const apps::TrainSummary got = trainer.train();
+  test::expect_same_losses(got, expected);
+
+  const std::vector<float> weights = trainer.logical_parameters();
+  const std::vector<float> want = reference.logical_parameters();
+  ASSERT_EQ(weights.size(), want.size());
+  double worst = 0, mean = 0;
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    const double d = std::abs(double(weights[e]) - want[e]);
+    worst = std::max(worst, d);
+    mean += d / double(want.size());
+  }
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_LT(mean, 1e-6);
+
+  // The model file (rank 0) holds the same logical tensors.
+  if (world.rank() == 0) {
+    std::vector<float> file(want.size(), 0.0f);
+    io::read_model_file(got.model_path, trainer.logical_table(), file);
+    for (std::size_t e = 0; e < file.size(); ++e) ASSERT_EQ(file[e], weights[e]) << e;
+  }
+  // Parameters per rank: about 1/q^2 (2d, 2.5d) or 1/q^3 (3d) of the single rank's, plus the
+  // replicated vectors.
+  const double share = double(trainer.memory().current(core::MemCategory::parameters)) /
+                       double(reference.memory().current(core::MemCategory::parameters));
+  const double blocks = layout.mode == "3d" ? 1.0 / 8 : 1.0 / 4;
+  EXPECT_GT(share, blocks);
+  EXPECT_LT(share, blocks + 0.15);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, TensorMD,
+    ::testing::Values(Layout{"gpt2", "2d", 4}, Layout{"opt", "2d", 4},
+                      Layout{"gpt2", "2.5d", 8, 2}, Layout{"opt", "2.5d", 8, 2},
+                      Layout{"gpt2", "3d", 8}, Layout{"opt", "3d", 8},
+                      Layout{"gpt2", "2d", 4, 1, 2}),
+    [](const auto& info) {
+      std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
+      return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "");
+    });
+
+}  // namespace
