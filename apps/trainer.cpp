@@ -657,6 +657,9 @@ TrainSummary Trainer::train() {
         predicted_time_.tensor_comm + predicted_time_.pipeline_comm + predicted_time_.data_comm,
         predicted_time_.bubble, predicted_time_.optimizer);
 
+  // The tensor group's payload bytes on this rank, validation apart (printed per step at the end).
+  const double tensor_bytes_before = double(tp_->stats().total_payload_bytes());
+  double validation_tensor_bytes = 0.0;
   const auto start = Clock::now();
   // Seconds of the training steps after the first (which pays first-touch page faults), without
   // validation, checkpoints and logging: the throughput the summary reports.
@@ -788,7 +791,9 @@ TrainSummary Trainer::train() {
     double val_loss = std::nan("");
     const bool last = step + 1 == t.steps;
     if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+      const double tensor_bytes = double(tp_->stats().total_payload_bytes());
       val_loss = evaluate();
+      validation_tensor_bytes += double(tp_->stats().total_payload_bytes()) - tensor_bytes;
       summary.val_loss = val_loss;
       print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
     }
@@ -826,6 +831,13 @@ TrainSummary Trainer::train() {
     }
   }
   summary.steps = t.steps;
+  if (tp_->size() > 1) {
+    print("tensor-parallel traffic (rank 0): %s per step\n",
+          core::format_bytes((double(tp_->stats().total_payload_bytes()) - tensor_bytes_before -
+                              validation_tensor_bytes) /
+                             double(t.steps - first_step))
+              .c_str());
+  }
   summary.seconds = seconds_since(start);
   const double timed_steps = double(t.steps - first_step - 1);
   summary.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed

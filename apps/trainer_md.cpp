@@ -184,6 +184,14 @@ TrainSummary TrainerMD::train() {
   const int64_t replica = int64_t(dp_->rank()) * depth_ + depth_rank_;
   const int64_t per_replica = t.global_batch / replicas;
   const float grad_scale = 1.0f / float(tokens_per_step);
+  // Payload bytes this rank moves in the tensor group and its sub-groups (validation apart).
+  auto traffic = [this] {
+    double bytes = double(tp_->stats().total_payload_bytes());
+    for (const auto& c : comms_) bytes += double(c->stats().total_payload_bytes());
+    return bytes;
+  };
+  double validation_traffic = 0.0;
+  const double traffic_before = traffic();
   const auto start = Clock::now();
   double timed = 0.0, window_seconds = 0.0;
   int window_steps = 0;
@@ -230,7 +238,9 @@ TrainSummary TrainerMD::train() {
     const bool last = step + 1 == t.steps;
     double val_loss = std::nan("");
     if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+      const double before = traffic();
       val_loss = evaluate();
+      validation_traffic += traffic() - before;
       summary.val_loss = val_loss;
       print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
     }
@@ -252,6 +262,9 @@ TrainSummary TrainerMD::train() {
   }
   summary.steps = t.steps;
   summary.seconds = seconds_since(start);
+  print("tensor-parallel traffic (rank 0): %s per step\n",
+        core::format_bytes((traffic() - traffic_before - validation_traffic) / double(t.steps))
+            .c_str());
   summary.tokens_per_s = t.steps > 1 ? tokens_per_step * double(t.steps - 1) / timed
                                      : tokens_per_step / summary.seconds;
   summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
