@@ -160,6 +160,62 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   ln_work_ = carve(3 * R);
 }
 
+namespace {
+std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+std::size_t Model3D::parameter_floats(const ModelSpec& s, int q) {
+  const std::size_t q2 = std::size_t(q) * q, c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
+  const std::size_t vb = (s.vocab + q2 - 1) / q2, pb = (s.position_rows() + q2 - 1) / q2;
+  const std::size_t weights = aligned16(c * vb) + aligned16(pb * c) +
+                              L * (aligned16(c * (3 * c / q)) + aligned16(c * (c / q)) +
+                                   aligned16(c * (f / q)) + aligned16(f * (c / q)));
+  const std::size_t plane_j = L * (aligned16(3 * c) + aligned16(f));
+  const std::size_t plane_l = L * 6 * aligned16(c) + 2 * aligned16(c);
+  return weights + plane_j + plane_l;
+}
+
+std::size_t Model3D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
+  const std::size_t q2 = std::size_t(q) * q, R = std::size_t(batch) * seq_len / q2;
+  const std::size_t c = s.hidden / q, f = s.ffn_hidden / q;
+  const std::size_t att = std::size_t(batch) / q2 * (s.heads / q) * seq_len * seq_len;
+  const std::size_t vb = (s.vocab + q2 - 1) / q2;
+  return s.layers * (8 * R * c + 4 * R + att + 2 * R * f) + 2 * R * c + 3 * R + R * vb * q;
+}
+
+Model3D::Communication Model3D::step_communication(const ModelSpec& s, int batch, int seq_len,
+                                                   int q) {
+  const double q2 = double(q) * q, M = double(batch) * seq_len, R = M / q2, C = s.hidden,
+               F = s.ffn_hidden;
+  const double Vp = std::ceil(double(s.vocab) / q2) * q2;
+  Communication m;
+  auto linear = [&](double K, double N, bool to_y) {
+    double& in_ag = to_y ? m.input_all_gather : m.output_all_gather;
+    double& in_rs = to_y ? m.input_reduce_scatter : m.output_reduce_scatter;
+    double& out_ag = to_y ? m.output_all_gather : m.input_all_gather;
+    double& out_rs = to_y ? m.output_reduce_scatter : m.input_reduce_scatter;
+    in_ag += 2 * M * K / q2;         // forward, and again in backward: the input's blocks
+    m.weight_all_gather += 2 * K * N / q2;  // likewise the weight's
+    out_rs += M * N / q2;            // forward: the partial products
+    out_ag += M * N / q2;            // backward: the output gradient's blocks
+    in_rs += M * K / q2;             // backward: the input gradient's partials
+    m.weight_reduce_scatter += K * N / q2;
+  };
+  for (int l = 0; l < s.layers; ++l) {
+    linear(C, 3 * C, true);
+    linear(C, C, false);
+    linear(C, F, true);
+    linear(F, C, false);
+  }
+  linear(C, Vp, true);
+  m.output_all_reduce += (2.0 * s.layers + 1) * 4 * R + 1;
+  m.input_all_reduce += 3 * R;
+  m.weight_all_reduce += 1;
+  m.plane_reduce_scatter += M * C / q;
+  m.plane_all_gather += M * C / q;
+  return m;
+}
+
 std::size_t Model3D::add_param(const std::string& name, ParamRole role, std::size_t count,
                                Replica r) {
   ParamSpec p;

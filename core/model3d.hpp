@@ -68,6 +68,32 @@ class Model3D final : public ShardedModel {
   const std::vector<Run>& logical_runs() const override { return runs_; }
   bool owns(std::size_t local) const override;
 
+  // Closed forms, per rank, in floats (c = C/q, f = F/q, R = B T / q^2, Vp and Pp padded to
+  // q^2). Parameters: c Vp/q^2 + Pp/q^2 c + L (c 3c/q + c c/q + c f/q + f c/q) in weight blocks,
+  // L (3c + f) replicated over the plane sharing j, L 6c + 2c over the plane sharing l, each
+  // tensor 16-float aligned. Activations kept: L (8 R c + 4 R + (B/q^2)(H/q) T^2 + 2 R f) +
+  // 2 R c + 3 R + R Vp/q.
+  static std::size_t parameter_floats(const ModelSpec& spec, int q);
+  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+  // Payload floats of one forward + backward in each group (all-gathers count their output,
+  // reduce-scatters their input). A linear [K, N] over M = B T rows on a cube moves, forward,
+  // an all-gather of M K / q^2 in its input group and of K N / q^2 in the weight group and a
+  // reduce-scatter of M N / q^2 in its output group; backward the all-gather of M N / q^2 in the
+  // output group and reduce-scatters of M K / q^2 (input) and K N / q^2 (weight), after
+  // gathering the saved input and weight blocks again (nothing gathered is kept). q|k|v, the
+  // first MLP linear and the head run on the cube (input = input group), the projection and the
+  // second MLP linear on the swapped cube (input = output group). Layernorms all-reduce 2R
+  // forward and 2R backward in the output group; the cross-entropy 3R in the input group; the
+  // loss one float in the output and the weight groups; the embedding reduce-scatters B T c over
+  // the plane sharing l and all-gathers it back in backward.
+  struct Communication {
+    double input_all_gather = 0, input_reduce_scatter = 0, input_all_reduce = 0;
+    double weight_all_gather = 0, weight_reduce_scatter = 0, weight_all_reduce = 0;
+    double output_all_gather = 0, output_reduce_scatter = 0, output_all_reduce = 0;
+    double plane_all_gather = 0, plane_reduce_scatter = 0;
+  };
+  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
+
  private:
   struct Linear {
     std::size_t w = 0, b = 0;

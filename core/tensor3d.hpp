@@ -25,7 +25,8 @@
 //   forward   input all-gather M K / q^2, weight all-gather K N / q^2, output reduce-scatter
 //             M N / q^2
 //   backward  output all-gather M N / q^2, input reduce-scatter M K / q^2, weight
-//             reduce-scatter K N / q^2
+//             reduce-scatter K N / q^2, plus the forward's two all-gathers again (the gathered
+//             input and weight are not kept between forward and backward: memory over traffic)
 #pragma once
 
 #include <cstddef>

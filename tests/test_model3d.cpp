@@ -56,6 +56,53 @@ TEST_P(Model3DParity, TrainsTheSingleRankModelForTenSteps) {
   EXPECT_LT(ratio, 0.30);
 }
 
+// One forward + backward's bytes in each group, and the tracked parameter and activation bytes,
+// against the closed forms next to the model.
+TEST_P(Model3DParity, CommunicationAndMemoryEqualTheClosedForms) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks";
+  const int q = 2, i = world.rank() / (q * q), j = world.rank() / q % q, l = world.rank() % q;
+  auto input_comm = world.split(i * q + l, j), weight_comm = world.split(j * q + l, i),
+       output_comm = world.split(i * q + j, l), plane_l_comm = world.split(l, i * q + j),
+       plane_j_comm = world.split(j, i * q + l);
+  parallel::CommunicatorGroup input(*input_comm), weight(*weight_comm), output(*output_comm),
+      plane_l(*plane_l_comm), plane_j(*plane_j_comm);
+  core::Cube3DGroups groups{input, weight, output, plane_l, plane_j};
+  const core::ModelSpec spec = core::model_spec(GetParam(), 3, 48, 6, 96, 101, 16);
+  const int B = 8, T = 10;
+  auto gemm = core::make_host_gemm();
+  core::MemoryTracker tracker;
+  core::Model3D model(spec, B, T, groups, *gemm, tracker);
+  model.init_parameters(5);
+  EXPECT_EQ(tracker.current(core::MemCategory::parameters),
+            core::Model3D::parameter_floats(spec, q) * sizeof(float));
+  EXPECT_EQ(tracker.current(core::MemCategory::activations),
+            core::Model3D::activation_floats(spec, B, T, q) * sizeof(float));
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int n = 0; n < B * T; ++n) tokens[n] = targets[(n + 1) % (B * T)] = n * 3 % spec.vocab;
+  for (auto* c : {input_comm.get(), weight_comm.get(), output_comm.get(), plane_l_comm.get()}) {
+    c->reset_stats();
+  }
+  model.forward(tokens.data(), targets.data(), 1.0f / float(B * T));
+  model.backward(tokens.data());
+  const auto want = core::Model3D::step_communication(spec, B, T, q);
+  auto bytes = [](parallel::Communicator& c, parallel::CollectiveKind k) {
+    return double(c.stats()[k].payload_bytes);
+  };
+  using K = parallel::CollectiveKind;
+  EXPECT_EQ(bytes(*input_comm, K::all_gather), 4 * want.input_all_gather);
+  EXPECT_EQ(bytes(*input_comm, K::reduce_scatter), 4 * want.input_reduce_scatter);
+  EXPECT_EQ(bytes(*input_comm, K::all_reduce), 4 * want.input_all_reduce);
+  EXPECT_EQ(bytes(*weight_comm, K::all_gather), 4 * want.weight_all_gather);
+  EXPECT_EQ(bytes(*weight_comm, K::reduce_scatter), 4 * want.weight_reduce_scatter);
+  EXPECT_EQ(bytes(*weight_comm, K::all_reduce), 4 * want.weight_all_reduce);
+  EXPECT_EQ(bytes(*output_comm, K::all_gather), 4 * want.output_all_gather);
+  EXPECT_EQ(bytes(*output_comm, K::reduce_scatter), 4 * want.output_reduce_scatter);
+  EXPECT_EQ(bytes(*output_comm, K::all_reduce), 4 * want.output_all_reduce);
+  EXPECT_EQ(bytes(*plane_l_comm, K::all_gather), 4 * want.plane_all_gather);
+  EXPECT_EQ(bytes(*plane_l_comm, K::reduce_scatter), 4 * want.plane_reduce_scatter);
+}
+
 TEST(Model3D, SizesTheCubeCannotSplitAreRefusedWithTheNearestValid) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks";
