@@ -10,44 +10,23 @@
 #include "core/layers.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
+#include "core/sharded_detail.hpp"
 #include "core/tensor_group.hpp"
 
 namespace colossal::core {
 
 namespace k = kernels;
 
-namespace {
-
-void require_multiple(const char* key, int64_t value, int q) {
-  if (value % q != 0) {
-    throw std::invalid_argument(std::string(key) + " = " + std::to_string(value) +
-                                " must be a multiple of q = " + std::to_string(q) +
-                                " for 2D tensor parallelism (nearest: " +
-                                std::to_string(value / q * q) + " or " +
-                                std::to_string((value / q + 1) * q) + ")");
-  }
-}
-
-// out[n, e] += bias[e] over rows of `cols`.
-void add_bias(float* out, const float* bias, int64_t rows, int64_t cols) {
-  Kokkos::parallel_for(
-      "colossal::core::model2d_add_bias", Kokkos::RangePolicy<>(0, rows),
-      KOKKOS_LAMBDA(int64_t n) {
-        for (int64_t e = 0; e < cols; ++e) out[n * cols + e] += bias[e];
-      });
-}
-
-}  // namespace
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
                  MemoryTracker& tracker, TensorGroup* depth)
     : spec_(spec), batch_(batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
-  require_multiple("train.micro_batch", batch, q);
-  require_multiple("model.heads", spec.heads, q);
-  require_multiple("model.hidden", spec.hidden, q);
-  require_multiple("model.ffn_hidden", spec.ffn_hidden, q);
+  sharded::require_multiple("train.micro_batch", batch, q, "2D");
+  sharded::require_multiple("model.heads", spec.heads, q, "2D");
+  sharded::require_multiple("model.hidden", spec.hidden, q, "2D");
+  sharded::require_multiple("model.ffn_hidden", spec.ffn_hidden, q, "2D");
   if (seq_len > spec.max_seq) {
     throw std::invalid_argument("train.seq_len = " + std::to_string(seq_len) +
                                 " exceeds model.max_seq = " + std::to_string(spec.max_seq));
@@ -106,7 +85,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   const int64_t att = int64_t(batch / q) * (spec.heads / q) * T * T;
   // x, ln1, atty, xmid, ln2 (R x c each), qkv (R x 3c), four row statistics, the probabilities,
   // and the MLP's pre- and post-activation (R x f each).
-  const int64_t per_layer = 5 * R * c + 3 * R * c + 4 * R + att + 2 * R * f;
+  const int64_t per_layer = sharded::layer_act_floats(R, c, f, att);
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
                              std::size_t(L * per_layer + 2 * R * c + 3 * R + R * vocab_block_));
   float* cursor = acts_.data();
@@ -116,21 +95,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
     return p;
   };
   layer_acts_.resize(L);
-  for (LayerActs& a : layer_acts_) {
-    a.x = carve(R * c);
-    a.ln1 = carve(R * c);
-    a.ln1_mean = carve(R);
-    a.ln1_rstd = carve(R);
-    a.qkv = carve(3 * R * c);
-    a.att = carve(att);
-    a.atty = carve(R * c);
-    a.xmid = carve(R * c);
-    a.ln2 = carve(R * c);
-    a.ln2_mean = carve(R);
-    a.ln2_rstd = carve(R);
-    a.h = carve(R * f);
-    a.a = carve(R * f);
-  }
+  for (sharded::LayerActs& a : layer_acts_) cursor = sharded::carve_layer(a, cursor, R, c, f, att);
   x_final_ = carve(R * c);
   lnf_ = carve(R * c);
   lnf_mean_ = carve(R);
@@ -154,18 +119,11 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   const int64_t datt = int64_t(spec.heads / q) * T * T;
   scratch_ = DeviceArray<float>(
       tracker, MemCategory::temporaries,
-      work + std::size_t(BT * c + 3 * R * c + 3 * R * c + R * f + datt + dweight + 3 * R));
-  cursor = scratch_.data();
-  work_ = carve(int64_t(work));
-  embed_ = carve(BT * c);
-  dx_ = carve(R * c);
-  dln_ = carve(R * c);
-  datty_ = carve(R * c);
-  dqkv_ = carve(3 * R * c);
-  dh_ = carve(R * f);
-  datt_ = carve(datt);
-  dweight_ = carve(dweight);
-  ln_work_ = carve(3 * R);
+      std::size_t(sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)));
+  const sharded::Scratch t =
+      sharded::carve_scratch(scratch_.data(), int64_t(work), BT, R, c, f, datt, dweight);
+  work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
+  dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
 }
 
 namespace {
@@ -246,14 +204,7 @@ void Model2D::map_runs() {
   for (std::size_t t = 0; t < logical.size(); ++t) index[logical[t].name] = int(t);
   auto tensor = [&](const std::string& name) { return index.at(name); };
   auto emit = [this](std::size_t local, int t, std::size_t at) {
-    if (!runs_.empty()) {
-      Run& r = runs_.back();
-      if (r.tensor == t && r.local + r.length == local && r.logical + r.length == at) {
-        ++r.length;
-        return;
-      }
-    }
-    runs_.push_back({local, t, at, 1});
+    sharded::append_element(runs_, local, t, at);
   };
   const bool gpt2 = spec_.arch == Arch::gpt2;
   const int64_t C = spec_.hidden, F = spec_.ffn_hidden, c = c_, f = f_;
@@ -348,21 +299,7 @@ void Model2D::map_runs() {
 }
 
 void Model2D::init_parameters(uint64_t seed) {
-  const std::vector<ParamSpec> logical = parameter_table(spec_);
-  std::vector<float> host(params_.size(), 0.0f);
-  for (const Run& run : runs_) {
-    const ParamSpec& p = logical[run.tensor];
-    float* dst = host.data() + run.local;
-    switch (p.role) {
-      case ParamRole::layernorm_weight: std::fill(dst, dst + run.length, 1.0f); break;
-      case ParamRole::layernorm_bias:
-      case ParamRole::bias: break;
-      default:
-        fill_normal(dst, run.length, p.init_std(spec_.layers), seed, hash_name(p.name),
-                    run.logical);
-    }
-  }
-  copy_to_device(params_.data(), host.data(), host.size() * sizeof(float));
+  sharded::init_from_runs(params_.data(), params_.size(), runs_, spec_, seed);
 }
 
 Model2D::EmbeddingRows Model2D::embedding_rows() const {
@@ -375,7 +312,7 @@ void Model2D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f)
 void Model2D::linear_forward(const Linear& lin, const float* in, float* out) {
   const int64_t BT = int64_t(batch_) * seq_len_;
   summa_ab(gemm_, grid_, in, params_.data() + lin.w, out, BT, lin.out, lin.in, work_);
-  add_bias(out, params_.data() + lin.b, rows_, lin.out / q_);
+  sharded::add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
 }
 
 // din = dout W^T (assigned); dW += in^T dout; db += column sums of dout.
@@ -435,7 +372,7 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
   }
   const int L = spec_.layers, Bl = batch_ / q, Hl = spec_.heads / q;
   for (int l = 0; l < L; ++l) {
-    LayerActs& A = layer_acts_[l];
+    sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
     float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
     layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
@@ -484,7 +421,7 @@ void Model2D::backward(const int32_t* tokens) {
                        lnf_rstd_, BT, C, ln_work_);
   const int Bl = batch_ / q, Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
-    LayerActs& A = layer_acts_[l];
+    sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
     // dx holds the gradient of the block's output; the residual passes it to xmid unchanged.
     linear_backward(b.fc2, A.a, dx_, dh_);

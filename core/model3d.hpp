@@ -27,6 +27,7 @@
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
+#include "core/sharded_detail.hpp"
 #include "core/sharded_model.hpp"
 #include "core/tensor3d.hpp"
 
@@ -104,10 +105,6 @@ class Model3D final : public ShardedModel {
     std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
     Linear qkv, proj, fc, fc2;
   };
-  struct LayerActs {
-    float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd,
-        *h, *a;
-  };
   enum class Replica { none, plane_j, plane_l };
 
   std::size_t add_param(const std::string& name, ParamRole role, std::size_t count, Replica r);
@@ -128,7 +125,7 @@ class Model3D final : public ShardedModel {
   std::vector<Block> blocks_;
   std::vector<Run> runs_;
   DeviceArray<float> params_, grads_, acts_, scratch_;
-  std::vector<LayerActs> layer_acts_;
+  std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;
   float *work_ = nullptr, *embed_ = nullptr, *dx_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,

@@ -17,26 +17,37 @@ using namespace colossal;
 
 namespace {
 
+// The world as a 2 x 2 x 2 cube, world rank = (i q + j) q + l, with the model's five groups.
+struct Cube {
+  static constexpr int q = 2;
+  explicit Cube(parallel::Communicator& world)
+      : i(world.rank() / (q * q)), j(world.rank() / q % q), l(world.rank() % q),
+        input_comm(world.split(i * q + l, j)), weight_comm(world.split(j * q + l, i)),
+        output_comm(world.split(i * q + j, l)), plane_l_comm(world.split(l, i * q + j)),
+        plane_j_comm(world.split(j, i * q + l)), input(*input_comm), weight(*weight_comm),
+        output(*output_comm), plane_l(*plane_l_comm), plane_j(*plane_j_comm),
+        groups{input, weight, output, plane_l, plane_j} {}
+  int i, j, l;
+  std::unique_ptr<parallel::Communicator> input_comm, weight_comm, output_comm, plane_l_comm,
+      plane_j_comm;
+  parallel::CommunicatorGroup input, weight, output, plane_l, plane_j;
+  core::Cube3DGroups groups;
+};
+
 class Model3DParity : public ::testing::TestWithParam<core::Arch> {};
 
 // World rank = (i q + j) q + l.
 TEST_P(Model3DParity, TrainsTheSingleRankModelForTenSteps) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks (a 2 x 2 x 2 cube)";
-  const int q = 2, i = world.rank() / (q * q), j = world.rank() / q % q, l = world.rank() % q;
-  auto input_comm = world.split(i * q + l, j), weight_comm = world.split(j * q + l, i),
-       output_comm = world.split(i * q + j, l), plane_l_comm = world.split(l, i * q + j),
-       plane_j_comm = world.split(j, i * q + l);
-  parallel::CommunicatorGroup input(*input_comm), weight(*weight_comm), output(*output_comm),
-      plane_l(*plane_l_comm), plane_j(*plane_j_comm);
-  core::Cube3DGroups groups{input, weight, output, plane_l, plane_j};
+  Cube cube(world);
 
   const core::ModelSpec spec = core::model_spec(GetParam(), 2, 32, 4, 64, 51, 16);
   const int B = 4, T = 12;
   auto gemm = core::make_host_gemm();
   core::MemoryTracker ref_tracker, tracker;
   core::Model reference(spec, B, T, ref_tracker, *gemm);
-  core::Model3D model(spec, B, T, groups, *gemm, tracker);
+  core::Model3D model(spec, B, T, cube.groups, *gemm, tracker);
   reference.init_parameters(78);
   model.init_parameters(78);
   test::train_against_single_rank(
@@ -61,18 +72,13 @@ TEST_P(Model3DParity, TrainsTheSingleRankModelForTenSteps) {
 TEST_P(Model3DParity, CommunicationAndMemoryEqualTheClosedForms) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() != 8) GTEST_SKIP() << "needs 8 ranks";
-  const int q = 2, i = world.rank() / (q * q), j = world.rank() / q % q, l = world.rank() % q;
-  auto input_comm = world.split(i * q + l, j), weight_comm = world.split(j * q + l, i),
-       output_comm = world.split(i * q + j, l), plane_l_comm = world.split(l, i * q + j),
-       plane_j_comm = world.split(j, i * q + l);
-  parallel::CommunicatorGroup input(*input_comm), weight(*weight_comm), output(*output_comm),
-      plane_l(*plane_l_comm), plane_j(*plane_j_comm);
-  core::Cube3DGroups groups{input, weight, output, plane_l, plane_j};
+  Cube cube(world);
+  const int q = Cube::q;
   const core::ModelSpec spec = core::model_spec(GetParam(), 3, 48, 6, 96, 101, 16);
   const int B = 8, T = 10;
   auto gemm = core::make_host_gemm();
   core::MemoryTracker tracker;
-  core::Model3D model(spec, B, T, groups, *gemm, tracker);
+  core::Model3D model(spec, B, T, cube.groups, *gemm, tracker);
   model.init_parameters(5);
   EXPECT_EQ(tracker.current(core::MemCategory::parameters),
             core::Model3D::parameter_floats(spec, q) * sizeof(float));
@@ -80,7 +86,8 @@ TEST_P(Model3DParity, CommunicationAndMemoryEqualTheClosedForms) {
             core::Model3D::activation_floats(spec, B, T, q) * sizeof(float));
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int n = 0; n < B * T; ++n) tokens[n] = targets[(n + 1) % (B * T)] = n * 3 % spec.vocab;
-  for (auto* c : {input_comm.get(), weight_comm.get(), output_comm.get(), plane_l_comm.get()}) {
+  for (auto* c : {cube.input_comm.get(), cube.weight_comm.get(), cube.output_comm.get(),
+                  cube.plane_l_comm.get()}) {
     c->reset_stats();
   }
   model.forward(tokens.data(), targets.data(), 1.0f / float(B * T));
@@ -90,17 +97,17 @@ TEST_P(Model3DParity, CommunicationAndMemoryEqualTheClosedForms) {
     return double(c.stats()[k].payload_bytes);
   };
   using K = parallel::CollectiveKind;
-  EXPECT_EQ(bytes(*input_comm, K::all_gather), 4 * want.input_all_gather);
-  EXPECT_EQ(bytes(*input_comm, K::reduce_scatter), 4 * want.input_reduce_scatter);
-  EXPECT_EQ(bytes(*input_comm, K::all_reduce), 4 * want.input_all_reduce);
-  EXPECT_EQ(bytes(*weight_comm, K::all_gather), 4 * want.weight_all_gather);
-  EXPECT_EQ(bytes(*weight_comm, K::reduce_scatter), 4 * want.weight_reduce_scatter);
-  EXPECT_EQ(bytes(*weight_comm, K::all_reduce), 4 * want.weight_all_reduce);
-  EXPECT_EQ(bytes(*output_comm, K::all_gather), 4 * want.output_all_gather);
-  EXPECT_EQ(bytes(*output_comm, K::reduce_scatter), 4 * want.output_reduce_scatter);
-  EXPECT_EQ(bytes(*output_comm, K::all_reduce), 4 * want.output_all_reduce);
-  EXPECT_EQ(bytes(*plane_l_comm, K::all_gather), 4 * want.plane_all_gather);
-  EXPECT_EQ(bytes(*plane_l_comm, K::reduce_scatter), 4 * want.plane_reduce_scatter);
+  EXPECT_EQ(bytes(*cube.input_comm, K::all_gather), 4 * want.input_all_gather);
+  EXPECT_EQ(bytes(*cube.input_comm, K::reduce_scatter), 4 * want.input_reduce_scatter);
+  EXPECT_EQ(bytes(*cube.input_comm, K::all_reduce), 4 * want.input_all_reduce);
+  EXPECT_EQ(bytes(*cube.weight_comm, K::all_gather), 4 * want.weight_all_gather);
+  EXPECT_EQ(bytes(*cube.weight_comm, K::reduce_scatter), 4 * want.weight_reduce_scatter);
+  EXPECT_EQ(bytes(*cube.weight_comm, K::all_reduce), 4 * want.weight_all_reduce);
+  EXPECT_EQ(bytes(*cube.output_comm, K::all_gather), 4 * want.output_all_gather);
+  EXPECT_EQ(bytes(*cube.output_comm, K::reduce_scatter), 4 * want.output_reduce_scatter);
+  EXPECT_EQ(bytes(*cube.output_comm, K::all_reduce), 4 * want.output_all_reduce);
+  EXPECT_EQ(bytes(*cube.plane_l_comm, K::all_gather), 4 * want.plane_all_gather);
+  EXPECT_EQ(bytes(*cube.plane_l_comm, K::reduce_scatter), 4 * want.plane_reduce_scatter);
 }
 
 TEST(Model3D, SizesTheCubeCannotSplitAreRefusedWithTheNearestValid) {

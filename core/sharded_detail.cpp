@@ -1,0 +1,107 @@
+#include "core/sharded_detail.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include <Kokkos_Core.hpp>
+
+#include "core/memory.hpp"
+#include "core/rng.hpp"
+
+namespace colossal::core::sharded {
+
+void require_multiple(const char* key, int64_t value, int64_t m, const char* mode) {
+  if (value % m == 0) return;
+  const int64_t lower = value / m * m;
+  throw std::invalid_argument(std::string(key) + " = " + std::to_string(value) +
+                              " must be a multiple of " + std::to_string(m) + " for " + mode +
+                              " tensor parallelism (nearest: " +
+                              (lower > 0 ? std::to_string(lower) + " or " : std::string()) +
+                              std::to_string(lower + m) + ")");
+}
+
+void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
+  Kokkos::parallel_for(
+      "colossal::core::sharded_add_bias", Kokkos::RangePolicy<>(0, rows),
+      KOKKOS_LAMBDA(int64_t n) {
+        for (int64_t e = 0; e < cols; ++e) out[n * cols + e] += bias[e];
+      });
+}
+
+void append_element(std::vector<ShardedModel::Run>& runs, std::size_t local, int tensor,
+                    std::size_t logical) {
+  if (!runs.empty()) {
+    ShardedModel::Run& r = runs.back();
+    if (r.tensor == tensor && r.local + r.length == local && r.logical + r.length == logical) {
+      ++r.length;
+      return;
+    }
+  }
+  runs.push_back({local, tensor, logical, 1});
+}
+
+void init_from_runs(float* params, std::size_t size, const std::vector<ShardedModel::Run>& runs,
+                    const ModelSpec& spec, uint64_t seed) {
+  const std::vector<ParamSpec> logical = parameter_table(spec);
+  std::vector<float> host(size, 0.0f);
+  for (const ShardedModel::Run& run : runs) {
+    const ParamSpec& p = logical[run.tensor];
+    float* dst = host.data() + run.local;
+    switch (p.role) {
+      case ParamRole::layernorm_weight: std::fill(dst, dst + run.length, 1.0f); break;
+      case ParamRole::layernorm_bias:
+      case ParamRole::bias: break;
+      default:
+        // Keyed by the logical element, as the single-rank model draws it.
+        fill_normal(dst, run.length, p.init_std(spec.layers), seed, hash_name(p.name),
+                    run.logical);
+    }
+  }
+  copy_to_device(params, host.data(), host.size() * sizeof(float));
+}
+
+float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att) {
+  auto carve = [&cursor](int64_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  a.x = carve(R * c);
+  a.ln1 = carve(R * c);
+  a.ln1_mean = carve(R);
+  a.ln1_rstd = carve(R);
+  a.qkv = carve(3 * R * c);
+  a.att = carve(att);
+  a.atty = carve(R * c);
+  a.xmid = carve(R * c);
+  a.ln2 = carve(R * c);
+  a.ln2_mean = carve(R);
+  a.ln2_rstd = carve(R);
+  a.h = carve(R * f);
+  a.a = carve(R * f);
+  return cursor;
+}
+
+Scratch carve_scratch(float* cursor, int64_t work, int64_t BT, int64_t R, int64_t c, int64_t f,
+                      int64_t datt, int64_t dweight) {
+  auto carve = [&cursor](int64_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  Scratch s;
+  s.work = carve(work);
+  s.embed = carve(BT * c);
+  s.dx = carve(R * c);
+  s.dln = carve(R * c);
+  s.datty = carve(R * c);
+  s.dqkv = carve(3 * R * c);
+  s.dh = carve(R * f);
+  s.datt = carve(datt);
+  s.dweight = carve(dweight);
+  s.ln_work = carve(3 * R);
+  return s;
+}
+
+}  // namespace colossal::core::sharded

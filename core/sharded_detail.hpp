@@ -1,0 +1,56 @@
+// Pieces core::Model2D and core::Model3D share (internal to core/).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.hpp"
+#include "core/sharded_model.hpp"
+
+namespace colossal::core::sharded {
+
+// Throws invalid_argument "<key> = <value> must be a multiple of <m> for <mode> tensor
+// parallelism (nearest: a or b)".
+void require_multiple(const char* key, int64_t value, int64_t m, const char* mode);
+
+// out[n, e] += bias[e] over `rows` rows of `cols`.
+void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols);
+
+// Appends local element `local` -> element `logical` of tensor `tensor`, extending the last run
+// when both sides continue it.
+void append_element(std::vector<ShardedModel::Run>& runs, std::size_t local, int tensor,
+                     std::size_t logical);
+
+// The single-rank model's initial values (core::Model::init_parameters) at the runs' elements,
+// into the device buffer `params` of `size` floats (zero elsewhere).
+void init_from_runs(float* params, std::size_t size, const std::vector<ShardedModel::Run>& runs,
+                    const ModelSpec& spec, uint64_t seed);
+
+// What one block keeps for backward, R token rows of c (or 3c, f) local columns: the input, ln1
+// and its statistics, q|k|v, the attention probabilities (`att` floats), the attention output,
+// the residual after attention, ln2 and its statistics, the MLP's pre- and post-activation.
+struct LayerActs {
+  float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd,
+      *h, *a;
+};
+constexpr int64_t layer_act_floats(int64_t R, int64_t c, int64_t f, int64_t att) {
+  return 5 * R * c + 3 * R * c + 4 * R + att + 2 * R * f;
+}
+// Points `a` into [cursor, cursor + layer_act_floats) and returns the end.
+float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att);
+
+// Temporaries of a step: the products' work (`work` floats), the embedding's whole-batch columns
+// (BT x c), gradient buffers (R x c three times, R x 3c, R x f), one batch row of attention-score
+// gradients (`datt`), one weight block's gradient (`dweight`) and 3R of reduction work.
+struct Scratch {
+  float *work, *embed, *dx, *dln, *datty, *dqkv, *dh, *datt, *dweight, *ln_work;
+};
+constexpr int64_t scratch_floats(int64_t work, int64_t BT, int64_t R, int64_t c, int64_t f,
+                                 int64_t datt, int64_t dweight) {
+  return work + BT * c + 3 * R * c + 3 * R * c + R * f + datt + dweight + 3 * R;
+}
+Scratch carve_scratch(float* cursor, int64_t work, int64_t BT, int64_t R, int64_t c, int64_t f,
+                      int64_t datt, int64_t dweight);
+
+}  // namespace colossal::core::sharded
