@@ -17,6 +17,8 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.bf16 = config.train.precision == "bf16";
   run.data = p.data;
   run.tensor = p.tensor;
+  run.tensor_mode = p.tensor_mode;
+  run.depth = p.tensor_depth;
   run.sequence = p.sequence;
   run.pipeline = p.pipeline;
   run.sequence_split = p.sequence_split;

@@ -103,10 +103,26 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   logits_ = carve(R * vocab_block_);
   losses_ = carve(R);
 
-  // Temporaries: the products' work (the largest of every SUMMA call below), the embedding's
-  // whole-batch columns, gradient buffers, one batch row of attention-score gradients and one
-  // weight block's gradient.
-  const int64_t Vp = vocab_block_ * q;
+  const sharded::ScratchSizes sizes = scratch_sizes(spec, batch, seq_len, q);
+  const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
+  scratch_ = DeviceArray<float>(
+      tracker, MemCategory::temporaries,
+      std::size_t(sizes.total));
+  const sharded::Scratch t = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
+  work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
+  dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
+}
+
+namespace {
+std::size_t aligned(std::size_t n) { return (n + 15) / 16 * 16; }
+}  // namespace
+
+// Temporaries: the products' work (the largest of every SUMMA call), the embedding's whole-batch
+// columns, gradient buffers, one batch row of attention-score gradients and one weight block's
+// gradient.
+sharded::ScratchSizes Model2D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len, T = seq_len;
+  const int64_t c = C / q, f = F / q, R = BT / q, vb = (spec.vocab + q - 1) / q, Vp = vb * q;
   std::size_t work = 0;
   for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
                          std::tuple{BT, C, F}, std::tuple{BT, Vp, C}, std::tuple{BT, C, Vp},
@@ -115,20 +131,15 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
                          std::tuple{F, C, BT}}) {
     work = std::max(work, summa_work_floats(M, N, K, q));
   }
-  const int64_t dweight = std::max({vocab_block_ * c, 3 * c * c, c * f});
+  const int64_t dweight = std::max({vb * c, 3 * c * c, c * f});
   const int64_t datt = int64_t(spec.heads / q) * T * T;
-  scratch_ = DeviceArray<float>(
-      tracker, MemCategory::temporaries,
-      std::size_t(sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)));
-  const sharded::Scratch t =
-      sharded::carve_scratch(scratch_.data(), int64_t(work), BT, R, c, f, datt, dweight);
-  work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
-  dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
+  return {int64_t(work), datt, dweight,
+          sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)};
 }
 
-namespace {
-std::size_t aligned(std::size_t n) { return (n + 15) / 16 * 16; }
-}  // namespace
+std::size_t Model2D::temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q) {
+  return std::size_t(scratch_sizes(spec, batch, seq_len, q).total);
+}
 
 std::size_t Model2D::parameter_floats(const ModelSpec& s, int q) {
   const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;

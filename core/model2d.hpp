@@ -88,6 +88,9 @@ class Model2D final : public ShardedModel {
   // Activations kept: L (8 R c + 4 R + (B/q)(H/q) T^2 + 2 R f) + 2 R c + 3 R + R Vp/q.
   static std::size_t parameter_floats(const ModelSpec& spec, int q);
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+  // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
+  // gradient buffers, one batch row of score gradients, one weight block's gradient).
+  static std::size_t temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q);
 
   // Payload floats one forward + backward moves in each group (all-gathers count their output,
   // reduce-scatters their input, as the communicator's counters do). For a linear [in, out] over
@@ -121,6 +124,8 @@ class Model2D final : public ShardedModel {
     int64_t v0, vb, p0, pb, offset;
   };
   EmbeddingRows embedding_rows() const;
+  static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
+                                             int q);
   std::size_t add_param(const std::string& name, ParamRole role, std::size_t count,
                         bool replicated);
   void map_runs();

@@ -103,18 +103,12 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   logits_ = carve(logits);
   losses_ = carve(R);
 
-  std::size_t work = 0;
-  for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
-                         std::tuple{BT, C, F}, std::tuple{BT, Vp, C}}) {
-    work = std::max(work, linear3d_work_floats(M, N, K, q));
-  }
-  const int64_t dweight = std::max({c * (3 * c / q), c * cq, c * fq, f * cq, c * vocab_block_});
-  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  const sharded::ScratchSizes sizes = scratch_sizes(spec, batch, seq_len, q);
+  const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
   scratch_ = DeviceArray<float>(
       tracker, MemCategory::temporaries,
-      std::size_t(sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)));
-  const sharded::Scratch t =
-      sharded::carve_scratch(scratch_.data(), int64_t(work), BT, R, c, f, datt, dweight);
+      std::size_t(sizes.total));
+  const sharded::Scratch t = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
   work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
   dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
 }
@@ -122,6 +116,26 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
 namespace {
 std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
 }  // namespace
+
+sharded::ScratchSizes Model3D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {
+  const int64_t q2 = int64_t(q) * q, C = spec.hidden, F = spec.ffn_hidden,
+                BT = int64_t(batch) * seq_len, T = seq_len;
+  const int64_t c = C / q, f = F / q, cq = c / q, fq = f / q, R = BT / q2;
+  const int64_t vb = (spec.vocab + q2 - 1) / q2, Vp = vb * q2;
+  std::size_t work = 0;
+  for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
+                         std::tuple{BT, C, F}, std::tuple{BT, Vp, C}}) {
+    work = std::max(work, linear3d_work_floats(M, N, K, q));
+  }
+  const int64_t dweight = std::max({c * (3 * c / q), c * cq, c * fq, f * cq, c * vb});
+  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  return {int64_t(work), datt, dweight,
+          sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)};
+}
+
+std::size_t Model3D::temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q) {
+  return std::size_t(scratch_sizes(spec, batch, seq_len, q).total);
+}
 
 std::size_t Model3D::parameter_floats(const ModelSpec& s, int q) {
   const std::size_t q2 = std::size_t(q) * q, c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;

@@ -76,6 +76,9 @@ class Model3D final : public ShardedModel {
   // 2 R c + 3 R + R Vp/q.
   static std::size_t parameter_floats(const ModelSpec& spec, int q);
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+  // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
+  // gradient buffers, one batch row of score gradients, one weight block's gradient).
+  static std::size_t temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q);
   // Payload floats of one forward + backward in each group (all-gathers count their output,
   // reduce-scatters their input). A linear [K, N] over M = B T rows on a cube moves, forward,
   // an all-gather of M K / q^2 in its input group and of K N / q^2 in the weight group and a
@@ -107,6 +110,8 @@ class Model3D final : public ShardedModel {
   };
   enum class Replica { none, plane_j, plane_l };
 
+  static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
+                                             int q);
   std::size_t add_param(const std::string& name, ParamRole role, std::size_t count, Replica r);
   void map_runs();
   Cube3D& cube(const Linear& lin) { return lin.to_y ? first_ : second_; }

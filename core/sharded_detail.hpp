@@ -50,6 +50,9 @@ constexpr int64_t scratch_floats(int64_t work, int64_t BT, int64_t R, int64_t c,
                                  int64_t datt, int64_t dweight) {
   return work + BT * c + 3 * R * c + 3 * R * c + R * f + datt + dweight + 3 * R;
 }
+struct ScratchSizes {
+  int64_t work, datt, dweight, total;
+};
 Scratch carve_scratch(float* cursor, int64_t work, int64_t BT, int64_t R, int64_t c, int64_t f,
                       int64_t datt, int64_t dweight);
 

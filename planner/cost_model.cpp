@@ -1,5 +1,8 @@
 #include "planner/cost_model.hpp"
 
+#include "core/model2d.hpp"
+#include "core/model3d.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -291,6 +294,79 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
   }
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
+  return t;
+}
+
+MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& l) {
+  using core::MemCategory;
+  MemoryPrediction m;
+  const bool cube = l.mode == "3d";
+  const double params = double(cube ? core::Model3D::parameter_floats(spec, l.q)
+                                    : core::Model2D::parameter_floats(spec, l.q));
+  m[MemCategory::parameters] = params * kF;
+  m[MemCategory::gradients] = params * kF;
+  m[MemCategory::optimizer] = 2 * params * kF;  // AdamW's m and v over the flat buffer
+  m[MemCategory::activations] =
+      kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, l.q)
+                       : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, l.q));
+  m[MemCategory::temporaries] =
+      kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q)
+                       : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q));
+  m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
+  return m;
+}
+
+TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& l,
+                            const HardwareSpec& hw) {
+  TimePrediction t;
+  const bool cube = l.mode == "3d";
+  const int q = l.q, ranks = cube ? q * q * q : q * q;  // one copy of the model
+  const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
+  const double C = spec.hidden, F = spec.ffn_hidden, L = spec.layers, T = l.seq_len;
+  // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
+  // (12 L T C per token) at the attention rate, both over the grid's ranks.
+  const double n = core::flops_per_token(spec, l.seq_len) / 6.0 - 2.0 * L * T * C;
+  const double matmul = 6.0 * n * tokens / ranks, attention = 12.0 * L * T * C * tokens / ranks;
+  const double local_mlp = cube ? 2.0 * (tokens / q) * (C / q) * (F / (q * q))
+                                : 2.0 * (tokens / q) * (C / q) * (F / q);
+  const double rows = tokens / (cube ? q * q : q), c = C / q, f = F / q;
+  // Memory-bound kernels per layer and micro-batch, forward and backward: layernorms, residual
+  // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
+  const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
+  t.compute = m * (matmul / hw.gemm_rate(local_mlp) + attention / hw.attention_flops +
+                   elementwise / hw.memory_bandwidth);
+  t.flops = m * (matmul + attention);
+  // Collectives: the closed forms of one forward + backward, each group a ring on the link that
+  // spans the tensor group; about six collectives per linear and three per layernorm for latency.
+  const LinkSpec& link = link_for(l.tensor(), hw);
+  const double g = q, collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
+  double bytes = 0.0;
+  if (cube) {
+    const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    const double gathers = c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather +
+                           c3.input_reduce_scatter + c3.weight_reduce_scatter +
+                           c3.output_reduce_scatter;
+    const double reduces = c3.input_all_reduce + c3.weight_all_reduce + c3.output_all_reduce;
+    bytes = kF * (gathers * (g - 1) / g + reduces * 2 * (g - 1) / g);
+    // The embedding's reduce-scatter and all-gather over the q^2 plane.
+    bytes += kF * (c3.plane_all_gather + c3.plane_reduce_scatter) * (g * g - 1) / (g * g);
+  } else {
+    const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    const double gathers = c2.row_all_gather + c2.row_reduce_scatter + c2.col_all_gather +
+                           c2.col_reduce_scatter;
+    const double broadcasts = c2.row_broadcast + c2.col_broadcast;
+    const double reduces = c2.row_all_reduce + c2.col_all_reduce;
+    bytes = kF * (gathers * (g - 1) / g + broadcasts + reduces * 2 * (g - 1) / g);
+  }
+  t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
+  // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
+  // their column or plane (small, counted with the rest).
+  const double params = double(cube ? core::Model3D::parameter_floats(spec, q)
+                                    : core::Model2D::parameter_floats(spec, q));
+  const int replicas = l.data * (cube ? 1 : l.depth);
+  t.data_comm = all_reduce_time(params * kF, replicas, link_for(l.tensor() * l.data, hw));
+  t.optimizer = params * 28.0 / hw.optimizer_bandwidth;
+  t.step = t.compute + t.tensor_comm + t.data_comm + t.optimizer;
   return t;
 }
 

@@ -76,6 +76,25 @@ struct TimePrediction {
 TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& layout,
                             const HardwareSpec& hw);
 
+// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::TrainerMD; no pipeline,
+// sequence, ZeRO or checkpointing): `q` the grid side, `depth` the 2.5D layers, `data` the data
+// ranks, `micro_batch` sequences per forward (per depth layer), `micro_batches` per step. Memory
+// by category exactly as they allocate it (the closed forms next to the models, AdamW's two
+// states, the token buffers). Time: the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at
+// the GEMM rate of one local MLP product and the attention rate, the memory-bound kernels at
+// the memory bandwidth, every collective of the models' closed forms as a ring (broadcasts as
+// pipelined trees) on the link that spans the tensor group, the gradient all-reduce over the
+// data ranks (and the depth), and AdamW.
+struct TensorModeLayout {
+  std::string mode = "2d";  // 2d | 2.5d | 3d
+  int q = 2, depth = 1, data = 1;
+  int micro_batch = 1, micro_batches = 1, seq_len = 1024;
+  int tensor() const { return mode == "3d" ? q * q * q : q * q * depth; }
+};
+MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);
+TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& layout,
+                            const HardwareSpec& hw);
+
 // The per-op table colossal_plan --profile prints (op, kind, GFLOP forward and backward with
 // recomputation, MB moved, MiB saved, predicted ms forward and backward, collective) and totals.
 std::string format_profile(const StepGraph& graph, const RankLayout& layout, const HardwareSpec& hw,

@@ -25,8 +25,12 @@ struct RunLayout {
   std::vector<int> layers;        // blocks per virtual stage (pipeline * chunks entries)
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
+  std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
+  int depth = 1;                   // 2.5d layers (tensor = q^2 x depth)
   int world() const { return data * tensor * sequence * pipeline; }
-  int micro_batches() const { return global_batch / (micro_batch * data); }  // per rank
+  int micro_batches() const {  // per rank (per 2.5d layer)
+    return global_batch / (micro_batch * data * (tensor_mode == "2.5d" ? depth : 1));
+  }
 };
 
 // Pipeline rank `rank`'s chunks, their stages and the micro-batches each keeps in flight under the

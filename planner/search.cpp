@@ -51,6 +51,48 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
 
 std::string bytes_text(double b) { return core::format_bytes(b); }
 
+// The grid side of a 2d / 2.5d / 3d layout (0 when the tensor size has no such shape).
+int grid_side(const RunLayout& r) {
+  const int power = r.tensor_mode == "3d" ? 3 : 2, depth = r.tensor_mode == "2.5d" ? r.depth : 1;
+  for (int q = 2; std::pow(q, power) * depth <= r.tensor; ++q) {
+    if (int(std::pow(q, power)) * depth == r.tensor) return q;
+  }
+  return 0;
+}
+
+// What makes a 2d / 2.5d / 3d layout impossible (the checks of io/config.cpp); empty if none.
+std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r) {
+  const int q = grid_side(r);
+  if (q == 0) return "tensor " + std::to_string(r.tensor) + " is not a " + r.tensor_mode + " grid";
+  const bool cube = r.tensor_mode == "3d";
+  const int width = cube ? q * q : q;
+  if (spec.heads % q != 0 || spec.hidden % width != 0 || spec.ffn_hidden % width != 0 ||
+      r.micro_batch % width != 0) {
+    return r.tensor_mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
+  }
+  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 0 ||
+      r.offload_optimizer || r.bf16 || spec.fused_attention) {
+    return r.tensor_mode + " runs without pipeline, sequence, ZeRO, offload, bf16 and fused attention";
+  }
+  const int depth = r.tensor_mode == "2.5d" ? r.depth : 1;
+  if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
+    return "global batch not a multiple of data x depth x micro-batch";
+  }
+  return "";
+}
+
+TensorModeLayout tensor_mode_layout(const RunLayout& r) {
+  TensorModeLayout l;
+  l.mode = r.tensor_mode;
+  l.q = grid_side(r);
+  l.depth = r.tensor_mode == "2.5d" ? r.depth : 1;
+  l.data = r.data;
+  l.micro_batch = r.micro_batch;
+  l.micro_batches = r.micro_batches();
+  l.seq_len = r.seq_len;
+  return l;
+}
+
 // The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
 // states live in the same memory.
 double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
@@ -68,11 +110,31 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     run.layers = balanced_layers(spec, run);
   }
   plan.run = run;
-  plan.why = invalid(spec, run);
+  plan.why = run.tensor_mode == "1d" ? invalid(spec, run) : invalid_tensor_mode(spec, run);
   if (!plan.why.empty()) return plan;
   if (run.world() != cluster.devices) {
     plan.why = "uses " + std::to_string(run.world()) + " devices of " +
                std::to_string(cluster.devices);
+    return plan;
+  }
+  if (run.tensor_mode != "1d") {
+    // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction, everything kept.
+    const TensorModeLayout l = tensor_mode_layout(run);
+    plan.memory = predict_memory(spec, l);
+    plan.time = predict_time(spec, l, hw);
+    plan.policy = "none";
+    plan.schedules = {"every rank: keep everything"};
+    plan.fits = on_device(plan.memory, hw) <= hw.memory_bytes;
+    if (!plan.fits) {
+      plan.why = "needs " + bytes_text(on_device(plan.memory, hw)) + " of " +
+                 bytes_text(hw.memory_bytes);
+    }
+    plan.step_time = plan.time.step;
+    const double tokens = double(run.global_batch) * run.seq_len;
+    plan.tokens_per_s = tokens / plan.step_time;
+    plan.tflops_per_device = core::flops_per_token(spec, run.seq_len) * tokens / plan.step_time /
+                             cluster.devices / 1e12;
+    plan.mfu = plan.tflops_per_device * 1e12 / hw.peak_flops(run.bf16);
     return plan;
   }
   const double memory = hw.memory_bytes;
@@ -198,10 +260,36 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       }
     }
   }
+  // 2d, 2.5d and 3d grids inside a node: data parallelism only on top (their models run no
+  // pipeline, sequence or ZeRO yet).
+  if (options.tensor_modes && !bf16 && !spec.fused_attention) {
+    for (int t : divisors(G)) {
+      if (t < 4 || t > cluster.hw.devices_per_node) continue;
+      std::vector<std::pair<std::string, int>> grids{{"2d", 1}, {"3d", 1}};
+      for (int depth : divisors(t)) {
+        if (depth > 1 && depth < t) grids.emplace_back("2.5d", depth);
+      }
+      for (const auto& [mode, depth] : grids) {
+        for (int b : options.micro_batches) {
+          RunLayout run;
+          run.global_batch = global_batch;
+          run.micro_batch = b;
+          run.seq_len = seq_len;
+          run.data = G / t;
+          run.tensor = t;
+          run.tensor_mode = mode;
+          run.depth = depth;
+          if (!invalid_tensor_mode(spec, run).empty()) continue;
+          const TimePrediction tp = predict_time(spec, tensor_mode_layout(run), cluster.hw);
+          shapes.push_back(Shape{run, tp.compute + tp.tensor_comm});
+        }
+      }
+    }
+  }
   std::stable_sort(shapes.begin(), shapes.end(),
                    [](const Shape& a, const Shape& b) { return a.bound < b.bound; });
   for (const Shape& shape : shapes) {
-    const int D = shape.run.data * shape.run.sequence;
+    const int D = shape.run.tensor_mode == "1d" ? shape.run.data * shape.run.sequence : 1;
     for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
@@ -257,10 +345,13 @@ std::string format_plan(const Plan& p) {
   std::string layers;
   for (int n : r.layers) layers += (layers.empty() ? "" : ",") + std::to_string(n);
   std::snprintf(line, sizeof line,
-                "data %d x tensor %d%s x sequence %d x pipeline %d (%s%s, layers [%s]) | "
+                "data %d x tensor %d%s%s x sequence %d x pipeline %d (%s%s, layers [%s]) | "
                 "micro-batch %d x %d | ZeRO %d%s | checkpointing %s",
-                r.data, r.tensor, r.sequence_split ? " (split)" : "", r.sequence, r.pipeline,
-                r.schedule.c_str(),
+                r.data, r.tensor, r.sequence_split ? " (split)" : "",
+                r.tensor_mode == "1d" ? ""
+                : r.tensor_mode == "2.5d" ? (" (2.5d, depth " + std::to_string(r.depth) + ")").c_str()
+                                          : (" (" + r.tensor_mode + ")").c_str(),
+                r.sequence, r.pipeline, r.schedule.c_str(),
                 r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
                 r.offload_optimizer ? " + offload" : "", p.policy.c_str());
@@ -298,6 +389,8 @@ std::vector<std::string> plan_overrides(const Plan& p) {
   std::vector<std::string> o = {
       "parallel.data=" + std::to_string(r.data),
       "parallel.tensor.size=" + std::to_string(r.tensor),
+      "parallel.tensor.mode=" + r.tensor_mode,
+      "parallel.tensor.depth=" + std::to_string(r.tensor_mode == "2.5d" ? r.depth : 1),
       "parallel.tensor.sequence_split=" + std::string(r.sequence_split ? "true" : "false"),
       "parallel.sequence=" + std::to_string(r.sequence),
       "parallel.pipeline.size=" + std::to_string(r.pipeline),
@@ -325,11 +418,13 @@ std::string plan_yaml(const Plan& p) {
   char text[1024];
   std::snprintf(
       text, sizeof text,
-      "parallel:\n  data: %d\n  tensor: {size: %d, mode: 1d, sequence_split: %s}\n  sequence: %d\n"
+      "parallel:\n  data: %d\n  tensor: {size: %d, mode: %s, depth: %d, sequence_split: %s}\n"
+      "  sequence: %d\n"
       "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
       "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
       "checkpointing: {policy: %s%s}\n",
-      r.data, r.tensor, r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
+      r.data, r.tensor, r.tensor_mode.c_str(), r.tensor_mode == "2.5d" ? r.depth : 1,
+      r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", r.schedule.c_str(), r.chunks, r.zero_stage,
       r.offload_optimizer ? "true" : "false", p.policy.c_str(),
       p.policy == "rotor"
@@ -353,13 +448,15 @@ std::string plan_json(const Plan& p) {
   char text[2048];
   std::snprintf(
       text, sizeof text,
-      "{\"layout\": {\"data\": %d, \"tensor\": %d, \"tensor_mode\": \"1d\", \"sequence_split\": %s, "
+      "{\"layout\": {\"data\": %d, \"tensor\": %d, \"tensor_mode\": \"%s\", \"depth\": %d, "
+      "\"sequence_split\": %s, "
       "\"sequence\": %d, \"pipeline\": %d, \"schedule\": \"%s\", \"chunks\": %d, \"layers\": [%s], "
       "\"micro_batch\": %d, \"micro_batches\": %d, \"zero_stage\": %d, \"offload_optimizer\": %s, "
       "\"offload_params\": false, \"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
       "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
-      r.data, r.tensor, r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
+      r.data, r.tensor, r.tensor_mode.c_str(), r.tensor_mode == "2.5d" ? r.depth : 1,
+      r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.schedule.c_str(), r.chunks, layers.c_str(), r.micro_batch, r.micro_batches(),
       r.zero_stage, r.offload_optimizer ? "true" : "false", p.policy.c_str(), schedules.c_str(),
       p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,

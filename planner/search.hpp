@@ -54,6 +54,7 @@ struct SearchOptions {
   bool offload = true;                   // try optimizer offload with ZeRO
   int memory_slots = 100;                // rotor's memory discretisation while searching
   bool prune = true;                     // skip shapes whose lower bound cannot win (tests: off)
+  bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data parallel on top)
 };
 
 struct SearchResult {

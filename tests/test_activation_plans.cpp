@@ -14,6 +14,7 @@
 
 #include "apps/layout.hpp"
 #include "apps/trainer.hpp"
+#include "apps/trainer_md.hpp"
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
@@ -145,6 +146,13 @@ TEST(AutoPlan, TrainsTheSingleRankModel) {
   if (world.rank() == 0) std::printf("%s", report.c_str());
   EXPECT_EQ(planned.parallel.mode, "manual");
   EXPECT_EQ(planned.parallel.world_size(), world.size());
+  // As colossal_train does: 2d / 2.5d / 3d plans run on apps::TrainerMD.
+  if (planned.parallel.tensor_mode != "1d") {
+    apps::TrainerMD trainer(planned, nullptr, &world);
+    test::expect_same_losses(trainer.train(), expected);
+    if (world.rank() == 0) std::printf("planned:\n%s", trainer.plan().c_str());
+    return;
+  }
   apps::Trainer trainer(planned, nullptr, &world);
   const apps::TrainSummary got = trainer.train();
   test::expect_same_losses(got, expected);

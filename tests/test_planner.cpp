@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "io/config.hpp"
 #include "planner/search.hpp"
 
 using namespace colossal;
@@ -269,3 +270,53 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
 }
 
 }  // namespace
+
+namespace colossal {
+// 2d, 2.5d and 3d grids join the search (data parallelism on top), are costed with their own
+// prediction, and a chosen one round-trips through the config as colossal_train runs it.
+TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 1024);
+  planner::Cluster cluster{planner::hardware_preset("a100-80g"), 8};
+  cluster.hw.devices_per_node = 8;
+  planner::SearchOptions with, without;
+  without.tensor_modes = false;
+  with.top = without.top = 400;
+  const auto a = planner::search_plans(spec, 32, 1024, false, cluster, with);
+  const auto b = planner::search_plans(spec, 32, 1024, false, cluster, without);
+  EXPECT_GT(a.candidates, b.candidates);
+  int grids = 0;
+  for (const planner::Plan& p : a.best) {
+    if (p.run.tensor_mode == "1d") continue;
+    ++grids;
+    EXPECT_TRUE(p.fits);
+    EXPECT_GT(p.step_time, 0.0);
+    EXPECT_EQ(p.run.pipeline, 1);
+    EXPECT_EQ(p.run.zero_stage, 0);
+  }
+  EXPECT_GT(grids, 0) << "2d/2.5d/3d plans are costed and kept";
+  // An explicit 3d layout: its overrides give a config colossal_train accepts and runs as 3d.
+  planner::RunLayout run;
+  run.global_batch = 32;
+  run.micro_batch = 4;
+  run.seq_len = 1024;
+  run.tensor = 8;
+  run.tensor_mode = "3d";
+  const planner::Plan p = planner::evaluate_plan(spec, run, cluster);
+  ASSERT_TRUE(p.fits) << p.why;
+  std::vector<std::string> sets = planner::plan_overrides(p);
+  const io::Config c = io::parse_config(
+      "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
+      "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
+      "sample: {tokens: 0}\n",
+      "test", sets);
+  EXPECT_EQ(c.parallel.tensor_mode, "3d");
+  EXPECT_EQ(c.parallel.tensor, 8);
+  EXPECT_EQ(c.train.micro_batch, 4);
+  EXPECT_NE(planner::plan_json(p).find("\"tensor_mode\": \"3d\""), std::string::npos);
+  // A 2.5d layout that the grid cannot hold is refused with the reason.
+  run.tensor_mode = "2.5d";
+  run.depth = 3;
+  EXPECT_NE(planner::evaluate_plan(spec, run, cluster).why.find("not a 2.5d grid"),
+            std::string::npos);
+}
+}  // namespace colossal

@@ -15,6 +15,7 @@
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "planner/cost_model.hpp"
 #include "train_parity.hpp"
 
 using namespace colossal;
@@ -83,6 +84,22 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   const double blocks = layout.mode == "3d" ? 1.0 / 8 : 1.0 / 4;
   EXPECT_GT(share, blocks);
   EXPECT_LT(share, blocks + 0.15);
+  // The planner's prediction for this layout is the tracker's, category by category.
+  const io::Config c = config(data, layout, true, "md_" + layout.mode);
+  planner::TensorModeLayout l;
+  l.mode = layout.mode;
+  l.q = 2;
+  l.depth = layout.depth;
+  l.data = layout.data;
+  l.micro_batch = c.train.micro_batch;
+  l.micro_batches = c.accumulation_steps();
+  l.seq_len = c.train.seq_len;
+  const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
+  for (int k = 0; k < int(core::MemCategory::count); ++k) {
+    EXPECT_EQ(predicted.bytes[std::size_t(k)],
+              double(trainer.memory().peak(core::MemCategory(k))))
+        << core::category_name(core::MemCategory(k));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
