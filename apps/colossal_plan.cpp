@@ -61,6 +61,10 @@ int calibrate(apps::Invocation& inv) {
 int profile(apps::Invocation& inv) {
   const io::Config& c = inv.config;
   const auto& p = c.parallel;
+  if (p.tensor_mode != "1d") {
+    throw apps::UsageError("--profile prints the per-op table of 1d layouts; for tensor mode " +
+                           p.tensor_mode + " use --evaluate (memory by category and step time)");
+  }
   const std::string stage_text = inv.flag("--stage", "0");
   char* end = nullptr;
   const long stage = std::strtol(stage_text.c_str(), &end, 10);
