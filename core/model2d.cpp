@@ -105,12 +105,8 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
 
   const sharded::ScratchSizes sizes = scratch_sizes(spec, batch, seq_len, q);
   const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
-  scratch_ = DeviceArray<float>(
-      tracker, MemCategory::temporaries,
-      std::size_t(sizes.total));
-  const sharded::Scratch t = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
-  work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
-  dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
+  scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.total));
+  s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
 }
 
 namespace {
@@ -322,7 +318,7 @@ void Model2D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f)
 
 void Model2D::linear_forward(const Linear& lin, const float* in, float* out) {
   const int64_t BT = int64_t(batch_) * seq_len_;
-  summa_ab(gemm_, grid_, in, params_.data() + lin.w, out, BT, lin.out, lin.in, work_);
+  summa_ab(gemm_, grid_, in, params_.data() + lin.w, out, BT, lin.out, lin.in, s_.work);
   sharded::add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
 }
 
@@ -331,9 +327,9 @@ void Model2D::linear_backward(const Linear& lin, const float* in, const float* d
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
   float* G = grads_.data();
   k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
-  summa_abt(gemm_, grid_, dout, params_.data() + lin.w, din, BT, lin.in, lin.out, work_);
-  summa_atb(gemm_, grid_, in, dout, dweight_, lin.in, lin.out, BT, work_);
-  k::add(G + lin.w, dweight_, lin.in / q_ * out_local);
+  summa_abt(gemm_, grid_, dout, params_.data() + lin.w, din, BT, lin.in, lin.out, s_.work);
+  summa_atb(gemm_, grid_, in, dout, s_.dweight, lin.in, lin.out, BT, s_.work);
+  k::add(G + lin.w, s_.dweight, lin.in / q_ * out_local);
 }
 
 void Model2D::activation_forward(float* out, const float* in, int64_t n) {
@@ -360,7 +356,7 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
   // Embedding: every token row's part from this rank's vocabulary and position rows (block i),
   // columns j; the reduce-scatter down the column sums the parts and leaves row block i here.
   {
-    float* part = embed_;
+    float* part = s_.embed;
     const float* wte = P + wte_;
     const float* wpe = P + wpe_;
     const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
@@ -387,27 +383,27 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
     const Block& b = blocks_[l];
     float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
     layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
-                        C, eps, ln_work_);
+                        C, eps, s_.ln_work);
     linear_forward(b.qkv, A.ln1, A.qkv);
     attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
     linear_forward(b.proj, A.atty, A.xmid);
     k::add(A.xmid, A.x, R * c);
     layernorm2d_forward(grid_, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w, P + b.ln2_b, BT,
-                        C, eps, ln_work_);
+                        C, eps, s_.ln_work);
     linear_forward(b.fc, A.ln2, A.h);
     activation_forward(A.a, A.h, R * f_);
     linear_forward(b.fc2, A.a, next);
     k::add(next, A.xmid, R * c);
   }
   layernorm2d_forward(grid_, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_, P + lnf_b_, BT, C,
-                      eps, ln_work_);
+                      eps, s_.ln_work);
   // Logits block (i, j): this rank's rows against vocabulary block j (tied LM head).
   const int64_t Vp = vocab_block_ * q;
-  summa_abt(gemm_, grid_, lnf_, P + wte_, logits_, BT, Vp, C, work_);
+  summa_abt(gemm_, grid_, lnf_, P + wte_, logits_, BT, Vp, C, s_.work);
   const int64_t v0 = j_ * vocab_block_;
   const int valid = int(std::clamp<int64_t>(spec_.vocab - v0, 0, vocab_block_));
   vocab_parallel_cross_entropy(grid_.row, logits_, losses_, targets + i_ * R, R,
-                               int(vocab_block_), valid, v0, grad_scale, ln_work_);
+                               int(vocab_block_), valid, v0, grad_scale, s_.ln_work);
   // Every rank of grid row i has the same losses of row block i: sum the row blocks down the
   // column (and the layers over the depth).
   float total = float(k::sum(losses_, R));
@@ -424,33 +420,33 @@ void Model2D::backward(const int32_t* tokens) {
   float* G = grads_.data();
   const int64_t Vp = vocab_block_ * q;
   // LM head: the logits hold their gradient.
-  summa_ab(gemm_, grid_, logits_, P + wte_, dln_, BT, C, Vp, work_);
-  summa_atb(gemm_, grid_, logits_, lnf_, dweight_, Vp, C, BT, work_);
-  k::add(G + wte_, dweight_, vocab_block_ * c);
-  k::fill(dx_, R * c, 0.0f);
-  layernorm2d_backward(grid_, dx_, G + lnf_w_, G + lnf_b_, dln_, x_final_, P + lnf_w_, lnf_mean_,
-                       lnf_rstd_, BT, C, ln_work_);
+  summa_ab(gemm_, grid_, logits_, P + wte_, s_.dln, BT, C, Vp, s_.work);
+  summa_atb(gemm_, grid_, logits_, lnf_, s_.dweight, Vp, C, BT, s_.work);
+  k::add(G + wte_, s_.dweight, vocab_block_ * c);
+  k::fill(s_.dx, R * c, 0.0f);
+  layernorm2d_backward(grid_, s_.dx, G + lnf_w_, G + lnf_b_, s_.dln, x_final_, P + lnf_w_,
+                       lnf_mean_, lnf_rstd_, BT, C, s_.ln_work);
   const int Bl = batch_ / q, Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
     // dx holds the gradient of the block's output; the residual passes it to xmid unchanged.
-    linear_backward(b.fc2, A.a, dx_, dh_);
-    activation_backward(dh_, A.h, dh_, R * f_);
-    linear_backward(b.fc, A.ln2, dh_, dln_);
-    layernorm2d_backward(grid_, dx_, G + b.ln2_w, G + b.ln2_b, dln_, A.xmid, P + b.ln2_w,
-                         A.ln2_mean, A.ln2_rstd, BT, C, ln_work_);
-    linear_backward(b.proj, A.atty, dx_, datty_);
-    attention_backward(gemm_, dqkv_, datt_, datty_, A.qkv, A.att, Bl, T, int(c), Hl);
-    linear_backward(b.qkv, A.ln1, dqkv_, dln_);
-    layernorm2d_backward(grid_, dx_, G + b.ln1_w, G + b.ln1_b, dln_, A.x, P + b.ln1_w, A.ln1_mean,
-                         A.ln1_rstd, BT, C, ln_work_);
+    linear_backward(b.fc2, A.a, s_.dx, s_.dh);
+    activation_backward(s_.dh, A.h, s_.dh, R * f_);
+    linear_backward(b.fc, A.ln2, s_.dh, s_.dln);
+    layernorm2d_backward(grid_, s_.dx, G + b.ln2_w, G + b.ln2_b, s_.dln, A.xmid, P + b.ln2_w,
+                         A.ln2_mean, A.ln2_rstd, BT, C, s_.ln_work);
+    linear_backward(b.proj, A.atty, s_.dx, s_.datty);
+    attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
+    linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
+    layernorm2d_backward(grid_, s_.dx, G + b.ln1_w, G + b.ln1_b, s_.dln, A.x, P + b.ln1_w,
+                         A.ln1_mean, A.ln1_rstd, BT, C, s_.ln_work);
   }
   // Embedding: every token row's gradient (columns j), gathered down the column, added into this
   // rank's vocabulary and position rows; one work item per column, so no two write one element.
   Kokkos::fence();
-  grid_.col.all_gather(dx_, std::size_t(R * c), embed_);
-  const float* d = embed_;
+  grid_.col.all_gather(s_.dx, std::size_t(R * c), s_.embed);
+  const float* d = s_.embed;
   float* dwte = G + wte_;
   float* dwpe = G + wpe_;
   const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda

@@ -105,12 +105,8 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
 
   const sharded::ScratchSizes sizes = scratch_sizes(spec, batch, seq_len, q);
   const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
-  scratch_ = DeviceArray<float>(
-      tracker, MemCategory::temporaries,
-      std::size_t(sizes.total));
-  const sharded::Scratch t = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
-  work_ = t.work, embed_ = t.embed, dx_ = t.dx, dln_ = t.dln, datty_ = t.datty;
-  dqkv_ = t.dqkv, dh_ = t.dh, datt_ = t.datt, dweight_ = t.dweight, ln_work_ = t.ln_work;
+  scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.total));
+  s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
 }
 
 namespace {
@@ -327,7 +323,7 @@ void Model3D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f)
 
 void Model3D::linear_forward(const Linear& lin, const float* in, float* out) {
   const int64_t BT = int64_t(batch_) * seq_len_;
-  linear3d_forward(gemm_, cube(lin), in, params_.data() + lin.w, out, BT, lin.out, lin.in, work_);
+  linear3d_forward(gemm_, cube(lin), in, params_.data() + lin.w, out, BT, lin.out, lin.in, s_.work);
   sharded::add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
 }
 
@@ -335,9 +331,9 @@ void Model3D::linear_backward(const Linear& lin, const float* in, const float* d
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
   float* G = grads_.data();
   k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
-  linear3d_backward(gemm_, cube(lin), dout, in, params_.data() + lin.w, din, dweight_, BT,
-                    lin.out, lin.in, work_);
-  k::add(G + lin.w, dweight_, lin.in / q_ * (lin.out / (q_ * q_)));
+  linear3d_backward(gemm_, cube(lin), dout, in, params_.data() + lin.w, din, s_.dweight, BT,
+                    lin.out, lin.in, s_.work);
+  k::add(G + lin.w, s_.dweight, lin.in / q_ * (lin.out / (q_ * q_)));
 }
 
 double Model3D::forward(const int32_t* tokens, const int32_t* targets, float grad_scale) {
@@ -346,7 +342,7 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, float gra
   const float* P = params_.data();
   const float eps = spec_.layernorm_eps();
   {
-    float* part = embed_;
+    float* part = s_.embed;
     const float* wte = P + wte_;
     const float* wpe = P + wpe_;
     const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
@@ -373,13 +369,13 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, float gra
     const Block& b = blocks_[l];
     float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
     layernorm_split_forward(x_columns, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w,
-                            P + b.ln1_b, R, c, C, eps, ln_work_);
+                            P + b.ln1_b, R, c, C, eps, s_.ln_work);
     linear_forward(b.qkv, A.ln1, A.qkv);
     attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
     linear_forward(b.proj, A.atty, A.xmid);
     k::add(A.xmid, A.x, R * c);
     layernorm_split_forward(x_columns, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w,
-                            P + b.ln2_b, R, c, C, eps, ln_work_);
+                            P + b.ln2_b, R, c, C, eps, s_.ln_work);
     linear_forward(b.fc, A.ln2, A.h);
     if (spec_.arch == Arch::gpt2) {
       k::gelu_forward(A.a, A.h, R * f_);
@@ -390,15 +386,15 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, float gra
     k::add(next, A.xmid, R * c);
   }
   layernorm_split_forward(x_columns, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_,
-                          P + lnf_b_, R, c, C, eps, ln_work_);
+                          P + lnf_b_, R, c, C, eps, s_.ln_work);
   // Logits in the Y layout: rows block i q + l, vocabulary block j of q.
   const int64_t Vp = vocab_block_ * q * q, vq = Vp / q;
-  linear3d_forward(gemm_, first_, lnf_, P + wte_, logits_, BT, Vp, C, work_);
+  linear3d_forward(gemm_, first_, lnf_, P + wte_, logits_, BT, Vp, C, s_.work);
   const int64_t v0 = j_ * vq;
   const int valid = int(std::clamp<int64_t>(spec_.vocab - v0, 0, vq));
   vocab_parallel_cross_entropy(groups_.input, logits_, losses_,
                                targets + (int64_t(i_) * q + l_) * R, R, int(vq), valid, v0,
-                               grad_scale, ln_work_);
+                               grad_scale, s_.ln_work);
   // Rows block (i, l) is the same on every j: sum over l, then over i.
   float total = float(k::sum(losses_, R));
   groups_.output.all_reduce_sum(&total, 1);
@@ -412,34 +408,34 @@ void Model3D::backward(const int32_t* tokens) {
   const float* P = params_.data();
   float* G = grads_.data();
   const int64_t Vp = vocab_block_ * q * q;
-  linear3d_backward(gemm_, first_, logits_, lnf_, P + wte_, dln_, dweight_, BT, Vp, C, work_);
-  k::add(G + wte_, dweight_, c * vocab_block_);
-  k::fill(dx_, R * c, 0.0f);
+  linear3d_backward(gemm_, first_, logits_, lnf_, P + wte_, s_.dln, s_.dweight, BT, Vp, C, s_.work);
+  k::add(G + wte_, s_.dweight, c * vocab_block_);
+  k::fill(s_.dx, R * c, 0.0f);
   TensorGroup& x_columns = groups_.output;
-  layernorm_split_backward(x_columns, dx_, G + lnf_w_, G + lnf_b_, dln_, x_final_, P + lnf_w_,
-                           lnf_mean_, lnf_rstd_, R, c, C, ln_work_);
+  layernorm_split_backward(x_columns, s_.dx, G + lnf_w_, G + lnf_b_, s_.dln, x_final_, P + lnf_w_,
+                           lnf_mean_, lnf_rstd_, R, c, C, s_.ln_work);
   const int Bl = batch_ / (q * q), Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
-    linear_backward(b.fc2, A.a, dx_, dh_);
+    linear_backward(b.fc2, A.a, s_.dx, s_.dh);
     if (spec_.arch == Arch::gpt2) {
-      k::gelu_backward(dh_, A.h, dh_, R * f_);
+      k::gelu_backward(s_.dh, A.h, s_.dh, R * f_);
     } else {
-      k::relu_backward(dh_, A.h, dh_, R * f_);
+      k::relu_backward(s_.dh, A.h, s_.dh, R * f_);
     }
-    linear_backward(b.fc, A.ln2, dh_, dln_);
-    layernorm_split_backward(x_columns, dx_, G + b.ln2_w, G + b.ln2_b, dln_, A.xmid, P + b.ln2_w,
-                             A.ln2_mean, A.ln2_rstd, R, c, C, ln_work_);
-    linear_backward(b.proj, A.atty, dx_, datty_);
-    attention_backward(gemm_, dqkv_, datt_, datty_, A.qkv, A.att, Bl, T, int(c), Hl);
-    linear_backward(b.qkv, A.ln1, dqkv_, dln_);
-    layernorm_split_backward(x_columns, dx_, G + b.ln1_w, G + b.ln1_b, dln_, A.x, P + b.ln1_w,
-                             A.ln1_mean, A.ln1_rstd, R, c, C, ln_work_);
+    linear_backward(b.fc, A.ln2, s_.dh, s_.dln);
+    layernorm_split_backward(x_columns, s_.dx, G + b.ln2_w, G + b.ln2_b, s_.dln, A.xmid,
+                             P + b.ln2_w, A.ln2_mean, A.ln2_rstd, R, c, C, s_.ln_work);
+    linear_backward(b.proj, A.atty, s_.dx, s_.datty);
+    attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
+    linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
+    layernorm_split_backward(x_columns, s_.dx, G + b.ln1_w, G + b.ln1_b, s_.dln, A.x, P + b.ln1_w,
+                             A.ln1_mean, A.ln1_rstd, R, c, C, s_.ln_work);
   }
   Kokkos::fence();
-  groups_.plane_l.all_gather(dx_, std::size_t(R * c), embed_);
-  const float* d = embed_;
+  groups_.plane_l.all_gather(s_.dx, std::size_t(R * c), s_.embed);
+  const float* d = s_.embed;
   float* dwte = G + wte_;
   float* dwpe = G + wpe_;
   const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;

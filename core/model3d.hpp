@@ -133,9 +133,7 @@ class Model3D final : public ShardedModel {
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;
-  float *work_ = nullptr, *embed_ = nullptr, *dx_ = nullptr, *dln_ = nullptr, *datty_ = nullptr,
-        *dqkv_ = nullptr, *dh_ = nullptr, *datt_ = nullptr, *dweight_ = nullptr,
-        *ln_work_ = nullptr;
+  sharded::Scratch s_{};  // the step's temporaries (core/sharded_detail.hpp)
 };
 
 }  // namespace colossal::core

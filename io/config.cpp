@@ -1193,10 +1193,15 @@ class Resolver {
     const std::string why = "the " + mode + " model (core/model" + (mode == "3d" ? "3d" : "2d") +
                             ".hpp) does not run it yet";
     auto refuse = [&](bool bad, const char* key, const std::string& value, const char* todo) {
-      if (bad) raise(where_first({key, "parallel.tensor.mode"}), key, value + " with tensor mode " + mode, why, todo);
+      if (bad) {
+        raise(where_first({key, "parallel.tensor.mode"}), key,
+              value + " with tensor mode " + mode, why, todo);
+      }
     };
-    refuse(p.pipeline > 1, "parallel.pipeline.size", std::to_string(p.pipeline), "set it to 1, or parallel.tensor.mode: 1d");
-    refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence), "set it to 1, or parallel.tensor.mode: 1d");
+    refuse(p.pipeline > 1, "parallel.pipeline.size", std::to_string(p.pipeline),
+           "set it to 1, or parallel.tensor.mode: 1d");
+    refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence),
+           "set it to 1, or parallel.tensor.mode: 1d");
     refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");
     refuse(p.zero_stage > 0, "parallel.zero.stage", std::to_string(p.zero_stage), "set it to 0");
     refuse(p.offload_optimizer, "parallel.zero.offload.optimizer", "true", "set it to false");
