@@ -66,26 +66,46 @@ double peak_flops(const io::HardwareConfig& hardware) {
                                : planner::read_hardware(hardware.file).peak_flops();
 }
 
-Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
-                 bool memory_plan)
-    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
-  tracker_.set_dry_run(memory_plan);
+parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
+                                  std::unique_ptr<parallel::Communicator>& own) {
   if (world == nullptr) {
-    own_world_ = std::make_unique<parallel::LocalCommunicator>();
-    world = own_world_.get();
+    own = std::make_unique<parallel::LocalCommunicator>();
+    world = own.get();
   }
-  world_ = world;
-  const auto& par = config_.parallel;
-  if (world_->size() != par.world_size()) {
+  const auto& par = config.parallel;
+  if (world->size() != par.world_size()) {
     throw CollectiveError("parallel.data = " + std::to_string(par.data) +
                           " x parallel.tensor.size = " + std::to_string(par.tensor) +
                           " x parallel.sequence = " + std::to_string(par.sequence) +
                           " x parallel.pipeline.size = " + std::to_string(par.pipeline) + " needs " +
                           std::to_string(par.world_size()) + " ranks but " +
-                          std::to_string(world_->size()) +
+                          std::to_string(world->size()) +
                           " ranks were started; change parallel.data or start " +
                           std::to_string(par.world_size()) + " ranks");
   }
+  return world;
+}
+
+void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
+                   std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val) {
+  const int T = config.train.seq_len, V = config.model.vocab;
+  train = std::make_unique<io::TokenFile>(config.data.path, "data.path");
+  train->check(V, static_cast<std::size_t>(T) + 2,
+               "train.seq_len + 1 tokens for one window, and more than one window");
+  sampler = std::make_unique<io::TrainSampler>(*train, T, config.train.seed);
+  if (!config.data.val_path.empty()) {
+    val = std::make_unique<io::TokenFile>(config.data.val_path, "data.val_path");
+    val->check(V, static_cast<std::size_t>(T) + 1,
+               "train.seq_len + 1 tokens for one validation window");
+  }
+}
+
+Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
+                 bool memory_plan)
+    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
+  tracker_.set_dry_run(memory_plan);
+  world_ = run_world(config_, world, own_world_);
+  const auto& par = config_.parallel;
   // The mesh (tensor innermost, then sequence, data, pipeline): this rank's groups along each axis.
   groups_ = parallel::make_groups(
       *world_, parallel::DeviceMesh(parallel::MeshShape{.data = par.data,
@@ -142,15 +162,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                 world_->rank());
     links = zero::PipelineLinks{pp_, ends ? tied_owner_.get() : nullptr, true};
   }
-  train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
-  train_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 2,
-                     "train.seq_len + 1 tokens for one window, and more than one window");
-  sampler_ = std::make_unique<io::TrainSampler>(*train_data_, train.seq_len, train.seed);
-  if (!config_.data.val_path.empty()) {
-    val_data_ = std::make_unique<io::TokenFile>(config_.data.val_path, "data.val_path");
-    val_data_->check(spec.vocab, static_cast<std::size_t>(train.seq_len) + 1,
-                     "train.seq_len + 1 tokens for one validation window");
-  }
+  open_run_data(config_, train_data_, sampler_, val_data_);
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each
   // chunk's optimizer owns the store its parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;

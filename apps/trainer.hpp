@@ -81,6 +81,16 @@ std::vector<int> pipeline_layers(const io::Config& config);
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
 double peak_flops(const io::HardwareConfig& hardware);
 
+// A trainer's world: `world`, or a one-process communicator kept alive in `own` when it is null.
+// Throws CollectiveError naming the parallel sizes when its size is not the config's.
+parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
+                                  std::unique_ptr<parallel::Communicator>& own);
+
+// data.path (with its sampler) and, when set, data.val_path, each checked to hold the model's
+// token ids and enough tokens for train.seq_len.
+void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
+                   std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val);
+
 class Trainer {
  public:
   // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds every

@@ -9,7 +9,6 @@
 #include "core/model2d.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/metrics.hpp"
-#include "parallel/local_communicator.hpp"
 
 namespace colossal::apps {
 
@@ -18,27 +17,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-int root_of(int n, int power) {
-  int q = 1;
-  while (int(std::pow(q + 1, power)) <= n) ++q;
-  return q;
-}
 }  // namespace
 
 TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world)
     : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
-  if (world == nullptr) {
-    own_world_ = std::make_unique<parallel::LocalCommunicator>();
-    world = own_world_.get();
-  }
-  world_ = world;
+  world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
-  if (world_->size() != par.world_size()) {
-    throw CollectiveError("parallel.data = " + std::to_string(par.data) +
-                          " x parallel.tensor.size = " + std::to_string(par.tensor) + " needs " +
-                          std::to_string(par.world_size()) + " ranks but " +
-                          std::to_string(world_->size()) + " were started");
-  }
   groups_ = parallel::make_groups(
       *world_, parallel::DeviceMesh(parallel::MeshShape{
                    .data = par.data, .pipeline = 1, .tensor = par.tensor, .sequence = 1}));
@@ -55,7 +39,8 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   const auto& t = config_.train;
   std::string grid;
   if (mode == "3d") {
-    const int q = root_of(par.tensor, 3), i = r / (q * q), j = r / q % q, l = r % q;
+    const int q = core::tensor_grid(mode, par.tensor).q;
+    const int i = r / (q * q), j = r / q % q, l = r % q;
     core::TensorGroup& input = group(i * q + l, j);
     core::TensorGroup& weight = group(j * q + l, i);
     core::TensorGroup& output = group(i * q + j, l);
@@ -68,7 +53,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
     grid = std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q) + " cube";
   } else {
     depth_ = mode == "2.5d" ? par.tensor_depth : 1;
-    const int q = root_of(par.tensor / depth_, 2);
+    const int q = core::tensor_grid(mode, par.tensor, depth_).q;
     depth_rank_ = r / (q * q);
     const int i = r / q % q, j = r % q;
     core::TensorGroup& row = group(depth_rank_ * q + i, j);
@@ -84,15 +69,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
           "\ndata: " + std::to_string(par.data) + "\nmicro_batch: " +
           std::to_string(t.micro_batch) + "\naccumulation: " +
           std::to_string(config_.accumulation_steps()) + "\n";
-  train_data_ = std::make_unique<io::TokenFile>(config_.data.path, "data.path");
-  train_data_->check(spec.vocab, static_cast<std::size_t>(t.seq_len) + 2,
-                     "train.seq_len + 1 tokens for one window, and more than one window");
-  sampler_ = std::make_unique<io::TrainSampler>(*train_data_, t.seq_len, t.seed);
-  if (!config_.data.val_path.empty()) {
-    val_data_ = std::make_unique<io::TokenFile>(config_.data.val_path, "data.val_path");
-    val_data_->check(spec.vocab, static_cast<std::size_t>(t.seq_len) + 1,
-                     "train.seq_len + 1 tokens for one validation window");
-  }
+  open_run_data(config_, train_data_, sampler_, val_data_);
   model_->init_parameters(t.seed);
   optimizer_ = std::make_unique<core::AdamW>(model_->parameters(), model_->flat_size(), tracker_);
   const std::size_t tokens = std::size_t(t.micro_batch) * t.seq_len;

@@ -8,6 +8,7 @@
 #include "core/layers.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
+#include "core/tensor2d.hpp"
 
 namespace colossal::core {
 
@@ -587,22 +588,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     Profiler::Scope loss_scope(profiler_, WorkKind::loss);
     k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
   } else {
-    float* mx = ce_buf_;
-    float* sums = ce_buf_ + N;  // N sums of exponentials, then N target logits
-    timed(WorkKind::loss, [&] { k::vocab_parallel_row_max(mx, A.logits, N, V, valid_vocab_); });
-    {
-      Profiler::Scope scope(profiler_, WorkKind::communication);
-      Kokkos::fence();
-      tp_->all_reduce_max(mx, std::size_t(N));
-    }
-    timed(WorkKind::loss, [&] {
-      k::vocab_parallel_sums(sums, A.logits, mx, targets, N, V, valid_vocab_, vocab_begin_);
-    });
-    tensor_all_reduce(sums, 2 * N);
-    timed(WorkKind::loss, [&] {
-      k::vocab_parallel_finish(A.logits, A.losses, mx, sums, targets, N, V, valid_vocab_,
-                               vocab_begin_, grad_scale);
-    });
+    vocab_parallel_cross_entropy(*tp_, A.logits, A.losses, targets, N, V, valid_vocab_,
+                                 vocab_begin_, grad_scale, ce_buf_, profiler_);
   }
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
   return k::sum(A.losses, N) / static_cast<double>(N);

@@ -45,35 +45,34 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   const bool gpt2 = spec.arch == Arch::gpt2;
   const std::string emb = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
   const std::string pos = gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight";
-  wte_ = add_param(emb, ParamRole::token_embedding, vocab_block_ * c_, false);
-  wpe_ = add_param(pos, ParamRole::position_embedding, position_block_ * c_, false);
+  wte_ = sharded::append_param(table_, emb, ParamRole::token_embedding, vocab_block_ * c_);
+  wpe_ = sharded::append_param(table_, pos, ParamRole::position_embedding, position_block_ * c_);
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
-    b.qkv = {add_param(h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_, false), 0, C, 3 * C};
-    b.proj = {add_param(h + ".proj.weight", ParamRole::residual_out_weight, c_ * c_, false), 0, C,
+    b.qkv = {sharded::append_param(table_, h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_), 0, C, 3 * C};
+    b.proj = {sharded::append_param(table_, h + ".proj.weight", ParamRole::residual_out_weight, c_ * c_), 0, C,
               C};
-    b.fc = {add_param(h + ".fc.weight", ParamRole::weight, c_ * f_, false), 0, C, F};
-    b.fc2 = {add_param(h + ".fc2.weight", ParamRole::residual_out_weight, f_ * c_, false), 0, F,
+    b.fc = {sharded::append_param(table_, h + ".fc.weight", ParamRole::weight, c_ * f_), 0, C, F};
+    b.fc2 = {sharded::append_param(table_, h + ".fc2.weight", ParamRole::residual_out_weight, f_ * c_), 0, F,
              C};
   }
-  replicated_begin_ = table_.empty() ? 0 : table_.back().offset + table_.back().count;
-  replicated_begin_ = (replicated_begin_ + 15) / 16 * 16;
+  replicated_begin_ = sharded::table_end(table_);
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
-    b.ln1_w = add_param(h + ".ln1.weight", ParamRole::layernorm_weight, c_, true);
-    b.ln1_b = add_param(h + ".ln1.bias", ParamRole::layernorm_bias, c_, true);
-    b.qkv.b = add_param(h + ".qkv.bias", ParamRole::bias, 3 * c_, true);
-    b.proj.b = add_param(h + ".proj.bias", ParamRole::bias, c_, true);
-    b.ln2_w = add_param(h + ".ln2.weight", ParamRole::layernorm_weight, c_, true);
-    b.ln2_b = add_param(h + ".ln2.bias", ParamRole::layernorm_bias, c_, true);
-    b.fc.b = add_param(h + ".fc.bias", ParamRole::bias, f_, true);
-    b.fc2.b = add_param(h + ".fc2.bias", ParamRole::bias, c_, true);
+    b.ln1_w = sharded::append_param(table_, h + ".ln1.weight", ParamRole::layernorm_weight, c_);
+    b.ln1_b = sharded::append_param(table_, h + ".ln1.bias", ParamRole::layernorm_bias, c_);
+    b.qkv.b = sharded::append_param(table_, h + ".qkv.bias", ParamRole::bias, 3 * c_);
+    b.proj.b = sharded::append_param(table_, h + ".proj.bias", ParamRole::bias, c_);
+    b.ln2_w = sharded::append_param(table_, h + ".ln2.weight", ParamRole::layernorm_weight, c_);
+    b.ln2_b = sharded::append_param(table_, h + ".ln2.bias", ParamRole::layernorm_bias, c_);
+    b.fc.b = sharded::append_param(table_, h + ".fc.bias", ParamRole::bias, f_);
+    b.fc2.b = sharded::append_param(table_, h + ".fc2.bias", ParamRole::bias, c_);
   }
-  lnf_w_ = add_param("ln_f.weight", ParamRole::layernorm_weight, c_, true);
-  lnf_b_ = add_param("ln_f.bias", ParamRole::layernorm_bias, c_, true);
-  const std::size_t flat = (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c_);
+  lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c_);
+  const std::size_t flat = sharded::table_end(table_);
   params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
   grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
   k::fill(params_.data(), int64_t(flat), 0.0f);
@@ -109,10 +108,6 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
 }
 
-namespace {
-std::size_t aligned(std::size_t n) { return (n + 15) / 16 * 16; }
-}  // namespace
-
 // Temporaries: the products' work (the largest of every SUMMA call), the embedding's whole-batch
 // columns, gradient buffers, one batch row of attention-score gradients and one weight block's
 // gradient.
@@ -138,13 +133,14 @@ std::size_t Model2D::temporary_floats(const ModelSpec& spec, int batch, int seq_
 }
 
 std::size_t Model2D::parameter_floats(const ModelSpec& s, int q) {
+  using sharded::aligned16;
   const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
   const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
-  const std::size_t blocks = aligned(vb * c) + aligned(pb * c) +
-                             L * (aligned(3 * c * c) + aligned(c * c) + 2 * aligned(c * f));
+  const std::size_t blocks = aligned16(vb * c) + aligned16(pb * c) +
+                             L * (aligned16(3 * c * c) + aligned16(c * c) + 2 * aligned16(c * f));
   const std::size_t replicated =
-      L * (5 * aligned(c) + aligned(3 * c) + aligned(f) + aligned(c)) + 2 * aligned(c);
-  return aligned(blocks) + replicated;
+      L * (5 * aligned16(c) + aligned16(3 * c) + aligned16(f) + aligned16(c)) + 2 * aligned16(c);
+  return aligned16(blocks) + replicated;
 }
 
 std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
@@ -187,21 +183,6 @@ Model2D::Communication Model2D::step_communication(const ModelSpec& s, int batch
   m.col_all_gather += BT * C / q;
   m.col_all_reduce += 1;
   return m;
-}
-
-std::size_t Model2D::add_param(const std::string& name, ParamRole role, std::size_t count,
-                               bool replicated) {
-  ParamSpec p;
-  p.name = name;
-  p.role = role;
-  p.count = count;
-  p.shape = {int64_t(count)};
-  p.local_shape = p.shape;
-  p.offset = table_.empty() ? 0 : (table_.back().offset + table_.back().count + 15) / 16 * 16;
-  if (replicated && p.offset < replicated_begin_) p.offset = replicated_begin_;
-  table_.push_back(p);
-  replicated_.push_back(replicated);
-  return p.offset;
 }
 
 // Element by element (set-up only), merged into runs.

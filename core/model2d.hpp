@@ -126,8 +126,6 @@ class Model2D final : public ShardedModel {
   EmbeddingRows embedding_rows() const;
   static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
                                              int q);
-  std::size_t add_param(const std::string& name, ParamRole role, std::size_t count,
-                        bool replicated);
   void map_runs();
   void linear_forward(const Linear& lin, const float* in, float* out);
   void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
@@ -141,7 +139,6 @@ class Model2D final : public ShardedModel {
   TensorGroup* depth_;
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
-  std::vector<bool> replicated_;  // per table entry
   std::size_t replicated_begin_ = 0;
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;

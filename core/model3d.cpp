@@ -43,39 +43,41 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   const bool gpt2 = spec.arch == Arch::gpt2;
   const int L = spec.layers;
   blocks_.resize(L);
-  wte_ = add_param("wte", ParamRole::token_embedding, c * vocab_block_, Replica::none);
-  wpe_ = add_param("wpe", ParamRole::position_embedding, position_block_ * c, Replica::none);
+  wte_ = sharded::append_param(table_, "wte", ParamRole::token_embedding, c * vocab_block_);
+  wpe_ = sharded::append_param(table_, "wpe", ParamRole::position_embedding, position_block_ * c);
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l);
-    b.qkv = {add_param(h + ".qkv", ParamRole::weight, c * (3 * c / q), Replica::none), 0, C,
+    b.qkv = {sharded::append_param(table_, h + ".qkv", ParamRole::weight, c * (3 * c / q)), 0, C,
              3 * C, true};
-    b.proj = {add_param(h + ".proj", ParamRole::residual_out_weight, c * cq, Replica::none), 0, C,
+    b.proj = {sharded::append_param(table_, h + ".proj", ParamRole::residual_out_weight, c * cq), 0, C,
               C, false};
-    b.fc = {add_param(h + ".fc", ParamRole::weight, c * fq, Replica::none), 0, C, F, true};
-    b.fc2 = {add_param(h + ".fc2", ParamRole::residual_out_weight, f * cq, Replica::none), 0, F, C,
+    b.fc = {sharded::append_param(table_, h + ".fc", ParamRole::weight, c * fq), 0, C, F, true};
+    b.fc2 = {sharded::append_param(table_, h + ".fc2", ParamRole::residual_out_weight, f * cq), 0, F, C,
              false};
   }
+  plane_j_begin_ = sharded::table_end(table_);
   for (int l = 0; l < L; ++l) {  // outputs in the Y layout: replicated over the plane sharing j
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l);
-    b.qkv.b = add_param(h + ".qkv.bias", ParamRole::bias, 3 * c, Replica::plane_j);
-    b.fc.b = add_param(h + ".fc.bias", ParamRole::bias, f, Replica::plane_j);
+    b.qkv.b = sharded::append_param(table_, h + ".qkv.bias", ParamRole::bias, 3 * c);
+    b.fc.b = sharded::append_param(table_, h + ".fc.bias", ParamRole::bias, f);
   }
+  plane_l_begin_ = sharded::table_end(table_);
   for (int l = 0; l < L; ++l) {  // X layout: replicated over the plane sharing l
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l);
-    b.ln1_w = add_param(h + ".ln1.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
-    b.ln1_b = add_param(h + ".ln1.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
-    b.proj.b = add_param(h + ".proj.bias", ParamRole::bias, c, Replica::plane_l);
-    b.ln2_w = add_param(h + ".ln2.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
-    b.ln2_b = add_param(h + ".ln2.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
-    b.fc2.b = add_param(h + ".fc2.bias", ParamRole::bias, c, Replica::plane_l);
+    b.ln1_w = sharded::append_param(table_, h + ".ln1.weight", ParamRole::layernorm_weight, c);
+    b.ln1_b = sharded::append_param(table_, h + ".ln1.bias", ParamRole::layernorm_bias, c);
+    b.proj.b = sharded::append_param(table_, h + ".proj.bias", ParamRole::bias, c);
+    b.ln2_w = sharded::append_param(table_, h + ".ln2.weight", ParamRole::layernorm_weight, c);
+    b.ln2_b = sharded::append_param(table_, h + ".ln2.bias", ParamRole::layernorm_bias, c);
+    b.fc2.b = sharded::append_param(table_, h + ".fc2.bias", ParamRole::bias, c);
   }
-  lnf_w_ = add_param("ln_f.weight", ParamRole::layernorm_weight, c, Replica::plane_l);
-  lnf_b_ = add_param("ln_f.bias", ParamRole::layernorm_bias, c, Replica::plane_l);
+  lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c);
+  lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c);
   (void)gpt2;
-  const std::size_t flat = (table_.back().offset + table_.back().count + 15) / 16 * 16;
+  const std::size_t flat = sharded::table_end(table_);
   params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
   grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
   k::fill(params_.data(), int64_t(flat), 0.0f);
@@ -109,10 +111,6 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
 }
 
-namespace {
-std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
-}  // namespace
-
 sharded::ScratchSizes Model3D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {
   const int64_t q2 = int64_t(q) * q, C = spec.hidden, F = spec.ffn_hidden,
                 BT = int64_t(batch) * seq_len, T = seq_len;
@@ -134,6 +132,7 @@ std::size_t Model3D::temporary_floats(const ModelSpec& spec, int batch, int seq_
 }
 
 std::size_t Model3D::parameter_floats(const ModelSpec& s, int q) {
+  using sharded::aligned16;
   const std::size_t q2 = std::size_t(q) * q, c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
   const std::size_t vb = (s.vocab + q2 - 1) / q2, pb = (s.position_rows() + q2 - 1) / q2;
   const std::size_t weights = aligned16(c * vb) + aligned16(pb * c) +
@@ -183,22 +182,6 @@ Model3D::Communication Model3D::step_communication(const ModelSpec& s, int batch
   m.plane_reduce_scatter += M * C / q;
   m.plane_all_gather += M * C / q;
   return m;
-}
-
-std::size_t Model3D::add_param(const std::string& name, ParamRole role, std::size_t count,
-                               Replica r) {
-  ParamSpec p;
-  p.name = name;
-  p.role = role;
-  p.count = count;
-  p.shape = {int64_t(count)};
-  p.local_shape = p.shape;
-  p.offset = table_.empty() ? 0 : (table_.back().offset + table_.back().count + 15) / 16 * 16;
-  // The first parameter of each replicated region opens it.
-  if (r == Replica::plane_j && plane_j_begin_ == 0) plane_j_begin_ = p.offset;
-  if (r == Replica::plane_l && plane_l_begin_ == 0) plane_l_begin_ = p.offset;
-  table_.push_back(p);
-  return p.offset;
 }
 
 void Model3D::map_runs() {

@@ -108,11 +108,9 @@ class Model3D final : public ShardedModel {
     std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
     Linear qkv, proj, fc, fc2;
   };
-  enum class Replica { none, plane_j, plane_l };
 
   static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
                                              int q);
-  std::size_t add_param(const std::string& name, ParamRole role, std::size_t count, Replica r);
   void map_runs();
   Cube3D& cube(const Linear& lin) { return lin.to_y ? first_ : second_; }
   void linear_forward(const Linear& lin, const float* in, float* out);

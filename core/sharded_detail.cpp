@@ -9,6 +9,27 @@
 #include "core/memory.hpp"
 #include "core/rng.hpp"
 
+namespace colossal::core {
+
+int TensorGrid::ranks(int side) const {
+  int n = depth;
+  for (int k = 0; k < power; ++k) n *= side;
+  return n;
+}
+
+TensorGrid tensor_grid(const std::string& mode, int size, int depth) {
+  TensorGrid g;
+  g.power = mode == "3d" ? 3 : 2;
+  g.depth = mode == "2.5d" ? depth : 1;
+  while (g.ranks(g.q + 1) <= size) ++g.q;
+  g.exact = g.q >= 2 && g.ranks(g.q) == size;
+  return g;
+}
+
+int tensor_grid_multiple(const std::string& mode, int q) { return mode == "3d" ? q * q : q; }
+
+}  // namespace colossal::core
+
 namespace colossal::core::sharded {
 
 void require_multiple(const char* key, int64_t value, int64_t m, const char* mode) {
@@ -19,6 +40,23 @@ void require_multiple(const char* key, int64_t value, int64_t m, const char* mod
                               " tensor parallelism (nearest: " +
                               (lower > 0 ? std::to_string(lower) + " or " : std::string()) +
                               std::to_string(lower + m) + ")");
+}
+
+std::size_t table_end(const std::vector<ParamSpec>& table) {
+  return table.empty() ? 0 : aligned16(table.back().offset + table.back().count);
+}
+
+std::size_t append_param(std::vector<ParamSpec>& table, const std::string& name, ParamRole role,
+                         std::size_t count) {
+  ParamSpec p;
+  p.name = name;
+  p.role = role;
+  p.count = count;
+  p.shape = {int64_t(count)};
+  p.local_shape = p.shape;
+  p.offset = table_end(table);
+  table.push_back(p);
+  return p.offset;
 }
 
 void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols) {

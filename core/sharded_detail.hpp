@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/model_spec.hpp"
@@ -13,6 +14,14 @@ namespace colossal::core::sharded {
 // Throws invalid_argument "<key> = <value> must be a multiple of <m> for <mode> tensor
 // parallelism (nearest: a or b)".
 void require_multiple(const char* key, int64_t value, int64_t m, const char* mode);
+
+// n rounded up to 16 floats (every local tensor starts 64-byte aligned).
+constexpr std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
+// The end of a local table's flat layout (16-float aligned), where the next tensor starts.
+std::size_t table_end(const std::vector<ParamSpec>& table);
+// Appends a local tensor of `count` floats at table_end and returns its offset.
+std::size_t append_param(std::vector<ParamSpec>& table, const std::string& name, ParamRole role,
+                         std::size_t count);
 
 // out[n, e] += bias[e] over `rows` rows of `cols`.
 void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols);

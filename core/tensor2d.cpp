@@ -6,6 +6,7 @@
 
 #include "core/gemm.hpp"
 #include "core/kernels.hpp"
+#include "core/profiler.hpp"
 #include "core/tensor_group.hpp"
 
 namespace colossal::core {
@@ -196,15 +197,28 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
 
 void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* losses,
                                   const int32_t* targets, int64_t n, int ld, int valid, int64_t v0,
-                                  float grad_scale, float* work) {
+                                  float grad_scale, float* work, Profiler* profiler) {
   float* mx = work;
   float* sums = work + n;  // n sums of exponentials, then n target logits
-  kernels::vocab_parallel_row_max(mx, logits, n, ld, valid);
-  Kokkos::fence();
-  group.all_reduce_max(mx, std::size_t(n));
-  kernels::vocab_parallel_sums(sums, logits, mx, targets, n, ld, valid, v0);
-  Kokkos::fence();
-  group.all_reduce_sum(sums, std::size_t(2 * n));
+  {
+    Profiler::Scope scope(profiler, WorkKind::loss);
+    kernels::vocab_parallel_row_max(mx, logits, n, ld, valid);
+  }
+  {
+    Profiler::Scope scope(profiler, WorkKind::communication);
+    Kokkos::fence();  // the collective reads what the kernel wrote
+    group.all_reduce_max(mx, std::size_t(n));
+  }
+  {
+    Profiler::Scope scope(profiler, WorkKind::loss);
+    kernels::vocab_parallel_sums(sums, logits, mx, targets, n, ld, valid, v0);
+  }
+  {
+    Profiler::Scope scope(profiler, WorkKind::communication);
+    Kokkos::fence();
+    group.all_reduce_sum(sums, std::size_t(2 * n));
+  }
+  Profiler::Scope scope(profiler, WorkKind::loss);
   kernels::vocab_parallel_finish(logits, losses, mx, sums, targets, n, ld, valid, v0, grad_scale);
   Kokkos::fence();
 }

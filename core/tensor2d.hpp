@@ -28,6 +28,7 @@
 namespace colossal::core {
 
 class Gemm;
+class Profiler;
 class TensorGroup;
 
 struct Grid2D {
@@ -101,9 +102,10 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
 // [v0, v0 + valid) on this rank (leading dimension ld; columns past `valid` are padding): the
 // vocabulary-parallel cross-entropy over `group` (the grid row in 2D, the tensor group in 1D).
 // losses (n rows) assigned; with grad_scale != 0 the logits become grad_scale (softmax - onehot).
-// work: 3 n floats.
+// work: 3 n floats. With a profiler, the kernels count as loss and the collectives as
+// communication.
 void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* losses,
                                   const int32_t* targets, int64_t n, int ld, int valid, int64_t v0,
-                                  float grad_scale, float* work);
+                                  float grad_scale, float* work, Profiler* profiler = nullptr);
 
 }  // namespace colossal::core

@@ -30,6 +30,8 @@
 #include <utility>
 #include <variant>
 
+#include "core/sharded_model.hpp"
+
 namespace colossal::io {
 namespace {
 
@@ -1160,27 +1162,26 @@ class Resolver {
             "depth layers belong to 2.5d", "set parallel.tensor.mode: 2.5d or depth: 1");
     }
     if (mode == "1d") return;
-    const int t = p.tensor, d = mode == "2.5d" ? p.tensor_depth : 1, power = mode == "3d" ? 3 : 2;
+    const int t = p.tensor, d = mode == "2.5d" ? p.tensor_depth : 1;
     const std::string shape = mode == "3d" ? "a cube q^3" : mode == "2d" ? "a square q^2"
                                                                          : "q^2 x depth";
-    int q = 1;
-    while (std::pow(q + 1, power) * d <= t) ++q;
-    if (t % d != 0 || int(std::pow(q, power)) * d != t || q < 2) {
+    const core::TensorGrid grid = core::tensor_grid(mode, t, d);
+    const int q = grid.q;
+    if (!grid.exact) {
       const int lower = std::max(2, q), upper = lower + 1;
       raise(where_first({"parallel.tensor.size", "parallel.tensor.mode"}), "parallel.tensor.size",
             std::to_string(t) + " is not " + shape + " with q >= 2 (mode " + mode +
                 (mode == "2.5d" ? ", depth " + std::to_string(d) : "") + ")",
             "the ranks form a grid of that shape",
-            "set parallel.tensor.size to " + std::to_string(int(std::pow(lower, power)) * d) +
-                " or " + std::to_string(int(std::pow(upper, power)) * d));
+            "set parallel.tensor.size to " + std::to_string(grid.ranks(lower)) + " or " +
+                std::to_string(grid.ranks(upper)));
     }
     const core::ModelSpec& m = config.model;
-    const int width = mode == "3d" ? q * q : q;  // what hidden and ffn_hidden must divide by
-    const int rows = mode == "3d" ? q * q : q;   // what micro_batch must divide by
+    const int width = core::tensor_grid_multiple(mode, q);
     for (auto [key, value, by] : {std::tuple<const char*, int, int>{"model.heads", m.heads, q},
                                   {"model.hidden", m.hidden, width},
                                   {"model.ffn_hidden", m.ffn_hidden, width},
-                                  {"train.micro_batch", config.train.micro_batch, rows}}) {
+                                  {"train.micro_batch", config.train.micro_batch, width}}) {
       if (value % by == 0) continue;
       raise(where_first({key, "parallel.tensor.size", "model.preset"}), key,
             std::to_string(value) + " is not a multiple of " + std::to_string(by) + " (mode " +

@@ -2,6 +2,7 @@
 
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
+#include "parallel/communicator.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -339,24 +340,30 @@ TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout&
   // Collectives: the closed forms of one forward + backward, each group a ring on the link that
   // spans the tensor group; about six collectives per linear and three per layernorm for latency.
   const LinkSpec& link = link_for(l.tensor(), hw);
-  const double g = q, collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
+  const double collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
+  // Wire bytes of a payload (floats) as the communicators count them (parallel::ring_wire_bytes).
+  using parallel::CollectiveKind;
+  auto wire = [](CollectiveKind kind, double floats, int ranks) {
+    return parallel::ring_wire_bytes(kind, kF * floats, ranks);
+  };
   double bytes = 0.0;
   if (cube) {
     const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q);
-    const double gathers = c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather +
-                           c3.input_reduce_scatter + c3.weight_reduce_scatter +
-                           c3.output_reduce_scatter;
-    const double reduces = c3.input_all_reduce + c3.weight_all_reduce + c3.output_all_reduce;
-    bytes = kF * (gathers * (g - 1) / g + reduces * 2 * (g - 1) / g);
-    // The embedding's reduce-scatter and all-gather over the q^2 plane.
-    bytes += kF * (c3.plane_all_gather + c3.plane_reduce_scatter) * (g * g - 1) / (g * g);
+    bytes = wire(CollectiveKind::all_gather,
+                 c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather, q) +
+            wire(CollectiveKind::reduce_scatter,
+                 c3.input_reduce_scatter + c3.weight_reduce_scatter + c3.output_reduce_scatter, q) +
+            wire(CollectiveKind::all_reduce,
+                 c3.input_all_reduce + c3.weight_all_reduce + c3.output_all_reduce, q) +
+            // The embedding's reduce-scatter and all-gather over the q^2 plane.
+            wire(CollectiveKind::all_gather, c3.plane_all_gather, q * q) +
+            wire(CollectiveKind::reduce_scatter, c3.plane_reduce_scatter, q * q);
   } else {
     const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q);
-    const double gathers = c2.row_all_gather + c2.row_reduce_scatter + c2.col_all_gather +
-                           c2.col_reduce_scatter;
-    const double broadcasts = c2.row_broadcast + c2.col_broadcast;
-    const double reduces = c2.row_all_reduce + c2.col_all_reduce;
-    bytes = kF * (gathers * (g - 1) / g + broadcasts + reduces * 2 * (g - 1) / g);
+    bytes = wire(CollectiveKind::all_gather, c2.row_all_gather + c2.col_all_gather, q) +
+            wire(CollectiveKind::reduce_scatter, c2.row_reduce_scatter + c2.col_reduce_scatter, q) +
+            wire(CollectiveKind::broadcast, c2.row_broadcast + c2.col_broadcast, q) +
+            wire(CollectiveKind::all_reduce, c2.row_all_reduce + c2.col_all_reduce, q);
   }
   t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
   // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down

@@ -7,6 +7,8 @@
 #include <map>
 #include <tuple>
 
+#include "core/sharded_model.hpp"
+
 namespace colossal::planner {
 
 namespace {
@@ -53,19 +55,15 @@ std::string bytes_text(double b) { return core::format_bytes(b); }
 
 // The grid side of a 2d / 2.5d / 3d layout (0 when the tensor size has no such shape).
 int grid_side(const RunLayout& r) {
-  const int power = r.tensor_mode == "3d" ? 3 : 2, depth = r.tensor_mode == "2.5d" ? r.depth : 1;
-  for (int q = 2; std::pow(q, power) * depth <= r.tensor; ++q) {
-    if (int(std::pow(q, power)) * depth == r.tensor) return q;
-  }
-  return 0;
+  const core::TensorGrid g = core::tensor_grid(r.tensor_mode, r.tensor, r.depth);
+  return g.exact ? g.q : 0;
 }
 
 // What makes a 2d / 2.5d / 3d layout impossible (the checks of io/config.cpp); empty if none.
 std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r) {
   const int q = grid_side(r);
   if (q == 0) return "tensor " + std::to_string(r.tensor) + " is not a " + r.tensor_mode + " grid";
-  const bool cube = r.tensor_mode == "3d";
-  const int width = cube ? q * q : q;
+  const int width = core::tensor_grid_multiple(r.tensor_mode, q);
   if (spec.heads % q != 0 || spec.hidden % width != 0 || spec.ffn_hidden % width != 0 ||
       r.micro_batch % width != 0) {
     return r.tensor_mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
@@ -214,6 +212,17 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     double bound;
   };
   std::vector<Shape> shapes;
+  // The fields every candidate sets from the search's arguments and its own sizes.
+  auto layout = [&](int micro_batch, int data, int tensor) {
+    RunLayout run;
+    run.global_batch = global_batch;
+    run.micro_batch = micro_batch;
+    run.seq_len = seq_len;
+    run.bf16 = bf16;
+    run.data = data;
+    run.tensor = tensor;
+    return run;
+  };
   for (int t : divisors(G)) {
     if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
     for (int s = 1; s <= options.max_sequence && t * s <= G; s *= 2) {
@@ -234,13 +243,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           for (bool split : {false, true}) {
             if (split && (t == 1 || seq_len % t != 0)) continue;
             for (const auto& [schedule, v] : schedules) {
-              RunLayout run;
-              run.global_batch = global_batch;
-              run.micro_batch = b;
-              run.seq_len = seq_len;
-              run.bf16 = bf16;
-              run.data = d;
-              run.tensor = t;
+              RunLayout run = layout(b, d, t);
               run.sequence = s;
               run.pipeline = p;
               run.sequence_split = split;
@@ -271,12 +274,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       }
       for (const auto& [mode, depth] : grids) {
         for (int b : options.micro_batches) {
-          RunLayout run;
-          run.global_batch = global_batch;
-          run.micro_batch = b;
-          run.seq_len = seq_len;
-          run.data = G / t;
-          run.tensor = t;
+          RunLayout run = layout(b, G / t, t);
           run.tensor_mode = mode;
           run.depth = depth;
           if (!invalid_tensor_mode(spec, run).empty()) continue;

@@ -62,14 +62,9 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   const std::vector<float> weights = trainer.logical_parameters();
   const std::vector<float> want = reference.logical_parameters();
   ASSERT_EQ(weights.size(), want.size());
-  double worst = 0, mean = 0;
-  for (std::size_t e = 0; e < want.size(); ++e) {
-    const double d = std::abs(double(weights[e]) - want[e]);
-    worst = std::max(worst, d);
-    mean += d / double(want.size());
-  }
-  EXPECT_LT(worst, 1e-4);
-  EXPECT_LT(mean, 1e-6);
+  const test::WeightDifference diff = test::weight_difference(weights, want);
+  EXPECT_LT(diff.worst, 1e-4);
+  EXPECT_LT(diff.mean, 1e-6);
 
   // The model file (rank 0) holds the same logical tensors.
   if (world.rank() == 0) {

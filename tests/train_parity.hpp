@@ -42,21 +42,30 @@ inline std::string shared_training_text(parallel::Communicator& world, const std
 // gradient sits near zero. Measured after 10 steps at lr 3e-3: mean |difference| below 5e-8,
 // fewer than 0.3% of the elements above 1e-6, the largest 2.4e-5. A layout bug moves whole
 // tensors by about lr per step.
+struct WeightDifference {
+  double worst = 0, mean = 0;
+  std::size_t worst_at = 0, above = 0;  // where the worst is; how many differ by more than 1e-6
+};
+inline WeightDifference weight_difference(const std::vector<float>& got,
+                                          const std::vector<float>& want) {
+  WeightDifference w;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = std::abs(got[i] - want[i]);
+    w.mean += d / double(want.size());
+    if (d > 1e-6) ++w.above;
+    if (d > w.worst) {
+      w.worst = d;
+      w.worst_at = i;
+    }
+  }
+  return w;
+}
+
 inline void expect_same_weights(apps::Trainer& trainer, apps::Trainer& reference) {
   const std::vector<float> weights = trainer.logical_parameters();
   const std::vector<float> want = reference.logical_parameters();
   ASSERT_EQ(weights.size(), want.size());
-  double worst = 0, mean = 0;
-  std::size_t worst_at = 0, above = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const double d = std::abs(weights[i] - want[i]);
-    mean += d / double(want.size());
-    if (d > 1e-6) ++above;
-    if (d > worst) {
-      worst = d;
-      worst_at = i;
-    }
-  }
+  const auto [worst, mean, worst_at, above] = weight_difference(weights, want);
   std::string where;
   for (const auto& p : trainer.logical_table()) {
     if (worst_at >= p.offset && worst_at < p.offset + p.count) {
