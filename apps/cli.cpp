@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 
@@ -171,11 +174,18 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   }
   const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
   const SlurmEnv slurm = read_slurm_env();
+  // Kokkos sees only its own --kokkos-* flags: given --help it would print its help before ours.
+  std::vector<char*> kokkos_argv{argv[0]}, own_argv{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    (std::string_view(argv[i]).starts_with("--kokkos-") ? kokkos_argv : own_argv).push_back(argv[i]);
+  }
+  int kokkos_argc = int(kokkos_argv.size());
+  kokkos_argv.push_back(nullptr);
   {
-    Kokkos::ScopeGuard kokkos(argc, argv);
+    Kokkos::ScopeGuard kokkos(kokkos_argc, kokkos_argv.data());
     std::string message;
     try {
-      ParsedArgs args = parse_args(argc, argv, info);
+      ParsedArgs args = parse_args(int(own_argv.size()), own_argv.data(), info);
       if (args.help) {
         if (inv.rank == 0) std::printf("%s\n%s", info.usage.c_str(), common_help().c_str());
       } else {
