@@ -14,7 +14,10 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.global_batch = config.train.global_batch;
   run.micro_batch = config.train.micro_batch;
   run.seq_len = config.train.seq_len;
-  run.bf16 = config.train.precision == "bf16";
+  // The layout colossal_train runs. Its train.precision: bf16 rounds matrix-product operands and
+  // keeps every array in fp32, so its memory is fp32's; the planner's bf16 (colossal_plan
+  // --precision bf16) is GPU mixed precision with 2-byte weights and activations.
+  run.bf16 = false;
   run.data = p.data;
   run.tensor = p.tensor;
   run.tensor_mode = p.tensor_mode;
@@ -78,9 +81,9 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   if (world.rank() == 0) {
     try {
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size());
+      // fp32 storage whatever train.precision says (see run_layout).
       const planner::SearchResult result = planner::search_plans(
-          config.model, config.train.global_batch, config.train.seq_len,
-          config.train.precision == "bf16", cluster);
+          config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster);
       if (result.best.empty()) {
         error = "parallel.mode: auto: no layout of " + std::to_string(world.size()) +
                 " ranks fits in " + core::format_bytes(cluster.hw.memory_bytes) +

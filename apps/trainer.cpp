@@ -102,7 +102,8 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
                  bool memory_plan)
-    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
+    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
+                                        core::gemm_precision(config.train.precision))) {
   tracker_.set_dry_run(memory_plan);
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;

@@ -20,7 +20,8 @@ double seconds_since(Clock::time_point start) {
 }  // namespace
 
 TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world)
-    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm)) {
+    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
+                                        core::gemm_precision(config.train.precision))) {
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
   groups_ = parallel::make_groups(

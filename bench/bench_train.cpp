@@ -72,6 +72,26 @@ double gemm_rate(Gemm& gemm, Trans ta, Trans tb, int M, int N, int K, int repeat
   return 2.0 * M * N * K / best / 1e9;
 }
 
+// A backend by its table name: a host backend or "cublas" (host arrays staged through the GPU),
+// optionally with "-bf16" (bf16 operands, fp32 sums).
+std::unique_ptr<Gemm> named_gemm(const std::string& name) {
+  const bool bf16 = name.size() > 5 && name.substr(name.size() - 5) == "-bf16";
+  return make_default_gemm(bf16 ? name.substr(0, name.size() - 5) : name,
+                           bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
+}
+
+// The host backends that load here, and cuBLAS in fp32 and bf16 where a GPU is visible.
+std::vector<std::string> table_backends() {
+  std::vector<std::string> names = host_gemm_backends();
+  try {
+    named_gemm("cublas");
+    names.push_back("cublas");
+    names.push_back("cublas-bf16");
+  } catch (const std::exception&) {
+  }
+  return names;
+}
+
 // The training step's GEMMs of one block and the LM head (forward, input gradient, weight
 // gradient), each timed with every host backend; the last column is the FLOP-weighted total.
 void gemm_backend_table(const Case& c, int repeats) {
@@ -87,15 +107,15 @@ void gemm_backend_table(const Case& c, int repeats) {
       {"head dW", Trans::T, Trans::N, V, C, R},
       {"attn QK^T", Trans::N, Trans::T, c.seq_len, c.seq_len, C / c.spec.heads},
       {"attn PV", Trans::N, Trans::N, c.seq_len, C / c.spec.heads, c.seq_len}};
-  const std::vector<std::string> names = host_gemm_backends();
+  const std::vector<std::string> names = table_backends();
   std::vector<std::unique_ptr<Gemm>> backends;
   std::printf("%s: GFLOP/s per training GEMM shape (M x N x K), best of %d\n%-10s %18s",
               c.name.c_str(), repeats, "shape", "M x N x K");
   for (const auto& n : names) {
-    backends.push_back(make_host_gemm(n));
-    std::printf(" %9s", n.c_str());
+    backends.push_back(named_gemm(n));
+    std::printf(" %11s", n.c_str());
   }
-  std::printf(" %9s\n", "best");
+  std::printf(" %11s\n", "best");
   std::vector<double> time(names.size(), 0.0);
   double best_time = 0.0;
   for (const Shape& s : shapes) {
@@ -108,16 +128,16 @@ void gemm_backend_table(const Case& c, int repeats) {
       const double rate = gemm_rate(*backends[b], s.ta, s.tb, s.M, s.N, s.K, repeats);
       time[b] += flops / rate;
       best = std::max(best, rate);
-      std::printf(" %9.1f", rate);
+      std::printf(" %11.1f", rate);
     }
     best_time += flops / best;
-    std::printf(" %9.1f\n", best);
+    std::printf(" %11.1f\n", best);
   }
   double total = 0.0;
   for (const Shape& s : shapes) total += 2.0 * s.M * s.N * s.K;
   std::printf("%-10s %18s", "weighted", "");
-  for (double t : time) std::printf(" %9.1f", total / t);
-  std::printf(" %9.1f\n\n", total / best_time);
+  for (double t : time) std::printf(" %11.1f", total / t);
+  std::printf(" %11.1f\n\n", total / best_time);
 }
 
 // Causal attention of gpt2-124m's shape (12 heads of 64) at several sequence lengths, forward +
@@ -209,7 +229,7 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps) {
 int main(int argc, char** argv) {
   int steps = 5, threads = 0;
   bool table = false, attention = false;
-  std::string backend = "openblas";
+  std::string backend = "openblas", precision = "fp32";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help")) {
@@ -221,10 +241,14 @@ int main(int argc, char** argv) {
           "(FLOPs per token = 6N + 12 L T d, N = 12 L d^2 + 13 L d + 2 d + V d) and its share of the\n"
           "ceiling, and the tracked memory peak. Run through bench/run_bench.sh to compare with\n"
           "PyTorch in the same run.\n\n"
-          "  --gemm NAME    host GEMM backend: openblas (default), blis, onednn or auto\n"
+          "  --gemm NAME    GEMM backend: openblas (default), blis, onednn, auto, or cublas\n"
+          "                 (CUDA builds: host arrays multiplied on the GPU)\n"
+          "  --precision P  fp32 (default) or bf16 (operands rounded to bfloat16, fp32 sums:\n"
+          "                 tensor cores with cublas, emulated on the host)\n"
           "  --threads N    GEMM threads (default: OPENBLAS_NUM_THREADS, else 1)\n"
           "  --gemm-table   instead, each case's training GEMM shapes timed with every host\n"
-          "                 backend that loads here (GFLOP/s), the table behind hardware.gemm\n"
+          "                 backend that loads here and cuBLAS fp32/bf16 where a GPU is visible\n"
+          "                 (GFLOP/s, transfers included), the table behind hardware.gemm\n"
           "  --attention    instead, dense against tiled fused causal attention (fwd + bwd) at\n"
           "                 T = 128..2048, gpt2-124m's heads, 4096 tokens per call\n");
       return 0;
@@ -235,6 +259,8 @@ int main(int argc, char** argv) {
       only.push_back(argv[++i]);
     } else if (!std::strcmp(argv[i], "--gemm") && i + 1 < argc) {
       backend = argv[++i];
+    } else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc) {
+      precision = argv[++i];
     } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
     } else if (!std::strcmp(argv[i], "--gemm-table")) {
@@ -255,9 +281,10 @@ int main(int argc, char** argv) {
   set_blas_threads(threads);
   std::unique_ptr<Gemm> gemm;
   try {
-    gemm = make_host_gemm(backend);
+    gemm = make_default_gemm(backend, gemm_precision(precision));
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "colossal_bench: --gemm %s: %s\n", backend.c_str(), e.what());
+    std::fprintf(stderr, "colossal_bench: --gemm %s --precision %s: %s\n", backend.c_str(),
+                 precision.c_str(), e.what());
     return 2;
   }
   std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
@@ -275,7 +302,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("gemm %s, %d thread(s)\n", backend.c_str(), threads);
+  std::printf("gemm %s, %d thread(s)\n", gemm->name().c_str(), threads);
   std::printf("%-11s %9s %11s %10s %9s %11s %12s\n", "case", "params", "sgemm GF/s", "tokens/s",
               "GFLOP/s", "of ceiling", "tracked mem");
   for (const auto& c : cases) {

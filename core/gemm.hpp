@@ -2,6 +2,7 @@
 // CUDA. Row-major, as the rest of the code: C(M,N) = alpha * op(A)(M,K) * op(B)(K,N) + beta * C.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,15 +32,50 @@ class Gemm {
 std::unique_ptr<Gemm> make_host_gemm(const std::string& backend = "openblas");
 // The host backends that load here, "openblas" first.
 std::vector<std::string> host_gemm_backends();
+
+// What a matrix product computes with. fp32: IEEE single precision throughout. bf16 (mixed
+// precision, train.precision: bf16): each operand element is rounded to bfloat16 (8-bit
+// significand, round to nearest even) and the exact products are summed in fp32, which is what
+// bf16 tensor cores do; weights, activations, gradients and optimizer states stay fp32.
+enum class GemmPrecision { fp32, bf16 };
+GemmPrecision gemm_precision(const std::string& name);  // "fp32" | "bf16", else throws
+const char* to_string(GemmPrecision precision);
+
+// x rounded to the nearest bfloat16 (ties to even; NaN stays NaN, overflow goes to infinity),
+// as the float it represents.
+float round_to_bf16(float x);
+// Rounds n floats in place, over the host threads.
+void round_to_bf16(float* values, std::size_t n);
+// The bfloat16 bit patterns of n floats (the upper halves of their rounded values), over the
+// host threads.
+void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n);
+// A host backend whose products round both operands to bf16 first (into its own buffers; the
+// caller's arrays are untouched). On CPUs without bf16 arithmetic this costs time, not saves it:
+// it gives bf16 numerics, for parity with GPU runs.
+std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend);
+
 #ifdef COLOSSAL_HAVE_CUDA
-// cuBLAS on the current CUDA device; operates on device memory. Creates its own handle.
-std::unique_ptr<Gemm> make_cublas_gemm();
+// cuBLAS on the current CUDA device; operates on device memory. Creates its own handle. bf16
+// lets cuBLAS use reduced-precision tensor cores on the fp32 arrays
+// (CUBLAS_COMPUTE_32F_FAST_16BF): cuBLAS picks the kernel, and on an H200 with CUDA 13 its
+// results measured closer to fp32 than bf16 rounding is (TF32-like), so a Kokkos CUDA build's bf16
+// is "at most bf16 rounding", not bitwise bf16.
+std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision = GemmPrecision::fp32);
+// cuBLAS for host arrays (hardware.gemm: cublas): each product copies its operands to the
+// current device, multiplies there and copies the result back. The model's other kernels stay on
+// the host; this moves the products, most of a step's FLOPs, onto the GPU. bf16 rounds the
+// operands on the host (half the bytes to copy) and multiplies bf16 x bf16 with fp32 sums
+// (cublasGemmEx, CUDA_R_16BF, CUBLAS_COMPUTE_32F): the host's bf16 emulation, on tensor cores.
+std::unique_ptr<Gemm> make_cublas_host_gemm(GemmPrecision precision = GemmPrecision::fp32);
 #endif
 // Threads each host GEMM uses (OpenBLAS now; BLIS and oneDNN when they are created).
 void set_blas_threads(int threads);
 
-// The backend that matches the default Kokkos execution space's memory: cuBLAS on a device,
-// otherwise the named host backend.
-std::unique_ptr<Gemm> make_default_gemm(const std::string& host_backend = "openblas");
+// The backend hardware.gemm names, at the given precision, for the default Kokkos execution
+// space's memory: cuBLAS on a device; otherwise a host backend (openblas, blis, onednn, auto), or
+// "cublas" for host arrays multiplied on the GPU. Throws naming what is missing (no CUDA build,
+// no device visible).
+std::unique_ptr<Gemm> make_default_gemm(const std::string& backend = "openblas",
+                                        GemmPrecision precision = GemmPrecision::fp32);
 
 }  // namespace colossal::core

@@ -275,14 +275,27 @@ void set_blas_threads(int threads) {
   openblas_set_num_threads(g_blas_threads);
 }
 
-std::unique_ptr<Gemm> make_default_gemm(const std::string& host_backend) {
+std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecision precision) {
+  const bool bf16 = precision == GemmPrecision::bf16;
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
-    return make_host_gemm(host_backend);
+    if (backend == "cublas") {
+#ifdef COLOSSAL_HAVE_CUDA
+      return make_cublas_host_gemm(precision);
+#else
+      throw std::runtime_error(
+          "hardware.gemm: cublas needs a build with CUDA (this one has none); reconfigure with "
+          "-DCOLOSSAL_ENABLE_CUDA=ON on a machine with the CUDA toolkit, or choose openblas, "
+          "blis, onednn or auto");
+#endif
+    }
+    auto host = make_host_gemm(backend);
+    return bf16 ? make_bf16_gemm(std::move(host)) : std::move(host);
   } else {
 #ifdef COLOSSAL_HAVE_CUDA
-    return make_cublas_gemm();
+    return make_cublas_gemm(precision);
 #else
-    (void)host_backend;
+    (void)backend;
+    (void)bf16;
     throw std::runtime_error(
         "Kokkos runs on a device but colossal was built without CUDA; reconfigure with "
         "-DCOLOSSAL_ENABLE_CUDA=ON");

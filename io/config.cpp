@@ -76,7 +76,6 @@ struct KeySpec {
   std::string doc;                     // one line, for configs/README.md and --help
   Range range{};                       // integer, number, number_pair
   std::vector<std::string> choices{};  // choice: accepted values
-  std::vector<std::string> planned{};  // choice: recognised values not implemented yet
   Required required = Required::no;
   std::string default_note{};  // documented default when not Config{}'s value
   std::string example{};       // value used in hints when the default is not one
@@ -172,7 +171,11 @@ const std::vector<KeySpec>& schema() {
        .doc = "seed of initialisation and data order", .range = at_least(0)},
       {.key = "train.precision", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.train.precision; },
-       .doc = "arithmetic precision of compute", .choices = {"fp32"}, .planned = {"bf16"}},
+       .doc = "precision of the matrix products: fp32, or bf16 (operands rounded to bfloat16, "
+              "products summed in fp32, as bf16 tensor cores do; weights, activations, "
+              "gradients and optimizer states stay fp32). On GPUs (hardware.gemm: cublas) bf16 "
+              "runs on the tensor cores; on CPUs it is emulated, for bf16 numerics, and slower",
+       .choices = {"fp32", "bf16"}},
       {.key = "train.optimizer.lr", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.lr; },
        .doc = "peak learning rate, reached after warm-up", .range = above(0)},
@@ -326,9 +329,11 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.hardware.gemm; },
        .doc = "host GEMM backend: openblas (linked), blis or onednn (loaded at run time when "
               "Debian's libblis4-openmp / libdnnl2 are installed), or auto (per shape the fastest "
-              "of those, measured on its first product; not bitwise reproducible across runs). "
-              "GPU builds use cuBLAS",
-       .choices = {"openblas", "blis", "onednn", "auto"}},
+              "of those, measured on its first product; not bitwise reproducible across runs), "
+              "or cublas (CUDA builds: every product runs on the rank's GPU, its operands copied "
+              "there and back; the other kernels stay on the host). A Kokkos CUDA build always "
+              "uses cuBLAS",
+       .choices = {"openblas", "blis", "onednn", "auto", "cublas"}},
       {.key = "hardware.peak_tflops", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.hardware.peak_tflops; },
        .doc = "peak TFLOP/s per device for MFU; 0 = the preset's value", .range = at_least(0)},
@@ -836,10 +841,6 @@ class Resolver {
     const std::string value = scalar_of(spec, node, allowed_text(spec), where_text);
     if (std::find(spec.choices.begin(), spec.choices.end(), value) != spec.choices.end())
       return value;
-    if (std::find(spec.planned.begin(), spec.planned.end(), value) != spec.planned.end())
-      raise(where_text, spec.key, value + " is not supported yet",
-            "supported now: " + join(spec.choices),
-            "use " + spec.key + ": " + spec.choices.front());
     const std::string close = did_you_mean(value, spec.choices);
     raise(where_text, spec.key, "invalid value '" + value + "'", allowed_text(spec),
           close.empty() ? "use one of the values listed" : "did you mean '" + close + "'?");
@@ -1446,7 +1447,6 @@ const std::vector<ConfigKeyInfo>& config_schema() {
     for (const KeySpec& spec : schema()) {
       std::string allowed = allowed_text(spec);
       if (!spec.cross_check.empty()) allowed += "; " + spec.cross_check;
-      if (!spec.planned.empty()) allowed += " (" + join(spec.planned) + ": not yet)";
       rows.push_back({spec.key, kind_name(spec),
                       spec.default_note.empty() ? default_text(spec) : spec.default_note, allowed,
                       spec.doc});

@@ -331,10 +331,8 @@ TEST(ConfigError, InvalidEnumListsTheAllowedValues) {
               "did you mean 'stop'?"});
   expect_all(error_of("model: {arch: bert, preset: gpt2-124m}\ndata: {path: d}\n"),
              {"test.yaml:1:15: model.arch: invalid value 'bert'", "one of: gpt2, opt"});
-  // bf16 is recognised but not implemented: say so rather than "invalid".
-  expect_all(error_of(std::string(kMinimal) + "train:\n  precision: bf16\n"),
-             {"test.yaml:6:14: train.precision: bf16 is not supported yet", "supported now: fp32",
-              "use train.precision: fp32"});
+  expect_all(error_of(std::string(kMinimal) + "train:\n  precision: fp16\n"),
+             {"test.yaml:6:14: train.precision: invalid value 'fp16'", "one of: fp32, bf16"});
 }
 
 TEST(ConfigError, InconsistentDimsNameBothKeys) {

@@ -3,10 +3,17 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include "apps/trainer.hpp"
 #include "core/gemm.hpp"
+#include "io/config.hpp"
 #include "grad_check.hpp"
 
 using namespace colossal::core;
@@ -53,6 +60,131 @@ TEST(CublasGemm, MatchesOpenBlasForEveryTransposeAndBatch) {
       cudaDeviceSynchronize();
       const auto got = dC.read();
       for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(got[i], C[i], 1e-4) << i;
+    }
+  }
+}
+
+// hardware.gemm: cublas with bf16 (bf16 x bf16 on the tensor cores, fp32 sums) computes what the
+// host's bf16 emulation computes, up to summation order, and visibly differs from fp32.
+TEST(CublasGemm, Bf16TensorCoresMatchTheHostBf16Emulation) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  auto host = make_bf16_gemm(make_host_gemm());
+  auto fp32 = make_host_gemm();
+  auto device = make_cublas_host_gemm(GemmPrecision::bf16);
+  const int M = 64, N = 48, K = 256, batch = 2;
+  for (Trans ta : {Trans::N, Trans::T}) {
+    for (Trans tb : {Trans::N, Trans::T}) {
+      const int lda = ta == Trans::N ? K : M, ldb = tb == Trans::N ? N : K, ldc = N;
+      const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K),
+                    sb = int64_t(ldb) * (tb == Trans::N ? K : N), sc = int64_t(ldc) * M;
+      auto A = colossal::test::random_vector(sa * batch, 4), B = colossal::test::random_vector(sb * batch, 5);
+      std::vector<float> C(sc * batch, 0.0f), plain = C;
+      std::vector<float> got = C;
+      host->gemm_strided_batched(ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f,
+                                 C.data(), ldc, sc, batch);
+      fp32->gemm_strided_batched(ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f,
+                                 plain.data(), ldc, sc, batch);
+      device->gemm_strided_batched(ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb,
+                                   0.0f, got.data(), ldc, sc, batch);
+      double worst = 0, from_fp32 = 0;
+      for (std::size_t i = 0; i < C.size(); ++i) {
+        worst = std::max(worst, double(std::abs(got[i] - C[i])));
+        from_fp32 = std::max(from_fp32, double(std::abs(got[i] - plain[i])));
+      }
+      std::printf("bf16: |cuBLAS - host emulation| <= %.2e, |cuBLAS - fp32| up to %.2e\n", worst,
+                  from_fp32);
+      EXPECT_GT(from_fp32, 1e-3) << "cuBLAS bf16 computed fp32";
+      EXPECT_LT(worst, 0.05 * from_fp32) << "cuBLAS bf16 is not bf16-rounded operands in fp32";
+    }
+  }
+}
+
+// On device arrays (a Kokkos CUDA build) bf16 is CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS chooses the
+// reduced-precision kernel, so the result is only bounded by bf16 rounding's error, not equal to it.
+TEST(CublasGemm, DeviceArraysBf16StaysWithinBf16Error) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  auto host = make_bf16_gemm(make_host_gemm());
+  auto fp32 = make_host_gemm();
+  auto device = make_cublas_gemm(GemmPrecision::bf16);
+  const int M = 64, N = 48, K = 256;
+  auto A = colossal::test::random_vector(std::size_t(M) * K, 4), B = colossal::test::random_vector(std::size_t(K) * N, 5);
+  std::vector<float> bf(std::size_t(M) * N), plain = bf;
+  host->gemm(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, bf.data(), N);
+  fp32->gemm(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, plain.data(), N);
+  DeviceBuffer dA(A), dB(B), dC(plain);
+  device->gemm(Trans::N, Trans::N, M, N, K, 1.0f, dA.ptr, K, dB.ptr, N, 0.0f, dC.ptr, N);
+  cudaDeviceSynchronize();
+  const auto got = dC.read();
+  double bf16_error = 0, error = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    bf16_error = std::max(bf16_error, double(std::abs(bf[i] - plain[i])));
+    error = std::max(error, double(std::abs(got[i] - plain[i])));
+  }
+  std::printf("FAST_16BF: |cuBLAS - fp32| up to %.2e; bf16 rounding's %.2e\n", error, bf16_error);
+  EXPECT_LE(error, 1.5 * bf16_error);
+}
+
+// hardware.gemm: cublas takes host arrays. C may be a column block of a wider array: the columns
+// outside it are the caller's and must survive, with beta = 0 (C not read) and beta != 0.
+TEST(CublasGemm, HostArraysMatchOpenBlasAndLeaveTheRestOfCAlone) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  auto host = make_host_gemm();
+  auto staged = make_default_gemm("cublas");
+  EXPECT_NE(staged->name().find("cublas"), std::string::npos);
+  const int M = 21, N = 13, K = 37, batch = 4;
+  for (float beta : {0.0f, 0.5f}) {
+    for (Trans ta : {Trans::N, Trans::T}) {
+      for (Trans tb : {Trans::N, Trans::T}) {
+        const int lda = (ta == Trans::N ? K : M) + 1, ldb = (tb == Trans::N ? N : K) + 2,
+                  ldc = N + 5;
+        const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K) + 3,
+                      sb = int64_t(ldb) * (tb == Trans::N ? K : N), sc = int64_t(ldc) * M + 7;
+        auto A = colossal::test::random_vector(sa * batch, 6), B = colossal::test::random_vector(sb * batch, 7);
+        auto want = colossal::test::random_vector(sc * batch, 8), got = want, one = want;
+        host->gemm_strided_batched(ta, tb, M, N, K, 0.9f, A.data(), lda, sa, B.data(), ldb, sb,
+                                   beta, want.data(), ldc, sc, batch);
+        staged->gemm_strided_batched(ta, tb, M, N, K, 0.9f, A.data(), lda, sa, B.data(), ldb, sb,
+                                     beta, got.data(), ldc, sc, batch);
+        staged->gemm(ta, tb, M, N, K, 0.9f, A.data(), lda, B.data(), ldb, beta, one.data(), ldc);
+        for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-4) << i;
+        for (int64_t i = 0; i < sc; ++i) ASSERT_NEAR(one[i], want[i], 1e-4) << i;
+      }
+    }
+  }
+}
+
+// Training with every product on the GPU: fp32 follows the host run step by step; bf16 on the
+// tensor cores follows the host's bf16 emulation.
+TEST(CublasGemm, TrainingOnTheGpuMatchesTheHost) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  const auto dir = std::filesystem::temp_directory_path() / "colossal_cuda_train";
+  std::filesystem::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 6000; ++i) text.push_back("the colossal model learns this line. "[i % 37]);
+  std::ofstream(dir / "data.txt") << text;
+  auto config = [&](const std::string& gemm, const std::string& precision) {
+    return colossal::io::parse_config(
+        "model: {arch: gpt2, layers: 2, hidden: 128, heads: 4, vocab: 256, max_seq: 64}\n"
+        "data: {path: " + (dir / "data.txt").string() + "}\n"
+        "train: {steps: 10, seq_len: 64, global_batch: 8, micro_batch: 4, precision: " +
+            precision + ", optimizer: {lr: 3.0e-3, warmup: 2}}\n"
+        "hardware: {gemm: " + gemm + "}\n"
+        "eval: {every: 0}\nlog: {every: 1000, dir: " + (dir / "run").string() + "}\n",
+        "test");
+  };
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    colossal::apps::Trainer cpu(config("openblas", precision), nullptr);
+    colossal::apps::Trainer gpu(config("cublas", precision), nullptr);
+    const auto a = cpu.train(), b = gpu.train();
+    ASSERT_EQ(a.losses.size(), b.losses.size());
+    for (std::size_t i = 0; i < a.losses.size(); ++i) {
+      std::printf("%s step %zu: host %.6f  gpu %.6f\n", precision.c_str(), i + 1, a.losses[i],
+                  b.losses[i]);
+      // bf16: a summation-order difference can flip an operand's rounding (2^-9 relative), so
+      // the runs drift apart faster than fp32's.
+      const double tolerance = precision == "fp32" ? 1e-4 : 1e-2;
+      EXPECT_NEAR(b.losses[i], a.losses[i], tolerance * a.losses[i]) << "step " << i + 1;
     }
   }
 }

@@ -2,6 +2,7 @@
 // naive reference. The scalar probed is f = sum(out * g) for a fixed random g, so df/dout = g.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <tuple>
@@ -85,6 +86,87 @@ TEST_F(Kernels, UnknownGemmBackendIsRefusedByName) {
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
+  EXPECT_EQ(round_to_bf16(1.0f), 1.0f);
+  EXPECT_EQ(round_to_bf16(-0.0f), -0.0f);
+  EXPECT_TRUE(std::signbit(round_to_bf16(-0.0f)));
+  // bf16 has 8 significand bits: near 1 its spacing is 2^-7.
+  EXPECT_EQ(round_to_bf16(1.0f + 0x1p-8f), 1.0f);                   // tie: to even (1.0)
+  EXPECT_EQ(round_to_bf16(1.0f + 3 * 0x1p-8f), 1.0f + 0x1p-6f);     // tie: to even (2 ulps)
+  EXPECT_EQ(round_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 1.0f + 0x1p-7f);  // above the tie: up
+  EXPECT_EQ(round_to_bf16(-(1.0f + 0x1p-7f + 0x1p-9f)), -(1.0f + 0x1p-7f));
+  EXPECT_EQ(round_to_bf16(3.14159265f), 3.140625f);
+  EXPECT_TRUE(std::isinf(round_to_bf16(3.4e38f)));  // above bf16's largest finite, 3.3895e38
+  EXPECT_TRUE(std::isinf(round_to_bf16(INFINITY)));
+  EXPECT_TRUE(std::isnan(round_to_bf16(std::bit_cast<float>(0x7F800001u))));  // low-payload NaN
+  EXPECT_TRUE(std::isnan(round_to_bf16(NAN)));
+  // Every float that is already bf16 is a fixed point; the array form equals the scalar one.
+  std::vector<float> v = random_vector(100000, 7, 1000.0f), w = v;
+  round_to_bf16(w.data(), w.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    ASSERT_EQ(w[i], round_to_bf16(v[i])) << i;
+    ASSERT_EQ(round_to_bf16(w[i]), w[i]) << i;
+    ASSERT_LE(std::abs(w[i] - v[i]), std::abs(v[i]) * 0x1p-8f) << i;  // half an ulp at most
+  }
+}
+
+// A bf16 product is the fp32 product of the rounded operands: the same backend on rounded copies
+// gives bitwise the same result, and plain fp32 does not. The caller's operands stay unrounded.
+TEST(Bf16, GemmMultipliesRoundedOperandsInFp32) {
+  auto fp32 = make_host_gemm();
+  auto bf16 = make_bf16_gemm(make_host_gemm());
+  EXPECT_NE(bf16->name().find("bf16"), std::string::npos);
+  const int M = 37, N = 29, K = 53, batch = 3;
+  for (Trans ta : {Trans::N, Trans::T}) {
+    for (Trans tb : {Trans::N, Trans::T}) {
+      const int lda = (ta == Trans::N ? K : M) + 3, ldb = (tb == Trans::N ? N : K) + 2, ldc = N + 1;
+      const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K) + 5,
+                    sb = int64_t(ldb) * (tb == Trans::N ? K : N) + 1, sc = int64_t(ldc) * M + 4;
+      const auto A = random_vector(sa * batch, 11), B = random_vector(sb * batch, 12),
+                 C0 = random_vector(sc * batch, 13);
+      auto rA = A, rB = B;
+      round_to_bf16(rA.data(), rA.size());
+      round_to_bf16(rB.data(), rB.size());
+      auto got = C0, want = C0, plain = C0;
+      auto a_copy = A, b_copy = B;
+      bf16->gemm_strided_batched(ta, tb, M, N, K, 0.7f, a_copy.data(), lda, sa, b_copy.data(), ldb,
+                                 sb, 0.3f, got.data(), ldc, sc, batch);
+      fp32->gemm_strided_batched(ta, tb, M, N, K, 0.7f, rA.data(), lda, sa, rB.data(), ldb, sb,
+                                 0.3f, want.data(), ldc, sc, batch);
+      fp32->gemm_strided_batched(ta, tb, M, N, K, 0.7f, A.data(), lda, sa, B.data(), ldb, sb, 0.3f,
+                                 plain.data(), ldc, sc, batch);
+      double differs = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << i;
+        differs = std::max(differs, double(std::abs(got[i] - plain[i])));
+      }
+      EXPECT_GT(differs, 1e-4) << "bf16 rounding had no effect";
+      EXPECT_EQ(a_copy, A);
+      EXPECT_EQ(b_copy, B);
+      // The single product agrees with the batch's first item.
+      auto one = C0;
+      bf16->gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, 0.3f, one.data(), ldc);
+      for (int i = 0; i < sc; ++i) ASSERT_EQ(one[i], got[i]) << i;
+    }
+  }
+}
+
+TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {
+  EXPECT_EQ(gemm_precision("bf16"), GemmPrecision::bf16);
+  EXPECT_STREQ(to_string(gemm_precision("fp32")), "fp32");
+  EXPECT_THROW(gemm_precision("fp16"), std::runtime_error);
+  auto wrapped = make_default_gemm("openblas", GemmPrecision::bf16);
+  EXPECT_EQ(wrapped->name(), "openblas (bf16 operands)");
+#ifndef COLOSSAL_HAVE_CUDA
+  try {
+    make_default_gemm("cublas");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("-DCOLOSSAL_ENABLE_CUDA=ON"), std::string::npos) << e.what();
+  }
+#endif
 }
 
 void check_gemm(Gemm& gemm, int M, int N, int K) {
