@@ -43,14 +43,6 @@ void round_copy(const float* in, float* out, std::size_t n) {
       /*grain=*/1 << 15);
 }
 
-// Floats a row-major operand spans: `rows` rows of `cols` used columns, `ld` apart, `batch`
-// matrices `stride` apart.
-std::size_t span(int rows, int cols, int ld, int64_t stride, int batch) {
-  if (rows <= 0 || cols <= 0 || batch <= 0) return 0;
-  const std::size_t one = std::size_t(rows - 1) * std::size_t(ld) + std::size_t(cols);
-  return std::size_t(batch - 1) * std::size_t(stride > 0 ? stride : 0) + one;
-}
-
 class Bf16Gemm final : public Gemm {
  public:
   explicit Bf16Gemm(std::unique_ptr<Gemm> inner) : inner_(std::move(inner)) {}
@@ -58,8 +50,8 @@ class Bf16Gemm final : public Gemm {
 
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
-    const float* a = rounded(a_, A, span(ta == Trans::N ? M : K, ta == Trans::N ? K : M, lda, 0, 1));
-    const float* b = rounded(b_, B, span(tb == Trans::N ? K : N, tb == Trans::N ? N : K, ldb, 0, 1));
+    const float* a = rounded(a_, A, operand_span(ta, M, K, lda, 0, 1));
+    const float* b = rounded(b_, B, operand_span(tb, K, N, ldb, 0, 1));
     inner_->gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
   }
 
@@ -69,10 +61,8 @@ class Bf16Gemm final : public Gemm {
     if (stride_a < 0 || stride_b < 0) {
       throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
     }
-    const float* a = rounded(
-        a_, A, span(ta == Trans::N ? M : K, ta == Trans::N ? K : M, lda, stride_a, batch));
-    const float* b = rounded(
-        b_, B, span(tb == Trans::N ? K : N, tb == Trans::N ? N : K, ldb, stride_b, batch));
+    const float* a = rounded(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
+    const float* b = rounded(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
     inner_->gemm_strided_batched(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
                                  C, ldc, stride_c, batch);
   }

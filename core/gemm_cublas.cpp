@@ -104,14 +104,6 @@ class CublasGemm : public Gemm {
   cublasHandle_t handle_ = nullptr;
 };
 
-// Floats a row-major operand spans: `rows` rows of `cols` used columns, `ld` apart, `batch`
-// matrices `stride` apart.
-std::size_t span(int rows, int cols, int ld, int64_t stride, int batch) {
-  if (rows <= 0 || cols <= 0 || batch <= 0) return 0;
-  const std::size_t one = std::size_t(rows - 1) * std::size_t(ld) + std::size_t(cols);
-  return std::size_t(batch - 1) * std::size_t(stride > 0 ? stride : 0) + one;
-}
-
 // A device buffer that only grows.
 class DeviceBytes {
  public:
@@ -156,9 +148,9 @@ class CublasHostGemm final : public CublasGemm {
     if (stride_a < 0 || stride_b < 0 || stride_c < 0) {
       throw std::invalid_argument("cuBLAS host GEMM: negative batch strides are not supported");
     }
-    const std::size_t na = span(ta == Trans::N ? M : K, ta == Trans::N ? K : M, lda, stride_a, batch);
-    const std::size_t nb = span(tb == Trans::N ? K : N, tb == Trans::N ? N : K, ldb, stride_b, batch);
-    const std::size_t nc = span(M, N, ldc, stride_c, batch);
+    const std::size_t na = operand_span(ta, M, K, lda, stride_a, batch);
+    const std::size_t nb = operand_span(tb, K, N, ldb, stride_b, batch);
+    const std::size_t nc = operand_span(Trans::N, M, N, ldc, stride_c, batch);
     const bool bf16 = precision_ == GemmPrecision::bf16;
     const void* a = upload(a_, host_a_, A, na, bf16);
     const void* b = upload(b_, host_b_, B, nb, bf16);
