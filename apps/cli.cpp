@@ -177,7 +177,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   // Kokkos sees only its own --kokkos-* flags: given --help it would print its help before ours.
   std::vector<char*> kokkos_argv{argv[0]}, own_argv{argv[0]};
   for (int i = 1; i < argc; ++i) {
-    (std::string_view(argv[i]).starts_with("--kokkos-") ? kokkos_argv : own_argv).push_back(argv[i]);
+    const bool kokkos_flag = std::string_view(argv[i]).starts_with("--kokkos-");
+    (kokkos_flag ? kokkos_argv : own_argv).push_back(argv[i]);
   }
   int kokkos_argc = int(kokkos_argv.size());
   kokkos_argv.push_back(nullptr);

@@ -90,12 +90,24 @@ ThreadPlan set_threads_per_rank(int local_ranks) {
   return plan;
 }
 
+namespace {
+// Set while this thread runs a part of a pool job: a run() from inside one (a kernel called by
+// work already spread over the threads) runs inline instead of re-entering the busy pool.
+thread_local bool t_in_pool_work = false;
+
+struct InPoolWork {
+  InPoolWork() { t_in_pool_work = true; }
+  ~InPoolWork() { t_in_pool_work = false; }
+};
+}  // namespace
+
 void HostThreads::run(std::size_t n, const Work& work, std::size_t grain) {
   const std::size_t parts = static_cast<std::size_t>(size());
-  if (parts == 1 || n < grain * parts) {
+  if (parts == 1 || n < grain * parts || t_in_pool_work) {
     work(0, 0, n);
     return;
   }
+  const InPoolWork inside;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &work;
@@ -124,7 +136,10 @@ void HostThreads::work(int index) {
       n = n_;
     }
     const std::size_t parts = static_cast<std::size_t>(size());
-    (*job)(index, part_bound(n, index, parts), part_bound(n, index + 1, parts));
+    {
+      const InPoolWork inside;
+      (*job)(index, part_bound(n, index, parts), part_bound(n, index + 1, parts));
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --pending_;

@@ -32,7 +32,7 @@ class HostThreads {
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   // Calls work(part, begin, end) on contiguous parts of [0, n), one per thread (the caller takes
   // part 0), and returns when all are done. part < size(); n below grain items per thread runs as
-  // part 0 alone.
+  // part 0 alone, and so does a call made from inside a part (no nesting). One caller at a time.
   using Work = std::function<void(std::size_t part, std::size_t begin, std::size_t end)>;
   void run(std::size_t n, const Work& work, std::size_t grain = 4096);
 

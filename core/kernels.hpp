@@ -11,14 +11,45 @@
 //   not depend on the backend's scheduling.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
+#include "core/host_threads.hpp"
 #include "core/kokkos_compat.hpp"
 
 namespace colossal::core::kernels {
 
 using Exec = Kokkos::DefaultExecutionSpace;
 constexpr int kColumnChunk = 32;  // columns per work item in column reductions
+
+// Items per host thread below which a kernel runs on one thread: rows of C values, column chunks
+// (each sums every row), single elements.
+constexpr int64_t kRowGrain = 16, kChunkGrain = 1, kElementGrain = 16384;
+
+// f(i) for every i in [0, n): a labelled Kokkos parallel_for. On the Serial backend (Debian's
+// Kokkos 3.4, one thread) the range is cut into contiguous parts run on the host threads
+// (core/host_threads.hpp) instead; each index still runs once and alone, so results are bitwise
+// the same for any thread count. Every kernel here writes disjoint outputs per index, as a
+// threaded or GPU backend needs anyway.
+template <class ExecSpace = Exec, class F>
+void for_each(const char* label, int64_t n, int64_t grain, const F& f) {
+#ifdef KOKKOS_ENABLE_SERIAL
+  if constexpr (std::is_same_v<ExecSpace, Kokkos::Serial>) {
+    HostThreads& pool = HostThreads::shared();
+    if (pool.size() > 1 && n >= 2 * grain) {
+      pool.run(
+          std::size_t(n),
+          [&](std::size_t, std::size_t begin, std::size_t end) {
+            for (std::size_t i = begin; i < end; ++i) f(int64_t(i));
+          },
+          std::size_t(grain));
+      return;
+    }
+  }
+#endif
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(0, n), f);
+}
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t + pos_offset,:]
 // Vocabulary-parallel form: wte holds rows [v0, v0 + rows) only; other tokens contribute zero, and
@@ -30,8 +61,8 @@ void embedding_forward(float* out,            // (B,T,C)
                        const float* wpe,      // (P,C) or null
                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
                        int64_t rows = INT64_MAX) {
-  Kokkos::parallel_for(
-      "colossal::core::embedding_forward", Kokkos::RangePolicy<ExecSpace>(0, int64_t(B) * T),
+  for_each<ExecSpace>(
+      "colossal::core::embedding_forward", int64_t(B) * T, kRowGrain,
       KOKKOS_LAMBDA(int64_t bt) {
         const int t = static_cast<int>(bt % T);
         const int64_t row = int64_t(tokens[bt]) - v0;
@@ -65,8 +96,8 @@ void embedding_backward(float* dwte,           // (rows,C)
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
   // Tokens repeat within a batch, so rows of dwte are not disjoint: each work item owns a slice of
   // columns and walks all positions in order (no atomics, deterministic).
-  Kokkos::parallel_for(
-      "colossal::core::embedding_backward", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+  for_each<ExecSpace>(
+      "colossal::core::embedding_backward", chunks, kChunkGrain,
       KOKKOS_LAMBDA(int chunk) {
         const int c0 = chunk * kColumnChunk;
         const int c1 = c0 + kColumnChunk < C ? c0 + kColumnChunk : C;
@@ -97,8 +128,8 @@ void layernorm_forward(float* out,          // (N,C)
                        const float* weight, // (C)
                        const float* bias,   // (C)
                        int64_t N, int C, float eps) {
-  Kokkos::parallel_for(
-      "colossal::core::layernorm_forward", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::layernorm_forward", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
         float m = 0.0f;
@@ -126,8 +157,8 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
                         const float* mean,   // (N)
                         const float* rstd,   // (N)
                         int64_t N, int C) {
-  Kokkos::parallel_for(
-      "colossal::core::layernorm_backward_input", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::layernorm_backward_input", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
         const float* d = dout + n * C;
@@ -147,8 +178,8 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
         }
       });
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
-  Kokkos::parallel_for(
-      "colossal::core::layernorm_backward_params", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+  for_each<ExecSpace>(
+      "colossal::core::layernorm_backward_params", chunks, kChunkGrain,
       KOKKOS_LAMBDA(int chunk) {
         const int c0 = chunk * kColumnChunk;
         const int c1 = c0 + kColumnChunk < C ? c0 + kColumnChunk : C;
@@ -174,8 +205,8 @@ template <class ExecSpace = Exec>
 void broadcast_rows(float* out,        // (N, ld), columns [0, M) written
                     const float* bias, // (M)
                     int64_t N, int M, int ld) {
-  Kokkos::parallel_for(
-      "colossal::core::broadcast_rows", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::broadcast_rows", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         float* o = out + n * ld;
         for (int j = 0; j < M; ++j) o[j] = bias[j];
@@ -188,8 +219,8 @@ void bias_backward(float* dbias,      // (M)
                    const float* dout, // (N, ld), columns [0, M) read
                    int64_t N, int M, int ld) {
   const int chunks = (M + kColumnChunk - 1) / kColumnChunk;
-  Kokkos::parallel_for(
-      "colossal::core::bias_backward", Kokkos::RangePolicy<ExecSpace>(0, chunks),
+  for_each<ExecSpace>(
+      "colossal::core::bias_backward", chunks, kChunkGrain,
       KOKKOS_LAMBDA(int chunk) {
         const int j0 = chunk * kColumnChunk;
         const int j1 = j0 + kColumnChunk < M ? j0 + kColumnChunk : M;
@@ -242,16 +273,16 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
 // out = gelu(inp), tanh approximation (GPT-2's "gelu_new")
 template <class ExecSpace = Exec>
 void gelu_forward(float* out, const float* inp, int64_t n) {  // (n), (n)
-  Kokkos::parallel_for(
-      "colossal::core::gelu_forward", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::gelu_forward", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { out[i] = gelu_tanh(inp[i]); });
 }
 
 // dinp = gelu'(inp) * dout; dinp may alias dout.
 template <class ExecSpace = Exec>
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  Kokkos::parallel_for(
-      "colossal::core::gelu_backward", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::gelu_backward", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) {
         constexpr float kS = 0.7978845608028654f;
         const float x = inp[i];
@@ -265,31 +296,31 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
 
 template <class ExecSpace = Exec>
 void relu_forward(float* out, const float* inp, int64_t n) {
-  Kokkos::parallel_for(
-      "colossal::core::relu_forward", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::relu_forward", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { out[i] = inp[i] > 0.0f ? inp[i] : 0.0f; });
 }
 
 // dinp = (inp > 0) * dout; dinp may alias dout.
 template <class ExecSpace = Exec>
 void relu_backward(float* dinp, const float* inp, const float* dout, int64_t n) {
-  Kokkos::parallel_for(
-      "colossal::core::relu_backward", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::relu_backward", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { dinp[i] = inp[i] > 0.0f ? dout[i] : 0.0f; });
 }
 
 template <class ExecSpace = Exec>
 void copy(float* dst, const float* src, int64_t n) {
-  Kokkos::parallel_for(
-      "colossal::core::copy", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::copy", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { dst[i] = src[i]; });
 }
 
 // dst[i] += src[i]
 template <class ExecSpace = Exec>
 void add(float* dst, const float* src, int64_t n) {
-  Kokkos::parallel_for(
-      "colossal::core::add", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::add", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { dst[i] += src[i]; });
 }
 
@@ -301,8 +332,8 @@ template <class ExecSpace = Exec>
 void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
                             int64_t rows, int Tq, int Tk, int q_offset) {
   const int T = Tk;
-  Kokkos::parallel_for(
-      "colossal::core::causal_softmax_forward", Kokkos::RangePolicy<ExecSpace>(0, rows),
+  for_each<ExecSpace>(
+      "colossal::core::causal_softmax_forward", rows, kRowGrain,
       KOKKOS_LAMBDA(int64_t r) {
         const int i = q_offset + static_cast<int>(r % Tq);
         float* a = att + r * T;
@@ -331,8 +362,8 @@ void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
                              const float* att, // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale) {
   const int T = Tk;
-  Kokkos::parallel_for(
-      "colossal::core::causal_softmax_backward", Kokkos::RangePolicy<ExecSpace>(0, rows),
+  for_each<ExecSpace>(
+      "colossal::core::causal_softmax_backward", rows, kRowGrain,
       KOKKOS_LAMBDA(int64_t r) {
         const int i = q_offset + static_cast<int>(r % Tq);
         const float* a = att + r * T;
@@ -352,8 +383,8 @@ void causal_softmax_backward(float* datt, const float* att, int64_t rows, int T,
 // dst(rows, ld_dst)[:, :cols] = src(rows, ld_src)[:, :cols]
 template <class ExecSpace = Exec>
 void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t rows, int cols) {
-  Kokkos::parallel_for(
-      "colossal::core::copy_columns", Kokkos::RangePolicy<ExecSpace>(0, rows),
+  for_each<ExecSpace>(
+      "colossal::core::copy_columns", rows, kRowGrain,
       KOKKOS_LAMBDA(int64_t r) {
         for (int c = 0; c < cols; ++c) dst[r * ld_dst + c] = src[r * ld_src + c];
       });
@@ -367,8 +398,8 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
                                     float* losses,           // (N)
                                     const int32_t* targets,  // (N)
                                     int64_t N, int V, float grad_scale) {
-  Kokkos::parallel_for(
-      "colossal::core::cross_entropy", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::cross_entropy", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         float* l = logits + n * V;
         float mx = l[0];
@@ -398,8 +429,8 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
 // exp(logit - max) and the target logits (sum). The full logits never meet on one rank.
 template <class ExecSpace = Exec>
 void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, int valid) {
-  Kokkos::parallel_for(
-      "colossal::core::vp_row_max", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::vp_row_max", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* l = logits + n * ld;
         float m = -3.0e38f;
@@ -412,8 +443,8 @@ void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, i
 template <class ExecSpace = Exec>
 void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
                          const int32_t* targets, int64_t N, int ld, int valid, int64_t v0) {
-  Kokkos::parallel_for(
-      "colossal::core::vp_sums", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::vp_sums", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* l = logits + n * ld;
         float s = 0.0f;
@@ -430,8 +461,8 @@ template <class ExecSpace = Exec>
 void vocab_parallel_finish(float* logits, float* losses, const float* mx, const float* sums,
                            const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
                            float grad_scale) {
-  Kokkos::parallel_for(
-      "colossal::core::vp_finish", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::vp_finish", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         float* l = logits + n * ld;
         losses[n] = kmath::log(sums[n]) + mx[n] - sums[N + n];
@@ -493,8 +524,8 @@ namespace colossal::core::kernels {
 
 template <class ExecSpace = Exec>
 void fill(float* dst, int64_t n, float value) {
-  Kokkos::parallel_for(
-      "colossal::core::fill", Kokkos::RangePolicy<ExecSpace>(0, n),
+  for_each<ExecSpace>(
+      "colossal::core::fill", n, kElementGrain,
       KOKKOS_LAMBDA(int64_t i) { dst[i] = value; });
 }
 
@@ -505,8 +536,8 @@ void residual_plus_bias(float* out,            // (N,C)
                         const float* residual, // (N,C)
                         const float* bias,     // (C)
                         int64_t N, int C) {
-  Kokkos::parallel_for(
-      "colossal::core::residual_plus_bias", Kokkos::RangePolicy<ExecSpace>(0, N),
+  for_each<ExecSpace>(
+      "colossal::core::residual_plus_bias", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* r = residual + n * C;
         float* o = out + n * C;

@@ -17,6 +17,7 @@
 #include "grad_check.hpp"
 
 using namespace colossal::core;
+using colossal::test::random_vector;
 
 namespace {
 
@@ -50,8 +51,8 @@ TEST(CublasGemm, MatchesOpenBlasForEveryTransposeAndBatch) {
       const int lda = (ta == Trans::N ? K : M) + 2, ldb = (tb == Trans::N ? N : K) + 1, ldc = N + 3;
       const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K), sb = int64_t(ldb) * (tb == Trans::N ? K : N),
                     sc = int64_t(ldc) * M;
-      auto A = colossal::test::random_vector(sa * batch, 1), B = colossal::test::random_vector(sb * batch, 2);
-      auto C = colossal::test::random_vector(sc * batch, 3);
+      auto A = random_vector(sa * batch, 1), B = random_vector(sb * batch, 2);
+      auto C = random_vector(sc * batch, 3);
       DeviceBuffer dA(A), dB(B), dC(C);
       host->gemm_strided_batched(ta, tb, M, N, K, 0.7f, A.data(), lda, sa, B.data(), ldb, sb, 0.3f,
                                  C.data(), ldc, sc, batch);
@@ -77,7 +78,7 @@ TEST(CublasGemm, Bf16TensorCoresMatchTheHostBf16Emulation) {
       const int lda = ta == Trans::N ? K : M, ldb = tb == Trans::N ? N : K, ldc = N;
       const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K),
                     sb = int64_t(ldb) * (tb == Trans::N ? K : N), sc = int64_t(ldc) * M;
-      auto A = colossal::test::random_vector(sa * batch, 4), B = colossal::test::random_vector(sb * batch, 5);
+      auto A = random_vector(sa * batch, 4), B = random_vector(sb * batch, 5);
       std::vector<float> C(sc * batch, 0.0f), plain = C;
       std::vector<float> got = C;
       host->gemm_strided_batched(ta, tb, M, N, K, 1.0f, A.data(), lda, sa, B.data(), ldb, sb, 0.0f,
@@ -100,14 +101,16 @@ TEST(CublasGemm, Bf16TensorCoresMatchTheHostBf16Emulation) {
 }
 
 // On device arrays (a Kokkos CUDA build) bf16 is CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS chooses the
-// reduced-precision kernel, so the result is only bounded by bf16 rounding's error, not equal to it.
+// reduced-precision kernel, so the result is only bounded by bf16 rounding's error, not equal to
+// it.
 TEST(CublasGemm, DeviceArraysBf16StaysWithinBf16Error) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   auto host = make_bf16_gemm(make_host_gemm());
   auto fp32 = make_host_gemm();
   auto device = make_cublas_gemm(GemmPrecision::bf16);
   const int M = 64, N = 48, K = 256;
-  auto A = colossal::test::random_vector(std::size_t(M) * K, 4), B = colossal::test::random_vector(std::size_t(K) * N, 5);
+  const auto A = random_vector(std::size_t(M) * K, 4);
+  const auto B = random_vector(std::size_t(K) * N, 5);
   std::vector<float> bf(std::size_t(M) * N), plain = bf;
   host->gemm(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, bf.data(), N);
   fp32->gemm(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, plain.data(), N);
@@ -139,8 +142,8 @@ TEST(CublasGemm, HostArraysMatchOpenBlasAndLeaveTheRestOfCAlone) {
                   ldc = N + 5;
         const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K) + 3,
                       sb = int64_t(ldb) * (tb == Trans::N ? K : N), sc = int64_t(ldc) * M + 7;
-        auto A = colossal::test::random_vector(sa * batch, 6), B = colossal::test::random_vector(sb * batch, 7);
-        auto want = colossal::test::random_vector(sc * batch, 8), got = want, one = want;
+        auto A = random_vector(sa * batch, 6), B = random_vector(sb * batch, 7);
+        auto want = random_vector(sc * batch, 8), got = want, one = want;
         host->gemm_strided_batched(ta, tb, M, N, K, 0.9f, A.data(), lda, sa, B.data(), ldb, sb,
                                    beta, want.data(), ldc, sc, batch);
         staged->gemm_strided_batched(ta, tb, M, N, K, 0.9f, A.data(), lda, sa, B.data(), ldb, sb,
@@ -153,7 +156,7 @@ TEST(CublasGemm, HostArraysMatchOpenBlasAndLeaveTheRestOfCAlone) {
   }
 }
 
-// Training with every product on the GPU: fp32 follows the host run step by step; bf16 on the
+// Training with the products on the GPU: fp32 follows the host run step by step; bf16 on the
 // tensor cores follows the host's bf16 emulation.
 TEST(CublasGemm, TrainingOnTheGpuMatchesTheHost) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";

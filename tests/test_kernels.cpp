@@ -164,7 +164,8 @@ TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {
     make_default_gemm("cublas");
     FAIL() << "no error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("-DCOLOSSAL_ENABLE_CUDA=ON"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("-DCOLOSSAL_ENABLE_CUDA=ON"), std::string::npos)
+        << e.what();
   }
 #endif
 }

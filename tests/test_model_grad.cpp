@@ -2,6 +2,7 @@
 // tensor is probed, so a mistake in any layer, in the residual wiring or in the tied head shows.
 #include <gtest/gtest.h>
 
+#include "core/host_threads.hpp"
 #include "core/model.hpp"
 #include "core/rng.hpp"
 #include "grad_check.hpp"
@@ -104,6 +105,40 @@ TEST(ModelGradient, FusedAttentionModelMatchesDenseAndFiniteDifferences) {
     ASSERT_NEAR(fused.grads()[i], dense.grads()[i], 1e-4 + 1e-3 * std::abs(dense.grads()[i])) << i;
   }
   EXPECT_LT(fused.activation_bytes(), dense.activation_bytes());
+}
+
+// On the Serial backend the element-wise kernels and the bf16 rounding are spread over the host
+// threads; every index runs alone, so a step's loss and gradient are bitwise the same on 1 and on
+// 3 threads. The model is large enough for every kernel to split (rows >= 2 x 16).
+TEST_P(ModelGradient, BitwiseTheSameOnAnyNumberOfHostThreads) {
+  const ModelSpec spec = model_spec(GetParam(), 2, 64, 4, 256, 300, 64);
+  const int B = 4, T = 64;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) tokens[i] = (i * 37) % 300, targets[i] = (i * 53 + 1) % 300;
+  const int previous = HostThreads::shared().size();
+  auto run = [&](int threads, bool bf16) {
+    HostThreads::resize_shared(threads);
+    set_blas_threads(1);  // the GEMMs' own threads are OpenBLAS's business, not this test's
+    MemoryTracker tracker;
+    std::unique_ptr<Gemm> gemm =
+        make_default_gemm("openblas", bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
+    Model model(spec, B, T, tracker, *gemm);
+    model.init_parameters(5);
+    model.zero_grad();
+    const double loss = model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T));
+    model.backward(tokens.data(), B);
+    std::vector<float> out(model.grads(), model.grads() + model.flat_size());
+    out.push_back(float(loss));
+    return out;
+  };
+  for (bool bf16 : {false, true}) {
+    const auto one = run(1, bf16), three = run(3, bf16);
+    ASSERT_EQ(one.size(), three.size());
+    for (std::size_t i = 0; i < one.size(); ++i) {
+      ASSERT_EQ(one[i], three[i]) << i << " bf16 " << bf16;
+    }
+  }
+  HostThreads::resize_shared(previous);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,
