@@ -1,6 +1,7 @@
 // A small pool of host threads for the bandwidth-bound loops over all parameters (AdamW, the
-// gradient norm, zeroing gradients) when Kokkos runs on the Serial backend (Debian's Kokkos 3.4):
-// one core cannot saturate memory bandwidth, and those loops were a fifth of a 124M-parameter step
+// gradient norm, zeroing gradients), the element-wise kernels (kernels::for_each), bf16 rounding
+// and batches of small GEMMs when Kokkos runs on the Serial backend (Debian's Kokkos 3.4): one
+// core cannot saturate memory bandwidth, and those loops were a fifth of a 124M-parameter step
 // while the second core waited. With a threaded Kokkos (OpenMP, CUDA) the kernels use Kokkos.
 //
 // Threads: the programs call set_threads_per_rank() at start-up (cores of this process divided by
