@@ -58,8 +58,9 @@ void round_to_bf16(float* values, std::size_t n);
 // The bfloat16 bit patterns of n floats (the upper halves of their rounded values), over the
 // host threads.
 void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n);
-// A host backend whose products round both operands to bf16 first (into its own buffers; the
-// caller's arrays are untouched). On CPUs without bf16 arithmetic this costs time, not saves it:
+// A host backend whose products round both operands to bf16 first (into its own two buffers,
+// which grow to the largest operands and are not in the memory tracker; the caller's arrays are
+// untouched). On CPUs without bf16 arithmetic this costs time, not saves it:
 // it gives bf16 numerics, for parity with GPU runs.
 std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend);
 
@@ -74,7 +75,9 @@ std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision = GemmPrecision::
 // current device, multiplies there and copies the result back. The model's other kernels stay on
 // the host; this moves the products, most of a step's FLOPs, onto the GPU. bf16 rounds the
 // operands on the host (half the bytes to copy) and multiplies bf16 x bf16 with fp32 sums
-// (cublasGemmEx, CUDA_R_16BF, CUBLAS_COMPUTE_32F): the host's bf16 emulation, on tensor cores.
+// (cublasGemmStridedBatchedEx, CUDA_R_16BF, CUBLAS_COMPUTE_32F): the host's bf16 emulation, on
+// tensor cores. The staging buffers (device, and host for bf16) grow to the largest operands and
+// are not in the memory tracker.
 // Every product is staged, attention's small per-head ones too: on an H200 node, sending those
 // to the host's OpenBLAS instead measured twice as slow (270 against 139 ms of attention per
 // quickstart step).

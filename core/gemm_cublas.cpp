@@ -46,7 +46,10 @@ class CublasGemm : public Gemm {
     check(cublasCreate(&handle_), "cublasCreate");
     // fp32 products use plain fp32 arithmetic (no TF32): results match the host within fp32
     // tolerance. bf16 products ask for the tensor cores through the compute type.
-    check(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    if (cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(handle_);  // the destructor does not run for a throwing constructor
+      throw std::runtime_error("cuBLAS cublasSetMathMode failed");
+    }
   }
   ~CublasGemm() override { cublasDestroy(handle_); }
   CublasGemm(const CublasGemm&) = delete;
@@ -117,6 +120,7 @@ class DeviceBytes {
     if (bytes > capacity_) {
       if (data_ != nullptr) cudaFree(data_);
       data_ = nullptr;
+      capacity_ = 0;  // a failed allocation below must not leave a stale capacity
       check(cudaMalloc(&data_, bytes), "cudaMalloc (GEMM operand)");
       capacity_ = bytes;
     }

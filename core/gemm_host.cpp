@@ -55,7 +55,7 @@ class LoopedBatchGemm : public Gemm {
           set_calling_thread_threads(1);
           products(begin, end);
         },
-        /*grain=*/1);
+        /*grain=*/1, /*align=*/1);
     set_calling_thread_threads(g_blas_threads);
   }
 

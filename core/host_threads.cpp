@@ -10,9 +10,9 @@
 namespace colossal::core {
 
 namespace {
-// Parts end on multiples of 16 floats so no two threads write the same cache line.
-std::size_t part_bound(std::size_t n, std::size_t k, std::size_t parts) {
-  return k == parts ? n : (n * k / parts) / 16 * 16;
+// Parts end on multiples of `align` items (16 floats: no two threads write the same cache line).
+std::size_t part_bound(std::size_t n, std::size_t k, std::size_t parts, std::size_t align) {
+  return k == parts ? n : (n * k / parts) / align * align;
 }
 
 int threads_from_environment() {
@@ -101,7 +101,7 @@ struct InPoolWork {
 };
 }  // namespace
 
-void HostThreads::run(std::size_t n, const Work& work, std::size_t grain) {
+void HostThreads::run(std::size_t n, const Work& work, std::size_t grain, std::size_t align) {
   const std::size_t parts = static_cast<std::size_t>(size());
   if (parts == 1 || n < grain * parts || t_in_pool_work) {
     work(0, 0, n);
@@ -112,11 +112,12 @@ void HostThreads::run(std::size_t n, const Work& work, std::size_t grain) {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &work;
     n_ = n;
+    align_ = align < 1 ? 1 : align;
     pending_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   wake_.notify_all();
-  work(0, 0, part_bound(n, 1, parts));
+  work(0, 0, part_bound(n, 1, parts, align_));
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
@@ -126,7 +127,7 @@ void HostThreads::work(int index) {
   unsigned seen = 0;
   for (;;) {
     const Work* job;
-    std::size_t n;
+    std::size_t n, align;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -134,11 +135,12 @@ void HostThreads::work(int index) {
       seen = generation_;
       job = job_;
       n = n_;
+      align = align_;
     }
     const std::size_t parts = static_cast<std::size_t>(size());
     {
       const InPoolWork inside;
-      (*job)(index, part_bound(n, index, parts), part_bound(n, index + 1, parts));
+      (*job)(index, part_bound(n, index, parts, align), part_bound(n, index + 1, parts, align));
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -34,8 +34,10 @@ class HostThreads {
   // Calls work(part, begin, end) on contiguous parts of [0, n), one per thread (the caller takes
   // part 0), and returns when all are done. part < size(); n below grain items per thread runs as
   // part 0 alone, and so does a call made from inside a part (no nesting). One caller at a time.
+  // Part bounds are multiples of `align` items: 16 for floats (no shared cache line), 1 for
+  // items that are rows, column blocks or matrices.
   using Work = std::function<void(std::size_t part, std::size_t begin, std::size_t end)>;
-  void run(std::size_t n, const Work& work, std::size_t grain = 4096);
+  void run(std::size_t n, const Work& work, std::size_t grain = 4096, std::size_t align = 16);
 
   // The process's pool: sized by set_threads_per_rank(), else from the environment on first use.
   static HostThreads& shared();
@@ -48,7 +50,7 @@ class HostThreads {
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const Work* job_ = nullptr;
-  std::size_t n_ = 0;
+  std::size_t n_ = 0, align_ = 16;
   unsigned generation_ = 0;
   int pending_ = 0;
   bool stop_ = false;

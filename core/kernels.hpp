@@ -43,7 +43,7 @@ void for_each(const char* label, int64_t n, int64_t grain, const F& f) {
           [&](std::size_t, std::size_t begin, std::size_t end) {
             for (std::size_t i = begin; i < end; ++i) f(int64_t(i));
           },
-          std::size_t(grain));
+          std::size_t(grain), /*align=*/grain == kElementGrain ? 16 : 1);
       return;
     }
   }

@@ -109,9 +109,10 @@ TEST(ModelGradient, FusedAttentionModelMatchesDenseAndFiniteDifferences) {
 
 // On the Serial backend the element-wise kernels and the bf16 rounding are spread over the host
 // threads; every index runs alone, so a step's loss and gradient are bitwise the same on 1 and on
-// 3 threads. The model is large enough for every kernel to split (rows >= 2 x 16).
+// 3 threads. The model is large enough for every kernel to split over 3 threads (rows >= 3 x 16,
+// elements >= 3 x 16384, column blocks of 32 >= 3).
 TEST_P(ModelGradient, BitwiseTheSameOnAnyNumberOfHostThreads) {
-  const ModelSpec spec = model_spec(GetParam(), 2, 64, 4, 256, 300, 64);
+  const ModelSpec spec = model_spec(GetParam(), 2, 128, 4, 512, 300, 64);
   const int B = 4, T = 64;
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) tokens[i] = (i * 37) % 300, targets[i] = (i * 53 + 1) % 300;
