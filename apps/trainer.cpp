@@ -936,9 +936,11 @@ std::atomic<int> g_stop_signal{0};
 void request_stop(int signal) { g_stop_signal.store(signal); }
 int stop_requested() { return g_stop_signal.load(); }
 
-std::string Trainer::checkpoint_dir() const {
-  return config_.checkpoint.dir.empty() ? config_.log.dir + "/checkpoints" : config_.checkpoint.dir;
+std::string checkpoint_dir(const io::Config& config) {
+  return config.checkpoint.dir.empty() ? config.log.dir + "/checkpoints" : config.checkpoint.dir;
 }
+
+std::string Trainer::checkpoint_dir() const { return apps::checkpoint_dir(config_); }
 
 namespace {
 // A chunk's flat ranges held in `buffer`: at their flat offsets (`flat_addressed`, a buffer of the
@@ -991,13 +993,7 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
   io::CheckpointState state{step, optimizer_step,
                             step * int64_t(config_.train.global_batch) * config_.train.seq_len,
                             int64_t(config_.train.seed), config_.text, plan_};
-  try {
-    io::write_checkpoint(checkpoint_dir(), logical, mine, state, config_.checkpoint.keep,
-                         file_communicator(world_));  // errors alike on every rank
-  } catch (const std::exception& e) {
-    throw CollectiveError("checkpoint at step " + std::to_string(step) + " failed: " + e.what() +
-                          "; the previous checkpoint is untouched");
-  }
+  write_checkpoint_over(*world_, config_, logical, mine, state);
   if (watchdog_ != nullptr) watchdog_->progress(step, "after a checkpoint");
 }
 
@@ -1015,7 +1011,6 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
 }  // namespace
 
 io::CheckpointState Trainer::resume() {
-  const std::string dir = checkpoint_dir();
   const auto logical = logical_table();
   // What this rank reads: its whole layout of the parameters (ZeRO-3: only its slices) and its
   // moments; and what it would write, whose CRCs verify every dataset once over all ranks.
@@ -1043,23 +1038,39 @@ io::CheckpointState Trainer::resume() {
     append(owned.m, read(held_ranges(ranges, mc, false), true));
     append(owned.v, read(held_ranges(ranges, vc, false), true));
   }
-  // Rank 0 checks each candidate's integrity header and model config, newest first; then every
-  // rank reads its part collectively. One of another model is an error, not damage to skip.
+  std::string log;
+  const io::CheckpointState state =
+      read_newest_checkpoint(config_, *world_, logical, wanted, owned, log);
+  print("%s", log.c_str());
+  if (state.step == 0) return state;
+  set_local_parameters(params);
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    chunks_[c].optimizer->set_state(0, m[c]);
+    chunks_[c].optimizer->set_state(1, v[c]);
+  }
+  return state;
+}
+
+io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::Communicator& world,
+                                           const std::vector<core::ParamSpec>& logical,
+                                           const io::CheckpointShard& wanted,
+                                           const io::CheckpointShard& owned, std::string& log) {
+  const std::string dir = checkpoint_dir(config);
   std::string listing;
-  if (world_->rank() == 0) {
+  if (world.rank() == 0) {
     for (const std::string& path : io::list_checkpoints(dir)) listing += path + "\n";
   }
-  world_->broadcast_string(listing, 0);
-  std::string chosen, warnings;
+  world.broadcast_string(listing, 0);
+  std::string chosen;
   io::CheckpointState state;
   for (std::size_t at = 0, end; (end = listing.find('\n', at)) != std::string::npos;
        at = end + 1) {
     const std::string path = listing.substr(at, end - at);
     std::string fatal, damage;
-    if (world_->rank() == 0) {
+    if (world.rank() == 0) {
       try {
-        const std::string written = io::read_checkpoint_config(path, config_.checkpoint.verify);
-        const std::string model_changes = config_changes(written, config_.text).first;
+        const std::string written = io::read_checkpoint_config(path, config.checkpoint.verify);
+        const std::string model_changes = config_changes(written, config.text).first;
         if (!model_changes.empty()) {
           fatal = "checkpoint " + path + " was written for another model (" + model_changes +
                   " differ); resume with the model config it was written with, or point "
@@ -1069,13 +1080,13 @@ io::CheckpointState Trainer::resume() {
         damage = e.what();
       }
     }
-    world_->broadcast_string(fatal, 0);
+    world.broadcast_string(fatal, 0);
     if (!fatal.empty()) throw CollectiveError(fatal);
-    world_->broadcast_string(damage, 0);
+    world.broadcast_string(damage, 0);
     if (damage.empty()) {
       try {
         // The whole-file checksum was checked just above, before HDF5 parsed anything.
-        state = io::read_checkpoint(path, logical, wanted, owned, file_communicator(world_),
+        state = io::read_checkpoint(path, logical, wanted, owned, file_communicator(&world),
                                     /*verify=*/false);
         chosen = path;
         break;
@@ -1083,23 +1094,28 @@ io::CheckpointState Trainer::resume() {
         damage = e.what();
       }
     }
-    warnings += "warning: skipping checkpoint " + path + ": " + damage + "\n";
+    log += "warning: skipping checkpoint " + path + ": " + damage + "\n";
   }
-  print("%s", warnings.c_str());
   if (chosen.empty()) {
-    print("checkpoint.resume: auto: no intact checkpoint in %s; starting from step 0\n",
-          dir.c_str());
+    log += "checkpoint.resume: auto: no intact checkpoint in " + dir + "; starting from step 0\n";
     return {};
   }
-  const std::string other_changes = config_changes(state.config, config_.text).second;
-  set_local_parameters(params);
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    chunks_[c].optimizer->set_state(0, m[c]);
-    chunks_[c].optimizer->set_state(1, v[c]);
-  }
-  print("resumed from %s at step %lld%s%s\n", chosen.c_str(), (long long)state.step,
-        other_changes.empty() ? "" : "; changed since: ", other_changes.c_str());
+  const std::string other_changes = config_changes(state.config, config.text).second;
+  log += "resumed from " + chosen + " at step " + std::to_string(state.step) +
+         (other_changes.empty() ? "" : "; changed since: " + other_changes) + "\n";
   return state;
+}
+
+void write_checkpoint_over(parallel::Communicator& world, const io::Config& config,
+                           const std::vector<core::ParamSpec>& logical,
+                           const io::CheckpointShard& mine, const io::CheckpointState& state) {
+  try {
+    io::write_checkpoint(checkpoint_dir(config), logical, mine, state, config.checkpoint.keep,
+                         file_communicator(&world));  // errors alike on every rank
+  } catch (const std::exception& e) {
+    throw CollectiveError("checkpoint at step " + std::to_string(state.step) + " failed: " +
+                          e.what() + "; the previous checkpoint is untouched");
+  }
 }
 
 std::vector<core::ParamSpec> Trainer::logical_table() const {

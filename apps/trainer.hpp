@@ -34,6 +34,26 @@ namespace colossal::apps {
 void request_stop(int signal);
 int stop_requested();
 
+// Where checkpoints go: checkpoint.dir, else log.dir/checkpoints.
+std::string checkpoint_dir(const io::Config& config);
+
+// What checkpoint.resume: auto reads, for any trainer: rank 0 checks each checkpoint of
+// checkpoint_dir(config), newest first (integrity header, and the model config it was written
+// with: another model is an error, not damage to skip); then every rank reads `wanted`
+// collectively, verified through `owned` (io::read_checkpoint). Returns the state, step 0 when
+// no checkpoint is intact; `log` gets the lines to print (skipped files, what was resumed).
+// Collective over `world`; errors are thrown on every rank alike.
+io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::Communicator& world,
+                                           const std::vector<core::ParamSpec>& logical,
+                                           const io::CheckpointShard& wanted,
+                                           const io::CheckpointShard& owned, std::string& log);
+
+// Writes one checkpoint collectively over `world` (see io::write_checkpoint); a failure is
+// reported on every rank as a CollectiveError that keeps the previous checkpoint.
+void write_checkpoint_over(parallel::Communicator& world, const io::Config& config,
+                           const std::vector<core::ParamSpec>& logical,
+                           const io::CheckpointShard& mine, const io::CheckpointState& state);
+
 struct TrainSummary {
   int64_t steps = 0;
   int64_t first_step = 0;          // where a resumed run started

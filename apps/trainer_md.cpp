@@ -1,10 +1,12 @@
 #include "apps/trainer_md.hpp"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <filesystem>
 #include <stdexcept>
+#include <tuple>
 
 #include "core/model2d.hpp"
 #include "io/hdf5_file.hpp"
@@ -115,6 +117,56 @@ std::vector<float> TrainerMD::logical_parameters() {
   return out;
 }
 
+void TrainerMD::checkpoint_runs(std::vector<float>& params, std::vector<float>& m,
+                                std::vector<float>& v, io::CheckpointShard& held,
+                                io::CheckpointShard& written) const {
+  const bool writer = dp_->rank() == 0 && depth_rank_ == 0;
+  for (const core::ShardedModel::Run& run : model_->logical_runs()) {
+    const bool owner = writer && model_->owns(run.local);
+    for (auto [buffer, all, mine] : {std::tuple{&params, &held.params, &written.params},
+                                     std::tuple{&m, &held.m, &written.m},
+                                     std::tuple{&v, &held.v, &written.v}}) {
+      const io::TensorRun r{std::size_t(run.tensor), run.logical, run.length,
+                            buffer->data() + run.local};
+      all->push_back(r);
+      if (owner) mine->push_back(r);
+    }
+  }
+}
+
+void TrainerMD::save_checkpoint(int64_t step) {
+  const std::size_t n = model_->flat_size();
+  std::vector<float> params(n), m(n), v(n);
+  core::copy_to_host(params.data(), model_->params(), n * sizeof(float));
+  core::copy_to_host(m.data(), optimizer_->m(), n * sizeof(float));
+  core::copy_to_host(v.data(), optimizer_->v(), n * sizeof(float));
+  io::CheckpointShard held, written;
+  checkpoint_runs(params, m, v, held, written);
+  const auto& t = config_.train;
+  const io::CheckpointState state{step, step, step * int64_t(t.global_batch) * t.seq_len,
+                                  int64_t(t.seed), config_.text, plan_};
+  write_checkpoint_over(*world_, config_, logical_table(), written, state);
+}
+
+io::CheckpointState TrainerMD::resume() {
+  const std::size_t n = model_->flat_size();
+  // Padding is in no run: it keeps its (zero) values.
+  std::vector<float> params(n), m(n, 0.0f), v(n, 0.0f);
+  core::copy_to_host(params.data(), model_->params(), n * sizeof(float));
+  io::CheckpointShard held, written;
+  checkpoint_runs(params, m, v, held, written);
+  std::string log;
+  const io::CheckpointState state =
+      read_newest_checkpoint(config_, *world_, logical_table(), held, written, log);
+  print("%s", log.c_str());
+  if (state.step > 0) {
+    core::copy_to_device(model_->params(), params.data(), n * sizeof(float));
+    core::copy_to_device(optimizer_->m(), m.data(), n * sizeof(float));
+    core::copy_to_device(optimizer_->v(), v.data(), n * sizeof(float));
+  }
+  return state;
+}
+
 double TrainerMD::evaluate() {
   if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
@@ -149,13 +201,22 @@ TrainSummary TrainerMD::train() {
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
   const bool writer = world_->rank() == 0;
+  int64_t first_step = 0;
+  if (config_.checkpoint.resume == "auto") {
+    const auto resuming = Clock::now();
+    first_step = resume().step;
+    if (first_step > 0) print("resume took %.2f s\n", seconds_since(resuming));
+    summary.first_step = first_step;
+  }
   std::unique_ptr<io::MetricsCsv> metrics;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
+    // A resumed run appends, after dropping the rows of steps trained after its checkpoint.
     metrics = std::make_unique<io::MetricsCsv>(
         config_.log.dir + "/metrics.csv",
         std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                                 "step_seconds", "val_loss", "peak_tracked_bytes"});
+                                 "step_seconds", "val_loss", "peak_tracked_bytes"},
+        /*append=*/first_step > 0, first_step > 0 ? first_step : -1);
   }
   const int accumulation = config_.accumulation_steps();
   const int64_t replicas = int64_t(dp_->size()) * depth_;
@@ -173,7 +234,7 @@ TrainSummary TrainerMD::train() {
   const auto start = Clock::now();
   double timed = 0.0, window_seconds = 0.0;
   int window_steps = 0;
-  for (int64_t step = 0; step < t.steps; ++step) {
+  for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
     model_->zero_grad();
     double loss = 0.0;
@@ -204,7 +265,7 @@ TrainSummary TrainerMD::train() {
     optimizer_->update(model_->params(), model_->grads(), hp, step + 1,
                        float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
     const double step_seconds = seconds_since(step_start);
-    if (step == 0) {
+    if (step == first_step) {
       summary.first_loss = loss;
     } else {
       timed += step_seconds;
@@ -237,14 +298,34 @@ TrainSummary TrainerMD::train() {
       window_seconds = 0.0;
       window_steps = 0;
     }
+    // A stop request (SIGTERM, SIGUSR1) on any rank stops every rank after this step.
+    const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+    const int64_t every = config_.checkpoint.every;
+    if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+      const auto saving = Clock::now();
+      save_checkpoint(step + 1);
+      summary.checkpoint = checkpoint_dir(config_) + "/ckpt-" + std::to_string(step + 1) + ".h5";
+      print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
+            summary.checkpoint.c_str(), seconds_since(saving));
+    }
+    if (stop && !last) {
+      summary.stopped = true;
+      summary.steps = step + 1;
+      summary.seconds = seconds_since(start);
+      print("stopped at step %lld on request (signal %d); continue with "
+            "--set checkpoint.resume=auto\n",
+            (long long)step + 1, stop_requested());
+      return summary;
+    }
   }
   summary.steps = t.steps;
   summary.seconds = seconds_since(start);
+  const double trained = double(std::max<int64_t>(t.steps - first_step, 1));
   print("tensor-parallel traffic (rank 0): %s per step\n",
-        core::format_bytes((traffic() - traffic_before - validation_traffic) / double(t.steps))
-            .c_str());
-  summary.tokens_per_s = t.steps > 1 ? tokens_per_step * double(t.steps - 1) / timed
-                                     : tokens_per_step / summary.seconds;
+        core::format_bytes((traffic() - traffic_before - validation_traffic) / trained).c_str());
+  summary.tokens_per_s = t.steps - first_step > 1
+                             ? tokens_per_step * double(t.steps - first_step - 1) / timed
+                             : tokens_per_step / summary.seconds;
   summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
   summary.peak_tracked_bytes = tracker_.peak_total();
   summary.model_path = config_.log.dir + "/model.h5";

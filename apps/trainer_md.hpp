@@ -1,9 +1,11 @@
 // colossal_train's loop for parallel.tensor.mode 2d, 2.5d and 3d: the sharded models of
 // core/model2d.hpp (2D, and 2.5D with a depth group) and core/model3d.hpp (3D), with data
 // parallelism on top. Data -> micro-batches with gradient accumulation -> clipped AdamW ->
-// progress, metrics.csv, validation and model.h5, as apps::Trainer does for 1d. What those
-// models do not run yet (pipeline, sequence, ZeRO, offload, fused attention, activation
-// checkpointing, training checkpoints, the end-of-run sample) the config refuses by key.
+// progress, metrics.csv, validation, training checkpoints (checkpoint.every, resume, a stop on
+// SIGTERM/SIGUSR1) and model.h5, as apps::Trainer does for 1d; checkpoints hold the same logical
+// tensors, so either trainer resumes the other's. What those models do not run yet (pipeline,
+// sequence, ZeRO, offload, fused attention, activation checkpointing, the end-of-run sample) the
+// config refuses by key.
 //
 // Ranks: the mesh of apps::Trainer with tensor innermost (rank = data index * tensor size +
 // tensor rank); inside the tensor group, rank r is grid position (i, j) = (r / q, r % q) in 2D,
@@ -37,12 +39,22 @@ class TrainerMD {
   std::vector<float> logical_parameters();
   std::vector<core::ParamSpec> logical_table() const;
   const std::string& plan() const { return plan_; }
+  // A checkpoint of the model and AdamW state after `step` steps; collective. Data rank 0 (2.5D:
+  // depth layer 0) writes, each element from the rank that owns it.
+  void save_checkpoint(int64_t step);
+  // checkpoint.resume: auto: restores the newest intact checkpoint (written under any layout) and
+  // returns its state, step 0 when there is none; collective.
+  io::CheckpointState resume();
   parallel::Communicator& tensor_parallel() { return *tp_; }
   parallel::Communicator& data_parallel() { return *dp_; }
   const core::MemoryTracker& memory() const { return tracker_; }
 
  private:
   void print(const char* fmt, ...) const;
+  // Checkpoint runs over host copies of the parameters and moments: every element this rank
+  // holds (`held`, what it reads) and the ones it writes (`written`).
+  void checkpoint_runs(std::vector<float>& params, std::vector<float>& m, std::vector<float>& v,
+                       io::CheckpointShard& held, io::CheckpointShard& written) const;
 
   io::Config config_;
   std::FILE* log_;

@@ -1210,10 +1210,6 @@ class Resolver {
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(config.checkpointing.policy != "none", "checkpointing.policy",
            config.checkpointing.policy, "set it to none");
-    refuse(config.checkpoint.every > 0, "checkpoint.every", std::to_string(config.checkpoint.every),
-           "set it to 0 (training checkpoints are 1d-only for now; the model file is written)");
-    refuse(config.checkpoint.resume != "never", "checkpoint.resume", config.checkpoint.resume,
-           "set it to never");
     refuse(config.sample.tokens > 0, "sample.tokens", std::to_string(config.sample.tokens),
            "set it to 0 (sample from the written model.h5 with colossal_generate)");
     refuse(p.mode == "auto", "parallel.mode", "auto", "set it to manual (the planner searches 1d)");

@@ -3,7 +3,7 @@
 // mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
 // apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
 // 2d x dp2 on 8. Also the model file holds the logical tensors and the tensor group's per-rank
-// parameters are the mode's fraction.
+// parameters are the mode's fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -94,6 +94,75 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
     EXPECT_EQ(predicted.bytes[std::size_t(k)],
               double(trainer.memory().peak(core::MemCategory(k))))
         << core::category_name(core::MemCategory(k));
+  }
+}
+
+// Training checkpoints: a resumed run continues bitwise where the interrupted one left off; and
+// since the files hold logical tensors, apps::Trainer on one rank (1d) resumes a 2d/2.5d/3d
+// checkpoint and this layout resumes one written by a single rank, both continuing the same
+// curve (within the parity tolerance).
+TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Layout layout = GetParam();
+  if (world.size() != layout.tensor * layout.data) GTEST_SKIP() << "needs another rank count";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  const std::string name = "md_ck_" + layout.arch + "_" + std::to_string(layout.tensor) + "_" +
+                           std::to_string(layout.data) + "_" + std::to_string(layout.depth);
+  const std::string rank = std::to_string(world.rank());
+  // Steps 1-10 with checkpoints after 4, 8 and 10; then only the one after 4 is left.
+  io::Config full = config(data, layout, true, name);
+  full.checkpoint.every = 4;
+  full.checkpoint.keep = 3;
+  const std::string dir = apps::checkpoint_dir(full);
+  if (world.rank() == 0) std::filesystem::remove_all(dir);
+  world.barrier();
+  const apps::TrainSummary whole = apps::TrainerMD(full, nullptr, &world).train();
+  ASSERT_EQ(whole.losses.size(), 10u);
+  world.barrier();
+  if (world.rank() == 0) {
+    ASSERT_TRUE(std::filesystem::remove(dir + "/ckpt-8.h5"));
+    ASSERT_TRUE(std::filesystem::remove(dir + "/ckpt-10.h5"));
+  }
+  world.barrier();
+  io::Config again = full;
+  again.checkpoint.every = 0;
+  again.checkpoint.resume = "auto";
+  const apps::TrainSummary resumed = apps::TrainerMD(again, nullptr, &world).train();
+  EXPECT_EQ(resumed.first_step, 4);
+  ASSERT_EQ(resumed.losses.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(resumed.losses[i], whole.losses[4 + i]) << i;
+
+  // One rank, 1d, from this layout's checkpoint.
+  io::Config single = config(data, layout, false, name + "_1d" + rank);
+  single.checkpoint.dir = dir;
+  single.checkpoint.resume = "auto";
+  const apps::TrainSummary one = apps::Trainer(single, nullptr).train();
+  EXPECT_EQ(one.first_step, 4);
+  ASSERT_EQ(one.losses.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(one.losses[i], whole.losses[4 + i], 1e-5 * whole.losses[4 + i]) << i;
+  }
+  world.barrier();
+
+  // This layout, from the checkpoint a single rank wrote after 4 of its 10 steps (rank 0's).
+  io::Config writer = config(data, layout, false, name + "_w" + rank);
+  writer.checkpoint.every = 4;
+  writer.checkpoint.keep = 3;
+  const std::string written = apps::checkpoint_dir(writer);
+  std::filesystem::remove_all(written);
+  apps::Trainer(writer, nullptr).train();
+  ASSERT_TRUE(std::filesystem::remove(written + "/ckpt-8.h5"));
+  ASSERT_TRUE(std::filesystem::remove(written + "/ckpt-10.h5"));
+  world.barrier();
+  io::Config from_one = full;
+  from_one.checkpoint.every = 0;
+  from_one.checkpoint.resume = "auto";
+  from_one.checkpoint.dir = apps::checkpoint_dir(config(data, layout, false, name + "_w0"));
+  const apps::TrainSummary continued = apps::TrainerMD(from_one, nullptr, &world).train();
+  EXPECT_EQ(continued.first_step, 4);
+  ASSERT_EQ(continued.losses.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(continued.losses[i], whole.losses[4 + i], 1e-5 * whole.losses[4 + i]) << i;
   }
 }
 
