@@ -333,7 +333,23 @@ TrainSummary TrainerMD::train() {
   if (writer) io::write_model_file(summary.model_path, logical_table(), values.data(), config_.text,
                                    plan_);
   summary.peak_rss_bytes = core::peak_rss_bytes();
+  if (writer && config_.sample.tokens > 0) summary.sample = sample(summary.model_path);
   return summary;
+}
+
+// The end-of-run sample, as colossal_generate makes it: on rank 0, the whole model in a one-rank
+// 1d trainer holding the written weights (the same text a 1d run of these weights would print).
+std::string TrainerMD::sample(const std::string& model_path) const {
+  io::Config one = config_;
+  one.parallel = io::ParallelConfig{};
+  one.train.micro_batch = 1;
+  one.train.global_batch = 1;
+  one.checkpoint.every = 0;
+  one.checkpoint.resume = "never";
+  Trainer trainer(one, nullptr);
+  trainer.load_weights(model_path);
+  return trainer.generate(config_.sample.prompt, config_.sample.tokens,
+                          config_.sample.temperature, config_.train.seed);
 }
 
 }  // namespace colossal::apps

@@ -4,8 +4,8 @@
 // progress, metrics.csv, validation, training checkpoints (checkpoint.every, resume, a stop on
 // SIGTERM/SIGUSR1) and model.h5, as apps::Trainer does for 1d; checkpoints hold the same logical
 // tensors, so either trainer resumes the other's. What those models do not run yet (pipeline,
-// sequence, ZeRO, offload, fused attention, activation checkpointing, the end-of-run sample) the
-// config refuses by key.
+// sequence, ZeRO, offload, fused attention, activation checkpointing) the config refuses by key.
+// The end-of-run sample runs on rank 0 with the whole model, as colossal_generate does.
 //
 // Ranks: the mesh of apps::Trainer with tensor innermost (rank = data index * tensor size +
 // tensor rank); inside the tensor group, rank r is grid position (i, j) = (r / q, r % q) in 2D,
@@ -51,6 +51,7 @@ class TrainerMD {
 
  private:
   void print(const char* fmt, ...) const;
+  std::string sample(const std::string& model_path) const;
   // Checkpoint runs over host copies of the parameters and moments: every element this rank
   // holds (`held`, what it reads) and the ones it writes (`written`).
   void checkpoint_runs(std::vector<float>& params, std::vector<float>& m, std::vector<float>& v,

@@ -1210,9 +1210,8 @@ class Resolver {
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(config.checkpointing.policy != "none", "checkpointing.policy",
            config.checkpointing.policy, "set it to none");
-    refuse(config.sample.tokens > 0, "sample.tokens", std::to_string(config.sample.tokens),
-           "set it to 0 (sample from the written model.h5 with colossal_generate)");
-    refuse(p.mode == "auto", "parallel.mode", "auto", "set it to manual (the planner searches 1d)");
+    refuse(p.mode == "auto", "parallel.mode", "auto",
+           "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;
     if (config.train.global_batch % per_step != 0) {
       raise(where_first({"train.global_batch", "train.micro_batch", "parallel.tensor.depth"}),
