@@ -23,7 +23,7 @@
 namespace colossal::apps {
 
 bool Invocation::has(const std::string& s) const {
-  return std::find(switches.begin(), switches.end(), s) != switches.end();
+  return std::find(switches.begin(), switches.end(), s) != switches.end() || flags.count(s) > 0;
 }
 
 std::string Invocation::flag(const std::string& name, const std::string& fallback) const {

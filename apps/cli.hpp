@@ -43,7 +43,7 @@ struct Invocation {
   parallel::Communicator* world = nullptr;   // every rank started (MPI_COMM_WORLD, duplicated)
   std::map<std::string, std::string> flags;  // value flags given
   std::vector<std::string> switches;         // switches given
-  bool has(const std::string& s) const;
+  bool has(const std::string& s) const;  // a switch or a value flag was given
   std::string flag(const std::string& name, const std::string& fallback = "") const;
 };
 

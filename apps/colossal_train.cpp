@@ -11,6 +11,8 @@
 #include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
 #include "apps/trainer_md.hpp"
+#include "planner/cost_model.hpp"
+#include "planner/search.hpp"
 #include "core/memory.hpp"
 
 using namespace colossal;
@@ -102,7 +104,20 @@ int main(int argc, char** argv) {
     }
     if (inv.config.parallel.tensor_mode != "1d") {
       // 2d / 2.5d / 3d: the sharded models' own loop (apps/trainer_md.hpp).
-      for (const char* flag : {"--memory-plan", "--eval-only", "--profile-steps", "--trace"}) {
+      if (inv.has("--memory-plan")) {
+        // Every rank of a grid holds the same bytes; the closed forms equal the tracker
+        // (tests/test_tensor_md.cpp), so nothing is allocated.
+        const planner::MemoryPrediction m = planner::predict_memory(
+            inv.config.model, planner::tensor_mode_layout(apps::run_layout(inv.config)));
+        if (log) {
+          std::fprintf(log, "memory plan (every rank, %s): %s\n",
+                       inv.config.parallel.tensor_mode.c_str(), m.format().c_str());
+          std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
+                       core::format_bytes(m.total()).c_str(), m.total());
+        }
+        return 0;
+      }
+      for (const char* flag : {"--eval-only", "--profile-steps", "--trace"}) {
         if (inv.has(flag)) {
           throw apps::UsageError(std::string(flag) + " is not available with parallel.tensor.mode " +
                                  inv.config.parallel.tensor_mode + " yet; use mode 1d for it");

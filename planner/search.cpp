@@ -79,6 +79,15 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   return "";
 }
 
+
+// The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
+// states live in the same memory.
+double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
+  return hw.host_link_bandwidth > 0 ? m.device() : m.total();
+}
+
+}  // namespace
+
 TensorModeLayout tensor_mode_layout(const RunLayout& r) {
   TensorModeLayout l;
   l.mode = r.tensor_mode;
@@ -90,14 +99,6 @@ TensorModeLayout tensor_mode_layout(const RunLayout& r) {
   l.seq_len = r.seq_len;
   return l;
 }
-
-// The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
-// states live in the same memory.
-double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
-  return hw.host_link_bandwidth > 0 ? m.device() : m.total();
-}
-
-}  // namespace
 
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
                    const std::string& policy, int every, const std::vector<int>& blocks,

@@ -209,8 +209,9 @@ TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
 }
 
 // parallel.tensor.mode 2d under mpirun -np 4: it trains, writes the model file, the end-of-run
-// sample and a checkpoint that one rank in 1d resumes; what its model does not run yet (here
-// --memory-plan) stops every rank with the flag named, without hanging.
+// sample and a checkpoint that one rank in 1d resumes, and --memory-plan predicts its tracked
+// peak; what its model does not run yet (here --profile-steps) stops every rank with the flag
+// named, without hanging.
 TEST_F(Cli, TensorMode2dRunsUnderMpirunAndRefusesWhatItCannot) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 4 "
@@ -221,6 +222,9 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunAndRefusesWhatItCannot) {
                  " --set checkpoint.every=1000 --set log.dir=" + dir + "/md");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("sample (8 tokens after"), std::string::npos) << r.output;
+  const std::size_t at = r.output.find("tracked peak ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string peak = r.output.substr(at + 13, r.output.find(',', at) - at - 13);
   EXPECT_NE(r.output.find("mode: 2d}  # 2 x 2 grid"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("tensor-parallel traffic (rank 0):"), std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/md/model.h5"));
@@ -232,11 +236,16 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunAndRefusesWhatItCannot) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from " + dir + "/md/checkpoints/ckpt-"), std::string::npos)
       << r.output;
-  r = run(mpirun + bin("colossal_train") + " " + config + grid +
-          " --set sample.tokens=0 --memory-plan");
+  // --memory-plan allocates nothing and names the tracked peak the run had.
+  r = run(mpirun + bin("colossal_train") + " " + config + grid + " --memory-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("memory plan (every rank, 2d): "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("largest rank needs " + peak + " ("), std::string::npos)
+      << peak << "\n" << r.output;
+  r = run(mpirun + bin("colossal_train") + " " + config + grid + " --profile-steps 2");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.code, 124) << "timed out: a rank hung";
-  EXPECT_NE(r.output.find("--memory-plan is not available with parallel.tensor.mode 2d"),
+  EXPECT_NE(r.output.find("--profile-steps is not available with parallel.tensor.mode 2d"),
             std::string::npos)
       << r.output;
 }
