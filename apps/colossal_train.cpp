@@ -26,6 +26,11 @@ extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
 void print_summary(std::FILE* log, const colossal::io::Config& config,
                    const colossal::apps::TrainSummary& s) {
   using namespace colossal;
+  if (s.stopped) {  // on request: no model file, the checkpoint to continue from
+    std::fprintf(log, "\n== stopped ==\nsteps %lld to %lld in %.1fs; checkpoint %s\n",
+                 (long long)s.first_step, (long long)s.steps, s.seconds, s.checkpoint.c_str());
+    return;
+  }
   std::fprintf(log, "\n== summary ==\n");
   std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",
                (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
@@ -165,13 +170,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     const apps::TrainSummary s = trainer.train();
-    if (s.stopped) {
-      if (log) {
-        std::fprintf(log, "\n== stopped ==\nsteps %lld to %lld in %.1fs; checkpoint %s\n",
-                     (long long)s.first_step, (long long)s.steps, s.seconds, s.checkpoint.c_str());
-      }
-      return 0;
-    }
     if (log) print_summary(log, inv.config, s);
     return 0;
   });

@@ -134,7 +134,7 @@ void TrainerMD::checkpoint_runs(std::vector<float>& params, std::vector<float>& 
   }
 }
 
-void TrainerMD::save_checkpoint(int64_t step) {
+void TrainerMD::save_checkpoint(int64_t step, int64_t optimizer_step) {
   const std::size_t n = model_->flat_size();
   std::vector<float> params(n), m(n), v(n);
   core::copy_to_host(params.data(), model_->params(), n * sizeof(float));
@@ -143,8 +143,9 @@ void TrainerMD::save_checkpoint(int64_t step) {
   io::CheckpointShard held, written;
   checkpoint_runs(params, m, v, held, written);
   const auto& t = config_.train;
-  const io::CheckpointState state{step, step, step * int64_t(t.global_batch) * t.seq_len,
-                                  int64_t(t.seed), config_.text, plan_};
+  const io::CheckpointState state{step, optimizer_step,
+                                  step * int64_t(t.global_batch) * t.seq_len, int64_t(t.seed),
+                                  config_.text, plan_};
   write_checkpoint_over(*world_, config_, logical_table(), written, state);
 }
 
@@ -204,10 +205,14 @@ TrainSummary TrainerMD::train() {
   int64_t first_step = 0;
   if (config_.checkpoint.resume == "auto") {
     const auto resuming = Clock::now();
-    first_step = resume().step;
+    const io::CheckpointState state = resume();
+    first_step = state.step;
     if (first_step > 0) print("resume took %.2f s\n", seconds_since(resuming));
     summary.first_step = first_step;
+    // Steps a 1d run skipped (train.on_nonfinite: skip) applied no AdamW update.
+    summary.skipped_steps = state.step - state.optimizer_step;
   }
+  const int64_t skipped = summary.skipped_steps;
   std::unique_ptr<io::MetricsCsv> metrics;
   if (writer) {
     std::filesystem::create_directories(config_.log.dir);
@@ -256,13 +261,19 @@ TrainSummary TrainerMD::train() {
         tp_->all_reduce_sum_value(depth_rank_ == 0 ? model_->gradient_sum_squares() : 0.0);
     const double norm = std::sqrt(squares);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      // The update was not applied: checkpoint the last good state so the run can resume.
+      std::string saved;
+      if (step > 0) {
+        save_checkpoint(step, step - skipped);
+        saved = "; checkpoint " + checkpoint_dir(config_) + "/ckpt-" + std::to_string(step) +
+                ".h5 holds the state before it";
+      }
       throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
-                           ", gradient norm " + std::to_string(norm) +
-                           " (tensor modes 2d/2.5d/3d stop on non-finite values); lower "
-                           "train.optimizer.lr or check the data");
+                           ", gradient norm " + std::to_string(norm) + " is not finite" + saved +
+                           "; lower train.optimizer.lr or check the data");
     }
     hp.lr = schedule.at(step);
-    optimizer_->update(model_->params(), model_->grads(), hp, step + 1,
+    optimizer_->update(model_->params(), model_->grads(), hp, step + 1 - skipped,
                        float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
     const double step_seconds = seconds_since(step_start);
     if (step == first_step) {
@@ -303,7 +314,7 @@ TrainSummary TrainerMD::train() {
     const int64_t every = config_.checkpoint.every;
     if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
       const auto saving = Clock::now();
-      save_checkpoint(step + 1);
+      save_checkpoint(step + 1, step + 1 - skipped);
       summary.checkpoint = checkpoint_dir(config_) + "/ckpt-" + std::to_string(step + 1) + ".h5";
       print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
             summary.checkpoint.c_str(), seconds_since(saving));

@@ -39,9 +39,10 @@ class TrainerMD {
   std::vector<float> logical_parameters();
   std::vector<core::ParamSpec> logical_table() const;
   const std::string& plan() const { return plan_; }
-  // A checkpoint of the model and AdamW state after `step` steps; collective. Data rank 0 (2.5D:
-  // depth layer 0) writes, each element from the rank that owns it.
-  void save_checkpoint(int64_t step);
+  // A checkpoint of the model and AdamW state after `step` steps (`optimizer_step` updates
+  // applied); collective. Data rank 0 (2.5D: depth layer 0) writes, each element from the rank
+  // that owns it.
+  void save_checkpoint(int64_t step, int64_t optimizer_step);
   // checkpoint.resume: auto: restores the newest intact checkpoint (written under any layout) and
   // returns its state, step 0 when there is none; collective.
   io::CheckpointState resume();

@@ -1210,6 +1210,9 @@ class Resolver {
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(config.checkpointing.policy != "none", "checkpointing.policy",
            config.checkpointing.policy, "set it to none");
+    refuse(config.train.on_nonfinite == "skip", "train.on_nonfinite", "skip",
+           "set it to stop (these modes stop on a non-finite step, after checkpointing the last "
+           "good one)");
     refuse(p.mode == "auto", "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;

@@ -221,7 +221,20 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunAndRefusesWhatItCannot) {
   Result r = run(mpirun + bin("colossal_train") + " " + config + grid +
                  " --set checkpoint.every=1000 --set log.dir=" + dir + "/md");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("sample (8 tokens after"), std::string::npos) << r.output;
+  // The sample is what colossal_generate makes of the written weights (prompt, tokens,
+  // temperature 0.8 and train.seed 1234 as the config has them).
+  const std::string header = "sample (8 tokens after \"the\"):\n";
+  const std::size_t sample_at = r.output.find(header);
+  ASSERT_NE(sample_at, std::string::npos) << r.output;
+  const std::string sample = r.output.substr(sample_at + header.size(), 3 + 8);  // "the" + 8
+  EXPECT_EQ(sample.substr(0, 3), "the");
+  const Result generated = run(bin("colossal_generate") + " " + config + grid +
+                               " --set parallel.tensor.size=1 --set parallel.tensor.mode=1d"
+                               " --weights " + dir + "/md/model.h5 --prompt the --tokens 8"
+                               " --temperature 0.8 --seed 1234");
+  ASSERT_EQ(generated.code, 0) << generated.output;
+  EXPECT_NE(generated.output.find(sample), std::string::npos)
+      << "trainer: '" << sample << "'\n" << generated.output;
   const std::size_t at = r.output.find("tracked peak ");
   ASSERT_NE(at, std::string::npos) << r.output;
   const std::string peak = r.output.substr(at + 13, r.output.find(',', at) - at - 13);

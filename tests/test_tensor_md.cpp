@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 
 #include "apps/trainer.hpp"
@@ -164,6 +165,19 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   for (std::size_t i = 0; i < 6; ++i) {
     EXPECT_NEAR(continued.losses[i], whole.losses[4 + i], 1e-5 * whole.losses[4 + i]) << i;
   }
+
+  // A stop request (SIGTERM/SIGUSR1) on one rank: every rank stops after the step it is in, with
+  // a checkpoint (here after step 5 of the run resumed at 4).
+  world.barrier();
+  if (world.rank() == 0) apps::request_stop(SIGUSR1);
+  const apps::TrainSummary stopped = apps::TrainerMD(again, nullptr, &world).train();
+  apps::request_stop(0);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.steps, 5);
+  EXPECT_EQ(stopped.checkpoint, dir + "/ckpt-5.h5");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-5.h5"));
+  ASSERT_EQ(stopped.losses.size(), 1u);
+  EXPECT_EQ(stopped.losses[0], whole.losses[4]);
 }
 
 INSTANTIATE_TEST_SUITE_P(
