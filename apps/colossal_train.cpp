@@ -22,6 +22,14 @@ namespace {
 // write a checkpoint, exit 0.
 extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
 
+// --memory-plan's report (rank 0): whose memory `summary` is, and the largest rank's bytes.
+void print_memory_plan(std::FILE* log, const std::string& whose, const std::string& summary,
+                       double largest) {
+  std::fprintf(log, "memory plan (%s): %s\n", whose.c_str(), summary.c_str());
+  std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
+               colossal::core::format_bytes(largest).c_str(), largest);
+}
+
 // The end-of-run summary (rank 0), for every tensor mode.
 void print_summary(std::FILE* log, const colossal::io::Config& config,
                    const colossal::apps::TrainSummary& s) {
@@ -115,10 +123,8 @@ int main(int argc, char** argv) {
         const planner::MemoryPrediction m = planner::predict_memory(
             inv.config.model, planner::tensor_mode_layout(apps::run_layout(inv.config)));
         if (log) {
-          std::fprintf(log, "memory plan (every rank, %s): %s\n",
-                       inv.config.parallel.tensor_mode.c_str(), m.format().c_str());
-          std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
-                       core::format_bytes(m.total()).c_str(), m.total());
+          print_memory_plan(log, "every rank, " + inv.config.parallel.tensor_mode, m.format(),
+                            m.total());
         }
         return 0;
       }
@@ -141,10 +147,8 @@ int main(int argc, char** argv) {
       all[std::size_t(inv.rank)] = mine;
       for (double& v : all) v = inv.world->all_reduce_sum_value(v);
       if (log) {
-        std::fprintf(log, "memory plan (rank 0): %s\n", plan.memory().summary().c_str());
-        std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
-                     core::format_bytes(*std::max_element(all.begin(), all.end())).c_str(),
-                     *std::max_element(all.begin(), all.end()));
+        print_memory_plan(log, "rank 0", plan.memory().summary(),
+                          *std::max_element(all.begin(), all.end()));
       }
       return 0;
     }

@@ -745,8 +745,7 @@ TrainSummary Trainer::train() {
         std::string saved;
         if (step > 0) {
           save_checkpoint(step, step - summary.skipped_steps);
-          saved = "; checkpoint " + checkpoint_dir() + "/ckpt-" + std::to_string(step) +
-                  ".h5 holds the state before it";
+          saved = "; checkpoint " + checkpoint_path(config_, step) + " holds the state before it";
         }
         throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                              ", gradient norm " + std::to_string(norm) +
@@ -823,23 +822,19 @@ TrainSummary Trainer::train() {
       window_steps = 0;
     }
     if (step_callback_) step_callback_(step + 1);
-    // A stop request (SIGTERM, SIGUSR1) on any rank stops every rank after this step.
-    const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
-    const int64_t every = config_.checkpoint.every;
-    if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+    const StepEnd end = step_end(*world_, config_, step + 1);
+    if (end.checkpoint) {
       const auto saving = Clock::now();
       save_checkpoint(step + 1, step + 1 - summary.skipped_steps);
-      summary.checkpoint = checkpoint_dir() + "/ckpt-" + std::to_string(step + 1) + ".h5";
+      summary.checkpoint = checkpoint_path(config_, step + 1);
       print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
             summary.checkpoint.c_str(), seconds_since(saving));
     }
-    if (stop && !last) {
+    if (end.stop && !last) {
       summary.stopped = true;
       summary.steps = step + 1;
       summary.seconds = seconds_since(start);
-      print("stopped at step %lld on request (signal %d); continue with "
-            "--set checkpoint.resume=auto\n",
-            (long long)step + 1, stop_requested());
+      print("%s", stopped_line(step + 1).c_str());
       return summary;
     }
   }
@@ -941,6 +936,23 @@ std::string checkpoint_dir(const io::Config& config) {
 }
 
 std::string Trainer::checkpoint_dir() const { return apps::checkpoint_dir(config_); }
+
+std::string checkpoint_path(const io::Config& config, int64_t step) {
+  return checkpoint_dir(config) + "/ckpt-" + std::to_string(step) + ".h5";
+}
+
+StepEnd step_end(parallel::Communicator& world, const io::Config& config, int64_t done) {
+  StepEnd end;
+  end.stop = world.all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+  const int64_t every = config.checkpoint.every;
+  end.checkpoint = end.stop || (every > 0 && (done % every == 0 || done == config.train.steps));
+  return end;
+}
+
+std::string stopped_line(int64_t done) {
+  return "stopped at step " + std::to_string(done) + " on request (signal " +
+         std::to_string(stop_requested()) + "); continue with --set checkpoint.resume=auto\n";
+}
 
 namespace {
 // A chunk's flat ranges held in `buffer`: at their flat offsets (`flat_addressed`, a buffer of the

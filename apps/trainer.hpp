@@ -36,6 +36,18 @@ int stop_requested();
 
 // Where checkpoints go: checkpoint.dir, else log.dir/checkpoints.
 std::string checkpoint_dir(const io::Config& config);
+// The file of the checkpoint after `step` steps.
+std::string checkpoint_path(const io::Config& config, int64_t step);
+
+// How step `done` (counted from 1) ends, decided alike on every rank (collective over `world`):
+// stop after it on a stop request (SIGTERM, SIGUSR1) on any rank; write a checkpoint on a stop,
+// every checkpoint.every steps, and after the last step when checkpoint.every is set.
+struct StepEnd {
+  bool stop = false, checkpoint = false;
+};
+StepEnd step_end(parallel::Communicator& world, const io::Config& config, int64_t done);
+// The line a run stopped on request after `done` steps prints.
+std::string stopped_line(int64_t done);
 
 // What checkpoint.resume: auto reads, for any trainer: rank 0 checks each checkpoint of
 // checkpoint_dir(config), newest first (integrity header, and the model config it was written

@@ -265,8 +265,7 @@ TrainSummary TrainerMD::train() {
       std::string saved;
       if (step > 0) {
         save_checkpoint(step, step - skipped);
-        saved = "; checkpoint " + checkpoint_dir(config_) + "/ckpt-" + std::to_string(step) +
-                ".h5 holds the state before it";
+        saved = "; checkpoint " + checkpoint_path(config_, step) + " holds the state before it";
       }
       throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                            ", gradient norm " + std::to_string(norm) + " is not finite" + saved +
@@ -309,23 +308,19 @@ TrainSummary TrainerMD::train() {
       window_seconds = 0.0;
       window_steps = 0;
     }
-    // A stop request (SIGTERM, SIGUSR1) on any rank stops every rank after this step.
-    const bool stop = world_->all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
-    const int64_t every = config_.checkpoint.every;
-    if (stop || (every > 0 && ((step + 1) % every == 0 || last))) {
+    const StepEnd end = step_end(*world_, config_, step + 1);
+    if (end.checkpoint) {
       const auto saving = Clock::now();
       save_checkpoint(step + 1, step + 1 - skipped);
-      summary.checkpoint = checkpoint_dir(config_) + "/ckpt-" + std::to_string(step + 1) + ".h5";
+      summary.checkpoint = checkpoint_path(config_, step + 1);
       print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
             summary.checkpoint.c_str(), seconds_since(saving));
     }
-    if (stop && !last) {
+    if (end.stop && !last) {
       summary.stopped = true;
       summary.steps = step + 1;
       summary.seconds = seconds_since(start);
-      print("stopped at step %lld on request (signal %d); continue with "
-            "--set checkpoint.resume=auto\n",
-            (long long)step + 1, stop_requested());
+      print("%s", stopped_line(step + 1).c_str());
       return summary;
     }
   }

@@ -25,14 +25,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
       groups_(groups), first_{groups.input, groups.weight, groups.output},
       second_{groups.output, groups.weight, groups.input}, gemm_(gemm) {
   const int q = q_, q2 = q * q;
-  sharded::require_multiple("train.micro_batch", batch, q2, "3D");
-  sharded::require_multiple("model.hidden", spec.hidden, q2, "3D");
-  sharded::require_multiple("model.ffn_hidden", spec.ffn_hidden, q2, "3D");
-  sharded::require_multiple("model.heads", spec.heads, q, "3D");
-  if (seq_len > spec.max_seq) {
-    throw std::invalid_argument("train.seq_len = " + std::to_string(seq_len) +
-                                " exceeds model.max_seq = " + std::to_string(spec.max_seq));
-  }
+  sharded::require_grid_shape(spec, batch, seq_len, "3d", q);
   const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
   rows_ = BT / q2;
   c_ = C / q;

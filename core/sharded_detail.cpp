@@ -32,6 +32,7 @@ int tensor_grid_multiple(const std::string& mode, int q) { return mode == "3d" ?
 
 namespace colossal::core::sharded {
 
+namespace {
 void require_multiple(const char* key, int64_t value, int64_t m, const char* mode) {
   if (value % m == 0) return;
   const int64_t lower = value / m * m;
@@ -40,6 +41,21 @@ void require_multiple(const char* key, int64_t value, int64_t m, const char* mod
                               " tensor parallelism (nearest: " +
                               (lower > 0 ? std::to_string(lower) + " or " : std::string()) +
                               std::to_string(lower + m) + ")");
+}
+}  // namespace
+
+void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, const std::string& mode,
+                        int q) {
+  const int m = tensor_grid_multiple(mode, q);
+  const char* name = mode == "3d" ? "3D" : "2D";
+  require_multiple("train.micro_batch", batch, m, name);
+  require_multiple("model.heads", spec.heads, q, name);
+  require_multiple("model.hidden", spec.hidden, m, name);
+  require_multiple("model.ffn_hidden", spec.ffn_hidden, m, name);
+  if (seq_len > spec.max_seq) {
+    throw std::invalid_argument("train.seq_len = " + std::to_string(seq_len) +
+                                " exceeds model.max_seq = " + std::to_string(spec.max_seq));
+  }
 }
 
 std::size_t table_end(const std::vector<ParamSpec>& table) {
