@@ -263,6 +263,21 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunAndRefusesWhatItCannot) {
       << r.output;
 }
 
+// hardware.gemm: cublas where it cannot run (no CUDA build, or no GPU visible) stops every rank
+// with the key named and a host backend to use instead, without hanging.
+TEST_F(Cli, CublasWithoutAGpuIsRefusedOnEveryRank) {
+  const Result r = run(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe " + bin("colossal_train") + " " + write_config("ok.yaml") +
+      " --set parallel.data=2 --set hardware.gemm=cublas --set train.precision=bf16 --set "
+      "log.dir=" + dir + "/cublas");
+  if (r.code == 0) GTEST_SKIP() << "a GPU is visible here: cublas runs";
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("hardware.gemm"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("openblas"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/cublas/model.h5"));
+}
+
 TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
