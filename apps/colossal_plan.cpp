@@ -193,6 +193,7 @@ int plan(apps::Invocation& inv) {
   } else {
     planner::SearchOptions options;
     options.top = top;
+    options.bucket_mb = c.parallel.bucket_mb;
     const planner::SearchResult result = planner::search_plans(
         c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
     if (result.best.empty()) {

@@ -31,6 +31,7 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.zero_stage = p.zero_stage;
   run.offload_optimizer = p.offload_optimizer;
   run.offload_params = p.offload_params;
+  run.bucket_mb = p.bucket_mb;
   return run;
 }
 
@@ -82,8 +83,11 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
     try {
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size());
       // fp32 storage whatever train.precision says (see run_layout).
+      planner::SearchOptions options;
+      options.bucket_mb = config.parallel.bucket_mb;
       const planner::SearchResult result = planner::search_plans(
-          config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster);
+          config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
+          options);
       if (result.best.empty()) {
         error = "parallel.mode: auto: no layout of " + std::to_string(world.size()) +
                 " ranks fits in " + core::format_bytes(cluster.hw.memory_bytes) +

@@ -258,25 +258,29 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   if (l.pipeline > 1) t.bubble = double(l.pipeline - 1) / double(l.chunks.size()) * per_micro;
   // Gradient reduction over data x sequence (zero/README.md): stage 0 all-reduces, 1 adds the
   // parameter all-gather, 2 reduce-scatters every micro-batch, 3 also gathers twice per micro-batch.
+  // Gradients move in fp32; parameters in their storage type (2 bytes under bf16, as predict_memory
+  // keeps them).
   const int D = l.data * l.sequence;
-  const double P = flat * kF;
+  const double P = flat * kF, W = flat * (l.bf16 ? 2.0 : kF);
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   if (D > 1) {
-    const double buckets = std::ceil(P / (25.0 * 1024 * 1024));
+    // Each bucket's all-reduce pays the ring's latency again; the bytes are the buffer's.
+    const double buckets = std::max(1.0, std::ceil(P / (l.bucket_mb * 1024 * 1024)));
     switch (l.zero_stage) {
       case 0:
         t.data_comm = all_reduce_time(P, D, dp_link) + (buckets - 1) * 2 * (D - 1) * dp_link.latency_s;
         break;
       case 1:
-        t.data_comm = all_reduce_time(P, D, dp_link) + gather_time(P, D, dp_link) +
+        t.data_comm = all_reduce_time(P, D, dp_link) + gather_time(W, D, dp_link) +
                       (buckets - 1) * 2 * (D - 1) * dp_link.latency_s;
         break;
       case 2:
-        t.data_comm = m * gather_time(P, D, dp_link) + gather_time(P, D, dp_link) +
+        t.data_comm = m * gather_time(P, D, dp_link) + gather_time(W, D, dp_link) +
                       (m * units - m) * (D - 1) * dp_link.latency_s;
         break;
       default:
-        t.data_comm = 3 * m * gather_time(P, D, dp_link) + 3 * (m * units - m) * (D - 1) * dp_link.latency_s;
+        t.data_comm = m * (gather_time(P, D, dp_link) + 2 * gather_time(W, D, dp_link)) +
+                      3 * (m * units - m) * (D - 1) * dp_link.latency_s;
         break;
     }
   }

@@ -28,6 +28,7 @@ struct RankLayout {
   int pipeline = 1;              // pipeline stages (ranks)
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
+  double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
   std::vector<checkpoint_sched::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // The model chunks this rank runs (one, or several under the interleaved schedule).

@@ -27,6 +27,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.zero_stage = run.zero_stage;
   l.offload_optimizer = run.offload_optimizer;
   l.offload_params = run.offload_params;
+  l.bucket_mb = run.bucket_mb;
   l.keep = keep;
   l.selective = selective;
   const int stages = run.pipeline, chunks = run.chunks, virtual_stages = stages * chunks;

@@ -25,6 +25,9 @@ struct RunLayout {
   std::vector<int> layers;        // blocks per virtual stage (pipeline * chunks entries)
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
+  // Stages 0-1: the gradient all-reduce's bucket size, MiB (parallel.bucket_mb); infinity: the
+  // whole buffer in one call after backward, as Megatron-LM (2021) did.
+  double bucket_mb = 25.0;
   std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
   int depth = 1;                   // 2.5d layers (tensor = q^2 x depth)
   int world() const { return data * tensor * sequence * pipeline; }

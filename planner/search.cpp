@@ -222,6 +222,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.bf16 = bf16;
     run.data = data;
     run.tensor = tensor;
+    run.bucket_mb = options.bucket_mb;
     return run;
   };
   for (int t : divisors(G)) {

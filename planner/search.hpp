@@ -55,6 +55,7 @@ struct SearchOptions {
   int memory_slots = 100;                // rotor's memory discretisation while searching
   bool prune = true;                     // skip shapes whose lower bound cannot win (tests: off)
   bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data parallel on top)
+  double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
 };
 
 struct SearchResult {

@@ -124,6 +124,17 @@ TEST_F(Cli, PlanSearchesEvaluatesAndEmitsAConfigThatTrains) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("the config's layout on 2 x host"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("data 2 x tensor 1"), std::string::npos) << r.output;
+  // The config's gradient buckets are priced: smaller buckets, more all-reduce latencies.
+  auto step_time = [&](const std::string& bucket_mb) {
+    const Result j = run(bin("colossal_plan") + " " + config +
+                         " --evaluate --json --set parallel.data=2 --set parallel.bucket_mb=" + bucket_mb);
+    EXPECT_EQ(j.code, 0) << j.output;
+    const std::size_t at = j.output.find("\"step_time_s\": ");
+    return at == std::string::npos ? 0.0 : std::stod(j.output.substr(at + 15));
+  };
+  const double one_bucket = step_time("1e6"), small_buckets = step_time("0.001");
+  EXPECT_GT(one_bucket, 0.0);
+  EXPECT_GT(small_buckets, one_bucket);
   // Nothing fits: exit 2 with the least memory and the closest layout.
   const std::string big = write_config(
       "big.yaml", "model: {preset: opt-13b}\ndata: {path: " + dir +

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/model.hpp"
 #include "planner/cost_model.hpp"
@@ -91,6 +92,28 @@ TEST(CostModel, OpTimeIsRooflinePlusAlphaBeta) {
   planner::Op core{"core", "attention", 1e9, 2e9, 1e3, 0.0};
   EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, false).forward, 1e-2);
   EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 5e-2);
+}
+
+// Stage 0's gradient all-reduce: the buffer's bytes once, plus one ring latency per extra bucket
+// (parallel.bucket_mb); an infinite bucket is one call, as Megatron-LM (2021) made it.
+TEST(CostModel, GradientBucketsPayOneRingLatencyEach) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  planner::HardwareSpec hw = planner::hardware_preset("a100-80g");
+  planner::RankLayout l;
+  l.seq_len = 1024;
+  l.data = 16;  // two nodes: the inter-node link
+  l.bucket_mb = std::numeric_limits<double>::infinity();
+  const double whole = planner::predict_time(spec, l, hw).data_comm;
+  const double P = 4.0 * double(core::parameter_count(spec));  // fp32 gradients
+  // One ring all-reduce: 2(D-1) steps of (alpha + bytes / D / beta); bytes ~ P (units padded).
+  const double padded_P = (whole / (2.0 * 15) - hw.inter_node.latency_s) * 16 * hw.inter_node.bandwidth_Bps;
+  EXPECT_NEAR(padded_P / P, 1.0, 0.01);
+  for (const double mb : {25.0, 4.0}) {
+    l.bucket_mb = mb;
+    const double buckets = std::ceil(padded_P / (mb * 1024 * 1024));
+    const double expected = whole + (buckets - 1) * 2 * 15 * hw.inter_node.latency_s;
+    EXPECT_NEAR(planner::predict_time(spec, l, hw).data_comm, expected, 1e-9 * expected) << mb;
+  }
 }
 
 TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {

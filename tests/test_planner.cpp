@@ -169,6 +169,9 @@ planner::RunLayout published_layout(const Published& r) {
   run.tensor = r.t;
   run.pipeline = r.p;
   run.data = r.gpus / (r.t * r.p);
+  // Megatron-LM's DDP of 2021 all-reduced the whole gradient buffer in one call after backward
+  // (megatron/model/distributed.py, allreduce_gradients): no buckets, one ring latency.
+  run.bucket_mb = std::numeric_limits<double>::infinity();
   // Interleaved with the fewest chunks (2, else 3, ...) that divide each rank's blocks evenly.
   for (int v = 2; r.p > 1 && v <= 4; ++v) {
     if (r.layers % (v * r.p) == 0) {
@@ -208,17 +211,16 @@ TEST(Megatron2021, Table1PredictedTflopsPerGpu) {
                 t.compute, t.recompute, t.tensor_comm, t.pipeline_comm, t.bubble, t.data_comm);
   }
   std::printf("mean |error| %.1f%%, max %.1f%%\n", 100 * sum / double(rows.size()), 100 * worst);
-  // The aim is 5% mean and 10% max (Calculon reaches 3.65% mean on a comparable set); measured
-  // 4.1% and 10.6% (the 7.5B row). These bounds guard the model against regressions.
+  // The aim: 5% mean and 10% max (Calculon reaches 3.65% mean on a comparable set); measured
+  // 3.9% and 7.4% (the 7.5B row).
   EXPECT_LE(sum / double(rows.size()), 0.05);
-  EXPECT_LE(worst, 0.11);
+  EXPECT_LE(worst, 0.10);
 }
 
 // The planner's own choice for each Table 1 cluster and batch is predicted at least as fast as
 // the published layout (which it can represent: micro-batch 1, interleaved, recomputation).
 TEST(Megatron2021, PlannerBeatsOrMatchesEachPublishedLayout) {
-  for (const Published& r : megatron_table1()) {
-    if (r.gpus > 1024) continue;  // the largest clusters: same question, longer searches
+  for (const Published& r : megatron_table1()) {  // every row, up to 1T on 3072 GPUs (~6 s)
     const planner::Cluster cluster{planner::hardware_preset("a100-80g"), r.gpus};
     const planner::Plan published =
         planner::evaluate_plan(gpt_of(r), published_layout(r), cluster, "full");
@@ -250,6 +252,7 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
                       {"PTD-P", 174.6, 8, 12, 384, 1536, 1, 153},  {"PTD-P", 174.6, 8, 12, 768, 1536, 1, 149},
                       {"PTD-P", 174.6, 8, 12, 1536, 1536, 1, 141}, {"PTD-P", 529.6, 8, 35, 560, 2240, 1, 171},
                       {"PTD-P", 529.6, 8, 35, 1120, 2240, 1, 167}, {"PTD-P", 529.6, 8, 35, 2240, 2240, 1, 159}};
+  std::vector<double> zero3, ptdp;  // predicted TFLOP/s per GPU, in the rows' order
   for (const Row& r : rows) {
     const bool big = r.params > 500;
     Published pub{r.params, big ? 128 : 96, big ? 20480 : 12288, big ? 105 : 96, r.t, r.p, r.gpus,
@@ -266,6 +269,22 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
                 r.scheme, r.params, r.t, r.p, r.gpus, r.micro, predicted, r.tflops,
                 100 * (predicted / r.tflops - 1), plan.fits ? "" : " (over memory)");
     EXPECT_GT(predicted, 0.0);
+    if (r.p == 1) {
+      zero3.push_back(predicted);
+    } else {
+      ptdp.push_back(predicted);
+      EXPECT_NEAR(predicted / r.tflops, 1.0, 0.10) << r.params << "B on " << r.gpus;
+    }
+  }
+  // ZeRO-3 rows are predicted low (their parameter gathers are not overlapped with compute, as in
+  // this project's executor; DeepSpeed prefetches them), but as published: slower than PTD-P on
+  // each cluster size, and losing per-GPU throughput as the cluster grows while PTD-P holds.
+  ASSERT_EQ(zero3.size(), 6u);
+  ASSERT_EQ(ptdp.size(), 6u);
+  for (std::size_t i = 0; i < 6; ++i) {
+    EXPECT_LT(zero3[i], ptdp[i]) << i;
+    if (i % 3 != 0) EXPECT_LT(zero3[i], 0.8 * zero3[i - 1]) << i;
+    if (i % 3 != 0) EXPECT_GT(ptdp[i], 0.9 * ptdp[i - 1]) << i;
   }
 }
 
