@@ -1,6 +1,7 @@
 #include "apps/cli.hpp"
 
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -164,12 +165,20 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   int code = kOk;
   // This process's rank on its node and the node's rank count: for the GPU (chosen before Kokkos,
   // cuBLAS or NCCL start) and the host threads.
-  int local_rank = 0, local_ranks = 1;
+  int local_rank = 0, local_ranks = 1, node_cores = 0;
   {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_size(node, &local_ranks);
+    // The node's cores: the union of its ranks' affinity masks (ranks started under one taskset
+    // share the same cores; ranks bound one per core own theirs).
+    cpu_set_t mine, all;
+    CPU_ZERO(&mine);
+    CPU_ZERO(&all);
+    sched_getaffinity(0, sizeof mine, &mine);  // on failure, empty: the others' cores count
+    MPI_Allreduce(&mine, &all, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
+    node_cores = CPU_COUNT(&all);
     MPI_Comm_free(&node);
   }
   const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
@@ -219,7 +228,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           inv.world = world.get();
           // One decision for BLAS and host threads: the cores of this process split among the
           // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
-          const core::ThreadPlan threads = core::set_threads_per_rank(local_ranks);
+          const core::ThreadPlan threads = core::set_threads_per_rank(local_ranks, node_cores);
           if (inv.rank == 0 && info.print_threads) {
             if (slurm.in_job()) {
               std::printf("slurm: %s\n", slurm.describe().c_str());
@@ -237,6 +246,13 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
                         threads.threads, threads.cores, threads.cores == 1 ? "" : "s",
                         threads.local_ranks,
                         threads.local_ranks == 1 ? "" : "s", threads.source.c_str());
+            if (threads.oversubscribed()) {
+              std::printf("threads: oversubscribed, %d ranks x %d thread(s) take turns on %d "
+                          "core%s; expect steps about %.1fx longer than with a core each\n",
+                          threads.local_ranks, threads.threads, threads.node_cores,
+                          threads.node_cores == 1 ? "" : "s",
+                          double(threads.local_ranks * threads.threads) / threads.node_cores);
+            }
           }
           try {
             code = body(inv);

@@ -159,7 +159,8 @@ bool bf16(const apps::Invocation& inv) {
 int plan(apps::Invocation& inv) {
   const io::Config& c = inv.config;
   const int devices = planned_devices(inv);
-  const planner::Cluster cluster = apps::make_cluster(chosen_hardware(inv, 0), devices);
+  const planner::Cluster cluster =
+      apps::make_cluster(chosen_hardware(inv, 0), devices, core::available_cores());
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
   int top = 5;

@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "apps/trainer.hpp"
+#include "core/host_threads.hpp"
 #include "core/memory.hpp"
 #include "planner/search.hpp"
 
@@ -68,12 +69,11 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
 
 namespace colossal::apps {
 
-planner::Cluster make_cluster(planner::HardwareSpec hw, int devices) {
-  if (hw.threads > 0) {
-    hw.memory_bytes /= devices;
-    hw.devices_per_node = devices;
-  }
-  return planner::Cluster{hw, devices};
+planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores) {
+  if (hw.threads <= 0) return planner::Cluster{hw, devices};
+  hw.memory_bytes /= devices;
+  hw.devices_per_node = devices;
+  return planner::Cluster{hw, devices, cores};
 }
 
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
@@ -81,7 +81,9 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   std::string overrides, error;
   if (world.rank() == 0) {
     try {
-      const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size());
+      // The node's cores as the thread decision saw them (mpirun --oversubscribe shares them).
+      const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
+                                                    core::current_thread_plan().node_cores);
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;

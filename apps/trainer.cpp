@@ -212,6 +212,15 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     predicted_memory_ = planner::predict_memory(spec, layout);
     predicted_time_ = planner::predict_time(spec, layout, hw);
     hardware_name_ = hw.name;
+    // Ranks taking turns on a node's cores (mpirun --oversubscribe): the node's work over its
+    // cores bounds the step (planner::share_cores), as the planner predicts it.
+    const core::ThreadPlan threads = core::current_thread_plan();
+    const double thread_seconds = world_->all_reduce_sum_value(
+        planner::busy_seconds(predicted_time_) * core::HostThreads::shared().size());
+    if (threads.oversubscribed()) {
+      const int nodes = std::max(1, world_->size() / threads.local_ranks);
+      planner::share_cores(predicted_time_, thread_seconds / nodes, threads.node_cores);
+    }
   }
   agree_on_plan();
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,
@@ -662,13 +671,13 @@ TrainSummary Trainer::train() {
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
   print("gemm: %s (hardware.gemm)\n", gemm_->name().c_str());
-  print("cost model (hardware %s, rank 0): memory %s; step %.3f s (compute %.3f, recompute %.3f, "
-        "communication %.3f, bubble %.3f, optimizer %.3f)\n",
+  print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "
+        "communication %.3g, bubble %.3g, optimizer %.3g, waiting for shared cores %.3g)\n",
         hardware_name_.c_str(), core::format_bytes(predicted_memory_.total()).c_str(),
         predicted_time_.step, predicted_time_.compute - predicted_time_.recompute,
         predicted_time_.recompute,
         predicted_time_.tensor_comm + predicted_time_.pipeline_comm + predicted_time_.data_comm,
-        predicted_time_.bubble, predicted_time_.optimizer);
+        predicted_time_.bubble, predicted_time_.optimizer, predicted_time_.shared_cores);
 
   // The tensor group's payload bytes on this rank, validation apart (printed per step at the end).
   const double tensor_bytes_before = double(tp_->stats().total_payload_bytes());

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 
 #include "core/gemm.hpp"
 
@@ -65,7 +66,12 @@ int available_cores() {
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 
-ThreadPlan set_threads_per_rank(int local_ranks) {
+namespace {
+std::mutex g_thread_plan_mutex;
+std::optional<ThreadPlan> g_thread_plan;
+}  // namespace
+
+ThreadPlan set_threads_per_rank(int local_ranks, int node_cores) {
   ThreadPlan plan;
   plan.cores = available_cores();
   plan.local_ranks = std::max(1, local_ranks);
@@ -73,9 +79,11 @@ ThreadPlan set_threads_per_rank(int local_ranks) {
   if (hw > 0 && plan.cores < static_cast<int>(hw)) {
     // Already bound to a subset (mpirun --bind-to core, Slurm cpus-per-task): use all of it.
     plan.threads = plan.cores;
+    plan.node_cores = plan.cores * plan.local_ranks;  // bindings assumed disjoint
     plan.source = "the cores this rank is bound to";
   } else {
     plan.threads = std::max(1, plan.cores / plan.local_ranks);
+    plan.node_cores = plan.cores;
     plan.source = "cores / ranks on the node";
   }
   for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
@@ -85,8 +93,21 @@ ThreadPlan set_threads_per_rank(int local_ranks) {
       break;
     }
   }
+  if (node_cores > 0) plan.node_cores = node_cores;
   set_blas_threads(plan.threads);
   HostThreads::resize_shared(plan.threads);
+  std::lock_guard lock(g_thread_plan_mutex);
+  g_thread_plan = plan;
+  return plan;
+}
+
+ThreadPlan current_thread_plan() {
+  std::lock_guard lock(g_thread_plan_mutex);
+  if (g_thread_plan) return *g_thread_plan;
+  ThreadPlan plan;
+  plan.cores = plan.node_cores = available_cores();
+  plan.threads = HostThreads::shared().size();
+  plan.source = "this process alone";
   return plan;
 }
 

@@ -222,6 +222,15 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
   return t;
 }
 
+double busy_seconds(const TimePrediction& t) { return t.step - t.shared_cores; }
+
+void share_cores(TimePrediction& t, double node_thread_seconds, int cores) {
+  if (cores <= 0) return;
+  const double own = t.step - t.shared_cores;
+  t.shared_cores = std::max(0.0, node_thread_seconds / cores - own);
+  t.step = own + t.shared_cores;
+}
+
 TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                             const HardwareSpec& hw) {
   TimePrediction t;

@@ -46,6 +46,9 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
   if (r.schedule == "interleaved" && r.micro_batches() % r.pipeline != 0) {
     return "interleaved needs micro-batches per rank a multiple of the stages";
   }
+  if (r.pipeline > 1 && r.schedule == "1f1b" && r.micro_batches() < r.pipeline) {
+    return "1f1b needs at least one micro-batch per stage";  // as the config requires
+  }
   if (r.zero_stage > 0 && r.data * r.sequence == 1) return "ZeRO needs data or sequence ranks";
   if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
   return "";
@@ -121,6 +124,10 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     const TensorModeLayout l = tensor_mode_layout(run);
     plan.memory = predict_memory(spec, l);
     plan.time = predict_time(spec, l, hw);
+    if (cluster.oversubscribed()) {
+      share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * std::max(1, hw.threads),
+                  cluster.cores);
+    }
     plan.policy = "none";
     plan.schedules = {"every rank: keep everything"};
     plan.fits = on_device(plan.memory, hw) <= hw.memory_bytes;
@@ -138,9 +145,11 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   }
   const double memory = hw.memory_bytes;
   // The ranks that decide: the first (most micro-batches in flight, embeddings), the last (LM
-  // head) and the one with the most blocks.
+  // head) and the one with the most blocks; every rank where they share cores (their work adds).
   std::vector<int> ranks{0};
-  if (run.pipeline > 1) {
+  if (cluster.oversubscribed()) {
+    for (int r = 1; r < run.pipeline; ++r) ranks.push_back(r);
+  } else if (run.pipeline > 1) {
     // Blocks per rank: virtual stage c * pipeline + r belongs to rank r.
     std::vector<int> blocks(std::size_t(run.pipeline), 0);
     for (std::size_t v = 0; v < run.layers.size(); ++v) blocks[v % std::size_t(run.pipeline)] += run.layers[v];
@@ -152,6 +161,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   plan.fits = true;
   plan.policy = policy == "auto" ? "none" : policy;
   plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
+  double thread_seconds = 0.0;  // of every rank (pipeline ranks times their replicas)
   for (int r : ranks) {
     RankLayout l = rank_layout(run, r);
     std::string chosen = policy;
@@ -174,7 +184,9 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     }
     if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
+    thread_seconds += busy_seconds(t) * (run.data * run.tensor * run.sequence) * std::max(1, hw.threads);
   }
+  if (cluster.oversubscribed()) share_cores(plan.time, thread_seconds, cluster.cores);
   if (plan.policy != "rotor") plan.budget_bytes = 0.0;
   plan.step_time = plan.time.step;
   const double tokens = double(run.global_batch) * run.seq_len;
@@ -326,6 +338,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           {l.tensor_comm - w.tensor_comm, "tensor/sequence collectives"},
           {l.pipeline_comm - w.pipeline_comm, "pipeline sends"},
           {l.bubble - w.bubble, "pipeline bubble"},
+          {l.shared_cores - w.shared_cores, "cores shared by more threads than there are"},
           {l.data_comm - w.data_comm, "gradient reduction / ZeRO gathers"},
           {l.optimizer - w.optimizer, "optimizer"}};
       const auto worst = *std::max_element(std::begin(parts), std::end(parts));
@@ -356,10 +369,14 @@ std::string format_plan(const Plan& p) {
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
                 r.offload_optimizer ? " + offload" : "", p.policy.c_str());
   std::string out = line;
+  char waiting[64] = "";
+  if (p.time.shared_cores > 0) {
+    std::snprintf(waiting, sizeof waiting, " (%.4f s waiting for cores)", p.time.shared_cores);
+  }
   std::snprintf(line, sizeof line,
-                "\n    step %.4f s, %.0f tokens/s, %.2f TFLOP/s per device, MFU %.1f%%; memory per "
-                "device %s\n",
-                p.step_time, p.tokens_per_s, p.tflops_per_device, 100.0 * p.mfu,
+                "\n    step %.4f s%s, %.0f tokens/s, %.2f TFLOP/s per device, MFU %.1f%%; memory "
+                "per device %s\n",
+                p.step_time, waiting, p.tokens_per_s, p.tflops_per_device, 100.0 * p.mfu,
                 p.memory.format().c_str());
   out += line;
   return out;
@@ -375,6 +392,13 @@ std::string format_search(const SearchResult& r, const Cluster& cluster) {
                 core::format_bytes(cluster.hw.memory_bytes).c_str(), r.evaluated, r.pruned,
                 r.infeasible, r.seconds);
   out += line;
+  if (cluster.oversubscribed()) {
+    std::snprintf(line, sizeof line,
+                  "%d ranks x %d thread(s) share %d cores: a step lasts at least the ranks' work "
+                  "over the cores\n\n",
+                  cluster.devices, std::max(1, cluster.hw.threads), cluster.cores);
+    out += line;
+  }
   for (std::size_t i = 0; i < r.best.size(); ++i) {
     out += (i == 0 ? "best:   " : "#" + std::to_string(i + 1) + ":     ") + format_plan(r.best[i]);
     if (i > 0) out += "    lost by " + r.best[i].why + "\n";

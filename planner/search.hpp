@@ -5,6 +5,7 @@
 // fit in device memory (ties: less memory).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -19,6 +20,13 @@ namespace colossal::planner {
 struct Cluster {
   HardwareSpec hw;  // per device; devices_per_node and links set the topology
   int devices = 1;  // devices (ranks) of the run
+  // A host's cores that its ranks (hw.threads threads each) share; 0: every device has its own
+  // (GPUs). Where devices x threads exceeds it, the step is at least the ranks' work over the
+  // cores (share_cores).
+  int cores = 0;
+  bool oversubscribed() const {
+    return cores > 0 && double(devices) * std::max(1, hw.threads) > cores;
+  }
 };
 
 // A layout and its prediction.

@@ -289,6 +289,24 @@ TEST_F(Cli, CublasWithoutAGpuIsRefusedOnEveryRank) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/cublas/model.h5"));
 }
 
+// Two ranks started on one core (taskset, mpirun not binding them elsewhere): the start-up says
+// they take turns, and the cost model's step includes the wait for the shared core
+// (planner::share_cores).
+TEST_F(Cli, RanksSharingOneCoreAreToldAndPriced) {
+  if (run("taskset -c 0 true").code != 0) GTEST_SKIP() << "no taskset here";
+  const Result r = run(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 taskset -c 0 mpirun "
+      "-np 2 --oversubscribe --bind-to none " + bin("colossal_train") + " " + write_config("ok.yaml") +
+      " --set parallel.data=2 --set sample.tokens=0 --set log.dir=" + dir + "/shared");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("threads: oversubscribed, 2 ranks x 1 thread(s) take turns on 1 core;"),
+            std::string::npos) << r.output;
+  const std::string key = "waiting for shared cores ";
+  const std::size_t at = r.output.find(key);
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_GT(std::stod(r.output.substr(at + key.size())), 0.0) << r.output;
+}
+
 TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "

@@ -116,6 +116,31 @@ TEST(CostModel, GradientBucketsPayOneRingLatencyEach) {
   }
 }
 
+// Ranks taking turns on fewer cores than their threads: the step is at least the node's busy
+// thread-seconds over its cores (a rank waiting in the bubble polls, so it counts); applying it
+// again changes nothing.
+TEST(CostModel, SharedCoresBoundTheStepByTheNodesWork) {
+  planner::TimePrediction t;
+  t.compute = 0.7;
+  t.bubble = 0.2;
+  t.optimizer = 0.1;
+  t.step = 1.0;
+  EXPECT_DOUBLE_EQ(planner::busy_seconds(t), 1.0);
+  planner::TimePrediction shared = t;
+  planner::share_cores(shared, 8 * 1.0, 2);  // 8 such ranks, one thread each, on 2 cores
+  EXPECT_DOUBLE_EQ(shared.step, 4.0);
+  EXPECT_DOUBLE_EQ(shared.shared_cores, 3.0);
+  EXPECT_DOUBLE_EQ(planner::busy_seconds(shared), 1.0);
+  planner::share_cores(shared, 8 * 1.0, 2);
+  EXPECT_DOUBLE_EQ(shared.step, 4.0);
+  planner::TimePrediction roomy = t;
+  planner::share_cores(roomy, 2 * 1.0, 2);  // a core per rank: the rank's own step decides
+  EXPECT_DOUBLE_EQ(roomy.step, 1.0);
+  EXPECT_EQ(roomy.shared_cores, 0.0);
+  planner::share_cores(roomy, 100.0, 0);  // cores unknown (GPUs): unchanged
+  EXPECT_DOUBLE_EQ(roomy.step, 1.0);
+}
+
 TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {
   for (const std::string& name : core::preset_names()) {
     SCOPED_TRACE(name);
