@@ -176,9 +176,10 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
     cpu_set_t mine, all;
     CPU_ZERO(&mine);
     CPU_ZERO(&all);
-    sched_getaffinity(0, sizeof mine, &mine);  // on failure, empty: the others' cores count
+    int failed = sched_getaffinity(0, sizeof mine, &mine) != 0 ? 1 : 0, any_failed = 0;
     MPI_Allreduce(&mine, &all, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
-    node_cores = CPU_COUNT(&all);
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, node);
+    node_cores = any_failed ? 0 : CPU_COUNT(&all);  // 0: unknown
     MPI_Comm_free(&node);
   }
   const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
@@ -248,7 +249,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
                         threads.local_ranks == 1 ? "" : "s", threads.source.c_str());
             if (threads.oversubscribed()) {
               std::printf("threads: oversubscribed, %d ranks x %d thread(s) take turns on %d "
-                          "core%s; expect steps about %.1fx longer than with a core each\n",
+                          "core%s; host work runs about %.1fx slower than with a core each\n",
                           threads.local_ranks, threads.threads, threads.node_cores,
                           threads.node_cores == 1 ? "" : "s",
                           double(threads.local_ranks * threads.threads) / threads.node_cores);

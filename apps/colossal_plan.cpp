@@ -1,5 +1,6 @@
 // colossal_plan: the symbolic cost of the layout a config describes, without running it, and the
 // calibration of this host's hardware spec.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -159,8 +160,15 @@ bool bf16(const apps::Invocation& inv) {
 int plan(apps::Invocation& inv) {
   const io::Config& c = inv.config;
   const int devices = planned_devices(inv);
-  const planner::Cluster cluster =
-      apps::make_cluster(chosen_hardware(inv, 0), devices, core::available_cores());
+  // A host spec plans ranks on this machine: each gets the threads colossal_train would give it
+  // (its cores over the ranks), and where ranks outnumber the cores they share them.
+  planner::HardwareSpec hw = chosen_hardware(inv, 0);
+  int cores = 0;
+  if (hw.threads > 0) {
+    cores = core::current_thread_plan().node_cores;
+    hw = planner::scaled_to_threads(hw, std::max(1, cores / devices));
+  }
+  const planner::Cluster cluster = apps::make_cluster(hw, devices, cores);
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
   int top = 5;

@@ -81,9 +81,11 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   std::string overrides, error;
   if (world.rank() == 0) {
     try {
-      // The node's cores as the thread decision saw them (mpirun --oversubscribe shares them).
+      // The nodes' cores as the thread decision saw them (mpirun --oversubscribe shares them).
+      const core::ThreadPlan node = core::current_thread_plan();
+      const int nodes = std::max(1, world.size() / node.local_ranks);
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
-                                                    core::current_thread_plan().node_cores);
+                                                    node.node_cores * nodes);
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;

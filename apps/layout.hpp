@@ -42,7 +42,7 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
 
 // The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
-// makes one device of each rank, all on this node, sharing its memory and its `cores`.
+// makes one device of each rank, sharing this node's memory, and `cores` (all nodes' together).
 planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores);
 
 // parallel.mode: auto. Rank 0 searches the layouts of `world`'s ranks on the config's hardware

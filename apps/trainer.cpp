@@ -212,17 +212,19 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     predicted_memory_ = planner::predict_memory(spec, layout);
     predicted_time_ = planner::predict_time(spec, layout, hw);
     hardware_name_ = hw.name;
-    // Ranks taking turns on a node's cores (mpirun --oversubscribe): the node's work over its
-    // cores bounds the step (planner::share_cores), as the planner predicts it.
+  }
+  agree_on_plan();
+  {
+    // Ranks taking turns on a node's cores (mpirun --oversubscribe) with a host spec: the node's
+    // work over its cores bounds the step (planner::share_cores), as the planner predicts it.
     const core::ThreadPlan threads = core::current_thread_plan();
     const double thread_seconds = world_->all_reduce_sum_value(
         planner::busy_seconds(predicted_time_) * core::HostThreads::shared().size());
-    if (threads.oversubscribed()) {
+    if (hw.threads > 0 && threads.oversubscribed()) {
       const int nodes = std::max(1, world_->size() / threads.local_ranks);
       planner::share_cores(predicted_time_, thread_seconds / nodes, threads.node_cores);
     }
   }
-  agree_on_plan();
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,
   // one per activation slot (a pipeline stage needs a micro-batch's tokens again in backward).
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;

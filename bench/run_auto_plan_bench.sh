@@ -24,6 +24,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+case "$repeat" in ''|*[!0-9]*|0) echo "run_auto_plan_bench.sh: --repeat must be 1 or more" >&2; exit 2 ;; esac
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 calibrate "$work/hw.yaml"
 model=(configs/quickstart.yaml --set model.layers=4 --set model.hidden=256 --set model.heads=8
@@ -64,6 +65,7 @@ for n in $ranks; do
       fi
     done
   done; done; done
+  if [ -z "$best_args" ]; then echo "no layout of the grid ran at $n ranks"; continue; fi
   awk -v a="$auto" -v b="$best" 'BEGIN{printf "one run each: auto %.4f s against the fastest of the grid %.4f s: %+.1f%%\n", a, b, 100*(a/b-1)}'
   autos=(); bests=()
   for _ in $(seq "$repeat"); do
@@ -71,7 +73,10 @@ for n in $ranks; do
     # shellcheck disable=SC2086
     bests+=("$(measure "$n" $best_args)")
   done
-  median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END{print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+  median() {  # of the runs that gave a time
+    printf '%s\n' "$@" | grep -E '^[0-9.]+$' | sort -g |
+      awk '{v[NR]=$1} END{if (NR == 0) print "nan"; else print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'
+  }
   a=$(median "${autos[@]}"); b=$(median "${bests[@]}")
   echo "again, alternately, $repeat times: auto ${autos[*]}; $best_label ${bests[*]}"
   awk -v a="$a" -v b="$b" 'BEGIN{printf "median of %s: auto %.4f s against %.4f s: %+.1f%%\n", "'"$repeat"'", a, b, 100*(a/b-1)}'

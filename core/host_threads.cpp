@@ -81,6 +81,10 @@ ThreadPlan set_threads_per_rank(int local_ranks, int node_cores) {
     plan.threads = plan.cores;
     plan.node_cores = plan.cores * plan.local_ranks;  // bindings assumed disjoint
     plan.source = "the cores this rank is bound to";
+    if (node_cores > 0 && node_cores < plan.node_cores) {  // overlapping masks: split their union
+      plan.threads = std::max(1, node_cores / plan.local_ranks);
+      plan.source = "the cores the node's ranks are bound to / ranks";
+    }
   } else {
     plan.threads = std::max(1, plan.cores / plan.local_ranks);
     plan.node_cores = plan.cores;

@@ -63,7 +63,7 @@ struct ThreadPlan {
   int cores = 1;          // available_cores()
   int local_ranks = 1;    // ranks sharing this node
   int threads = 1;        // BLAS threads and host threads per rank
-  int node_cores = 1;     // cores the node's ranks share: `cores`, or ranks x cores when bound
+  int node_cores = 1;     // cores the node's ranks run on together (see set_threads_per_rank)
   std::string source;     // "cores / ranks", or the environment variable that set it
   // More threads on the node than cores (mpirun --oversubscribe): ranks take turns on the cores.
   bool oversubscribed() const { return local_ranks * threads > node_cores; }
@@ -71,7 +71,9 @@ struct ThreadPlan {
 // Decides the threads per rank (one place for BLAS and host loops): COLOSSAL_HOST_THREADS, else
 // OPENBLAS_NUM_THREADS, else the cores the rank is bound to, else max(1, cores / local_ranks);
 // applies it to OpenBLAS and the shared pool. `node_cores`: the cores of the node's ranks together
-// (the union of their affinity masks; 0: unknown, taken as disjoint bindings).
+// (the union of their affinity masks). Ranks bound to a subset whose masks overlap (one taskset
+// for all) split that union instead. 0: unknown, taken as local_ranks x cores when bound (disjoint
+// bindings) and as cores otherwise.
 ThreadPlan set_threads_per_rank(int local_ranks, int node_cores = 0);
 // The last decision of set_threads_per_rank (before any: this process alone on its cores, with
 // the shared pool's threads).

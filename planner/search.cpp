@@ -446,11 +446,12 @@ std::string plan_yaml(const Plan& p) {
       "  sequence: %d\n"
       "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
       "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
+      "  bucket_mb: %g\n"
       "checkpointing: {policy: %s%s}\n",
       r.data, r.tensor, r.tensor_mode.c_str(), r.tensor_mode == "2.5d" ? r.depth : 1,
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", r.schedule.c_str(), r.chunks, r.zero_stage,
-      r.offload_optimizer ? "true" : "false", p.policy.c_str(),
+      r.offload_optimizer ? "true" : "false", r.bucket_mb, p.policy.c_str(),
       p.policy == "rotor"
           ? (", memory_budget: " + std::to_string(p.budget_bytes / (1024.0 * 1024.0 * 1024.0))).c_str()
           : "");
