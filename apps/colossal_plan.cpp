@@ -40,6 +40,14 @@ int calibrate(apps::Invocation& inv) {
                 "attention, memory-bound kernels, AdamW%s ...\n",
                 core::HostThreads::shared().size(), inv.world_size,
                 inv.world_size > 1 ? ", ping-pong between ranks 0 and 1" : "");
+    // A spec's rates are a rank's with its cores to itself; the planner adds the sharing.
+    if (const core::ThreadPlan t = core::current_thread_plan(); t.oversubscribed()) {
+      std::printf("warning: %d ranks x %d thread(s) share %d core(s): the rates measured now are "
+                  "contended, and plans would count the sharing twice; calibrate with at most %d "
+                  "rank(s) of %d thread(s)\n",
+                  t.local_ranks, t.threads, t.node_cores, std::max(1, t.node_cores / t.threads),
+                  t.threads);
+    }
     std::fflush(stdout);
   }
   const auto start = std::chrono::steady_clock::now();
