@@ -83,9 +83,8 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
     try {
       // The nodes' cores as the thread decision saw them (mpirun --oversubscribe shares them).
       const core::ThreadPlan node = core::current_thread_plan();
-      const int nodes = std::max(1, world.size() / node.local_ranks);
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
-                                                    node.node_cores * nodes);
+                                                    node.node_cores * node.nodes(world.size()));
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;

@@ -27,12 +27,11 @@
 
 namespace colossal::apps {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
+
+namespace {
 
 std::string format_duration(double s) {
   char buf[32];
@@ -214,15 +213,15 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     hardware_name_ = hw.name;
   }
   agree_on_plan();
-  {
-    // Ranks taking turns on a node's cores (mpirun --oversubscribe) with a host spec: the node's
-    // work over its cores bounds the step (planner::share_cores), as the planner predicts it.
+  if (hw.threads > 0) {  // a host spec (the same on every rank: the all-reduce is collective)
+    // Ranks taking turns on a node's cores (mpirun --oversubscribe): the node's work over its
+    // cores bounds the step (planner::share_cores), as the planner predicts it.
     const core::ThreadPlan threads = core::current_thread_plan();
     const double thread_seconds = world_->all_reduce_sum_value(
         planner::busy_seconds(predicted_time_) * core::HostThreads::shared().size());
-    if (hw.threads > 0 && threads.oversubscribed()) {
-      const int nodes = std::max(1, world_->size() / threads.local_ranks);
-      planner::share_cores(predicted_time_, thread_seconds / nodes, threads.node_cores);
+    if (threads.oversubscribed()) {
+      planner::share_cores(predicted_time_, thread_seconds / threads.nodes(world_->size()),
+                           threads.node_cores);
     }
   }
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,
@@ -684,6 +683,8 @@ TrainSummary Trainer::train() {
   // The tensor group's payload bytes on this rank, validation apart (printed per step at the end).
   const double tensor_bytes_before = double(tp_->stats().total_payload_bytes());
   double validation_tensor_bytes = 0.0;
+  // A checkpoint after `done` steps; skipped steps applied no AdamW update.
+  const auto save = [&](int64_t done) { save_checkpoint(done, done - summary.skipped_steps); };
   const auto start = Clock::now();
   // Seconds of the training steps after the first (which pays first-touch page faults), without
   // validation, checkpoints and logging: the throughput the summary reports.
@@ -753,11 +754,7 @@ TrainSummary Trainer::train() {
       if (t.on_nonfinite == "stop") {
         // The update was not applied: checkpoint the last good state (the steps before this one)
         // so the run can resume, e.g. with a lower learning rate.
-        std::string saved;
-        if (step > 0) {
-          save_checkpoint(step, step - summary.skipped_steps);
-          saved = "; checkpoint " + checkpoint_path(config_, step) + " holds the state before it";
-        }
+        const std::string saved = checkpoint_before_failure(config_, step, save);
         throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                              ", gradient norm " + std::to_string(norm) +
                              " is not finite" + saved +
@@ -833,21 +830,7 @@ TrainSummary Trainer::train() {
       window_steps = 0;
     }
     if (step_callback_) step_callback_(step + 1);
-    const StepEnd end = step_end(*world_, config_, step + 1);
-    if (end.checkpoint) {
-      const auto saving = Clock::now();
-      save_checkpoint(step + 1, step + 1 - summary.skipped_steps);
-      summary.checkpoint = checkpoint_path(config_, step + 1);
-      print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
-            summary.checkpoint.c_str(), seconds_since(saving));
-    }
-    if (end.stop && !last) {
-      summary.stopped = true;
-      summary.steps = step + 1;
-      summary.seconds = seconds_since(start);
-      print("%s", stopped_line(step + 1).c_str());
-      return summary;
-    }
+    if (end_step(*world_, config_, step + 1, save, summary, start, log_)) return summary;
   }
   summary.steps = t.steps;
   if (tp_->size() > 1) {
@@ -952,17 +935,39 @@ std::string checkpoint_path(const io::Config& config, int64_t step) {
   return checkpoint_dir(config) + "/ckpt-" + std::to_string(step) + ".h5";
 }
 
-StepEnd step_end(parallel::Communicator& world, const io::Config& config, int64_t done) {
-  StepEnd end;
-  end.stop = world.all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+bool end_step(parallel::Communicator& world, const io::Config& config, int64_t done,
+              const std::function<void(int64_t)>& save, TrainSummary& summary,
+              Clock::time_point start, std::FILE* log) {
+  const bool stop = world.all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
   const int64_t every = config.checkpoint.every;
-  end.checkpoint = end.stop || (every > 0 && (done % every == 0 || done == config.train.steps));
-  return end;
+  const bool last = done == config.train.steps;
+  if (stop || (every > 0 && (done % every == 0 || last))) {
+    const auto saving = Clock::now();
+    save(done);
+    summary.checkpoint = checkpoint_path(config, done);
+    if (log != nullptr) {
+      std::fprintf(log, "step %lld: checkpoint %s (%.2f s)\n", (long long)done,
+                   summary.checkpoint.c_str(), seconds_since(saving));
+      std::fflush(log);
+    }
+  }
+  if (!stop || last) return false;
+  summary.stopped = true;
+  summary.steps = done;
+  summary.seconds = seconds_since(start);
+  if (log != nullptr) {
+    std::fprintf(log, "stopped at step %lld on request (signal %d); continue with --set "
+                 "checkpoint.resume=auto\n", (long long)done, stop_requested());
+    std::fflush(log);
+  }
+  return true;
 }
 
-std::string stopped_line(int64_t done) {
-  return "stopped at step " + std::to_string(done) + " on request (signal " +
-         std::to_string(stop_requested()) + "); continue with --set checkpoint.resume=auto\n";
+std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
+                                      const std::function<void(int64_t)>& save) {
+  if (failed == 0) return "";
+  save(failed);
+  return "; checkpoint " + checkpoint_path(config, failed) + " holds the state before it";
 }
 
 namespace {

@@ -39,15 +39,8 @@ std::string checkpoint_dir(const io::Config& config);
 // The file of the checkpoint after `step` steps.
 std::string checkpoint_path(const io::Config& config, int64_t step);
 
-// How step `done` (counted from 1) ends, decided alike on every rank (collective over `world`):
-// stop after it on a stop request (SIGTERM, SIGUSR1) on any rank; write a checkpoint on a stop,
-// every checkpoint.every steps, and after the last step when checkpoint.every is set.
-struct StepEnd {
-  bool stop = false, checkpoint = false;
-};
-StepEnd step_end(parallel::Communicator& world, const io::Config& config, int64_t done);
-// The line a run stopped on request after `done` steps prints.
-std::string stopped_line(int64_t done);
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start);
 
 // What checkpoint.resume: auto reads, for any trainer: rank 0 checks each checkpoint of
 // checkpoint_dir(config), newest first (integrity header, and the model config it was written
@@ -88,6 +81,19 @@ struct TrainSummary {
   std::string sample;
   std::string profile;             // the --profile-steps table, when profiling
 };
+
+// Both trainers' end of step `done` (counted from 1), decided alike on every rank (collective
+// over `world`): a stop request (SIGTERM, SIGUSR1) on any rank stops every rank after it; a
+// checkpoint is written with `save(done)` on a stop, every checkpoint.every steps and after the
+// last step when checkpoint.every is set, and reported on `log`. On a stop before the last step
+// `summary` is filled as stopped (run started at `start`) and true returned: return it.
+bool end_step(parallel::Communicator& world, const io::Config& config, int64_t done,
+              const std::function<void(int64_t)>& save, TrainSummary& summary,
+              Clock::time_point start, std::FILE* log);
+// Step `failed` (counted from 0) was not finite: saves the state before it with `save(failed)`
+// (none before the first step) and returns what the error adds ("; checkpoint ... holds ...").
+std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
+                                      const std::function<void(int64_t)>& save);
 
 // An error that every rank raises alike (same data, same all-reduced loss), so every rank can
 // report it and exit normally instead of aborting the job.

@@ -14,13 +14,6 @@
 
 namespace colossal::apps {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-}  // namespace
-
 TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world)
     : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
                                         core::gemm_precision(config.train.precision))) {
@@ -236,6 +229,7 @@ TrainSummary TrainerMD::train() {
   };
   double validation_traffic = 0.0;
   const double traffic_before = traffic();
+  const auto save = [&](int64_t done) { save_checkpoint(done, done - skipped); };
   const auto start = Clock::now();
   double timed = 0.0, window_seconds = 0.0;
   int window_steps = 0;
@@ -262,11 +256,7 @@ TrainSummary TrainerMD::train() {
     const double norm = std::sqrt(squares);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       // The update was not applied: checkpoint the last good state so the run can resume.
-      std::string saved;
-      if (step > 0) {
-        save_checkpoint(step, step - skipped);
-        saved = "; checkpoint " + checkpoint_path(config_, step) + " holds the state before it";
-      }
+      const std::string saved = checkpoint_before_failure(config_, step, save);
       throw NonFiniteError("step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                            ", gradient norm " + std::to_string(norm) + " is not finite" + saved +
                            "; lower train.optimizer.lr or check the data");
@@ -308,21 +298,7 @@ TrainSummary TrainerMD::train() {
       window_seconds = 0.0;
       window_steps = 0;
     }
-    const StepEnd end = step_end(*world_, config_, step + 1);
-    if (end.checkpoint) {
-      const auto saving = Clock::now();
-      save_checkpoint(step + 1, step + 1 - skipped);
-      summary.checkpoint = checkpoint_path(config_, step + 1);
-      print("step %lld: checkpoint %s (%.2f s)\n", (long long)step + 1,
-            summary.checkpoint.c_str(), seconds_since(saving));
-    }
-    if (end.stop && !last) {
-      summary.stopped = true;
-      summary.steps = step + 1;
-      summary.seconds = seconds_since(start);
-      print("%s", stopped_line(step + 1).c_str());
-      return summary;
-    }
+    if (end_step(*world_, config_, step + 1, save, summary, start, log_)) return summary;
   }
   summary.steps = t.steps;
   summary.seconds = seconds_since(start);

@@ -67,6 +67,8 @@ struct ThreadPlan {
   std::string source;     // "cores / ranks", or the environment variable that set it
   // More threads on the node than cores (mpirun --oversubscribe): ranks take turns on the cores.
   bool oversubscribed() const { return local_ranks * threads > node_cores; }
+  // Nodes of a run of `world` ranks, all with this many ranks.
+  int nodes(int world) const { return local_ranks > 0 && world > local_ranks ? world / local_ranks : 1; }
 };
 // Decides the threads per rank (one place for BLAS and host loops): COLOSSAL_HOST_THREADS, else
 // OPENBLAS_NUM_THREADS, else the cores the rank is bound to, else max(1, cores / local_ranks);

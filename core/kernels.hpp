@@ -23,9 +23,14 @@ namespace colossal::core::kernels {
 using Exec = Kokkos::DefaultExecutionSpace;
 constexpr int kColumnChunk = 32;  // columns per work item in column reductions
 
-// Items per host thread below which a kernel runs on one thread: rows of C values, column chunks
-// (each sums every row), single elements.
-constexpr int64_t kRowGrain = 16, kChunkGrain = 1, kElementGrain = 16384;
+// How a kernel's range splits over host threads: the items per thread below which it runs on one
+// thread, and what part bounds are multiples of (single floats: 16, so no two threads write the
+// same cache line; rows and column chunks: 1).
+struct Grain {
+  int64_t items;
+  std::size_t align;
+};
+constexpr Grain kRowGrain{16, 1}, kChunkGrain{1, 1}, kElementGrain{16384, 16};
 
 // f(i) for every i in [0, n): a labelled Kokkos parallel_for. On the Serial backend (Debian's
 // Kokkos 3.4, one thread) the range is cut into contiguous parts run on the host threads
@@ -33,17 +38,17 @@ constexpr int64_t kRowGrain = 16, kChunkGrain = 1, kElementGrain = 16384;
 // the same for any thread count. Every kernel here writes disjoint outputs per index, as a
 // threaded or GPU backend needs anyway.
 template <class ExecSpace = Exec, class F>
-void for_each(const char* label, int64_t n, int64_t grain, const F& f) {
+void for_each(const char* label, int64_t n, Grain grain, const F& f) {
 #ifdef KOKKOS_ENABLE_SERIAL
   if constexpr (std::is_same_v<ExecSpace, Kokkos::Serial>) {
     HostThreads& pool = HostThreads::shared();
-    if (pool.size() > 1 && n >= 2 * grain) {
+    if (pool.size() > 1 && n >= 2 * grain.items) {
       pool.run(
           std::size_t(n),
           [&](std::size_t, std::size_t begin, std::size_t end) {
             for (std::size_t i = begin; i < end; ++i) f(int64_t(i));
           },
-          std::size_t(grain), /*align=*/grain == kElementGrain ? 16 : 1);
+          std::size_t(grain.items), grain.align);
       return;
     }
   }

@@ -125,7 +125,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     plan.memory = predict_memory(spec, l);
     plan.time = predict_time(spec, l, hw);
     if (cluster.oversubscribed()) {
-      share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * std::max(1, hw.threads),
+      share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * cluster.threads(),
                   cluster.cores);
     }
     plan.policy = "none";
@@ -184,7 +184,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     }
     if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
-    thread_seconds += busy_seconds(t) * (run.data * run.tensor * run.sequence) * std::max(1, hw.threads);
+    thread_seconds += busy_seconds(t) * (run.data * run.tensor * run.sequence) * cluster.threads();
   }
   if (cluster.oversubscribed()) share_cores(plan.time, thread_seconds, cluster.cores);
   if (plan.policy != "rotor") plan.budget_bytes = 0.0;

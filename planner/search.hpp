@@ -24,9 +24,8 @@ struct Cluster {
   // (GPUs). Where devices x threads exceeds it, the step is at least the ranks' work over the
   // cores (share_cores).
   int cores = 0;
-  bool oversubscribed() const {
-    return cores > 0 && double(devices) * std::max(1, hw.threads) > cores;
-  }
+  int threads() const { return std::max(1, hw.threads); }  // per device (rank)
+  bool oversubscribed() const { return cores > 0 && double(devices) * threads() > cores; }
 };
 
 // A layout and its prediction.

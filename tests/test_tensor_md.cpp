@@ -128,16 +128,25 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
       EXPECT_NEAR(s.losses[i], whole.losses[4 + i], relative * whole.losses[4 + i]) << i;
     }
   };
+  // This layout resuming from the checkpoints in `from` (none written).
+  auto resuming = [&](const std::string& from) {
+    io::Config c = full;
+    c.checkpoint.every = 0;
+    c.checkpoint.resume = "auto";
+    c.checkpoint.dir = from;
+    return c;
+  };
+  // Leaves only the checkpoint after step 4 in `in`.
+  auto keep_step_4 = [](const std::string& in) {
+    ASSERT_TRUE(std::filesystem::remove(in + "/ckpt-8.h5"));
+    ASSERT_TRUE(std::filesystem::remove(in + "/ckpt-10.h5"));
+  };
   world.barrier();
   if (world.rank() == 0) {
-    ASSERT_TRUE(std::filesystem::remove(dir + "/ckpt-8.h5"));
-    ASSERT_TRUE(std::filesystem::remove(dir + "/ckpt-10.h5"));
+    ASSERT_NO_FATAL_FAILURE(keep_step_4(dir));
   }
   world.barrier();
-  io::Config again = full;
-  again.checkpoint.every = 0;
-  again.checkpoint.resume = "auto";
-  expect_continues(apps::TrainerMD(again, nullptr, &world).train(), 0.0);
+  expect_continues(apps::TrainerMD(resuming(dir), nullptr, &world).train(), 0.0);
 
   // One rank, 1d, from this layout's checkpoint.
   io::Config single = config(data, layout, false, name + "_1d" + rank);
@@ -153,20 +162,16 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   const std::string written = apps::checkpoint_dir(writer);
   std::filesystem::remove_all(written);
   apps::Trainer(writer, nullptr).train();
-  ASSERT_TRUE(std::filesystem::remove(written + "/ckpt-8.h5"));
-  ASSERT_TRUE(std::filesystem::remove(written + "/ckpt-10.h5"));
+  ASSERT_NO_FATAL_FAILURE(keep_step_4(written));
   world.barrier();
-  io::Config from_one = full;
-  from_one.checkpoint.every = 0;
-  from_one.checkpoint.resume = "auto";
-  from_one.checkpoint.dir = apps::checkpoint_dir(config(data, layout, false, name + "_w0"));
-  expect_continues(apps::TrainerMD(from_one, nullptr, &world).train(), 1e-5);
+  const std::string rank0s = apps::checkpoint_dir(config(data, layout, false, name + "_w0"));
+  expect_continues(apps::TrainerMD(resuming(rank0s), nullptr, &world).train(), 1e-5);
 
   // A stop request (SIGTERM/SIGUSR1) on one rank: every rank stops after the step it is in, with
   // a checkpoint (here after step 5 of the run resumed at 4).
   world.barrier();
   if (world.rank() == 0) apps::request_stop(SIGUSR1);
-  const apps::TrainSummary stopped = apps::TrainerMD(again, nullptr, &world).train();
+  const apps::TrainSummary stopped = apps::TrainerMD(resuming(dir), nullptr, &world).train();
   apps::request_stop(0);
   EXPECT_TRUE(stopped.stopped);
   EXPECT_EQ(stopped.steps, 5);
