@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -154,6 +155,40 @@ int classify(const std::exception& e) {
   return kRuntimeError;
 }
 
+// Ranks that outnumber their node's cores and were started unbound (mpirun --oversubscribe binds
+// none) are left by Linux where they start: a pipeline's ready stages can queue on one core while
+// the other core runs ranks that only poll in MPI, and such runs measured 0.32 s or 0.47 s a step
+// by chance. Pinning the node's rank i to its i-th core modulo the cores makes the placement
+// fixed and spreads each group of consecutive ranks (a tensor group, the stages in turn) over the
+// cores. Only as core::pins_ranks_to_cores says (ranks dividing evenly over the cores: 3 ranks on
+// 2 cores pinned would leave one core half as loaded; one thread each, as COLOSSAL_HOST_THREADS or
+// OPENBLAS_NUM_THREADS may say otherwise), and unless COLOSSAL_PIN_RANKS is 0. Returns the core,
+// or -1.
+int pin_shared_core(const cpu_set_t& node_cpus, bool unbound, int local_rank, int local_ranks) {
+  const int cores = CPU_COUNT(&node_cpus);
+  const char* opt_out = std::getenv("COLOSSAL_PIN_RANKS");
+  int threads = 1;  // what set_threads_per_rank will give a rank bound to one core
+  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) >= 1) {
+      threads = std::atoi(v);
+      break;
+    }
+  }
+  if (!unbound || !core::pins_ranks_to_cores(local_ranks, cores, threads) ||
+      (opt_out != nullptr && std::string_view(opt_out) == "0")) {
+    return -1;
+  }
+  int seen = 0;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &node_cpus) || seen++ != local_rank % cores) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(c, &one);
+    return sched_setaffinity(0, sizeof one, &one) == 0 ? c : -1;
+  }
+  return -1;
+}
+
 }  // namespace
 
 int run_program(int argc, char** argv, const ProgramInfo& info,
@@ -166,6 +201,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   // This process's rank on its node and the node's rank count: for the GPU (chosen before Kokkos,
   // cuBLAS or NCCL start) and the host threads.
   int local_rank = 0, local_ranks = 1, node_cores = 0;
+  std::vector<int> pinned;  // rank 0 of a node: the core each of its ranks was pinned to
+  bool all_pinned = false;
   {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
@@ -180,6 +217,18 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
     MPI_Allreduce(&mine, &all, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
     MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, node);
     node_cores = any_failed ? 0 : CPU_COUNT(&all);  // 0: unknown
+    cpu_set_t common;
+    CPU_ZERO(&common);
+    MPI_Allreduce(&mine, &common, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BAND, node);
+    const bool unbound = !any_failed && CPU_EQUAL(&common, &all);
+    const int core = pin_shared_core(all, unbound, local_rank, local_ranks);
+    int here = core >= 0 ? 1 : 0, everywhere = 0;
+    MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, node);
+    all_pinned = everywhere == 1;  // the cost model assumes the whole node pinned, or none of it
+    if (core >= 0 && !all_pinned) sched_setaffinity(0, sizeof mine, &mine);
+    pinned.assign(std::size_t(local_ranks), -1);
+    MPI_Gather(&core, 1, MPI_INT, pinned.data(), 1, MPI_INT, 0, node);
+    if (!all_pinned) pinned.clear();
     MPI_Comm_free(&node);
   }
   const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
@@ -229,7 +278,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           inv.world = world.get();
           // One decision for BLAS and host threads: the cores of this process split among the
           // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
-          const core::ThreadPlan threads = core::set_threads_per_rank(local_ranks, node_cores);
+          const core::ThreadPlan threads =
+              core::set_threads_per_rank(local_ranks, node_cores, all_pinned);
           if (inv.rank == 0 && info.print_threads) {
             if (slurm.in_job()) {
               std::printf("slurm: %s\n", slurm.describe().c_str());
@@ -253,6 +303,13 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
                           threads.local_ranks, threads.threads, threads.node_cores,
                           threads.node_cores == 1 ? "" : "s",
                           double(threads.local_ranks * threads.threads) / threads.node_cores);
+              if (!pinned.empty()) {
+                std::string cores;
+                for (int c : pinned) cores += (cores.empty() ? "" : " ") + std::to_string(c);
+                std::printf("threads: ranks pinned round-robin to the cores (no binding was given): "
+                            "this node's ranks on cores %s; COLOSSAL_PIN_RANKS=0 leaves placement "
+                            "to the OS\n", cores.c_str());
+              }
             }
           }
           try {

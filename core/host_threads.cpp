@@ -71,8 +71,13 @@ std::mutex g_thread_plan_mutex;
 std::optional<ThreadPlan> g_thread_plan;
 }  // namespace
 
-ThreadPlan set_threads_per_rank(int local_ranks, int node_cores) {
+bool pins_ranks_to_cores(int local_ranks, int node_cores, int threads) {
+  return threads == 1 && node_cores > 0 && local_ranks > node_cores && local_ranks % node_cores == 0;
+}
+
+ThreadPlan set_threads_per_rank(int local_ranks, int node_cores, bool pinned) {
   ThreadPlan plan;
+  plan.pinned = pinned;
   plan.cores = available_cores();
   plan.local_ranks = std::max(1, local_ranks);
   const unsigned hw = std::thread::hardware_concurrency();
@@ -98,6 +103,7 @@ ThreadPlan set_threads_per_rank(int local_ranks, int node_cores) {
     }
   }
   if (node_cores > 0) plan.node_cores = node_cores;
+  if (pinned) plan.source = "one core each: more ranks than cores, pinned round-robin";
   set_blas_threads(plan.threads);
   HostThreads::resize_shared(plan.threads);
   std::lock_guard lock(g_thread_plan_mutex);

@@ -65,6 +65,7 @@ struct ThreadPlan {
   int threads = 1;        // BLAS threads and host threads per rank
   int node_cores = 1;     // cores the node's ranks run on together (see set_threads_per_rank)
   std::string source;     // "cores / ranks", or the environment variable that set it
+  bool pinned = false;    // pinned round-robin to the node's cores (pins_ranks_to_cores)
   // More threads on the node than cores (mpirun --oversubscribe): ranks take turns on the cores.
   bool oversubscribed() const { return local_ranks * threads > node_cores; }
   // Nodes of a run of `world` ranks, all with this many ranks.
@@ -76,7 +77,12 @@ struct ThreadPlan {
 // (the union of their affinity masks). Ranks bound to a subset whose masks overlap (one taskset
 // for all) split that union instead. 0: unknown, taken as local_ranks x cores when bound (disjoint
 // bindings) and as cores otherwise.
-ThreadPlan set_threads_per_rank(int local_ranks, int node_cores = 0);
+// `pinned`: this rank was pinned to one core by colossal (pins_ranks_to_cores).
+ThreadPlan set_threads_per_rank(int local_ranks, int node_cores = 0, bool pinned = false);
+// Whether colossal pins a node's ranks round-robin to its cores (apps/cli.cpp, when they were
+// started unbound): they outnumber the cores, divide evenly over them and run one thread each.
+// The planner assumes it (planner::pinned_step).
+bool pins_ranks_to_cores(int local_ranks, int node_cores, int threads);
 // The last decision of set_threads_per_rank (before any: this process alone on its cores, with
 // the shared pool's threads).
 ThreadPlan current_thread_plan();

@@ -290,21 +290,52 @@ TEST_F(Cli, CublasWithoutAGpuIsRefusedOnEveryRank) {
 }
 
 // Two ranks started on one core (taskset, mpirun not binding them elsewhere): the start-up says
-// they take turns, and the cost model's step includes the wait for the shared core
-// (planner::share_cores).
+// they take turns and pins them there, and the cost model's step includes the wait for the
+// shared core (planner::pinned_step; with COLOSSAL_PIN_RANKS=0, planner::share_cores).
 TEST_F(Cli, RanksSharingOneCoreAreToldAndPriced) {
   if (run("taskset -c 0 true").code != 0) GTEST_SKIP() << "no taskset here";
-  const Result r = run(
+  const auto wait_for_cores = [](const Result& r) {
+    const std::string key = "waiting for shared cores ";
+    const std::size_t at = r.output.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(r.output.substr(at + key.size()));
+  };
+  const std::string command =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 taskset -c 0 mpirun "
       "-np 2 --oversubscribe --bind-to none " + bin("colossal_train") + " " + write_config("ok.yaml") +
-      " --set parallel.data=2 --set sample.tokens=0 --set log.dir=" + dir + "/shared");
+      " --set parallel.data=2 --set sample.tokens=0 --set log.dir=" + dir + "/shared";
+  Result r = run(command);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("threads: oversubscribed, 2 ranks x 1 thread(s) take turns on 1 core;"),
             std::string::npos) << r.output;
-  const std::string key = "waiting for shared cores ";
-  const std::size_t at = r.output.find(key);
-  ASSERT_NE(at, std::string::npos) << r.output;
-  EXPECT_GT(std::stod(r.output.substr(at + key.size())), 0.0) << r.output;
+  EXPECT_NE(r.output.find("ranks pinned round-robin to the cores (no binding was given): this "
+                          "node's ranks on cores 0 0;"),
+            std::string::npos) << r.output;
+  EXPECT_GT(wait_for_cores(r), 0.0) << r.output;
+  r = run("COLOSSAL_PIN_RANKS=0 " + command);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("ranks pinned"), std::string::npos) << r.output;
+  EXPECT_GT(wait_for_cores(r), 0.0) << r.output;
+}
+
+// Four unbound ranks on two cores: pinned alternately, so each pipeline stage's two data
+// replicas run on different cores; ranks bound by mpirun are left where they are.
+TEST_F(Cli, RanksOutnumberingTheCoresArePinnedRoundRobin) {
+  if (run("taskset -c 0,1 true").code != 0) GTEST_SKIP() << "fewer than 2 cores here";
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 taskset -c 0,1 mpirun "
+      "-np 4 --oversubscribe ";
+  const std::string args = " " + write_config("ok.yaml") +
+                           " --set parallel.data=2 --set parallel.pipeline.size=2 --set model.layers=2 "
+                           "--set train.micro_batch=1 --set sample.tokens=0 --set log.dir=" +
+                           dir + "/pinned";
+  Result r = run(mpirun + "--bind-to none " + bin("colossal_train") + args);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("this node's ranks on cores 0 1 0 1;"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("from one core each: more ranks than cores, pinned round-robin"),
+            std::string::npos) << r.output;
+  r = run(mpirun + "--bind-to core:overload-allowed " + bin("colossal_train") + args);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("ranks pinned"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
