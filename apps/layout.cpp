@@ -69,11 +69,11 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
 
 namespace colossal::apps {
 
-planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores) {
+planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, bool pinned) {
   if (hw.threads <= 0) return planner::Cluster{hw, devices};
   hw.memory_bytes /= devices;
   hw.devices_per_node = devices;
-  return planner::Cluster{hw, devices, cores};
+  return planner::Cluster{hw, devices, cores, pinned};
 }
 
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
@@ -84,7 +84,8 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       // The nodes' cores as the thread decision saw them (mpirun --oversubscribe shares them).
       const core::ThreadPlan node = core::current_thread_plan();
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
-                                                    node.node_cores * node.nodes(world.size()));
+                                                    node.node_cores * node.nodes(world.size()),
+                                                    node.pinned);
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;

@@ -213,13 +213,37 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     hardware_name_ = hw.name;
   }
   agree_on_plan();
-  if (hw.threads > 0) {  // a host spec (the same on every rank: the all-reduce is collective)
-    // Ranks taking turns on a node's cores (mpirun --oversubscribe): the node's work over its
-    // cores bounds the step (planner::share_cores), as the planner predicts it.
+  if (hw.threads > 0) {  // a host spec (the same on every rank: the collectives match)
+    // Ranks taking turns on a node's cores (mpirun --oversubscribe), as the planner predicts
+    // them: pinned round-robin, the step simulated from every stage's pieces
+    // (planner::pinned_step); otherwise the node's work over its cores bounds it
+    // (planner::share_cores).
     const core::ThreadPlan threads = core::current_thread_plan();
     const double thread_seconds = world_->all_reduce_sum_value(
         planner::busy_seconds(predicted_time_) * core::HostThreads::shared().size());
-    if (threads.oversubscribed()) {
+    const std::size_t chunks = predicted_time_.micro_forward.size();
+    std::vector<float> mine, stages(std::size_t(pp_->size()) * (2 * chunks + 2));
+    for (double f : predicted_time_.micro_forward) mine.push_back(float(f));
+    for (double b : predicted_time_.micro_backward) mine.push_back(float(b));
+    mine.push_back(float(predicted_time_.data_comm));
+    mine.push_back(float(predicted_time_.optimizer));
+    pp_->all_gather(mine, stages);
+    if (threads.oversubscribed() && threads.pinned) {
+      std::vector<planner::TimePrediction> per_stage(std::size_t(pp_->size()));
+      for (std::size_t p = 0; p < per_stage.size(); ++p) {
+        const float* v = stages.data() + p * mine.size();
+        per_stage[p].micro_forward.assign(v, v + chunks);
+        per_stage[p].micro_backward.assign(v + chunks, v + 2 * chunks);
+        per_stage[p].data_comm = v[2 * chunks];
+        per_stage[p].optimizer = v[2 * chunks + 1];
+      }
+      const auto& par = config_.parallel;
+      const planner::PinnedLayout pinned{
+          par.data,     par.tensor, par.sequence, par.pipeline, par.pipeline_chunks,
+          config_.accumulation_steps(), par.pipeline_schedule,
+          threads.node_cores * threads.nodes(world_->size())};
+      planner::share_pinned_cores(predicted_time_, planner::pinned_step(pinned, per_stage));
+    } else if (threads.oversubscribed()) {
       planner::share_cores(predicted_time_, thread_seconds / threads.nodes(world_->size()),
                            threads.node_cores);
     }

@@ -3,11 +3,14 @@
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
 #include "parallel/communicator.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 #include <string_view>
 
 #include "core/model.hpp"
@@ -231,6 +234,116 @@ void share_cores(TimePrediction& t, double node_thread_seconds, int cores) {
   t.step = own + t.shared_cores;
 }
 
+void share_pinned_cores(TimePrediction& t, double pinned_step_seconds) {
+  const double own = t.step - t.shared_cores;
+  t.shared_cores = std::max(0.0, pinned_step_seconds - own);
+  t.step = own + t.shared_cores;
+}
+
+double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& stages) {
+  if (int(stages.size()) != l.pipeline || l.cores < 1) {
+    throw std::invalid_argument("pinned_step: " + std::to_string(stages.size()) +
+                                " stage predictions for " + std::to_string(l.pipeline) +
+                                " stages on " + std::to_string(l.cores) + " cores");
+  }
+  const int group = l.tensor * l.sequence, stages_n = l.pipeline, chunks = l.chunks;
+  const int virtual_stages = stages_n * chunks, m = l.micro_batches;
+  // A stage replica: its pipeline rank, the cores its tensor x sequence ranks are pinned to, and
+  // how many of them share the busiest of those cores (they run one after another there).
+  struct Replica {
+    int stage = 0;
+    std::vector<int> cores;
+    int crowd = 1;
+    std::vector<parallel::PipelineAction> actions;
+    std::size_t next = 0;
+    double free_at = 0.0;  // when its previous piece ended
+  };
+  std::vector<Replica> replicas;
+  for (int p = 0; p < stages_n; ++p) {
+    const auto actions = parallel::pipeline_schedule(l.schedule, stages_n, p, m, chunks);
+    for (int d = 0; d < l.data; ++d) {
+      Replica r;
+      r.stage = p;
+      r.actions = actions;
+      std::vector<int> count(std::size_t(l.cores), 0);
+      for (int g = 0; g < group; ++g) {
+        const int rank = g + group * (d + l.data * p);  // mesh order tp-sp-dp-pp
+        ++count[std::size_t(rank % l.cores)];
+      }
+      for (int c = 0; c < l.cores; ++c) {
+        if (count[std::size_t(c)] > 0) r.cores.push_back(c);
+        r.crowd = std::max(r.crowd, count[std::size_t(c)]);
+      }
+      replicas.push_back(std::move(r));
+    }
+  }
+  const auto piece_seconds = [&](const Replica& r, const parallel::PipelineAction& a) {
+    const TimePrediction& t = stages[std::size_t(r.stage)];
+    const auto& v = a.forward ? t.micro_forward : t.micro_backward;
+    return r.crowd * (std::size_t(a.chunk) < v.size() ? v[std::size_t(a.chunk)] : 0.0);
+  };
+  // When (data replica d, virtual stage, micro-batch) finished its forward / backward.
+  const auto key = [&](int d, int v, int micro) {
+    return (std::size_t(d) * virtual_stages + std::size_t(v)) * std::size_t(m) + std::size_t(micro);
+  };
+  const double never = std::numeric_limits<double>::infinity();
+  std::vector<double> forward_done(std::size_t(l.data) * virtual_stages * m, never);
+  std::vector<double> backward_done(forward_done.size(), never);
+  std::vector<double> core_free(std::size_t(l.cores), 0.0);
+  // The time a replica's next piece may start (inputs arrived, previous piece ended); never if
+  // its inputs are not yet computed.
+  const auto ready_at = [&](const Replica& r, int d) {
+    const parallel::PipelineAction& a = r.actions[r.next];
+    const int v = a.chunk * stages_n + r.stage;
+    double input = 0.0;
+    if (a.forward) {
+      if (v > 0) input = forward_done[key(d, v - 1, a.micro)];
+    } else {
+      input = v < virtual_stages - 1 ? backward_done[key(d, v + 1, a.micro)]
+                                     : forward_done[key(d, v, a.micro)];
+    }
+    return std::max(input, r.free_at);
+  };
+  // Event simulation: repeatedly start, among the pieces whose inputs are ready, the one that
+  // became ready first (ties: the lower replica) at the moment all its cores are free.
+  std::size_t remaining = 0;
+  for (const Replica& r : replicas) remaining += r.actions.size();
+  while (remaining > 0) {
+    int best = -1;
+    double best_ready = never, best_start = never;
+    for (std::size_t i = 0; i < replicas.size(); ++i) {
+      const Replica& r = replicas[i];
+      if (r.next >= r.actions.size()) continue;
+      const double ready = ready_at(r, int(i) % l.data);
+      if (ready == never) continue;
+      double start = ready;
+      for (int c : r.cores) start = std::max(start, core_free[std::size_t(c)]);
+      // Earliest start first; among pieces that could start at once, the longest waiting.
+      if (start < best_start - 1e-15 || (start <= best_start + 1e-15 && ready < best_ready)) {
+        best = int(i);
+        best_start = start;
+        best_ready = ready;
+      }
+    }
+    if (best < 0) throw std::logic_error("pinned_step: the pipeline schedule cannot proceed");
+    Replica& r = replicas[std::size_t(best)];
+    const parallel::PipelineAction& a = r.actions[r.next];
+    const double end = best_start + piece_seconds(r, a);
+    for (int c : r.cores) core_free[std::size_t(c)] = end;
+    const int v = a.chunk * stages_n + r.stage;
+    (a.forward ? forward_done : backward_done)[key(best % l.data, v, a.micro)] = end;
+    r.free_at = end;
+    ++r.next;
+    --remaining;
+  }
+  // The gradient reduction and the optimizer: every replica's, after its core's last piece.
+  for (const Replica& r : replicas) {
+    const TimePrediction& t = stages[std::size_t(r.stage)];
+    for (int c : r.cores) core_free[std::size_t(c)] += r.crowd * (t.data_comm + t.optimizer);
+  }
+  return *std::max_element(core_free.begin(), core_free.end());
+}
+
 TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                             const HardwareSpec& hw) {
   TimePrediction t;
@@ -242,12 +355,15 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   double per_micro = 0.0, flat = 0.0, units = 0.0;
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
+    double forward = 0.0, backward = 0.0;
     for (const Op& op : graph.ops) {
       const OpTime o = op_time(op, l, hw, spec.fused_attention);
       t.compute += m * (o.forward + o.backward + o.recompute);
       t.recompute += m * o.recompute;
       t.tensor_comm += m * o.communication;
       per_micro += o.total();
+      forward += o.forward + op.forward_collective * o.communication;
+      backward += o.backward + o.recompute + (1.0 - op.forward_collective) * o.communication;
     }
     t.flops += m * (graph.forward_flops() + graph.backward_flops());
     if (l.pipeline > 1) {
@@ -258,7 +374,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       const int transfers = (chunk.virtual_stage > 0) + (chunk.virtual_stage < virtual_stages - 1);
       t.pipeline_comm += m * transfers * send_time(bytes, link);
       per_micro += transfers * send_time(bytes, link);
+      // The activation leaves after the forward, its gradient after the backward.
+      if (chunk.virtual_stage < virtual_stages - 1) forward += send_time(bytes, link);
+      if (chunk.virtual_stage > 0) backward += send_time(bytes, link);
     }
+    t.micro_forward.push_back(forward);
+    t.micro_backward.push_back(backward);
     const ChunkParams p = chunk_params(spec, l, chunk);
     flat += p.flat;
     units += p.units;

@@ -162,6 +162,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   plan.policy = policy == "auto" ? "none" : policy;
   plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
   double thread_seconds = 0.0;  // of every rank (pipeline ranks times their replicas)
+  std::vector<TimePrediction> stage_times;  // per pipeline rank, when they all are costed
   for (int r : ranks) {
     RankLayout l = rank_layout(run, r);
     std::string chosen = policy;
@@ -185,8 +186,16 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
     thread_seconds += busy_seconds(t) * (run.data * run.tensor * run.sequence) * cluster.threads();
+    stage_times.push_back(t);
   }
-  if (cluster.oversubscribed()) share_cores(plan.time, thread_seconds, cluster.cores);
+  if (cluster.oversubscribed() && cluster.pinned) {
+    const PinnedLayout pinned{run.data,          run.tensor,   run.sequence,
+                              run.pipeline,      run.chunks,   run.micro_batches(),
+                              run.schedule,      cluster.cores};
+    share_pinned_cores(plan.time, pinned_step(pinned, stage_times));
+  } else if (cluster.oversubscribed()) {
+    share_cores(plan.time, thread_seconds, cluster.cores);
+  }
   if (plan.policy != "rotor") plan.budget_bytes = 0.0;
   plan.step_time = plan.time.step;
   const double tokens = double(run.global_batch) * run.seq_len;
@@ -392,7 +401,13 @@ std::string format_search(const SearchResult& r, const Cluster& cluster) {
                 core::format_bytes(cluster.hw.memory_bytes).c_str(), r.evaluated, r.pruned,
                 r.infeasible, r.seconds);
   out += line;
-  if (cluster.oversubscribed()) {
+  if (cluster.oversubscribed() && cluster.pinned) {
+    std::snprintf(line, sizeof line,
+                  "%d ranks x %d thread(s) share %d cores, pinned round-robin: each step "
+                  "simulated, one rank's piece at a time per core\n\n",
+                  cluster.devices, std::max(1, cluster.hw.threads), cluster.cores);
+    out += line;
+  } else if (cluster.oversubscribed()) {
     std::snprintf(line, sizeof line,
                   "%d ranks x %d thread(s) share %d cores: a step lasts at least the ranks' work "
                   "over the cores\n\n",

@@ -24,6 +24,9 @@ struct Cluster {
   // (GPUs). Where devices x threads exceeds it, the step is at least the ranks' work over the
   // cores (share_cores).
   int cores = 0;
+  // Its ranks pinned round-robin to those cores (colossal_train pins ranks that outnumber them:
+  // core::pins_ranks_to_cores): the step is then simulated (pinned_step), not bounded.
+  bool pinned = false;
   int threads() const { return std::max(1, hw.threads); }  // per device (rank)
   bool oversubscribed() const { return cores > 0 && double(devices) * threads() > cores; }
 };

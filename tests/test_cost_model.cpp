@@ -141,6 +141,53 @@ TEST(CostModel, SharedCoresBoundTheStepByTheNodesWork) {
   EXPECT_DOUBLE_EQ(roomy.step, 1.0);
 }
 
+// Ranks pinned round-robin to shared cores: the step simulated piece by piece. Every stage's
+// micro-batch takes 1 s forward and 2 s backward; the expected makespans were worked out by hand
+// (the first ones) and by an independent event simulation, tests/reference/pinned_cores.py.
+TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
+  const auto step = [](int data, int tensor, int pipeline, int micro_batches, int cores,
+                       double tail = 0.0, const std::string& schedule = "1f1b", int chunks = 1) {
+    planner::TimePrediction stage;
+    stage.micro_forward.assign(std::size_t(chunks), 1.0);
+    stage.micro_backward.assign(std::size_t(chunks), 2.0);
+    stage.optimizer = tail;
+    const planner::PinnedLayout l{data, tensor, 1, pipeline, chunks, micro_batches, schedule, cores};
+    return planner::pinned_step(l, std::vector<planner::TimePrediction>(std::size_t(pipeline), stage));
+  };
+  // A core each: 1F1B's (m + p - 1)(f + b).
+  EXPECT_DOUBLE_EQ(step(1, 1, 2, 2, 2), 9.0);
+  EXPECT_DOUBLE_EQ(step(1, 1, 4, 4, 4), 21.0);
+  // Four data replicas on two cores: two replicas' work on each, one after the other.
+  EXPECT_DOUBLE_EQ(step(4, 1, 1, 1, 2), 6.0);
+  EXPECT_DOUBLE_EQ(step(4, 1, 1, 1, 2, 0.5), 7.0);  // and both replicas' optimizer after
+  // A tensor group of 4 on 2 cores: two members per core run one after the other.
+  EXPECT_DOUBLE_EQ(step(1, 4, 1, 1, 2), 6.0);
+  // Pipelines sharing cores: stages 0 and 2 on core 0, 1 and 3 on core 1.
+  EXPECT_DOUBLE_EQ(step(1, 1, 4, 4, 2), 29.0);
+  EXPECT_DOUBLE_EQ(step(1, 1, 4, 8, 2), 53.0);
+  EXPECT_DOUBLE_EQ(step(2, 1, 2, 2, 2), 12.0);  // two 2-stage pipelines: no idle core
+  EXPECT_DOUBLE_EQ(step(1, 2, 2, 4, 2), 24.0);  // tensor pairs hold both cores
+  // Never below the work over the cores, nor below the pipeline with a core per rank; the
+  // interleaved schedule completes too.
+  for (const auto& [schedule, chunks] : std::vector<std::pair<std::string, int>>{
+           {"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2}}) {
+    const double s = step(2, 1, 4, 8, 2, 0.0, schedule, chunks);
+    EXPECT_GE(s, 2 * 4 * 8 * 3.0 / 2 - 1e-9) << schedule;
+    EXPECT_GE(s, step(1, 1, 4, 8, 4, 0.0, schedule, chunks) - 1e-9) << schedule;
+  }
+  // The prediction's wait for cores: what the simulation adds to the rank's own step.
+  planner::TimePrediction t;
+  t.compute = 2.0;
+  t.step = 2.0;
+  planner::share_pinned_cores(t, 5.0);
+  EXPECT_DOUBLE_EQ(t.step, 5.0);
+  EXPECT_DOUBLE_EQ(t.shared_cores, 3.0);
+  planner::share_pinned_cores(t, 1.0);  // never below the rank's own step
+  EXPECT_DOUBLE_EQ(t.step, 2.0);
+  EXPECT_EQ(t.shared_cores, 0.0);
+  EXPECT_THROW(step(1, 1, 2, 2, 0), std::invalid_argument);
+}
+
 TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {
   for (const std::string& name : core::preset_names()) {
     SCOPED_TRACE(name);
