@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -166,16 +165,10 @@ int classify(const std::exception& e) {
 // or -1.
 int pin_shared_core(const cpu_set_t& node_cpus, bool unbound, int local_rank, int local_ranks) {
   const int cores = CPU_COUNT(&node_cpus);
-  const char* opt_out = std::getenv("COLOSSAL_PIN_RANKS");
-  int threads = 1;  // what set_threads_per_rank will give a rank bound to one core
-  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) >= 1) {
-      threads = std::atoi(v);
-      break;
-    }
-  }
-  if (!unbound || !core::pins_ranks_to_cores(local_ranks, cores, threads) ||
-      (opt_out != nullptr && std::string_view(opt_out) == "0")) {
+  // What set_threads_per_rank gives a rank bound to one core, unless the environment says.
+  const int threads = std::max(1, core::threads_requested());
+  if (!unbound || !core::pinning_enabled() ||
+      !core::pins_ranks_to_cores(local_ranks, cores, threads)) {
     return -1;
   }
   int seen = 0;

@@ -69,11 +69,12 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
 
 namespace colossal::apps {
 
-planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, bool pinned) {
+planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, bool pinned,
+                              int nodes) {
   if (hw.threads <= 0) return planner::Cluster{hw, devices};
   hw.memory_bytes /= devices;
   hw.devices_per_node = devices;
-  return planner::Cluster{hw, devices, cores, pinned};
+  return planner::Cluster{hw, devices, cores, pinned, nodes};
 }
 
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
@@ -85,7 +86,7 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       const core::ThreadPlan node = core::current_thread_plan();
       const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
                                                     node.node_cores * node.nodes(world.size()),
-                                                    node.pinned);
+                                                    node.pinned, node.nodes(world.size()));
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;

@@ -43,8 +43,10 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
 
 // The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
 // makes one device of each rank, sharing this node's memory, and `cores` (all nodes' together),
-// `pinned` when the ranks are pinned round-robin to them (core::pins_ranks_to_cores).
-planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, bool pinned);
+// `pinned` when the ranks are pinned round-robin to them (core::pins_ranks_to_cores) on each of
+// the `nodes`.
+planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, bool pinned,
+                              int nodes = 1);
 
 // parallel.mode: auto. Rank 0 searches the layouts of `world`'s ranks on the config's hardware
 // (host rates scaled to `threads` per rank, its memory shared by the ranks), broadcasts the chosen

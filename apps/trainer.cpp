@@ -240,8 +240,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
       const auto& par = config_.parallel;
       const planner::PinnedLayout pinned{
           par.data,     par.tensor, par.sequence, par.pipeline, par.pipeline_chunks,
-          config_.accumulation_steps(), par.pipeline_schedule,
-          threads.node_cores * threads.nodes(world_->size())};
+          config_.accumulation_steps(), par.pipeline_schedule, threads.node_cores,
+          threads.local_ranks};
       planner::share_pinned_cores(predicted_time_, planner::pinned_step(pinned, per_stage));
     } else if (threads.oversubscribed()) {
       planner::share_cores(predicted_time_, thread_seconds / threads.nodes(world_->size()),

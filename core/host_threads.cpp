@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <optional>
+#include <string_view>
 
 #include "core/gemm.hpp"
 
@@ -17,16 +18,26 @@ std::size_t part_bound(std::size_t n, std::size_t k, std::size_t parts, std::siz
 }
 
 int threads_from_environment() {
-  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (const char* v = std::getenv(name)) {
-      const int n = std::atoi(v);
-      if (n >= 1) return n;
-    }
-  }
+  if (const int n = threads_requested(); n > 0) return n;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw > 0 ? static_cast<int>(hw) : 1;
 }
 }  // namespace
+
+int threads_requested(const char** source) {
+  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
+    if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) >= 1) {
+      if (source != nullptr) *source = name;
+      return std::atoi(v);
+    }
+  }
+  return 0;
+}
+
+bool pinning_enabled() {
+  const char* v = std::getenv("COLOSSAL_PIN_RANKS");
+  return v == nullptr || std::string_view(v) != "0";
+}
 
 HostThreads::HostThreads(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
@@ -95,12 +106,10 @@ ThreadPlan set_threads_per_rank(int local_ranks, int node_cores, bool pinned) {
     plan.node_cores = plan.cores;
     plan.source = "cores / ranks on the node";
   }
-  for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (const char* v = std::getenv(name); v && std::atoi(v) >= 1) {
-      plan.threads = std::atoi(v);
-      plan.source = name;
-      break;
-    }
+  const char* requested_by = nullptr;
+  if (const int n = threads_requested(&requested_by); n > 0) {
+    plan.threads = n;
+    plan.source = requested_by;
   }
   if (node_cores > 0) plan.node_cores = node_cores;
   if (pinned) plan.source = "one core each: more ranks than cores, pinned round-robin";

@@ -248,6 +248,12 @@ double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& sta
   }
   const int group = l.tensor * l.sequence, stages_n = l.pipeline, chunks = l.chunks;
   const int virtual_stages = stages_n * chunks, m = l.micro_batches;
+  const int world = group * l.data * stages_n;
+  const int per_node = l.ranks_per_node > 0 ? l.ranks_per_node : world;
+  const int nodes = (world + per_node - 1) / per_node, cores = nodes * l.cores;
+  const auto core_of = [&](int rank) {
+    return rank / per_node * l.cores + rank % per_node % l.cores;
+  };
   // A stage replica: its pipeline rank, the cores its tensor x sequence ranks are pinned to, and
   // how many of them share the busiest of those cores (they run one after another there).
   struct Replica {
@@ -265,22 +271,29 @@ double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& sta
       Replica r;
       r.stage = p;
       r.actions = actions;
-      std::vector<int> count(std::size_t(l.cores), 0);
+      std::vector<int> count(std::size_t(cores), 0);
       for (int g = 0; g < group; ++g) {
         const int rank = g + group * (d + l.data * p);  // mesh order tp-sp-dp-pp
-        ++count[std::size_t(rank % l.cores)];
+        ++count[std::size_t(core_of(rank))];
       }
-      for (int c = 0; c < l.cores; ++c) {
+      for (int c = 0; c < cores; ++c) {
         if (count[std::size_t(c)] > 0) r.cores.push_back(c);
         r.crowd = std::max(r.crowd, count[std::size_t(c)]);
       }
       replicas.push_back(std::move(r));
     }
   }
+  for (const TimePrediction& t : stages) {
+    if (int(t.micro_forward.size()) != chunks || int(t.micro_backward.size()) != chunks) {
+      throw std::invalid_argument("pinned_step: a stage prediction holds " +
+                                  std::to_string(t.micro_forward.size()) + " forward and " +
+                                  std::to_string(t.micro_backward.size()) + " backward times for " +
+                                  std::to_string(chunks) + " chunks");
+    }
+  }
   const auto piece_seconds = [&](const Replica& r, const parallel::PipelineAction& a) {
     const TimePrediction& t = stages[std::size_t(r.stage)];
-    const auto& v = a.forward ? t.micro_forward : t.micro_backward;
-    return r.crowd * (std::size_t(a.chunk) < v.size() ? v[std::size_t(a.chunk)] : 0.0);
+    return r.crowd * (a.forward ? t.micro_forward : t.micro_backward)[std::size_t(a.chunk)];
   };
   // When (data replica d, virtual stage, micro-batch) finished its forward / backward.
   const auto key = [&](int d, int v, int micro) {
@@ -289,7 +302,7 @@ double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& sta
   const double never = std::numeric_limits<double>::infinity();
   std::vector<double> forward_done(std::size_t(l.data) * virtual_stages * m, never);
   std::vector<double> backward_done(forward_done.size(), never);
-  std::vector<double> core_free(std::size_t(l.cores), 0.0);
+  std::vector<double> core_free(std::size_t(cores), 0.0);
   // The time a replica's next piece may start (inputs arrived, previous piece ended); never if
   // its inputs are not yet computed.
   const auto ready_at = [&](const Replica& r, int d) {
@@ -336,10 +349,19 @@ double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& sta
     ++r.next;
     --remaining;
   }
-  // The gradient reduction and the optimizer: every replica's, after its core's last piece.
-  for (const Replica& r : replicas) {
-    const TimePrediction& t = stages[std::size_t(r.stage)];
-    for (int c : r.cores) core_free[std::size_t(c)] += r.crowd * (t.data_comm + t.optimizer);
+  // Each replica's gradient reduction and optimizer step once its last piece is done and its
+  // cores are free, the replicas that finished first going first.
+  std::vector<const Replica*> finished;
+  for (const Replica& r : replicas) finished.push_back(&r);
+  std::stable_sort(finished.begin(), finished.end(),
+                   [](const Replica* a, const Replica* b) { return a->free_at < b->free_at; });
+  for (const Replica* r : finished) {
+    const TimePrediction& t = stages[std::size_t(r->stage)];
+    double start = r->free_at;
+    for (int c : r->cores) start = std::max(start, core_free[std::size_t(c)]);
+    for (int c : r->cores) {
+      core_free[std::size_t(c)] = start + r->crowd * (t.data_comm + t.optimizer);
+    }
   }
   return *std::max_element(core_free.begin(), core_free.end());
 }

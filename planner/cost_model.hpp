@@ -94,8 +94,9 @@ double busy_seconds(const TimePrediction& t);
 // `t.shared_cores`.
 void share_cores(TimePrediction& t, double node_thread_seconds, int cores);
 
-// One step of ranks pinned round-robin to shared cores (world rank r on core r mod `cores`, as
-// colossal_train pins ranks that outnumber the cores; apps/cli.cpp), simulated: every pipeline
+// One step of ranks pinned round-robin to shared cores (a node's i-th rank on its core i mod
+// `cores`, nodes holding consecutive ranks, as colossal_train pins ranks that outnumber the cores;
+// apps/cli.cpp), simulated: every pipeline
 // rank's schedule (parallel::pipeline_schedule) runs its micro-batch forwards and backwards in
 // order once their inputs have arrived; a core runs one piece at a time, to its end, taking the
 // pieces in the order their ranks became runnable (a rank waiting in MPI leaves its core to the
@@ -109,7 +110,8 @@ void share_cores(TimePrediction& t, double node_thread_seconds, int cores);
 struct PinnedLayout {
   int data = 1, tensor = 1, sequence = 1, pipeline = 1, chunks = 1, micro_batches = 1;
   std::string schedule = "1f1b";
-  int cores = 1;
+  int cores = 1;           // per node
+  int ranks_per_node = 0;  // 0: every rank on one node
 };
 double pinned_step(const PinnedLayout& layout, const std::vector<TimePrediction>& stages);
 // Replaces the shared-cores wait of `t` (a rank's own prediction) by what pinned_step says the

@@ -189,9 +189,10 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     stage_times.push_back(t);
   }
   if (cluster.oversubscribed() && cluster.pinned) {
-    const PinnedLayout pinned{run.data,          run.tensor,   run.sequence,
-                              run.pipeline,      run.chunks,   run.micro_batches(),
-                              run.schedule,      cluster.cores};
+    const int nodes = std::max(1, cluster.nodes);
+    const PinnedLayout pinned{run.data,         run.tensor,          run.sequence,
+                              run.pipeline,     run.chunks,          run.micro_batches(),
+                              run.schedule,     cluster.cores / nodes, cluster.devices / nodes};
     share_pinned_cores(plan.time, pinned_step(pinned, stage_times));
   } else if (cluster.oversubscribed()) {
     share_cores(plan.time, thread_seconds, cluster.cores);

@@ -27,6 +27,7 @@ struct Cluster {
   // Its ranks pinned round-robin to those cores (colossal_train pins ranks that outnumber them:
   // core::pins_ranks_to_cores): the step is then simulated (pinned_step), not bounded.
   bool pinned = false;
+  int nodes = 1;  // of the host: its ranks and cores split evenly over them, in rank order
   int threads() const { return std::max(1, hw.threads); }  // per device (rank)
   bool oversubscribed() const { return cores > 0 && double(devices) * threads() > cores; }
 };

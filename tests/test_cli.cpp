@@ -320,14 +320,16 @@ TEST_F(Cli, RanksSharingOneCoreAreToldAndPriced) {
 // Four unbound ranks on two cores: pinned alternately, so each pipeline stage's two data
 // replicas run on different cores; ranks bound by mpirun are left where they are.
 TEST_F(Cli, RanksOutnumberingTheCoresArePinnedRoundRobin) {
-  if (run("taskset -c 0,1 true").code != 0) GTEST_SKIP() << "fewer than 2 cores here";
+  // taskset keeps the CPUs that exist: on one CPU "-c 0,1" runs on one.
+  if (run("test \"$(taskset -c 0,1 nproc)\" = 2").code != 0) GTEST_SKIP() << "fewer than 2 cores";
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 taskset -c 0,1 mpirun "
       "-np 4 --oversubscribe ";
-  const std::string args = " " + write_config("ok.yaml") +
-                           " --set parallel.data=2 --set parallel.pipeline.size=2 --set model.layers=2 "
-                           "--set train.micro_batch=1 --set sample.tokens=0 --set log.dir=" +
-                           dir + "/pinned";
+  const std::string config = write_config("ok.yaml");
+  const std::string args = " " + config +
+                           " --set parallel.data=2 --set parallel.pipeline.size=2 "
+                           "--set model.layers=2 --set train.micro_batch=1 --set sample.tokens=0 "
+                           "--set log.dir=" + dir + "/pinned";
   Result r = run(mpirun + "--bind-to none " + bin("colossal_train") + args);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("this node's ranks on cores 0 1 0 1;"), std::string::npos) << r.output;

@@ -146,12 +146,14 @@ TEST(CostModel, SharedCoresBoundTheStepByTheNodesWork) {
 // (the first ones) and by an independent event simulation, tests/reference/pinned_cores.py.
 TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   const auto step = [](int data, int tensor, int pipeline, int micro_batches, int cores,
-                       double tail = 0.0, const std::string& schedule = "1f1b", int chunks = 1) {
+                       double tail = 0.0, const std::string& schedule = "1f1b", int chunks = 1,
+                       int ranks_per_node = 0) {
     planner::TimePrediction stage;
     stage.micro_forward.assign(std::size_t(chunks), 1.0);
     stage.micro_backward.assign(std::size_t(chunks), 2.0);
     stage.optimizer = tail;
-    const planner::PinnedLayout l{data, tensor, 1, pipeline, chunks, micro_batches, schedule, cores};
+    const planner::PinnedLayout l{data,     tensor,   1,     pipeline,      chunks,
+                                  micro_batches, schedule, cores, ranks_per_node};
     return planner::pinned_step(l, std::vector<planner::TimePrediction>(std::size_t(pipeline), stage));
   };
   // A core each: 1F1B's (m + p - 1)(f + b).
@@ -167,6 +169,10 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   EXPECT_DOUBLE_EQ(step(1, 1, 4, 8, 2), 53.0);
   EXPECT_DOUBLE_EQ(step(2, 1, 2, 2, 2), 12.0);  // two 2-stage pipelines: no idle core
   EXPECT_DOUBLE_EQ(step(1, 2, 2, 4, 2), 24.0);  // tensor pairs hold both cores
+  // Two nodes of 2 cores, 4 ranks each: each stage's four replicas share one node's two cores,
+  // slower than the same 8 ranks on one node of 4 cores.
+  EXPECT_DOUBLE_EQ(step(4, 1, 2, 2, 2, 0.0, "1f1b", 1, 4), 15.0);
+  EXPECT_DOUBLE_EQ(step(4, 1, 2, 2, 4), 12.0);
   // Never below the work over the cores, nor below the pipeline with a core per rank; the
   // interleaved schedule completes too.
   for (const auto& [schedule, chunks] : std::vector<std::pair<std::string, int>>{
@@ -186,6 +192,8 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   EXPECT_DOUBLE_EQ(t.step, 2.0);
   EXPECT_EQ(t.shared_cores, 0.0);
   EXPECT_THROW(step(1, 1, 2, 2, 0), std::invalid_argument);
+  planner::TimePrediction no_chunks;  // a stage without its pieces is refused, not priced at 0
+  EXPECT_THROW(planner::pinned_step(planner::PinnedLayout{}, {no_chunks}), std::invalid_argument);
 }
 
 TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {

@@ -22,12 +22,18 @@ def one_f_one_b(stages, stage, micro):
     return order
 
 
-def makespan(data, tensor, stages, micro, cores, fwd=1.0, bwd=2.0):
+def makespan(data, tensor, stages, micro, cores, fwd=1.0, bwd=2.0, per_node=0):
+    """`cores` per node; nodes hold `per_node` consecutive ranks (0: one node)."""
+    per_node = per_node or data * tensor * stages
+
+    def core(rank):  # a global core number
+        return (rank // per_node, rank % per_node % cores)
+
     replicas = {}
     for d in range(data):
         for s in range(stages):
             ranks = [t + tensor * (d + data * s) for t in range(tensor)]
-            replicas[(d, s)] = sorted({r % cores for r in ranks})
+            replicas[(d, s)] = sorted({core(r) for r in ranks})
     orders = {e: one_f_one_b(stages, e[1], micro) for e in replicas}
     position = {e: 0 for e in replicas}
     finished = {}
@@ -55,8 +61,8 @@ def makespan(data, tensor, stages, micro, cores, fwd=1.0, bwd=2.0):
                 ready.append((max(t, last_end[e]), e))  # runnable since
         for _, e in sorted(ready):
             if all(core_free.get(c, 0.0) <= now + 1e-12 for c in replicas[e]):
-                crowd = max([(t + tensor * (e[0] + data * e[1])) % cores for t in range(tensor)].count(c)
-                            for c in replicas[e])
+                members = [core(t + tensor * (e[0] + data * e[1])) for t in range(tensor)]
+                crowd = max(members.count(c) for c in replicas[e])
                 seconds = crowd * (fwd if orders[e][position[e]][0] == "F" else bwd)
                 for c in replicas[e]:
                     core_free[c] = now + seconds
@@ -80,5 +86,7 @@ if __name__ == "__main__":
                        ("p4, m4, 2 cores", (1, 1, 4, 4, 2)),
                        ("p4, m8, 2 cores", (1, 1, 4, 8, 2)),
                        ("d2 x p2, m2, 2 cores", (2, 1, 2, 2, 2)),
-                       ("t2 x p2, m4, 2 cores", (1, 2, 2, 4, 2))]:
+                       ("t2 x p2, m4, 2 cores", (1, 2, 2, 4, 2)),
+                       ("d4 x p2, m2, 2 x 2 cores", (4, 1, 2, 2, 2, 1.0, 2.0, 4)),
+                       ("d4 x p2, m2, 4 cores", (4, 1, 2, 2, 4))]:
         print(f"{name:24} {makespan(*args):g}")
