@@ -160,17 +160,11 @@ int classify(const std::exception& e) {
 // by chance. Pinning the node's rank i to its i-th core modulo the cores makes the placement
 // fixed and spreads each group of consecutive ranks (a tensor group, the stages in turn) over the
 // cores. Only as core::pins_ranks_to_cores says (ranks dividing evenly over the cores: 3 ranks on
-// 2 cores pinned would leave one core half as loaded; one thread each, as COLOSSAL_HOST_THREADS or
-// OPENBLAS_NUM_THREADS may say otherwise), and unless COLOSSAL_PIN_RANKS is 0. Returns the core,
-// or -1.
+// 2 cores pinned would leave one core half as loaded; one thread each; COLOSSAL_PIN_RANKS not 0).
+// Returns the core, or -1.
 int pin_shared_core(const cpu_set_t& node_cpus, bool unbound, int local_rank, int local_ranks) {
   const int cores = CPU_COUNT(&node_cpus);
-  // What set_threads_per_rank gives a rank bound to one core, unless the environment says.
-  const int threads = std::max(1, core::threads_requested());
-  if (!unbound || !core::pinning_enabled() ||
-      !core::pins_ranks_to_cores(local_ranks, cores, threads)) {
-    return -1;
-  }
+  if (!unbound || !core::pins_ranks_to_cores(local_ranks, cores)) return -1;
   int seen = 0;
   for (int c = 0; c < CPU_SETSIZE; ++c) {
     if (!CPU_ISSET(c, &node_cpus) || seen++ != local_rank % cores) continue;
@@ -194,34 +188,37 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   // This process's rank on its node and the node's rank count: for the GPU (chosen before Kokkos,
   // cuBLAS or NCCL start) and the host threads.
   int local_rank = 0, local_ranks = 1, node_cores = 0;
-  std::vector<int> pinned;  // rank 0 of a node: the core each of its ranks was pinned to
-  bool all_pinned = false;
+  std::vector<int> pinned;  // the core each rank of this node was pinned to (empty: not pinned)
   {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_size(node, &local_ranks);
     // The node's cores: the union of its ranks' affinity masks (ranks started under one taskset
-    // share the same cores; ranks bound one per core own theirs).
-    cpu_set_t mine, all;
+    // share the same cores; ranks bound one per core own theirs). Unknown (0) if any rank cannot
+    // read its mask (an empty mask stands for that).
+    cpu_set_t mine;
     CPU_ZERO(&mine);
-    CPU_ZERO(&all);
-    int failed = sched_getaffinity(0, sizeof mine, &mine) != 0 ? 1 : 0, any_failed = 0;
-    MPI_Allreduce(&mine, &all, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BOR, node);
-    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, node);
-    node_cores = any_failed ? 0 : CPU_COUNT(&all);  // 0: unknown
-    cpu_set_t common;
-    CPU_ZERO(&common);
-    MPI_Allreduce(&mine, &common, int(sizeof(cpu_set_t)), MPI_BYTE, MPI_BAND, node);
-    const bool unbound = !any_failed && CPU_EQUAL(&common, &all);
-    const int core = pin_shared_core(all, unbound, local_rank, local_ranks);
-    int here = core >= 0 ? 1 : 0, everywhere = 0;
-    MPI_Allreduce(&here, &everywhere, 1, MPI_INT, MPI_MIN, node);
-    all_pinned = everywhere == 1;  // the cost model assumes the whole node pinned, or none of it
-    if (core >= 0 && !all_pinned) sched_setaffinity(0, sizeof mine, &mine);
-    pinned.assign(std::size_t(local_ranks), -1);
-    MPI_Gather(&core, 1, MPI_INT, pinned.data(), 1, MPI_INT, 0, node);
-    if (!all_pinned) pinned.clear();
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+    std::vector<cpu_set_t> masks(static_cast<std::size_t>(local_ranks));
+    MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE,
+                  node);
+    cpu_set_t all = masks.front();
+    bool known = true, unbound = true;
+    for (cpu_set_t& m : masks) {
+      CPU_OR(&all, &all, &m);
+      known = known && CPU_COUNT(&m) > 0;
+      unbound = unbound && CPU_EQUAL(&m, &masks.front());
+    }
+    node_cores = known ? CPU_COUNT(&all) : 0;
+    const int core = pin_shared_core(all, known && unbound, local_rank, local_ranks);
+    pinned.resize(std::size_t(local_ranks));
+    MPI_Allgather(&core, 1, MPI_INT, pinned.data(), 1, MPI_INT, node);
+    // The cost model assumes the whole node pinned, or none of it.
+    if (std::ranges::count(pinned, -1) != 0) {
+      if (core >= 0) sched_setaffinity(0, sizeof mine, &mine);
+      pinned.clear();
+    }
     MPI_Comm_free(&node);
   }
   const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
@@ -272,7 +269,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           // One decision for BLAS and host threads: the cores of this process split among the
           // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
           const core::ThreadPlan threads =
-              core::set_threads_per_rank(local_ranks, node_cores, all_pinned);
+              core::set_threads_per_rank(local_ranks, node_cores, !pinned.empty());
           if (inv.rank == 0 && info.print_threads) {
             if (slurm.in_job()) {
               std::printf("slurm: %s\n", slurm.describe().c_str());

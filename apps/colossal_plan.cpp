@@ -178,10 +178,8 @@ int plan(apps::Invocation& inv) {
   }
   // Ranks that outnumber the cores evenly are pinned round-robin by colossal_train (started
   // unbound, as mpirun --oversubscribe starts them).
-  const bool pinned = hw.threads > 0 && core::pinning_enabled() &&
-                      core::pins_ranks_to_cores(devices, cores,
-                                                std::max(1, core::threads_requested()));
-  const planner::Cluster cluster = apps::make_cluster(hw, devices, cores, pinned);
+  const planner::Cluster cluster = apps::make_cluster(
+      hw, devices, cores, hw.threads > 0 && core::pins_ranks_to_cores(devices, cores));
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
   int top = 5;

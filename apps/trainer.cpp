@@ -213,39 +213,35 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     hardware_name_ = hw.name;
   }
   agree_on_plan();
-  if (hw.threads > 0) {  // a host spec (the same on every rank: the collectives match)
-    // Ranks taking turns on a node's cores (mpirun --oversubscribe), as the planner predicts
-    // them: pinned round-robin, the step simulated from every stage's pieces
-    // (planner::pinned_step); otherwise the node's work over its cores bounds it
-    // (planner::share_cores).
-    const core::ThreadPlan threads = core::current_thread_plan();
-    const double thread_seconds = world_->all_reduce_sum_value(
-        planner::busy_seconds(predicted_time_) * core::HostThreads::shared().size());
+  if (hw.threads > 0) {  // a host spec (the same on every rank: the gather is collective)
+    // Ranks taking turns on a node's cores (mpirun --oversubscribe) stretch the step as the
+    // planner predicts it (planner::share_node_cores), from every pipeline stage's prediction.
     const std::size_t chunks = predicted_time_.micro_forward.size();
-    std::vector<float> mine, stages(std::size_t(pp_->size()) * (2 * chunks + 2));
-    for (double f : predicted_time_.micro_forward) mine.push_back(float(f));
-    for (double b : predicted_time_.micro_backward) mine.push_back(float(b));
-    mine.push_back(float(predicted_time_.data_comm));
-    mine.push_back(float(predicted_time_.optimizer));
-    pp_->all_gather(mine, stages);
-    if (threads.oversubscribed() && threads.pinned) {
-      std::vector<planner::TimePrediction> per_stage(std::size_t(pp_->size()));
-      for (std::size_t p = 0; p < per_stage.size(); ++p) {
-        const float* v = stages.data() + p * mine.size();
-        per_stage[p].micro_forward.assign(v, v + chunks);
-        per_stage[p].micro_backward.assign(v + chunks, v + 2 * chunks);
-        per_stage[p].data_comm = v[2 * chunks];
-        per_stage[p].optimizer = v[2 * chunks + 1];
+    std::vector<float> mine(predicted_time_.micro_forward.begin(),
+                            predicted_time_.micro_forward.end());
+    mine.insert(mine.end(), predicted_time_.micro_backward.begin(),
+                predicted_time_.micro_backward.end());
+    mine.insert(mine.end(), {float(predicted_time_.data_comm), float(predicted_time_.optimizer),
+                             float(predicted_time_.step)});
+    std::vector<float> all(std::size_t(pp_->size()) * mine.size());
+    pp_->all_gather(mine, all);
+    const core::ThreadPlan threads = core::current_thread_plan();
+    if (threads.oversubscribed()) {
+      std::vector<planner::TimePrediction> stages(std::size_t(pp_->size()));
+      for (std::size_t p = 0; p < stages.size(); ++p) {
+        const float* v = all.data() + p * mine.size();
+        stages[p].micro_forward.assign(v, v + chunks);
+        stages[p].micro_backward.assign(v + chunks, v + 2 * chunks);
+        stages[p].data_comm = v[2 * chunks];
+        stages[p].optimizer = v[2 * chunks + 1];
+        stages[p].step = v[2 * chunks + 2];
       }
       const auto& par = config_.parallel;
-      const planner::PinnedLayout pinned{
-          par.data,     par.tensor, par.sequence, par.pipeline, par.pipeline_chunks,
-          config_.accumulation_steps(), par.pipeline_schedule, threads.node_cores,
-          threads.local_ranks};
-      planner::share_pinned_cores(predicted_time_, planner::pinned_step(pinned, per_stage));
-    } else if (threads.oversubscribed()) {
-      planner::share_cores(predicted_time_, thread_seconds / threads.nodes(world_->size()),
-                           threads.node_cores);
+      const planner::SharedCoresLayout shared{
+          par.data,           par.tensor,         par.sequence, par.pipeline,
+          par.pipeline_chunks, config_.accumulation_steps(), par.pipeline_schedule,
+          threads.node_cores, threads.local_ranks, threads.threads, threads.pinned};
+      planner::share_node_cores(predicted_time_, shared, stages);
     }
   }
   // Host buffers hold whole windows (micro_batch x seq_len); the device gets this rank's part,

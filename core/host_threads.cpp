@@ -17,14 +17,9 @@ std::size_t part_bound(std::size_t n, std::size_t k, std::size_t parts, std::siz
   return k == parts ? n : (n * k / parts) / align * align;
 }
 
-int threads_from_environment() {
-  if (const int n = threads_requested(); n > 0) return n;
-  const unsigned hw = std::thread::hardware_concurrency();
-  return hw > 0 ? static_cast<int>(hw) : 1;
-}
-}  // namespace
-
-int threads_requested(const char** source) {
+// The threads per rank the environment asks for (COLOSSAL_HOST_THREADS, else
+// OPENBLAS_NUM_THREADS, when 1 or more; `source` gets the variable's name), else 0.
+int threads_requested(const char** source = nullptr) {
   for (const char* name : {"COLOSSAL_HOST_THREADS", "OPENBLAS_NUM_THREADS"}) {
     if (const char* v = std::getenv(name); v != nullptr && std::atoi(v) >= 1) {
       if (source != nullptr) *source = name;
@@ -34,10 +29,12 @@ int threads_requested(const char** source) {
   return 0;
 }
 
-bool pinning_enabled() {
-  const char* v = std::getenv("COLOSSAL_PIN_RANKS");
-  return v == nullptr || std::string_view(v) != "0";
+int threads_from_environment() {
+  if (const int n = threads_requested(); n > 0) return n;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
 }
+}  // namespace
 
 HostThreads::HostThreads(int threads) {
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
@@ -82,8 +79,10 @@ std::mutex g_thread_plan_mutex;
 std::optional<ThreadPlan> g_thread_plan;
 }  // namespace
 
-bool pins_ranks_to_cores(int local_ranks, int node_cores, int threads) {
-  return threads == 1 && node_cores > 0 && local_ranks > node_cores && local_ranks % node_cores == 0;
+bool pins_ranks_to_cores(int local_ranks, int node_cores) {
+  const char* opt_out = std::getenv("COLOSSAL_PIN_RANKS");
+  return threads_requested() <= 1 && node_cores > 0 && local_ranks > node_cores &&
+         local_ranks % node_cores == 0 && (opt_out == nullptr || std::string_view(opt_out) != "0");
 }
 
 ThreadPlan set_threads_per_rank(int local_ranks, int node_cores, bool pinned) {

@@ -79,15 +79,11 @@ struct ThreadPlan {
 // bindings) and as cores otherwise.
 // `pinned`: this rank was pinned to one core by colossal (pins_ranks_to_cores).
 ThreadPlan set_threads_per_rank(int local_ranks, int node_cores = 0, bool pinned = false);
-// Whether colossal pins a node's ranks round-robin to its cores (apps/cli.cpp, when they were
-// started unbound): they outnumber the cores, divide evenly over them and run one thread each.
-// The planner assumes it (planner::pinned_step).
-bool pins_ranks_to_cores(int local_ranks, int node_cores, int threads);
-// Whether pinning is allowed at all: COLOSSAL_PIN_RANKS is not 0.
-bool pinning_enabled();
-// The threads per rank the environment asks for (COLOSSAL_HOST_THREADS, else
-// OPENBLAS_NUM_THREADS, when 1 or more; `source` gets the variable's name), else 0.
-int threads_requested(const char** source = nullptr);
+// Whether colossal pins a node's `local_ranks` ranks round-robin to its `node_cores` cores
+// (apps/cli.cpp, when they were started unbound): they outnumber the cores and divide evenly over
+// them, each runs one thread (COLOSSAL_HOST_THREADS / OPENBLAS_NUM_THREADS may ask for more), and
+// COLOSSAL_PIN_RANKS is not 0. The planner assumes it (planner::pinned_step).
+bool pins_ranks_to_cores(int local_ranks, int node_cores);
 // The last decision of set_threads_per_rank (before any: this process alone on its cores, with
 // the shared pool's threads).
 ThreadPlan current_thread_plan();

@@ -227,20 +227,30 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
 
 double busy_seconds(const TimePrediction& t) { return t.step - t.shared_cores; }
 
+void stretch_step(TimePrediction& t, double shared_step) {
+  const double own = busy_seconds(t);
+  t.shared_cores = std::max(0.0, shared_step - own);
+  t.step = own + t.shared_cores;
+}
+
 void share_cores(TimePrediction& t, double node_thread_seconds, int cores) {
-  if (cores <= 0) return;
-  const double own = t.step - t.shared_cores;
-  t.shared_cores = std::max(0.0, node_thread_seconds / cores - own);
-  t.step = own + t.shared_cores;
+  if (cores > 0) stretch_step(t, node_thread_seconds / cores);
 }
 
-void share_pinned_cores(TimePrediction& t, double pinned_step_seconds) {
-  const double own = t.step - t.shared_cores;
-  t.shared_cores = std::max(0.0, pinned_step_seconds - own);
-  t.step = own + t.shared_cores;
+void share_node_cores(TimePrediction& t, const SharedCoresLayout& l,
+                      const std::vector<TimePrediction>& stages) {
+  if (l.pinned) {
+    stretch_step(t, pinned_step(l, stages));
+    return;
+  }
+  const int replicas = l.data * l.tensor * l.sequence;
+  const int nodes = l.ranks_per_node > 0 ? replicas * l.pipeline / l.ranks_per_node : 1;
+  double thread_seconds = 0.0;
+  for (const TimePrediction& s : stages) thread_seconds += busy_seconds(s) * replicas * l.threads;
+  share_cores(t, thread_seconds / std::max(1, nodes), l.cores);
 }
 
-double pinned_step(const PinnedLayout& l, const std::vector<TimePrediction>& stages) {
+double pinned_step(const SharedCoresLayout& l, const std::vector<TimePrediction>& stages) {
   if (int(stages.size()) != l.pipeline || l.cores < 1) {
     throw std::invalid_argument("pinned_step: " + std::to_string(stages.size()) +
                                 " stage predictions for " + std::to_string(l.pipeline) +

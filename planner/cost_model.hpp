@@ -93,6 +93,9 @@ double busy_seconds(const TimePrediction& t);
 // threads over its ranks) over its cores. Raises `t.step` to that, recording the difference in
 // `t.shared_cores`.
 void share_cores(TimePrediction& t, double node_thread_seconds, int cores);
+// Raises `t.step` (a rank's own prediction) to what the shared cores allow, `shared_step`,
+// recording the difference in `t.shared_cores` (0 when the rank's own step is longer).
+void stretch_step(TimePrediction& t, double shared_step);
 
 // One step of ranks pinned round-robin to shared cores (a node's i-th rank on its core i mod
 // `cores`, nodes holding consecutive ranks, as colossal_train pins ranks that outnumber the cores;
@@ -106,17 +109,22 @@ void share_cores(TimePrediction& t, double node_thread_seconds, int cores);
 // a 4-stage pipeline 0.360 against 0.397, where counting the bubble as busy (share_cores) gave
 // 0.43 and 0.50. `stages[p]`: pipeline rank p's prediction (micro_forward, micro_backward,
 // data_comm, optimizer). Returns the step's seconds; throws std::invalid_argument unless there
-// is one prediction per stage and at least one core.
-struct PinnedLayout {
+// is one prediction per stage, with its pieces for every chunk, and at least one core.
+struct SharedCoresLayout {
   int data = 1, tensor = 1, sequence = 1, pipeline = 1, chunks = 1, micro_batches = 1;
   std::string schedule = "1f1b";
   int cores = 1;           // per node
   int ranks_per_node = 0;  // 0: every rank on one node
+  int threads = 1;         // per rank
+  bool pinned = false;     // pinned round-robin (pinned_step), or left to the OS (share_cores)
 };
-double pinned_step(const PinnedLayout& layout, const std::vector<TimePrediction>& stages);
-// Replaces the shared-cores wait of `t` (a rank's own prediction) by what pinned_step says the
-// step takes: t.shared_cores = max(0, step - the rest).
-void share_pinned_cores(TimePrediction& t, double pinned_step_seconds);
+double pinned_step(const SharedCoresLayout& layout, const std::vector<TimePrediction>& stages);
+// The one rule for ranks sharing a node's cores, for the planner and the trainer alike: `t` (a
+// rank's own prediction) stretched to pinned_step's step where the ranks are pinned, else to
+// every rank's busy_seconds x threads over the cores (share_cores). `stages[p]`: pipeline rank
+// p's own prediction.
+void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
+                      const std::vector<TimePrediction>& stages);
 
 // Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::TrainerMD; no pipeline,
 // sequence, ZeRO or checkpointing): `q` the grid side, `depth` the 2.5D layers, `data` the data

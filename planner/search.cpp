@@ -82,7 +82,6 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   return "";
 }
 
-
 // The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
 // states live in the same memory.
 double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
@@ -161,7 +160,6 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   plan.fits = true;
   plan.policy = policy == "auto" ? "none" : policy;
   plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
-  double thread_seconds = 0.0;  // of every rank (pipeline ranks times their replicas)
   std::vector<TimePrediction> stage_times;  // per pipeline rank, when they all are costed
   for (int r : ranks) {
     RankLayout l = rank_layout(run, r);
@@ -185,17 +183,16 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     }
     if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
-    thread_seconds += busy_seconds(t) * (run.data * run.tensor * run.sequence) * cluster.threads();
     stage_times.push_back(t);
   }
-  if (cluster.oversubscribed() && cluster.pinned) {
+  if (cluster.oversubscribed()) {
     const int nodes = std::max(1, cluster.nodes);
-    const PinnedLayout pinned{run.data,         run.tensor,          run.sequence,
-                              run.pipeline,     run.chunks,          run.micro_batches(),
-                              run.schedule,     cluster.cores / nodes, cluster.devices / nodes};
-    share_pinned_cores(plan.time, pinned_step(pinned, stage_times));
-  } else if (cluster.oversubscribed()) {
-    share_cores(plan.time, thread_seconds, cluster.cores);
+    const SharedCoresLayout shared{run.data,          run.tensor,   run.sequence,
+                                   run.pipeline,      run.chunks,   run.micro_batches(),
+                                   run.schedule,      cluster.cores / nodes,
+                                   cluster.devices / nodes,         cluster.threads(),
+                                   cluster.pinned};
+    share_node_cores(plan.time, shared, stage_times);
   }
   if (plan.policy != "rotor") plan.budget_bytes = 0.0;
   plan.step_time = plan.time.step;

@@ -152,8 +152,8 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
     stage.micro_forward.assign(std::size_t(chunks), 1.0);
     stage.micro_backward.assign(std::size_t(chunks), 2.0);
     stage.optimizer = tail;
-    const planner::PinnedLayout l{data,     tensor,   1,     pipeline,      chunks,
-                                  micro_batches, schedule, cores, ranks_per_node};
+    const planner::SharedCoresLayout l{data,          tensor,   1,     pipeline,      chunks,
+                                       micro_batches, schedule, cores, ranks_per_node};
     return planner::pinned_step(l, std::vector<planner::TimePrediction>(std::size_t(pipeline), stage));
   };
   // A core each: 1F1B's (m + p - 1)(f + b).
@@ -185,15 +185,37 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   planner::TimePrediction t;
   t.compute = 2.0;
   t.step = 2.0;
-  planner::share_pinned_cores(t, 5.0);
+  planner::stretch_step(t, 5.0);
   EXPECT_DOUBLE_EQ(t.step, 5.0);
   EXPECT_DOUBLE_EQ(t.shared_cores, 3.0);
-  planner::share_pinned_cores(t, 1.0);  // never below the rank's own step
+  planner::stretch_step(t, 1.0);  // never below the rank's own step
   EXPECT_DOUBLE_EQ(t.step, 2.0);
   EXPECT_EQ(t.shared_cores, 0.0);
   EXPECT_THROW(step(1, 1, 2, 2, 0), std::invalid_argument);
   planner::TimePrediction no_chunks;  // a stage without its pieces is refused, not priced at 0
-  EXPECT_THROW(planner::pinned_step(planner::PinnedLayout{}, {no_chunks}), std::invalid_argument);
+  EXPECT_THROW(planner::pinned_step(planner::SharedCoresLayout{}, {no_chunks}),
+               std::invalid_argument);
+  // The one rule: pinned ranks get the simulated step, others every rank's work over the cores.
+  planner::TimePrediction stage;
+  stage.micro_forward = {1.0};
+  stage.micro_backward = {2.0};
+  stage.step = 3.0;
+  planner::SharedCoresLayout four{4, 1, 1, 1, 1, 1, "1f1b", 2};
+  planner::TimePrediction own = stage;
+  planner::share_node_cores(own, four, {stage});
+  EXPECT_DOUBLE_EQ(own.step, 4 * 3.0 / 2);
+  four.pinned = true;
+  own = stage;
+  planner::share_node_cores(own, four, {stage});
+  EXPECT_DOUBLE_EQ(own.step, step(4, 1, 1, 1, 2));
+  four = planner::SharedCoresLayout{1, 1, 1, 4, 1, 4, "1f1b", 2};  // a 4-stage pipeline
+  own = stage;
+  planner::share_node_cores(own, four, std::vector<planner::TimePrediction>(4, stage));
+  EXPECT_DOUBLE_EQ(own.step, 4 * 3.0 / 2);  // its bubble unseen by the bound
+  four.pinned = true;
+  own = stage;
+  planner::share_node_cores(own, four, std::vector<planner::TimePrediction>(4, stage));
+  EXPECT_DOUBLE_EQ(own.step, 29.0);
 }
 
 TEST(CostModel, SymbolicParameterCountEqualsTheBuiltModelForEveryPreset) {

@@ -112,6 +112,23 @@ TEST(Search, PruningKeepsTheBestPlans) {
   }
 }
 
+// The search of a 16 x 128-token batch on `cluster` with and without pruning: the same best plans
+// (the unpruned search returned, for more checks).
+planner::SearchResult expect_pruning_keeps_the_best(const core::ModelSpec& spec,
+                                                    const planner::Cluster& cluster) {
+  planner::SearchOptions all, pruned;
+  all.prune = false;
+  all.tensor_modes = pruned.tensor_modes = false;
+  const auto a = planner::search_plans(spec, 16, 128, false, cluster, all);
+  const auto b = planner::search_plans(spec, 16, 128, false, cluster, pruned);
+  EXPECT_FALSE(a.best.empty());
+  EXPECT_EQ(a.best.size(), b.best.size());
+  for (std::size_t i = 0; i < std::min(a.best.size(), b.best.size()); ++i) {
+    EXPECT_DOUBLE_EQ(a.best[i].step_time, b.best[i].step_time) << i;
+  }
+  return a;
+}
+
 // Eight one-thread ranks on two cores (mpirun --oversubscribe): a plan's step is the busy
 // thread-seconds of all ranks over the cores, pruning still keeps the best plans,
 // and 1F1B needs a micro-batch per stage, as the config does.
@@ -141,16 +158,7 @@ TEST(Search, RanksSharingCoresAddTheirWork) {
   run.micro_batch = 4;  // 2 micro-batches per rank for 4 stages
   EXPECT_NE(planner::evaluate_plan(spec, run, shared, "none").why.find("1f1b needs"),
             std::string::npos);
-  planner::SearchOptions all, pruned;
-  all.prune = false;
-  all.tensor_modes = pruned.tensor_modes = false;
-  const auto a = planner::search_plans(spec, 16, 128, false, shared, all);
-  const auto b = planner::search_plans(spec, 16, 128, false, shared, pruned);
-  ASSERT_FALSE(a.best.empty());
-  ASSERT_EQ(a.best.size(), b.best.size());
-  for (std::size_t i = 0; i < a.best.size(); ++i) {
-    EXPECT_DOUBLE_EQ(a.best[i].step_time, b.best[i].step_time) << i;
-  }
+  expect_pruning_keeps_the_best(spec, shared);
 }
 
 // The same ranks pinned round-robin (as colossal_train pins them): data-parallel replicas on a
@@ -181,16 +189,7 @@ TEST(Search, PinnedRanksAreSimulated) {
   ASSERT_TRUE(four.fits) << four.why;
   EXPECT_GT(four.step_time, 1.1 * two.step_time);
   // Pruning by the dedicated-core bound stays exact: the simulation never goes below it.
-  planner::SearchOptions all, pruned;
-  all.prune = false;
-  all.tensor_modes = pruned.tensor_modes = false;
-  const auto a = planner::search_plans(spec, 16, 128, false, pinned, all);
-  const auto b = planner::search_plans(spec, 16, 128, false, pinned, pruned);
-  ASSERT_FALSE(a.best.empty());
-  ASSERT_EQ(a.best.size(), b.best.size());
-  for (std::size_t i = 0; i < a.best.size(); ++i) {
-    EXPECT_DOUBLE_EQ(a.best[i].step_time, b.best[i].step_time) << i;
-  }
+  const planner::SearchResult a = expect_pruning_keeps_the_best(spec, pinned);
   EXPECT_NE(planner::format_search(a, pinned).find("pinned round-robin"), std::string::npos);
 }
 
