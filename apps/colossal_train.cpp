@@ -8,6 +8,7 @@
 
 #include "apps/cli.hpp"
 #include "apps/layout.hpp"
+#include "apps/memory_fit.hpp"
 #include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
 #include "apps/trainer_md.hpp"
@@ -115,6 +116,8 @@ int main(int argc, char** argv) {
                      report.c_str());
       }
     }
+    // Before anything is allocated: does every node hold its ranks' memory plan?
+    if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);
     if (inv.config.parallel.tensor_mode != "1d") {
       // 2d / 2.5d / 3d: the sharded models' own loop (apps/trainer_md.hpp).
       if (inv.has("--memory-plan")) {

@@ -219,6 +219,35 @@ TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
   EXPECT_NE(r.output.find("4 ranks were started"), std::string::npos) << r.output;
 }
 
+// A layout the node cannot hold stops before anything is allocated, on every rank, with the memory
+// plan and the one-key changes that would fit (apps/memory_fit.hpp); --memory-plan still reports.
+TEST_F(Cli, ALayoutTooBigForTheNodeStopsBeforeAllocating) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  // About 150 GiB a rank of parameters and AdamW state: more than any machine this runs on.
+  const std::string huge = " --set parallel.data=2 --set train.micro_batch=1 --set model.layers=48"
+                           " --set model.hidden=4096 --set model.heads=32";
+  const std::string config = write_config("huge.yaml");
+  std::filesystem::remove_all(dir + "/run");
+  Result r = run(mpirun + bin("colossal_train") + " " + config + huge);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("memory: the 2 ranks of this layout on node"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("nothing was allocated"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("optimizer 72."), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("alone fits"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/metrics.csv")) << "a step ran";
+  r = run(mpirun + bin("colossal_train") + " " + config + huge + " --memory-plan");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // One rank told it has 1 MiB: the tiny config's smaller micro-batch does not fit either, and
+  // the message says where the number came from.
+  r = run("COLOSSAL_HOST_MEMORY_BYTES=1048576 " + bin("colossal_train") + " " + config);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("has 1.0 MiB (COLOSSAL_HOST_MEMORY_BYTES)"), std::string::npos)
+      << r.output;
+}
+
 // parallel.tensor.mode 2d under mpirun -np 4: it trains, writes the model file, the end-of-run
 // sample and a checkpoint that one rank in 1d resumes, and --memory-plan predicts its tracked
 // peak; what its model does not run yet (here --profile-steps) stops every rank with the flag

@@ -1,0 +1,199 @@
+#include "apps/memory_fit.hpp"
+
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "apps/layout.hpp"
+#include "apps/trainer.hpp"
+#include "core/memory.hpp"
+#include "parallel/mesh.hpp"
+#include "planner/search.hpp"
+
+namespace colossal::apps {
+
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank) {
+  if (config.parallel.tensor_mode != "1d") {
+    // Every rank of a 2d / 2.5d / 3d grid holds the same bytes (tests/test_tensor_md.cpp).
+    return planner::predict_memory(config.model, planner::tensor_mode_layout(run_layout(config)));
+  }
+  const auto& p = config.parallel;
+  const parallel::DeviceMesh mesh(parallel::MeshShape{
+      .data = p.data, .pipeline = p.pipeline, .tensor = p.tensor, .sequence = p.sequence});
+  const int stage = mesh.coord_of(rank).pipeline;
+  // As the trainer derives it: the schedule from the hardware spec as written.
+  const ActivationPlan plan = activation_plan(config, stage, hardware_spec(config, 0));
+  return planner::predict_memory(config.model,
+                                 rank_layout(config, stage, plan.keep, plan.selective));
+}
+
+double host_available_bytes(std::string* source) {
+  if (const char* env = std::getenv("COLOSSAL_HOST_MEMORY_BYTES"); env != nullptr && *env) {
+    char* end = nullptr;
+    const double bytes = std::strtod(env, &end);
+    if (end != env && *end == '\0' && bytes > 0) {
+      if (source) *source = "COLOSSAL_HOST_MEMORY_BYTES";
+      return bytes;
+    }
+  }
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      if (source) *source = "MemAvailable in /proc/meminfo";
+      return kib * 1024.0;
+    }
+  }
+  return 0.0;
+}
+
+namespace {
+
+// What the node's ranks need under `config`, and the plan of the rank that needs the most.
+struct NodeNeed {
+  double bytes = 0.0;
+  planner::MemoryPrediction largest;
+  int largest_rank = 0;
+};
+
+NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks) {
+  NodeNeed need;
+  // Ranks of one pipeline stage hold the same bytes: cost each stage once.
+  std::vector<std::pair<int, planner::MemoryPrediction>> by_stage;
+  const auto& p = config.parallel;
+  const int per_stage = p.data * p.tensor * p.sequence;
+  for (int rank : ranks) {
+    const int stage = rank / std::max(per_stage, 1);
+    auto it = std::find_if(by_stage.begin(), by_stage.end(),
+                           [&](const auto& s) { return s.first == stage; });
+    if (it == by_stage.end()) {
+      by_stage.emplace_back(stage, rank_memory(config, rank));
+      it = by_stage.end() - 1;
+    }
+    const double bytes = it->second.total();
+    need.bytes += bytes + kRuntimeBytesPerRank;
+    if (bytes > need.largest.total()) {
+      need.largest = it->second;
+      need.largest_rank = rank;
+    }
+  }
+  return need;
+}
+
+// The config with one --set override, validated as the command line would be; nullopt when the
+// schema refuses it (e.g. a micro-batch that does not divide the global batch).
+std::optional<io::Config> with_override(const io::Config& config, const std::string& set) {
+  try {
+    return io::parse_config(config.text, config.source, {set});
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
+                             double available, const std::string& node,
+                             const std::string& available_source) {
+  if (available <= 0.0 || ranks.empty()) return "";
+  const NodeNeed need = node_need(config, ranks);
+  if (need.bytes <= available) return "";
+
+  // One-key changes that would fit, nearest first within each key.
+  std::vector<std::string> fits;
+  const auto try_set = [&](const std::string& set) {
+    const std::optional<io::Config> variant = with_override(config, set);
+    if (!variant) return false;
+    double bytes = 0.0;
+    try {
+      bytes = node_need(*variant, ranks).bytes;
+    } catch (const std::exception&) {
+      return false;  // e.g. a rotor budget the variant cannot meet
+    }
+    if (bytes > available) return false;
+    fits.push_back("--set " + set + " (" + core::format_bytes(bytes) + ")");
+    return true;
+  };
+  const auto& cp = config.checkpointing;
+  if (cp.policy != "full") {
+    if (cp.policy == "none" || cp.policy == "selective") {
+      if (!try_set("checkpointing.policy=sqrt")) try_set("checkpointing.policy=full");
+    } else {
+      try_set("checkpointing.policy=full");
+    }
+  }
+  for (int stage = config.parallel.zero_stage + 1; stage <= 3; ++stage) {
+    if (try_set("parallel.zero.stage=" + std::to_string(stage))) break;
+  }
+  for (int mb = config.train.micro_batch / 2; mb >= 1; mb /= 2) {
+    if (try_set("train.micro_batch=" + std::to_string(mb))) break;
+  }
+
+  std::ostringstream out;
+  out << "memory: the " << ranks.size() << " rank" << (ranks.size() == 1 ? "" : "s") << " of this "
+      << "layout on node " << node << " need " << core::format_bytes(need.bytes)
+      << " but it has " << core::format_bytes(available) << " (" << available_source
+      << "); nothing was allocated. The memory plan of rank " << need.largest_rank
+      << ", the largest: " << need.largest.format() << " (plus "
+      << core::format_bytes(kRuntimeBytesPerRank) << " a rank for the runtime). ";
+  if (!fits.empty()) {
+    out << "What would fit: ";
+    for (std::size_t i = 0; i < fits.size(); ++i) out << (i ? ", " : "") << fits[i];
+    out << "; or search every layout and checkpoint schedule with 'colossal_plan "
+        << config.source << " --gpus " << config.parallel.world_size() << "'";
+  } else {
+    out << "No change of checkpointing.policy, parallel.zero.stage or train.micro_batch alone "
+           "fits: search every layout with 'colossal_plan "
+        << config.source << " --gpus N' for more ranks, or use a smaller model";
+  }
+  return out.str();
+}
+
+void check_memory_fits(const io::Config& config) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
+  int local = 0, locals = 1;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &locals);
+  std::vector<int> ranks(std::size_t(locals), 0);
+  MPI_Gather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, 0, node);
+  MPI_Comm_free(&node);
+
+  std::string message;
+  if (local == 0) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    std::string source;
+    const double available = host_available_bytes(&source);
+    try {
+      message = memory_shortfall(config, ranks, available, host, source);
+    } catch (const std::exception&) {
+      // A layout the cost model cannot price (an infeasible rotor budget, say) is reported by
+      // the trainer itself, with its own message, on every rank.
+      message.clear();
+    }
+  }
+  // The first node that cannot hold its ranks speaks for all, so every rank fails alike.
+  const int mine = message.empty() ? size : rank;
+  int first = size;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == size) return;
+  int length = int(message.size());
+  MPI_Bcast(&length, 1, MPI_INT, first, MPI_COMM_WORLD);
+  message.resize(std::size_t(length));
+  MPI_Bcast(message.data(), length, MPI_CHAR, first, MPI_COMM_WORLD);
+  throw CollectiveError(message);
+}
+
+}  // namespace colossal::apps

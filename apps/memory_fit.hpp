@@ -1,0 +1,42 @@
+// Memory up front: before colossal_train allocates anything, the cost model's bytes for every rank
+// of a node (planner::predict_memory, which equals what the tracker will count) are compared with
+// the memory that node has, so a layout that cannot fit stops at once with its memory plan and
+// the nearest one-key changes that would fit, instead of a bare std::bad_alloc or the kernel's
+// out-of-memory killer minutes into the run.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "io/config.hpp"
+#include "planner/cost_model.hpp"
+
+namespace colossal::apps {
+
+// Bytes a run's process needs beyond what the tracker counts (code, MPI and HDF5 buffers, the
+// allocator's slack): measured peak RSS minus tracked peak is 45 MiB for the quickstart.
+constexpr double kRuntimeBytesPerRank = 64.0 * 1024 * 1024;
+
+// What the tracker will count for world rank `rank` of the config's layout (its pipeline stage's
+// chunks, its activation-checkpoint schedule, its ZeRO and tensor shards).
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank);
+
+// The memory this node has for a run: COLOSSAL_HOST_MEMORY_BYTES when set (to leave room for other
+// processes, or in tests), else MemAvailable from /proc/meminfo; 0 when neither can be read.
+double host_available_bytes(std::string* source = nullptr);
+
+// The pure check for one node holding world ranks `ranks`: empty when their predicted bytes plus
+// kRuntimeBytesPerRank each fit in `available` bytes (or `available` is 0: unknown), else the
+// error: what the ranks need (the plan of the largest, by category), what the node has, and the
+// changes of one key (checkpointing.policy, parallel.zero.stage, train.micro_batch) that would fit,
+// each with its predicted bytes, or the planner command to search every layout when none does.
+std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
+                             double available, const std::string& node,
+                             const std::string& available_source = "available memory");
+
+// Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
+// checked on the node by memory_shortfall, and when one node cannot hold its ranks every rank
+// throws the same CollectiveError (the first such node's message), before anything is allocated.
+void check_memory_fits(const io::Config& config);
+
+}  // namespace colossal::apps

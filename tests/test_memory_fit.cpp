@@ -1,0 +1,108 @@
+// Memory up front (apps/memory_fit.hpp): a node's ranks are priced by the cost model before
+// anything is allocated; a layout that does not fit is refused with its plan, what the node has,
+// and the one-key changes that would fit, each checked against the same prediction.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "apps/memory_fit.hpp"
+#include "io/config.hpp"
+
+using namespace colossal;
+
+namespace {
+
+// Activations dominate (micro-batch 16 of 256 tokens, 4 layers): halving the micro-batch or
+// recomputing activations saves most of the memory.
+io::Config config(const std::string& model = "layers: 4, hidden: 64, heads: 4",
+                  const std::string& train = "seq_len: 256, global_batch: 32, micro_batch: 16",
+                  const std::string& extra = "") {
+  return io::parse_config("model: {" + model + ", vocab: 256, max_seq: 256}\n"
+                          "data: {path: /nonexistent/train.txt}\n"
+                          "train: {steps: 2, " + train + "}\n" + extra,
+                          "memfit.yaml");
+}
+
+double need(const io::Config& c, const std::vector<int>& ranks) {
+  double bytes = 0.0;
+  for (int r : ranks) bytes += apps::rank_memory(c, r).total() + apps::kRuntimeBytesPerRank;
+  return bytes;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST(MemoryFit, ALayoutThatFitsPasses) {
+  const io::Config c = config();
+  const double bytes = need(c, {0});
+  EXPECT_EQ(apps::memory_shortfall(c, {0}, bytes, "n0"), "");
+  EXPECT_EQ(apps::memory_shortfall(c, {0}, 0.0, "n0"), "") << "unknown memory is not checked";
+}
+
+TEST(MemoryFit, ShortfallNamesThePlanAndTheNearestChangesThatFit) {
+  const io::Config c = config();
+  const double bytes = need(c, {0});
+  const double half_batch = need(io::parse_config(c.text, c.source, {"train.micro_batch=8"}), {0});
+  const double sqrt_policy =
+      need(io::parse_config(c.text, c.source, {"checkpointing.policy=sqrt"}), {0});
+  ASSERT_LT(half_batch, bytes);
+  ASSERT_LT(sqrt_policy, bytes);
+  // Room for the halved micro-batch and for sqrt checkpointing, not for the config as written.
+  const double available = std::max(half_batch, sqrt_policy) * 1.001;
+  ASSERT_LT(available, bytes);
+  const std::string message = apps::memory_shortfall(c, {0}, available, "n0", "MemAvailable");
+  EXPECT_TRUE(has(message, "need " + core::format_bytes(bytes))) << message;
+  EXPECT_TRUE(has(message, "has " + core::format_bytes(available) + " (MemAvailable)")) << message;
+  EXPECT_TRUE(has(message, "nothing was allocated")) << message;
+  EXPECT_TRUE(has(message, "activations")) << message;  // the plan, by category
+  EXPECT_TRUE(has(message, "--set train.micro_batch=8 (" + core::format_bytes(half_batch) + ")"))
+      << message;
+  EXPECT_TRUE(has(message, "--set checkpointing.policy=sqrt (" +
+                               core::format_bytes(sqrt_policy) + ")"))
+      << message;
+  EXPECT_TRUE(has(message, "colossal_plan memfit.yaml --gpus 1")) << message;
+  // One rank has no gradient group to shard over, so ZeRO is never offered.
+  EXPECT_FALSE(has(message, "parallel.zero.stage")) << message;
+}
+
+TEST(MemoryFit, RanksOfANodeAddUpAndZeroIsOfferedWhenItShards) {
+  const io::Config c = config("layers: 4, hidden: 256, heads: 4",
+                              "seq_len: 16, global_batch: 16, micro_batch: 4", "parallel: {data: 4}\n");
+  const std::vector<int> node{0, 1, 2, 3};
+  const double bytes = need(c, node);
+  EXPECT_NEAR(bytes, 4 * need(c, {0}), 1.0);
+  EXPECT_EQ(apps::memory_shortfall(c, node, bytes, "n0"), "");
+  EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, bytes / 2 + 1, "n0"), "") << "two of four ranks";
+  // Parameters and AdamW dominate (tiny activations): only sharding the states fits.
+  const double stage1 = need(io::parse_config(c.text, c.source, {"parallel.zero.stage=1"}), node);
+  ASSERT_LT(stage1, bytes);
+  const std::string message = apps::memory_shortfall(c, node, stage1 * 1.0001, "n0");
+  EXPECT_TRUE(has(message, "the 4 ranks of this layout on node n0")) << message;
+  EXPECT_TRUE(has(message, "--set parallel.zero.stage=1 (" + core::format_bytes(stage1) + ")"))
+      << message;
+}
+
+TEST(MemoryFit, NothingFitsSaysSo) {
+  const io::Config c = config();
+  const std::string message = apps::memory_shortfall(c, {0}, 1024.0, "n0");
+  EXPECT_TRUE(has(message, "No change of checkpointing.policy, parallel.zero.stage or "
+                           "train.micro_batch alone fits"))
+      << message;
+  EXPECT_FALSE(has(message, "--set")) << message;
+}
+
+TEST(MemoryFit, AvailableMemoryComesFromTheEnvironmentOrMeminfo) {
+  std::string source;
+  setenv("COLOSSAL_HOST_MEMORY_BYTES", "123456789", 1);
+  EXPECT_EQ(apps::host_available_bytes(&source), 123456789.0);
+  EXPECT_EQ(source, "COLOSSAL_HOST_MEMORY_BYTES");
+  unsetenv("COLOSSAL_HOST_MEMORY_BYTES");
+  const double meminfo = apps::host_available_bytes(&source);
+  EXPECT_GT(meminfo, 16.0 * 1024 * 1024) << "this machine has more than 16 MiB available";
+  EXPECT_EQ(source, "MemAvailable in /proc/meminfo");
+}
