@@ -9,6 +9,12 @@
 #include <optional>
 #include <sstream>
 
+#include <Kokkos_Core.hpp>
+
+#ifdef COLOSSAL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #include "apps/layout.hpp"
 #include "apps/trainer.hpp"
 #include "core/memory.hpp"
@@ -55,6 +61,16 @@ double host_available_bytes(std::string* source) {
   return 0.0;
 }
 
+bool device_resident_build() {
+  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                     Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+}
+
+double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool device_build) {
+  if (!device_build) return pool == MemoryPool::host ? m.total() : 0.0;
+  return pool == MemoryPool::device ? m.device() : m[core::MemCategory::offloaded];
+}
+
 namespace {
 
 // What the node's ranks need under `config`, and the plan of the rank that needs the most.
@@ -64,7 +80,8 @@ struct NodeNeed {
   int largest_rank = 0;
 };
 
-NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks) {
+NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
+                   bool device_build) {
   NodeNeed need;
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
   std::vector<std::pair<int, planner::MemoryPrediction>> by_stage;
@@ -78,9 +95,9 @@ NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks) {
       by_stage.emplace_back(stage, rank_memory(config, rank));
       it = by_stage.end() - 1;
     }
-    const double bytes = it->second.total();
-    need.bytes += bytes + kRuntimeBytesPerRank;
-    if (bytes > need.largest.total()) {
+    const double bytes = pool_bytes(it->second, pool, device_build);
+    need.bytes += bytes + (pool == MemoryPool::host ? kRuntimeBytesPerRank : 0.0);
+    if (bytes > pool_bytes(need.largest, pool, device_build)) {
       need.largest = it->second;
       need.largest_rank = rank;
     }
@@ -102,9 +119,10 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
-                             const std::string& available_source) {
+                             const std::string& available_source, MemoryPool pool,
+                             bool device_build) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need = node_need(config, ranks);
+  const NodeNeed need = node_need(config, ranks, pool, device_build);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -114,7 +132,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks).bytes;
+      bytes = node_need(*variant, ranks, pool, device_build).bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -142,8 +160,11 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
       << "layout on node " << node << " need " << core::format_bytes(need.bytes)
       << " but it has " << core::format_bytes(available) << " (" << available_source
       << "); nothing was allocated. The memory plan of rank " << need.largest_rank
-      << ", the largest: " << need.largest.format() << " (plus "
-      << core::format_bytes(kRuntimeBytesPerRank) << " a rank for the runtime). ";
+      << ", the largest: " << need.largest.format();
+  if (pool == MemoryPool::host) {
+    out << " (plus " << core::format_bytes(kRuntimeBytesPerRank) << " a rank for the runtime)";
+  }
+  out << ". ";
   if (!fits.empty()) {
     out << "What would fit: ";
     for (std::size_t i = 0; i < fits.size(); ++i) out << (i ? ", " : "") << fits[i];
@@ -168,6 +189,22 @@ void check_memory_fits(const io::Config& config) {
   MPI_Comm_size(node, &locals);
   std::vector<int> ranks(std::size_t(locals), 0);
   MPI_Gather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, 0, node);
+  // On a device build: each rank's current GPU (parallel::select_local_device chose it) and its
+  // free memory, so the ranks sharing a GPU are summed against it.
+  double device[2] = {-1.0, 0.0};  // ordinal, free bytes
+#ifdef COLOSSAL_HAVE_CUDA
+  if (device_resident_build()) {
+    int ordinal = -1;
+    std::size_t free_bytes = 0, total_bytes = 0;
+    if (cudaGetDevice(&ordinal) == cudaSuccess &&
+        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
+      device[0] = ordinal;
+      device[1] = double(free_bytes);
+    }
+  }
+#endif
+  std::vector<double> devices(std::size_t(2 * locals), 0.0);
+  MPI_Gather(device, 2, MPI_DOUBLE, devices.data(), 2, MPI_DOUBLE, 0, node);
   MPI_Comm_free(&node);
 
   std::string message;
@@ -178,6 +215,19 @@ void check_memory_fits(const io::Config& config) {
     const double available = host_available_bytes(&source);
     try {
       message = memory_shortfall(config, ranks, available, host, source);
+      for (int gpu = 0; message.empty() && gpu < locals; ++gpu) {
+        std::vector<int> sharing;
+        double free_bytes = 0.0;
+        for (int l = 0; l < locals; ++l) {
+          if (devices[2 * l] != gpu) continue;
+          sharing.push_back(ranks[std::size_t(l)]);
+          free_bytes = sharing.size() == 1 ? devices[2 * l + 1]
+                                           : std::min(free_bytes, devices[2 * l + 1]);
+        }
+        message = memory_shortfall(config, sharing, free_bytes,
+                                   std::string(host) + " GPU " + std::to_string(gpu),
+                                   "free device memory, cudaMemGetInfo", MemoryPool::device);
+      }
     } catch (const std::exception&) {
       // A layout the cost model cannot price (an infeasible rotor budget, say) is reported by
       // the trainer itself, with its own message, on every rank.

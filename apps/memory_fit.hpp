@@ -25,6 +25,12 @@ planner::MemoryPrediction rank_memory(const io::Config& config, int rank);
 // processes, or in tests), else MemAvailable from /proc/meminfo; 0 when neither can be read.
 double host_available_bytes(std::string* source = nullptr);
 
+// Where a run's bytes live. A host build keeps everything in host memory; a build whose Kokkos
+// memory space is a device's (CUDA) keeps all but the offloaded category on the device.
+enum class MemoryPool { host, device };
+bool device_resident_build();
+double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool device_build);
+
 // The pure check for one node holding world ranks `ranks`: empty when their predicted bytes plus
 // kRuntimeBytesPerRank each fit in `available` bytes (or `available` is 0: unknown), else the
 // error: what the ranks need (the plan of the largest, by category), what the node has, and the
@@ -32,10 +38,13 @@ double host_available_bytes(std::string* source = nullptr);
 // each with its predicted bytes, or the planner command to search every layout when none does.
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
-                             const std::string& available_source = "available memory");
+                             const std::string& available_source = "available memory",
+                             MemoryPool pool = MemoryPool::host,
+                             bool device_build = device_resident_build());
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
-// checked on the node by memory_shortfall, and when one node cannot hold its ranks every rank
+// checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
+// memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
 void check_memory_fits(const io::Config& config);
 

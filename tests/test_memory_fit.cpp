@@ -106,3 +106,29 @@ TEST(MemoryFit, AvailableMemoryComesFromTheEnvironmentOrMeminfo) {
   EXPECT_GT(meminfo, 16.0 * 1024 * 1024) << "this machine has more than 16 MiB available";
   EXPECT_EQ(source, "MemAvailable in /proc/meminfo");
 }
+
+TEST(MemoryFit, ADeviceBuildChecksTheGpuForAllButTheOffloadedBytes) {
+  const io::Config c = config("layers: 4, hidden: 256, heads: 4",
+                              "seq_len: 16, global_batch: 16, micro_batch: 4",
+                              "parallel: {data: 2, zero: {stage: 1, offload: {optimizer: true}}}\n");
+  const planner::MemoryPrediction m = apps::rank_memory(c, 0);
+  const double offloaded = m[core::MemCategory::offloaded];
+  ASSERT_GT(offloaded, 0.0);
+  EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::host, false), m.total());
+  EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::device, false), 0.0);
+  EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::host, true), offloaded);
+  EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::device, true), m.total() - offloaded);
+  const double on_gpu = 2 * (m.total() - offloaded);  // two ranks sharing one GPU
+  using apps::MemoryPool;
+  EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, on_gpu, "n0 GPU 0", "free", MemoryPool::device,
+                                   true),
+            "");
+  const std::string message = apps::memory_shortfall(c, {0, 1}, on_gpu * 0.99, "n0 GPU 0",
+                                                     "free", MemoryPool::device, true);
+  EXPECT_TRUE(has(message, "on node n0 GPU 0 need " + core::format_bytes(on_gpu))) << message;
+  EXPECT_FALSE(has(message, "for the runtime")) << message;
+  // The host holds only the offloaded moments (plus the runtime) on a device build.
+  EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, 2 * (offloaded + apps::kRuntimeBytesPerRank), "n0",
+                                   "MemAvailable", MemoryPool::host, true),
+            "");
+}
