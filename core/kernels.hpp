@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/fast_math.hpp"
 #include "core/host_threads.hpp"
+#include "core/kernels_team.hpp"
 #include "core/kokkos_compat.hpp"
 
 namespace colossal::core::kernels {
@@ -66,6 +68,10 @@ void embedding_forward(float* out,            // (B,T,C)
                        const float* wpe,      // (P,C) or null
                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
                        int64_t rows = INT64_MAX) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::embedding_forward<ExecSpace>(out, tokens, wte, wpe, B, T, C, pos_offset, v0, rows);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::embedding_forward", int64_t(B) * T, kRowGrain,
       KOKKOS_LAMBDA(int64_t bt) {
@@ -98,6 +104,11 @@ void embedding_backward(float* dwte,           // (rows,C)
                         const int32_t* tokens, // (B,T)
                         int B, int T, int C, int pos_offset, int64_t v0 = 0,
                         int64_t rows = INT64_MAX) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::embedding_backward<ExecSpace>(dwte, dwpe, dout, tokens, B, T, C, pos_offset, v0,
+                                          rows);
+    return;
+  }
   const int chunks = (C + kColumnChunk - 1) / kColumnChunk;
   // Tokens repeat within a batch, so rows of dwte are not disjoint: each work item owns a slice of
   // columns and walks all positions in order (no atomics, deterministic).
@@ -133,6 +144,10 @@ void layernorm_forward(float* out,          // (N,C)
                        const float* weight, // (C)
                        const float* bias,   // (C)
                        int64_t N, int C, float eps) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::layernorm_forward<ExecSpace>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::layernorm_forward", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -162,6 +177,11 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
                         const float* mean,   // (N)
                         const float* rstd,   // (N)
                         int64_t N, int C) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::layernorm_backward<ExecSpace>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
+                                          C);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::layernorm_backward_input", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -210,6 +230,10 @@ template <class ExecSpace = Exec>
 void broadcast_rows(float* out,        // (N, ld), columns [0, M) written
                     const float* bias, // (M)
                     int64_t N, int M, int ld) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::broadcast_rows<ExecSpace>(out, bias, N, M, ld);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::broadcast_rows", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -223,6 +247,10 @@ template <class ExecSpace = Exec>
 void bias_backward(float* dbias,      // (M)
                    const float* dout, // (N, ld), columns [0, M) read
                    int64_t N, int M, int ld) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::bias_backward<ExecSpace>(dbias, dout, N, M, ld);
+    return;
+  }
   const int chunks = (M + kColumnChunk - 1) / kColumnChunk;
   for_each<ExecSpace>(
       "colossal::core::bias_backward", chunks, kChunkGrain,
@@ -236,38 +264,6 @@ void bias_backward(float* dbias,      // (M)
         }
         for (int j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
       });
-}
-
-// exp without a library call, so that loops over it vectorise (glibc's expf does not, and a
-// scalar call per element dominated GELU and softmax). exp(x) = 2^n * p(r), n = round(x / ln 2),
-// r = x - n ln 2 in two parts (Cody-Waite), p a degree-6 Taylor polynomial on |r| <= ln2/2:
-// relative error below 2e-7 over the clamped range [-87.3, 88].
-KOKKOS_INLINE_FUNCTION float fast_exp(float x) {
-  x = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
-  // Round to nearest by the 1.5 * 2^23 trick: no floorf call, so the loop still vectorises.
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } scale;
-  scale.i = (static_cast<int32_t>(n) + 127) << 23;
-  return p * scale.f;
-}
-
-// tanh through one exp: glibc's tanhf (via expm1f) cost a third of a small model's step.
-// tanh(|u|) = (1 - e^{-2|u|}) / (1 + e^{-2|u|}); absolute error ~2e-7, no overflow for any u.
-KOKKOS_INLINE_FUNCTION float fast_tanh(float u) {
-  const float t = fast_exp(-2.0f * (u < 0.0f ? -u : u));
-  const float r = (1.0f - t) / (1.0f + t);
-  return u < 0.0f ? -r : r;
 }
 
 KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
@@ -336,6 +332,10 @@ void add(float* dst, const float* src, int64_t n) {
 template <class ExecSpace = Exec>
 void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
                             int64_t rows, int Tq, int Tk, int q_offset) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::causal_softmax_forward<ExecSpace>(att, rows, Tq, Tk, q_offset);
+    return;
+  }
   const int T = Tk;
   for_each<ExecSpace>(
       "colossal::core::causal_softmax_forward", rows, kRowGrain,
@@ -366,6 +366,10 @@ template <class ExecSpace = Exec>
 void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
                              const float* att, // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::causal_softmax_backward<ExecSpace>(datt, att, rows, Tq, Tk, q_offset, scale);
+    return;
+  }
   const int T = Tk;
   for_each<ExecSpace>(
       "colossal::core::causal_softmax_backward", rows, kRowGrain,
@@ -388,6 +392,10 @@ void causal_softmax_backward(float* datt, const float* att, int64_t rows, int T,
 // dst(rows, ld_dst)[:, :cols] = src(rows, ld_src)[:, :cols]
 template <class ExecSpace = Exec>
 void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t rows, int cols) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::copy_columns<ExecSpace>(dst, ld_dst, src, ld_src, rows, cols);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::copy_columns", rows, kRowGrain,
       KOKKOS_LAMBDA(int64_t r) {
@@ -403,6 +411,10 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
                                     float* losses,           // (N)
                                     const int32_t* targets,  // (N)
                                     int64_t N, int V, float grad_scale) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::cross_entropy_forward_backward<ExecSpace>(logits, losses, targets, N, V, grad_scale);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::cross_entropy", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -434,6 +446,10 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
 // exp(logit - max) and the target logits (sum). The full logits never meet on one rank.
 template <class ExecSpace = Exec>
 void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, int valid) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::vocab_parallel_row_max<ExecSpace>(mx, logits, N, ld, valid);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::vp_row_max", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -448,6 +464,10 @@ void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, i
 template <class ExecSpace = Exec>
 void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
                          const int32_t* targets, int64_t N, int ld, int valid, int64_t v0) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::vocab_parallel_sums<ExecSpace>(sums, logits, mx, targets, N, ld, valid, v0);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::vp_sums", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -466,6 +486,11 @@ template <class ExecSpace = Exec>
 void vocab_parallel_finish(float* logits, float* losses, const float* mx, const float* sums,
                            const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
                            float grad_scale) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::vocab_parallel_finish<ExecSpace>(logits, losses, mx, sums, targets, N, ld, valid, v0,
+                                             grad_scale);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::vp_finish", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
@@ -541,6 +566,10 @@ void residual_plus_bias(float* out,            // (N,C)
                         const float* residual, // (N,C)
                         const float* bias,     // (C)
                         int64_t N, int C) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    team::residual_plus_bias<ExecSpace>(out, residual, bias, N, C);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::residual_plus_bias", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {

@@ -10,4 +10,10 @@ namespace kmath = ::Kokkos;
 #else
 namespace kmath = ::Kokkos::Experimental;
 #endif
+
+// True when ExecSpace's memory cannot be read by the host (CUDA's device memory): the kernels
+// then take their device (team) forms, chosen at compile time, so host builds never compile them.
+template <class ExecSpace>
+inline constexpr bool device_memory_v =
+    !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 }  // namespace colossal::core

@@ -1,0 +1,460 @@
+// Device forms of the row and column kernels of core/kernels.hpp, written once in Kokkos and
+// templated on the execution space: a row is one team (Kokkos::TeamPolicy), its work spread over
+// the team's threads with TeamThreadRange reductions, instead of one work item per row. The same
+// arguments, shapes and accumulation rules as the host kernels (docs/device-kernels.md):
+// parameter gradients accumulate, activation gradients assign, layernorm_backward's dinp
+// accumulates (residual stream).
+//
+// Every kernel takes `team_size` (0: Kokkos::AUTO; the Serial backend runs teams of one, CUDA
+// picks 128 or more). Results do not depend on the team size except for the order of additions
+// inside a team reduction (row sums of layernorm, softmax and cross-entropy, within float
+// rounding); the column reductions and the embedding backward add in an order fixed by the
+// shapes alone, so they are the same on every backend and team size.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/fast_math.hpp"
+#include "core/kokkos_compat.hpp"
+
+namespace colossal::core::team {
+
+// A team policy over `league` teams; team_size 0 lets Kokkos choose.
+template <class ExecSpace>
+Kokkos::TeamPolicy<ExecSpace> policy(int64_t league, int team_size, int vector_length = 1) {
+  if (league < 0 || league > INT_MAX) {
+    throw std::invalid_argument("colossal::core::team: " + std::to_string(league) +
+                                " teams (Kokkos leagues hold at most 2^31 - 1); split the call");
+  }
+  if (team_size <= 0) {
+    return Kokkos::TeamPolicy<ExecSpace>(int(league), Kokkos::AUTO, vector_length);
+  }
+  return Kokkos::TeamPolicy<ExecSpace>(int(league), team_size, vector_length);
+}
+
+template <class ExecSpace>
+using Member = typename Kokkos::TeamPolicy<ExecSpace>::member_type;
+
+template <class ExecSpace>
+using ScratchFloats =
+    Kokkos::View<float*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+
+// Vector lanes per team thread: a warp's 32 lanes across columns on a device, 1 on the host
+// (where ThreadVectorRange is a plain loop).
+template <class ExecSpace>
+constexpr int column_lanes() {
+  return device_memory_v<ExecSpace> ? 32 : 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row kernels: one team per row.
+
+// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void layernorm_forward(float* out,          // (N,C)
+                       float* mean,         // (N)
+                       float* rstd,         // (N)
+                       const float* inp,    // (N,C)
+                       const float* weight, // (C)
+                       const float* bias,   // (C)
+                       int64_t N, int C, float eps, int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_layernorm_forward", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        const float* x = inp + n * C;
+        float m = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C), [&](int c, float& acc) { acc += x[c]; }, m);
+        m /= C;
+        float v = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](int c, float& acc) { acc += (x[c] - m) * (x[c] - m); }, v);
+        v /= C;
+        const float s = 1.0f / kmath::sqrt(v + eps);
+        float* o = out + n * C;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
+                             [&](int c) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; });
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          mean[n] = m;
+          rstd[n] = s;
+        });
+      });
+}
+
+// out_k[c] += sum_n value(n, c)_k for k < K and c < M: the column reductions. A team owns
+// kColumnWidth columns (a device's 32 vector lanes, so each row is read coalesced); its threads
+// take kRowGroups fixed row groups (group g: rows g, g + kRowGroups, ...), each summed in row
+// order into team scratch, and the groups are added in group order. The order of additions is
+// fixed by N alone: deterministic on every backend and team size.
+constexpr int kColumnWidth = 32;
+constexpr int kRowGroups = 16;
+
+template <class ExecSpace, int K, class Value>
+void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, int team_size,
+                 const Value& value) {
+  static_assert(K == 1 || K == 2, "column_sums reduces one or two outputs");
+  const int chunks = (M + kColumnWidth - 1) / kColumnWidth;
+  constexpr int lanes = column_lanes<ExecSpace>();
+  const int threads = device_memory_v<ExecSpace> && team_size <= 0 ? kRowGroups : team_size;
+  const int floats = K * kRowGroups * kColumnWidth;
+  auto pol = policy<ExecSpace>(chunks, threads, lanes);
+  pol.set_scratch_size(0, Kokkos::PerTeam(ScratchFloats<ExecSpace>::shmem_size(floats)));
+  Kokkos::parallel_for(
+      label, pol, KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        ScratchFloats<ExecSpace> partial(team.team_scratch(0), floats);
+        const int c0 = team.league_rank() * kColumnWidth;
+        const int width = c0 + kColumnWidth < M ? kColumnWidth : M - c0;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kRowGroups), [&](int g) {
+          Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, width), [&](int w) {
+            float acc[K] = {};
+            float v[K];
+            for (int64_t n = g; n < N; n += kRowGroups) {
+              value(n, c0 + w, v);
+              for (int k = 0; k < K; ++k) acc[k] += v[k];
+            }
+            for (int k = 0; k < K; ++k) partial((k * kRowGroups + g) * kColumnWidth + w) = acc[k];
+          });
+        });
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, width), [&](int w) {
+          for (int k = 0; k < K; ++k) {
+            float total = 0.0f;
+            for (int g = 0; g < kRowGroups; ++g) {
+              total += partial((k * kRowGroups + g) * kColumnWidth + w);
+            }
+            float* out = k == 0 ? out0 : out1;
+            out[c0 + w] += total;
+          }
+        });
+      });
+}
+
+// dinp += layernorm input gradient (residual stream); dweight += ..., dbias += ...
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void layernorm_backward(float* dinp,         // (N,C), accumulated
+                        float* dweight,      // (C)
+                        float* dbias,        // (C)
+                        const float* dout,   // (N,C)
+                        const float* inp,    // (N,C)
+                        const float* weight, // (C)
+                        const float* mean,   // (N)
+                        const float* rstd,   // (N)
+                        int64_t N, int C, int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_layernorm_backward_input", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float m = mean[n], s = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](int c, float& acc) { acc += d[c] * weight[c]; }, dnorm_mean);
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, C),
+            [&](int c, float& acc) { acc += d[c] * weight[c] * (x[c] - m) * s; },
+            dnorm_xhat_mean);
+        dnorm_mean /= C;
+        dnorm_xhat_mean /= C;
+        float* di = dinp + n * C;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) {
+          const float xhat = (x[c] - m) * s;
+          di[c] += s * (d[c] * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean);
+        });
+      });
+  column_sums<ExecSpace, 2>(
+      "colossal::core::team_layernorm_backward_params", dweight, dbias, N, C, team_size,
+      KOKKOS_LAMBDA(int64_t n, int c, float* v) {
+        const float d = dout[n * C + c];
+        v[0] = d * (inp[n * C + c] - mean[n]) * rstd[n];
+        v[1] = d;
+      });
+}
+
+// dbias[j] += sum_n dout[n, j]
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void bias_backward(float* dbias,      // (M)
+                   const float* dout, // (N, ld), columns [0, M) read
+                   int64_t N, int M, int ld, int team_size = 0) {
+  column_sums<ExecSpace, 1>(
+      "colossal::core::team_bias_backward", dbias, nullptr, N, M, team_size,
+      KOKKOS_LAMBDA(int64_t n, int j, float* v) { v[0] = dout[n * ld + j]; });
+}
+
+// Causal softmax in place over rows of scores, as kernels::causal_softmax_forward: row r is
+// query position i = q_offset + r % Tq over Tk keys; zero above the diagonal.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
+                            int64_t rows, int Tq, int Tk, int q_offset, int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_causal_softmax_forward", policy<ExecSpace>(rows, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t r = team.league_rank();
+        const int i = q_offset + static_cast<int>(r % Tq);
+        const int valid = i + 1 < Tk ? i + 1 : Tk;
+        float* a = att + r * Tk;
+        float mx = -3.0e38f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, valid),
+            [&](int j, float& m) { m = a[j] > m ? a[j] : m; }, Kokkos::Max<float>(mx));
+        float sum = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, valid),
+            [&](int j, float& acc) { acc += kernels::fast_exp(a[j] - mx); }, sum);
+        const float inv = 1.0f / sum;
+        // Every thread has read its scores inside the reductions; now overwrite them.
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tk), [&](int j) {
+          a[j] = j < valid ? kernels::fast_exp(a[j] - mx) * inv : 0.0f;
+        });
+      });
+}
+
+// In place: datt <- scale * att * (datt - sum_j att*datt), zero above the diagonal.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
+                             const float* att, // (B*H, Tq, Tk)
+                             int64_t rows, int Tq, int Tk, int q_offset, float scale,
+                             int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_causal_softmax_backward", policy<ExecSpace>(rows, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t r = team.league_rank();
+        const int i = q_offset + static_cast<int>(r % Tq);
+        const int valid = i + 1 < Tk ? i + 1 : Tk;
+        const float* a = att + r * Tk;
+        float* d = datt + r * Tk;
+        float dot = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, valid),
+            [&](int j, float& acc) { acc += a[j] * d[j]; }, dot);
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tk), [&](int j) {
+          d[j] = j < valid ? scale * a[j] * (d[j] - dot) : 0.0f;
+        });
+      });
+}
+
+// Per row: losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; with grad_scale != 0 the
+// logits become grad_scale * (softmax - onehot) in place (kernels::cross_entropy_forward_backward).
+// Three passes over the row (max, sum of exp, gradient), the exp recomputed in the last one
+// rather than stored and reloaded.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void cross_entropy_forward_backward(float* logits,          // (N, V), in place
+                                    float* losses,          // (N)
+                                    const int32_t* targets, // (N)
+                                    int64_t N, int V, float grad_scale, int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_cross_entropy", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        float* l = logits + n * V;
+        const int target = targets[n];
+        const float target_logit = l[target];
+        float mx = -3.0e38f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, V), [&](int j, float& m) { m = l[j] > m ? l[j] : m; },
+            Kokkos::Max<float>(mx));
+        float sum = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, V),
+            [&](int j, float& acc) { acc += kernels::fast_exp(l[j] - mx); }, sum);
+        Kokkos::single(Kokkos::PerTeam(team),
+                       [&]() { losses[n] = kmath::log(sum) + mx - target_logit; });
+        if (grad_scale == 0.0f) return;
+        team.team_barrier();  // the target logit is read by every thread before it is written
+        const float factor = grad_scale / sum;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, V), [&](int j) {
+          const float g = kernels::fast_exp(l[j] - mx) * factor;
+          l[j] = j == target ? g - grad_scale : g;
+        });
+      });
+}
+
+// Vocabulary-parallel cross-entropy, as kernels::vocab_parallel_*: the caller reduces over the
+// tensor group between the passes.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, int valid,
+                            int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_vp_row_max", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        const float* l = logits + n * ld;
+        float m = -3.0e38f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, valid),
+            [&](int j, float& acc) { acc = l[j] > acc ? l[j] : acc; }, Kokkos::Max<float>(m));
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { mx[n] = m > -3.0e38f ? m : -3.0e38f; });
+      });
+}
+
+// sums[n] = sum_j exp(l[n,j] - mx[n]); sums[N + n] = l[n, target - v0] when this rank holds it.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
+                         const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
+                         int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_vp_sums", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        const float* l = logits + n * ld;
+        const float m = mx[n];
+        float s = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, valid),
+            [&](int j, float& acc) { acc += kernels::fast_exp(l[j] - m); }, s);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          sums[n] = s;
+          const int64_t t = int64_t(targets[n]) - v0;
+          sums[N + n] = t >= 0 && t < valid ? l[t] : 0.0f;
+        });
+      });
+}
+
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void vocab_parallel_finish(float* logits, float* losses, const float* mx, const float* sums,
+                           const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
+                           float grad_scale, int team_size = 0) {
+  Kokkos::parallel_for(
+      "colossal::core::team_vp_finish", policy<ExecSpace>(N, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int64_t n = team.league_rank();
+        float* l = logits + n * ld;
+        Kokkos::single(Kokkos::PerTeam(team),
+                       [&]() { losses[n] = kmath::log(sums[n]) + mx[n] - sums[N + n]; });
+        if (grad_scale == 0.0f) return;
+        const float factor = grad_scale / sums[n];
+        const float m = mx[n];
+        const int64_t t = int64_t(targets[n]) - v0;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, ld), [&](int j) {
+          if (j >= valid) {
+            l[j] = 0.0f;
+            return;
+          }
+          const float g = kernels::fast_exp(l[j] - m) * factor;
+          l[j] = j == t ? g - grad_scale : g;
+        });
+      });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embeddings.
+
+// dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t + pos_offset,:] += sum_b dout[b,t,:] (dwpe may be
+// null). Vocabulary-parallel form: dwte holds rows [v0, v0 + rows) only.
+//
+// Deterministic without atomics or a sort: position p's team owns its token's row when no
+// earlier position holds the same token (a team reduction over tokens[0, p)); the owner then
+// walks the positions from p on, a chunk at a time (a team count of matches, skipped when zero),
+// and adds each matching row of dout into dwte, threads over columns. Each row of dwte thus
+// receives its positions in increasing order, exactly as the host kernel adds them: the result
+// is bitwise the host's. Work is O((B T)^2) token comparisons in cached memory (B T = 8192:
+// 3.4e7 per owner scan in total), against a sort's several passes; positions are read once per
+// distinct token. The position gradient is one work item per (t, c), adding over b in order.
+constexpr int kTokenChunk = 256;
+
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void embedding_backward(float* dwte,           // (rows,C)
+                        float* dwpe,           // (P,C) or null
+                        const float* dout,     // (B,T,C)
+                        const int32_t* tokens, // (B,T)
+                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
+                        int64_t rows = INT64_MAX, int team_size = 0) {
+  const int BT = B * T;
+  if (dwpe != nullptr) {
+    Kokkos::parallel_for(
+        "colossal::core::team_embedding_backward_positions",
+        Kokkos::RangePolicy<ExecSpace>(0, int64_t(T) * C), KOKKOS_LAMBDA(int64_t tc) {
+          const int64_t t = tc / C;
+          const int c = static_cast<int>(tc % C);
+          float* p = dwpe + (t + pos_offset) * C + c;
+          for (int b = 0; b < B; ++b) *p += dout[(int64_t(b) * T + t) * C + c];
+        });
+  }
+  Kokkos::parallel_for(
+      "colossal::core::team_embedding_backward_tokens", policy<ExecSpace>(BT, team_size),
+      KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
+        const int p = team.league_rank();
+        const int32_t token = tokens[p];
+        const int64_t row = int64_t(token) - v0;
+        if (row < 0 || row >= rows) return;
+        int earlier = 0;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, p),
+            [&](int q, int& count) { count += tokens[q] == token ? 1 : 0; }, earlier);
+        if (earlier != 0) return;
+        float* e = dwte + row * C;
+        for (int q0 = p; q0 < BT; q0 += kTokenChunk) {
+          const int q1 = q0 + kTokenChunk < BT ? q0 + kTokenChunk : BT;
+          int hits = 0;
+          Kokkos::parallel_reduce(
+              Kokkos::TeamThreadRange(team, q0, q1),
+              [&](int q, int& count) { count += tokens[q] == token ? 1 : 0; }, hits);
+          if (hits == 0) continue;
+          for (int q = q0; q < q1; ++q) {
+            if (tokens[q] != token) continue;
+            const float* d = dout + int64_t(q) * C;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) { e[c] += d[c]; });
+            team.team_barrier();
+          }
+        }
+      });
+}
+
+// out[b,t,:] = wte[tokens[b,t],:] + wpe[t + pos_offset,:], one work item per element (the host
+// form's one item per row is too coarse for a GPU). Same vocabulary-parallel rules.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                       int B, int T, int C, int pos_offset, int64_t v0 = 0,
+                       int64_t rows = INT64_MAX) {
+  Kokkos::parallel_for(
+      "colossal::core::team_embedding_forward",
+      Kokkos::RangePolicy<ExecSpace>(0, int64_t(B) * T * C), KOKKOS_LAMBDA(int64_t i) {
+        const int64_t bt = i / C;
+        const int c = static_cast<int>(i % C);
+        const int t = static_cast<int>(bt % T);
+        const int64_t row = int64_t(tokens[bt]) - v0;
+        const bool held = row >= 0 && row < rows;
+        if (wpe != nullptr) {
+          const float p = wpe[int64_t(t + pos_offset) * C + c];
+          out[i] = held ? wte[row * C + c] + p : p;
+        } else {
+          out[i] = held ? wte[row * C + c] : 0.0f;
+        }
+      });
+}
+
+// The row-wise copies of core/kernels.hpp, one work item per element.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void broadcast_rows(float* out, const float* bias, int64_t N, int M, int ld) {
+  Kokkos::parallel_for(
+      "colossal::core::team_broadcast_rows", Kokkos::RangePolicy<ExecSpace>(0, N * M),
+      KOKKOS_LAMBDA(int64_t i) { out[(i / M) * ld + i % M] = bias[i % M]; });
+}
+
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void residual_plus_bias(float* out, const float* residual, const float* bias, int64_t N, int C) {
+  Kokkos::parallel_for(
+      "colossal::core::team_residual_plus_bias", Kokkos::RangePolicy<ExecSpace>(0, N * C),
+      KOKKOS_LAMBDA(int64_t i) { out[i] = residual[i] + bias[i % C]; });
+}
+
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t rows, int cols) {
+  Kokkos::parallel_for(
+      "colossal::core::team_copy_columns", Kokkos::RangePolicy<ExecSpace>(0, rows * cols),
+      KOKKOS_LAMBDA(int64_t i) {
+        const int64_t r = i / cols;
+        const int64_t c = i % cols;
+        dst[r * ld_dst + c] = src[r * ld_src + c];
+      });
+}
+
+}  // namespace colossal::core::team

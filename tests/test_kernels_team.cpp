@@ -1,0 +1,618 @@
+// The team (device) kernels of core/kernels_team.hpp, core/attention_team.hpp and
+// core/adamw_team.hpp, run on the host's execution space, against the host kernels of
+// core/kernels.hpp / core/layers.hpp / core/optimizer.hpp on random inputs of odd sizes, and their
+// backward passes against finite differences. COLOSSAL_TEAM_SIZE sets the team size (default:
+// Kokkos::AUTO; the Serial backend runs teams of one, an OpenMP build of Kokkos several threads,
+// which exercises the barriers). Each test prints its largest difference from the reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "core/adamw_team.hpp"
+#include "core/attention_team.hpp"
+#include "core/gemm.hpp"
+#include "core/kernels.hpp"
+#include "core/kernels_team.hpp"
+#include "core/layers.hpp"
+#include "core/memory.hpp"
+#include "core/model_spec.hpp"
+#include "core/optimizer.hpp"
+#include "grad_check.hpp"
+
+using namespace colossal;
+using namespace colossal::core;
+using colossal::test::check_gradient;
+using colossal::test::dot;
+using colossal::test::random_vector;
+
+namespace {
+
+using TeamExec = Kokkos::DefaultHostExecutionSpace;  // Serial here; OpenMP in a threaded Kokkos
+using RefExec = Kokkos::Serial;                      // the host kernels as the model runs them
+
+int team_size() {
+  const char* env = std::getenv("COLOSSAL_TEAM_SIZE");
+  return env != nullptr ? std::atoi(env) : 0;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, double(std::abs(a[i] - b[i])));
+  return worst;
+}
+
+// |a - b| <= atol + rtol |b| element by element; reports the first few misses.
+void expect_close(const char* what, const std::vector<float>& a, const std::vector<float>& b,
+                  double atol, double rtol = 0.0) {
+  ASSERT_EQ(a.size(), b.size());
+  int bad = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!(std::abs(double(a[i]) - b[i]) <= atol + rtol * std::abs(double(b[i])))) {
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: " << a[i] << " vs " << b[i];
+    }
+  }
+  std::printf("  %-28s max |team - reference| = %.3g over %zu values\n", what,
+              max_abs_diff(a, b), a.size());
+}
+
+class TeamKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!test::host_memory()) GTEST_SKIP() << "these tests pass host pointers";
+    std::printf("  team size %d (0: Kokkos::AUTO) on %s\n", team_size(), TeamExec::name());
+  }
+};
+
+}  // namespace
+
+TEST_F(TeamKernels, LayernormForwardMatchesHost) {
+  for (int C : {37, 768}) {
+    const int N = 13;
+    auto x = random_vector(N * C, 1, 3.0f), w = random_vector(C, 2), b = random_vector(C, 3);
+    for (auto& v : x) v += 0.7f;  // a non-zero mean
+    std::vector<float> out(N * C), mean(N), rstd(N), ref(N * C), ref_mean(N), ref_rstd(N);
+    kernels::layernorm_forward<RefExec>(ref.data(), ref_mean.data(), ref_rstd.data(), x.data(),
+                                        w.data(), b.data(), N, C, 1e-5f);
+    team::layernorm_forward<TeamExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                      b.data(), N, C, 1e-5f, team_size());
+    Kokkos::fence();
+    SCOPED_TRACE("C " + std::to_string(C));
+    expect_close("layernorm out", out, ref, 1e-5, 1e-5);
+    expect_close("layernorm mean", mean, ref_mean, 1e-6, 1e-5);
+    expect_close("layernorm rstd", rstd, ref_rstd, 1e-6, 1e-5);
+  }
+}
+
+TEST_F(TeamKernels, LayernormBackwardMatchesHostAndFiniteDifferences) {
+  {
+    const int N = 70, C = 37;  // two column chunks (one ragged), rows not a multiple of 16
+    auto x = random_vector(N * C, 1, 2.0f), w = random_vector(C, 2), g = random_vector(N * C, 3);
+    std::vector<float> out(N * C), mean(N), rstd(N);
+    kernels::layernorm_forward<RefExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                        w.data(), N, C, 1e-5f);
+    // Everything accumulates: start from non-zero values.
+    auto dx = random_vector(N * C, 4), dw = random_vector(C, 5), db = random_vector(C, 6);
+    auto rdx = dx, rdw = dw, rdb = db;
+    kernels::layernorm_backward<RefExec>(rdx.data(), rdw.data(), rdb.data(), g.data(), x.data(),
+                                         w.data(), mean.data(), rstd.data(), N, C);
+    team::layernorm_backward<TeamExec>(dx.data(), dw.data(), db.data(), g.data(), x.data(),
+                                       w.data(), mean.data(), rstd.data(), N, C, team_size());
+    Kokkos::fence();
+    expect_close("layernorm dinp", dx, rdx, 1e-5, 1e-5);
+    expect_close("layernorm dweight", dw, rdw, 1e-4, 1e-5);
+    expect_close("layernorm dbias", db, rdb, 1e-4, 1e-5);
+  }
+  const int N = 4, C = 9;
+  auto x = random_vector(N * C, 1, 2.0f), w = random_vector(C, 2), b = random_vector(C, 3);
+  auto g = random_vector(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  auto f = [&] {
+    team::layernorm_forward<TeamExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                      b.data(), N, C, 1e-5f, team_size());
+    Kokkos::fence();
+    return dot(out, g);
+  };
+  f();
+  std::vector<float> dx(N * C, 0.5f), dw(C, 0.0f), db(C, 0.0f);
+  team::layernorm_backward<TeamExec>(dx.data(), dw.data(), db.data(), g.data(), x.data(),
+                                     w.data(), mean.data(), rstd.data(), N, C, team_size());
+  Kokkos::fence();
+  for (auto& v : dx) v -= 0.5f;
+  EXPECT_EQ(check_gradient("dx", f, x, dx), 0);
+  EXPECT_EQ(check_gradient("dw", f, w, dw), 0);
+  EXPECT_EQ(check_gradient("db", f, b, db), 0);
+}
+
+TEST_F(TeamKernels, BiasBackwardMatchesHostAndDoubleSums) {
+  for (int N : {70, 1000}) {
+    const int M = 37, ld = 40;
+    auto d = random_vector(N * ld, 9);
+    std::vector<float> db(M, 1.0f), ref(M, 1.0f), exact(M);
+    kernels::bias_backward<RefExec>(ref.data(), d.data(), N, M, ld);
+    team::bias_backward<TeamExec>(db.data(), d.data(), N, M, ld, team_size());
+    Kokkos::fence();
+    for (int j = 0; j < M; ++j) {
+      double s = 1.0;
+      for (int n = 0; n < N; ++n) s += d[n * ld + j];
+      exact[j] = float(s);
+    }
+    SCOPED_TRACE("N " + std::to_string(N));
+    expect_close("bias dbias vs host", db, ref, 1e-4);
+    expect_close("bias dbias vs double", db, exact, 1e-4);
+  }
+}
+
+TEST_F(TeamKernels, CausalSoftmaxMatchesHostSquareAndRing) {
+  struct Case {
+    int rows, Tq, Tk, q_offset;
+  };
+  // Square attention (Tq = Tk, every query), and a ring rank's rows (5 queries from 10 on).
+  for (Case c : {Case{2 * 3 * 37, 37, 37, 0}, Case{2 * 5, 5, 20, 10}}) {
+    SCOPED_TRACE("Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk));
+    auto att = random_vector(int64_t(c.rows) * c.Tk, 12, 4.0f), ref = att;
+    kernels::causal_softmax_forward<RefExec>(ref.data(), c.rows, c.Tq, c.Tk, c.q_offset);
+    team::causal_softmax_forward<TeamExec>(att.data(), c.rows, c.Tq, c.Tk, c.q_offset,
+                                           team_size());
+    Kokkos::fence();
+    expect_close("softmax forward", att, ref, 1e-6, 1e-5);
+    auto datt = random_vector(int64_t(c.rows) * c.Tk, 13), rdatt = datt;
+    kernels::causal_softmax_backward<RefExec>(rdatt.data(), ref.data(), c.rows, c.Tq, c.Tk,
+                                              c.q_offset, 0.3f);
+    team::causal_softmax_backward<TeamExec>(datt.data(), ref.data(), c.rows, c.Tq, c.Tk,
+                                            c.q_offset, 0.3f, team_size());
+    Kokkos::fence();
+    expect_close("softmax backward", datt, rdatt, 1e-6, 1e-5);
+  }
+}
+
+TEST_F(TeamKernels, CrossEntropyMatchesHostAtGpt2Vocabulary) {
+  for (int V : {1031, 50257}) {
+    const int N = V > 10000 ? 6 : 23;
+    SCOPED_TRACE("V " + std::to_string(V));
+    auto logits = random_vector(int64_t(N) * V, 17, 6.0f);
+    std::vector<int32_t> targets(N);
+    for (int n = 0; n < N; ++n) targets[n] = (n * 7919 + 3) % V;
+    targets[0] = V - 1;
+    for (float scale : {0.0f, 0.25f}) {
+      auto l = logits, ref = logits;
+      std::vector<float> loss(N), ref_loss(N);
+      kernels::cross_entropy_forward_backward<RefExec>(ref.data(), ref_loss.data(),
+                                                       targets.data(), N, V, scale);
+      team::cross_entropy_forward_backward<TeamExec>(l.data(), loss.data(), targets.data(), N, V,
+                                                     scale, team_size());
+      Kokkos::fence();
+      expect_close("cross-entropy loss", loss, ref_loss, 2e-5, 1e-5);
+      expect_close(scale == 0 ? "cross-entropy logits kept" : "cross-entropy gradient", l, ref,
+                   1e-8, 1e-5);
+    }
+  }
+  // Finite differences of sum(loss) * scale (the gradient is that of scale * loss per row).
+  const int N = 3, V = 11;
+  auto logits = random_vector(N * V, 5, 2.0f);
+  std::vector<int32_t> targets = {4, 0, 10};
+  auto f = [&] {
+    auto l = logits;
+    std::vector<float> loss(N);
+    team::cross_entropy_forward_backward<TeamExec>(l.data(), loss.data(), targets.data(), N, V,
+                                                   0.0f, team_size());
+    Kokkos::fence();
+    double s = 0;
+    for (float v : loss) s += 0.5 * v;
+    return s;
+  };
+  auto grad = logits;
+  std::vector<float> loss(N);
+  team::cross_entropy_forward_backward<TeamExec>(grad.data(), loss.data(), targets.data(), N, V,
+                                                 0.5f, team_size());
+  Kokkos::fence();
+  EXPECT_EQ(check_gradient("dlogits", f, logits, grad, 1, 1e-3), 0);
+}
+
+TEST_F(TeamKernels, VocabParallelPiecesMatchHost) {
+  const int N = 9, ld = 1040, valid = 1031;
+  const int64_t v0 = 2000;
+  auto logits = random_vector(int64_t(N) * ld, 23, 5.0f);
+  std::vector<int32_t> targets(N);
+  for (int n = 0; n < N; ++n) targets[n] = int32_t(v0 + (n % 3 == 0 ? -5 : n * 113));  // some away
+  std::vector<float> mx(N), rmx(N), sums(2 * N), rsums(2 * N), loss(N), rloss(N);
+  kernels::vocab_parallel_row_max<RefExec>(rmx.data(), logits.data(), N, ld, valid);
+  team::vocab_parallel_row_max<TeamExec>(mx.data(), logits.data(), N, ld, valid, team_size());
+  Kokkos::fence();
+  EXPECT_EQ(mx, rmx);
+  kernels::vocab_parallel_sums<RefExec>(rsums.data(), logits.data(), rmx.data(), targets.data(),
+                                        N, ld, valid, v0);
+  team::vocab_parallel_sums<TeamExec>(sums.data(), logits.data(), rmx.data(), targets.data(), N,
+                                      ld, valid, v0, team_size());
+  Kokkos::fence();
+  expect_close("vp sums", sums, rsums, 1e-4, 1e-5);
+  auto l = logits, rl = logits;
+  kernels::vocab_parallel_finish<RefExec>(rl.data(), rloss.data(), rmx.data(), rsums.data(),
+                                          targets.data(), N, ld, valid, v0, 0.5f);
+  team::vocab_parallel_finish<TeamExec>(l.data(), loss.data(), rmx.data(), rsums.data(),
+                                        targets.data(), N, ld, valid, v0, 0.5f, team_size());
+  Kokkos::fence();
+  EXPECT_EQ(loss, rloss);
+  EXPECT_EQ(l, rl);  // the same expression element by element
+}
+
+TEST_F(TeamKernels, EmbeddingsMatchHostBitwiseAndFiniteDifferences) {
+  const int B = 3, T = 7, C = 37, V = 11, P = 12, offset = 2;
+  std::vector<int32_t> tokens(B * T);
+  for (int i = 0; i < B * T; ++i) tokens[i] = (i * 5 + i / 4) % V;  // repeats, some rows unused
+  auto wte = random_vector(V * C, 1), wpe = random_vector(P * C, 2);
+  auto dout = random_vector(B * T * C, 3);
+  for (int64_t v0 : {int64_t(0), int64_t(4)}) {  // whole vocabulary; a shard of rows [4, 9)
+    const int64_t rows = v0 == 0 ? V : 5;
+    SCOPED_TRACE("v0 " + std::to_string(v0));
+    std::vector<float> out(B * T * C), ref(B * T * C);
+    kernels::embedding_forward<RefExec>(ref.data(), tokens.data(), wte.data() + v0 * C,
+                                        v0 == 0 ? wpe.data() : nullptr, B, T, C, offset, v0,
+                                        rows);
+    team::embedding_forward<TeamExec>(out.data(), tokens.data(), wte.data() + v0 * C,
+                                      v0 == 0 ? wpe.data() : nullptr, B, T, C, offset, v0, rows);
+    Kokkos::fence();
+    EXPECT_EQ(out, ref);
+    auto dwte = random_vector(rows * C, 4), dwpe = random_vector(P * C, 5);
+    auto rdwte = dwte, rdwpe = dwpe;
+    kernels::embedding_backward<RefExec>(rdwte.data(), rdwpe.data(), dout.data(), tokens.data(),
+                                         B, T, C, offset, v0, rows);
+    team::embedding_backward<TeamExec>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
+                                       C, offset, v0, rows, team_size());
+    Kokkos::fence();
+    // Every row receives its positions in the host's order: bitwise the same.
+    EXPECT_EQ(dwte, rdwte);
+    EXPECT_EQ(dwpe, rdwpe);
+    std::printf("  embedding backward: bitwise equal to the host (%zu + %zu values)\n",
+                dwte.size(), dwpe.size());
+  }
+  std::vector<float> out(B * T * C);
+  auto f = [&] {
+    team::embedding_forward<TeamExec>(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
+                                      offset);
+    Kokkos::fence();
+    return dot(out, dout);
+  };
+  std::vector<float> dwte(V * C, 0.0f), dwpe(P * C, 0.0f);
+  team::embedding_backward<TeamExec>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), B, T,
+                                     C, offset, 0, INT64_MAX, team_size());
+  Kokkos::fence();
+  EXPECT_EQ(check_gradient("dwte", f, wte, dwte, 3), 0);
+  EXPECT_EQ(check_gradient("dwpe", f, wpe, dwpe, 3), 0);
+}
+
+TEST_F(TeamKernels, RowCopiesMatchHost) {
+  const int64_t N = 13;
+  const int M = 37, ld = 41;
+  auto bias = random_vector(M, 1), src = random_vector(N * ld, 2), res = random_vector(N * M, 3);
+  std::vector<float> a(N * ld, 9.0f), ra = a;
+  kernels::broadcast_rows<RefExec>(ra.data(), bias.data(), N, M, ld);
+  team::broadcast_rows<TeamExec>(a.data(), bias.data(), N, M, ld);
+  std::vector<float> b(N * M), rb(N * M);
+  kernels::residual_plus_bias<RefExec>(rb.data(), res.data(), bias.data(), N, M);
+  team::residual_plus_bias<TeamExec>(b.data(), res.data(), bias.data(), N, M);
+  std::vector<float> c(N * M, 3.0f), rc = c;
+  kernels::copy_columns<RefExec>(rc.data(), M, src.data(), ld, N, M - 4);
+  team::copy_columns<TeamExec>(c.data(), M, src.data(), ld, N, M - 4);
+  Kokkos::fence();
+  EXPECT_EQ(a, ra);
+  EXPECT_EQ(b, rb);
+  EXPECT_EQ(c, rc);
+}
+
+// AdamW over a small parameter table (decayed matrices, undecayed biases, padding between
+// tensors), both indexings, a ZeRO-style pair of pieces: bitwise the host optimizer's update.
+TEST_F(TeamKernels, FusedAdamWMatchesOptimizerBitwise) {
+  std::vector<ParamSpec> table;
+  auto add = [&](const char* name, ParamRole role, std::size_t offset, std::size_t count) {
+    ParamSpec p;
+    p.name = name;
+    p.role = role;
+    p.offset = offset;
+    p.count = count;
+    p.shape = {int64_t(count)};
+    table.push_back(p);
+  };
+  add("w0", ParamRole::weight, 0, 10000);  // several blocks
+  add("b0", ParamRole::bias, 10000, 37);
+  add("ln", ParamRole::layernorm_weight, 10048, 70);
+  add("wte", ParamRole::token_embedding, 10128, 4099);
+  const std::size_t flat = 14240;
+  MemoryTracker tracker;
+  AdamWParams hp;
+  hp.lr = 1e-3;
+  hp.weight_decay = 0.1;
+  const std::vector<std::pair<std::size_t, std::size_t>> pieces = {{5, 10040}, {10100, 14240}};
+  for (bool flat_index : {false, true}) {
+    SCOPED_TRACE(flat_index ? "flat indexing" : "state indexing");
+    AdamW ref(table, pieces, tracker);
+    std::size_t state = 0;
+    for (const auto& [b, e] : pieces) state += e - b;
+    std::vector<float> m(state, 0.0f), v(state, 0.0f);
+    const std::size_t buf = flat_index ? flat : state;
+    auto params = random_vector(buf, 31), grads = random_vector(buf, 32);
+    auto ref_params = params;
+    const auto blocks = team::adamw_blocks(table, pieces, flat_index, flat_index, 1000);
+    team::AdamWBlockTable<TeamExec> device_blocks(blocks);
+    const auto at = flat_index ? AdamW::Indexing::flat : AdamW::Indexing::state;
+    // State indexing: buffers hold the window packed; flat: the whole flat buffer.
+    const float* g = grads.data();
+    float* rp = ref_params.data();
+    float* tp = params.data();
+    for (int64_t step = 1; step <= 3; ++step) {
+      ref.update(rp, g, hp, step, 0.7f, at, at);
+      team::adamw_update<TeamExec>(tp, g, m.data(), v.data(), device_blocks.data(),
+                                   device_blocks.size(), team::adamw_scalars(hp, step, 0.7f),
+                                   team_size());
+      Kokkos::fence();
+    }
+    EXPECT_EQ(params, ref_params);
+    EXPECT_EQ(m, std::vector<float>(ref.m(), ref.m() + ref.size()));
+    EXPECT_EQ(v, std::vector<float>(ref.v(), ref.v() + ref.size()));
+    std::printf("  adamw: max |team - optimizer| = %.3g (params), %zu blocks\n",
+                max_abs_diff(params, ref_params), blocks.size());
+  }
+}
+
+namespace {
+
+// Dense double-precision reference of causal attention: y (B,T,C) and lse (B,H,T).
+void naive_attention(const std::vector<float>& qkv, std::vector<double>& y,
+                     std::vector<double>& lse, int B, int T, int C, int H) {
+  const int hs = C / H;
+  y.assign(std::size_t(B) * T * C, 0.0);
+  lse.assign(std::size_t(B) * H * T, 0.0);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      for (int i = 0; i < T; ++i) {
+        std::vector<double> p(i + 1);
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int e = 0; e < hs; ++e) {
+            s += double(qkv[(b * T + i) * 3 * C + h * hs + e]) *
+                 qkv[(b * T + j) * 3 * C + C + h * hs + e];
+          }
+          p[j] = s / std::sqrt(double(hs));
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (double& v : p) sum += (v = std::exp(v - mx));
+        lse[(b * H + h) * T + i] = mx + std::log(sum);
+        for (int e = 0; e < hs; ++e) {
+          double o = 0;
+          for (int j = 0; j <= i; ++j) {
+            o += p[j] / sum * qkv[(b * T + j) * 3 * C + 2 * C + h * hs + e];
+          }
+          y[(b * T + i) * C + h * hs + e] = o;
+        }
+      }
+    }
+  }
+}
+
+void check_team_attention(int B, int T, int C, int H, int tile) {
+  SCOPED_TRACE("B " + std::to_string(B) + " T " + std::to_string(T) + " C " + std::to_string(C) +
+               " H " + std::to_string(H) + " tile " + std::to_string(tile));
+  const team::AttentionShape shape{tile, team_size()};
+  auto qkv = random_vector(B * T * 3 * C, 21, 2.0f), g = random_vector(B * T * C, 22);
+  std::vector<double> ny, nlse;
+  naive_attention(qkv, ny, nlse, B, T, C, H);
+  std::vector<float> lse(B * H * T), y(B * T * C);
+  team::attention_forward<TeamExec>(lse.data(), y.data(), qkv.data(), B, T, C, H, shape);
+  Kokkos::fence();
+  expect_close("attention y vs double", y, std::vector<float>(ny.begin(), ny.end()), 1e-5);
+  expect_close("attention lse vs double", lse, std::vector<float>(nlse.begin(), nlse.end()), 1e-5);
+  // The dense host path (probabilities saved) and the host fused path, both from GEMMs.
+  auto gemm = make_host_gemm();
+  std::vector<float> att(std::size_t(B) * H * T * T), dense_y(B * T * C),
+      dense_dqkv(B * T * 3 * C), scratch(std::size_t(H) * T * T);
+  attention_forward(*gemm, att.data(), dense_y.data(), qkv.data(), B, T, C, H);
+  attention_backward(*gemm, dense_dqkv.data(), scratch.data(), g.data(), qkv.data(), att.data(),
+                     B, T, C, H);
+  const int host_tile = 8;
+  std::vector<float> work(fused_attention_work_floats(host_tile)), host_lse(B * H * T),
+      host_y(B * T * C), host_dqkv(B * T * 3 * C);
+  fused_attention_forward(*gemm, host_lse.data(), host_y.data(), qkv.data(), work.data(), B, T, C,
+                          H, host_tile);
+  fused_attention_backward(*gemm, host_dqkv.data(), g.data(), host_y.data(), qkv.data(),
+                           host_lse.data(), work.data(), B, T, C, H, host_tile);
+  expect_close("attention y vs dense", y, dense_y, 1e-5);
+  expect_close("attention lse vs host fused", lse, host_lse, 1e-5);
+  std::vector<float> dqkv(B * T * 3 * C, 7.0f);  // assigned: the 7s must all go
+  team::attention_backward<TeamExec>(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B,
+                                     T, C, H, shape);
+  Kokkos::fence();
+  expect_close("attention dqkv vs dense", dqkv, dense_dqkv, 1e-4);
+  expect_close("attention dqkv vs host fused", dqkv, host_dqkv, 1e-4);
+}
+
+}  // namespace
+
+// Tiles of 4 and 5 over T = 9 and 37 (ragged last tiles, several key tiles per query tile, so the
+// online softmax rescales), tile 16 at T = 9 (one block), and the automatic tile at a GPT-2 head
+// size (hs = 64; T = 70, not a multiple of it).
+TEST_F(TeamKernels, FusedAttentionMatchesDenseAndHostFused) {
+  check_team_attention(2, 9, 12, 3, 4);
+  check_team_attention(2, 9, 12, 3, 16);
+  check_team_attention(1, 37, 10, 2, 5);
+  check_team_attention(1, 70, 128, 2, 0);
+}
+
+TEST_F(TeamKernels, FusedAttentionBackwardMatchesFiniteDifferences) {
+  const int B = 2, T = 9, C = 12, H = 3;
+  const team::AttentionShape shape{4, team_size()};
+  auto qkv = random_vector(B * T * 3 * C, 21, 2.0f), g = random_vector(B * T * C, 22);
+  std::vector<float> lse(B * H * T), y(B * T * C), dqkv(B * T * 3 * C);
+  auto f = [&] {
+    team::attention_forward<TeamExec>(lse.data(), y.data(), qkv.data(), B, T, C, H, shape);
+    Kokkos::fence();
+    return dot(y, g);
+  };
+  f();
+  team::attention_backward<TeamExec>(dqkv.data(), g.data(), y.data(), qkv.data(), lse.data(), B,
+                                     T, C, H, shape);
+  Kokkos::fence();
+  EXPECT_EQ(check_gradient("team dqkv", f, qkv, dqkv, 1, 1e-2, 1e-3), 0);
+}
+
+TEST(TeamAttention, TileFollowsScratchSize) {
+  using Policy = Kokkos::TeamPolicy<TeamExec>;
+  const auto launch = team::attention_launch<TeamExec>(team::AttentionKernel::forward, 64, 0);
+  EXPECT_LE(launch.bytes, std::size_t(Policy::scratch_size_max(0)));
+  EXPECT_EQ(launch.level, 0);
+  EXPECT_GE(launch.tile, 8);
+  // The next larger tile would not have fitted.
+  if (launch.tile < 64) {
+    EXPECT_GT(team::ScratchFloats<TeamExec>::shmem_size(team::attention_scratch_floats(
+                  team::AttentionKernel::forward, 2 * launch.tile, 64)),
+              std::size_t(Policy::scratch_size_max(0)));
+  }
+}
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// On a GPU (a CUDA build of Kokkos, where a binary only starts with a GPU visible): every team
+// kernel on Kokkos::Cuda over device buffers, with the team sizes Kokkos chooses there, against
+// the host kernels on the same inputs.
+namespace {
+
+using Dev = Kokkos::Cuda;
+
+template <class T>
+Kokkos::View<T*, Dev::memory_space> to_device(const std::vector<T>& h) {
+  Kokkos::View<T*, Dev::memory_space> d("colossal::test::device", h.size());
+  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                           h.data(), h.size()));
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(const Kokkos::View<T*, Dev::memory_space>& d) {
+  std::vector<T> h(d.extent(0));
+  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(),
+                                                                                h.size()),
+                    d);
+  return h;
+}
+
+}  // namespace
+
+TEST(DeviceTeamKernels, RowAndColumnKernelsMatchHost) {
+  const int N = 64, C = 768;
+  auto x = random_vector(N * C, 1, 3.0f), w = random_vector(C, 2), b = random_vector(C, 3);
+  auto g = random_vector(N * C, 4);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  kernels::layernorm_forward<RefExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                      b.data(), N, C, 1e-5f);
+  auto dx = to_device(x), dw = to_device(w), dbv = to_device(b), dout = to_device(out),
+       dmean = to_device(mean), drstd = to_device(rstd), dg = to_device(g);
+  team::layernorm_forward<Dev>(dout.data(), dmean.data(), drstd.data(), dx.data(), dw.data(),
+                               dbv.data(), N, C, 1e-5f);
+  expect_close("gpu layernorm out", to_host(dout), out, 1e-5, 1e-5);
+  std::vector<float> dinp(N * C, 0.5f), dweight(C, 0.25f), dbias(C, 0.0f);
+  auto ddinp = to_device(dinp), ddweight = to_device(dweight), ddbias = to_device(dbias);
+  kernels::layernorm_backward<RefExec>(dinp.data(), dweight.data(), dbias.data(), g.data(),
+                                       x.data(), w.data(), mean.data(), rstd.data(), N, C);
+  team::layernorm_backward<Dev>(ddinp.data(), ddweight.data(), ddbias.data(), dg.data(), dx.data(),
+                                dw.data(), dmean.data(), drstd.data(), N, C);
+  expect_close("gpu layernorm dinp", to_host(ddinp), dinp, 1e-5, 1e-5);
+  expect_close("gpu layernorm dweight", to_host(ddweight), dweight, 1e-4, 1e-5);
+  expect_close("gpu layernorm dbias", to_host(ddbias), dbias, 1e-4, 1e-5);
+
+  const int rows = 4 * 37, T = 37;
+  auto att = random_vector(rows * T, 5, 4.0f), ref_att = att;
+  kernels::causal_softmax_forward<RefExec>(ref_att.data(), rows, T, T, 0);
+  auto datt = to_device(att);
+  team::causal_softmax_forward<Dev>(datt.data(), rows, T, T, 0);
+  expect_close("gpu softmax forward", to_host(datt), ref_att, 1e-6, 1e-5);
+
+  const int V = 50257, rowsV = 8;
+  auto logits = random_vector(int64_t(rowsV) * V, 6, 6.0f), ref_logits = logits;
+  std::vector<int32_t> targets(rowsV);
+  for (int n = 0; n < rowsV; ++n) targets[n] = (n * 7919 + 3) % V;
+  std::vector<float> loss(rowsV);
+  kernels::cross_entropy_forward_backward<RefExec>(ref_logits.data(), loss.data(), targets.data(),
+                                                   rowsV, V, 0.125f);
+  auto dlogits = to_device(logits);
+  auto dtargets = to_device(targets);
+  auto dloss = to_device(std::vector<float>(rowsV));
+  team::cross_entropy_forward_backward<Dev>(dlogits.data(), dloss.data(), dtargets.data(), rowsV,
+                                            V, 0.125f);
+  expect_close("gpu cross-entropy loss", to_host(dloss), loss, 5e-5, 1e-5);
+  expect_close("gpu cross-entropy grad", to_host(dlogits), ref_logits, 1e-8, 1e-5);
+
+  std::vector<float> bias_grad(C, 1.0f);
+  auto dbias_grad = to_device(bias_grad);
+  kernels::bias_backward<RefExec>(bias_grad.data(), g.data(), N, C, C);
+  team::bias_backward<Dev>(dbias_grad.data(), dg.data(), N, C, C);
+  expect_close("gpu bias_backward", to_host(dbias_grad), bias_grad, 1e-4, 1e-5);
+
+  const int Bt = 4, Tt = 64, Vt = 97;
+  std::vector<int32_t> tokens(Bt * Tt);
+  for (int i = 0; i < Bt * Tt; ++i) tokens[i] = (i * 13 + i / 7) % Vt;
+  auto demb = random_vector(Bt * Tt * C, 7);
+  std::vector<float> dwte(Vt * C, 0.0f), dwpe(Tt * C, 0.0f);
+  auto ddwte = to_device(dwte), ddwpe = to_device(dwpe), ddemb = to_device(demb);
+  auto dtokens = to_device(tokens);
+  kernels::embedding_backward<RefExec>(dwte.data(), dwpe.data(), demb.data(), tokens.data(), Bt,
+                                       Tt, C, 0);
+  team::embedding_backward<Dev>(ddwte.data(), ddwpe.data(), ddemb.data(), dtokens.data(), Bt, Tt,
+                                C, 0);
+  EXPECT_EQ(to_host(ddwte), dwte);
+  EXPECT_EQ(to_host(ddwpe), dwpe);
+}
+
+// The references run on the host's execution space (the team kernels checked against the host
+// optimizer and the host fused attention above): in a CUDA build, core/layers.cpp and AdamW
+// launch on the device.
+TEST(DeviceTeamKernels, AdamWAndAttentionMatchHost) {
+  std::vector<ParamSpec> table(2);
+  table[0].name = "w";
+  table[0].role = ParamRole::weight;
+  table[0].count = 100000;
+  table[1].name = "b";
+  table[1].role = ParamRole::bias;
+  table[1].offset = 100000;
+  table[1].count = 768;
+  const std::size_t n = 100768;
+  AdamWParams hp;
+  auto params = random_vector(n, 1), grads = random_vector(n, 2);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  auto dparams = to_device(params), dgrads = to_device(grads), dm = to_device(m),
+       dv = to_device(v);
+  const auto block_list = team::adamw_blocks(table, {{0, n}}, false, false);
+  team::AdamWBlockTable<Dev> blocks(block_list);
+  for (int64_t step = 1; step <= 2; ++step) {
+    team::adamw_update<TeamExec>(params.data(), grads.data(), m.data(), v.data(),
+                                 block_list.data(), int(block_list.size()),
+                                 team::adamw_scalars(hp, step, 0.5f));
+    team::adamw_update<Dev>(dparams.data(), dgrads.data(), dm.data(), dv.data(), blocks.data(),
+                            blocks.size(), team::adamw_scalars(hp, step, 0.5f));
+  }
+  // The device may contract multiply-adds, so equal to float rounding rather than bitwise.
+  expect_close("gpu adamw params", to_host(dparams), params, 1e-6, 1e-6);
+
+  const int B = 2, T = 200, C = 128, H = 2;  // hs = 64, T not a multiple of any tile
+  auto qkv = random_vector(B * T * 3 * C, 21, 2.0f), dy = random_vector(B * T * C, 22);
+  std::vector<double> ny, nlse;
+  naive_attention(qkv, ny, nlse, B, T, C, H);
+  auto dqkv_in = to_device(qkv), ddy = to_device(dy);
+  auto dlse = to_device(std::vector<float>(B * H * T));
+  auto dyo = to_device(std::vector<float>(B * T * C));
+  team::attention_forward<Dev>(dlse.data(), dyo.data(), dqkv_in.data(), B, T, C, H);
+  const auto y = to_host(dyo), lse = to_host(dlse);
+  expect_close("gpu attention y", y, std::vector<float>(ny.begin(), ny.end()), 1e-5);
+  expect_close("gpu attention lse", lse, std::vector<float>(nlse.begin(), nlse.end()), 1e-5);
+  std::vector<float> host_dqkv(B * T * 3 * C);
+  team::attention_backward<TeamExec>(host_dqkv.data(), dy.data(), y.data(), qkv.data(),
+                                     lse.data(), B, T, C, H);
+  auto ddqkv = to_device(std::vector<float>(B * T * 3 * C, 7.0f));
+  team::attention_backward<Dev>(ddqkv.data(), ddy.data(), dyo.data(), dqkv_in.data(), dlse.data(),
+                                B, T, C, H);
+  expect_close("gpu attention dqkv", to_host(ddqkv), host_dqkv, 1e-4);
+}
+#endif  // KOKKOS_ENABLE_CUDA
