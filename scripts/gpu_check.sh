@@ -15,7 +15,7 @@ set -uo pipefail
 usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -d "$here/bin" ]; then root=$here; bin=$here/bin; tests=$here/bin  # packed bundle
-else root=$(cd "$here/.." && pwd); bin=$root/build-cuda/bin; tests=$root/build-cuda/tests; fi
+else root=$(cd "$here/.." && pwd); bin=$root/build-cuda/bin; tests=$bin; fi
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 models=(quickstart opt-tiny)

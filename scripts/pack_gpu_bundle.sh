@@ -24,8 +24,7 @@ bin="$repo/build-cuda/bin"
 rm -rf "$out/bin" "$out/lib"
 mkdir -p "$out/bin" "$out/lib"
 progs=()
-for f in "$bin"/* "$repo"/build-cuda/tests/test_gemm_cuda "$repo"/build-cuda/tests/test_kernels \
-         "$repo"/build-cuda/tests/test_model_grad; do
+for f in "$bin"/*; do
   [ -f "$f" ] && [ -x "$f" ] && file -b "$f" | grep -q ELF && progs+=("$f")
 done
 [ ${#progs[@]} -gt 0 ] || { echo "pack_gpu_bundle.sh: no CUDA binaries found" >&2; exit 1; }
@@ -44,6 +43,8 @@ mkdir -p "$out/configs" "$out/data"
 cp "$repo"/configs/*.yaml "$out/configs/"
 cp "$repo"/data/licenses_*.txt "$out/data/" 2>/dev/null || true
 cp "$repo/scripts/gpu_check.sh" "$out/"
+if [ -d "$repo/host-losses" ]; then cp -r "$repo/host-losses" "$out/"
+else echo "[pack] warning: no host-losses/ (run scripts/gpu_check.sh --host-losses first)" >&2; fi
 [ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
 size=$(du -sb "$out" | cut -f1)
 echo "[pack] $out: $(du -sh "$out" | cut -f1) ($size bytes), ${#progs[@]} programs," \
