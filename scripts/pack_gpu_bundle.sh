@@ -4,11 +4,12 @@
 # shared libraries the device image likely lacks (from ldd: MPI, HDF5, yaml-cpp, OpenBLAS, ...;
 # never libc, libstdc++ or the CUDA driver/toolkit, which the image has), the host losses
 # (scripts/gpu_check.sh --host-losses writes them here first) and the configs and data. Binaries
-# are stripped. Prints the size; fails above 64 MiB (what a session may carry).
+# are stripped; the folder is also written as DIR.tar.gz. Prints the sizes; fails when the
+# archive is above 64 MiB (what a session may carry).
 #
 #   scripts/pack_gpu_bundle.sh [--out DIR]
 set -euo pipefail
-usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out="$repo/gpu-bundle"
 while [ $# -gt 0 ]; do
@@ -46,7 +47,11 @@ cp "$repo/scripts/gpu_check.sh" "$out/"
 if [ -d "$repo/host-losses" ]; then cp -r "$repo/host-losses" "$out/"
 else echo "[pack] warning: no host-losses/ (run scripts/gpu_check.sh --host-losses first)" >&2; fi
 [ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
-size=$(du -sb "$out" | cut -f1)
-echo "[pack] $out: $(du -sh "$out" | cut -f1) ($size bytes), ${#progs[@]} programs," \
-     "$(ls "$out/lib" | wc -l) libraries"
-[ "$size" -le $((64 * 1024 * 1024)) ] || { echo "pack_gpu_bundle.sh: bundle over 64 MiB" >&2; exit 1; }
+# The session carries the compressed archive (OpenBLAS alone is 36 MB unpacked); on the GPU
+# machine: tar -xzf gpu-bundle.tar.gz && gpu-bundle/gpu_check.sh
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+size=$(stat -c %s "$out.tar.gz")
+echo "[pack] $out: $(du -sh "$out" | cut -f1) unpacked, ${#progs[@]} programs," \
+     "$(ls "$out/lib" | wc -l) libraries; $out.tar.gz: $((size / 1024 / 1024)) MiB ($size bytes)"
+[ "$size" -le $((64 * 1024 * 1024)) ] ||
+  { echo "pack_gpu_bundle.sh: $out.tar.gz is over 64 MiB" >&2; exit 1; }
