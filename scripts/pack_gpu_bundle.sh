@@ -9,7 +9,7 @@
 #
 #   scripts/pack_gpu_bundle.sh [--out DIR]
 set -euo pipefail
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
 repo=$(cd "$(dirname "$0")/.." && pwd)
 out="$repo/gpu-bundle"
 while [ $# -gt 0 ]; do
