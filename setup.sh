@@ -4,17 +4,22 @@
 #
 #   ./setup.sh            install + build (build/bin/colossal_train, ...)
 #   ./setup.sh --test     also run the test suite, then the unit tests under address/UB sanitizers
+#   ./setup.sh --cuda     also build Kokkos 3.4.01 for CUDA into .deps/kokkos-cuda (patched; from
+#                         PyPI) and the project with it into build-cuda/ (preset cuda; compiles
+#                         without a GPU, runs only where one is visible)
 #   ./setup.sh --help
 set -euo pipefail
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 run_tests=0
+cuda=0
 for arg in "$@"; do
   case "$arg" in
     --test) run_tests=1 ;;
+    --cuda) cuda=1 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "setup.sh: unknown argument '$arg'" >&2; usage >&2; exit 2 ;;
   esac
@@ -40,6 +45,8 @@ packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
           libopenblas-dev libgtest-dev python3
           # optional host GEMM backends (hardware.gemm: blis | onednn | auto), loaded at run time
           libblis4-openmp libdnnl2)
+# The CUDA build fetches Kokkos with pip and patches it.
+[ "$cuda" = 1 ] && packages+=(python3-pip patch)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -70,5 +77,12 @@ if [ "$run_tests" = 1 ]; then
   quietly cmake --build --preset asan -j "$jobs"
   step "running the unit tests under address and UB sanitizers (ctest --preset asan)"
   ctest --preset asan -j "$jobs"
+fi
+if [ "$cuda" = 1 ]; then
+  step "building Kokkos 3.4.01 for CUDA into .deps/kokkos-cuda (scripts/build_kokkos_cuda.sh)"
+  quietly scripts/build_kokkos_cuda.sh --jobs "$jobs"
+  step "building the CUDA configuration into build-cuda/ ($jobs jobs)"
+  quietly cmake --preset cuda
+  quietly cmake --build --preset cuda -j "$jobs"
 fi
 step "done: try build/bin/colossal_train configs/quickstart.yaml"

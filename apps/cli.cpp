@@ -32,6 +32,18 @@ std::string Invocation::flag(const std::string& name, const std::string& fallbac
   return it == flags.end() ? fallback : it->second;
 }
 
+int kokkos_device_for(int chosen, const std::vector<std::string_view>& kokkos_flags) {
+  for (std::string_view f : kokkos_flags) {
+    for (std::string_view user : {"--kokkos-device-id", "--kokkos-num-devices",
+                                  "--kokkos-ndevices", "--kokkos-device"}) {
+      if (f == user || (f.starts_with(user) && f.size() > user.size() && f[user.size()] == '=')) {
+        return -1;
+      }
+    }
+  }
+  return chosen < 0 ? -1 : chosen;
+}
+
 namespace {
 
 struct ParsedArgs {
@@ -200,15 +212,21 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
     cpu_set_t mine;
     CPU_ZERO(&mine);
     if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
-    std::vector<cpu_set_t> masks(static_cast<std::size_t>(local_ranks));
+    // A named struct around cpu_set_t: nvcc 13's front end crashes (lexical.c) on
+    // std::vector<cpu_set_t> under C++20.
+    struct CpuMask {
+      cpu_set_t set;
+    };
+    static_assert(sizeof(CpuMask) == sizeof(cpu_set_t));
+    std::vector<CpuMask> masks(static_cast<std::size_t>(local_ranks));
     MPI_Allgather(&mine, int(sizeof mine), MPI_BYTE, masks.data(), int(sizeof mine), MPI_BYTE,
                   node);
-    cpu_set_t all = masks.front();
+    cpu_set_t all = masks.front().set;
     bool known = true, unbound = true;
-    for (cpu_set_t& m : masks) {
-      CPU_OR(&all, &all, &m);
-      known = known && CPU_COUNT(&m) > 0;
-      unbound = unbound && CPU_EQUAL(&m, &masks.front());
+    for (CpuMask& m : masks) {
+      CPU_OR(&all, &all, &m.set);
+      known = known && CPU_COUNT(&m.set) > 0;
+      unbound = unbound && CPU_EQUAL(&m.set, &masks.front().set);
     }
     node_cores = known ? CPU_COUNT(&all) : 0;
     const int core = pin_shared_core(all, known && unbound, local_rank, local_ranks);
@@ -229,6 +247,14 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
     const bool kokkos_flag = std::string_view(argv[i]).starts_with("--kokkos-");
     (kokkos_flag ? kokkos_argv : own_argv).push_back(argv[i]);
   }
+  // A CUDA Kokkos starts on the GPU this rank chose (local rank mod devices), unless the user
+  // chose with --kokkos-device-id / --kokkos-num-devices.
+  std::vector<std::string_view> kokkos_flags(kokkos_argv.begin() + 1, kokkos_argv.end());
+  const int kokkos_device = kokkos_device_for(device.device, kokkos_flags);
+  std::string device_flag = "--kokkos-device-id=" + std::to_string(kokkos_device);
+#ifdef KOKKOS_ENABLE_CUDA
+  if (kokkos_device >= 0) kokkos_argv.push_back(device_flag.data());
+#endif
   int kokkos_argc = int(kokkos_argv.size());
   kokkos_argv.push_back(nullptr);
   {

@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/config.hpp"
@@ -53,6 +54,11 @@ struct Invocation {
 // once by rank 0 as "<program>: error: <message>" and every rank returns the same non-zero code;
 // any other error on a multi-rank run is printed by its rank and aborts the job (MPI_Abort), since
 // the other ranks may be waiting in a collective.
+// The device Kokkos is initialised on: `chosen` (parallel::select_local_device's local rank mod
+// devices), or -1 (Kokkos' own choice) when there is none or the user's --kokkos-* flags pick
+// one (--kokkos-device-id, --kokkos-num-devices, --kokkos-ndevices, --kokkos-device; bare or =N).
+int kokkos_device_for(int chosen, const std::vector<std::string_view>& kokkos_flags);
+
 int run_program(int argc, char** argv, const ProgramInfo& info,
                 const std::function<int(Invocation&)>& body);
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Packs what a GPU machine needs to run the CUDA build's checks into one ignored folder
+# (default gpu-bundle/): build-cuda's programs and GPU tests, the Kokkos prefix's libraries, the
+# shared libraries the device image likely lacks (from ldd: MPI, HDF5, yaml-cpp, OpenBLAS, ...;
+# never libc, libstdc++ or the CUDA driver/toolkit, which the image has), the host losses
+# (scripts/gpu_check.sh --host-losses writes them here first) and the configs and data. Binaries
+# are stripped; the folder is also written as DIR.tar.gz. Prints the sizes; fails when the
+# archive is above 64 MiB (what a session may carry).
+#
+#   scripts/pack_gpu_bundle.sh [--out DIR]
+set -euo pipefail
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; }
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out="$repo/gpu-bundle"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=${2:?--out needs a folder}; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "pack_gpu_bundle.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+bin="$repo/build-cuda/bin"
+[ -d "$bin" ] || { echo "pack_gpu_bundle.sh: no $bin; build the cuda preset first" >&2; exit 1; }
+rm -rf "$out/bin" "$out/lib"
+mkdir -p "$out/bin" "$out/lib"
+progs=()
+for f in "$bin"/*; do
+  [ -f "$f" ] && [ -x "$f" ] && file -b "$f" | grep -q ELF && progs+=("$f")
+done
+[ ${#progs[@]} -gt 0 ] || { echo "pack_gpu_bundle.sh: no CUDA binaries found" >&2; exit 1; }
+for f in "${progs[@]}"; do cp "$f" "$out/bin/"; done
+cp -a "$repo"/.deps/kokkos-cuda/lib*/libkokkos*.so* "$out/lib/"
+# Libraries from ldd, minus what any Linux/CUDA image has.
+skip='^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)'
+for f in "${progs[@]}"; do
+  ldd "$f" | awk '/=> \//{print $1" "$3}'
+done | sort -u | while read -r name path; do
+  [[ "$name" =~ $skip ]] && continue
+  [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
+done
+strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* 2>/dev/null || true
+mkdir -p "$out/configs" "$out/data"
+cp "$repo"/configs/*.yaml "$out/configs/"
+cp "$repo"/data/licenses_*.txt "$out/data/" 2>/dev/null || true
+cp "$repo/scripts/gpu_check.sh" "$out/"
+if [ -d "$repo/host-losses" ]; then cp -r "$repo/host-losses" "$out/"
+else echo "[pack] warning: no host-losses/ (run scripts/gpu_check.sh --host-losses first)" >&2; fi
+[ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
+# The session carries the compressed archive (OpenBLAS alone is 36 MB unpacked); on the GPU
+# machine: tar -xzf gpu-bundle.tar.gz && gpu-bundle/gpu_check.sh
+tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+size=$(stat -c %s "$out.tar.gz")
+echo "[pack] $out: $(du -sh "$out" | cut -f1) unpacked, ${#progs[@]} programs," \
+     "$(ls "$out/lib" | wc -l) libraries; $out.tar.gz: $((size / 1024 / 1024)) MiB ($size bytes)"
+[ "$size" -le $((64 * 1024 * 1024)) ] ||
+  { echo "pack_gpu_bundle.sh: $out.tar.gz is over 64 MiB" >&2; exit 1; }
