@@ -59,7 +59,7 @@ struct CheckpointingConfig {
 
 struct ParallelConfig {
   std::string mode = "manual";   // manual: the sizes below; auto: the planner chooses them
-  int data = 1;                  // data-parallel ranks (the world size must equal it)
+  int data = 1;                  // data-parallel ranks (the world size is world_size(), below)
   int zero_stage = 0;            // 0: replicated; 1: optimizer states; 2: + gradients; 3: + params
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
@@ -71,8 +71,8 @@ struct ParallelConfig {
   int sequence = 1;                // ring self-attention ranks
   int pipeline = 1;                // pipeline stages
   std::vector<int> pipeline_layers;  // blocks per stage; empty: balanced
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
-  int pipeline_chunks = 1;         // virtual stages per rank (interleaved; not yet)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
 

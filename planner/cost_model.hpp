@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "planner/hardware.hpp"
@@ -29,7 +29,7 @@ struct RankLayout {
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
-  std::vector<checkpoint_sched::Keep> keep{};  // per op of the whole model (empty: keep all)
+  std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // The model chunks this rank runs (one, or several under the interleaved schedule).
   struct Chunk {

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/model_spec.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
@@ -39,7 +39,7 @@ struct RunLayout {
 // Pipeline rank `rank`'s chunks, their stages and the micro-batches each keeps in flight under the
 // schedule, with the given checkpoint schedule.
 RankLayout rank_layout(const RunLayout& run, int rank,
-                       const std::vector<checkpoint_sched::Keep>& keep = {},
+                       const std::vector<core::Keep>& keep = {},
                        bool selective = false);
 
 // Blocks per stage minimising the slowest stage: a dynamic program over contiguous partitions of
@@ -51,7 +51,7 @@ std::vector<int> partition_layers(const std::vector<double>& layer_cost, int sta
                                   double first_extra, double last_extra);
 
 struct CheckpointPlan {
-  std::vector<checkpoint_sched::Keep> keep;  // per op of the whole model; empty keeps all
+  std::vector<core::Keep> keep;  // per op of the whole model; empty keeps all
   bool selective = false;
   std::string description;                    // the policy and, per chunk, the schedule
   bool feasible = true;                       // rotor: the budget can be met
