@@ -280,7 +280,8 @@ void Trainer::agree_on_plan() {
                        for (int n : stage_layers_) list += (list.empty() ? "" : ", ") + std::to_string(n);
                        return list;
                      }() + "]}\n" +
-                     "tensor: {mode: " + p.tensor_mode + ", sequence_split: " +
+                     "tensor: {mode: " + core::tensor_mode_name(p.tensor_mode) +
+                     ", sequence_split: " +
                      (p.sequence_split ? "true" : "false") + ", padded_vocab: " +
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +

@@ -9,6 +9,7 @@
 
 #include "core/keep.hpp"
 #include "core/memory.hpp"
+#include "core/tensor_mode.hpp"
 #include "core/model_spec.hpp"
 #include "planner/hardware.hpp"
 #include "planner/step_graph.hpp"
@@ -136,10 +137,10 @@ void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
 // pipelined trees) on the link that spans the tensor group, the gradient all-reduce over the
 // data ranks (and the depth), and AdamW.
 struct TensorModeLayout {
-  std::string mode = "2d";  // 2d | 2.5d | 3d
+  core::TensorMode mode = core::TensorMode::d2;  // 2d | 2.5d | 3d
   int q = 2, depth = 1, data = 1;
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
-  int tensor() const { return mode == "3d" ? q * q * q : q * q * depth; }
+  int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
 };
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);
 TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& layout,

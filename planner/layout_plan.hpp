@@ -28,11 +28,12 @@ struct RunLayout {
   // Stages 0-1: the gradient all-reduce's bucket size, MiB (parallel.bucket_mb); infinity: the
   // whole buffer in one call after backward, as Megatron-LM (2021) did.
   double bucket_mb = 25.0;
-  std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
-  int depth = 1;                   // 2.5d layers (tensor = q^2 x depth)
+  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
+  core::TensorMode tensor_mode = core::TensorMode::d1;
+  int depth = 1;  // 2.5d layers (tensor = q^2 x depth)
   int world() const { return data * tensor * sequence * pipeline; }
   int micro_batches() const {  // per rank (per 2.5d layer)
-    return global_batch / (micro_batch * data * (tensor_mode == "2.5d" ? depth : 1));
+    return global_batch / (micro_batch * data * core::tensor_depth(tensor_mode, depth));
   }
 };
 
