@@ -70,9 +70,11 @@ int calibrate(apps::Invocation& inv) {
 int profile(apps::Invocation& inv) {
   const io::Config& c = inv.config;
   const auto& p = c.parallel;
-  if (p.tensor_mode != "1d") {
-    throw apps::UsageError("--profile prints the per-op table of 1d layouts; for tensor mode " +
-                           p.tensor_mode + " use --evaluate (memory by category and step time)");
+  if (p.tensor_mode != core::TensorMode::d1) {
+    throw apps::UsageError(
+        std::string("--profile prints the per-op table of 1d layouts; for tensor mode ") +
+        core::tensor_mode_name(p.tensor_mode) +
+        " use --evaluate (memory by category and step time)");
   }
   const std::string stage_text = inv.flag("--stage", "0");
   char* end = nullptr;

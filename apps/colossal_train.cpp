@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     }
     // Before anything is allocated: does every node hold its ranks' memory plan?
     if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);
-    if (inv.config.parallel.tensor_mode != "1d") {
+    if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d: the sharded models' own loop (apps/trainer_md.hpp).
       if (inv.has("--memory-plan")) {
         // Every rank of a grid holds the same bytes; the closed forms equal the tracker
@@ -126,7 +126,10 @@ int main(int argc, char** argv) {
         const planner::MemoryPrediction m = planner::predict_memory(
             inv.config.model, planner::tensor_mode_layout(apps::run_layout(inv.config)));
         if (log) {
-          print_memory_plan(log, "every rank, " + inv.config.parallel.tensor_mode, m.format(),
+          print_memory_plan(log,
+                            std::string("every rank, ") +
+                                core::tensor_mode_name(inv.config.parallel.tensor_mode),
+                            m.format(),
                             m.total());
         }
         return 0;
@@ -134,7 +137,8 @@ int main(int argc, char** argv) {
       for (const char* flag : {"--eval-only", "--profile-steps", "--trace"}) {
         if (inv.has(flag)) {
           throw apps::UsageError(std::string(flag) + " is not available with parallel.tensor.mode " +
-                                 inv.config.parallel.tensor_mode + " yet; use mode 1d for it");
+                                 core::tensor_mode_name(inv.config.parallel.tensor_mode) +
+                                 " yet; use mode 1d for it");
         }
       }
       apps::TrainerMD trainer(inv.config, log, inv.world);

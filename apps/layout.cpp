@@ -2,12 +2,24 @@
 
 #include <stdexcept>
 
-#include "apps/trainer.hpp"
+#include "apps/errors.hpp"
 #include "core/host_threads.hpp"
 #include "core/memory.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "planner/search.hpp"
 
 namespace colossal::apps {
+
+std::vector<int> pipeline_layers(const io::Config& config) {
+  const auto& p = config.parallel;
+  if (!p.pipeline_layers.empty()) return p.pipeline_layers;
+  const auto& spec = config.model;
+  const double C = spec.hidden, F = spec.ffn_hidden, T = config.train.seq_len;
+  // Forward FLOPs per token of a block (its matmuls and attention) and of the LM head.
+  return parallel::balance_stages(spec.layers, p.pipeline * p.pipeline_chunks,
+                                  2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
+                                  2.0 * C * spec.vocab);
+}
 
 planner::RunLayout run_layout(const io::Config& config) {
   const auto& p = config.parallel;
@@ -37,7 +49,7 @@ planner::RunLayout run_layout(const io::Config& config) {
 }
 
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
-                                const std::vector<checkpoint_sched::Keep>& keep, bool selective) {
+                                const std::vector<core::Keep>& keep, bool selective) {
   return planner::rank_layout(run_layout(config), pipeline_rank, keep, selective);
 }
 

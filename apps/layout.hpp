@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "io/config.hpp"
 #include "parallel/communicator.hpp"
 #include "planner/cost_model.hpp"
@@ -16,13 +16,17 @@
 
 namespace colossal::apps {
 
+// Blocks per (virtual) pipeline stage: parallel.pipeline.layers, or balanced by predicted FLOPs
+// (parallel::balance_stages) over size x chunks stages.
+std::vector<int> pipeline_layers(const io::Config& config);
+
 // The run's layout as the config fixes it (the trainer's pipeline partition included).
 planner::RunLayout run_layout(const io::Config& config);
 
 // The layout of the ranks of pipeline stage `pipeline_rank`: their chunks (one, or `chunks` under
 // the interleaved schedule), the micro-batches each keeps in flight, the checkpoint schedule.
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
-                                const std::vector<checkpoint_sched::Keep>& keep = {},
+                                const std::vector<core::Keep>& keep = {},
                                 bool selective = false);
 
 // hardware.file when set, else hardware.preset, with host rates scaled to `threads` per rank
@@ -30,7 +34,7 @@ planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
 planner::HardwareSpec hardware_spec(const io::Config& config, int threads);
 
 struct ActivationPlan {
-  std::vector<checkpoint_sched::Keep> keep;  // per op of the whole model; empty keeps all
+  std::vector<core::Keep> keep;  // per op of the whole model; empty keeps all
   bool selective = false;
   std::string description;                    // the policy and, per stage, the schedule
 };

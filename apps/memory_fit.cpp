@@ -24,7 +24,7 @@
 namespace colossal::apps {
 
 planner::MemoryPrediction rank_memory(const io::Config& config, int rank) {
-  if (config.parallel.tensor_mode != "1d") {
+  if (config.parallel.tensor_mode != core::TensorMode::d1) {
     // Every rank of a 2d / 2.5d / 3d grid holds the same bytes (tests/test_tensor_md.cpp).
     return planner::predict_memory(config.model, planner::tensor_mode_layout(run_layout(config)));
   }

@@ -46,17 +46,6 @@ std::string format_duration(double s) {
 }
 }  // namespace
 
-std::vector<int> pipeline_layers(const io::Config& config) {
-  const auto& p = config.parallel;
-  if (!p.pipeline_layers.empty()) return p.pipeline_layers;
-  const auto& spec = config.model;
-  const double C = spec.hidden, F = spec.ffn_hidden, T = config.train.seq_len;
-  // Forward FLOPs per token of a block (its matmuls and attention) and of the LM head.
-  return parallel::balance_stages(spec.layers, p.pipeline * p.pipeline_chunks,
-                                  2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
-                                  2.0 * C * spec.vocab);
-}
-
 double peak_flops(const io::HardwareConfig& hardware) {
   if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
   // The spec's fp32 peak ("host": the sgemm ceiling of the 2-core AVX-512 development machine,
@@ -291,7 +280,8 @@ void Trainer::agree_on_plan() {
                        for (int n : stage_layers_) list += (list.empty() ? "" : ", ") + std::to_string(n);
                        return list;
                      }() + "]}\n" +
-                     "tensor: {mode: " + p.tensor_mode + ", sequence_split: " +
+                     "tensor: {mode: " + core::tensor_mode_name(p.tensor_mode) +
+                     ", sequence_split: " +
                      (p.sequence_split ? "true" : "false") + ", padded_vocab: " +
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +

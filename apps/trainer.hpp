@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/errors.hpp"
 #include "apps/layout.hpp"
 #include "apps/watchdog.hpp"
 #include "core/gemm.hpp"
@@ -95,26 +96,10 @@ bool end_step(parallel::Communicator& world, const io::Config& config, int64_t d
 std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
                                       const std::function<void(int64_t)>& save);
 
-// An error that every rank raises alike (same data, same all-reduced loss), so every rank can
-// report it and exit normally instead of aborting the job.
-class CollectiveError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-class NonFiniteError : public CollectiveError {
- public:
-  using CollectiveError::CollectiveError;
-};
-
 struct PipelineStats {
   int64_t forwards = 0, backwards = 0;
   int peak_in_flight = 0;
 };
-
-// Blocks per (virtual) pipeline stage: parallel.pipeline.layers, or balanced by predicted FLOPs
-// (parallel::balance_stages) over size x chunks stages.
-std::vector<int> pipeline_layers(const io::Config& config);
 
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
 double peak_flops(const io::HardwareConfig& hardware);

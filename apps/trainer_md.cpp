@@ -24,7 +24,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
                    .data = par.data, .pipeline = 1, .tensor = par.tensor, .sequence = 1}));
   dp_ = groups_.dp.get();
   tp_ = groups_.tp.get();
-  const std::string& mode = par.tensor_mode;
+  const core::TensorMode mode = par.tensor_mode;
   const int r = tp_->rank();
   auto group = [&](int color, int key) -> core::TensorGroup& {
     comms_.push_back(tp_->split(color, key));
@@ -34,7 +34,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   const core::ModelSpec& spec = config_.model;
   const auto& t = config_.train;
   std::string grid;
-  if (mode == "3d") {
+  if (mode == core::TensorMode::d3) {
     const int q = core::tensor_grid(mode, par.tensor).q;
     const int i = r / (q * q), j = r / q % q, l = r % q;
     core::TensorGroup& input = group(i * q + l, j);
@@ -48,7 +48,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
                                              tracker_);
     grid = std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q) + " cube";
   } else {
-    depth_ = mode == "2.5d" ? par.tensor_depth : 1;
+    depth_ = core::tensor_depth(mode, par.tensor_depth);
     const int q = core::tensor_grid(mode, par.tensor, depth_).q;
     depth_rank_ = r / (q * q);
     const int i = r / q % q, j = r % q;
@@ -61,7 +61,8 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
     grid = std::to_string(q) + " x " + std::to_string(q) + " grid" +
            (depth_ > 1 ? " x " + std::to_string(depth_) + " depth layers" : "");
   }
-  plan_ = "tensor: {size: " + std::to_string(par.tensor) + ", mode: " + mode + "}  # " + grid +
+  plan_ = "tensor: {size: " + std::to_string(par.tensor) + ", mode: " +
+          core::tensor_mode_name(mode) + "}  # " + grid +
           "\ndata: " + std::to_string(par.data) + "\nmicro_batch: " +
           std::to_string(t.micro_batch) + "\naccumulation: " +
           std::to_string(config_.accumulation_steps()) + "\n";

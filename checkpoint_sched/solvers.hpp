@@ -23,10 +23,14 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 
 namespace colossal::checkpoint_sched {
 
+// The schedule's vocabulary is core's (the model executes it): names kept here for the solvers.
+using core::Keep;
+using core::keep_blocks;
+using core::kOpsPerBlock;
 
 struct ChainOp {
   std::size_t input_bytes = 0;  // x_j

@@ -149,8 +149,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // qkv, the probabilities and the attention output), op 2i+1 its MLP (input mid; saves ln2 and
   // its statistics and fch). `all` keeps input and saved set, `input` the input alone, `none`
   // nothing: dropped sets live in one arena, carved per segment from its start.
-  using checkpoint_sched::Keep;
-  constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+  constexpr int kOps = kOpsPerBlock;
   if (!options.keep.empty() && options.keep.size() != std::size_t(spec.layers) * kOps) {
     throw std::invalid_argument("ModelOptions::keep has " + std::to_string(options.keep.size()) +
                                 " entries; the model has " + std::to_string(spec.layers * kOps) +
@@ -631,7 +630,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
     const BlockParams& bp = blocks_[i];
     BlockActs& a = A.blocks[i];
-    constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+    constexpr int kOps = kOpsPerBlock;
     // Dropped activations: run the forward of their segment again from its kept input first
     // (no block's parameters are gathered meanwhile: ZeRO-3 has one work buffer for them).
     if (segment_ends_at(i * kOps + 1)) recompute_segment(A, B, i * kOps + 1);
@@ -656,7 +655,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       store_->release(bp.unit);
       recompute_segment(A, B, i * kOps);
       P = store_->gather(bp.unit);
-    } else if (selective_ && keep_of(i * kOps) == checkpoint_sched::Keep::all) {
+    } else if (selective_ && keep_of(i * kOps) == Keep::all) {
       attention_core_forward(a, B);  // the probabilities again (the output rewritten unchanged)
     }
     dres = gather_rows(dresidual_, N, dfull_);
@@ -700,15 +699,14 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
 }
 
 bool Model::segment_ends_at(int op) const {
-  using checkpoint_sched::Keep;
   if (keep_of(op) == Keep::all) return false;
   return op + 1 == int(keep_.size()) || keep_of(op + 1) != Keep::none;
 }
 
 void Model::recompute_segment(Acts& A, int B, int last) {
-  constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+  constexpr int kOps = kOpsPerBlock;
   int first = last;
-  while (keep_of(first) == checkpoint_sched::Keep::none) --first;  // keep_[0] is never none
+  while (keep_of(first) == Keep::none) --first;  // keep_[0] is never none
   for (int block = first / kOps; block <= last / kOps; ++block) {
     const float* P = store_->gather(blocks_[block].unit);
     if (first <= block * kOps) attention_op_forward(block, A, B, P);

@@ -15,7 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/gemm.hpp"
 #include "core/layers.hpp"
 #include "core/memory.hpp"
@@ -37,10 +37,10 @@ struct ModelOptions {
   StageRange stage{};                // pipeline stage (the whole model by default)
   int slots = 1;                     // activation sets: micro-batches in flight on this stage
   // Activation checkpointing: one entry per op of the whole model, two per block (attention
-  // sub-layer, MLP sub-layer; checkpoint_sched/keep.hpp); empty keeps everything. Dropped ops
+  // sub-layer, MLP sub-layer; core/keep.hpp); empty keeps everything. Dropped ops
   // are recomputed in backward from the last kept input, into one arena (a temporary) sized for
   // the largest segment. A stage's first op is always treated as keeping its input.
-  std::vector<checkpoint_sched::Keep> keep{};
+  std::vector<Keep> keep{};
   // Selective recompute (Korthikanti et al. 2022): the attention probabilities of kept blocks
   // are not saved but recomputed from q, k, v in backward. Nothing to drop with fused
   // attention, which never stores them.
@@ -196,7 +196,7 @@ class Model {
   // input); gathers and releases each block's parameters itself.
   void recompute_segment(Acts& A, int batch, int last);
   // Local op j's schedule entry, and whether a recomputed segment ends at it.
-  checkpoint_sched::Keep keep_of(int op) const { return keep_[std::size_t(op)]; }
+  Keep keep_of(int op) const { return keep_[std::size_t(op)]; }
   bool segment_ends_at(int op) const;
   Acts& acts_of(int slot) {
     if (slot < 0 || slot >= int(slot_acts_.size())) {
@@ -274,7 +274,7 @@ class Model {
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
   std::vector<Acts> slot_acts_;
-  std::vector<checkpoint_sched::Keep> keep_;  // per local op (2 per block)
+  std::vector<Keep> keep_;  // per local op (2 per block)
   bool selective_ = false;                    // probabilities of kept blocks recomputed
   DeviceArray<float> recompute_arena_;        // the activations of the segment being recomputed
   DeviceArray<float> selective_att_;          // selective: the probabilities of one block

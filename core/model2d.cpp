@@ -23,7 +23,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
     : spec_(spec), batch_(batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
-  sharded::require_grid_shape(spec, batch, seq_len, "2d", q);
+  sharded::require_grid_shape(spec, batch, seq_len, TensorMode::d2, q);
   const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
   rows_ = BT / q;
   c_ = C / q;

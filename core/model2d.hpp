@@ -25,7 +25,8 @@
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
-// parallelism; the trainer does not build this model yet (tests/test_model2d.cpp drives it).
+// parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
+// parallel.tensor.mode 2d and 2.5d (apps/trainer_md.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
 
 #include <cstddef>

@@ -25,7 +25,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
       groups_(groups), first_{groups.input, groups.weight, groups.output},
       second_{groups.output, groups.weight, groups.input}, gemm_(gemm) {
   const int q = q_, q2 = q * q;
-  sharded::require_grid_shape(spec, batch, seq_len, "3d", q);
+  sharded::require_grid_shape(spec, batch, seq_len, TensorMode::d3, q);
   const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
   rows_ = BT / q2;
   c_ = C / q;

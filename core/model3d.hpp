@@ -16,7 +16,9 @@
 // outputs are replicated over the plane sharing j, those of X-layout outputs and the layernorms
 // over the plane sharing l; reduce_gradients sums them there.
 //
-// Not here (yet): the trainer does not build this model (tests/test_model3d.cpp drives it).
+// Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
+// parallelism (the config refuses them with mode 3d). colossal_train builds this model for
+// parallel.tensor.mode 3d (apps/trainer_md.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
 
 #include <cstddef>

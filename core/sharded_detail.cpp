@@ -17,16 +17,16 @@ int TensorGrid::ranks(int side) const {
   return n;
 }
 
-TensorGrid tensor_grid(const std::string& mode, int size, int depth) {
+TensorGrid tensor_grid(TensorMode mode, int size, int depth) {
   TensorGrid g;
-  g.power = mode == "3d" ? 3 : 2;
-  g.depth = mode == "2.5d" ? depth : 1;
+  g.power = mode == TensorMode::d3 ? 3 : 2;
+  g.depth = tensor_depth(mode, depth);
   while (g.ranks(g.q + 1) <= size) ++g.q;
   g.exact = g.q >= 2 && g.ranks(g.q) == size;
   return g;
 }
 
-int tensor_grid_multiple(const std::string& mode, int q) { return mode == "3d" ? q * q : q; }
+int tensor_grid_multiple(TensorMode mode, int q) { return mode == TensorMode::d3 ? q * q : q; }
 
 }  // namespace colossal::core
 
@@ -44,10 +44,9 @@ void require_multiple(const char* key, int64_t value, int64_t m, const char* mod
 }
 }  // namespace
 
-void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, const std::string& mode,
-                        int q) {
+void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMode mode, int q) {
   const int m = tensor_grid_multiple(mode, q);
-  const char* name = mode == "3d" ? "3D" : "2D";
+  const char* name = mode == TensorMode::d3 ? "3D" : "2D";
   require_multiple("train.micro_batch", batch, m, name);
   require_multiple("model.heads", spec.heads, q, name);
   require_multiple("model.hidden", spec.hidden, m, name);

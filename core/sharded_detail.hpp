@@ -12,11 +12,10 @@
 namespace colossal::core::sharded {
 
 // Checks a micro-batch of `batch` sequences of `seq_len` tokens against a grid of side q in
-// `mode` ("2d", "2.5d" or "3d"): micro_batch, hidden and ffn_hidden multiples of
+// `mode` (2d, 2.5d or 3d): micro_batch, hidden and ffn_hidden multiples of
 // tensor_grid_multiple(mode, q), heads of q, seq_len <= max_seq. Throws invalid_argument
 // "<key> = <value> must be a multiple of <m> for 2D tensor parallelism (nearest: a or b)".
-void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, const std::string& mode,
-                        int q);
+void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMode mode, int q);
 
 // n rounded up to 16 floats (every local tensor starts 64-byte aligned).
 constexpr std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }

@@ -9,11 +9,12 @@
 #include <vector>
 
 #include "core/model_spec.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::core {
 
-// The grid of a tensor group of `size` ranks in tensor mode `mode` ("2d", "2.5d" with `depth`
-// layers, "3d"): the largest side q with q^2 x depth (q^3 in 3d) <= size, and whether the
+// The grid of a tensor group of `size` ranks in tensor mode `mode` (2d, 2.5d with `depth`
+// layers, 3d): the largest side q with q^2 x depth (q^3 in 3d) <= size, and whether the
 // group is exactly that grid with q >= 2. One place for the config, the planner and the trainer.
 struct TensorGrid {
   int q = 1;
@@ -21,10 +22,10 @@ struct TensorGrid {
   int ranks(int side) const;  // the group size of a grid of `side` (q^2 x depth or q^3)
   int depth = 1, power = 2;
 };
-TensorGrid tensor_grid(const std::string& mode, int size, int depth = 1);
+TensorGrid tensor_grid(TensorMode mode, int size, int depth = 1);
 // What model.hidden, model.ffn_hidden and train.micro_batch must be multiples of on a grid of
 // side q (model.heads: of q): q in 2d and 2.5d, q^2 in 3d.
-int tensor_grid_multiple(const std::string& mode, int q);
+int tensor_grid_multiple(TensorMode mode, int q);
 
 class ShardedModel {
  public:

@@ -66,8 +66,8 @@ struct Betas {
   double* beta1;
   double* beta2;
 };
-using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*, bool*,
-                           Betas, std::vector<int>*>;
+using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*,
+                           core::TensorMode*, bool*, Betas, std::vector<int>*>;
 
 struct KeySpec {
   std::string key;  // dotted
@@ -567,6 +567,8 @@ void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
             out << *p;
         } else if constexpr (std::is_same_v<T, core::Arch*>) {
           out << core::arch_name(*p);
+        } else if constexpr (std::is_same_v<T, core::TensorMode*>) {
+          out << core::tensor_mode_name(*p);
         } else if constexpr (std::is_same_v<T, bool*>) {
           out << (*p ? "true" : "false");
         } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
@@ -866,6 +868,8 @@ class Resolver {
         const std::string value = read_choice(spec, node, where_text);
         if (auto* arch = std::get_if<core::Arch*>(&field))
           **arch = value == "opt" ? core::Arch::opt : core::Arch::gpt2;
+        else if (auto* mode = std::get_if<core::TensorMode*>(&field))
+          **mode = *core::parse_tensor_mode(value);  // read_choice accepted one of the names
         else if (auto* flag = std::get_if<bool*>(&field))
           **flag = value == "true";
         else
@@ -986,7 +990,7 @@ class Resolver {
   void check_consistency(const Config& config) const {
     check_heads(config.model);
     check_tensor_mode(config);
-    if (config.parallel.tensor_mode == "1d") check_tensor_split(config);
+    if (config.parallel.tensor_mode == core::TensorMode::d1) check_tensor_split(config);
     check_pipeline(config);
     check_recompute(config);
     const TrainConfig& t = config.train;
@@ -1156,29 +1160,32 @@ class Resolver {
   // 2d / 2.5d / 3d (core::Model2D, core::Model3D): the grid's shape and what those models run.
   void check_tensor_mode(const Config& config) const {
     const ParallelConfig& p = config.parallel;
-    const std::string& mode = p.tensor_mode;
-    if (mode != "2.5d" && p.tensor_depth != 1) {
+    using core::TensorMode;
+    const TensorMode mode_value = p.tensor_mode;
+    const std::string mode = core::tensor_mode_name(mode_value);
+    if (mode_value != TensorMode::d2_5 && p.tensor_depth != 1) {
       raise(where_first({"parallel.tensor.depth", "parallel.tensor.mode"}),
             "parallel.tensor.depth", std::to_string(p.tensor_depth) + " with mode " + mode,
             "depth layers belong to 2.5d", "set parallel.tensor.mode: 2.5d or depth: 1");
     }
-    if (mode == "1d") return;
-    const int t = p.tensor, d = mode == "2.5d" ? p.tensor_depth : 1;
-    const std::string shape = mode == "3d" ? "a cube q^3" : mode == "2d" ? "a square q^2"
-                                                                         : "q^2 x depth";
-    const core::TensorGrid grid = core::tensor_grid(mode, t, d);
+    if (mode_value == TensorMode::d1) return;
+    const int t = p.tensor, d = core::tensor_depth(mode_value, p.tensor_depth);
+    const std::string shape = mode_value == TensorMode::d3   ? "a cube q^3"
+                              : mode_value == TensorMode::d2 ? "a square q^2"
+                                                             : "q^2 x depth";
+    const core::TensorGrid grid = core::tensor_grid(mode_value, t, d);
     const int q = grid.q;
     if (!grid.exact) {
       const int lower = std::max(2, q), upper = lower + 1;
       raise(where_first({"parallel.tensor.size", "parallel.tensor.mode"}), "parallel.tensor.size",
             std::to_string(t) + " is not " + shape + " with q >= 2 (mode " + mode +
-                (mode == "2.5d" ? ", depth " + std::to_string(d) : "") + ")",
+                (mode_value == TensorMode::d2_5 ? ", depth " + std::to_string(d) : "") + ")",
             "the ranks form a grid of that shape",
             "set parallel.tensor.size to " + std::to_string(grid.ranks(lower)) + " or " +
                 std::to_string(grid.ranks(upper)));
     }
     const core::ModelSpec& m = config.model;
-    const int width = core::tensor_grid_multiple(mode, q);
+    const int width = core::tensor_grid_multiple(mode_value, q);
     for (auto [key, value, by] : {std::tuple<const char*, int, int>{"model.heads", m.heads, q},
                                   {"model.hidden", m.hidden, width},
                                   {"model.ffn_hidden", m.ffn_hidden, width},
@@ -1192,7 +1199,8 @@ class Resolver {
                 (value / by > 0 ? std::to_string(value / by * by) + " or " : std::string()) +
                 std::to_string((value / by + 1) * by));
     }
-    const std::string why = "the " + mode + " model (core/model" + (mode == "3d" ? "3d" : "2d") +
+    const std::string why = "the " + mode + " model (core/model" +
+                            (mode_value == TensorMode::d3 ? "3d" : "2d") +
                             ".hpp) does not run it yet";
     auto refuse = [&](bool bad, const char* key, const std::string& value, const char* todo) {
       if (bad) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/model_spec.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::io {
 
@@ -59,20 +60,20 @@ struct CheckpointingConfig {
 
 struct ParallelConfig {
   std::string mode = "manual";   // manual: the sizes below; auto: the planner chooses them
-  int data = 1;                  // data-parallel ranks (the world size must equal it)
+  int data = 1;                  // data-parallel ranks (the world size is world_size(), below)
   int zero_stage = 0;            // 0: replicated; 1: optimizer states; 2: + gradients; 3: + params
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
   bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
   int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
-  std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d
+  core::TensorMode tensor_mode = core::TensorMode::d1;  // 1d | 2d | 2.5d | 3d
   int tensor_depth = 1;            // 2.5d: depth layers d (tensor = q * q * d)
   bool sequence_split = false;     // Megatron sequence parallelism inside the tensor group
   int sequence = 1;                // ring self-attention ranks
   int pipeline = 1;                // pipeline stages
   std::vector<int> pipeline_layers;  // blocks per stage; empty: balanced
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b
-  int pipeline_chunks = 1;         // virtual stages per rank (interleaved; not yet)
+  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
 
@@ -125,7 +126,7 @@ struct Config {
 
   // Micro-batches each data-parallel rank (each 2.5D depth layer) runs per optimizer step.
   int accumulation_steps() const {
-    const int depth = parallel.tensor_mode == "2.5d" ? parallel.tensor_depth : 1;
+    const int depth = core::tensor_depth(parallel.tensor_mode, parallel.tensor_depth);
     return train.global_batch / (train.micro_batch * parallel.data * depth);
   }
 };

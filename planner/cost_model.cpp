@@ -467,7 +467,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& l) {
   using core::MemCategory;
   MemoryPrediction m;
-  const bool cube = l.mode == "3d";
+  const bool cube = l.mode == core::TensorMode::d3;
   const double params = double(cube ? core::Model3D::parameter_floats(spec, l.q)
                                     : core::Model2D::parameter_floats(spec, l.q));
   m[MemCategory::parameters] = params * kF;
@@ -486,7 +486,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLay
 TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& l,
                             const HardwareSpec& hw) {
   TimePrediction t;
-  const bool cube = l.mode == "3d";
+  const bool cube = l.mode == core::TensorMode::d3;
   const int q = l.q, ranks = cube ? q * q * q : q * q;  // one copy of the model
   const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
   const double C = spec.hidden, F = spec.ffn_hidden, L = spec.layers, T = l.seq_len;

@@ -7,8 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/memory.hpp"
+#include "core/tensor_mode.hpp"
 #include "core/model_spec.hpp"
 #include "planner/hardware.hpp"
 #include "planner/step_graph.hpp"
@@ -29,7 +30,7 @@ struct RankLayout {
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
-  std::vector<checkpoint_sched::Keep> keep{};  // per op of the whole model (empty: keep all)
+  std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // The model chunks this rank runs (one, or several under the interleaved schedule).
   struct Chunk {
@@ -136,10 +137,10 @@ void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
 // pipelined trees) on the link that spans the tensor group, the gradient all-reduce over the
 // data ranks (and the depth), and AdamW.
 struct TensorModeLayout {
-  std::string mode = "2d";  // 2d | 2.5d | 3d
+  core::TensorMode mode = core::TensorMode::d2;  // 2d | 2.5d | 3d
   int q = 2, depth = 1, data = 1;
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
-  int tensor() const { return mode == "3d" ? q * q * q : q * q * depth; }
+  int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
 };
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);
 TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& layout,

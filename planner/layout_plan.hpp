@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/model_spec.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
@@ -28,18 +28,19 @@ struct RunLayout {
   // Stages 0-1: the gradient all-reduce's bucket size, MiB (parallel.bucket_mb); infinity: the
   // whole buffer in one call after backward, as Megatron-LM (2021) did.
   double bucket_mb = 25.0;
-  std::string tensor_mode = "1d";  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
-  int depth = 1;                   // 2.5d layers (tensor = q^2 x depth)
+  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
+  core::TensorMode tensor_mode = core::TensorMode::d1;
+  int depth = 1;  // 2.5d layers (tensor = q^2 x depth)
   int world() const { return data * tensor * sequence * pipeline; }
   int micro_batches() const {  // per rank (per 2.5d layer)
-    return global_batch / (micro_batch * data * (tensor_mode == "2.5d" ? depth : 1));
+    return global_batch / (micro_batch * data * core::tensor_depth(tensor_mode, depth));
   }
 };
 
 // Pipeline rank `rank`'s chunks, their stages and the micro-batches each keeps in flight under the
 // schedule, with the given checkpoint schedule.
 RankLayout rank_layout(const RunLayout& run, int rank,
-                       const std::vector<checkpoint_sched::Keep>& keep = {},
+                       const std::vector<core::Keep>& keep = {},
                        bool selective = false);
 
 // Blocks per stage minimising the slowest stage: a dynamic program over contiguous partitions of
@@ -51,7 +52,7 @@ std::vector<int> partition_layers(const std::vector<double>& layer_cost, int sta
                                   double first_extra, double last_extra);
 
 struct CheckpointPlan {
-  std::vector<checkpoint_sched::Keep> keep;  // per op of the whole model; empty keeps all
+  std::vector<core::Keep> keep;  // per op of the whole model; empty keeps all
   bool selective = false;
   std::string description;                    // the policy and, per chunk, the schedule
   bool feasible = true;                       // rotor: the budget can be met

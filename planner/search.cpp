@@ -65,17 +65,18 @@ int grid_side(const RunLayout& r) {
 // What makes a 2d / 2.5d / 3d layout impossible (the checks of io/config.cpp); empty if none.
 std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r) {
   const int q = grid_side(r);
-  if (q == 0) return "tensor " + std::to_string(r.tensor) + " is not a " + r.tensor_mode + " grid";
+  const std::string mode = core::tensor_mode_name(r.tensor_mode);
+  if (q == 0) return "tensor " + std::to_string(r.tensor) + " is not a " + mode + " grid";
   const int width = core::tensor_grid_multiple(r.tensor_mode, q);
   if (spec.heads % q != 0 || spec.hidden % width != 0 || spec.ffn_hidden % width != 0 ||
       r.micro_batch % width != 0) {
-    return r.tensor_mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
+    return mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
   }
   if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 0 ||
       r.offload_optimizer || r.bf16 || spec.fused_attention) {
-    return r.tensor_mode + " runs without pipeline, sequence, ZeRO, offload, bf16 and fused attention";
+    return mode + " runs without pipeline, sequence, ZeRO, offload, bf16 and fused attention";
   }
-  const int depth = r.tensor_mode == "2.5d" ? r.depth : 1;
+  const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
     return "global batch not a multiple of data x depth x micro-batch";
   }
@@ -94,7 +95,7 @@ TensorModeLayout tensor_mode_layout(const RunLayout& r) {
   TensorModeLayout l;
   l.mode = r.tensor_mode;
   l.q = grid_side(r);
-  l.depth = r.tensor_mode == "2.5d" ? r.depth : 1;
+  l.depth = core::tensor_depth(r.tensor_mode, r.depth);
   l.data = r.data;
   l.micro_batch = r.micro_batch;
   l.micro_batches = r.micro_batches();
@@ -111,14 +112,15 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     run.layers = balanced_layers(spec, run);
   }
   plan.run = run;
-  plan.why = run.tensor_mode == "1d" ? invalid(spec, run) : invalid_tensor_mode(spec, run);
+  plan.why = run.tensor_mode == core::TensorMode::d1 ? invalid(spec, run)
+                                                     : invalid_tensor_mode(spec, run);
   if (!plan.why.empty()) return plan;
   if (run.world() != cluster.devices) {
     plan.why = "uses " + std::to_string(run.world()) + " devices of " +
                std::to_string(cluster.devices);
     return plan;
   }
-  if (run.tensor_mode != "1d") {
+  if (run.tensor_mode != core::TensorMode::d1) {
     // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction, everything kept.
     const TensorModeLayout l = tensor_mode_layout(run);
     plan.memory = predict_memory(spec, l);
@@ -289,9 +291,10 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   if (options.tensor_modes && !bf16 && !spec.fused_attention) {
     for (int t : divisors(G)) {
       if (t < 4 || t > cluster.hw.devices_per_node) continue;
-      std::vector<std::pair<std::string, int>> grids{{"2d", 1}, {"3d", 1}};
+      using core::TensorMode;
+      std::vector<std::pair<TensorMode, int>> grids{{TensorMode::d2, 1}, {TensorMode::d3, 1}};
       for (int depth : divisors(t)) {
-        if (depth > 1 && depth < t) grids.emplace_back("2.5d", depth);
+        if (depth > 1 && depth < t) grids.emplace_back(TensorMode::d2_5, depth);
       }
       for (const auto& [mode, depth] : grids) {
         for (int b : options.micro_batches) {
@@ -308,7 +311,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   std::stable_sort(shapes.begin(), shapes.end(),
                    [](const Shape& a, const Shape& b) { return a.bound < b.bound; });
   for (const Shape& shape : shapes) {
-    const int D = shape.run.tensor_mode == "1d" ? shape.run.data * shape.run.sequence : 1;
+    const bool d1 = shape.run.tensor_mode == core::TensorMode::d1;
+    const int D = d1 ? shape.run.data * shape.run.sequence : 1;
     for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
@@ -368,9 +372,10 @@ std::string format_plan(const Plan& p) {
                 "data %d x tensor %d%s%s x sequence %d x pipeline %d (%s%s, layers [%s]) | "
                 "micro-batch %d x %d | ZeRO %d%s | checkpointing %s",
                 r.data, r.tensor, r.sequence_split ? " (split)" : "",
-                r.tensor_mode == "1d" ? ""
-                : r.tensor_mode == "2.5d" ? (" (2.5d, depth " + std::to_string(r.depth) + ")").c_str()
-                                          : (" (" + r.tensor_mode + ")").c_str(),
+                r.tensor_mode == core::TensorMode::d1 ? ""
+                : r.tensor_mode == core::TensorMode::d2_5
+                    ? (" (2.5d, depth " + std::to_string(r.depth) + ")").c_str()
+                    : (std::string(" (") + core::tensor_mode_name(r.tensor_mode) + ")").c_str(),
                 r.sequence, r.pipeline, r.schedule.c_str(),
                 r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
@@ -426,8 +431,8 @@ std::vector<std::string> plan_overrides(const Plan& p) {
   std::vector<std::string> o = {
       "parallel.data=" + std::to_string(r.data),
       "parallel.tensor.size=" + std::to_string(r.tensor),
-      "parallel.tensor.mode=" + r.tensor_mode,
-      "parallel.tensor.depth=" + std::to_string(r.tensor_mode == "2.5d" ? r.depth : 1),
+      std::string("parallel.tensor.mode=") + core::tensor_mode_name(r.tensor_mode),
+      "parallel.tensor.depth=" + std::to_string(core::tensor_depth(r.tensor_mode, r.depth)),
       "parallel.tensor.sequence_split=" + std::string(r.sequence_split ? "true" : "false"),
       "parallel.sequence=" + std::to_string(r.sequence),
       "parallel.pipeline.size=" + std::to_string(r.pipeline),
@@ -461,7 +466,8 @@ std::string plan_yaml(const Plan& p) {
       "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
       "  bucket_mb: %g\n"
       "checkpointing: {policy: %s%s}\n",
-      r.data, r.tensor, r.tensor_mode.c_str(), r.tensor_mode == "2.5d" ? r.depth : 1,
+      r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
+      core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", r.schedule.c_str(), r.chunks, r.zero_stage,
       r.offload_optimizer ? "true" : "false", r.bucket_mb, p.policy.c_str(),
@@ -493,7 +499,8 @@ std::string plan_json(const Plan& p) {
       "\"offload_params\": false, \"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
       "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
-      r.data, r.tensor, r.tensor_mode.c_str(), r.tensor_mode == "2.5d" ? r.depth : 1,
+      r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
+      core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.schedule.c_str(), r.chunks, layers.c_str(), r.micro_batch, r.micro_batches(),
       r.zero_stage, r.offload_optimizer ? "true" : "false", p.policy.c_str(), schedules.c_str(),

@@ -26,8 +26,8 @@ double total(const std::vector<Op>& ops, double Op::*field) {
 // recomputed too (unfused attention only).
 void apply_checkpointing(StepGraph& g, const std::vector<std::size_t>& block_begin,
                          const core::ModelSpec& s, const Layout& l, int first, int last) {
-  using checkpoint_sched::Keep;
-  constexpr int kOps = checkpoint_sched::kOpsPerBlock;
+  using core::Keep;
+  constexpr int kOps = core::kOpsPerBlock;
   if (!l.keep.empty() && l.keep.size() != std::size_t(s.layers) * kOps) {
     throw std::invalid_argument("build_step_graph: the checkpoint schedule has " +
                                 std::to_string(l.keep.size()) + " entries for " +

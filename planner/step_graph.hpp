@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint_sched/keep.hpp"
+#include "core/keep.hpp"
 #include "core/model_spec.hpp"
 
 namespace colossal::planner {
@@ -25,7 +25,7 @@ struct Layout {
   core::StageRange stage{};      // pipeline stage (the whole model by default)
   // Activation checkpointing, as core::ModelOptions: per op of the whole model (two per block),
   // empty keeps everything; selective drops the attention probabilities of kept blocks.
-  std::vector<checkpoint_sched::Keep> keep{};
+  std::vector<core::Keep> keep{};
   bool selective = false;
   bool bf16 = false;             // activations and their collectives in 2 bytes (mixed precision)
 };

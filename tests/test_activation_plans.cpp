@@ -147,7 +147,7 @@ TEST(AutoPlan, TrainsTheSingleRankModel) {
   EXPECT_EQ(planned.parallel.mode, "manual");
   EXPECT_EQ(planned.parallel.world_size(), world.size());
   // As colossal_train does: 2d / 2.5d / 3d plans run on apps::TrainerMD.
-  if (planned.parallel.tensor_mode != "1d") {
+  if (planned.parallel.tensor_mode != core::TensorMode::d1) {
     apps::TrainerMD trainer(planned, nullptr, &world);
     test::expect_same_losses(trainer.train(), expected);
     if (world.rank() == 0) std::printf("planned:\n%s", trainer.plan().c_str());

@@ -479,6 +479,32 @@ TEST(Config, ToYamlRoundTrips) {
   EXPECT_EQ(back.model_preset, "gpt2-124m");  // the preset name is kept
 }
 
+// parallel.tensor.mode is read once into core::TensorMode; to_yaml writes the config's word back.
+TEST(Config, TensorModeParsesToTheEnumAndWritesItsName) {
+  const std::vector<std::pair<std::string, core::TensorMode>> modes{
+      {"1d", core::TensorMode::d1}, {"2d", core::TensorMode::d2},
+      {"2.5d", core::TensorMode::d2_5}, {"3d", core::TensorMode::d3}};
+  for (const auto& [name, mode] : modes) {
+    EXPECT_EQ(core::parse_tensor_mode(name), mode) << name;
+    EXPECT_EQ(core::tensor_mode_name(mode), name);
+    // A manual layout of that mode on a config its grid accepts (2.5d: depth 2, 8 ranks).
+    const std::string size = mode == core::TensorMode::d1   ? "2"
+                             : mode == core::TensorMode::d2 ? "4"
+                                                            : "8";
+    const std::string depth = mode == core::TensorMode::d2_5 ? "2" : "1";
+    const Config c = parse_config(std::string(kMinimal) +
+                                      "train: {micro_batch: 4, global_batch: 32}\n"
+                                      "parallel: {tensor: {size: " + size + ", mode: " + name +
+                                      ", depth: " + depth + "}}\n",
+                                  "mode.yaml");
+    EXPECT_EQ(c.parallel.tensor_mode, mode) << name;
+    EXPECT_TRUE(Contains(to_yaml(c), "mode: " + name));
+    EXPECT_EQ(parse_config(to_yaml(c), "again.yaml").parallel.tensor_mode, mode) << name;
+  }
+  EXPECT_EQ(core::parse_tensor_mode("2D"), std::nullopt);
+  EXPECT_EQ(core::parse_tensor_mode("4d"), std::nullopt);
+}
+
 TEST(Config, ToYamlWritesEveryKey) {
   const std::string text = to_yaml(parse_config(kMinimal, "min.yaml"));
   for (const ConfigKeyInfo& key : config_schema()) {

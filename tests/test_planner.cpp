@@ -390,7 +390,7 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   EXPECT_GT(a.candidates, b.candidates);
   int grids = 0;
   for (const planner::Plan& p : a.best) {
-    if (p.run.tensor_mode == "1d") continue;
+    if (p.run.tensor_mode == core::TensorMode::d1) continue;
     ++grids;
     EXPECT_TRUE(p.fits);
     EXPECT_GT(p.step_time, 0.0);
@@ -404,7 +404,7 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   run.micro_batch = 4;
   run.seq_len = 1024;
   run.tensor = 8;
-  run.tensor_mode = "3d";
+  run.tensor_mode = core::TensorMode::d3;
   const planner::Plan p = planner::evaluate_plan(spec, run, cluster);
   ASSERT_TRUE(p.fits) << p.why;
   std::vector<std::string> sets = planner::plan_overrides(p);
@@ -413,12 +413,12 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
       "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
       "sample: {tokens: 0}\n",
       "test", sets);
-  EXPECT_EQ(c.parallel.tensor_mode, "3d");
+  EXPECT_EQ(c.parallel.tensor_mode, core::TensorMode::d3);
   EXPECT_EQ(c.parallel.tensor, 8);
   EXPECT_EQ(c.train.micro_batch, 4);
   EXPECT_NE(planner::plan_json(p).find("\"tensor_mode\": \"3d\""), std::string::npos);
   // A 2.5d layout that the grid cannot hold is refused with the reason.
-  run.tensor_mode = "2.5d";
+  run.tensor_mode = core::TensorMode::d2_5;
   run.depth = 3;
   EXPECT_NE(planner::evaluate_plan(spec, run, cluster).why.find("not a 2.5d grid"),
             std::string::npos);

@@ -39,13 +39,13 @@ struct Case {
   bool selective = false;
 };
 
-std::vector<checkpoint_sched::Keep> keep_of(const Case& c, int layers) {
-  if (c.keep.empty()) return c.recompute.empty() ? std::vector<checkpoint_sched::Keep>{}
-                                                 : checkpoint_sched::keep_blocks(layers, c.recompute);
-  std::vector<checkpoint_sched::Keep> keep;
+std::vector<core::Keep> keep_of(const Case& c, int layers) {
+  if (c.keep.empty()) return c.recompute.empty() ? std::vector<core::Keep>{}
+                                                 : core::keep_blocks(layers, c.recompute);
+  std::vector<core::Keep> keep;
   for (char ch : c.keep) {
-    keep.push_back(ch == 'A' ? checkpoint_sched::Keep::all
-                   : ch == 'I' ? checkpoint_sched::Keep::input : checkpoint_sched::Keep::none);
+    keep.push_back(ch == 'A' ? core::Keep::all
+                   : ch == 'I' ? core::Keep::input : core::Keep::none);
   }
   return keep;
 }

@@ -83,7 +83,7 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   // The planner's prediction for this layout is the tracker's, category by category.
   const io::Config c = config(data, layout, true, "md_" + layout.mode);
   planner::TensorModeLayout l;
-  l.mode = layout.mode;
+  l.mode = *core::parse_tensor_mode(layout.mode);
   l.q = 2;
   l.depth = layout.depth;
   l.data = layout.data;

@@ -1,12 +1,13 @@
 // What an activation-checkpoint schedule says about one op of the chain (a transformer block is
 // two ops: its attention sub-layer, then its MLP sub-layer). The executor (core::Model) and the
-// solvers (solvers.hpp) share this type; it depends on nothing.
+// solvers (checkpoint_sched/solvers.hpp, which solve over these types) share it; it depends on
+// nothing. It lives in core because the model needs it and core depends on no other folder.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-namespace colossal::checkpoint_sched {
+namespace colossal::core {
 
 // all:   the op's input and its saved activations are kept from the first forward.
 // input: only its input is kept; a recomputed segment starts here.
@@ -30,4 +31,4 @@ inline std::vector<Keep> keep_blocks(int layers, const std::vector<int>& blocks)
   return keep;
 }
 
-}  // namespace colossal::checkpoint_sched
+}  // namespace colossal::core

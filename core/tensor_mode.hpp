@@ -1,0 +1,38 @@
+// parallel.tensor.mode as a value: how the tensor-parallel group splits a block's matrices.
+// Parsed once from the config (io/config.cpp); everything below compares the enum. The names are
+// the config's words, so the plan, YAML and error texts read them back unchanged.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace colossal::core {
+
+// d1: Megatron column/row-parallel linears; d2: SUMMA on a q x q grid; d2_5: Tesseract, q x q x
+// depth; d3: the q x q x q cube.
+enum class TensorMode : uint8_t { d1, d2, d2_5, d3 };
+
+// "1d", "2d", "2.5d", "3d".
+inline const char* tensor_mode_name(TensorMode mode) {
+  switch (mode) {
+    case TensorMode::d1: return "1d";
+    case TensorMode::d2: return "2d";
+    case TensorMode::d2_5: return "2.5d";
+    case TensorMode::d3: return "3d";
+  }
+  return "?";
+}
+
+// The mode a name stands for; nullopt for any other text.
+inline std::optional<TensorMode> parse_tensor_mode(std::string_view name) {
+  for (TensorMode m : {TensorMode::d1, TensorMode::d2, TensorMode::d2_5, TensorMode::d3}) {
+    if (name == tensor_mode_name(m)) return m;
+  }
+  return std::nullopt;
+}
+
+// Depth layers the mode runs: `depth` under 2.5d, 1 otherwise.
+inline int tensor_depth(TensorMode mode, int depth) { return mode == TensorMode::d2_5 ? depth : 1; }
+
+}  // namespace colossal::core
