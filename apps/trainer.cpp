@@ -175,9 +175,16 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
       chunk_links.sum_over_stages = chunks_.size() == 1;
     }
     chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
-        table, std::move(units), flat, par.zero_stage, par.bucket_mb, *grad_, tracker_,
-        par.offload_optimizer, par.offload_params, tp_->size() > 1 ? tp_ : nullptr,
-        par.sequence_split, chunk_links);
+        table, std::move(units), flat, *grad_, tracker_,
+        zero::OptimizerOptions{.stage = par.zero_stage,
+                               .offload_optimizer = par.offload_optimizer,
+                               .offload_params = par.offload_params});
+    chunk.gradients = std::make_unique<zero::GradientSync>(
+        table, chunk.optimizer->store(), *grad_, tracker_,
+        zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
+                                  .tensor = tp_->size() > 1 ? tp_ : nullptr,
+                                  .sequence_split = par.sequence_split,
+                                  .pipeline = chunk_links});
     chunk.model = std::make_unique<core::Model>(
         spec, train.micro_batch, chunk_, tracker_, *gemm_,
         core::ModelOptions{.unit_multiple = unit_multiple,
@@ -194,6 +201,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   }
   model_ = chunks_.front().model.get();
   optimizer_ = chunks_.front().optimizer.get();
+  gradient_sync_ = chunks_.front().gradients.get();
   {
     const planner::RankLayout layout =
         rank_layout(config_, stage, activation_plan_.keep, activation_plan_.selective);
@@ -291,7 +299,7 @@ void Trainer::agree_on_plan() {
                      "parameter_units: " + per_stage(double(model_->units().size())) + "\n" +
                      "shard: {size: " + per_stage(double(optimizer_->shard_size())) + "}\n" +
                      "gradient_reduction: " +
-                     (p.zero_stage < 2 ? per_stage(double(optimizer_->buckets().size())) +
+                     (p.zero_stage < 2 ? per_stage(double(gradient_sync_->buckets().size())) +
                                              " all-reduce buckets"
                                        : std::string("reduce-scatter per unit")) + "\n" +
                      "activation_slots: " + per_stage(double(chunks_.front().slots)) + "\n" +
@@ -521,12 +529,12 @@ double Trainer::run_step(int64_t step) {
         receive_stage_buffer(model.output_gradient(), floats, next_rank(), backward_tag);
       }
       // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-      chunk.optimizer->set_overlap(action.micro + 1 == accumulation);
+      chunk.gradients->set_overlap(action.micro + 1 == accumulation);
       {
         TraceSpan span(*this, "B", "backward", action);
         model.backward(slot_inputs(slot, action.chunk), t.micro_batch, slot);
       }
-      chunk.optimizer->set_overlap(false);
+      chunk.gradients->set_overlap(false);
       if (v > 0) {
         core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
         auto& pending = chunk.backward_sends[slot];
@@ -748,13 +756,13 @@ TrainSummary Trainer::train() {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
       TraceSpan span(*this, "reduce gradients", "communication");
       if (chunks_.size() == 1) {
-        norm = optimizer_->reduce_gradients();
+        norm = gradient_sync_->reduce();
       } else {
         // Each chunk's norm over its data and tensor groups; the squares summed over the chunks
         // and then over the stages.
         double squares = 0.0;
         for (Chunk& chunk : chunks_) {
-          const double n = chunk.optimizer->reduce_gradients();
+          const double n = chunk.gradients->reduce();
           squares += n * n;
         }
         norm = std::sqrt(pp_->all_reduce_sum_value(squares));

@@ -26,6 +26,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/tensor_group.hpp"
+#include "zero/gradient_sync.hpp"
 #include "zero/sharded_optimizer.hpp"
 
 namespace colossal::apps {
@@ -166,6 +167,7 @@ class Trainer {
   core::Model& model() { return *model_; }
   const core::MemoryTracker& memory() const { return tracker_; }
   const zero::ShardedAdamW& optimizer() const { return *optimizer_; }
+  const zero::GradientSync& gradient_sync() const { return *gradient_sync_; }
   // The parallel plan every rank runs (YAML): mesh, ZeRO stage, shards and buckets. Rank 0's is
   // broadcast at construction and every rank checks that it derived the same one.
   const std::string& plan() const { return plan_; }
@@ -218,6 +220,7 @@ class Trainer {
     int virtual_stage = 0;
     core::StageRange range;
     std::unique_ptr<zero::ShardedAdamW> optimizer;
+    std::unique_ptr<zero::GradientSync> gradients;  // on the optimizer's store
     std::unique_ptr<core::Model> model;
     int slots = 1;
     std::vector<std::unique_ptr<parallel::PendingCollective>> forward_sends, backward_sends;
@@ -233,6 +236,7 @@ class Trainer {
   std::unique_ptr<core::Gemm> gemm_;
   core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
   zero::ShardedAdamW* optimizer_ = nullptr;
+  zero::GradientSync* gradient_sync_ = nullptr;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;
   std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;

@@ -137,12 +137,13 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const double f = double(dp - 1) / dp;  // ring: (p-1)/p of the payload per rank
   if (stage < 2) {
     EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (bytes + 8));
-    EXPECT_EQ(stats.all_reduce.calls, steps * (trainer.optimizer().buckets().size() + 1));
+    EXPECT_EQ(stats.all_reduce.calls, steps * (trainer.gradient_sync().buckets().size() + 1));
     EXPECT_EQ(stats.reduce_scatter.calls, 0u);
     EXPECT_EQ(stats.all_gather.payload_bytes, stage == 1 ? steps * bytes : 0u);
-    EXPECT_GT(trainer.optimizer().buckets().size(), 1u) << "bucket_mb 0.01 must give several buckets";
+    EXPECT_GT(trainer.gradient_sync().buckets().size(), 1u)
+        << "bucket_mb 0.01 must give several buckets";
     // Buckets of the last blocks start reducing while backward still runs the earlier ones.
-    EXPECT_GT(trainer.optimizer().buckets_started_early(), steps);
+    EXPECT_GT(trainer.gradient_sync().buckets_started_early(), steps);
     // An all-reduce moves 2(p-1)/p of its payload per rank.
     EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (bytes + 8), 1.0);
   } else {
