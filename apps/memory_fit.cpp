@@ -8,6 +8,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 
 #include <Kokkos_Core.hpp>
 
@@ -42,10 +43,13 @@ double host_available_bytes(std::string* source) {
   if (const char* env = std::getenv("COLOSSAL_HOST_MEMORY_BYTES"); env != nullptr && *env) {
     char* end = nullptr;
     const double bytes = std::strtod(env, &end);
-    if (end != env && *end == '\0' && bytes > 0) {
-      if (source) *source = "COLOSSAL_HOST_MEMORY_BYTES";
-      return bytes;
+    if (end == env || *end != '\0' || !(bytes > 0)) {
+      throw std::invalid_argument(std::string("memory: COLOSSAL_HOST_MEMORY_BYTES='") + env +
+                                  "' is not a positive number of bytes (it caps the memory a "
+                                  "node may use); unset it, or set e.g. 8e9");
     }
+    if (source) *source = "COLOSSAL_HOST_MEMORY_BYTES";
+    return bytes;
   }
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
@@ -212,8 +216,8 @@ void check_memory_fits(const io::Config& config) {
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     std::string source;
-    const double available = host_available_bytes(&source);
     try {
+      const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source);
       for (int gpu = 0; message.empty() && gpu < locals; ++gpu) {
         std::vector<int> sharing;
@@ -228,6 +232,8 @@ void check_memory_fits(const io::Config& config) {
                                    std::string(host) + " GPU " + std::to_string(gpu),
                                    "free device memory, cudaMemGetInfo", MemoryPool::device);
       }
+    } catch (const std::invalid_argument& e) {
+      message = e.what();
     } catch (const std::exception&) {
       // A layout the cost model cannot price (an infeasible rotor budget, say) is reported by
       // the trainer itself, with its own message, on every rank.

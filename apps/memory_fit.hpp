@@ -23,6 +23,7 @@ planner::MemoryPrediction rank_memory(const io::Config& config, int rank);
 
 // The memory this node has for a run: COLOSSAL_HOST_MEMORY_BYTES when set (to leave room for other
 // processes, or in tests), else MemAvailable from /proc/meminfo; 0 when neither can be read.
+// A value that is not a positive number throws std::invalid_argument naming it.
 double host_available_bytes(std::string* source = nullptr);
 
 // Where a run's bytes live. A host build keeps everything in host memory; a build whose Kokkos

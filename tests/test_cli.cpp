@@ -246,6 +246,13 @@ TEST_F(Cli, ALayoutTooBigForTheNodeStopsBeforeAllocating) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("has 1.0 MiB (COLOSSAL_HOST_MEMORY_BYTES)"), std::string::npos)
       << r.output;
+  // A value that is not a number of bytes is refused on every rank, not ignored.
+  r = run("COLOSSAL_HOST_MEMORY_BYTES=12GB " + mpirun + bin("colossal_train") + " " + config +
+          " --set parallel.data=2");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("COLOSSAL_HOST_MEMORY_BYTES='12GB' is not a positive number"),
+            std::string::npos)
+      << r.output;
 }
 
 // parallel.tensor.mode 2d under mpirun -np 4: it trains, writes the model file, the end-of-run

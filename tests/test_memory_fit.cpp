@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,15 @@ TEST(MemoryFit, AvailableMemoryComesFromTheEnvironmentOrMeminfo) {
   setenv("COLOSSAL_HOST_MEMORY_BYTES", "123456789", 1);
   EXPECT_EQ(apps::host_available_bytes(&source), 123456789.0);
   EXPECT_EQ(source, "COLOSSAL_HOST_MEMORY_BYTES");
+  for (const char* bad : {"abc", "-5", "0", "12GB"}) {
+    setenv("COLOSSAL_HOST_MEMORY_BYTES", bad, 1);
+    try {
+      apps::host_available_bytes(&source);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_TRUE(has(e.what(), std::string("COLOSSAL_HOST_MEMORY_BYTES='") + bad + "'")) << e.what();
+    }
+  }
   unsetenv("COLOSSAL_HOST_MEMORY_BYTES");
   const double meminfo = apps::host_available_bytes(&source);
   EXPECT_GT(meminfo, 16.0 * 1024 * 1024) << "this machine has more than 16 MiB available";
