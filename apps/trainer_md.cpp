@@ -101,7 +101,7 @@ std::vector<float> TrainerMD::logical_parameters() {
   // One model copy writes (2.5D: depth layer 0), each element from its one owner; the sum over
   // the tensor group assembles the whole.
   if (depth_rank_ == 0) {
-    for (const core::ShardedModel::Run& run : model_->logical_runs()) {
+    for (const core::LogicalRun& run : model_->logical_runs()) {
       if (!model_->owns(run.local)) continue;
       std::copy(local.begin() + run.local, local.begin() + run.local + run.length,
                 out.begin() + table[run.tensor].offset + run.logical);
@@ -115,7 +115,7 @@ void TrainerMD::checkpoint_runs(std::vector<float>& params, std::vector<float>& 
                                 std::vector<float>& v, io::CheckpointShard& held,
                                 io::CheckpointShard& written) const {
   const bool writer = dp_->rank() == 0 && depth_rank_ == 0;
-  for (const core::ShardedModel::Run& run : model_->logical_runs()) {
+  for (const core::LogicalRun& run : model_->logical_runs()) {
     const bool owner = writer && model_->owns(run.local);
     for (auto [buffer, all, mine] : {std::tuple{&params, &held.params, &written.params},
                                      std::tuple{&m, &held.m, &written.m},
@@ -181,7 +181,7 @@ double TrainerMD::evaluate() {
     core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * 4);
     core::copy_to_device(targets_.data(), host_targets_.data(), host_targets_.size() * 4);
     // The mean over the tensor group's windows (B, or B x depth in 2.5D).
-    total += model_->forward(inputs_.data(), targets_.data(), 0.0f) * double(B * depth_);
+    total += model_->forward(inputs_.data(), targets_.data(), B, 0.0f) * double(B * depth_);
   }
   return dp_->all_reduce_sum_value(total) / double(rounds * B * replicas);
 }
@@ -244,9 +244,9 @@ TrainSummary TrainerMD::train() {
       core::copy_to_device(inputs_.data(), host_inputs_.data(), host_inputs_.size() * 4);
       core::copy_to_device(targets_.data(), host_targets_.data(), host_targets_.size() * 4);
       // The mean over the tensor group's tokens (one depth layer's or all of them in 2.5D).
-      loss += model_->forward(inputs_.data(), targets_.data(), grad_scale) *
+      loss += model_->forward(inputs_.data(), targets_.data(), t.micro_batch, grad_scale) *
               double(t.micro_batch) * depth_;
-      model_->backward(inputs_.data());
+      model_->backward(inputs_.data(), t.micro_batch);
     }
     model_->reduce_gradients();
     if (dp_->size() > 1) dp_->all_reduce_sum({model_->grads(), model_->flat_size()});

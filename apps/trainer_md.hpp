@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "apps/trainer.hpp"
-#include "core/sharded_model.hpp"
+#include "core/grid_model.hpp"
 #include "core/tensor2d.hpp"
 #include "core/model3d.hpp"
 
@@ -73,7 +73,7 @@ class TrainerMD {
   int depth_ = 1, depth_rank_ = 0;  // 2.5D layers and this rank's
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
-  std::unique_ptr<core::ShardedModel> model_;
+  std::unique_ptr<core::GridModel> model_;
   std::unique_ptr<core::AdamW> optimizer_;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;

@@ -23,6 +23,7 @@
 #include "core/parameter_store.hpp"
 #include "core/tensor_group.hpp"
 #include "core/profiler.hpp"
+#include "core/stage_model.hpp"
 
 namespace colossal::core {
 
@@ -47,7 +48,7 @@ struct ModelOptions {
   bool selective = false;
 };
 
-class Model {
+class Model final : public StageModel {
  public:
   // Buffers sized for up to `max_batch` sequences of exactly `seq_len` tokens. Parameter units
   // (parameter_table) are padded to a multiple of `unit_multiple` floats (ZeRO shards each unit
@@ -82,15 +83,15 @@ class Model {
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
         const ModelOptions& options = {});
 
-  const ModelSpec& spec() const { return spec_; }
+  const ModelSpec& spec() const override { return spec_; }
   int max_batch() const { return max_batch_; }
   int seq_len() const { return seq_len_; }
-  const std::vector<ParamSpec>& parameters() const { return table_; }
+  const std::vector<ParamSpec>& parameters() const override { return table_; }
   const ParamSpec& parameter(const std::string& name) const;
   const std::vector<ParamUnit>& units() const { return store_->units(); }
-  std::size_t flat_size() const { return store_->flat_size(); }  // padded length of the flat buffers
+  std::size_t flat_size() const override { return store_->flat_size(); }  // padded length of the flat buffers
   std::size_t num_parameters() const { return num_parameters_; }  // logical elements
-  ParameterStore& store() { return *store_; }
+  ParameterStore& store() override { return *store_; }
   // The whole flat buffers; only when the store keeps them whole (throws under ZeRO-3 sharding).
   float* params() { return full(store_->full_params()); }
   float* grads() { return full(store_->full_grads()); }
@@ -98,7 +99,7 @@ class Model {
   const float* grads() const { return full(store_->full_grads()); }
 
   // normal(0, init_std) from (seed, tensor name, element index); layernorm weights 1, biases 0.
-  void init_parameters(uint64_t seed);
+  void init_parameters(uint64_t seed) override;
 
   // Runs the batch (tokens and targets are (batch, seq_len) int32 in device memory) and returns the
   // mean cross-entropy over its tokens. With grad_scale != 0 the logits buffer is turned into the
@@ -107,21 +108,23 @@ class Model {
   // `slot` chooses the activation set (pipelines keep several micro-batches in flight). On a stage
   // without the head it returns 0 and leaves stage_output(slot).
   double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
-                 int slot = 0);
+                 int slot = 0) override;
   // Accumulates parameter gradients (+=) of the forward() of `slot` (which must have had
   // grad_scale != 0). A stage without the head starts from output_gradient(); one that does not
   // embed leaves the gradient of its input in input_gradient().
-  void backward(const int32_t* tokens, int batch, int slot = 0);
-  void zero_grad();
+  void backward(const int32_t* tokens, int batch, int slot = 0) override;
+  void zero_grad() override;
 
   // Pipeline stage boundaries: (local rows of batch * seq_len, hidden) floats each.
-  const StageRange& stage() const { return stage_; }
-  int64_t stage_floats(int batch) const { return local_rows(int64_t(batch) * seq_len_) * spec_.hidden; }
-  float* stage_input(int slot) { return acts_of(slot).residual.front(); }
-  const float* stage_output(int slot) { return acts_of(slot).residual.back(); }
-  float* output_gradient() { return dresidual_; }
-  const float* input_gradient() const { return dresidual_; }
-  int slots() const { return int(slot_acts_.size()); }
+  const StageRange& stage() const override { return stage_; }
+  int64_t stage_floats(int batch) const override {
+    return local_rows(int64_t(batch) * seq_len_) * spec_.hidden;
+  }
+  float* stage_input(int slot) override { return acts_of(slot).residual.front(); }
+  const float* stage_output(int slot) override { return acts_of(slot).residual.back(); }
+  float* output_gradient() override { return dresidual_; }
+  const float* input_gradient() const override { return dresidual_; }
+  int slots() const override { return int(slot_acts_.size()); }
 
   // (batch, seq_len, local_vocab()) after forward of slot 0: this rank's vocabulary rows.
   const float* logits() const { return slot_acts_.front().logits; }
@@ -136,7 +139,13 @@ class Model {
   void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook);
 
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
-  void set_profiler(Profiler* profiler) { profiler_ = profiler; }
+  void set_profiler(Profiler* profiler) override { profiler_ = profiler; }
+
+  // This rank's runs of every tensor it holds (core::shard_runs of its tensor rank). It owns
+  // (writes) an element unless the tensor is replicated over the tensor group and this is not
+  // tensor rank 0, or it is the tied embedding's copy on a stage that does not embed.
+  const std::vector<LogicalRun>& logical_runs() const override { return runs_; }
+  bool owns(std::size_t local) const override;
 
   // Floats of the temporaries shared by every block (gradient buffers, the recomputed MLP
   // activation, attention-score gradients, gather buffers) of a model built with these sizes:
@@ -286,6 +295,8 @@ class Model {
   float *full_tmp_ = nullptr, *gather_tmp_ = nullptr, *dfull_ = nullptr, *rows_tmp_ = nullptr,
         *lnf_local_ = nullptr;
   Profiler* profiler_ = nullptr;
+  std::vector<LogicalRun> runs_;
+  std::vector<std::size_t> owned_end_;  // per table entry: its end when owned, else its offset
 };
 
 }  // namespace colossal::core

@@ -20,7 +20,7 @@ namespace k = kernels;
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
                  MemoryTracker& tracker, TensorGroup* depth)
-    : spec_(spec), batch_(batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
+    : GridModel(spec, batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
   sharded::require_grid_shape(spec, batch, seq_len, TensorMode::d2, q);
@@ -65,11 +65,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   }
   lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c_);
   lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c_);
-  const std::size_t flat = sharded::table_end(table_);
-  params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
-  grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
-  k::fill(params_.data(), int64_t(flat), 0.0f);
-  k::fill(grads_.data(), int64_t(flat), 0.0f);
+  make_store(tracker);
   map_runs();
 
   // Activations kept for backward, per layer, then the head's.
@@ -280,7 +276,7 @@ void Model2D::map_runs() {
 }
 
 void Model2D::init_parameters(uint64_t seed) {
-  sharded::init_from_runs(params_.data(), params_.size(), runs_, spec_, seed);
+  sharded::init_from_runs(params(), flat_size(), runs_, spec_, seed);
 }
 
 Model2D::EmbeddingRows Model2D::embedding_rows() const {
@@ -288,20 +284,18 @@ Model2D::EmbeddingRows Model2D::embedding_rows() const {
           int64_t(spec_.position_offset())};
 }
 
-void Model2D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f); }
-
 void Model2D::linear_forward(const Linear& lin, const float* in, float* out) {
   const int64_t BT = int64_t(batch_) * seq_len_;
-  summa_ab(gemm_, grid_, in, params_.data() + lin.w, out, BT, lin.out, lin.in, s_.work);
-  sharded::add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
+  summa_ab(gemm_, grid_, in, params() + lin.w, out, BT, lin.out, lin.in, s_.work);
+  sharded::add_bias_rows(out, params() + lin.b, rows_, lin.out / q_);
 }
 
 // din = dout W^T (assigned); dW += in^T dout; db += column sums of dout.
 void Model2D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
-  float* G = grads_.data();
+  float* G = grads();
   k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
-  summa_abt(gemm_, grid_, dout, params_.data() + lin.w, din, BT, lin.in, lin.out, s_.work);
+  summa_abt(gemm_, grid_, dout, params() + lin.w, din, BT, lin.in, lin.out, s_.work);
   summa_atb(gemm_, grid_, in, dout, s_.dweight, lin.in, lin.out, BT, s_.work);
   k::add(G + lin.w, s_.dweight, lin.in / q_ * out_local);
 }
@@ -322,10 +316,12 @@ void Model2D::activation_backward(float* din, const float* in, const float* dout
   }
 }
 
-double Model2D::forward(const int32_t* tokens, const int32_t* targets, float grad_scale) {
+double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch,
+                        float grad_scale, int slot) {
+  check_micro_batch(batch, slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
-  const float* P = params_.data();
+  const float* P = params();
   const float eps = spec_.layernorm_eps();
   // Embedding: every token row's part from this rank's vocabulary and position rows (block i),
   // columns j; the reduce-scatter down the column sums the parts and leaves row block i here.
@@ -387,11 +383,12 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, float gra
   return double(total) / (double(BT) * layers);
 }
 
-void Model2D::backward(const int32_t* tokens) {
+void Model2D::backward(const int32_t* tokens, int batch, int slot) {
+  check_micro_batch(batch, slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
-  const float* P = params_.data();
-  float* G = grads_.data();
+  const float* P = params();
+  float* G = grads();
   const int64_t Vp = vocab_block_ * q;
   // LM head: the logits hold their gradient.
   summa_ab(gemm_, grid_, logits_, P + wte_, s_.dln, BT, C, Vp, s_.work);
@@ -439,19 +436,20 @@ void Model2D::backward(const int32_t* tokens) {
 
 void Model2D::reduce_gradients() {
   Kokkos::fence();
-  if (depth_ != nullptr) depth_->all_reduce_sum(grads_.data(), grads_.size());
-  grid_.col.all_reduce_sum(grads_.data() + replicated_begin_, grads_.size() - replicated_begin_);
+  if (depth_ != nullptr) depth_->all_reduce_sum(grads(), flat_size());
+  grid_.col.all_reduce_sum(grads() + replicated_begin_, flat_size() - replicated_begin_);
 }
 
 bool Model2D::owns(std::size_t local) const {
-  // One model copy per depth layer; replicated parameters are written by grid row 0.
+  // Depth layer 0 writes (the layers hold equal copies); replicated parameters grid row 0.
+  if (depth_ != nullptr && depth_->rank() != 0) return false;
   return local < replicated_begin_ || i_ == 0;
 }
 
 double Model2D::gradient_sum_squares() const {
-  double s = sum_of_squares(grads_.data(), replicated_begin_);
-  if (i_ == 0) s += sum_of_squares(grads_.data() + replicated_begin_,
-                                   grads_.size() - replicated_begin_);
+  double s = sum_of_squares(grads(), replicated_begin_);
+  if (i_ == 0) s += sum_of_squares(grads() + replicated_begin_,
+                                   flat_size() - replicated_begin_);
   return s;
 }
 

@@ -24,6 +24,7 @@
 // products, layernorms and cross-entropy are the 2D ones; as the weights are the same in every
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
+// A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
 // Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
 // parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer_md.cpp); tests/test_model2d.cpp drives it alone.
@@ -38,12 +39,12 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/sharded_detail.hpp"
-#include "core/sharded_model.hpp"
+#include "core/grid_model.hpp"
 #include "core/tensor2d.hpp"
 
 namespace colossal::core {
 
-class Model2D final : public ShardedModel {
+class Model2D final : public GridModel {
  public:
   // Buffers for micro-batches of exactly `batch` sequences of `seq_len` tokens (batch % q == 0,
   // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
@@ -53,15 +54,15 @@ class Model2D final : public ShardedModel {
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
-  void zero_grad() override;
 
   // tokens and targets: this layer's micro-batch (batch x seq_len), the same on every rank of the
   // grid. Returns the mean loss over its tokens and those of the other depth layers (identical
   // on every rank); with grad_scale != 0 the logits keep grad_scale * (softmax - onehot) for
   // backward (1/(depth * batch * seq_len) for the mean).
-  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale) override;
+  double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
+                 int slot = 0) override;
   // Accumulates this micro-batch's gradients into grads().
-  void backward(const int32_t* tokens) override;
+  void backward(const int32_t* tokens, int batch, int slot = 0) override;
   // Once per optimizer step, before the norm and the update: sums every gradient over the depth
   // (2.5D), then those of the parameters replicated down the grid column over it.
   void reduce_gradients() override;
@@ -69,17 +70,9 @@ class Model2D final : public ShardedModel {
   // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
   double gradient_sum_squares() const override;
 
-  // The local flat buffers and their table (names are the logical tensors'; roles give decay).
-  float* params() override { return params_.data(); }
-  float* grads() override { return grads_.data(); }
-  std::size_t flat_size() const override { return params_.size(); }
-  const std::vector<ParamSpec>& parameters() const override { return table_; }
-
-  // How the local buffer maps into the logical tensors of parameter_table(spec): runs of
-  // `length` elements from local offset `local` to element `logical` of tensor `tensor` (an
-  // index into that table). Padding (vocabulary and position rows past the logical ones) has no
-  // run; replicated parameters have runs on every grid row.
-  const std::vector<Run>& logical_runs() const override { return runs_; }
+  // logical_runs(): padding (vocabulary and position rows past the logical ones) has no run;
+  // replicated parameters have runs on every grid row and depth layer. The owner of an element is
+  // depth layer 0, and for a replicated parameter grid row 0 of it.
   bool owns(std::size_t local) const override;
 
   int local_rows() const { return rows_; }
@@ -133,18 +126,15 @@ class Model2D final : public ShardedModel {
   void activation_forward(float* out, const float* in, int64_t n);
   void activation_backward(float* din, const float* in, const float* dout, int64_t n);
 
-  ModelSpec spec_;
-  int batch_, seq_len_, q_, i_, j_;
+  int seq_len_, q_, i_, j_;
   int64_t rows_, c_, f_, vocab_block_, position_block_;
   Grid2D& grid_;
   TensorGroup* depth_;
   Gemm& gemm_;
-  std::vector<ParamSpec> table_;
   std::size_t replicated_begin_ = 0;
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
-  std::vector<Run> runs_;
-  DeviceArray<float> params_, grads_, acts_, scratch_;
+  DeviceArray<float> acts_, scratch_;
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

@@ -20,7 +20,7 @@ namespace k = kernels;
 
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
                  MemoryTracker& tracker)
-    : spec_(spec), batch_(batch), seq_len_(seq_len), q_(groups.input.size()),
+    : GridModel(spec, batch), seq_len_(seq_len), q_(groups.input.size()),
       i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
       groups_(groups), first_{groups.input, groups.weight, groups.output},
       second_{groups.output, groups.weight, groups.input}, gemm_(gemm) {
@@ -70,11 +70,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c);
   lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c);
   (void)gpt2;
-  const std::size_t flat = sharded::table_end(table_);
-  params_ = DeviceArray<float>(tracker, MemCategory::parameters, flat);
-  grads_ = DeviceArray<float>(tracker, MemCategory::gradients, flat);
-  k::fill(params_.data(), int64_t(flat), 0.0f);
-  k::fill(grads_.data(), int64_t(flat), 0.0f);
+  make_store(tracker);
   map_runs();
 
   const int64_t R = rows_, T = seq_len;
@@ -292,30 +288,30 @@ void Model3D::map_runs() {
 }
 
 void Model3D::init_parameters(uint64_t seed) {
-  sharded::init_from_runs(params_.data(), params_.size(), runs_, spec_, seed);
+  sharded::init_from_runs(params(), flat_size(), runs_, spec_, seed);
 }
-
-void Model3D::zero_grad() { k::fill(grads_.data(), int64_t(grads_.size()), 0.0f); }
 
 void Model3D::linear_forward(const Linear& lin, const float* in, float* out) {
   const int64_t BT = int64_t(batch_) * seq_len_;
-  linear3d_forward(gemm_, cube(lin), in, params_.data() + lin.w, out, BT, lin.out, lin.in, s_.work);
-  sharded::add_bias_rows(out, params_.data() + lin.b, rows_, lin.out / q_);
+  linear3d_forward(gemm_, cube(lin), in, params() + lin.w, out, BT, lin.out, lin.in, s_.work);
+  sharded::add_bias_rows(out, params() + lin.b, rows_, lin.out / q_);
 }
 
 void Model3D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
-  float* G = grads_.data();
+  float* G = grads();
   k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
-  linear3d_backward(gemm_, cube(lin), dout, in, params_.data() + lin.w, din, s_.dweight, BT,
+  linear3d_backward(gemm_, cube(lin), dout, in, params() + lin.w, din, s_.dweight, BT,
                     lin.out, lin.in, s_.work);
   k::add(G + lin.w, s_.dweight, lin.in / q_ * (lin.out / (q_ * q_)));
 }
 
-double Model3D::forward(const int32_t* tokens, const int32_t* targets, float grad_scale) {
+double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch,
+                        float grad_scale, int slot) {
+  check_micro_batch(batch, slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
-  const float* P = params_.data();
+  const float* P = params();
   const float eps = spec_.layernorm_eps();
   {
     float* part = s_.embed;
@@ -378,11 +374,12 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, float gra
   return double(total) / double(BT);
 }
 
-void Model3D::backward(const int32_t* tokens) {
+void Model3D::backward(const int32_t* tokens, int batch, int slot) {
+  check_micro_batch(batch, slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
-  const float* P = params_.data();
-  float* G = grads_.data();
+  const float* P = params();
+  float* G = grads();
   const int64_t Vp = vocab_block_ * q * q;
   linear3d_backward(gemm_, first_, logits_, lnf_, P + wte_, s_.dln, s_.dweight, BT, Vp, C, s_.work);
   k::add(G + wte_, s_.dweight, c * vocab_block_);
@@ -430,9 +427,9 @@ void Model3D::backward(const int32_t* tokens) {
 
 void Model3D::reduce_gradients() {
   Kokkos::fence();
-  float* G = grads_.data();
+  float* G = grads();
   groups_.plane_j.all_reduce_sum(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
-  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, grads_.size() - plane_l_begin_);
+  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, flat_size() - plane_l_begin_);
 }
 
 bool Model3D::owns(std::size_t local) const {
@@ -442,10 +439,10 @@ bool Model3D::owns(std::size_t local) const {
 }
 
 double Model3D::gradient_sum_squares() const {
-  const float* G = grads_.data();
+  const float* G = grads();
   double s = sum_of_squares(G, plane_j_begin_);
   if (i_ == 0 && l_ == 0) s += sum_of_squares(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
-  if (i_ == 0 && j_ == 0) s += sum_of_squares(G + plane_l_begin_, grads_.size() - plane_l_begin_);
+  if (i_ == 0 && j_ == 0) s += sum_of_squares(G + plane_l_begin_, flat_size() - plane_l_begin_);
   return s;
 }
 

@@ -16,6 +16,7 @@
 // outputs are replicated over the plane sharing j, those of X-layout outputs and the layernorms
 // over the plane sharing l; reduce_gradients sums them there.
 //
+// A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
 // Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
 // parallelism (the config refuses them with mode 3d). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer_md.cpp); tests/test_model3d.cpp drives it alone.
@@ -30,7 +31,7 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/sharded_detail.hpp"
-#include "core/sharded_model.hpp"
+#include "core/grid_model.hpp"
 #include "core/tensor3d.hpp"
 
 namespace colossal::core {
@@ -47,7 +48,7 @@ struct Cube3DGroups {
   TensorGroup& plane_j;  // (*, j, *), any order
 };
 
-class Model3D final : public ShardedModel {
+class Model3D final : public GridModel {
  public:
   // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
   // value and the nearest valid ones otherwise).
@@ -55,20 +56,15 @@ class Model3D final : public ShardedModel {
           MemoryTracker& tracker);
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
-  void zero_grad() override;
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
-  double forward(const int32_t* tokens, const int32_t* targets, float grad_scale) override;
-  void backward(const int32_t* tokens) override;
+  double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
+                 int slot = 0) override;
+  void backward(const int32_t* tokens, int batch, int slot = 0) override;
   // Sums the replicated parameters' gradients over their planes (once per optimizer step).
   void reduce_gradients() override;
   // This rank's part of the global sum of squared gradients (every element once over the cube).
   double gradient_sum_squares() const override;
 
-  float* params() override { return params_.data(); }
-  float* grads() override { return grads_.data(); }
-  std::size_t flat_size() const override { return params_.size(); }
-  const std::vector<ParamSpec>& parameters() const override { return table_; }
-  const std::vector<Run>& logical_runs() const override { return runs_; }
   bool owns(std::size_t local) const override;
 
   // Closed forms, per rank, in floats (c = C/q, f = F/q, R = B T / q^2, Vp and Pp padded to
@@ -118,18 +114,15 @@ class Model3D final : public ShardedModel {
   void linear_forward(const Linear& lin, const float* in, float* out);
   void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
 
-  ModelSpec spec_;
-  int batch_, seq_len_, q_, i_, j_, l_;
+  int seq_len_, q_, i_, j_, l_;
   int64_t rows_, c_, f_, vocab_block_, position_block_;
   Cube3DGroups& groups_;
   Cube3D first_, second_;
   Gemm& gemm_;
-  std::vector<ParamSpec> table_;
   std::size_t plane_j_begin_ = 0, plane_l_begin_ = 0;  // replicated regions, in this order
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
-  std::vector<Run> runs_;
-  DeviceArray<float> params_, grads_, acts_, scratch_;
+  DeviceArray<float> acts_, scratch_;
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

@@ -82,10 +82,10 @@ void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols) {
       });
 }
 
-void append_element(std::vector<ShardedModel::Run>& runs, std::size_t local, int tensor,
+void append_element(std::vector<LogicalRun>& runs, std::size_t local, int tensor,
                     std::size_t logical) {
   if (!runs.empty()) {
-    ShardedModel::Run& r = runs.back();
+    LogicalRun& r = runs.back();
     if (r.tensor == tensor && r.local + r.length == local && r.logical + r.length == logical) {
       ++r.length;
       return;
@@ -94,11 +94,11 @@ void append_element(std::vector<ShardedModel::Run>& runs, std::size_t local, int
   runs.push_back({local, tensor, logical, 1});
 }
 
-void init_from_runs(float* params, std::size_t size, const std::vector<ShardedModel::Run>& runs,
+void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRun>& runs,
                     const ModelSpec& spec, uint64_t seed) {
   const std::vector<ParamSpec> logical = parameter_table(spec);
   std::vector<float> host(size, 0.0f);
-  for (const ShardedModel::Run& run : runs) {
+  for (const LogicalRun& run : runs) {
     const ParamSpec& p = logical[run.tensor];
     float* dst = host.data() + run.local;
     switch (p.role) {

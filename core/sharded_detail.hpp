@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "core/model_spec.hpp"
-#include "core/sharded_model.hpp"
+#include "core/stage_model.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::core::sharded {
 
@@ -30,12 +31,12 @@ void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols);
 
 // Appends local element `local` -> element `logical` of tensor `tensor`, extending the last run
 // when both sides continue it.
-void append_element(std::vector<ShardedModel::Run>& runs, std::size_t local, int tensor,
+void append_element(std::vector<LogicalRun>& runs, std::size_t local, int tensor,
                      std::size_t logical);
 
 // The single-rank model's initial values (core::Model::init_parameters) at the runs' elements,
 // into the device buffer `params` of `size` floats (zero elsewhere).
-void init_from_runs(float* params, std::size_t size, const std::vector<ShardedModel::Run>& runs,
+void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRun>& runs,
                     const ModelSpec& spec, uint64_t seed);
 
 // What one block keeps for backward, R token rows of c (or 3c, f) local columns: the input, ln1

@@ -35,4 +35,19 @@ inline std::optional<TensorMode> parse_tensor_mode(std::string_view name) {
 // Depth layers the mode runs: `depth` under 2.5d, 1 otherwise.
 inline int tensor_depth(TensorMode mode, int depth) { return mode == TensorMode::d2_5 ? depth : 1; }
 
+// The grid of a tensor group of `size` ranks in tensor mode `mode` (2d, 2.5d with `depth`
+// layers, 3d): the largest side q with q^2 x depth (q^3 in 3d) <= size, and whether the
+// group is exactly that grid with q >= 2. One place for the config, the planner and the trainer
+// (core/sharded_detail.cpp).
+struct TensorGrid {
+  int q = 1;
+  bool exact = false;
+  int ranks(int side) const;  // the group size of a grid of `side` (q^2 x depth or q^3)
+  int depth = 1, power = 2;
+};
+TensorGrid tensor_grid(TensorMode mode, int size, int depth = 1);
+// What model.hidden, model.ffn_hidden and train.micro_batch must be multiples of on a grid of
+// side q (model.heads: of q): q in 2d and 2.5d, q^2 in 3d.
+int tensor_grid_multiple(TensorMode mode, int q);
+
 }  // namespace colossal::core

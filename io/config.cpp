@@ -30,7 +30,7 @@
 #include <utility>
 #include <variant>
 
-#include "core/sharded_model.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::io {
 namespace {

@@ -7,7 +7,7 @@
 #include <map>
 #include <tuple>
 
-#include "core/sharded_model.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::planner {
 

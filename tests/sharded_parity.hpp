@@ -48,7 +48,7 @@ void expect_same_trained_weights(const Sharded& m, const std::vector<core::Param
                                  const float* reference) {
   double worst = 0, total = 0;
   std::size_t n = 0;
-  const float* local = const_cast<Sharded&>(m).params();
+  const float* local = m.params();
   for (const auto& run : m.logical_runs()) {
     const std::size_t base = table[run.tensor].offset + run.logical;
     for (std::size_t e = 0; e < run.length; ++e) {

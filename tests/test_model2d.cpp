@@ -51,8 +51,8 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
       model, reference, ref_tracker, tracker, global_batch, T,
       [&](const int32_t* tokens, const int32_t* targets, float scale) {
         // This depth layer's sequences; the loss is scaled for the global mean.
-        const double loss = model.forward(tokens + d * B * T, targets + d * B * T, scale);
-        model.backward(tokens + d * B * T);
+        const double loss = model.forward(tokens + d * B * T, targets + d * B * T, B, scale);
+        model.backward(tokens + d * B * T, B);
         model.reduce_gradients();
         return loss;
       },
@@ -89,8 +89,8 @@ TEST_P(Model2DParity, CommunicationAndMemoryEqualTheClosedForms) {
   for (int n = 0; n < B * T; ++n) tokens[n] = targets[(n + 1) % (B * T)] = n * 3 % spec.vocab;
   row_comm->reset_stats();
   col_comm->reset_stats();
-  model.forward(tokens.data(), targets.data(), 1.0f / float(B * T));
-  model.backward(tokens.data());
+  model.forward(tokens.data(), targets.data(), B, 1.0f / float(B * T));
+  model.backward(tokens.data(), B);
   const auto want = core::Model2D::step_communication(spec, B, T, q);
   const auto& r = row_comm->stats();
   const auto& c = col_comm->stats();

@@ -53,8 +53,8 @@ TEST_P(Model3DParity, TrainsTheSingleRankModelForTenSteps) {
   test::train_against_single_rank(
       model, reference, ref_tracker, tracker, B, T,
       [&](const int32_t* tokens, const int32_t* targets, float scale) {
-        const double loss = model.forward(tokens, targets, scale);
-        model.backward(tokens);
+        const double loss = model.forward(tokens, targets, B, scale);
+        model.backward(tokens, B);
         model.reduce_gradients();
         return loss;
       },
@@ -90,8 +90,8 @@ TEST_P(Model3DParity, CommunicationAndMemoryEqualTheClosedForms) {
                   cube.plane_l_comm.get()}) {
     c->reset_stats();
   }
-  model.forward(tokens.data(), targets.data(), 1.0f / float(B * T));
-  model.backward(tokens.data());
+  model.forward(tokens.data(), targets.data(), B, 1.0f / float(B * T));
+  model.backward(tokens.data(), B);
   const auto want = core::Model3D::step_communication(spec, B, T, q);
   auto bytes = [](parallel::Communicator& c, parallel::CollectiveKind k) {
     return double(c.stats()[k].payload_bytes);

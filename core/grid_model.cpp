@@ -1,0 +1,39 @@
+#include "core/grid_model.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include "core/kernels.hpp"
+#include "core/sharded_detail.hpp"
+
+namespace colossal::core {
+
+void GridModel::no_stages() const {
+  throw std::logic_error("the 2d / 2.5d / 3d tensor-parallel models run the whole model on one "
+                         "pipeline stage: they have no stage boundary buffers");
+}
+
+int64_t GridModel::stage_floats(int) const { no_stages(); }
+float* GridModel::stage_input(int) { no_stages(); }
+const float* GridModel::stage_output(int) { no_stages(); }
+float* GridModel::output_gradient() { no_stages(); }
+const float* GridModel::input_gradient() const { no_stages(); }
+
+void GridModel::make_store(MemoryTracker& tracker) {
+  const std::size_t flat = sharded::aligned16(sharded::table_end(table_));
+  store_ = std::make_unique<FullParameterStore>(std::vector<ParamUnit>{ParamUnit{0, flat}}, flat,
+                                                tracker);
+  kernels::fill(store_->full_params(), int64_t(flat), 0.0f);
+  kernels::fill(store_->full_grads(), int64_t(flat), 0.0f);
+}
+
+void GridModel::check_micro_batch(int batch, int slot) const {
+  if (batch != batch_ || slot != 0) {
+    throw std::invalid_argument("this 2d / 2.5d / 3d model was built for micro-batches of " +
+                                std::to_string(batch_) + " sequences in one activation slot; " +
+                                "got " + std::to_string(batch) + " sequences in slot " +
+                                std::to_string(slot));
+  }
+}
+
+}  // namespace colossal::core

@@ -1,0 +1,76 @@
+// The one interface a trainer drives a model through, whatever the tensor-parallel layout:
+// core::Model (one rank, 1D tensor, sequence and pipeline parallelism), core::Model2D (2D and
+// 2.5D) and core::Model3D (3D) implement it. A StageModel is this rank's part of one pipeline
+// stage (the whole model when there is no pipeline): the forward and backward of a micro-batch
+// into an activation slot, the stage's boundary buffers, where its parameters and gradients live
+// (a ParameterStore) and how its local flat layout maps into the logical (Hugging Face) tensors.
+//
+// What a model cannot do (the 2D/3D models run no pipeline stages and keep one slot) it refuses
+// with std::logic_error; the factory (apps/model_factory.hpp) never builds such a combination.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "core/model_spec.hpp"
+#include "core/parameter_store.hpp"
+#include "core/profiler.hpp"
+
+namespace colossal::core {
+
+// `length` elements from local flat offset `local` to element `logical` of tensor `tensor` (an
+// index into parameter_table(spec), the logical table). Padding has no run; a parameter held on
+// several ranks (replicated) has a run on each of them.
+struct LogicalRun {
+  std::size_t local;
+  int tensor;
+  std::size_t logical, length;
+};
+
+class StageModel {
+ public:
+  virtual ~StageModel() = default;
+
+  virtual const ModelSpec& spec() const = 0;
+  // The single-rank model's values for the same seed, keyed by logical element.
+  virtual void init_parameters(uint64_t seed) = 0;
+  virtual void zero_grad() = 0;
+
+  // Runs a micro-batch of `batch` sequences (tokens and targets in device memory, this rank's
+  // part of them) into activation set `slot`; returns its mean loss on the stage with the head
+  // (0 elsewhere). With grad_scale != 0 the logits become the gradient of grad_scale * (sum of
+  // token losses), ready for backward().
+  virtual double forward(const int32_t* tokens, const int32_t* targets, int batch,
+                         float grad_scale, int slot = 0) = 0;
+  // Accumulates (+=) the parameter gradients of the forward() of `slot`.
+  virtual void backward(const int32_t* tokens, int batch, int slot = 0) = 0;
+  // Once per optimizer step, before the data-parallel sum and the norm: sums the gradients of the
+  // parameters replicated inside the tensor group (2D grid columns, 2.5D depth layers, 3D
+  // planes). Nothing to do in 1D, where zero::GradientSync sums the sequence-split partials.
+  virtual void reduce_gradients() {}
+
+  // Pipeline stage boundaries: (local token rows of batch, hidden) floats each.
+  virtual const StageRange& stage() const = 0;
+  virtual int slots() const = 0;
+  virtual int64_t stage_floats(int batch) const = 0;
+  virtual float* stage_input(int slot) = 0;
+  virtual const float* stage_output(int slot) = 0;
+  virtual float* output_gradient() = 0;
+  virtual const float* input_gradient() const = 0;
+
+  // Where the parameters and gradients live; the local table (names are the logical tensors',
+  // roles give weight decay) and the padded length of the flat buffers.
+  virtual ParameterStore& store() = 0;
+  virtual const std::vector<ParamSpec>& parameters() const = 0;
+  virtual std::size_t flat_size() const = 0;
+  // How the local flat buffer maps into the logical tensors, and whether this rank is the one
+  // copy that writes the element at `local` (replicated parameters have one owner per model).
+  virtual const std::vector<LogicalRun>& logical_runs() const = 0;
+  virtual bool owns(std::size_t local) const = 0;
+
+  // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
+  virtual void set_profiler(Profiler* profiler) { (void)profiler; }
+};
+
+}  // namespace colossal::core
