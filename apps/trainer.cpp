@@ -926,16 +926,6 @@ std::vector<float> Trainer::chunk_parameters(Chunk& chunk) {
 }
 
 namespace {
-// Offset of every logical tensor by name, built once per conversion.
-std::unordered_map<std::string, std::size_t> logical_offsets(
-    const std::vector<core::ParamSpec>& logical) {
-  std::unordered_map<std::string, std::size_t> offsets;
-  for (const core::ParamSpec& p : logical) offsets.emplace(p.name, p.offset);
-  return offsets;
-}
-}  // namespace
-
-namespace {
 std::atomic<int> g_stop_signal{0};
 
 }  // namespace
@@ -1032,8 +1022,8 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
     std::vector<io::TensorRun>* kinds[3] = {&mine.params, &mine.m, &mine.v};
     for (int kind = 0; kind < 3; ++kind) {
       std::vector<float>& held = buffers[buffers.size() - 3 + kind];
-      append(*kinds[kind], io::chunk_runs(model.parameters(), tp_->rank(), model.stage().embeds,
-                                          held_ranges(ranges, held, false), logical, true));
+      append(*kinds[kind],
+             io::tensor_runs(model.logical_runs(), held_ranges(ranges, held, false), true));
     }
   }
   io::CheckpointState state{step, optimizer_step,
@@ -1072,8 +1062,7 @@ io::CheckpointState Trainer::resume() {
     std::vector<float>& vc = v.emplace_back(state, 0.0f);
     const std::vector<zero::ShardedAdamW::StateRange> whole{{0, model.flat_size(), 0}};
     const auto read = [&](const std::vector<io::FlatRange>& held, bool writing) {
-      return io::chunk_runs(model.parameters(), tp_->rank(), model.stage().embeds, held, logical,
-                            writing);
+      return io::tensor_runs(model.logical_runs(), held, writing);
     };
     append(wanted.params, read(held_ranges(optimizer.stage() == 3 ? ranges : whole, p, true),
                                false));
@@ -1177,30 +1166,20 @@ std::vector<float> Trainer::logical_parameters() {
 std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& local) {
   const int t = tp_->size();
   const auto logical = logical_table();
-  const auto offsets = logical_offsets(logical);
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const core::Model& model = *chunks_[c].model;
-    std::vector<float> gathered;
-    if (t > 1) {
-      gathered.resize(local[c].size() * t);
-      tp_->all_gather(local[c], gathered);  // every tensor rank's part
+    if (t == 1) {
+      core::export_owned_runs(model.logical_runs(), logical, local[c].data(), out.data());
+      continue;
     }
-    const std::vector<float>& all = t > 1 ? gathered : local[c];
-    const std::size_t stride = model.flat_size();
-    for (const core::ParamSpec& p : model.parameters()) {
-      // The tied embedding is written by the chunk that embeds tokens, not by the head's copy.
-      const bool embedding = p.role == core::ParamRole::token_embedding ||
-                             p.role == core::ParamRole::position_embedding;
-      if (embedding && !model.stage().embeds) continue;
-      const std::size_t at = offsets.at(p.name);
-      for (int r = 0; r < t; ++r) {
-        if (p.shard.replicated() && r > 0) continue;
-        for (const core::ShardRun& run : core::shard_runs(p, r)) {
-          const float* src = all.data() + r * stride + p.offset + run.local;
-          std::copy(src, src + run.length, out.data() + at + run.logical);
-        }
-      }
+    // Every tensor rank's part (the ranks' tables are alike; their runs differ by rank).
+    std::vector<float> all(local[c].size() * t);
+    tp_->all_gather(local[c], all);
+    for (int r = 0; r < t; ++r) {
+      core::export_owned_runs(
+          core::logical_runs(model.parameters(), logical, r, model.stage().embeds), logical,
+          all.data() + std::size_t(r) * model.flat_size(), out.data());
     }
   }
   // Every stage wrote its own tensors and zeros elsewhere: the sum is the whole model.
@@ -1229,18 +1208,12 @@ void Trainer::save_weights(const std::string& path) {
 }
 
 std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& values) const {
-  const auto offsets = logical_offsets(logical_table());
+  const auto logical = logical_table();
   // This rank's part of every tensor, in each chunk's layout.
   std::vector<std::vector<float>> out;
   for (const Chunk& chunk : chunks_) {
     std::vector<float> host(chunk.model->flat_size(), 0.0f);
-    for (const core::ParamSpec& p : chunk.model->parameters()) {
-      const std::size_t at = offsets.at(p.name);
-      for (const core::ShardRun& run : core::shard_runs(p, tp_->rank())) {
-        const float* src = values.data() + at + run.logical;
-        std::copy(src, src + run.length, host.data() + p.offset + run.local);
-      }
-    }
+    core::import_runs(chunk.model->logical_runs(), logical, values.data(), host.data());
     out.push_back(std::move(host));
   }
   return out;

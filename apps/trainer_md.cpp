@@ -98,15 +98,9 @@ std::vector<float> TrainerMD::logical_parameters() {
   std::vector<float> out(core::parameter_units(table, 16).back().end, 0.0f);
   std::vector<float> local(model_->flat_size());
   core::copy_to_host(local.data(), model_->params(), local.size() * sizeof(float));
-  // One model copy writes (2.5D: depth layer 0), each element from its one owner; the sum over
-  // the tensor group assembles the whole.
-  if (depth_rank_ == 0) {
-    for (const core::LogicalRun& run : model_->logical_runs()) {
-      if (!model_->owns(run.local)) continue;
-      std::copy(local.begin() + run.local, local.begin() + run.local + run.length,
-                out.begin() + table[run.tensor].offset + run.logical);
-    }
-  }
+  // Every element from its one owner (2.5D: in depth layer 0); the sum over the tensor group
+  // assembles the whole.
+  core::export_owned_runs(model_->logical_runs(), table, local.data(), out.data());
   tp_->all_reduce_sum(out);
   return out;
 }
@@ -114,17 +108,15 @@ std::vector<float> TrainerMD::logical_parameters() {
 void TrainerMD::checkpoint_runs(std::vector<float>& params, std::vector<float>& m,
                                 std::vector<float>& v, io::CheckpointShard& held,
                                 io::CheckpointShard& written) const {
-  const bool writer = dp_->rank() == 0 && depth_rank_ == 0;
-  for (const core::LogicalRun& run : model_->logical_runs()) {
-    const bool owner = writer && model_->owns(run.local);
-    for (auto [buffer, all, mine] : {std::tuple{&params, &held.params, &written.params},
-                                     std::tuple{&m, &held.m, &written.m},
-                                     std::tuple{&v, &held.v, &written.v}}) {
-      const io::TensorRun r{std::size_t(run.tensor), run.logical, run.length,
-                            buffer->data() + run.local};
-      all->push_back(r);
-      if (owner) mine->push_back(r);
-    }
+  // Data rank 0 writes (the data ranks hold equal copies), each element from its owner.
+  const bool writer = dp_->rank() == 0;
+  const auto& runs = model_->logical_runs();
+  for (auto [buffer, all, mine] : {std::tuple{&params, &held.params, &written.params},
+                                   std::tuple{&m, &held.m, &written.m},
+                                   std::tuple{&v, &held.v, &written.v}}) {
+    const std::vector<io::FlatRange> whole{{0, buffer->size(), buffer->data()}};
+    *all = io::tensor_runs(runs, whole, false);
+    if (writer) *mine = io::tensor_runs(runs, whole, true);
   }
 }
 

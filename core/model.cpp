@@ -4,7 +4,6 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
 
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -70,23 +69,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     throw std::invalid_argument("parameter store does not match the model's parameter units");
   }
   store_ = store;
-  {
-    std::vector<ParamSpec> logical = parameter_table(spec);
-    std::unordered_map<std::string, int> index;
-    for (std::size_t t = 0; t < logical.size(); ++t) index.emplace(logical[t].name, int(t));
-    const int tensor_rank = split.rank;
-    for (const ParamSpec& p : table_) {
-      const int t = index.at(p.name);
-      for (const ShardRun& run : shard_runs(p, tensor_rank)) {
-        runs_.push_back(LogicalRun{p.offset + run.local, t, run.logical, run.length});
-      }
-      const bool embedding = p.role == ParamRole::token_embedding ||
-                             p.role == ParamRole::position_embedding;
-      const bool owned = !(p.shard.replicated() && tensor_rank > 0) &&
-                         !(embedding && !stage_.embeds);
-      owned_end_.push_back(owned ? p.offset + p.count : p.offset);
-    }
-  }
+  runs_ = core::logical_runs(table_, parameter_table(spec), split.rank, stage_.embeds);
   // Offsets relative to the first element of the tensor's unit.
   auto off = [&](const std::string& name) {
     const ParamSpec& p = parameter(name);
@@ -732,14 +715,6 @@ void Model::recompute_segment(Acts& A, int B, int last) {
     if (last >= block * kOps + 1) mlp_op_forward(block, A, B, P);
     store_->release(blocks_[block].unit);
   }
-}
-
-bool Model::owns(std::size_t local) const {
-  // The table is in flat order: the last tensor starting at or before `local`.
-  const auto after = std::upper_bound(table_.begin(), table_.end(), local,
-                                      [](std::size_t x, const ParamSpec& p) { return x < p.offset; });
-  if (after == table_.begin()) return false;
-  return local < owned_end_[std::size_t(after - table_.begin()) - 1];
 }
 
 }  // namespace colossal::core

@@ -141,11 +141,8 @@ class Model final : public StageModel {
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   void set_profiler(Profiler* profiler) override { profiler_ = profiler; }
 
-  // This rank's runs of every tensor it holds (core::shard_runs of its tensor rank). It owns
-  // (writes) an element unless the tensor is replicated over the tensor group and this is not
-  // tensor rank 0, or it is the tied embedding's copy on a stage that does not embed.
+  // This rank's runs of every tensor it holds (core::logical_runs of its table).
   const std::vector<LogicalRun>& logical_runs() const override { return runs_; }
-  bool owns(std::size_t local) const override;
 
   // Floats of the temporaries shared by every block (gradient buffers, the recomputed MLP
   // activation, attention-score gradients, gather buffers) of a model built with these sizes:
@@ -296,7 +293,6 @@ class Model final : public StageModel {
         *lnf_local_ = nullptr;
   Profiler* profiler_ = nullptr;
   std::vector<LogicalRun> runs_;
-  std::vector<std::size_t> owned_end_;  // per table entry: its end when owned, else its offset
 };
 
 }  // namespace colossal::core

@@ -67,6 +67,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c_);
   make_store(tracker);
   map_runs();
+  for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
   // Activations kept for backward, per layer, then the head's.
   const int64_t R = rows_, c = c_, f = f_, T = seq_len;

@@ -73,7 +73,6 @@ class Model2D final : public GridModel {
   // logical_runs(): padding (vocabulary and position rows past the logical ones) has no run;
   // replicated parameters have runs on every grid row and depth layer. The owner of an element is
   // depth layer 0, and for a replicated parameter grid row 0 of it.
-  bool owns(std::size_t local) const override;
 
   int local_rows() const { return rows_; }
 
@@ -103,6 +102,7 @@ class Model2D final : public GridModel {
   static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
 
  private:
+  bool owns(std::size_t local) const;  // sets LogicalRun::owned
   struct Linear {
     std::size_t w = 0, b = 0;  // offsets of the weight block (in x out) and the bias block
     int64_t in = 0, out = 0;   // logical sizes

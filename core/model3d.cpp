@@ -72,6 +72,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   (void)gpt2;
   make_store(tracker);
   map_runs();
+  for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
   const int64_t R = rows_, T = seq_len;
   const int64_t att = int64_t(batch / q2) * (spec.heads / q) * T * T;

@@ -65,7 +65,6 @@ class Model3D final : public GridModel {
   // This rank's part of the global sum of squared gradients (every element once over the cube).
   double gradient_sum_squares() const override;
 
-  bool owns(std::size_t local) const override;
 
   // Closed forms, per rank, in floats (c = C/q, f = F/q, R = B T / q^2, Vp and Pp padded to
   // q^2). Parameters: c Vp/q^2 + Pp/q^2 c + L (c 3c/q + c c/q + c f/q + f c/q) in weight blocks,
@@ -97,6 +96,7 @@ class Model3D final : public GridModel {
   static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
 
  private:
+  bool owns(std::size_t local) const;  // sets LogicalRun::owned
   struct Linear {
     std::size_t w = 0, b = 0;
     int64_t in = 0, out = 0;

@@ -2,8 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <stdexcept>
 #include <map>
+#include <stdexcept>
+#include <unordered_map>
 
 namespace colossal::core {
 
@@ -88,6 +89,27 @@ std::vector<ShardRun> shard_runs(const ParamSpec& p, int tensor_rank) {
       if (rows == 0) continue;
       runs.push_back({(o * local + x_local) * inner, (o * extent + x_logical) * inner,
                       std::size_t(rows) * inner});
+    }
+  }
+  return runs;
+}
+
+std::vector<LogicalRun> logical_runs(const std::vector<ParamSpec>& table,
+                                     const std::vector<ParamSpec>& logical, int tensor_rank,
+                                     bool embeds) {
+  std::unordered_map<std::string, int> index;
+  for (std::size_t t = 0; t < logical.size(); ++t) index.emplace(logical[t].name, int(t));
+  std::vector<LogicalRun> runs;
+  for (const ParamSpec& p : table) {
+    const auto found = index.find(p.name);
+    if (found == index.end()) {
+      throw std::invalid_argument("'" + p.name + "' is not a tensor of the logical table");
+    }
+    const bool embedding =
+        p.role == ParamRole::token_embedding || p.role == ParamRole::position_embedding;
+    const bool owned = !(p.shard.replicated() && tensor_rank > 0) && !(embedding && !embeds);
+    for (const ShardRun& run : shard_runs(p, tensor_rank)) {
+      runs.push_back({p.offset + run.local, found->second, run.logical, run.length, owned});
     }
   }
   return runs;
@@ -253,6 +275,21 @@ double flops_per_token(const ModelSpec& s, int seq_len) {
   // 12*L*d^2 generalises to L*(4*d^2 + 2*d*F) when ffn_hidden != 4*hidden.
   const double n = L * (4.0 * d * d + 2.0 * d * F) + 13.0 * L * d + 2.0 * d + V * d;
   return 6.0 * n + 12.0 * L * seq_len * d;
+}
+
+void export_owned_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpec>& logical,
+                       const float* local, float* out) {
+  for (const LogicalRun& run : runs) {
+    if (!run.owned) continue;
+    std::copy_n(local + run.local, run.length, out + logical[run.tensor].offset + run.logical);
+  }
+}
+
+void import_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpec>& logical,
+                 const float* values, float* local) {
+  for (const LogicalRun& run : runs) {
+    std::copy_n(values + logical[run.tensor].offset + run.logical, run.length, local + run.local);
+  }
 }
 
 }  // namespace colossal::core

@@ -120,6 +120,31 @@ struct ShardRun {
 };
 std::vector<ShardRun> shard_runs(const ParamSpec& p, int tensor_rank);
 
+// `length` elements from local flat offset `local` to element `logical` of tensor `tensor` (an
+// index into the logical table, parameter_table(spec)). A parameter held on several ranks
+// (replicated) has a run on each of them; `owned` on the one copy that writes it (checkpoints,
+// model files).
+struct LogicalRun {
+  std::size_t local;
+  int tensor;
+  std::size_t logical, length;
+  bool owned = true;
+};
+// The runs of a 1D layout's local `table` (a tensor rank's and pipeline stage's parameter_table)
+// in `logical`, through shard_runs. Owned unless the tensor is replicated over the tensor group
+// and tensor_rank > 0, or it is the tied embedding on a stage that does not embed tokens (the LM
+// head's copy). Throws std::invalid_argument naming a tensor that `logical` lacks.
+std::vector<LogicalRun> logical_runs(const std::vector<ParamSpec>& table,
+                                     const std::vector<ParamSpec>& logical, int tensor_rank,
+                                     bool embeds);
+// Host copies between a local flat buffer and the logical tensors laid out as `logical` says
+// (at their offsets): export copies the runs this rank owns (out elsewhere untouched; summing the
+// outputs of every rank of one model copy assembles the whole), import every run.
+void export_owned_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpec>& logical,
+                       const float* local, float* out);
+void import_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpec>& logical,
+                 const float* values, float* local);
+
 // A unit's range [begin, end) of the flat buffer, padding included; units tile [0, flat size).
 struct ParamUnit {
   std::size_t begin = 0, end = 0;

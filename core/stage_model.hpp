@@ -19,15 +19,6 @@
 
 namespace colossal::core {
 
-// `length` elements from local flat offset `local` to element `logical` of tensor `tensor` (an
-// index into parameter_table(spec), the logical table). Padding has no run; a parameter held on
-// several ranks (replicated) has a run on each of them.
-struct LogicalRun {
-  std::size_t local;
-  int tensor;
-  std::size_t logical, length;
-};
-
 class StageModel {
  public:
   virtual ~StageModel() = default;
@@ -64,10 +55,9 @@ class StageModel {
   virtual ParameterStore& store() = 0;
   virtual const std::vector<ParamSpec>& parameters() const = 0;
   virtual std::size_t flat_size() const = 0;
-  // How the local flat buffer maps into the logical tensors, and whether this rank is the one
-  // copy that writes the element at `local` (replicated parameters have one owner per model).
+  // How the local flat buffer maps into the logical tensors (LogicalRun::owned: whether this
+  // rank is the one copy that writes the run; replicated parameters have one owner).
   virtual const std::vector<LogicalRun>& logical_runs() const = 0;
-  virtual bool owns(std::size_t local) const = 0;
 
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   virtual void set_profiler(Profiler* profiler) { (void)profiler; }

@@ -117,34 +117,17 @@ std::atomic<uint64_t> g_elements_read{0};
 
 uint64_t checkpoint_elements_read() { return g_elements_read.load(); }
 
-std::vector<TensorRun> chunk_runs(const std::vector<core::ParamSpec>& chunk_table,
-                                  int tensor_rank, bool embeds,
-                                  const std::vector<FlatRange>& ranges,
-                                  const std::vector<core::ParamSpec>& logical, bool writing) {
-  std::unordered_map<std::string, std::size_t> index;
-  for (std::size_t i = 0; i < logical.size(); ++i) index.emplace(logical[i].name, i);
+std::vector<TensorRun> tensor_runs(const std::vector<core::LogicalRun>& runs,
+                                   const std::vector<FlatRange>& ranges, bool writing) {
   std::vector<TensorRun> out;
-  for (const core::ParamSpec& p : chunk_table) {
-    const bool embedding = p.role == core::ParamRole::token_embedding ||
-                           p.role == core::ParamRole::position_embedding;
-    if (writing && ((embedding && !embeds) || (p.shard.replicated() && tensor_rank > 0))) continue;
-    const auto found = index.find(p.name);
-    if (found == index.end()) {
-      throw std::invalid_argument("chunk_runs: '" + p.name + "' is not a logical tensor");
-    }
-    std::vector<core::ShardRun> shard;  // computed for the first range that meets the tensor
+  for (const core::LogicalRun& run : runs) {
+    if (writing && !run.owned) continue;
     for (const FlatRange& range : ranges) {
-      const std::size_t lo = std::max(range.begin, p.offset);
-      const std::size_t hi = std::min(range.begin + range.length, p.offset + p.count);
-      if (lo >= hi) continue;
-      if (shard.empty()) shard = core::shard_runs(p, tensor_rank);
-      for (const core::ShardRun& run : shard) {
-        const std::size_t a = std::max(lo, p.offset + run.local);
-        const std::size_t b = std::min(hi, p.offset + run.local + run.length);
-        if (a >= b) continue;
-        out.push_back({found->second, run.logical + (a - p.offset - run.local), b - a,
-                       range.data + (a - range.begin)});
-      }
+      const std::size_t a = std::max(range.begin, run.local);
+      const std::size_t b = std::min(range.begin + range.length, run.local + run.length);
+      if (a >= b) continue;
+      out.push_back({std::size_t(run.tensor), run.logical + (a - run.local), b - a,
+                     range.data + (a - range.begin)});
     }
   }
   return out;

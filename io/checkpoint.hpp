@@ -76,16 +76,12 @@ struct FlatRange {
   float* data = nullptr;
 };
 
-// The runs of the logical tensors that `ranges` of one chunk's flat buffer hold: each parameter
-// of `chunk_table` (that chunk's core::parameter_table, tensor-split) is intersected with the
-// ranges and mapped through core::shard_runs(p, tensor_rank) into the tensor of `logical` with
-// its name (vocabulary padding maps nowhere). With `writing`, copies that another rank or chunk
-// writes are left out: tensors replicated over the tensor group on tensor ranks > 0, and the
-// tied embedding unit on a chunk that does not embed tokens (the LM head's copy).
-std::vector<TensorRun> chunk_runs(const std::vector<core::ParamSpec>& chunk_table,
-                                  int tensor_rank, bool embeds,
-                                  const std::vector<FlatRange>& ranges,
-                                  const std::vector<core::ParamSpec>& logical, bool writing);
+// The runs of the logical tensors that `ranges` of a model's local flat buffer hold, through the
+// model's map into them (core::StageModel::logical_runs, or core::logical_runs of a 1D table):
+// every run intersected with every range. With `writing`, runs another rank or chunk writes
+// (LogicalRun::owned false: replicated copies, the LM head's tied embedding) are left out.
+std::vector<TensorRun> tensor_runs(const std::vector<core::LogicalRun>& runs,
+                                   const std::vector<FlatRange>& ranges, bool writing);
 
 // A rectangle of a dataset viewed as [rows, columns] (a 1-D dataset is one row).
 struct SelectionBlock {

@@ -1,5 +1,5 @@
 // The pure parts of collective checkpoints: which logical elements a rank's ranges hold
-// (io::chunk_runs), the hyperslabs that select them (io::selection_blocks), and the CRC-32
+// (io::tensor_runs over core::logical_runs), the hyperslabs that select them (io::selection_blocks), and the CRC-32
 // combination that lets rank 0 check a dataset from the ranks' CRCs of their parts.
 #include <gtest/gtest.h>
 
@@ -127,7 +127,7 @@ TEST(CheckpointPlan, ChunkRunsOfTensorRanksAndShardsTileEveryLogicalTensor) {
           ranges.push_back({begin, std::min(step, flat - begin), local.data() + begin});
         }
         std::reverse(ranges.begin(), ranges.end());
-        for (const io::TensorRun& run : io::chunk_runs(table, rank, true, ranges, logical, true)) {
+        for (const io::TensorRun& run : io::tensor_runs(core::logical_runs(table, logical, rank, true), ranges, true)) {
           for (std::size_t i = 0; i < run.length; ++i) {
             ASSERT_EQ(run.data[i], code(run.tensor, run.logical + i))
                 << logical[run.tensor].name << " tp" << tensor_size << " rank " << rank;
@@ -137,7 +137,7 @@ TEST(CheckpointPlan, ChunkRunsOfTensorRanksAndShardsTileEveryLogicalTensor) {
         // Reading, a rank takes the replicated tensors too.
         if (rank == tensor_size - 1) {
           for (const io::TensorRun& run :
-               io::chunk_runs(table, rank, true, ranges, logical, false)) {
+               io::tensor_runs(core::logical_runs(table, logical, rank, true), ranges, false)) {
             if (logical[run.tensor].name.find("ln_") != std::string::npos) {
               replicated_read_by_last_rank += run.length;
             }
@@ -158,11 +158,11 @@ TEST(CheckpointPlan, ChunkRunsOfTensorRanksAndShardsTileEveryLogicalTensor) {
   const auto head = core::parameter_table(spec, 16, {}, last);
   std::vector<float> local(core::parameter_units(head, 16).back().end, 0.0f);
   const std::vector<io::FlatRange> all{{0, local.size(), local.data()}};
-  for (const io::TensorRun& run : io::chunk_runs(head, 0, false, all, logical, true)) {
+  for (const io::TensorRun& run : io::tensor_runs(core::logical_runs(head, logical, 0, false), all, true)) {
     EXPECT_EQ(logical[run.tensor].name.find("transformer.w"), std::string::npos);
   }
   std::size_t embedding_read = 0;
-  for (const io::TensorRun& run : io::chunk_runs(head, 0, false, all, logical, false)) {
+  for (const io::TensorRun& run : io::tensor_runs(core::logical_runs(head, logical, 0, false), all, false)) {
     if (logical[run.tensor].name == "transformer.wte.weight") embedding_read += run.length;
   }
   EXPECT_EQ(embedding_read, std::size_t(200 * 32)) << "the head reads the tied embedding";

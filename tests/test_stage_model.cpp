@@ -62,7 +62,7 @@ class Coverage {
       for (std::size_t e = 0; e < run.length; ++e) {
         ASSERT_EQ(local[run.local + e], want[p.offset + run.logical + e])
             << p.name << " element " << run.logical + e;
-        if (model.owns(run.local + e)) ++owners_[p.offset + run.logical + e];
+        if (run.owned) ++owners_[p.offset + run.logical + e];
       }
     }
   }
