@@ -46,6 +46,57 @@ std::string format_duration(double s) {
 }
 }  // namespace
 
+// One model chunk as the pipeline executor sees it: its tokens sampled and uploaded before a
+// forward (only where they are read), the model's forward and backward of a slot, and gradient
+// buckets that start reducing during the last micro-batch's backward.
+class Trainer::ChunkStage final : public parallel::PipelineStage {
+ public:
+  ChunkStage(Trainer& trainer, int index) : t_(trainer), index_(index) {}
+
+  void load(int micro, int slot) override {
+    // Only the chunk that embeds needs the tokens, and the one with the head the targets.
+    if (!chunk().range.embeds && !chunk().range.head) return;
+    const auto& train = t_.config_.train;
+    core::Profiler::Scope scope(&t_.profiler_, core::WorkKind::data);
+    const int64_t first = int64_t(t_.dp_->rank()) * (train.global_batch / t_.dp_->size());
+    t_.sampler_->batch(t_.step_, first + int64_t(micro) * train.micro_batch, train.micro_batch,
+                       train.global_batch, t_.host_inputs_.data(), t_.host_targets_.data());
+    t_.upload(slot, index_);
+  }
+  double forward(int /*micro*/, int slot) override {
+    const auto& train = t_.config_.train;
+    // Gradients summed over ranks are the gradient of the mean loss over the global batch.
+    const float grad_scale = 1.0f / (float(train.global_batch) * float(train.seq_len));
+    return model().forward(t_.slot_inputs(slot, index_), t_.slot_targets(slot, index_),
+                           train.micro_batch, grad_scale, slot);
+  }
+  void before_backward(int micro) override {
+    // On the last micro-batch, gradient buckets start reducing as soon as they are final.
+    chunk().gradients->set_overlap(micro + 1 == t_.config_.accumulation_steps());
+  }
+  void backward(int /*micro*/, int slot) override {
+    model().backward(t_.slot_inputs(slot, index_), t_.config_.train.micro_batch, slot);
+  }
+  void after_backward(int /*micro*/) override { chunk().gradients->set_overlap(false); }
+  double forward_only(int batch) override {
+    if (index_ > 0) t_.upload(0, index_);  // the tokens are in the host buffers already
+    return model().forward(t_.slot_inputs(0, index_), t_.slot_targets(0, index_), batch, 0.0f, 0);
+  }
+  std::size_t boundary_floats(int batch) const override {
+    return std::size_t(t_.chunks_[std::size_t(index_)].model->stage_floats(batch));
+  }
+  float* stage_input(int slot) override { return model().stage_input(slot); }
+  const float* stage_output(int slot) override { return model().stage_output(slot); }
+  float* output_gradient() override { return model().output_gradient(); }
+  const float* input_gradient() override { return model().input_gradient(); }
+
+ private:
+  Chunk& chunk() { return t_.chunks_[std::size_t(index_)]; }
+  core::Model& model() { return *chunk().model; }
+  Trainer& t_;
+  int index_;
+};
+
 double peak_flops(const io::HardwareConfig& hardware) {
   if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
   // The spec's fp32 peak ("host": the sgemm ceiling of the 2-core AVX-512 development machine,
@@ -252,16 +303,26 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     using core::MemCategory;
     chunk.inputs = core::DeviceArray<int32_t>(tracker_, MemCategory::data, chunk_tokens * chunk.slots);
     chunk.targets = core::DeviceArray<int32_t>(tracker_, MemCategory::data, chunk_tokens * chunk.slots);
-    if (chunk.virtual_stage > 0) {
-      // Gradients for the previous stage, one buffer per slot while their sends complete.
-      chunk.grad_sends = core::DeviceArray<float>(
-          tracker_, MemCategory::temporaries,
-          std::size_t(chunk.model->stage_floats(train.micro_batch)) * chunk.slots);
-    }
-    chunk.forward_sends.resize(chunk.slots);
-    chunk.backward_sends.resize(chunk.slots);
+    // Its neighbours, tags and send buffers, planned once (scatter-gather over the tensor group
+    // when every tensor rank holds the whole boundary).
+    chunk.link = std::make_unique<parallel::StageLink>(
+        parallel::StageLinkOptions{
+            .pipeline = pp_,
+            .tensor = par.sequence_split ? nullptr : tp_,
+            .virtual_stage = chunk.virtual_stage,
+            .virtual_stages = virtual_stages_,
+            .floats = std::size_t(chunk.model->stage_floats(train.micro_batch)),
+            .slots = chunk.slots},
+        tracker_);
+    chunk.stage = std::make_unique<ChunkStage>(*this, int(&chunk - chunks_.data()));
   }
+  std::vector<parallel::PipelineExecutor::Chunk> executed;
+  for (Chunk& chunk : chunks_) executed.push_back({chunk.stage.get(), chunk.link.get()});
+  executor_ = std::make_unique<parallel::PipelineExecutor>(std::move(executed), schedule_,
+                                                           &profiler_, &trace_);
 }
+
+Trainer::~Trainer() = default;
 
 // The layout as YAML. Derived on every rank from the same config; rank 0's copy is broadcast and
 // compared, so ranks that disagree (a different binary or config file on one node) stop together
@@ -346,117 +407,35 @@ const int32_t* Trainer::slot_targets(int slot, int chunk) const {
   return chunks_[chunk].targets.data() + slot * host_chunk_.size();
 }
 
-// Scatter-gather between stages (Megatron): without sequence_split every tensor rank holds the
-// whole (replicated) activation, so each sends only its 1/t of it to its peer on the next stage,
-// and the receivers all-gather the parts over the tensor group. Under sequence_split the stage
-// boundary is already this rank's rows. Returns {offset, count} of the part this rank sends.
-std::pair<std::size_t, std::size_t> Trainer::stage_part(std::size_t floats) const {
-  if (tp_->size() == 1 || config_.parallel.sequence_split) return {0, floats};
-  const std::size_t part = floats / std::size_t(tp_->size());
-  return {part * std::size_t(tp_->rank()), part};
-}
+double Trainer::pipeline_forward(int batch) { return executor_->forward_only(batch); }
 
-void Trainer::receive_stage_buffer(float* buffer, std::size_t floats, int source, int tag) {
-  const auto [offset, count] = stage_part(floats);
-  pp_->recv({buffer + offset, count}, source, tag);
-  if (count != floats) tp_->all_gather({buffer + offset, count}, {buffer, floats});
-}
-
-// One forward of `batch` sequences already uploaded to slot 0 through every pipeline stage
-// (evaluation and sampling): each stage receives its input, runs, and passes its output on.
-// Returns the mean loss on the last stage and 0 elsewhere.
-double Trainer::pipeline_forward(int batch) {
-  double loss = 0.0;
-  for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    core::Model& model = *chunks_[c].model;
-    const int v = chunks_[c].virtual_stage;
-    const std::size_t floats = std::size_t(model.stage_floats(batch));
-    if (c > 0) upload(0, int(c));  // the tokens are in the host buffers already
-    if (v > 0) receive_stage_buffer(model.stage_input(0), floats, previous_rank(), 0);
-    loss += model.forward(slot_inputs(0, int(c)), slot_targets(0, int(c)), batch, 0.0f, 0);
-    if (v + 1 < virtual_stages_) {
-      Kokkos::fence();
-      const auto [offset, count] = stage_part(floats);
-      pp_->send({model.stage_output(0) + offset, count}, next_rank(), 0);
-    }
+void Trainer::set_trace(const std::string& path) {
+  const std::string file = world_->size() == 1 || path.empty()
+                               ? path
+                               : path + ".rank" + std::to_string(world_->rank()) + ".json";
+  if (!trace_.open(file)) {
+    throw std::runtime_error("--trace: cannot write '" + file +
+                             "'; give a path in a writable directory");
   }
-  return loss;
+}
+
+void Trainer::write_trace() const {
+  // One process per rank; the stage and coordinates in its name.
+  trace_.write(world_->rank(), "rank " + std::to_string(world_->rank()) + " (stage " +
+                                   std::to_string(pp_->rank()) + ", data " +
+                                   std::to_string(dp_->rank()) + ", tensor " +
+                                   std::to_string(tp_->rank()) + ", sequence " +
+                                   std::to_string(sp_->rank()) + ")");
 }
 
 // Forward and backward over this rank's micro-batches of the step: rank r of dp takes samples
 // [r*G/dp, (r+1)*G/dp) of the global batch G. Gradients are summed into the model's buffer, scaled
 // so that their sum over ranks is the gradient of the mean loss over the global batch. Returns the
-// global mean loss on every rank.
-//
-// The micro-batches run in the order of this stage's pipeline schedule (one stage: forward then
-// backward of each in turn). A stage receives its input from the previous stage before a forward
-// and the gradient of its output from the next before a backward (blocking), and sends its output
-// and input gradient on without waiting; sends complete before their buffers are reused.
-Trainer::TraceSpan::TraceSpan(Trainer& t, const char* name, const char* category,
-                              std::optional<parallel::PipelineAction> action)
-    : trainer_(t), name_(name), category_(category), action_(action),
-      begin_us_(t.trace_path_.empty() ? 0.0 : t.trace_clock_us()) {}
-
-Trainer::TraceSpan::~TraceSpan() {
-  if (trainer_.trace_path_.empty()) return;  // no names built, nothing kept
-  std::string name = name_;
-  if (action_) {
-    if (trainer_.chunks_.size() > 1) name += std::to_string(action_->chunk) + ".";
-    name += std::to_string(action_->micro);
-  }
-  trainer_.trace_.push_back(
-      {std::move(name), category_, begin_us_, trainer_.trace_clock_us() - begin_us_});
-}
-
-double Trainer::trace_clock_us() const {
-  return std::chrono::duration<double, std::micro>(Clock::now() - trace_origin_).count();
-}
-
-std::string Trainer::trace_file() const {
-  return world_->size() == 1 ? trace_path_
-                             : trace_path_ + ".rank" + std::to_string(world_->rank()) + ".json";
-}
-
-void Trainer::set_trace(const std::string& path) {
-  trace_path_ = path;
-  if (path.empty()) return;
-  std::FILE* f = std::fopen(trace_file().c_str(), "w");
-  if (f == nullptr) {
-    throw std::runtime_error("--trace: cannot write '" + trace_file() +
-                             "'; give a path in a writable directory");
-  }
-  std::fclose(f);
-}
-
-void Trainer::write_trace() const {
-  if (trace_path_.empty()) return;
-  const std::string path = trace_file();
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) throw std::runtime_error("cannot write the trace '" + path + "'");
-  // One process per rank; the stage and coordinates in its name.
-  std::fprintf(f, "{\"traceEvents\": [\n");
-  std::fprintf(f,
-               "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": "
-               "{\"name\": \"rank %d (stage %d, data %d, tensor %d, sequence %d)\"}}",
-               world_->rank(), world_->rank(), pp_->rank(), dp_->rank(), tp_->rank(),
-               sp_->rank());
-  for (const TraceEvent& e : trace_) {
-    std::fprintf(f,
-                 ",\n{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.1f, "
-                 "\"dur\": %.1f, \"pid\": %d, \"tid\": 0}",
-                 e.name.c_str(), e.category, e.begin_us, e.duration_us, world_->rank());
-  }
-  std::fprintf(f, "\n]}\n");
-  if (std::fclose(f) != 0) throw std::runtime_error("cannot write the trace '" + path + "'");
-}
-
+// global mean loss on every rank. The micro-batches run in the order of this stage's pipeline
+// schedule, through the executor (parallel/pipeline_executor.hpp).
 double Trainer::run_step(int64_t step) {
-  const auto& t = config_.train;
   const int accumulation = config_.accumulation_steps();
-  const float grad_scale = 1.0f / (float(t.global_batch) * float(t.seq_len));
-  const int64_t first = int64_t(dp_->rank()) * (t.global_batch / dp_->size());
   const int stage = pp_->rank(), stages = pp_->size();
-  const std::size_t floats = std::size_t(model_->stage_floats(t.micro_batch));
   {
     core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
     for (Chunk& chunk : chunks_) chunk.model->zero_grad();
@@ -480,86 +459,8 @@ double Trainer::run_step(int64_t step) {
                                " (COLOSSAL_INJECT_FAILURE)");
     }
   }
-  double loss = 0.0;
-  std::vector<int> in_flight(chunks_.size(), 0);
-  for (const parallel::PipelineAction& action : schedule_) {
-    Chunk& chunk = chunks_[action.chunk];
-    core::Model& model = *chunk.model;
-    const int v = chunk.virtual_stage;
-    const int slot = action.micro % chunk.slots;
-    // Messages between virtual stages b and b+1 for micro-batch i: tag 2 * (i * V + b) (+1 back).
-    const int forward_tag = 2 * (action.micro * virtual_stages_ + v - 1);
-    const int backward_tag = 2 * (action.micro * virtual_stages_ + v) + 1;
-    if (action.forward) {
-      // Only the chunk that embeds needs the tokens, and the one with the head the targets.
-      if (chunk.range.embeds || chunk.range.head) {
-        core::Profiler::Scope scope(&profiler_, core::WorkKind::data);
-        sampler_->batch(step, first + int64_t(action.micro) * t.micro_batch, t.micro_batch,
-                        t.global_batch, host_inputs_.data(), host_targets_.data());
-        upload(slot, action.chunk);
-      }
-      {
-        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        auto& pending = chunk.forward_sends[slot];
-        if (pending) pending->wait();  // the slot's output is free
-        pending.reset();
-        if (v > 0) {
-          TraceSpan span(*this, "recv F", "receive", action);
-          receive_stage_buffer(model.stage_input(slot), floats, previous_rank(), forward_tag);
-        }
-      }
-      {
-        TraceSpan span(*this, "F", "forward", action);
-        loss += model.forward(slot_inputs(slot, action.chunk), slot_targets(slot, action.chunk),
-                              t.micro_batch, grad_scale, slot);
-      }
-      if (v + 1 < virtual_stages_) {
-        Kokkos::fence();
-        const auto [offset, count] = stage_part(floats);
-        chunk.forward_sends[slot] = pp_->start_send({model.stage_output(slot) + offset, count},
-                                                    next_rank(), forward_tag + 2);
-      }
-      ++pipeline_stats_.forwards;
-      pipeline_stats_.peak_in_flight =
-          std::max(pipeline_stats_.peak_in_flight, ++in_flight[action.chunk]);
-    } else {
-      if (v + 1 < virtual_stages_) {
-        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        TraceSpan span(*this, "recv B", "receive", action);
-        receive_stage_buffer(model.output_gradient(), floats, next_rank(), backward_tag);
-      }
-      // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-      chunk.gradients->set_overlap(action.micro + 1 == accumulation);
-      {
-        TraceSpan span(*this, "B", "backward", action);
-        model.backward(slot_inputs(slot, action.chunk), t.micro_batch, slot);
-      }
-      chunk.gradients->set_overlap(false);
-      if (v > 0) {
-        core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-        auto& pending = chunk.backward_sends[slot];
-        if (pending) pending->wait();
-        const auto [offset, count] = stage_part(floats);
-        float* out = chunk.grad_sends.data() + std::size_t(slot) * count;
-        core::kernels::copy(out, model.input_gradient() + offset, int64_t(count));
-        Kokkos::fence();
-        pending = pp_->start_send({out, count}, previous_rank(), backward_tag - 2);
-      }
-      ++pipeline_stats_.backwards;
-      --in_flight[action.chunk];
-    }
-  }
-  {
-    TraceSpan span(*this, "wait sends", "send");
-    for (Chunk& chunk : chunks_) {
-      for (auto* sends : {&chunk.forward_sends, &chunk.backward_sends}) {
-        for (auto& pending : *sends) {
-          if (pending) pending->wait();
-          pending.reset();
-        }
-      }
-    }
-  }
+  step_ = step;
+  const double loss = executor_->run_step();
   // The loss lives on the last stage; every rank of the data x sequence group averaged the same
   // number of tokens.
   const double stage_loss = stages > 1 ? pp_->all_reduce_sum_value(loss) : loss;
@@ -754,7 +655,7 @@ TrainSummary Trainer::train() {
     double norm = 0.0;
     {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
-      TraceSpan span(*this, "reduce gradients", "communication");
+      core::TraceRecorder::Span span(&trace_, "reduce gradients", "communication");
       if (chunks_.size() == 1) {
         norm = gradient_sync_->reduce();
       } else {
@@ -784,7 +685,7 @@ TrainSummary Trainer::train() {
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);
       core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
-      TraceSpan span(*this, "optimizer", "optimizer");
+      core::TraceRecorder::Span span(&trace_, "optimizer", "optimizer");
       for (Chunk& chunk : chunks_) {
         chunk.optimizer->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
       }

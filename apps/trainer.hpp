@@ -19,12 +19,15 @@
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "core/profiler.hpp"
+#include "core/trace.hpp"
 #include "io/checkpoint.hpp"
 #include "io/config.hpp"
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/pipeline_executor.hpp"
 #include "parallel/pipeline_schedule.hpp"
+#include "parallel/stage_link.hpp"
 #include "parallel/tensor_group.hpp"
 #include "zero/gradient_sync.hpp"
 #include "zero/sharded_optimizer.hpp"
@@ -97,10 +100,7 @@ bool end_step(parallel::Communicator& world, const io::Config& config, int64_t d
 std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
                                       const std::function<void(int64_t)>& save);
 
-struct PipelineStats {
-  int64_t forwards = 0, backwards = 0;
-  int peak_in_flight = 0;
-};
+using PipelineStats = parallel::PipelineStats;
 
 // Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
 double peak_flops(const io::HardwareConfig& hardware);
@@ -124,6 +124,7 @@ class Trainer {
   // initialised: memory() then says what this layout needs per rank; nothing else may be called.
   Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr,
           bool memory_plan = false);
+  ~Trainer();
 
   TrainSummary train();
   // With steps > 0, train() runs 1 + steps steps, prints the time per kind of work of the last
@@ -175,7 +176,7 @@ class Trainer {
   parallel::Communicator& tensor_parallel() { return *tp_; }
   parallel::Communicator& pipeline_parallel() { return *pp_; }
   // Forwards and backwards this stage ran, and the most micro-batches it held at once.
-  const PipelineStats& pipeline_stats() const { return pipeline_stats_; }
+  const PipelineStats& pipeline_stats() const { return executor_->stats(); }
   const std::vector<int>& stage_layers() const { return stage_layers_; }
   parallel::Communicator& sequence_parallel() { return *sp_; }
   // Where gradients are summed and ZeRO shards: the data x sequence ranks of this tensor rank.
@@ -184,18 +185,16 @@ class Trainer {
  private:
   void print(const char* fmt, ...) const;
   void agree_on_plan();
+  // One step's micro-batches through the pipeline executor; the global mean loss.
   double run_step(int64_t step);
   // host_inputs_/host_targets_ -> this rank's part of them in slot `slot` of a chunk's buffers
   void upload(int slot = 0, int chunk = 0);
   const int32_t* slot_inputs(int slot, int chunk = 0) const;
   const int32_t* slot_targets(int slot, int chunk = 0) const;
-  // The ranks holding the virtual stages before and after chunk `chunk` of this rank.
-  int previous_rank() const { return (pp_->rank() + pp_->size() - 1) % pp_->size(); }
-  int next_rank() const { return (pp_->rank() + 1) % pp_->size(); }
   core::Model& head_model() { return *chunks_.back().model; }
+  // One forward of `batch` sequences uploaded to slot 0 through every pipeline stage (evaluation
+  // and sampling): the mean loss on the last stage, 0 elsewhere.
   double pipeline_forward(int batch);
-  std::pair<std::size_t, std::size_t> stage_part(std::size_t floats) const;
-  void receive_stage_buffer(float* buffer, std::size_t floats, int source, int tag);
 
   io::Config config_;
   std::FILE* log_;
@@ -214,8 +213,10 @@ class Trainer {
   std::unique_ptr<parallel::Communicator> tied_owner_;  // first + last stage (tied embedding)
   std::vector<int> stage_layers_;                 // blocks per stage
   std::vector<parallel::PipelineAction> schedule_;  // this stage's forwards and backwards
+  class ChunkStage;  // a Chunk as the executor's parallel::PipelineStage
   // One model chunk of this rank (several under the interleaved schedule): virtual stage
-  // index * stages + pipeline rank, its optimizer and model, its micro-batches in flight.
+  // index * stages + pipeline rank, its optimizer and model, its micro-batches in flight and its
+  // link to the neighbouring virtual stages.
   struct Chunk {
     int virtual_stage = 0;
     core::StageRange range;
@@ -223,15 +224,16 @@ class Trainer {
     std::unique_ptr<zero::GradientSync> gradients;  // on the optimizer's store
     std::unique_ptr<core::Model> model;
     int slots = 1;
-    std::vector<std::unique_ptr<parallel::PendingCollective>> forward_sends, backward_sends;
-    core::DeviceArray<float> grad_sends;      // input gradients on their way back
     core::DeviceArray<int32_t> inputs, targets;  // this rank's chunk of the tokens, per slot
+    std::unique_ptr<parallel::StageLink> link;
+    std::unique_ptr<ChunkStage> stage;
   };
   std::vector<Chunk> chunks_;
   int virtual_stages_ = 1;
   // A chunk's flat parameters in host memory (collective under ZeRO-3).
   std::vector<float> chunk_parameters(Chunk& chunk);
-  PipelineStats pipeline_stats_;
+  std::unique_ptr<parallel::PipelineExecutor> executor_;  // over chunks_
+  int64_t step_ = 0;  // the step run_step runs (the chunks' load() samples from it)
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
   core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
@@ -249,34 +251,9 @@ class Trainer {
   core::Profiler profiler_;
   int profile_steps_ = 0;
   // --trace: spans of every step, in microseconds since the trainer started.
-  struct TraceEvent {
-    std::string name;
-    const char* category;
-    double begin_us, duration_us;
-  };
-  class TraceSpan {
-   public:
-    // A pipeline action's span is named name + [chunk.] micro-batch, built only when tracing.
-    TraceSpan(Trainer& t, const char* name, const char* category,
-              std::optional<parallel::PipelineAction> action = std::nullopt);
-    ~TraceSpan();
-    TraceSpan(const TraceSpan&) = delete;
-    TraceSpan& operator=(const TraceSpan&) = delete;
-
-   private:
-    Trainer& trainer_;
-    const char* name_;
-    const char* category_;
-    std::optional<parallel::PipelineAction> action_;
-    double begin_us_;
-  };
-  double trace_clock_us() const;
+  core::TraceRecorder trace_;
   void write_trace() const;
-  std::string trace_file() const;  // this rank's trace file
-  std::string trace_path_;
   std::function<void(int64_t)> step_callback_;
-  std::vector<TraceEvent> trace_;
-  std::chrono::steady_clock::time_point trace_origin_ = std::chrono::steady_clock::now();
   double profiled_seconds_ = 0.0;
 };
 
