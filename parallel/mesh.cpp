@@ -307,7 +307,9 @@ Communicator& Groups::on(Axis axis) const {
     case Axis::data: group = &dp; break;
     case Axis::pipeline: group = &pp; break;
   }
-  if (group == nullptr || !*group) fail("Groups: no communicator for this axis (make_groups fills all four)");
+  if (group == nullptr || !*group) {
+    fail("Groups: no communicator for this axis (make_groups fills all four)");
+  }
   return **group;
 }
 
@@ -404,7 +406,9 @@ TensorSubGrid::Coord TensorSubGrid::coord_of(int r) const {
 
 std::vector<TensorGridGroup> TensorSubGrid::needed() const {
   using G = TensorGridGroup;
-  if (mode_ == core::TensorMode::d3) return {G::input, G::weight, G::output, G::plane_l, G::plane_j};
+  if (mode_ == core::TensorMode::d3) {
+    return {G::input, G::weight, G::output, G::plane_l, G::plane_j};
+  }
   if (depth_ > 1) return {G::row, G::col, G::depth};
   return {G::row, G::col};
 }

@@ -304,7 +304,8 @@ TEST(TensorSubGrid, CubeGroupsWrittenOut) {
   EXPECT_EQ(grid.depth(), 1);
   EXPECT_EQ(grid.size(), 8);
   EXPECT_EQ(grid.coord_of(6), (TensorSubGrid::Coord{.depth = 0, .i = 1, .j = 1, .l = 0}));
-  EXPECT_EQ(grid.needed(), (std::vector<G>{G::input, G::weight, G::output, G::plane_l, G::plane_j}));
+  EXPECT_EQ(grid.needed(),
+            (std::vector<G>{G::input, G::weight, G::output, G::plane_l, G::plane_j}));
   EXPECT_EQ(grid.groups(G::input), (GroupList{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   EXPECT_EQ(grid.groups(G::weight), (GroupList{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
   EXPECT_EQ(grid.groups(G::output), (GroupList{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
