@@ -255,4 +255,11 @@ double flops_per_token(const ModelSpec& s, int seq_len) {
   return 6.0 * n + 12.0 * L * seq_len * d;
 }
 
+double block_forward_flops(const ModelSpec& s, int seq_len) {
+  const double C = s.hidden, F = s.ffn_hidden, T = seq_len;
+  return 2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C;
+}
+
+double head_forward_flops(const ModelSpec& s) { return 2.0 * double(s.hidden) * s.vocab; }
+
 }  // namespace colossal::core
