@@ -5,7 +5,7 @@
 #include "apps/errors.hpp"
 #include "core/host_threads.hpp"
 #include "core/memory.hpp"
-#include "parallel/pipeline_schedule.hpp"
+#include "parallel/stage_partition.hpp"
 #include "planner/search.hpp"
 
 namespace colossal::apps {
@@ -13,12 +13,9 @@ namespace colossal::apps {
 std::vector<int> pipeline_layers(const io::Config& config) {
   const auto& p = config.parallel;
   if (!p.pipeline_layers.empty()) return p.pipeline_layers;
-  const auto& spec = config.model;
-  const double C = spec.hidden, F = spec.ffn_hidden, T = config.train.seq_len;
-  // Forward FLOPs per token of a block (its matmuls and attention) and of the LM head.
-  return parallel::balance_stages(spec.layers, p.pipeline * p.pipeline_chunks,
-                                  2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C,
-                                  2.0 * C * spec.vocab);
+  // The planner's partition: forward FLOPs per token of the blocks against the LM head.
+  return parallel::balanced_stage_layers(config.model, config.train.seq_len,
+                                         p.pipeline * p.pipeline_chunks);
 }
 
 planner::RunLayout run_layout(const io::Config& config) {

@@ -17,7 +17,7 @@
 namespace colossal::apps {
 
 // Blocks per (virtual) pipeline stage: parallel.pipeline.layers, or balanced by predicted FLOPs
-// (parallel::balance_stages) over size x chunks stages.
+// (parallel::balanced_stage_layers, the planner's partition) over size x chunks stages.
 std::vector<int> pipeline_layers(const io::Config& config);
 
 // The run's layout as the config fixes it (the trainer's pipeline partition included).

@@ -147,11 +147,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
   // The mesh (tensor innermost, then sequence, data, pipeline): this rank's groups along each axis.
-  groups_ = parallel::make_groups(
-      *world_, parallel::DeviceMesh(parallel::MeshShape{.data = par.data,
-                                                        .pipeline = par.pipeline,
-                                                        .tensor = par.tensor,
-                                                        .sequence = par.sequence}));
+  const parallel::DeviceMesh mesh(parallel::MeshShape{
+      .data = par.data, .pipeline = par.pipeline, .tensor = par.tensor, .sequence = par.sequence});
+  groups_ = parallel::make_groups(*world_, mesh);
   dp_ = groups_.dp.get();
   tp_ = groups_.tp.get();
   sp_ = groups_.sp.get();
@@ -163,7 +161,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   grad_ = dp_;
   if (sp_->size() > 1) {
     sequence_group_ = std::make_unique<parallel::CommunicatorGroup>(*sp_);
-    grad_owner_ = world_->split(tp_->rank() + tp_->size() * pp_->rank(), world_->rank());
+    grad_owner_ = parallel::make_group(*world_, mesh, {parallel::Axis::sequence,
+                                                       parallel::Axis::data});
     grad_ = grad_owner_.get();
   }
   chunk_ = config_.train.seq_len / sp_->size();
@@ -195,12 +194,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   zero::PipelineLinks links;
   if (stages > 1) {
     // The first and last stage of each (tensor, sequence, data) position share the tied
-    // embedding; ranks of other stages split off alone.
-    const int inner = world_->size() / stages;
-    const bool ends = stage == 0 || stage == stages - 1;
-    tied_owner_ = world_->split(ends ? world_->rank() % inner : inner + world_->rank(),
-                                world_->rank());
-    links = zero::PipelineLinks{pp_, ends ? tied_owner_.get() : nullptr, true};
+    // embedding; ranks of other stages get none (null).
+    tied_owner_ = parallel::make_embedding_group(*world_, mesh);
+    links = zero::PipelineLinks{pp_, tied_owner_.get(), true};
   }
   open_run_data(config_, train_data_, sampler_, val_data_);
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each

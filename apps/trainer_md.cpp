@@ -25,37 +25,26 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   dp_ = groups_.dp.get();
   tp_ = groups_.tp.get();
   const core::TensorMode mode = par.tensor_mode;
-  const int r = tp_->rank();
-  auto group = [&](int color, int key) -> core::TensorGroup& {
-    comms_.push_back(tp_->split(color, key));
-    views_.push_back(std::make_unique<parallel::CommunicatorGroup>(*comms_.back()));
-    return *views_.back();
-  };
+  // The tensor group's sub-grid and the sub-groups its model needs, from the mesh.
+  const parallel::TensorSubGrid sub_grid(mode, par.tensor, par.tensor_depth);
+  tensor_groups_ = parallel::make_tensor_grid_groups(*tp_, sub_grid);
+  const parallel::TensorGridGroups& g = tensor_groups_;
+  using G = parallel::TensorGridGroup;
   const core::ModelSpec& spec = config_.model;
   const auto& t = config_.train;
+  const int q = sub_grid.q();
   std::string grid;
   if (mode == core::TensorMode::d3) {
-    const int q = core::tensor_grid(mode, par.tensor).q;
-    const int i = r / (q * q), j = r / q % q, l = r % q;
-    core::TensorGroup& input = group(i * q + l, j);
-    core::TensorGroup& weight = group(j * q + l, i);
-    core::TensorGroup& output = group(i * q + j, l);
-    core::TensorGroup& plane_l = group(l, i * q + j);
-    core::TensorGroup& plane_j = group(j, i * q + l);
-    cube_ = std::make_unique<core::Cube3DGroups>(
-        core::Cube3DGroups{input, weight, output, plane_l, plane_j});
+    cube_ = std::make_unique<core::Cube3DGroups>(core::Cube3DGroups{
+        g[G::input], g[G::weight], g[G::output], g[G::plane_l], g[G::plane_j]});
     model_ = std::make_unique<core::Model3D>(spec, t.micro_batch, t.seq_len, *cube_, *gemm_,
                                              tracker_);
     grid = std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q) + " cube";
   } else {
-    depth_ = core::tensor_depth(mode, par.tensor_depth);
-    const int q = core::tensor_grid(mode, par.tensor, depth_).q;
-    depth_rank_ = r / (q * q);
-    const int i = r / q % q, j = r % q;
-    core::TensorGroup& row = group(depth_rank_ * q + i, j);
-    core::TensorGroup& col = group(depth_rank_ * q + j, i);
-    core::TensorGroup* depth = depth_ > 1 ? &group(i * q + j, depth_rank_) : nullptr;
-    grid_ = std::make_unique<core::Grid2D>(core::Grid2D{row, col});
+    depth_ = sub_grid.depth();
+    depth_rank_ = sub_grid.coord_of(tp_->rank()).depth;
+    core::TensorGroup* depth = g.has(G::depth) ? &g[G::depth] : nullptr;
+    grid_ = std::make_unique<core::Grid2D>(core::Grid2D{g[G::row], g[G::col]});
     model_ = std::make_unique<core::Model2D>(spec, t.micro_batch, t.seq_len, *grid_, *gemm_,
                                              tracker_, depth);
     grid = std::to_string(q) + " x " + std::to_string(q) + " grid" +
@@ -217,7 +206,9 @@ TrainSummary TrainerMD::train() {
   // Payload bytes this rank moves in the tensor group and its sub-groups (validation apart).
   auto traffic = [this] {
     double bytes = double(tp_->stats().total_payload_bytes());
-    for (const auto& c : comms_) bytes += double(c->stats().total_payload_bytes());
+    for (const auto& c : tensor_groups_.comms) {
+      if (c) bytes += double(c->stats().total_payload_bytes());
+    }
     return bytes;
   };
   double validation_traffic = 0.0;

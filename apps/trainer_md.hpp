@@ -65,9 +65,8 @@ class TrainerMD {
   parallel::Groups groups_;
   parallel::Communicator* dp_;
   parallel::Communicator* tp_;
-  // The tensor group's sub-groups and their model-side views.
-  std::vector<std::unique_ptr<parallel::Communicator>> comms_;
-  std::vector<std::unique_ptr<parallel::CommunicatorGroup>> views_;
+  // The tensor group's sub-groups (parallel::make_tensor_grid_groups) and their model-side views.
+  parallel::TensorGridGroups tensor_groups_;
   std::unique_ptr<core::Grid2D> grid_;
   std::unique_ptr<core::Cube3DGroups> cube_;
   int depth_ = 1, depth_rank_ = 0;  // 2.5D layers and this rank's

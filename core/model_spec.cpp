@@ -292,4 +292,11 @@ void import_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpe
   }
 }
 
+double block_forward_flops(const ModelSpec& s, int seq_len) {
+  const double C = s.hidden, F = s.ffn_hidden, T = seq_len;
+  return 2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C;
+}
+
+double head_forward_flops(const ModelSpec& s) { return 2.0 * double(s.hidden) * s.vocab; }
+
 }  // namespace colossal::core

@@ -158,5 +158,10 @@ std::size_t parameter_count(const ModelSpec& spec);
 // N = 12*L*d^2 + 13*L*d + 2*d + V*d (the non-position parameters of GPT-2; the usual estimate),
 // and training FLOPs per token = 6*N + 12*L*T*d (forward + backward, attention included).
 double flops_per_token(const ModelSpec& spec, int seq_len);
+// Forward FLOPs per token of one block, 2 * (4*d^2 + 2*d*F) + 4*T*d (its matmuls and
+// attention's two T x d products), and of the LM head, 2*d*V: what the pipeline partition
+// balances (parallel::balanced_stage_layers, for the trainer and the planner alike).
+double block_forward_flops(const ModelSpec& spec, int seq_len);
+double head_forward_flops(const ModelSpec& spec);
 
 }  // namespace colossal::core

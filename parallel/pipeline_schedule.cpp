@@ -102,33 +102,4 @@ bool schedule_completes(const std::string& kind, int stages, int micro, int chun
   return true;
 }
 
-std::vector<int> balance_stages(int layers, int stages, double block_flops, double head_flops) {
-  if (stages < 1 || stages > layers) {
-    throw std::invalid_argument(std::to_string(stages) + " pipeline stages for " +
-                                std::to_string(layers) + " layers");
-  }
-  if (stages == 1) return {layers};
-  // Choose the last stage's block count; spread the rest evenly over the others. Among equally
-  // slow choices, the one with the fewest blocks on the first stage, then on the last.
-  int best_last = 1, best_first = 0;
-  double best_cost = 0.0;
-  for (int last = 1; last <= layers - (stages - 1); ++last) {
-    const int rest = layers - last;
-    const int widest = (rest + stages - 2) / (stages - 1), first = rest / (stages - 1);
-    const double cost = std::max(last * block_flops + head_flops, widest * block_flops);
-    if (last == 1 || cost < best_cost || (cost == best_cost && first < best_first)) {
-      best_cost = cost;
-      best_last = last;
-      best_first = first;
-    }
-  }
-  std::vector<int> counts(stages, 0);
-  counts.back() = best_last;
-  const int rest = layers - best_last, others = stages - 1;
-  for (int s = 0; s < others; ++s) {
-    counts[s] = rest / others + (s >= others - rest % others ? 1 : 0);
-  }
-  return counts;
-}
-
 }  // namespace colossal::parallel

@@ -38,10 +38,4 @@ bool schedule_completes(const std::string& kind, int stages, int micro, int chun
 // the largest over the chunks).
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
-// Blocks per stage: the first given counts, or balanced by predicted time per stage (FLOPs of a
-// block against the last stage's extra final layernorm and LM head), leftover blocks going to
-// the later stages (the first stage keeps the most micro-batches in flight under 1F1B).
-// `block_flops` and `head_flops` are per token.
-std::vector<int> balance_stages(int layers, int stages, double block_flops, double head_flops);
-
 }  // namespace colossal::parallel

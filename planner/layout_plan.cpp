@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <stdexcept>
 
 #include "checkpoint_sched/solvers.hpp"
@@ -54,48 +53,6 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
     l.chunks.push_back(chunk);
   }
   return l;
-}
-
-std::vector<int> partition_layers(const std::vector<double>& cost, int stages, double first_extra,
-                                  double last_extra) {
-  const int n = int(cost.size());
-  if (stages < 1 || stages > n) {
-    throw std::invalid_argument(std::to_string(stages) + " pipeline stages for " +
-                                std::to_string(n) + " layers");
-  }
-  std::vector<double> prefix(std::size_t(n) + 1, 0.0);
-  for (int i = 0; i < n; ++i) prefix[std::size_t(i) + 1] = prefix[std::size_t(i)] + cost[std::size_t(i)];
-  // best[s][i]: the least slowest-stage cost of blocks [0, i) in s stages; cut[s][i] where the
-  // last of them starts. Stages are scanned so that the earliest stages get the fewest blocks.
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(std::size_t(stages) + 1,
-                                        std::vector<double>(std::size_t(n) + 1, inf));
-  std::vector<std::vector<int>> cut(std::size_t(stages) + 1, std::vector<int>(std::size_t(n) + 1, 0));
-  best[0][0] = 0.0;
-  for (int s = 1; s <= stages; ++s) {
-    for (int i = s; i <= n - (stages - s); ++i) {
-      for (int j = i - 1; j >= s - 1; --j) {  // the stage is [j, i): later starts first
-        double stage = prefix[std::size_t(i)] - prefix[std::size_t(j)];
-        if (s == 1) stage += first_extra;
-        if (s == stages) stage += last_extra;
-        const double worst = std::max(best[std::size_t(s) - 1][std::size_t(j)], stage);
-        // Ties: the smallest j, so that the stages before this one hold the fewest blocks.
-        if (worst < best[std::size_t(s)][std::size_t(i)] ||
-            (worst == best[std::size_t(s)][std::size_t(i)] && j < cut[std::size_t(s)][std::size_t(i)])) {
-          best[std::size_t(s)][std::size_t(i)] = worst;
-          cut[std::size_t(s)][std::size_t(i)] = j;
-        }
-      }
-    }
-  }
-  std::vector<int> counts(std::size_t(stages), 0);
-  int i = n;
-  for (int s = stages; s >= 1; --s) {
-    const int j = cut[std::size_t(s)][std::size_t(i)];
-    counts[std::size_t(s) - 1] = i - j;
-    i = j;
-  }
-  return counts;
 }
 
 namespace {

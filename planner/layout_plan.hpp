@@ -43,14 +43,6 @@ RankLayout rank_layout(const RunLayout& run, int rank,
                        const std::vector<core::Keep>& keep = {},
                        bool selective = false);
 
-// Blocks per stage minimising the slowest stage: a dynamic program over contiguous partitions of
-// `layer_cost` (one entry per block) into `stages` non-empty stages, the first stage also paying
-// `first_extra` (embeddings) and the last `last_extra` (final layernorm, LM head, loss). Among
-// equally slow partitions, the one with the fewest blocks on the earliest stages (the first stage
-// holds the most micro-batches under 1F1B).
-std::vector<int> partition_layers(const std::vector<double>& layer_cost, int stages,
-                                  double first_extra, double last_extra);
-
 struct CheckpointPlan {
   std::vector<core::Keep> keep;  // per op of the whole model; empty keeps all
   bool selective = false;

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/tensor_mode.hpp"
+#include "parallel/stage_partition.hpp"
 
 namespace colossal::planner {
 
@@ -21,12 +22,9 @@ std::vector<int> divisors(int n) {
   return d;
 }
 
-// Blocks per virtual stage balancing forward FLOPs per token: a block's matmuls and attention,
-// the embedding on the first stage (nothing to speak of) and the LM head on the last.
+// Blocks per virtual stage balancing forward FLOPs per token: the trainer's default split.
 std::vector<int> balanced_layers(const core::ModelSpec& spec, const RunLayout& run) {
-  const double C = spec.hidden, F = spec.ffn_hidden, T = run.seq_len;
-  const std::vector<double> cost(std::size_t(spec.layers), 2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C);
-  return partition_layers(cost, run.pipeline * run.chunks, 0.0, 2.0 * C * spec.vocab);
+  return parallel::balanced_stage_layers(spec, run.seq_len, run.pipeline * run.chunks);
 }
 
 // What makes a layout impossible before costing it; empty when it is possible.

@@ -49,7 +49,7 @@ struct Plan {
 };
 
 // Predicts a fixed layout. `policy` is a checkpointing policy, or "auto": none when everything
-// fits, else rotor under the device memory. run.layers empty: partitioned by partition_layers.
+// fits, else rotor under the device memory. run.layers empty: parallel::balanced_stage_layers (the trainer's default).
 // budget_bytes: rotor's budget (0: the device memory).
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
                    const std::string& policy = "auto", int every = 0,

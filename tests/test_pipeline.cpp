@@ -13,6 +13,7 @@
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/pipeline_schedule.hpp"
+#include "parallel/stage_partition.hpp"
 #include "train_parity.hpp"
 
 using namespace colossal;
@@ -91,12 +92,52 @@ TEST(PipelineSchedule, InterleavedRunsEveryChunkOfEveryMicroBatchOnce) {
   EXPECT_THROW(parallel::pipeline_schedule("interleaved", 4, 0, 6, 2), std::invalid_argument);
 }
 
+// The cases of the greedy partitioner this one replaced (balance_stages: `layers` blocks of cost
+// `block`, the LM head's `head` on the last stage), now on the dynamic program.
+std::vector<int> balanced(int layers, int stages, double block, double head) {
+  return parallel::partition_stages(std::vector<double>(std::size_t(layers), block), stages, 0.0,
+                                    head);
+}
+
+double slowest_stage(const std::vector<int>& counts, double block, double head) {
+  double worst = 0.0;
+  for (std::size_t s = 0; s < counts.size(); ++s) {
+    worst = std::max(worst, counts[s] * block + (s + 1 == counts.size() ? head : 0.0));
+  }
+  return worst;
+}
+
 TEST(PipelineSchedule, BalancedStagesGiveTheHeadStageFewerBlocks) {
-  EXPECT_EQ(parallel::balance_stages(8, 2, 1.0, 0.0), (std::vector<int>{4, 4}));
-  EXPECT_EQ(parallel::balance_stages(8, 2, 1.0, 2.0), (std::vector<int>{5, 3}));
-  EXPECT_EQ(parallel::balance_stages(10, 4, 1.0, 0.0), (std::vector<int>{2, 3, 3, 2}));
-  EXPECT_EQ(parallel::balance_stages(4, 4, 1.0, 5.0), (std::vector<int>{1, 1, 1, 1}));
-  EXPECT_THROW(parallel::balance_stages(3, 4, 1.0, 0.0), std::invalid_argument);
+  EXPECT_EQ(balanced(8, 2, 1.0, 0.0), (std::vector<int>{4, 4}));
+  EXPECT_EQ(balanced(8, 2, 1.0, 2.0), (std::vector<int>{5, 3}));
+  // Greedy gave {2, 3, 3, 2}; the program's tie-break puts the fewest blocks on the earliest
+  // stages, and its slowest stage is no slower than greedy's.
+  const std::vector<int> ten = balanced(10, 4, 1.0, 0.0);
+  EXPECT_EQ(ten, (std::vector<int>{2, 2, 3, 3}));
+  EXPECT_LE(slowest_stage(ten, 1.0, 0.0), slowest_stage({2, 3, 3, 2}, 1.0, 0.0));
+  EXPECT_EQ(balanced(4, 4, 1.0, 5.0), (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_THROW(balanced(3, 4, 1.0, 0.0), std::invalid_argument);
+}
+
+// The trainer's default split and the planner's are this partition of the model's FLOPs: a
+// block's forward FLOPs per token against the LM head's on the last stage.
+TEST(PipelineSchedule, BalancedStageLayersWeighTheHead) {
+  core::ModelSpec spec;
+  spec.layers = 12;
+  spec.hidden = 64;
+  spec.ffn_hidden = 256;
+  spec.vocab = 2048;
+  // block = 2 (4 * 64^2 + 2 * 64 * 256) + 4 * 128 * 64 = 131072; head = 2 * 64 * 2048, 2 blocks.
+  const double block = 2.0 * (4 * 64.0 * 64 + 2 * 64.0 * 256) + 4.0 * 128 * 64;
+  EXPECT_DOUBLE_EQ(block, 131072.0);
+  EXPECT_DOUBLE_EQ(core::block_forward_flops(spec, 128), block);
+  EXPECT_DOUBLE_EQ(core::head_forward_flops(spec), 2 * block);
+  // 12 blocks and the head over 4 stages: the slowest stage is 4 blocks at best, the head's
+  // stage gets 2 blocks, the earliest stages the fewest of the rest.
+  const std::vector<int> counts = parallel::balanced_stage_layers(spec, 128, 4);
+  EXPECT_EQ(counts, (std::vector<int>{3, 3, 4, 2}));
+  EXPECT_DOUBLE_EQ(slowest_stage(counts, block, 2 * block), 4 * block);
+  EXPECT_EQ(parallel::balanced_stage_layers(spec, 128, 1), (std::vector<int>{12}));
 }
 
 struct Layout {

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "io/config.hpp"
+#include "parallel/stage_partition.hpp"
 #include "planner/search.hpp"
 
 using namespace colossal;
@@ -59,7 +60,7 @@ TEST(Partition, MatchesBruteForceOnRandomCosts) {
     std::vector<double> cost(static_cast<std::size_t>(n), 0.0);
     for (double& c : cost) c = u(rng);
     const double first = trial % 3 == 0 ? u(rng) : 0.0, last = trial % 2 == 0 ? u(rng) : 0.0;
-    const std::vector<int> counts = planner::partition_layers(cost, stages, first, last);
+    const std::vector<int> counts = parallel::partition_stages(cost, stages, first, last);
     ASSERT_EQ(int(counts.size()), stages);
     double worst = 0.0;
     int b = 0;
@@ -75,9 +76,9 @@ TEST(Partition, MatchesBruteForceOnRandomCosts) {
     EXPECT_NEAR(worst, brute_partition(cost, stages, first, last), 1e-12) << "trial " << trial;
   }
   // Uniform blocks and a heavy head: the last stage gets fewer blocks.
-  const std::vector<int> counts = planner::partition_layers(std::vector<double>(12, 1.0), 4, 0.0, 2.0);
+  const std::vector<int> counts = parallel::partition_stages(std::vector<double>(12, 1.0), 4, 0.0, 2.0);
   EXPECT_EQ(counts, (std::vector<int>{3, 3, 4, 2}));
-  EXPECT_THROW(planner::partition_layers(std::vector<double>(3, 1.0), 4, 0, 0), std::invalid_argument);
+  EXPECT_THROW(parallel::partition_stages(std::vector<double>(3, 1.0), 4, 0, 0), std::invalid_argument);
 }
 
 // The bounds only skip layouts that cannot win: the pruned search keeps the same best plans as
