@@ -19,8 +19,13 @@ const float* GridModel::stage_output(int) { no_stages(); }
 float* GridModel::output_gradient() { no_stages(); }
 const float* GridModel::input_gradient() const { no_stages(); }
 
-void GridModel::make_store(MemoryTracker& tracker) {
-  const std::size_t flat = sharded::aligned16(sharded::table_end(table_));
+void GridModel::make_store(MemoryTracker& tracker, std::size_t unit_multiple) {
+  if (unit_multiple == 0 || unit_multiple % 16 != 0) {
+    throw std::invalid_argument("parameter padding of " + std::to_string(unit_multiple) +
+                                " floats is not a multiple of 16");
+  }
+  params_end_ = sharded::table_end(table_);
+  const std::size_t flat = (params_end_ + unit_multiple - 1) / unit_multiple * unit_multiple;
   store_ = std::make_unique<FullParameterStore>(std::vector<ParamUnit>{ParamUnit{0, flat}}, flat,
                                                 tracker);
   kernels::fill(store_->full_params(), int64_t(flat), 0.0f);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -43,12 +44,18 @@ class GridModel : public StageModel {
   // This rank's part of the global sum of squared gradients: every element once per copy of the
   // model (one grid in 2D and 3D, one depth layer's grid in 2.5D). Sum it over the tensor group.
   virtual double gradient_sum_squares() const = 0;
+  // The [begin, end) ranges of the gradient buffer this rank counts in the global norm, so that
+  // every element is counted once over the whole tensor group (2.5D: depth layer 0's grid):
+  // zero::GradientSync sums their squares over the tensor group.
+  virtual std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const = 0;
 
  protected:
   GridModel(const ModelSpec& spec, int batch) : spec_(spec), batch_(batch) {}
-  // After the constructor has laid out table_: the store over [0, table end) padded to 16 floats,
-  // both buffers zero.
-  void make_store(MemoryTracker& tracker);
+  // After the constructor has laid out table_: the store over [0, table end) padded to a multiple
+  // of `unit_multiple` floats (data x 16 under ZeRO 1), both buffers zero.
+  void make_store(MemoryTracker& tracker, std::size_t unit_multiple);
+  // Where the tensors end (the store's padding follows): what the reductions cover.
+  std::size_t params_end() const { return params_end_; }
   // Throws std::invalid_argument unless `batch` is the built micro-batch and `slot` is 0.
   void check_micro_batch(int batch, int slot) const;
 
@@ -60,6 +67,7 @@ class GridModel : public StageModel {
  private:
   [[noreturn]] void no_stages() const;
   StageRange whole_{};
+  std::size_t params_end_ = 0;
   std::unique_ptr<FullParameterStore> store_;
 };
 

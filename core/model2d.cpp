@@ -19,7 +19,7 @@ namespace k = kernels;
 
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-                 MemoryTracker& tracker, TensorGroup* depth)
+                 MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple)
     : GridModel(spec, batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
@@ -65,7 +65,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   }
   lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c_);
   lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c_);
-  make_store(tracker);
+  make_store(tracker, unit_multiple);
   map_runs();
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
@@ -277,7 +277,7 @@ void Model2D::map_runs() {
 }
 
 void Model2D::init_parameters(uint64_t seed) {
-  sharded::init_from_runs(params(), flat_size(), runs_, spec_, seed);
+  sharded::init_from_runs(params(), params_end(), runs_, spec_, seed);
 }
 
 Model2D::EmbeddingRows Model2D::embedding_rows() const {
@@ -437,8 +437,8 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
 
 void Model2D::reduce_gradients() {
   Kokkos::fence();
-  if (depth_ != nullptr) depth_->all_reduce_sum(grads(), flat_size());
-  grid_.col.all_reduce_sum(grads() + replicated_begin_, flat_size() - replicated_begin_);
+  if (depth_ != nullptr) depth_->all_reduce_sum(grads(), params_end());
+  grid_.col.all_reduce_sum(grads() + replicated_begin_, params_end() - replicated_begin_);
 }
 
 bool Model2D::owns(std::size_t local) const {
@@ -447,10 +447,20 @@ bool Model2D::owns(std::size_t local) const {
   return local < replicated_begin_ || i_ == 0;
 }
 
+std::vector<std::pair<std::size_t, std::size_t>> Model2D::norm_ranges() const {
+  // One grid counts (2.5D: depth layer 0's); replicated parameters on its grid row 0.
+  if (depth_ != nullptr && depth_->rank() != 0) return {};
+  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, replicated_begin_}};
+  if (i_ == 0) ranges.emplace_back(replicated_begin_, params_end());
+  return ranges;
+}
+
 double Model2D::gradient_sum_squares() const {
+  // Every element once over this rank's grid (whatever its depth layer).
   double s = sum_of_squares(grads(), replicated_begin_);
-  if (i_ == 0) s += sum_of_squares(grads() + replicated_begin_,
-                                   flat_size() - replicated_begin_);
+  if (i_ == 0) {
+    s += sum_of_squares(grads() + replicated_begin_, params_end() - replicated_begin_);
+  }
   return s;
 }
 

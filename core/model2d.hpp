@@ -50,7 +50,7 @@ class Model2D final : public GridModel {
   // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
   // `depth` (2.5D): the ranks at this grid position in the other depth layers; null for 2D.
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-          MemoryTracker& tracker, TensorGroup* depth = nullptr);
+          MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -69,6 +69,7 @@ class Model2D final : public GridModel {
   // This rank's part of the global sum of squared gradients: every element once over the grid
   // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
   double gradient_sum_squares() const override;
+  std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const override;
 
   // logical_runs(): padding (vocabulary and position rows past the logical ones) has no run;
   // replicated parameters have runs on every grid row and depth layer. The owner of an element is

@@ -19,7 +19,7 @@ namespace k = kernels;
 
 
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
-                 MemoryTracker& tracker)
+                 MemoryTracker& tracker, std::size_t unit_multiple)
     : GridModel(spec, batch), seq_len_(seq_len), q_(groups.input.size()),
       i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
       groups_(groups), first_{groups.input, groups.weight, groups.output},
@@ -70,7 +70,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c);
   lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c);
   (void)gpt2;
-  make_store(tracker);
+  make_store(tracker, unit_multiple);
   map_runs();
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
@@ -289,7 +289,7 @@ void Model3D::map_runs() {
 }
 
 void Model3D::init_parameters(uint64_t seed) {
-  sharded::init_from_runs(params(), flat_size(), runs_, spec_, seed);
+  sharded::init_from_runs(params(), params_end(), runs_, spec_, seed);
 }
 
 void Model3D::linear_forward(const Linear& lin, const float* in, float* out) {
@@ -430,7 +430,7 @@ void Model3D::reduce_gradients() {
   Kokkos::fence();
   float* G = grads();
   groups_.plane_j.all_reduce_sum(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
-  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, flat_size() - plane_l_begin_);
+  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, params_end() - plane_l_begin_);
 }
 
 bool Model3D::owns(std::size_t local) const {
@@ -439,11 +439,16 @@ bool Model3D::owns(std::size_t local) const {
   return i_ == 0 && j_ == 0;
 }
 
+std::vector<std::pair<std::size_t, std::size_t>> Model3D::norm_ranges() const {
+  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, plane_j_begin_}};
+  if (i_ == 0 && l_ == 0) ranges.emplace_back(plane_j_begin_, plane_l_begin_);
+  if (i_ == 0 && j_ == 0) ranges.emplace_back(plane_l_begin_, params_end());
+  return ranges;
+}
+
 double Model3D::gradient_sum_squares() const {
-  const float* G = grads();
-  double s = sum_of_squares(G, plane_j_begin_);
-  if (i_ == 0 && l_ == 0) s += sum_of_squares(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
-  if (i_ == 0 && j_ == 0) s += sum_of_squares(G + plane_l_begin_, flat_size() - plane_l_begin_);
+  double s = 0.0;
+  for (const auto& [begin, end] : norm_ranges()) s += sum_of_squares(grads() + begin, end - begin);
   return s;
 }
 

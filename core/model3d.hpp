@@ -53,7 +53,7 @@ class Model3D final : public GridModel {
   // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
   // value and the nearest valid ones otherwise).
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
-          MemoryTracker& tracker);
+          MemoryTracker& tracker, std::size_t unit_multiple = 16);
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -64,6 +64,7 @@ class Model3D final : public GridModel {
   void reduce_gradients() override;
   // This rank's part of the global sum of squared gradients (every element once over the cube).
   double gradient_sum_squares() const override;
+  std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const override;
 
 
   // Closed forms, per rank, in floats (c = C/q, f = F/q, R = B T / q^2, Vp and Pp padded to

@@ -43,7 +43,19 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
         static_cast<std::size_t>(options.bucket_mb * 1024 * 1024 / sizeof(float));
     buckets_ = bucket_ranges(flat_size, bucket_floats);
   }
+  if (options.counted_ranges) {
+    if (sharded_ != nullptr) {
+      throw std::invalid_argument("a model's own norm ranges need its whole flat buffers "
+                                  "(ZeRO stages 0-1)");
+    }
+    for (const auto& [begin, end] : *options.counted_ranges) {
+      norm_runs_.push_back({begin, end - begin, false, false});
+    }
+    distributed_ = true;
+    return;
+  }
   if (tp_ == nullptr && pipeline_.stages == nullptr) return;
+  distributed_ = true;
   // The norm reads the whole flat buffer (stages 0-1) or the packed slices (stages 2-3).
   std::vector<std::pair<std::size_t, std::size_t>> pieces{{0, flat_size}};
   if (sharded_ != nullptr) pieces = sharded_->owned_ranges();
@@ -91,7 +103,7 @@ double GradientSync::reduce() {
       next_bucket_ = 0;
     }
     tie_embedding(grads);
-    if (!norm_runs_.empty()) {
+    if (distributed_) {
       if (tp_ != nullptr) sum_sequence_partial_gradients(grads);
       return distributed_norm(grads, false);
     }
@@ -100,7 +112,7 @@ double GradientSync::reduce() {
   // Stages 2-3: every unit was reduce-scattered into the shard during backward.
   float* shard = sharded_->grad_shard();
   tie_embedding(shard);
-  if (!norm_runs_.empty()) {
+  if (distributed_) {
     if (tp_ != nullptr) sum_sequence_partial_gradients(shard);
     return distributed_norm(shard, true);
   }

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,11 @@ struct GradientSyncOptions {
   parallel::Communicator* tensor = nullptr;   // the tensor group (null or size 1: none)
   bool sequence_split = false;                // layernorm gradients are partial sums over it
   PipelineLinks pipeline{};
+  // A model that says which gradients this rank counts in the global norm
+  // (core::GridModel::norm_ranges: every element once over the tensor group): their squares are
+  // summed over it. Unset: derived from `table` (1D: split tensors summed over the tensor group,
+  // replicated ones counted once).
+  std::optional<std::vector<std::pair<std::size_t, std::size_t>>> counted_ranges{};
 };
 
 class GradientSync {
@@ -94,6 +100,7 @@ class GradientSync {
   PipelineLinks pipeline_;
   std::vector<NormRun> norm_runs_, partial_runs_;
   core::DeviceArray<float> partial_pack_;
+  bool distributed_ = false;  // the norm sums over the tensor group or the stages
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;
   bool overlap_ = false;
   std::vector<std::unique_ptr<parallel::PendingCollective>> in_flight_;

@@ -18,42 +18,71 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
       padded_(flat_size),
       dp_(dp),
       offload_(options.offload_optimizer) {
+  check_options(options, flat_size, /*sharded=*/true);
+  if (stage_ < 2) {
+    own_full_ = std::make_unique<core::FullParameterStore>(std::move(units), flat_size, tracker);
+    full_ = own_full_.get();
+    store_ = full_;
+  } else {
+    sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage_, dp,
+                                                       tracker, options.offload_params);
+    store_ = sharded_.get();
+  }
+  make_adamw(table, tracker, options);
+}
+
+ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
+                           core::FullParameterStore& store, parallel::Communicator& dp,
+                           core::MemoryTracker& tracker, OptimizerOptions options)
+    : stage_(options.stage),
+      padded_(store.flat_size()),
+      dp_(dp),
+      full_(&store),
+      store_(&store),
+      offload_(options.offload_optimizer) {
+  if (options.stage > 1) {
+    throw std::invalid_argument("parallel.zero.stage " + std::to_string(options.stage) +
+                                " shards parameters unit by unit, which the 2d / 2.5d / 3d "
+                                "models do not run; use stage 0 or 1");
+  }
+  check_options(options, padded_, /*sharded=*/options.stage == 1);
+  make_adamw(table, tracker, options);
+}
+
+void ShardedAdamW::check_options(const OptimizerOptions& options, std::size_t flat_size,
+                                 bool sharded) const {
   const int stage = options.stage;
-  const bool offload_params = options.offload_params;
   if (stage < 0 || stage > 3) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(stage) +
                                 " is not a ZeRO stage (0, 1, 2 or 3)");
   }
-  if (offload_ && stage == 0) {
+  if (options.offload_optimizer && stage == 0) {
     throw std::invalid_argument("optimizer offload needs ZeRO stage 1, 2 or 3");
   }
-  if (offload_params && (stage != 3 || !offload_)) {
+  if (options.offload_params && (stage != 3 || !options.offload_optimizer)) {
     throw std::invalid_argument("parameter offload needs ZeRO stage 3 with optimizer offload");
   }
-  if (flat_size % (std::size_t(dp.size()) * 16) != 0) {
+  if (sharded && flat_size % (std::size_t(dp_.size()) * 16) != 0) {
     throw std::invalid_argument("flat buffer of " + std::to_string(flat_size) +
                                 " floats is not padded to a multiple of dp*16");
   }
-  shard_size_ = flat_size / dp.size();
-  if (stage < 2) {
-    full_ = std::make_unique<core::FullParameterStore>(std::move(units), flat_size, tracker);
-    store_ = full_.get();
-    if (stage == 0) {
-      adamw_ = std::make_unique<core::AdamW>(table, 0, flat_size, tracker);
-    } else {
-      shard_begin_ = shard_size_ * dp.rank();
-      adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
-                                             tracker, offload_);
-    }
+}
+
+void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
+                              core::MemoryTracker& tracker, const OptimizerOptions& options) {
+  shard_size_ = padded_ / dp_.size();
+  if (stage_ == 0) {
+    adamw_ = std::make_unique<core::AdamW>(table, 0, padded_, tracker);
+  } else if (stage_ == 1) {
+    shard_begin_ = shard_size_ * dp_.rank();
+    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
+                                           tracker, offload_);
   } else {
-    sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage, dp,
-                                                       tracker, offload_params);
-    store_ = sharded_.get();
     adamw_ = std::make_unique<core::AdamW>(table, sharded_->owned_ranges(), tracker, offload_);
   }
   if (offload_) {
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
-    if (!offload_params) {
+    if (!options.offload_params) {
       host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
     }
   }

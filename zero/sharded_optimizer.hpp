@@ -49,6 +49,11 @@ class ShardedAdamW {
   ShardedAdamW(const std::vector<core::ParamSpec>& table, std::vector<core::ParamUnit> units,
                std::size_t flat_size, parallel::Communicator& dp, core::MemoryTracker& tracker,
                OptimizerOptions options);
+  // Stages 0-1 over a store the model owns (core::GridModel: 2D, 2.5D, 3D): its whole flat
+  // buffers, padded to a multiple of dp*16 floats. Throws std::invalid_argument for stages 2-3
+  // (which shard the store unit by unit) naming parallel.zero.stage.
+  ShardedAdamW(const std::vector<core::ParamSpec>& table, core::FullParameterStore& store,
+               parallel::Communicator& dp, core::MemoryTracker& tracker, OptimizerOptions options);
   ShardedAdamW(const ShardedAdamW&) = delete;
   ShardedAdamW& operator=(const ShardedAdamW&) = delete;
 
@@ -88,7 +93,14 @@ class ShardedAdamW {
   int stage_;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
   parallel::Communicator& dp_;
-  std::unique_ptr<core::FullParameterStore> full_;       // stages 0-1
+  // The checks and the shard, AdamW and offload buffers both constructors share (`sharded`:
+  // the buffer must split into equal dp shards of 16-float multiples).
+  void check_options(const OptimizerOptions& options, std::size_t flat_size, bool sharded) const;
+  void make_adamw(const std::vector<core::ParamSpec>& table, core::MemoryTracker& tracker,
+                  const OptimizerOptions& options);
+
+  std::unique_ptr<core::FullParameterStore> own_full_;   // stages 0-1 (unless the model's)
+  core::FullParameterStore* full_ = nullptr;
   std::unique_ptr<ShardedParameterStore> sharded_;       // stages 2-3
   core::ParameterStore* store_;
   std::unique_ptr<core::AdamW> adamw_;
