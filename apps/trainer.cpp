@@ -903,30 +903,68 @@ MPI_Comm file_communicator(parallel::Communicator* world) {
 // rank its shard of parameters and moments; without ZeRO the first of them everything it holds.
 // Tensor ranks > 0 leave out replicated tensors, and a chunk that only runs the tied LM head
 // leaves out the embedding unit. Nothing is gathered.
+void add_chunk_checkpoint(zero::ShardedAdamW& optimizer, const core::StageModel& model,
+                          bool replica, ChunkState& held, io::CheckpointShard& mine) {
+  if (optimizer.stage() == 0 && replica) return;  // a replica of rank 0's state
+  held.params = optimizer.owned_parameters();
+  held.m = optimizer.state(0);
+  held.v = optimizer.state(1);
+  const auto ranges = optimizer.state_ranges();
+  for (auto [buffer, runs] : {std::pair{&held.params, &mine.params}, std::pair{&held.m, &mine.m},
+                              std::pair{&held.v, &mine.v}}) {
+    append(*runs, io::tensor_runs(model.logical_runs(), held_ranges(ranges, *buffer, false), true));
+  }
+}
+
+void add_chunk_resume(const zero::ShardedAdamW& optimizer, const core::StageModel& model,
+                      bool replica, ChunkState& state, io::CheckpointShard& wanted,
+                      io::CheckpointShard& owned) {
+  const auto ranges = optimizer.state_ranges();
+  const std::size_t held = ranges.back().at + ranges.back().length;
+  state.params.assign(model.flat_size(), 0.0f);
+  state.m.assign(held, 0.0f);
+  state.v.assign(held, 0.0f);
+  const std::vector<zero::ShardedAdamW::StateRange> whole{{0, model.flat_size(), 0}};
+  const auto read = [&](const std::vector<io::FlatRange>& at, bool writing) {
+    return io::tensor_runs(model.logical_runs(), at, writing);
+  };
+  append(wanted.params, read(held_ranges(optimizer.stage() == 3 ? ranges : whole, state.params,
+                                         true), false));
+  append(wanted.m, read(held_ranges(ranges, state.m, false), false));
+  append(wanted.v, read(held_ranges(ranges, state.v, false), false));
+  if (optimizer.stage() == 0 && replica) return;
+  append(owned.params, read(held_ranges(ranges, state.params, true), true));
+  append(owned.m, read(held_ranges(ranges, state.m, false), true));
+  append(owned.v, read(held_ranges(ranges, state.v, false), true));
+}
+
+void restore_chunk(zero::ShardedAdamW& optimizer, core::StageModel& model,
+                   const ChunkState& state) {
+  set_store_parameters(model.store(), state.params);
+  optimizer.set_state(0, state.m);
+  optimizer.set_state(1, state.v);
+}
+
+void set_store_parameters(core::ParameterStore& store, const std::vector<float>& host) {
+  for (std::size_t u = 0; u < store.units().size(); ++u) {
+    const core::ParamUnit& unit = store.units()[u];
+    core::copy_to_device(store.begin_write(int(u)), host.data() + unit.begin,
+                         unit.size() * sizeof(float));
+    store.commit(int(u));
+  }
+}
+
 void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
-  const auto logical = logical_table();
-  std::vector<std::vector<float>> buffers;  // per chunk: parameters, m, v in state order
-  buffers.reserve(3 * chunks_.size());
+  std::vector<ChunkState> held(chunks_.size());
   io::CheckpointShard mine;
-  for (Chunk& chunk : chunks_) {
-    zero::ShardedAdamW& optimizer = *chunk.optimizer;
-    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;  // a replica of rank 0's state
-    buffers.push_back(optimizer.owned_parameters());
-    buffers.push_back(optimizer.state(0));
-    buffers.push_back(optimizer.state(1));
-    const auto ranges = optimizer.state_ranges();
-    const core::Model& model = *chunk.model;
-    std::vector<io::TensorRun>* kinds[3] = {&mine.params, &mine.m, &mine.v};
-    for (int kind = 0; kind < 3; ++kind) {
-      std::vector<float>& held = buffers[buffers.size() - 3 + kind];
-      append(*kinds[kind],
-             io::tensor_runs(model.logical_runs(), held_ranges(ranges, held, false), true));
-    }
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    add_chunk_checkpoint(*chunks_[c].optimizer, *chunks_[c].model, grad_->rank() > 0, held[c],
+                         mine);
   }
   io::CheckpointState state{step, optimizer_step,
                             step * int64_t(config_.train.global_batch) * config_.train.seq_len,
                             int64_t(config_.train.seed), config_.text, plan_};
-  write_checkpoint_over(*world_, config_, logical, mine, state);
+  write_checkpoint_over(*world_, config_, logical_table(), mine, state);
   if (watchdog_ != nullptr) watchdog_->progress(step, "after a checkpoint");
 }
 
@@ -944,41 +982,21 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
 }  // namespace
 
 io::CheckpointState Trainer::resume() {
-  const auto logical = logical_table();
   // What this rank reads: its whole layout of the parameters (ZeRO-3: only its slices) and its
   // moments; and what it would write, whose CRCs verify every dataset once over all ranks.
-  std::vector<std::vector<float>> params, m, v;
+  std::vector<ChunkState> states(chunks_.size());
   io::CheckpointShard wanted, owned;
-  for (Chunk& chunk : chunks_) {
-    const zero::ShardedAdamW& optimizer = *chunk.optimizer;
-    const core::Model& model = *chunk.model;
-    const auto ranges = optimizer.state_ranges();
-    const std::size_t state = ranges.back().at + ranges.back().length;
-    std::vector<float>& p = params.emplace_back(model.flat_size(), 0.0f);
-    std::vector<float>& mc = m.emplace_back(state, 0.0f);
-    std::vector<float>& vc = v.emplace_back(state, 0.0f);
-    const std::vector<zero::ShardedAdamW::StateRange> whole{{0, model.flat_size(), 0}};
-    const auto read = [&](const std::vector<io::FlatRange>& held, bool writing) {
-      return io::tensor_runs(model.logical_runs(), held, writing);
-    };
-    append(wanted.params, read(held_ranges(optimizer.stage() == 3 ? ranges : whole, p, true),
-                               false));
-    append(wanted.m, read(held_ranges(ranges, mc, false), false));
-    append(wanted.v, read(held_ranges(ranges, vc, false), false));
-    if (optimizer.stage() == 0 && grad_->rank() > 0) continue;
-    append(owned.params, read(held_ranges(ranges, p, true), true));
-    append(owned.m, read(held_ranges(ranges, mc, false), true));
-    append(owned.v, read(held_ranges(ranges, vc, false), true));
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    add_chunk_resume(*chunks_[c].optimizer, *chunks_[c].model, grad_->rank() > 0, states[c],
+                     wanted, owned);
   }
   std::string log;
   const io::CheckpointState state =
-      read_newest_checkpoint(config_, *world_, logical, wanted, owned, log);
+      read_newest_checkpoint(config_, *world_, logical_table(), wanted, owned, log);
   print("%s", log.c_str());
   if (state.step == 0) return state;
-  set_local_parameters(params);
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    chunks_[c].optimizer->set_state(0, m[c]);
-    chunks_[c].optimizer->set_state(1, v[c]);
+    restore_chunk(*chunks_[c].optimizer, *chunks_[c].model, states[c]);
   }
   return state;
 }
@@ -1125,14 +1143,7 @@ void Trainer::load_weights(const std::string& path) {
 
 void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_chunk) {
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const std::vector<float>& host = per_chunk[c];
-    core::ParameterStore& store = chunks_[c].model->store();
-    for (std::size_t u = 0; u < store.units().size(); ++u) {
-      const core::ParamUnit& unit = store.units()[u];
-      core::copy_to_device(store.begin_write(int(u)), host.data() + unit.begin,
-                           unit.size() * sizeof(float));
-      store.commit(int(u));
-    }
+    set_store_parameters(chunks_[c].model->store(), per_chunk[c]);
   }
 }
 

@@ -115,6 +115,26 @@ parallel::Communicator* run_world(const io::Config& config, parallel::Communicat
 void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
                    std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val);
 
+// One model chunk's part of a training checkpoint (docs/checkpoint-format.md), for any model
+// class: its optimizer's state ranges mapped through the model's logical runs. Host buffers
+// (the parameters, the moments) that the shard's runs point into.
+struct ChunkState {
+  std::vector<float> params, m, v;
+};
+// What the chunk writes: the parameters and moments its optimizer owns, each element from its
+// owner, appended to `mine` (nothing on a `replica`: a gradient-group rank > 0 under stage 0).
+void add_chunk_checkpoint(zero::ShardedAdamW& optimizer, const core::StageModel& model,
+                          bool replica, ChunkState& held, io::CheckpointShard& mine);
+// What it reads on resume (`wanted`: its whole layout of the parameters, ZeRO-3 its slices, and
+// its moments) and what its owners verify (`owned`), into `state`; restore_chunk applies it.
+void add_chunk_resume(const zero::ShardedAdamW& optimizer, const core::StageModel& model,
+                      bool replica, ChunkState& state, io::CheckpointShard& wanted,
+                      io::CheckpointShard& owned);
+void restore_chunk(zero::ShardedAdamW& optimizer, core::StageModel& model,
+                   const ChunkState& state);
+// A flat host buffer's values into a store, unit by unit.
+void set_store_parameters(core::ParameterStore& store, const std::vector<float>& host);
+
 class Trainer {
  public:
   // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds every

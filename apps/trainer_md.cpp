@@ -30,34 +30,30 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   tensor_groups_ = parallel::make_tensor_grid_groups(*tp_, sub_grid);
   const parallel::TensorGridGroups& g = tensor_groups_;
   using G = parallel::TensorGridGroup;
-  const core::ModelSpec& spec = config_.model;
   const auto& t = config_.train;
-  const int q = sub_grid.q();
-  std::string grid;
-  if (mode == core::TensorMode::d3) {
-    cube_ = std::make_unique<core::Cube3DGroups>(core::Cube3DGroups{
-        g[G::input], g[G::weight], g[G::output], g[G::plane_l], g[G::plane_j]});
-    model_ = std::make_unique<core::Model3D>(spec, t.micro_batch, t.seq_len, *cube_, *gemm_,
-                                             tracker_);
-    grid = std::to_string(q) + " x " + std::to_string(q) + " x " + std::to_string(q) + " cube";
-  } else {
-    depth_ = sub_grid.depth();
-    depth_rank_ = sub_grid.coord_of(tp_->rank()).depth;
-    core::TensorGroup* depth = g.has(G::depth) ? &g[G::depth] : nullptr;
-    grid_ = std::make_unique<core::Grid2D>(core::Grid2D{g[G::row], g[G::col]});
-    model_ = std::make_unique<core::Model2D>(spec, t.micro_batch, t.seq_len, *grid_, *gemm_,
-                                             tracker_, depth);
-    grid = std::to_string(q) + " x " + std::to_string(q) + " grid" +
-           (depth_ > 1 ? " x " + std::to_string(depth_) + " depth layers" : "");
-  }
+  depth_ = sub_grid.depth();
+  depth_rank_ = sub_grid.coord_of(tp_->rank()).depth;
+  // ZeRO 1 splits the flat buffer into equal data-rank shards of 16-float multiples.
+  const std::size_t unit_multiple = par.zero_stage == 1 ? std::size_t(dp_->size()) * 16 : 16;
+  built_ = make_stage_model(config_, t.seq_len, tracker_, *gemm_,
+                            core::ModelOptions{.unit_multiple = unit_multiple}, &tensor_groups_);
+  model_ = built_.sharded();
   plan_ = "tensor: {size: " + std::to_string(par.tensor) + ", mode: " +
-          core::tensor_mode_name(mode) + "}  # " + grid +
-          "\ndata: " + std::to_string(par.data) + "\nmicro_batch: " +
-          std::to_string(t.micro_batch) + "\naccumulation: " +
+          core::tensor_mode_name(mode) + "}  # " + built_.grid_text +
+          "\ndata: " + std::to_string(par.data) + "\nzero: " + std::to_string(par.zero_stage) +
+          "\nmicro_batch: " + std::to_string(t.micro_batch) + "\naccumulation: " +
           std::to_string(config_.accumulation_steps()) + "\n";
   open_run_data(config_, train_data_, sampler_, val_data_);
   model_->init_parameters(t.seed);
-  optimizer_ = std::make_unique<core::AdamW>(model_->parameters(), model_->flat_size(), tracker_);
+  auto* store = dynamic_cast<core::FullParameterStore*>(&model_->store());
+  optimizer_ = std::make_unique<zero::ShardedAdamW>(
+      model_->parameters(), *store, *dp_, tracker_,
+      zero::OptimizerOptions{.stage = par.zero_stage});
+  gradients_ = std::make_unique<zero::GradientSync>(
+      model_->parameters(), *store, *dp_, tracker_,
+      zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
+                                .tensor = tp_,
+                                .counted_ranges = model_->norm_ranges()});
   const std::size_t tokens = std::size_t(t.micro_batch) * t.seq_len;
   host_inputs_.resize(tokens);
   host_targets_.resize(tokens);
@@ -94,53 +90,27 @@ std::vector<float> TrainerMD::logical_parameters() {
   return out;
 }
 
-void TrainerMD::checkpoint_runs(std::vector<float>& params, std::vector<float>& m,
-                                std::vector<float>& v, io::CheckpointShard& held,
-                                io::CheckpointShard& written) const {
-  // Data rank 0 writes (the data ranks hold equal copies), each element from its owner.
-  const bool writer = dp_->rank() == 0;
-  const auto& runs = model_->logical_runs();
-  for (auto [buffer, all, mine] : {std::tuple{&params, &held.params, &written.params},
-                                   std::tuple{&m, &held.m, &written.m},
-                                   std::tuple{&v, &held.v, &written.v}}) {
-    const std::vector<io::FlatRange> whole{{0, buffer->size(), buffer->data()}};
-    *all = io::tensor_runs(runs, whole, false);
-    if (writer) *mine = io::tensor_runs(runs, whole, true);
-  }
-}
-
 void TrainerMD::save_checkpoint(int64_t step, int64_t optimizer_step) {
-  const std::size_t n = model_->flat_size();
-  std::vector<float> params(n), m(n), v(n);
-  core::copy_to_host(params.data(), model_->params(), n * sizeof(float));
-  core::copy_to_host(m.data(), optimizer_->m(), n * sizeof(float));
-  core::copy_to_host(v.data(), optimizer_->v(), n * sizeof(float));
-  io::CheckpointShard held, written;
-  checkpoint_runs(params, m, v, held, written);
+  ChunkState held;
+  io::CheckpointShard mine;
+  add_chunk_checkpoint(*optimizer_, *model_, dp_->rank() > 0, held, mine);
   const auto& t = config_.train;
   const io::CheckpointState state{step, optimizer_step,
                                   step * int64_t(t.global_batch) * t.seq_len, int64_t(t.seed),
                                   config_.text, plan_};
-  write_checkpoint_over(*world_, config_, logical_table(), written, state);
+  write_checkpoint_over(*world_, config_, logical_table(), mine, state);
 }
 
 io::CheckpointState TrainerMD::resume() {
-  const std::size_t n = model_->flat_size();
-  // Padding is in no run: it keeps its (zero) values.
-  std::vector<float> params(n), m(n, 0.0f), v(n, 0.0f);
-  core::copy_to_host(params.data(), model_->params(), n * sizeof(float));
-  io::CheckpointShard held, written;
-  checkpoint_runs(params, m, v, held, written);
+  ChunkState state;
+  io::CheckpointShard wanted, owned;
+  add_chunk_resume(*optimizer_, *model_, dp_->rank() > 0, state, wanted, owned);
   std::string log;
-  const io::CheckpointState state =
-      read_newest_checkpoint(config_, *world_, logical_table(), held, written, log);
+  const io::CheckpointState resumed =
+      read_newest_checkpoint(config_, *world_, logical_table(), wanted, owned, log);
   print("%s", log.c_str());
-  if (state.step > 0) {
-    core::copy_to_device(model_->params(), params.data(), n * sizeof(float));
-    core::copy_to_device(optimizer_->m(), m.data(), n * sizeof(float));
-    core::copy_to_device(optimizer_->v(), v.data(), n * sizeof(float));
-  }
-  return state;
+  if (resumed.step > 0) restore_chunk(*optimizer_, *model_, state);
+  return resumed;
 }
 
 double TrainerMD::evaluate() {
@@ -231,13 +201,11 @@ TrainSummary TrainerMD::train() {
               double(t.micro_batch) * depth_;
       model_->backward(inputs_.data(), t.micro_batch);
     }
+    // Sums over the replicas inside the tensor group, then over the data ranks, and the norm
+    // (every element once: the 2.5D depth layers hold equal copies, layer 0 counts).
     model_->reduce_gradients();
-    if (dp_->size() > 1) dp_->all_reduce_sum({model_->grads(), model_->flat_size()});
+    const double norm = gradients_->reduce();
     loss = dp_->all_reduce_sum_value(loss) / double(t.global_batch);
-    // Every element once: the 2.5D depth layers hold equal copies, layer 0 counts.
-    const double squares =
-        tp_->all_reduce_sum_value(depth_rank_ == 0 ? model_->gradient_sum_squares() : 0.0);
-    const double norm = std::sqrt(squares);
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
       // The update was not applied: checkpoint the last good state so the run can resume.
       const std::string saved = checkpoint_before_failure(config_, step, save);
@@ -246,8 +214,8 @@ TrainSummary TrainerMD::train() {
                            "; lower train.optimizer.lr or check the data");
     }
     hp.lr = schedule.at(step);
-    optimizer_->update(model_->params(), model_->grads(), hp, step + 1 - skipped,
-                       float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
+    optimizer_->step(hp, step + 1 - skipped,
+                     float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
     const double step_seconds = seconds_since(step_start);
     if (step == first_step) {
       summary.first_loss = loss;

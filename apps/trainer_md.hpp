@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/model_factory.hpp"
 #include "apps/trainer.hpp"
 #include "core/grid_model.hpp"
 #include "core/tensor2d.hpp"
@@ -53,10 +54,6 @@ class TrainerMD {
  private:
   void print(const char* fmt, ...) const;
   std::string sample(const std::string& model_path) const;
-  // Checkpoint runs over host copies of the parameters and moments: every element this rank
-  // holds (`held`, what it reads) and the ones it writes (`written`).
-  void checkpoint_runs(std::vector<float>& params, std::vector<float>& m, std::vector<float>& v,
-                       io::CheckpointShard& held, io::CheckpointShard& written) const;
 
   io::Config config_;
   std::FILE* log_;
@@ -67,13 +64,14 @@ class TrainerMD {
   parallel::Communicator* tp_;
   // The tensor group's sub-groups (parallel::make_tensor_grid_groups) and their model-side views.
   parallel::TensorGridGroups tensor_groups_;
-  std::unique_ptr<core::Grid2D> grid_;
-  std::unique_ptr<core::Cube3DGroups> cube_;
   int depth_ = 1, depth_rank_ = 0;  // 2.5D layers and this rank's
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
-  std::unique_ptr<core::GridModel> model_;
-  std::unique_ptr<core::AdamW> optimizer_;
+  BuiltModel built_;  // apps/model_factory.hpp
+  core::GridModel* model_ = nullptr;
+  // zero/: AdamW (ZeRO 0-1) on the model's store, and the data-parallel sum and global norm.
+  std::unique_ptr<zero::ShardedAdamW> optimizer_;
+  std::unique_ptr<zero::GradientSync> gradients_;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;
   core::DeviceArray<int32_t> inputs_, targets_;

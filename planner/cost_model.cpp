@@ -470,9 +470,13 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLay
   const bool cube = l.mode == core::TensorMode::d3;
   const double params = double(cube ? core::Model3D::parameter_floats(spec, l.q)
                                     : core::Model2D::parameter_floats(spec, l.q));
-  m[MemCategory::parameters] = params * kF;
-  m[MemCategory::gradients] = params * kF;
-  m[MemCategory::optimizer] = 2 * params * kF;  // AdamW's m and v over the flat buffer
+  // ZeRO 1 pads the flat buffer to data x 16 floats and keeps the moments of one shard.
+  const double unit = l.zero_stage == 1 ? 16.0 * l.data : 16.0;
+  const double padded = std::ceil(params / unit) * unit;
+  m[MemCategory::parameters] = padded * kF;
+  m[MemCategory::gradients] = padded * kF;
+  m[MemCategory::optimizer] =
+      2 * (l.zero_stage == 1 ? padded / l.data : padded) * kF;  // AdamW's m and v
   m[MemCategory::activations] =
       kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, l.q)
                        : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, l.q));

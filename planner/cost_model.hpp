@@ -140,6 +140,7 @@ struct TensorModeLayout {
   core::TensorMode mode = core::TensorMode::d2;  // 2d | 2.5d | 3d
   int q = 2, depth = 1, data = 1;
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
+  int zero_stage = 0;  // 0 or 1: AdamW's moments over this data rank's 1/data of the buffer
   int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
 };
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);

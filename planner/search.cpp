@@ -98,6 +98,7 @@ TensorModeLayout tensor_mode_layout(const RunLayout& r) {
   l.micro_batch = r.micro_batch;
   l.micro_batches = r.micro_batches();
   l.seq_len = r.seq_len;
+  l.zero_stage = r.zero_stage;
   return l;
 }
 

@@ -367,6 +367,8 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
         "to 8 or 18"}},
       {std::string(kMinimal) + "parallel: {tensor: {size: 8, mode: 3d}, pipeline: {size: 2}}\n",
        {"parallel.pipeline.size: 2 with tensor mode 3d", "set it to 1"}},
+      {std::string(kMinimal) + "parallel: {data: 2, tensor: {size: 4, mode: 2d}, zero: {stage: 2}}\n",
+       {"parallel.zero.stage: 2 with tensor mode 2d", "set it to 0 or 1"}},
       {std::string(kMinimal) + "train: {on_nonfinite: skip}\nparallel: {tensor: {size: 4, mode: 2d}}\n",
        {"train.on_nonfinite: skip with tensor mode 2d", "set it to stop"}},
       {std::string(kMinimal) + "train: {micro_batch: 2}\nparallel: {tensor: {size: 8, mode: 3d}}\n",
