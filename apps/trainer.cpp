@@ -92,7 +92,7 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
 
  private:
   Chunk& chunk() { return t_.chunks_[std::size_t(index_)]; }
-  core::Model& model() { return *chunk().model; }
+  core::StageModel& model() { return *chunk().model; }
   Trainer& t_;
   int index_;
 };
@@ -232,8 +232,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                   .tensor = tp_->size() > 1 ? tp_ : nullptr,
                                   .sequence_split = par.sequence_split,
                                   .pipeline = chunk_links});
-    chunk.model = std::make_unique<core::Model>(
-        spec, train.micro_batch, chunk_, tracker_, *gemm_,
+    chunk.built = make_stage_model(
+        config_, chunk_, tracker_, *gemm_,
         core::ModelOptions{.unit_multiple = unit_multiple,
                            .store = &chunk.optimizer->store(),
                            .tensor = tensor_group_.get(),
@@ -243,10 +243,12 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                            .slots = chunk.slots,
                            .keep = activation_plan_.keep,
                            .selective = activation_plan_.selective});
+    chunk.model = chunk.built.model.get();
+    chunk.dense = chunk.built.dense();
     if (!memory_plan) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
   }
-  model_ = chunks_.front().model.get();
+  model_ = chunks_.front().dense;
   optimizer_ = chunks_.front().optimizer.get();
   gradient_sync_ = chunks_.front().gradients.get();
   {
@@ -810,7 +812,7 @@ double Trainer::evaluate() {
 std::vector<float> Trainer::local_parameters() { return chunk_parameters(chunks_.front()); }
 
 std::vector<float> Trainer::chunk_parameters(Chunk& chunk) {
-  core::Model& model = *chunk.model;
+  core::StageModel& model = *chunk.model;
   std::vector<float> host(model.flat_size());
   core::ParameterStore& store = model.store();
   for (std::size_t u = 0; u < store.units().size(); ++u) {
@@ -1083,7 +1085,7 @@ std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& lo
   const auto logical = logical_table();
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    const core::Model& model = *chunks_[c].model;
+    const core::StageModel& model = *chunks_[c].model;
     if (t == 1) {
       core::export_owned_runs(model.logical_runs(), logical, local[c].data(), out.data());
       continue;

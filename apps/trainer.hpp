@@ -13,6 +13,7 @@
 
 #include "apps/errors.hpp"
 #include "apps/layout.hpp"
+#include "apps/model_factory.hpp"
 #include "apps/watchdog.hpp"
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
@@ -211,7 +212,7 @@ class Trainer {
   void upload(int slot = 0, int chunk = 0);
   const int32_t* slot_inputs(int slot, int chunk = 0) const;
   const int32_t* slot_targets(int slot, int chunk = 0) const;
-  core::Model& head_model() { return *chunks_.back().model; }
+  core::Model& head_model() { return *chunks_.back().dense; }
   // One forward of `batch` sequences uploaded to slot 0 through every pipeline stage (evaluation
   // and sampling): the mean loss on the last stage, 0 elsewhere.
   double pipeline_forward(int batch);
@@ -242,7 +243,9 @@ class Trainer {
     core::StageRange range;
     std::unique_ptr<zero::ShardedAdamW> optimizer;
     std::unique_ptr<zero::GradientSync> gradients;  // on the optimizer's store
-    std::unique_ptr<core::Model> model;
+    BuiltModel built;          // apps/model_factory.hpp
+    core::StageModel* model;   // built.model: what the executor and the checkpoints drive
+    core::Model* dense;        // the same, as the 1d class (logits, generation)
     int slots = 1;
     core::DeviceArray<int32_t> inputs, targets;  // this rank's chunk of the tokens, per slot
     std::unique_ptr<parallel::StageLink> link;

@@ -28,8 +28,6 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   // The tensor group's sub-grid and the sub-groups its model needs, from the mesh.
   const parallel::TensorSubGrid sub_grid(mode, par.tensor, par.tensor_depth);
   tensor_groups_ = parallel::make_tensor_grid_groups(*tp_, sub_grid);
-  const parallel::TensorGridGroups& g = tensor_groups_;
-  using G = parallel::TensorGridGroup;
   const auto& t = config_.train;
   depth_ = sub_grid.depth();
   depth_rank_ = sub_grid.coord_of(tp_->rank()).depth;
