@@ -274,7 +274,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           if (inv.rank == 0) std::printf("%s", inv.config.text.c_str());
         } else {
           const auto& par = inv.config.parallel;
-          if (!info.any_world_size && par.mode != "auto" && inv.world_size != par.world_size()) {
+          if (!info.any_world_size && par.mode != io::ParallelMode::automatic &&
+              inv.world_size != par.world_size()) {
             const int want = par.world_size();
             const int other = par.tensor * par.sequence * par.pipeline;
             std::string fix = "start " + std::to_string(want) + (want == 1 ? " rank" : " ranks") +

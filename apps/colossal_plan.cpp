@@ -159,11 +159,12 @@ void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
 // --precision bf16 plans mixed precision (what colossal_train does not run yet: train.precision
 // accepts fp32 only); else the config's precision.
 bool bf16(const apps::Invocation& inv) {
-  const std::string p = inv.flag("--precision", inv.config.train.precision);
-  if (p != "fp32" && p != "bf16") {
+  const std::string p = inv.flag("--precision", core::to_string(inv.config.train.precision));
+  try {
+    return core::gemm_precision(p) == core::GemmPrecision::bf16;
+  } catch (const std::runtime_error&) {
     throw apps::UsageError("--precision: '" + p + "' must be fp32 or bf16");
   }
-  return p == "bf16";
 }
 
 // The layout the config fixes, predicted (--evaluate), or the search's best plans.

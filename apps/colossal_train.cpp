@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
   info.slurm_run_dir = true;
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
-    if (inv.config.parallel.mode == "auto") {
+    if (inv.config.parallel.mode == io::ParallelMode::automatic) {
       std::string report;
       inv.config = apps::plan_automatically(inv.config, *inv.world,
                                             core::HostThreads::shared().size(), &report);

@@ -145,8 +145,9 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     return true;
   };
   const auto& cp = config.checkpointing;
-  if (cp.policy != "full") {
-    if (cp.policy == "none" || cp.policy == "selective") {
+  using core::CheckpointPolicy;
+  if (cp.policy != CheckpointPolicy::full) {
+    if (cp.policy == CheckpointPolicy::none || cp.policy == CheckpointPolicy::selective) {
       if (!try_set("checkpointing.policy=sqrt")) try_set("checkpointing.policy=full");
     } else {
       try_set("checkpointing.policy=full");

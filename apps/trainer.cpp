@@ -142,7 +142,7 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
                  bool memory_plan)
     : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
-                                        core::gemm_precision(config.train.precision))) {
+                                        config.train.precision)) {
   tracker_.set_dry_run(memory_plan);
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
@@ -341,7 +341,8 @@ void Trainer::agree_on_plan() {
                      std::to_string(tp_->size()) + ", sequence: " +
                      std::to_string(groups_.sp->size()) +
                      ", pipeline: " + std::to_string(pp_->size()) + ", order: tp-sp-dp-pp}\n" +
-                     "pipeline: {schedule: " + p.pipeline_schedule + ", layers: [" +
+                     "pipeline: {schedule: " +
+                     parallel::pipeline_schedule_name(p.pipeline_schedule) + ", layers: [" +
                      [&] {
                        std::string list;
                        for (int n : stage_layers_) list += (list.empty() ? "" : ", ") + std::to_string(n);
@@ -509,7 +510,7 @@ TrainSummary Trainer::train() {
   // Rank 0 writes the run's files; every rank trains.
   const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
-  if (config_.checkpoint.resume == "auto" && profile_steps_ == 0) {
+  if (config_.checkpoint.resume == io::ResumeMode::automatic && profile_steps_ == 0) {
     const auto resuming = Clock::now();
     const io::CheckpointState state = resume();
     if (state.step > 0) print("resume took %.2f s\n", seconds_since(resuming));
@@ -565,7 +566,7 @@ TrainSummary Trainer::train() {
     std::string layers;
     for (int n : stage_layers_) layers += (layers.empty() ? "" : ", ") + std::to_string(n);
     print("parallel: %d pipeline stages (%s schedule; blocks per stage [%s]%s)\n", pp_->size(),
-          config_.parallel.pipeline_schedule.c_str(), layers.c_str(),
+          parallel::pipeline_schedule_name(config_.parallel.pipeline_schedule), layers.c_str(),
           config_.parallel.pipeline_layers.empty() ? ", balanced by predicted time" : "");
   }
   if (tp_->size() > 1) {
@@ -584,7 +585,7 @@ TrainSummary Trainer::train() {
           config_.parallel.offload_params ? ", parameters offloaded" : "");
   }
   print("plan (identical on every rank):\n%s", plan_.c_str());
-  if (activation_plan_.description != "none") {
+  if (config_.checkpointing.policy != core::CheckpointPolicy::none) {
     print("activation checkpointing: %s\n", activation_plan_.description.c_str());
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
@@ -668,7 +669,7 @@ TrainSummary Trainer::train() {
       }
     }
     if (!std::isfinite(loss) || !std::isfinite(norm)) {
-      if (t.on_nonfinite == "stop") {
+      if (t.on_nonfinite == io::OnNonfinite::stop) {
         // The update was not applied: checkpoint the last good state (the steps before this one)
         // so the run can resume, e.g. with a lower learning rate.
         const std::string saved = checkpoint_before_failure(config_, step, save);

@@ -16,7 +16,7 @@ namespace colossal::apps {
 
 TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communicator* world)
     : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
-                                        core::gemm_precision(config.train.precision))) {
+                                        config.train.precision)) {
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
   groups_ = parallel::make_groups(
@@ -146,7 +146,7 @@ TrainSummary TrainerMD::train() {
                        t.optimizer.weight_decay};
   const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
-  if (config_.checkpoint.resume == "auto") {
+  if (config_.checkpoint.resume == io::ResumeMode::automatic) {
     const auto resuming = Clock::now();
     const io::CheckpointState state = resume();
     first_step = state.step;
@@ -277,7 +277,7 @@ std::string TrainerMD::sample(const std::string& model_path) const {
   one.train.micro_batch = 1;
   one.train.global_batch = 1;
   one.checkpoint.every = 0;
-  one.checkpoint.resume = "never";
+  one.checkpoint.resume = io::ResumeMode::never;
   Trainer trainer(one, nullptr);
   trainer.load_weights(model_path);
   return trainer.generate(config_.sample.prompt, config_.sample.tokens,

@@ -445,16 +445,36 @@ Schedule solve_rotor(const Chain& chain, std::size_t budget_bytes, int memory_sl
   return result;
 }
 
-Schedule solve(const std::string& policy, const Chain& chain, std::size_t budget_bytes,
-               int every_k, int memory_slots) {
-  if (policy == "none") return solve_none(chain);
-  if (policy == "full") return solve_full(chain);
-  if (policy == "every_k") return solve_every_k(chain, every_k);
-  if (policy == "sqrt") return solve_sqrt(chain);
-  if (policy == "rotor") return solve_rotor(chain, budget_bytes, memory_slots);
-  throw std::invalid_argument(where("solve") + "unknown policy '" + policy +
+namespace {
+
+[[noreturn]] void no_solver(std::string_view policy) {
+  throw std::invalid_argument(where("solve") + "unknown policy '" + std::string(policy) +
                               "' (no solver has that name); use one of none, full, every_k, " +
                               "sqrt, rotor");
+}
+
+}  // namespace
+
+Schedule solve(core::CheckpointPolicy policy, const Chain& chain, std::size_t budget_bytes,
+               int every_k, int memory_slots) {
+  using core::CheckpointPolicy;
+  switch (policy) {
+    case CheckpointPolicy::none: return solve_none(chain);
+    case CheckpointPolicy::full: return solve_full(chain);
+    case CheckpointPolicy::every_k: return solve_every_k(chain, every_k);
+    case CheckpointPolicy::sqrt: return solve_sqrt(chain);
+    case CheckpointPolicy::rotor: return solve_rotor(chain, budget_bytes, memory_slots);
+    case CheckpointPolicy::selective:
+    case CheckpointPolicy::manual: break;
+  }
+  no_solver(core::checkpoint_policy_name(policy));
+}
+
+Schedule solve(std::string_view policy, const Chain& chain, std::size_t budget_bytes,
+               int every_k, int memory_slots) {
+  const std::optional<core::CheckpointPolicy> parsed = core::parse_checkpoint_policy(policy);
+  if (!parsed) no_solver(policy);
+  return solve(*parsed, chain, budget_bytes, every_k, memory_slots);
 }
 
 std::string describe(const std::vector<Keep>& keep, int ops_per_block) {

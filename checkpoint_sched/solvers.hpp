@@ -21,8 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/checkpoint_policy.hpp"
 #include "core/keep.hpp"
 
 namespace colossal::checkpoint_sched {
@@ -92,10 +94,14 @@ Schedule solve_min_memory(const Chain& chain);
 // caps <= memory_slots + 1 candidate arena sizes; memory O(n * memory_slots).
 Schedule solve_rotor(const Chain& chain, std::size_t budget_bytes, int memory_slots = 500);
 
-// Dispatch on policy "none" | "full" | "every_k" | "sqrt" | "rotor". budget_bytes is used by rotor
-// only and every_k by every_k only; the fixed policies ignore the budget (compare cost.memory).
-// Unknown policy -> std::invalid_argument listing the allowed names.
-Schedule solve(const std::string& policy, const Chain& chain, std::size_t budget_bytes,
+// Dispatch on policy none | full | every_k | sqrt | rotor. budget_bytes is used by rotor only and
+// every_k by every_k only; the fixed policies ignore the budget (compare cost.memory). selective
+// and manual have no solver here (the planner builds them) -> std::invalid_argument listing the
+// policies that do.
+Schedule solve(core::CheckpointPolicy policy, const Chain& chain, std::size_t budget_bytes,
+               int every_k, int memory_slots = 500);
+// The same by name (tests, tools); any other name throws the same std::invalid_argument.
+Schedule solve(std::string_view policy, const Chain& chain, std::size_t budget_bytes,
                int every_k, int memory_slots = 500);
 
 // A compact string: per op "A" (all kept), "I" (input kept, segment recomputed) or "." (dropped),

@@ -66,8 +66,57 @@ struct Betas {
   double* beta1;
   double* beta2;
 };
-using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, core::Arch*,
-                           core::TensorMode*, bool*, Betas, std::vector<int>*>;
+// A closed set of words held as an enum (core::Arch, core::TensorMode, ...): its current word,
+// and setting it from a word (false when the enum has no such word: the schema's choices and the
+// enum's names disagree, a bug).
+struct Choice {
+  std::function<std::string()> word;
+  std::function<bool(std::string_view)> set;
+};
+template <class E, class Parse>
+Choice enum_choice(E* p, const char* (*name)(E), Parse parse) {
+  return {[p, name] { return std::string(name(*p)); },
+          [p, parse](std::string_view w) {
+            const std::optional<E> e = parse(w);
+            if (e) *p = *e;
+            return e.has_value();
+          }};
+}
+// The value among `values` whose `name` is `w`.
+template <class E>
+std::optional<E> parse_among(std::string_view w, std::initializer_list<E> values,
+                             const char* (*name)(E)) {
+  for (E v : values) {
+    if (w == name(v)) return v;
+  }
+  return std::nullopt;
+}
+Choice choice(core::Arch* p) {
+  return enum_choice(p, core::arch_name, [](std::string_view w) {
+    return parse_among(w, {core::Arch::gpt2, core::Arch::opt}, core::arch_name);
+  });
+}
+Choice choice(core::TensorMode* p) {
+  return enum_choice(p, core::tensor_mode_name, core::parse_tensor_mode);
+}
+Choice choice(core::GemmPrecision* p) {
+  constexpr auto name = +[](core::GemmPrecision v) { return core::to_string(v); };
+  return enum_choice(p, name, [name](std::string_view w) {
+    return parse_among(w, {core::GemmPrecision::fp32, core::GemmPrecision::bf16}, name);
+  });
+}
+Choice choice(core::CheckpointPolicy* p) {
+  return enum_choice(p, core::checkpoint_policy_name, core::parse_checkpoint_policy);
+}
+Choice choice(parallel::PipelineSchedule* p) {
+  return enum_choice(p, parallel::pipeline_schedule_name, parallel::parse_pipeline_schedule);
+}
+Choice choice(OnNonfinite* p) { return enum_choice(p, on_nonfinite_name, parse_on_nonfinite); }
+Choice choice(ParallelMode* p) { return enum_choice(p, parallel_mode_name, parse_parallel_mode); }
+Choice choice(ResumeMode* p) { return enum_choice(p, resume_mode_name, parse_resume_mode); }
+
+using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, Choice, bool*,
+                           Betas, std::vector<int>*>;
 
 struct KeySpec {
   std::string key;  // dotted
@@ -94,7 +143,7 @@ const std::vector<KeySpec>& schema() {
        .doc = "named model whose arch and sizes are the defaults for the keys below",
        .default_note = "none", .example = "gpt2-124m"},
       {.key = "model.arch", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.model.arch; },
+       .field = [](Config& c) -> Field { return choice(&c.model.arch); },
        .doc = "architecture: GPT-2 (GELU, pre-LN) or OPT (ReLU, position offset 2)",
        .choices = {"gpt2", "opt"}, .default_note = "gpt2, or the preset's"},
       {.key = "model.layers", .kind = Kind::integer,
@@ -170,7 +219,7 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.train.seed; },
        .doc = "seed of initialisation and data order", .range = at_least(0)},
       {.key = "train.precision", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.train.precision; },
+       .field = [](Config& c) -> Field { return choice(&c.train.precision); },
        .doc = "precision of the matrix products: fp32, or bf16 (operands rounded to bfloat16, "
               "products summed in fp32, as bf16 tensor cores do; weights, activations, "
               "gradients and optimizer states stay fp32). On GPUs (hardware.gemm: cublas) bf16 "
@@ -206,12 +255,12 @@ const std::vector<KeySpec>& schema() {
               "this long, so a job whose peer died or hung in a collective ends; 0 = off",
        .range = at_least(0)},
       {.key = "train.on_nonfinite", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.train.on_nonfinite; },
+       .field = [](Config& c) -> Field { return choice(&c.train.on_nonfinite); },
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
        .choices = {"stop", "skip"}},
 
       {.key = "parallel.mode", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.parallel.mode; },
+       .field = [](Config& c) -> Field { return choice(&c.parallel.mode); },
        .doc = "manual: the sizes below; auto: colossal_train plans the layout and checkpointing "
               "for the ranks started on rank 0 (planner/README.md) and every rank runs it",
        .choices = {"manual", "auto"}},
@@ -242,7 +291,7 @@ const std::vector<KeySpec>& schema() {
        .range = at_least(1),
        .cross_check = "divides model.heads and model.ffn_hidden"},
       {.key = "parallel.tensor.mode", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.parallel.tensor_mode; },
+       .field = [](Config& c) -> Field { return choice(&c.parallel.tensor_mode); },
        .doc = "tensor parallelism: 1d (Megatron column/row-parallel linears), 2d (SUMMA on a "
               "q x q grid: size = q^2), 2.5d (Tesseract: size = q^2 x depth), 3d (q^3 cube)",
        .choices = {"1d", "2d", "2.5d", "3d"},
@@ -275,7 +324,7 @@ const std::vector<KeySpec>& schema() {
               "to the middle stages)",
        .range = at_least(1), .cross_check = "one entry per stage, summing to model.layers"},
       {.key = "parallel.pipeline.schedule", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.parallel.pipeline_schedule; },
+       .field = [](Config& c) -> Field { return choice(&c.parallel.pipeline_schedule); },
        .doc = "gpipe: all forwards, then all backwards; 1f1b: warm-up forwards, then one "
               "forward one backward, then cool-down; interleaved: 1F1B over pipeline.chunks "
               "model chunks per rank",
@@ -290,7 +339,7 @@ const std::vector<KeySpec>& schema() {
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
 
       {.key = "checkpointing.policy", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.checkpointing.policy; },
+       .field = [](Config& c) -> Field { return choice(&c.checkpointing.policy); },
        .doc = "activation checkpointing: none keeps every activation; full keeps only block "
               "inputs; every_k keeps the input of every k-th block; sqrt is every_k with "
               "k = ceil(sqrt(layers)) (Chen et al. 2016); rotor is the fastest schedule at "
@@ -360,7 +409,7 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.checkpoint.keep; },
        .doc = "newest checkpoints kept in checkpoint.dir", .range = at_least(1)},
       {.key = "checkpoint.resume", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.checkpoint.resume; },
+       .field = [](Config& c) -> Field { return choice(&c.checkpoint.resume); },
        .doc = "auto: continue from the newest intact checkpoint in checkpoint.dir (a corrupted "
               "one is skipped with a warning); never: start afresh",
        .choices = {"never", "auto"}},
@@ -565,10 +614,8 @@ void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
             out << YAML::DoubleQuoted << *p;
           else
             out << *p;
-        } else if constexpr (std::is_same_v<T, core::Arch*>) {
-          out << core::arch_name(*p);
-        } else if constexpr (std::is_same_v<T, core::TensorMode*>) {
-          out << core::tensor_mode_name(*p);
+        } else if constexpr (std::is_same_v<T, Choice>) {
+          out << p.word();
         } else if constexpr (std::is_same_v<T, bool*>) {
           out << (*p ? "true" : "false");
         } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
@@ -866,14 +913,16 @@ class Resolver {
       }
       case Kind::choice: {
         const std::string value = read_choice(spec, node, where_text);
-        if (auto* arch = std::get_if<core::Arch*>(&field))
-          **arch = value == "opt" ? core::Arch::opt : core::Arch::gpt2;
-        else if (auto* mode = std::get_if<core::TensorMode*>(&field))
-          **mode = *core::parse_tensor_mode(value);  // read_choice accepted one of the names
-        else if (auto* flag = std::get_if<bool*>(&field))
+        if (auto* named = std::get_if<Choice>(&field)) {
+          if (!named->set(value)) {  // read_choice accepted it: the enum must know the word
+            throw std::logic_error(spec.key + ": the schema allows '" + value +
+                                   "' but its enum has no such name");
+          }
+        } else if (auto* flag = std::get_if<bool*>(&field)) {
           **flag = value == "true";
-        else
+        } else {
           *std::get<std::string*>(field) = value;
+        }
         return;
       }
       case Kind::number_pair:
@@ -1063,29 +1112,35 @@ class Resolver {
       }
     }
     // A key that the chosen policy ignores is a mistake worth stopping for.
-    auto only_with = [&](const char* key, bool given, const char* policy) {
-      if (given && c.policy != policy) {
+    using core::CheckpointPolicy;
+    auto only_with = [&](const char* key, bool given, CheckpointPolicy wanted) {
+      const std::string policy = core::checkpoint_policy_name(wanted);
+      if (given && c.policy != wanted) {
         raise(where_first({key}), key,
-              "is set but checkpointing.policy is " + c.policy,
-              std::string("it is used only by policy ") + policy,
-              std::string("set checkpointing.policy: ") + policy + " or remove " + key);
+              std::string("is set but checkpointing.policy is ") +
+                  core::checkpoint_policy_name(c.policy),
+              "it is used only by policy " + policy,
+              "set checkpointing.policy: " + policy + " or remove " + key);
       }
     };
-    only_with("checkpointing.blocks", !c.blocks.empty(), "manual");
-    only_with("checkpointing.every", c.every != 0, "every_k");
-    only_with("checkpointing.memory_budget", c.memory_budget != 0, "rotor");
-    auto needs = [&](const char* key, bool missing, const char* policy, const std::string& what,
-                     const std::string& example) {
-      if (c.policy == policy && missing) {
+    only_with("checkpointing.blocks", !c.blocks.empty(), CheckpointPolicy::manual);
+    only_with("checkpointing.every", c.every != 0, CheckpointPolicy::every_k);
+    only_with("checkpointing.memory_budget", c.memory_budget != 0, CheckpointPolicy::rotor);
+    auto needs = [&](const char* key, bool missing, CheckpointPolicy wanted,
+                     const std::string& what, const std::string& example) {
+      if (c.policy == wanted && missing) {
         raise(where_first({"checkpointing.policy", key}), key,
-              std::string("is needed by checkpointing.policy: ") + policy, what, example);
+              std::string("is needed by checkpointing.policy: ") +
+                  core::checkpoint_policy_name(wanted),
+              what, example);
       }
     };
-    needs("checkpointing.every", c.every < 1, "every_k", "an integer >= 1 (blocks per segment)",
+    needs("checkpointing.every", c.every < 1, CheckpointPolicy::every_k,
+          "an integer >= 1 (blocks per segment)",
           "e.g. checkpointing: {policy: every_k, every: 2}");
-    needs("checkpointing.blocks", c.blocks.empty(), "manual", "a non-empty list of blocks",
-          "e.g. checkpointing: {policy: manual, blocks: [0, 1]}");
-    needs("checkpointing.memory_budget", c.memory_budget <= 0, "rotor",
+    needs("checkpointing.blocks", c.blocks.empty(), CheckpointPolicy::manual,
+          "a non-empty list of blocks", "e.g. checkpointing: {policy: manual, blocks: [0, 1]}");
+    needs("checkpointing.memory_budget", c.memory_budget <= 0, CheckpointPolicy::rotor,
           "GiB per rank, > 0 (colossal_train --memory-plan shows what a run needs)",
           "e.g. checkpointing: {policy: rotor, memory_budget: 6}");
   }
@@ -1093,11 +1148,13 @@ class Resolver {
   void check_pipeline(const Config& config) const {
     const auto& p = config.parallel;
     const int layers = config.model.layers;
-    const bool interleaved = p.pipeline_schedule == "interleaved";
+    using parallel::PipelineSchedule;
+    const bool interleaved = p.pipeline_schedule == PipelineSchedule::interleaved;
     if (p.pipeline_chunks > 1 && !interleaved) {
       raise(where_first({"parallel.pipeline.chunks", "parallel.pipeline.schedule"}),
             "parallel.pipeline.chunks",
-            std::to_string(p.pipeline_chunks) + " with schedule " + p.pipeline_schedule,
+            std::to_string(p.pipeline_chunks) + " with schedule " +
+                parallel::pipeline_schedule_name(p.pipeline_schedule),
             "model chunks per rank need the interleaved schedule",
             "set parallel.pipeline.schedule: interleaved, or chunks: 1");
     }
@@ -1130,7 +1187,8 @@ class Resolver {
             "make train.global_batch / (parallel.data * train.micro_batch) a multiple of " +
                 std::to_string(p.pipeline));
     }
-    if (p.pipeline > 1 && p.pipeline_schedule == "1f1b" && micro < p.pipeline) {
+    if (p.pipeline > 1 && p.pipeline_schedule == PipelineSchedule::one_f_one_b &&
+        micro < p.pipeline) {
       raise(where_first({"parallel.pipeline.schedule", "parallel.pipeline.size",
                          "train.global_batch"}),
             "parallel.pipeline.schedule",
@@ -1217,12 +1275,12 @@ class Resolver {
            "set it to 0 or 1 (ZeRO 1 shards AdamW's moments over the data ranks)");
     refuse(p.offload_optimizer, "parallel.zero.offload.optimizer", "true", "set it to false");
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
-    refuse(config.checkpointing.policy != "none", "checkpointing.policy",
-           config.checkpointing.policy, "set it to none");
-    refuse(config.train.on_nonfinite == "skip", "train.on_nonfinite", "skip",
+    refuse(config.checkpointing.policy != core::CheckpointPolicy::none, "checkpointing.policy",
+           core::checkpoint_policy_name(config.checkpointing.policy), "set it to none");
+    refuse(config.train.on_nonfinite == OnNonfinite::skip, "train.on_nonfinite", "skip",
            "set it to stop (these modes stop on a non-finite step, after checkpointing the last "
            "good one)");
-    refuse(p.mode == "auto", "parallel.mode", "auto",
+    refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;
     if (config.train.global_batch % per_step != 0) {
@@ -1356,6 +1414,25 @@ class SectionWriter {
 
 // ------------------------------------------------------------------------------------------------
 // Public API
+
+const char* on_nonfinite_name(OnNonfinite mode) {
+  return mode == OnNonfinite::skip ? "skip" : "stop";
+}
+const char* parallel_mode_name(ParallelMode mode) {
+  return mode == ParallelMode::automatic ? "auto" : "manual";
+}
+const char* resume_mode_name(ResumeMode mode) {
+  return mode == ResumeMode::automatic ? "auto" : "never";
+}
+std::optional<OnNonfinite> parse_on_nonfinite(std::string_view name) {
+  return parse_among(name, {OnNonfinite::stop, OnNonfinite::skip}, on_nonfinite_name);
+}
+std::optional<ParallelMode> parse_parallel_mode(std::string_view name) {
+  return parse_among(name, {ParallelMode::manual, ParallelMode::automatic}, parallel_mode_name);
+}
+std::optional<ResumeMode> parse_resume_mode(std::string_view name) {
+  return parse_among(name, {ResumeMode::never, ResumeMode::automatic}, resume_mode_name);
+}
 
 Config parse_config(const std::string& yaml_text, const std::string& source,
                     const std::vector<std::string>& overrides) {

@@ -7,14 +7,39 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "core/checkpoint_policy.hpp"
+#include "core/gemm.hpp"
 #include "core/model_spec.hpp"
 #include "core/tensor_mode.hpp"
+#include "parallel/pipeline_schedule.hpp"
 
 namespace colossal::io {
+
+// The config's closed sets of words that only the config and the programs use, as values. Each
+// has its word (what to_yaml writes and the error texts name) and a parse (nullopt for any other
+// text). The modes of lower folders live there: core::TensorMode, core::CheckpointPolicy,
+// core::GemmPrecision (train.precision), parallel::PipelineSchedule.
+
+// train.on_nonfinite: stop the run, or skip the step.
+enum class OnNonfinite : uint8_t { stop, skip };
+// parallel.mode: manual (the sizes given), or automatic (the word "auto": the planner's layout).
+enum class ParallelMode : uint8_t { manual, automatic };
+// checkpoint.resume: never (start afresh), or automatic (the word "auto": continue from the
+// newest intact checkpoint).
+enum class ResumeMode : uint8_t { never, automatic };
+
+const char* on_nonfinite_name(OnNonfinite mode);    // "stop", "skip"
+const char* parallel_mode_name(ParallelMode mode);  // "manual", "auto"
+const char* resume_mode_name(ResumeMode mode);      // "never", "auto"
+std::optional<OnNonfinite> parse_on_nonfinite(std::string_view name);
+std::optional<ParallelMode> parse_parallel_mode(std::string_view name);
+std::optional<ResumeMode> parse_resume_mode(std::string_view name);
 
 class ConfigError : public std::runtime_error {
  public:
@@ -44,22 +69,23 @@ struct TrainConfig {
   int global_batch = 32;         // sequences per optimizer step
   int micro_batch = 4;           // sequences per forward/backward
   uint64_t seed = 1234;
-  std::string precision = "fp32";
+  core::GemmPrecision precision = core::GemmPrecision::fp32;  // fp32 | bf16
   OptimizerConfig optimizer;
-  std::string on_nonfinite = "stop";  // stop | skip
+  OnNonfinite on_nonfinite = OnNonfinite::stop;  // stop | skip
   double watchdog_seconds = 1800.0;   // end a rank that makes no progress this long; 0 = off
 };
 
 // Activation checkpointing (checkpoint_sched/): which activations the first forward keeps.
 struct CheckpointingConfig {
-  std::string policy = "none";   // none | full | every_k | sqrt | rotor | selective | manual
+  core::CheckpointPolicy policy = core::CheckpointPolicy::none;  // none | full | every_k | sqrt |
+                                                                 // rotor | selective | manual
   int every = 0;                 // every_k: blocks per recomputed segment
   std::vector<int> blocks;       // manual: blocks recomputed whole
   double memory_budget = 0.0;    // rotor: GiB per rank for everything the tracker counts
 };
 
 struct ParallelConfig {
-  std::string mode = "manual";   // manual: the sizes below; auto: the planner chooses them
+  ParallelMode mode = ParallelMode::manual;  // manual: the sizes below; auto: the planner's
   int data = 1;                  // data-parallel ranks (the world size is world_size(), below)
   int zero_stage = 0;            // 0: replicated; 1: optimizer states; 2: + gradients; 3: + params
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
@@ -72,7 +98,8 @@ struct ParallelConfig {
   int sequence = 1;                // ring self-attention ranks
   int pipeline = 1;                // pipeline stages
   std::vector<int> pipeline_layers;  // blocks per stage; empty: balanced
-  std::string pipeline_schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  parallel::PipelineSchedule pipeline_schedule =
+      parallel::PipelineSchedule::one_f_one_b;  // gpipe | 1f1b | interleaved
   int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
@@ -81,7 +108,7 @@ struct CheckpointConfig {
   std::string dir;               // "" = log.dir/checkpoints
   int64_t every = 0;             // steps between checkpoints; 0 = none while training
   int keep = 2;                  // newest checkpoints kept
-  std::string resume = "never";  // never | auto
+  ResumeMode resume = ResumeMode::never;  // never | auto
   bool verify = true;            // whole-file checksum before HDF5 reads a checkpoint
 };
 

@@ -4,8 +4,29 @@
 #include <stdexcept>
 
 namespace colossal::parallel {
+namespace {
 
-std::vector<PipelineAction> pipeline_schedule(const std::string& kind, int stages, int stage,
+PipelineSchedule schedule_named(std::string_view kind) {
+  const std::optional<PipelineSchedule> parsed = parse_pipeline_schedule(kind);
+  if (!parsed) {
+    throw std::invalid_argument("unknown pipeline schedule '" + std::string(kind) +
+                                "' (allowed: gpipe, 1f1b, interleaved)");
+  }
+  return *parsed;
+}
+
+}  // namespace
+
+std::vector<PipelineAction> pipeline_schedule(std::string_view kind, int stages, int stage,
+                                              int micro, int chunks) {
+  return pipeline_schedule(schedule_named(kind), stages, stage, micro, chunks);
+}
+
+bool schedule_completes(std::string_view kind, int stages, int micro, int chunks) {
+  return schedule_completes(schedule_named(kind), stages, micro, chunks);
+}
+
+std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages, int stage,
                                               int micro, int chunks) {
   if (stages < 1 || stage < 0 || stage >= stages || micro < 1 || chunks < 1) {
     throw std::invalid_argument("pipeline_schedule: stage " + std::to_string(stage) + " of " +
@@ -13,12 +34,12 @@ std::vector<PipelineAction> pipeline_schedule(const std::string& kind, int stage
                                 " micro-batches");
   }
   std::vector<PipelineAction> actions;
-  if (kind == "gpipe") {
+  if (kind == PipelineSchedule::gpipe) {
     for (int i = 0; i < micro; ++i) actions.push_back({true, i});
     for (int i = 0; i < micro; ++i) actions.push_back({false, i});
     return actions;
   }
-  if (kind == "interleaved") {
+  if (kind == PipelineSchedule::interleaved) {
     if (micro % stages != 0) {
       throw std::invalid_argument("the interleaved schedule needs the micro-batch count (" +
                                   std::to_string(micro) + ") to be a multiple of the stages (" +
@@ -46,7 +67,7 @@ std::vector<PipelineAction> pipeline_schedule(const std::string& kind, int stage
     while (b < total) actions.push_back(backward(b++));
     return actions;
   }
-  if (kind != "1f1b") throw std::invalid_argument("unknown pipeline schedule '" + kind + "'");
+  // 1f1b
   const int warmup = std::min(stages - stage - 1, micro);
   int next_forward = 0, next_backward = 0;
   for (; next_forward < warmup; ++next_forward) actions.push_back({true, next_forward});
@@ -71,7 +92,7 @@ int peak_in_flight(const std::vector<PipelineAction>& actions) {
   return peak.empty() ? 0 : *std::max_element(peak.begin(), peak.end());
 }
 
-bool schedule_completes(const std::string& kind, int stages, int micro, int chunks) {
+bool schedule_completes(PipelineSchedule kind, int stages, int micro, int chunks) {
   const int virtual_stages = stages * chunks;
   std::vector<std::vector<PipelineAction>> plans;
   for (int r = 0; r < stages; ++r) plans.push_back(pipeline_schedule(kind, stages, r, micro, chunks));

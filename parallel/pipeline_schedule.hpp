@@ -15,10 +15,36 @@
 // non-blocking sends never deadlock.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace colossal::parallel {
+
+// parallel.pipeline.schedule as a value, parsed once from the config (io/config.cpp); the names
+// are the config's words, so plans, YAML and error texts read them back unchanged.
+enum class PipelineSchedule : uint8_t { gpipe, one_f_one_b, interleaved };
+
+// "gpipe", "1f1b", "interleaved".
+inline const char* pipeline_schedule_name(PipelineSchedule kind) {
+  switch (kind) {
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+    case PipelineSchedule::interleaved: return "interleaved";
+  }
+  return "?";
+}
+
+// The schedule a name stands for; nullopt for any other text.
+inline std::optional<PipelineSchedule> parse_pipeline_schedule(std::string_view name) {
+  for (PipelineSchedule k : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b,
+                             PipelineSchedule::interleaved}) {
+    if (name == pipeline_schedule_name(k)) return k;
+  }
+  return std::nullopt;
+}
 
 struct PipelineAction {
   bool forward;
@@ -27,12 +53,16 @@ struct PipelineAction {
   bool operator==(const PipelineAction&) const = default;
 };
 
-std::vector<PipelineAction> pipeline_schedule(const std::string& kind, int stages, int stage,
+std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages, int stage,
+                                              int micro, int chunks = 1);
+// The same by name (tests, tools); an unknown name throws std::invalid_argument.
+std::vector<PipelineAction> pipeline_schedule(std::string_view kind, int stages, int stage,
                                               int micro, int chunks = 1);
 
 // Runs every rank's schedule against the others with blocking receives and non-blocking sends:
 // true when all of them finish (no deadlock) and every dependency is met in order.
-bool schedule_completes(const std::string& kind, int stages, int micro, int chunks = 1);
+bool schedule_completes(PipelineSchedule kind, int stages, int micro, int chunks = 1);
+bool schedule_completes(std::string_view kind, int stages, int micro, int chunks = 1);
 
 // The most micro-batches whose activations a stage holds at once under `actions` (per chunk:
 // the largest over the chunks).

@@ -11,6 +11,7 @@
 #include "core/memory.hpp"
 #include "core/tensor_mode.hpp"
 #include "core/model_spec.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "planner/hardware.hpp"
 #include "planner/step_graph.hpp"
 
@@ -113,7 +114,7 @@ void stretch_step(TimePrediction& t, double shared_step);
 // is one prediction per stage, with its pieces for every chunk, and at least one core.
 struct SharedCoresLayout {
   int data = 1, tensor = 1, sequence = 1, pipeline = 1, chunks = 1, micro_batches = 1;
-  std::string schedule = "1f1b";
+  parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int cores = 1;           // per node
   int ranks_per_node = 0;  // 0: every rank on one node
   int threads = 1;         // per rank

@@ -87,18 +87,19 @@ checkpoint_sched::Chain chunk_chain(const core::ModelSpec& spec, const RankLayou
 }  // namespace
 
 CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
-                                  const HardwareSpec& hw, const std::string& policy,
+                                  const HardwareSpec& hw, core::CheckpointPolicy policy,
                                   double budget_bytes, int every, const std::vector<int>& blocks,
                                   int memory_slots) {
   const int layers = spec.layers;
   CheckpointPlan plan;
-  plan.description = policy;
-  if (policy == "none") return plan;
-  if (policy == "selective") {
+  plan.description = core::checkpoint_policy_name(policy);
+  using core::CheckpointPolicy;
+  if (policy == CheckpointPolicy::none) return plan;
+  if (policy == CheckpointPolicy::selective) {
     plan.selective = true;
     return plan;
   }
-  if (policy == "manual") {
+  if (policy == CheckpointPolicy::manual) {
     plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
     plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
     return plan;

@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "core/checkpoint_policy.hpp"
 #include "core/keep.hpp"
 #include "core/model_spec.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
 
@@ -20,7 +22,7 @@ struct RunLayout {
   bool bf16 = false;
   int data = 1, tensor = 1, sequence = 1, pipeline = 1;
   bool sequence_split = false;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int chunks = 1;                 // model chunks per rank (interleaved)
   std::vector<int> layers;        // blocks per virtual stage (pipeline * chunks entries)
   int zero_stage = 0;
@@ -52,14 +54,14 @@ struct CheckpointPlan {
   double rest_bytes = 0.0;                    // rotor: what the rank needs besides activations
 };
 
-// The schedule of `policy` (none | full | every_k | sqrt | rotor | selective | manual) for the
+// The schedule of `policy` (any core::CheckpointPolicy) for the
 // rank whose layout is `rank` (its keep is ignored): rotor solves each chunk's chain (two ops per
 // block, costs from the step graph and `hw`, k = the chunk's micro-batches in flight) under
 // budget_bytes minus everything else the rank allocates; chunks share the rest in proportion to
 // what they would keep. feasible = false (and minimum_bytes) when even the least-memory schedule
 // does not fit.
 CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
-                                  const HardwareSpec& hw, const std::string& policy,
+                                  const HardwareSpec& hw, core::CheckpointPolicy policy,
                                   double budget_bytes, int every, const std::vector<int>& blocks,
                                   int memory_slots = 500);
 

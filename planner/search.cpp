@@ -41,10 +41,12 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
     return "global batch not a multiple of data x micro-batch";
   }
   if (r.pipeline * r.chunks > spec.layers) return "more virtual stages than layers";
-  if (r.schedule == "interleaved" && r.micro_batches() % r.pipeline != 0) {
+  if (r.schedule == parallel::PipelineSchedule::interleaved &&
+      r.micro_batches() % r.pipeline != 0) {
     return "interleaved needs micro-batches per rank a multiple of the stages";
   }
-  if (r.pipeline > 1 && r.schedule == "1f1b" && r.micro_batches() < r.pipeline) {
+  if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
+      r.micro_batches() < r.pipeline) {
     return "1f1b needs at least one micro-batch per stage";  // as the config requires
   }
   if (r.zero_stage > 0 && r.data * r.sequence == 1) return "ZeRO needs data or sequence ranks";
@@ -103,7 +105,8 @@ TensorModeLayout tensor_mode_layout(const RunLayout& r) {
 }
 
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
-                   const std::string& policy, int every, const std::vector<int>& blocks,
+                   std::optional<core::CheckpointPolicy> policy, int every,
+                   const std::vector<int>& blocks,
                    double budget_bytes, int memory_slots) {
   Plan plan;
   const HardwareSpec& hw = cluster.hw;
@@ -128,7 +131,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
       share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * cluster.threads(),
                   cluster.cores);
     }
-    plan.policy = "none";
+    plan.policy = core::CheckpointPolicy::none;
     plan.schedules = {"every rank: keep everything"};
     plan.fits = on_device(plan.memory, hw) <= hw.memory_bytes;
     if (!plan.fits) {
@@ -159,15 +162,17 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   }
   plan.fits = true;
-  plan.policy = policy == "auto" ? "none" : policy;
+  using core::CheckpointPolicy;
+  plan.policy = policy.value_or(CheckpointPolicy::none);
   plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
   std::vector<TimePrediction> stage_times;  // per pipeline rank, when they all are costed
   for (int r : ranks) {
     RankLayout l = rank_layout(run, r);
-    std::string chosen = policy;
-    if (policy == "auto") {
-      chosen = predict_memory(spec, l).total() <= memory ? "none" : "rotor";
-      if (chosen == "rotor") plan.policy = "rotor";
+    CheckpointPolicy chosen = plan.policy;
+    if (!policy) {  // auto
+      chosen = predict_memory(spec, l).total() <= memory ? CheckpointPolicy::none
+                                                         : CheckpointPolicy::rotor;
+      if (chosen == CheckpointPolicy::rotor) plan.policy = CheckpointPolicy::rotor;
     }
     const CheckpointPlan cp =
         plan_checkpointing(spec, l, hw, chosen, plan.budget_bytes, every, blocks, memory_slots);
@@ -195,7 +200,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                    cluster.pinned};
     share_node_cores(plan.time, shared, stage_times);
   }
-  if (plan.policy != "rotor") plan.budget_bytes = 0.0;
+  if (plan.policy != CheckpointPolicy::rotor) plan.budget_bytes = 0.0;
   plan.step_time = plan.time.step;
   const double tokens = double(run.global_batch) * run.seq_len;
   plan.tokens_per_s = tokens / plan.step_time;
@@ -256,10 +261,12 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         for (int b : options.micro_batches) {
           if ((global_batch / d) % b != 0) continue;
           const int m = global_batch / (d * b);
-          std::vector<std::pair<std::string, int>> schedules{{"1f1b", 1}};
+          using parallel::PipelineSchedule;
+          std::vector<std::pair<PipelineSchedule, int>> schedules{
+              {PipelineSchedule::one_f_one_b, 1}};
           if (p > 1 && m % p == 0) {
             for (int v = 2; v <= options.max_chunks && p * v <= spec.layers; ++v) {
-              schedules.emplace_back("interleaved", v);
+              schedules.emplace_back(PipelineSchedule::interleaved, v);
             }
           }
           for (bool split : {false, true}) {
@@ -324,7 +331,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         run.zero_stage = z;
         run.offload_optimizer = offload;
         ++result.evaluated;
-        const Plan plan = evaluate_plan(spec, run, cluster, "auto", 0, {}, 0.0, options.memory_slots);
+        const Plan plan = evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
+                                        options.memory_slots);
         if (!plan.fits) {
           ++result.infeasible;
           if (result.closest.memory.total() == 0.0 ||
@@ -375,10 +383,11 @@ std::string format_plan(const Plan& p) {
                 : r.tensor_mode == core::TensorMode::d2_5
                     ? (" (2.5d, depth " + std::to_string(r.depth) + ")").c_str()
                     : (std::string(" (") + core::tensor_mode_name(r.tensor_mode) + ")").c_str(),
-                r.sequence, r.pipeline, r.schedule.c_str(),
+                r.sequence, r.pipeline, parallel::pipeline_schedule_name(r.schedule),
                 r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
-                r.offload_optimizer ? " + offload" : "", p.policy.c_str());
+                r.offload_optimizer ? " + offload" : "",
+                core::checkpoint_policy_name(p.policy));
   std::string out = line;
   char waiting[64] = "";
   if (p.time.shared_cores > 0) {
@@ -435,15 +444,16 @@ std::vector<std::string> plan_overrides(const Plan& p) {
       "parallel.tensor.sequence_split=" + std::string(r.sequence_split ? "true" : "false"),
       "parallel.sequence=" + std::to_string(r.sequence),
       "parallel.pipeline.size=" + std::to_string(r.pipeline),
-      "parallel.pipeline.schedule=" + r.schedule,
+      std::string("parallel.pipeline.schedule=") +
+          parallel::pipeline_schedule_name(r.schedule),
       "parallel.pipeline.chunks=" + std::to_string(r.chunks),
       "parallel.pipeline.layers=[" + (r.pipeline > 1 ? layers : std::string()) + "]",
       "parallel.zero.stage=" + std::to_string(r.zero_stage),
       "parallel.zero.offload.optimizer=" + std::string(r.offload_optimizer ? "true" : "false"),
       "parallel.zero.offload.params=false",
       "train.micro_batch=" + std::to_string(r.micro_batch),
-      "checkpointing.policy=" + p.policy};
-  if (p.policy == "rotor") {
+      std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy)};
+  if (p.policy == core::CheckpointPolicy::rotor) {
     char budget[64];
     std::snprintf(budget, sizeof budget, "checkpointing.memory_budget=%.6f",
                   p.budget_bytes / (1024.0 * 1024.0 * 1024.0));
@@ -468,9 +478,10 @@ std::string plan_yaml(const Plan& p) {
       r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
       core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
-      r.pipeline > 1 ? layers.c_str() : "", r.schedule.c_str(), r.chunks, r.zero_stage,
-      r.offload_optimizer ? "true" : "false", r.bucket_mb, p.policy.c_str(),
-      p.policy == "rotor"
+      r.pipeline > 1 ? layers.c_str() : "", parallel::pipeline_schedule_name(r.schedule), r.chunks,
+      r.zero_stage, r.offload_optimizer ? "true" : "false", r.bucket_mb,
+      core::checkpoint_policy_name(p.policy),
+      p.policy == core::CheckpointPolicy::rotor
           ? (", memory_budget: " + std::to_string(p.budget_bytes / (1024.0 * 1024.0 * 1024.0))).c_str()
           : "");
   return text;
@@ -501,8 +512,9 @@ std::string plan_json(const Plan& p) {
       r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
       core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
-      r.schedule.c_str(), r.chunks, layers.c_str(), r.micro_batch, r.micro_batches(),
-      r.zero_stage, r.offload_optimizer ? "true" : "false", p.policy.c_str(), schedules.c_str(),
+      parallel::pipeline_schedule_name(r.schedule), r.chunks, layers.c_str(), r.micro_batch,
+      r.micro_batches(), r.zero_stage, r.offload_optimizer ? "true" : "false",
+      core::checkpoint_policy_name(p.policy), schedules.c_str(),
       p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
       memory.c_str(), p.memory.total());
   return text;

@@ -7,9 +7,11 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/checkpoint_policy.hpp"
 #include "core/model_spec.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
@@ -35,7 +37,7 @@ struct Cluster {
 // A layout and its prediction.
 struct Plan {
   RunLayout run;
-  std::string policy = "none";     // checkpointing.policy: none, or rotor under device memory
+  core::CheckpointPolicy policy = core::CheckpointPolicy::none;  // none, or rotor under memory
   double budget_bytes = 0.0;       // rotor's checkpointing.memory_budget
   std::vector<std::string> schedules;  // per pipeline rank, the checkpoint schedule
   bool fits = false;
@@ -48,11 +50,11 @@ struct Plan {
   std::string why;                 // why it lost, or did not fit
 };
 
-// Predicts a fixed layout. `policy` is a checkpointing policy, or "auto": none when everything
-// fits, else rotor under the device memory. run.layers empty: parallel::balanced_stage_layers (the trainer's default).
+// Predicts a fixed layout. `policy` is a checkpointing policy, or nullopt (auto): none when
+// everything fits, else rotor under the device memory. run.layers empty: parallel::balanced_stage_layers (the trainer's default).
 // budget_bytes: rotor's budget (0: the device memory).
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
-                   const std::string& policy = "auto", int every = 0,
+                   std::optional<core::CheckpointPolicy> policy = std::nullopt, int every = 0,
                    const std::vector<int>& blocks = {}, double budget_bytes = 0.0,
                    int memory_slots = 500);
 

@@ -56,7 +56,7 @@ double rotor_budget_gib(const io::Config& base) {
     io::Config c = base;
     c.checkpointing = {};
     none = std::max(none, planner::predict_memory(c.model, apps::rank_layout(c, stage)).total());
-    c.checkpointing.policy = "full";
+    c.checkpointing.policy = core::CheckpointPolicy::full;
     const apps::ActivationPlan plan = apps::activation_plan(c, stage, hw);
     full = std::max(full, planner::predict_memory(
                               c.model, apps::rank_layout(c, stage, plan.keep, plan.selective))
@@ -116,7 +116,7 @@ TEST_P(ActivationPlans, SameLossesAndPredictedMemory) {
   if (c.ranks == 1) {
     EXPECT_LT(measured, reference_memory) << "checkpointing must save memory";
   }
-  if (config.checkpointing.policy == "rotor") {
+  if (config.checkpointing.policy == core::CheckpointPolicy::rotor) {
     EXPECT_LE(predicted.total(), config.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0);
   }
 }
@@ -144,7 +144,7 @@ TEST(AutoPlan, TrainsTheSingleRankModel) {
   const io::Config planned = apps::plan_automatically(
       io::parse_config(text("auto", "auto"), "test"), world, 1, &report);
   if (world.rank() == 0) std::printf("%s", report.c_str());
-  EXPECT_EQ(planned.parallel.mode, "manual");
+  EXPECT_EQ(planned.parallel.mode, io::ParallelMode::manual);
   EXPECT_EQ(planned.parallel.world_size(), world.size());
   // As colossal_train does: 2d / 2.5d / 3d plans run on apps::TrainerMD.
   if (planned.parallel.tensor_mode != core::TensorMode::d1) {

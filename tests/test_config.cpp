@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "io/config.hpp"
@@ -143,7 +145,7 @@ TEST(Config, FullConfigParsesWithExpectedValues) {
   EXPECT_EQ(c.train.micro_batch, 2);
   EXPECT_EQ(c.accumulation_steps(), 8);
   EXPECT_EQ(c.train.seed, 7u);
-  EXPECT_EQ(c.train.precision, "fp32");
+  EXPECT_EQ(c.train.precision, core::GemmPrecision::fp32);
   EXPECT_DOUBLE_EQ(c.train.optimizer.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.train.optimizer.min_lr, 1e-4);
   EXPECT_EQ(c.train.optimizer.warmup, 5);
@@ -152,7 +154,7 @@ TEST(Config, FullConfigParsesWithExpectedValues) {
   EXPECT_DOUBLE_EQ(c.train.optimizer.eps, 1e-6);
   EXPECT_DOUBLE_EQ(c.train.optimizer.weight_decay, 0.01);
   EXPECT_DOUBLE_EQ(c.train.optimizer.grad_clip, 0.5);
-  EXPECT_EQ(c.train.on_nonfinite, "skip");
+  EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::skip);
   EXPECT_EQ(c.hardware.preset, "host");
   EXPECT_DOUBLE_EQ(c.hardware.peak_tflops, 2.5);
   EXPECT_EQ(c.eval.every, 25);
@@ -171,7 +173,7 @@ TEST(Config, OmittedKeysTakeTheirDefaults) {
   EXPECT_EQ(c.train.seq_len, defaults.train.seq_len);
   EXPECT_EQ(c.train.optimizer.lr, defaults.train.optimizer.lr);
   EXPECT_EQ(c.train.optimizer.beta2, defaults.train.optimizer.beta2);
-  EXPECT_EQ(c.train.on_nonfinite, "stop");
+  EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::stop);
   EXPECT_EQ(c.log.dir, defaults.log.dir);
   EXPECT_EQ(c.data.val_path, "");
   EXPECT_EQ(c.sample.tokens, 0);
@@ -240,7 +242,7 @@ TEST(ConfigSet, OverridesNestedKeysAndCreatesSections) {
   EXPECT_DOUBLE_EQ(c.train.optimizer.lr, 0.01);
   EXPECT_DOUBLE_EQ(c.train.optimizer.min_lr, 0.001);
   EXPECT_EQ(c.model.layers, 3);
-  EXPECT_EQ(c.train.on_nonfinite, "skip");
+  EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::skip);
   // A whole section as a flow mapping; later overrides win.
   const Config s = parse_config(kMinimal, "s.yaml", {"eval={every: 7}", "eval.every=8"});
   EXPECT_EQ(s.eval.every, 8);
@@ -505,6 +507,75 @@ TEST(Config, TensorModeParsesToTheEnumAndWritesItsName) {
   }
   EXPECT_EQ(core::parse_tensor_mode("2D"), std::nullopt);
   EXPECT_EQ(core::parse_tensor_mode("4d"), std::nullopt);
+}
+
+// Every other closed set of words is read once into its enum too: each word gives its value, the
+// value's name is the word, to_yaml writes the word back, and that text reads to the same value.
+TEST(Config, ModeWordsParseToTheirEnumsAndWriteTheirNames) {
+  auto expect_word = [](const std::string& yaml, const std::string& written, auto want,
+                        auto get, const std::string& name) {
+    SCOPED_TRACE(yaml);
+    const Config c = parse_config(std::string(kMinimal) + yaml, "mode.yaml");
+    EXPECT_EQ(get(c), want);
+    EXPECT_EQ(name, written.substr(written.rfind(' ') + 1));
+    EXPECT_TRUE(Contains(to_yaml(c), written));
+    EXPECT_EQ(get(parse_config(to_yaml(c), "again.yaml")), want);
+  };
+  using parallel::PipelineSchedule;
+  using ScheduleWord = std::tuple<std::string, PipelineSchedule, std::string>;
+  for (auto [word, kind, extra] : std::vector<ScheduleWord>{
+           {"gpipe", PipelineSchedule::gpipe, ""},
+           {"1f1b", PipelineSchedule::one_f_one_b, ""},
+           {"interleaved", PipelineSchedule::interleaved, ", chunks: 2"}}) {
+    expect_word("parallel: {pipeline: {size: 2, schedule: " + word + extra + "}}\n",
+                "schedule: " + word, kind,
+                [](const Config& c) { return c.parallel.pipeline_schedule; },
+                parallel::pipeline_schedule_name(kind));
+    EXPECT_EQ(parallel::parse_pipeline_schedule(word), kind);
+  }
+  EXPECT_EQ(parallel::parse_pipeline_schedule("1F1B"), std::nullopt);
+  using core::CheckpointPolicy;
+  using PolicyWord = std::tuple<std::string, CheckpointPolicy, std::string>;
+  for (auto [word, policy, extra] : std::vector<PolicyWord>{
+           {"none", CheckpointPolicy::none, ""},
+           {"full", CheckpointPolicy::full, ""},
+           {"every_k", CheckpointPolicy::every_k, ", every: 2"},
+           {"sqrt", CheckpointPolicy::sqrt, ""},
+           {"rotor", CheckpointPolicy::rotor, ", memory_budget: 6"},
+           {"selective", CheckpointPolicy::selective, ""},
+           {"manual", CheckpointPolicy::manual, ", blocks: [0, 1]"}}) {
+    expect_word("checkpointing: {policy: " + word + extra + "}\n", "policy: " + word, policy,
+                [](const Config& c) { return c.checkpointing.policy; },
+                core::checkpoint_policy_name(policy));
+    EXPECT_EQ(core::parse_checkpoint_policy(word), policy);
+  }
+  EXPECT_EQ(core::parse_checkpoint_policy("auto"), std::nullopt);
+  for (auto [word, precision] : std::vector<std::pair<std::string, core::GemmPrecision>>{
+           {"fp32", core::GemmPrecision::fp32}, {"bf16", core::GemmPrecision::bf16}}) {
+    expect_word("train: {precision: " + word + "}\n", "precision: " + word, precision,
+                [](const Config& c) { return c.train.precision; }, core::to_string(precision));
+  }
+  for (auto [word, mode] : std::vector<std::pair<std::string, OnNonfinite>>{
+           {"stop", OnNonfinite::stop}, {"skip", OnNonfinite::skip}}) {
+    expect_word("train: {on_nonfinite: " + word + "}\n", "on_nonfinite: " + word, mode,
+                [](const Config& c) { return c.train.on_nonfinite; }, on_nonfinite_name(mode));
+    EXPECT_EQ(parse_on_nonfinite(word), mode);
+  }
+  for (auto [word, mode] : std::vector<std::pair<std::string, ParallelMode>>{
+           {"manual", ParallelMode::manual}, {"auto", ParallelMode::automatic}}) {
+    expect_word("parallel: {mode: " + word + "}\n", "mode: " + word, mode,
+                [](const Config& c) { return c.parallel.mode; }, parallel_mode_name(mode));
+    EXPECT_EQ(parse_parallel_mode(word), mode);
+  }
+  for (auto [word, mode] : std::vector<std::pair<std::string, ResumeMode>>{
+           {"never", ResumeMode::never}, {"auto", ResumeMode::automatic}}) {
+    expect_word("checkpoint: {resume: " + word + "}\n", "resume: " + word, mode,
+                [](const Config& c) { return c.checkpoint.resume; }, resume_mode_name(mode));
+    EXPECT_EQ(parse_resume_mode(word), mode);
+  }
+  EXPECT_EQ(parse_parallel_mode("automatic"), std::nullopt);
+  EXPECT_EQ(parse_resume_mode("always"), std::nullopt);
+  EXPECT_EQ(parse_on_nonfinite(""), std::nullopt);
 }
 
 TEST(Config, ToYamlWritesEveryKey) {

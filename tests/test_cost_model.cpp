@@ -153,7 +153,8 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
     stage.micro_backward.assign(std::size_t(chunks), 2.0);
     stage.optimizer = tail;
     const planner::SharedCoresLayout l{data,          tensor,   1,     pipeline,      chunks,
-                                       micro_batches, schedule, cores, ranks_per_node};
+                                       micro_batches, *parallel::parse_pipeline_schedule(schedule),
+                                       cores,         ranks_per_node};
     return planner::pinned_step(l, std::vector<planner::TimePrediction>(std::size_t(pipeline), stage));
   };
   // A core each: 1F1B's (m + p - 1)(f + b).
@@ -200,7 +201,7 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   stage.micro_forward = {1.0};
   stage.micro_backward = {2.0};
   stage.step = 3.0;
-  planner::SharedCoresLayout four{4, 1, 1, 1, 1, 1, "1f1b", 2};
+  planner::SharedCoresLayout four{4, 1, 1, 1, 1, 1, parallel::PipelineSchedule::one_f_one_b, 2};
   planner::TimePrediction own = stage;
   planner::share_node_cores(own, four, {stage});
   EXPECT_DOUBLE_EQ(own.step, 4 * 3.0 / 2);
@@ -208,7 +209,8 @@ TEST(CostModel, PinnedRanksTakeTheirCoresPieceByPiece) {
   own = stage;
   planner::share_node_cores(own, four, {stage});
   EXPECT_DOUBLE_EQ(own.step, step(4, 1, 1, 1, 2));
-  four = planner::SharedCoresLayout{1, 1, 1, 4, 1, 4, "1f1b", 2};  // a 4-stage pipeline
+  four = planner::SharedCoresLayout{1, 1, 1, 4, 1, 4, parallel::PipelineSchedule::one_f_one_b,
+                                    2};  // a 4-stage pipeline
   own = stage;
   planner::share_node_cores(own, four, std::vector<planner::TimePrediction>(4, stage));
   EXPECT_DOUBLE_EQ(own.step, 4 * 3.0 / 2);  // its bubble unseen by the bound

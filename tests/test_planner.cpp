@@ -134,6 +134,7 @@ planner::SearchResult expect_pruning_keeps_the_best(const core::ModelSpec& spec,
 // thread-seconds of all ranks over the cores, pruning still keeps the best plans,
 // and 1F1B needs a micro-batch per stage, as the config does.
 TEST(Search, RanksSharingCoresAddTheirWork) {
+  constexpr auto none = core::CheckpointPolicy::none;
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 128);
   planner::HardwareSpec hw = planner::scaled_to_threads(planner::hardware_preset("host"), 1);
   planner::Cluster shared{hw, 8, 2}, own{hw, 8, 0};
@@ -144,11 +145,11 @@ TEST(Search, RanksSharingCoresAddTheirWork) {
   run.micro_batch = 2;
   run.seq_len = 128;
   run.data = 8;
-  double alone = planner::evaluate_plan(spec, run, own, "none").step_time;
-  EXPECT_NEAR(planner::evaluate_plan(spec, run, shared, "none").step_time, 8 * alone / 2, 1e-12);
+  double alone = planner::evaluate_plan(spec, run, own, none).step_time;
+  EXPECT_NEAR(planner::evaluate_plan(spec, run, shared, none).step_time, 8 * alone / 2, 1e-12);
   run.data = 2;
   run.pipeline = 4;
-  const planner::Plan piped = planner::evaluate_plan(spec, run, shared, "none");
+  const planner::Plan piped = planner::evaluate_plan(spec, run, shared, none);
   ASSERT_TRUE(piped.fits) << piped.why;
   double work = 0.0;
   for (int r = 0; r < 4; ++r) {
@@ -157,7 +158,7 @@ TEST(Search, RanksSharingCoresAddTheirWork) {
   EXPECT_NEAR(piped.step_time, work / 2, 1e-12);
   EXPECT_GT(piped.time.shared_cores, 0.0);
   run.micro_batch = 4;  // 2 micro-batches per rank for 4 stages
-  EXPECT_NE(planner::evaluate_plan(spec, run, shared, "none").why.find("1f1b needs"),
+  EXPECT_NE(planner::evaluate_plan(spec, run, shared, none).why.find("1f1b needs"),
             std::string::npos);
   expect_pruning_keeps_the_best(spec, shared);
 }
@@ -168,6 +169,7 @@ TEST(Search, RanksSharingCoresAddTheirWork) {
 // pipeline 0.36 s, data 4 with ZeRO 2 0.34 s; the bound that counts bubbles as busy predicted the
 // two pipelines at 0.43 s and 0.50 s.
 TEST(Search, PinnedRanksAreSimulated) {
+  constexpr auto none = core::CheckpointPolicy::none;
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 128);
   planner::HardwareSpec hw = planner::scaled_to_threads(planner::hardware_preset("host"), 1);
   planner::Cluster pinned{hw, 4, 2, true}, bounded{hw, 4, 2, false}, own{hw, 4, 0};
@@ -176,17 +178,17 @@ TEST(Search, PinnedRanksAreSimulated) {
   run.micro_batch = 4;
   run.seq_len = 128;
   run.data = 4;
-  const double alone = planner::evaluate_plan(spec, run, own, "none").step_time;
-  EXPECT_NEAR(planner::evaluate_plan(spec, run, pinned, "none").step_time, 2 * alone, 1e-9 * alone);
+  const double alone = planner::evaluate_plan(spec, run, own, none).step_time;
+  EXPECT_NEAR(planner::evaluate_plan(spec, run, pinned, none).step_time, 2 * alone, 1e-9 * alone);
   run.data = 2;
   run.pipeline = 2;
-  const planner::Plan two = planner::evaluate_plan(spec, run, pinned, "none");
+  const planner::Plan two = planner::evaluate_plan(spec, run, pinned, none);
   ASSERT_TRUE(two.fits) << two.why;
   EXPECT_GT(two.time.shared_cores, 0.0);
-  EXPECT_LT(two.step_time, planner::evaluate_plan(spec, run, bounded, "none").step_time);
+  EXPECT_LT(two.step_time, planner::evaluate_plan(spec, run, bounded, none).step_time);
   run.data = 1;
   run.pipeline = 4;
-  const planner::Plan four = planner::evaluate_plan(spec, run, pinned, "none");
+  const planner::Plan four = planner::evaluate_plan(spec, run, pinned, none);
   ASSERT_TRUE(four.fits) << four.why;
   EXPECT_GT(four.step_time, 1.1 * two.step_time);
   // Pruning by the dedicated-core bound stays exact: the simulation never goes below it.
@@ -257,7 +259,7 @@ planner::RunLayout published_layout(const Published& r) {
   // Interleaved with the fewest chunks (2, else 3, ...) that divide each rank's blocks evenly.
   for (int v = 2; r.p > 1 && v <= 4; ++v) {
     if (r.layers % (v * r.p) == 0) {
-      run.schedule = "interleaved";
+      run.schedule = parallel::PipelineSchedule::interleaved;
       run.chunks = v;
       break;
     }
@@ -278,7 +280,8 @@ TEST(Megatron2021, Table1PredictedTflopsPerGpu) {
   for (const Published& r : rows) {
     const planner::Cluster cluster{planner::hardware_preset("a100-80g"), r.gpus};
     const planner::RunLayout run = published_layout(r);
-    const planner::Plan plan = planner::evaluate_plan(gpt_of(r), run, cluster, "full");
+    const planner::Plan plan =
+        planner::evaluate_plan(gpt_of(r), run, cluster, core::CheckpointPolicy::full);
     ASSERT_GT(plan.step_time, 0.0) << plan.why;
     const double predicted = megatron_flops(r) / plan.step_time / r.gpus / 1e12;
     const double error = predicted / r.tflops_per_gpu - 1.0;
@@ -305,7 +308,8 @@ TEST(Megatron2021, PlannerBeatsOrMatchesEachPublishedLayout) {
   for (const Published& r : megatron_table1()) {  // every row, up to 1T on 3072 GPUs (~6 s)
     const planner::Cluster cluster{planner::hardware_preset("a100-80g"), r.gpus};
     const planner::Plan published =
-        planner::evaluate_plan(gpt_of(r), published_layout(r), cluster, "full");
+        planner::evaluate_plan(gpt_of(r), published_layout(r), cluster,
+                               core::CheckpointPolicy::full);
     planner::SearchOptions options;  // on the published layouts' basis: one gradient all-reduce
     options.bucket_mb = std::numeric_limits<double>::infinity();
     const planner::SearchResult found =
@@ -345,7 +349,8 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
     run.micro_batch = r.micro;
     if (r.p == 1) run.zero_stage = 3;
     const planner::Cluster cluster{planner::hardware_preset("a100-80g"), r.gpus};
-    const planner::Plan plan = planner::evaluate_plan(gpt_of(pub), run, cluster, "full");
+    const planner::Plan plan =
+        planner::evaluate_plan(gpt_of(pub), run, cluster, core::CheckpointPolicy::full);
     ASSERT_GT(plan.step_time, 0.0) << plan.why;
     const double predicted = megatron_flops(pub) / plan.step_time / r.gpus / 1e12;
     std::printf("%-7s %6.1fB t%d p%-2d %4d GPUs micro %d: predicted %6.1f TFLOP/s per GPU, "

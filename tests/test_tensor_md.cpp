@@ -136,7 +136,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   auto resuming = [&](const std::string& from) {
     io::Config c = full;
     c.checkpoint.every = 0;
-    c.checkpoint.resume = "auto";
+    c.checkpoint.resume = io::ResumeMode::automatic;
     c.checkpoint.dir = from;
     return c;
   };
@@ -155,7 +155,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   // One rank, 1d, from this layout's checkpoint.
   io::Config single = config(data, layout, false, name + "_1d" + rank);
   single.checkpoint.dir = dir;
-  single.checkpoint.resume = "auto";
+  single.checkpoint.resume = io::ResumeMode::automatic;
   expect_continues(apps::Trainer(single, nullptr).train(), 1e-5);
   world.barrier();
 

@@ -77,7 +77,7 @@ TEST(Training, Bf16ProductsFollowTheFp32Curve) {
   io::Config fp32 = tiny_config(dir, "gpt2");
   fp32.train.steps = 60;
   io::Config bf16 = fp32;
-  bf16.train.precision = "bf16";
+  bf16.train.precision = core::GemmPrecision::bf16;
   apps::Trainer a(fp32, nullptr), b(bf16, nullptr);
   const auto sa = a.train(), sb = b.train();
   ASSERT_EQ(sa.losses.size(), sb.losses.size());
@@ -152,7 +152,7 @@ TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
     EXPECT_NE(what.find("holds the state before it"), std::string::npos) << what;
     EXPECT_FALSE(io::list_checkpoints(dir + "/run/checkpoints").empty());
   }
-  c.train.on_nonfinite = "skip";
+  c.train.on_nonfinite = io::OnNonfinite::skip;
   apps::Trainer skip(c, nullptr);
   const auto s = skip.train();
   EXPECT_GT(s.skipped_steps, 0);
@@ -189,7 +189,7 @@ TEST(Recompute, SameTrainingWithLessActivationMemory) {
   io::Config keep = tiny_config(dir, "gpt2");
   keep.train.steps = 6;
   io::Config again = keep;
-  again.checkpointing.policy = "full";  // every block keeps only its input
+  again.checkpointing.policy = core::CheckpointPolicy::full;  // every block keeps only its input
   apps::Trainer a(keep, nullptr), b(again, nullptr);
   const apps::TrainSummary sa = a.train(), sb = b.train();
   ASSERT_EQ(sa.losses.size(), sb.losses.size());
@@ -199,7 +199,7 @@ TEST(Recompute, SameTrainingWithLessActivationMemory) {
   const std::size_t recomputed = b.memory().current(core::MemCategory::activations);
   EXPECT_LT(recomputed, kept / 2) << "the blocks' activations must be freed";
   io::Config one = keep;
-  one.checkpointing.policy = "manual";
+  one.checkpointing.policy = core::CheckpointPolicy::manual;
   one.checkpointing.blocks = {1};
   apps::Trainer c(one, nullptr);
   EXPECT_EQ(c.train().losses, sa.losses);
