@@ -13,8 +13,6 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "core/model.hpp"
-
 namespace colossal::planner {
 
 Layout RankLayout::graph_layout(const Chunk& chunk) const {
