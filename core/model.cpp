@@ -129,66 +129,25 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     blocks_.push_back(b);
   }
 
-  // Saved activations: one arena carved in a fixed order.
-  // Per rank: C, T full; heads (H), their width (Cl = C/t), MLP width (F) and vocabulary rows
-  // split over the tensor group.
-  const std::size_t B = max_batch, T = seq_len, C = spec.hidden, F = local_ffn_,
-                    H = local_heads_, L = std::size_t(layer_end_ - layer_begin_),
-                    Cl = local_hidden_;
-  const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl;
-  // Rows of the residual stream per rank: all, or 1/t of them under sequence_split (Megatron
-  // sequence parallelism: layernorms and residual adds on this rank's rows only).
-  const std::size_t t = sequence_split_ ? tp_->size() : 1;
-  const std::size_t BTr = BT / t, BTCr = BTC / t;
-  // Probabilities: this rank's T query rows against all ring_size * T keys under ring attention.
-  const std::size_t keys = T * ring_size;
-  const std::size_t att_floats = spec.fused_attention ? B * H * T : B * H * T * keys;
-  // The final layernorm's output is needed whole by the LM head; its statistics and the losses
-  // per token as before (head stage only). One such set per slot.
-  const std::size_t head_floats = stage_.head ? BTC + 2 * BTr + BT : 0;
-  // Activation checkpointing (ModelOptions::keep): per local op, what the first forward keeps.
-  // Op 2i is block i's attention sub-layer (input residual[i]; saves ln1 and its statistics,
-  // qkv, the probabilities and the attention output), op 2i+1 its MLP (input mid; saves ln2 and
-  // its statistics and fch). `all` keeps input and saved set, `input` the input alone, `none`
-  // nothing: dropped sets live in one arena, carved per segment from its start.
+  // Saved activations and temporaries: sized by the activation table (core/activation_sizes.hpp),
+  // the saved ones carved from one arena per slot in a fixed order. Per local op (two per block,
+  // ModelOptions::keep): op 2i is block i's attention sub-layer (input residual[i]; saves ln1 and
+  // its statistics, qkv, the probabilities and the attention output), op 2i+1 its MLP (input mid;
+  // saves ln2 and its statistics and fch). `all` keeps input and saved set, `input` the input
+  // alone, `none` nothing: dropped sets live in one arena, carved per segment from its start.
   constexpr int kOps = kOpsPerBlock;
-  if (!options.keep.empty() && options.keep.size() != std::size_t(spec.layers) * kOps) {
-    throw std::invalid_argument("ModelOptions::keep has " + std::to_string(options.keep.size()) +
-                                " entries; the model has " + std::to_string(spec.layers * kOps) +
-                                " ops (" + std::to_string(kOps) + " per block)");
-  }
-  keep_.assign(L * kOps, Keep::all);
-  if (!options.keep.empty()) {
-    std::copy(options.keep.begin() + std::ptrdiff_t(layer_begin_) * kOps,
-              options.keep.begin() + std::ptrdiff_t(layer_end_) * kOps, keep_.begin());
-  }
-  if (!keep_.empty() && keep_.front() == Keep::none) keep_.front() = Keep::input;  // stage input
-  // Selective recompute drops the probabilities of kept attention ops (nothing to drop when fused).
-  selective_ = options.selective && !spec.fused_attention;
-  bool kept_attention = false;
-  for (std::size_t op = 0; op < keep_.size(); op += kOps) kept_attention |= keep_[op] == Keep::all;
-  selective_ = selective_ && kept_attention;
-  const std::size_t attn_saved = BTCr + 2 * BTr + 4 * BTCl + att_floats;
-  const std::size_t mlp_saved = BTCr + 2 * BTr + BT * F;
-  auto saved_of = [&](std::size_t op) { return op % kOps == 0 ? attn_saved : mlp_saved; };
-  std::size_t kept = BTCr, arena = 0, segment = 0;  // kept: the stage output residual[L]
-  for (std::size_t op = 0; op < keep_.size(); ++op) {
-    const std::size_t a = saved_of(op) - (op % kOps == 0 && selective_ && keep_[op] == Keep::all
-                                              ? att_floats : 0);
-    switch (keep_[op]) {
-      case Keep::all: kept += BTCr + a; break;
-      case Keep::input: kept += BTCr; segment = a; break;
-      case Keep::none: segment += BTCr + a; break;
-    }
-    arena = std::max(arena, keep_[op] == Keep::all ? 0 : segment);
-  }
-  const std::size_t per_slot = kept + head_floats;
+  const ActivationShape shape{max_batch, seq_len, split.size, sequence_split_, ring_size};
+  activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
+  const ActivationSizes& sz = activations_.sizes;
+  keep_ = activations_.keep;
+  selective_ = activations_.selective;
+  const std::size_t L = std::size_t(layer_end_ - layer_begin_);
   const std::size_t slots = std::size_t(options.slots);
-  acts_ = DeviceArray<float>(tracker, MemCategory::activations, per_slot * slots);
-  logits_ = DeviceArray<float>(tracker, MemCategory::activations,
-                               stage_.head ? BT * local_vocab_ * slots : 0);
-  recompute_arena_ = DeviceArray<float>(tracker, MemCategory::temporaries, arena);
-  selective_att_ = DeviceArray<float>(tracker, MemCategory::temporaries, selective_ ? att_floats : 0);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations, activations_.saved * slots);
+  logits_ = DeviceArray<float>(tracker, MemCategory::activations, activations_.logits * slots);
+  recompute_arena_ = DeviceArray<float>(tracker, MemCategory::temporaries, activations_.arena);
+  selective_att_ =
+      DeviceArray<float>(tracker, MemCategory::temporaries, activations_.selective_att);
   float* cursor = nullptr;
   float* arena_cursor = nullptr;
   auto carve_from = [](float*& from, std::size_t n) {
@@ -205,19 +164,19 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     float*& s = keep == Keep::all ? cursor : arena_cursor;
     BlockActs& a = acts.blocks[op / kOps];
     if (op % kOps == 0) {
-      acts.residual[op / kOps] = carve_from(x, BTCr);
-      a.ln1 = carve_from(s, BTCr);
-      a.ln1_mean = carve_from(s, BTr);
-      a.ln1_rstd = carve_from(s, BTr);
-      a.qkv = carve_from(s, 3 * BTCl);
-      a.att = selective_ && keep == Keep::all ? selective_att_.data() : carve_from(s, att_floats);
-      a.atty = carve_from(s, BTCl);
+      acts.residual[op / kOps] = carve_from(x, sz.residual);
+      a.ln1 = carve_from(s, sz.ln1);
+      a.ln1_mean = carve_from(s, sz.ln1_mean);
+      a.ln1_rstd = carve_from(s, sz.ln1_rstd);
+      a.qkv = carve_from(s, sz.qkv);
+      a.att = activations_.selective_at(op) ? selective_att_.data() : carve_from(s, sz.att);
+      a.atty = carve_from(s, sz.atty);
     } else {
-      a.mid = carve_from(x, BTCr);
-      a.ln2 = carve_from(s, BTCr);
-      a.ln2_mean = carve_from(s, BTr);
-      a.ln2_rstd = carve_from(s, BTr);
-      a.fch = carve_from(s, BT * F);
+      a.mid = carve_from(x, sz.residual);
+      a.ln2 = carve_from(s, sz.ln2);
+      a.ln2_mean = carve_from(s, sz.ln2_mean);
+      a.ln2_rstd = carve_from(s, sz.ln2_rstd);
+      a.fch = carve_from(s, sz.fch);
     }
   };
   cursor = acts_.data();
@@ -226,44 +185,47 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     acts.residual.assign(L + 1, nullptr);
     acts.blocks.assign(L, BlockActs{});
     for (std::size_t op = 0; op < keep_.size(); ++op) carve_op(op, acts);
-    acts.residual[L] = carve(BTCr);
+    acts.residual[L] = carve(sz.residual);
     if (stage_.head) {
-      acts.lnf = carve(BTC);
-      acts.lnf_mean = carve(BTr);
-      acts.lnf_rstd = carve(BTr);
-      acts.losses = carve(BT);
+      acts.lnf = carve(sz.lnf);
+      acts.lnf_mean = carve(sz.lnf_mean);
+      acts.lnf_rstd = carve(sz.lnf_rstd);
+      acts.losses = carve(sz.losses);
       acts.logits = logits_.data() == nullptr ? nullptr
-                                              : logits_.data() + slot * BT * local_vocab_;
+                                              : logits_.data() + slot * activations_.logits;
     }
     slot_acts_.push_back(std::move(acts));
   }
+  // The carving above and the table's totals must be the same sums.
+  auto check_carved = [](const float* end, const DeviceArray<float>& buffer, const char* what) {
+    if (end != nullptr && end != buffer.data() + buffer.size()) {
+      throw std::logic_error(std::string("core::Model carved its ") + what +
+                             " other than the activation table sized them");
+    }
+  };
+  check_carved(cursor, acts_, "saved activations");
 
-  const std::size_t datt_floats = spec.fused_attention ? fused_attention_work_floats()
-                                  : ring_                ? B * H * T * keys
-                                                         : H * T * T;
-  const std::size_t ce_floats = tp_ ? 3 * BT : 0;
-  scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                scratch_floats(spec, max_batch, seq_len, split.size,
-                                               sequence_split_, ring_size));
+  scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, activations_.scratch);
   cursor = scratch_.data();
-  dresidual_ = carve(BTC);
-  dbuf_c_ = carve(BTC);
-  dbuf_f_ = carve(BT * F);
-  act_buf_ = carve(BT * F);
-  dqkv_ = carve(3 * BTCl);
-  datt_ = carve(datt_floats);
-  ce_buf_ = carve(ce_floats);
+  dresidual_ = carve(sz.dresidual);
+  dbuf_c_ = carve(sz.dhidden);
+  dbuf_f_ = carve(sz.dmlp);
+  act_buf_ = carve(sz.mlp_act);
+  dqkv_ = carve(sz.dqkv);
+  datt_ = carve(sz.datt);
+  ce_buf_ = carve(sz.cross_entropy);
   if (ring_) {
-    ring_block_ = carve(2 * BTCl);
-    dkv_all_ = carve(2 * BTCl * ring_size);
+    ring_block_ = carve(sz.ring_blocks);
+    dkv_all_ = carve(sz.ring_dkv);
   }
   if (sequence_split_) {
-    full_tmp_ = carve(BTC);
-    gather_tmp_ = carve(BTC);
-    dfull_ = carve(BTC);
-    rows_tmp_ = carve(BTCr);
-    lnf_local_ = carve(BTCr);
+    full_tmp_ = carve(sz.split_sums);
+    gather_tmp_ = carve(sz.split_gather);
+    dfull_ = carve(sz.split_dgather);
+    rows_tmp_ = carve(sz.split_rows);
+    lnf_local_ = carve(sz.split_lnf);
   }
+  check_carved(cursor, scratch_, "temporaries");
 }
 
 const ParamSpec& Model::parameter(const std::string& name) const {
@@ -271,27 +233,6 @@ const ParamSpec& Model::parameter(const std::string& name) const {
     if (p.name == name) return p;
   }
   throw std::out_of_range("no parameter named '" + name + "'");
-}
-
-std::size_t Model::scratch_floats(const ModelSpec& spec, int batch, int seq_len, int tensor,
-                                  bool sequence_split, int ring) {
-  const std::size_t t = std::size_t(tensor), B = std::size_t(batch), T = std::size_t(seq_len);
-  const std::size_t C = spec.hidden, Cl = C / t, H = spec.heads / t, F = spec.ffn_hidden / t;
-  const std::size_t BT = B * T, BTC = BT * C, BTCl = BT * Cl, keys = T * std::size_t(ring);
-  const bool split = sequence_split && tensor > 1;
-  // The MLP activation output (recomputed in backward rather than saved), gradient buffers, and
-  // one batch-row of attention-score gradients (fused attention: one tile of scores and of their
-  // gradients). Ring attention: score gradients of every batch row at once, two key/value blocks
-  // in flight, and this rank's part of every block's dK and dV.
-  const std::size_t datt = spec.fused_attention ? fused_attention_work_floats()
-                           : ring > 1           ? B * H * T * keys
-                                                : H * T * T;
-  const std::size_t ring_floats = ring > 1 ? 2 * BTCl + 2 * BTCl * std::size_t(ring) : 0;
-  // Vocabulary-parallel cross-entropy: row maxima, then sums of exponentials and target logits.
-  const std::size_t ce = tensor > 1 ? 3 * BT : 0;
-  // sequence_split: whole-row buffers for gathers and partial sums, and one rank's rows.
-  const std::size_t split_floats = split ? 3 * BTC + 2 * (BTC / t) : 0;
-  return BTC * 2 + BT * F * 2 + 3 * BTCl + datt + ce + split_floats + ring_floats;
 }
 
 std::size_t Model::activation_bytes() const { return acts_.bytes() + logits_.bytes(); }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/activation_sizes.hpp"
 #include "core/keep.hpp"
 #include "core/gemm.hpp"
 #include "core/layers.hpp"
@@ -144,11 +145,10 @@ class Model final : public StageModel {
   // This rank's runs of every tensor it holds (core::logical_runs of its table).
   const std::vector<LogicalRun>& logical_runs() const override { return runs_; }
 
-  // Floats of the temporaries shared by every block (gradient buffers, the recomputed MLP
-  // activation, attention-score gradients, gather buffers) of a model built with these sizes:
-  // what the cost model predicts for them without building one.
-  static std::size_t scratch_floats(const ModelSpec& spec, int batch, int seq_len, int tensor,
-                                    bool sequence_split, int ring);
+  // The activation table its buffers were carved from (core/activation_sizes.hpp): the floats
+  // of every saved tensor and temporary, what each slot keeps, the recompute arena. The cost
+  // model reads the same table without building a model.
+  const StageActivations& activations() const { return activations_; }
   // Bytes of saved activations and of temporaries (for reports and the cost model's checks).
   std::size_t activation_bytes() const;
   std::size_t temporary_bytes() const;
@@ -280,6 +280,7 @@ class Model final : public StageModel {
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
   std::vector<Acts> slot_acts_;
+  StageActivations activations_;  // the sizes of everything below
   std::vector<Keep> keep_;  // per local op (2 per block)
   bool selective_ = false;                    // probabilities of kept blocks recomputed
   DeviceArray<float> recompute_arena_;        // the activations of the segment being recomputed

@@ -13,8 +13,6 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "core/model.hpp"
-
 namespace colossal::planner {
 
 Layout RankLayout::graph_layout(const Chunk& chunk) const {
@@ -162,10 +160,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     }
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     m[MemCategory::activations] += graph.saved_bytes() * chunk.slots;
-    m[MemCategory::temporaries] +=
-        (l.bf16 ? 2.0 : kF) * double(core::Model::scratch_floats(spec, l.micro_batch, chunk_len, l.tensor,
-                                                l.sequence_split, l.sequence)) +
-        graph.arena_bytes + graph.selective_bytes;
+    m[MemCategory::temporaries] += graph.scratch_bytes + graph.arena_bytes + graph.selective_bytes;
     // Trainer: token ids and targets per slot; gradient sends to the previous stage per slot.
     m[MemCategory::data] += 2.0 * l.micro_batch * chunk_len * chunk.slots * 4;
     if (chunk.virtual_stage > 0) m[MemCategory::temporaries] += rows * spec.hidden * kF * chunk.slots;

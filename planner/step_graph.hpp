@@ -1,8 +1,9 @@
 // The symbolic graph of one training micro-batch: every op of forward and backward with its FLOPs,
 // the bytes it moves, the activation bytes it keeps for backward and the collective its sharding
 // implies, computed from the model spec and the layout alone (nothing is allocated, no kernel
-// runs). The first piece of the symbolic cost pass: its saved bytes are exactly what core::Model
-// allocates for activations (tests/test_step_graph.cpp), and its matmul FLOPs add up to the
+// runs). The first piece of the symbolic cost pass: its saved and temporary bytes come from the
+// activation table core::Model allocates from (core/activation_sizes.hpp; the ops' shares add up
+// to what the model allocates, tests/test_step_graph.cpp), and its matmul FLOPs add up to the
 // 6N + 12LTd per token of core::flops_per_token.
 #pragma once
 
@@ -53,6 +54,8 @@ struct StepGraph {
   // and, under selective recompute, one block's attention probabilities.
   double arena_bytes = 0.0;
   double selective_bytes = 0.0;
+  // The temporaries every block's backward shares (core::ActivationSizes::scratch).
+  double scratch_bytes = 0.0;
   double recompute_flops() const;
   double forward_flops() const;
   double backward_flops() const;

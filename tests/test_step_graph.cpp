@@ -1,6 +1,9 @@
 // The symbolic step graph against the real model: its saved bytes are exactly what core::Model
-// allocates for activations (counted by a dry-run tracker, nothing allocated) for every layout;
-// its matmul FLOPs are 6N + 12LTd per token, and split evenly over tensor ranks.
+// allocates for activations (counted by a dry-run tracker, nothing allocated) for every layout,
+// its temporaries what the model allocates for them; both read core/activation_sizes.hpp, so this
+// checks that the ops' shares of that table add up to its totals (the table itself is checked
+// against closed forms in tests/test_activation_sizes.cpp). Its matmul FLOPs are 6N + 12LTd per
+// token, and split evenly over tensor ranks.
 #include <gtest/gtest.h>
 
 #include "core/model.hpp"
@@ -76,6 +79,8 @@ TEST_P(SavedBytes, EqualWhatTheModelAllocates) {
   EXPECT_EQ(double(model.activation_bytes()), graph.saved_bytes() * c.slots);
   EXPECT_EQ(tracker.current(core::MemCategory::activations), model.activation_bytes());
   EXPECT_EQ(double(model.recompute_bytes()), graph.arena_bytes + graph.selective_bytes);
+  EXPECT_EQ(double(model.temporary_bytes()),
+            graph.scratch_bytes + graph.arena_bytes + graph.selective_bytes);
 }
 
 INSTANTIATE_TEST_SUITE_P(
