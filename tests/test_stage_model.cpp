@@ -13,27 +13,10 @@
 #include "core/model.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
+#include "pretend_group.hpp"
 
 namespace colossal {
 namespace {
-
-// A group that knows where it is and refuses to communicate.
-class PlacedGroup final : public core::TensorGroup {
- public:
-  PlacedGroup(int rank, int size) : rank_(rank), size_(size) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  void all_reduce_sum(float*, std::size_t) override { refuse(); }
-  void all_reduce_max(float*, std::size_t) override { refuse(); }
-  void all_gather(const float*, std::size_t, float*) override { refuse(); }
-  void reduce_scatter(const float*, std::size_t, float*) override { refuse(); }
-  void broadcast(float*, std::size_t, int) override { refuse(); }
-  void send_recv(const float*, std::size_t, int, float*, int) override { refuse(); }
-
- private:
-  [[noreturn]] static void refuse() { throw std::logic_error("no communication in this test"); }
-  int rank_, size_;
-};
 
 // Counts, per logical element, the ranks owning it, and checks every run's values.
 class Coverage {
@@ -97,7 +80,7 @@ TEST_P(StageModelRuns, TensorRanksAndPipelineStagesOwnEveryElementOnce) {
     // a copy of the tied embedding that it does not own.
     for (int s = 0; s < 3; ++s) {
       for (int r = 0; r < t; ++r) {
-        PlacedGroup group(r, t);
+        test::PretendGroup group(t, r);
         core::MemoryTracker tracker;
         core::Model model(spec, 2, 8, tracker, *gemm,
                           core::ModelOptions{.tensor = &group,
@@ -119,7 +102,7 @@ TEST_P(StageModelRuns, GridsAndDepthLayersOwnEveryElementOnce) {
     for (int d = 0; d < depth; ++d) {
       for (int i = 0; i < q; ++i) {
         for (int j = 0; j < q; ++j) {
-          PlacedGroup row(j, q), col(i, q), layers(d, depth);
+          test::PretendGroup row(q, j), col(q, i), layers(depth, d);
           core::Grid2D grid{row, col};
           core::MemoryTracker tracker;
           core::Model2D model(spec, 2, 8, grid, *gemm, tracker, &layers);
@@ -143,8 +126,8 @@ TEST_P(StageModelRuns, CubeRanksOwnEveryElementOnce) {
   for (int i = 0; i < q; ++i) {
     for (int j = 0; j < q; ++j) {
       for (int l = 0; l < q; ++l) {
-        PlacedGroup input(j, q), weight(i, q), output(l, q), plane_l(i * q + j, q * q),
-            plane_j(i * q + l, q * q);
+        test::PretendGroup input(q, j), weight(q, i), output(q, l), plane_l(q * q, i * q + j),
+            plane_j(q * q, i * q + l);
         core::Cube3DGroups groups{input, weight, output, plane_l, plane_j};
         core::MemoryTracker tracker;
         core::Model3D model(spec, 4, 8, groups, *gemm, tracker);

@@ -8,28 +8,13 @@
 
 #include "core/model.hpp"
 #include "planner/step_graph.hpp"
+#include "pretend_group.hpp"
 
 using namespace colossal;
 
 namespace {
 
-// A group that is never asked to communicate: building a model only needs its size and rank.
-class PretendGroup final : public core::TensorGroup {
- public:
-  PretendGroup(int size, int rank) : size_(size), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  void all_reduce_sum(float*, std::size_t) override { fail(); }
-  void all_reduce_max(float*, std::size_t) override { fail(); }
-  void all_gather(const float*, std::size_t, float*) override { fail(); }
-  void reduce_scatter(const float*, std::size_t, float*) override { fail(); }
-  void broadcast(float*, std::size_t, int) override { fail(); }
-  void send_recv(const float*, std::size_t, int, float*, int) override { fail(); }
-
- private:
-  [[noreturn]] static void fail() { throw std::logic_error("PretendGroup cannot communicate"); }
-  int size_, rank_;
-};
+using test::PretendGroup;
 
 struct Case {
   core::Arch arch;
