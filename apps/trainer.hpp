@@ -1,5 +1,6 @@
 // The training loop shared by colossal_train, colossal_eval and colossal_generate: data ->
-// micro-batches with gradient accumulation -> clipped AdamW -> metrics, validation, model file.
+// micro-batches with gradient accumulation -> clipped AdamW -> validation -> the run log
+// (apps/run_log.hpp: metrics files, progress line, summary) -> checkpoints, model file.
 #pragma once
 
 #include <chrono>
