@@ -21,7 +21,6 @@
 #include "core/kernels.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
-#include "io/metrics.hpp"
 #include "parallel/local_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 
@@ -30,21 +29,6 @@ namespace colossal::apps {
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-namespace {
-
-std::string format_duration(double s) {
-  char buf[32];
-  if (s >= 3600) {
-    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  } else if (s >= 60) {
-    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1fs", s);
-  }
-  return buf;
-}
-}  // namespace
 
 // One model chunk as the pipeline executor sees it: its tokens sampled and uploaded before a
 // forward (only where they are read), the model's forward and backward of a slot, and gradient
@@ -466,36 +450,10 @@ double Trainer::run_step(int64_t step) {
   return grad_->all_reduce_sum_value(stage_loss / accumulation) / grad_->size();
 }
 
-namespace {
-// "params", "grads", ..., "offloaded": the tracker's category names as identifiers.
-std::string memory_key(core::MemCategory category) {
-  const std::string name = core::category_name(category);
-  return name.substr(0, name.find(' '));
-}
-
-// The columns of metrics.h5 (docs/metrics-format.md): metrics.csv's, then the tracked peak per
-// memory category, then the seconds per kind of work (NaN unless the profiler runs).
-std::vector<std::string> metrics_h5_columns() {
-  std::vector<std::string> columns{"step",         "loss",         "val_loss",
-                                   "lr",           "grad_norm",    "tokens_per_s",
-                                   "mfu",          "step_seconds", "peak_tracked_bytes"};
-  for (int c = 0; c < int(core::MemCategory::count); ++c) {
-    columns.push_back("memory_" + memory_key(core::MemCategory(c)) + "_bytes");
-  }
-  for (int k = 0; k < core::Profiler::kKinds; ++k) {
-    columns.push_back(std::string("time_") + core::work_kind_key(core::WorkKind(k)) + "_seconds");
-  }
-  return columns;
-}
-}  // namespace
-
 TrainSummary Trainer::train() {
   const auto& t = config_.train;
   const auto& spec = config_.model;
   TrainSummary summary;
-  const double tokens_per_step = double(t.global_batch) * t.seq_len;
-  const double flops_per_step = core::flops_per_token(spec, t.seq_len) * tokens_per_step;
-  const double peak = peak_flops(config_.hardware);
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
@@ -507,8 +465,6 @@ TrainSummary Trainer::train() {
     ~Unset() { slot = nullptr; }
   } unset{watchdog_};
   watchdog_ = &watchdog;
-  // Rank 0 writes the run's files; every rank trains.
-  const bool writer = world_->rank() == 0;
   int64_t first_step = 0;
   if (config_.checkpoint.resume == io::ResumeMode::automatic && profile_steps_ == 0) {
     const auto resuming = Clock::now();
@@ -518,42 +474,23 @@ TrainSummary Trainer::train() {
     summary.first_step = first_step;
     summary.skipped_steps = state.step - state.optimizer_step;
   }
-  std::unique_ptr<io::MetricsCsv> metrics;
-  std::unique_ptr<io::MetricsH5> metrics_h5;
-  if (writer) {
-    std::filesystem::create_directories(config_.log.dir);
-    // The resolved config beside the metrics: what this run was, reusable as a config file.
-    {
-      const std::string path = config_.log.dir + "/config.yaml";
-      std::FILE* f = std::fopen(path.c_str(), "w");
-      if (f == nullptr) throw std::runtime_error("cannot write '" + path + "'; check log.dir");
-      std::fwrite(config_.text.data(), 1, config_.text.size(), f);
-      std::fclose(f);
-    }
-    // A resumed run appends, after dropping the rows of steps trained after its checkpoint.
-    const int64_t resume_step = first_step > 0 ? first_step : -1;
-    const std::string csv_path = config_.log.dir + "/metrics.csv";
-    metrics = std::make_unique<io::MetricsCsv>(
-        csv_path,
-        std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                                 "step_seconds", "val_loss", "peak_tracked_bytes"},
-        /*append=*/first_step > 0, resume_step);
-    metrics_h5 = std::make_unique<io::MetricsH5>(config_.log.dir + "/metrics.h5",
-                                                 metrics_h5_columns(), resume_step, csv_path);
-    if (!metrics_h5->note().empty()) print("metrics: %s\n", metrics_h5->note().c_str());
-    // What this run is and what the cost model predicts for it, beside the measurements.
-    metrics_h5->set_attribute("config", config_.text);
-    metrics_h5->set_attribute("hardware", hardware_name_);
-    metrics_h5->set_attribute("peak_flops", peak);
-    metrics_h5->set_attribute("tokens_per_step", tokens_per_step);
-    metrics_h5->set_attribute("parameters", double(model_->num_parameters()));
-    metrics_h5->set_attribute("predicted_step_seconds", predicted_time_.step);
-    metrics_h5->set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
-    for (int c = 0; c < int(core::MemCategory::count); ++c) {
-      const auto category = core::MemCategory(c);
-      metrics_h5->set_attribute("predicted_memory_" + memory_key(category) + "_bytes",
-                                predicted_memory_[category]);
-    }
+  // Rank 0 writes the run's files; every rank trains and tallies.
+  RunLog run_log(config_, RunLogOptions{.writer = world_->rank() == 0,
+                                        .first_step = first_step,
+                                        .log = log_,
+                                        .tokens_per_step = double(t.global_batch) * t.seq_len,
+                                        .flops_per_token = core::flops_per_token(spec, t.seq_len),
+                                        .peak_flops = peak_flops(config_.hardware),
+                                        .memory = &tracker_});
+  // What this run is and what the cost model predicts for it, beside the measurements.
+  run_log.set_attribute("hardware", hardware_name_);
+  run_log.set_attribute("parameters", double(model_->num_parameters()));
+  run_log.set_attribute("predicted_step_seconds", predicted_time_.step);
+  run_log.set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    const auto category = core::MemCategory(c);
+    run_log.set_attribute("predicted_memory_" + memory_key(category) + "_bytes",
+                          predicted_memory_[category]);
   }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
@@ -603,44 +540,7 @@ TrainSummary Trainer::train() {
   double validation_tensor_bytes = 0.0;
   // A checkpoint after `done` steps; skipped steps applied no AdamW update.
   const auto save = [&](int64_t done) { save_checkpoint(done, done - summary.skipped_steps); };
-  const auto start = Clock::now();
-  // Seconds of the training steps after the first (which pays first-touch page faults), without
-  // validation, checkpoints and logging: the throughput the summary reports.
-  double timed = 0.0;
-  double window_seconds = 0.0;
-  int64_t window_steps = 0;
-  bool metrics_h5_failing = false;
-  // One row of metrics.csv and metrics.h5 (rank 0).
-  auto write_metrics = [&](int64_t step, double loss, double norm, double step_seconds,
-                           double val_loss, bool profiled,
-                           const std::array<double, core::Profiler::kKinds>& profiled_before) {
-    if (!metrics) return;
-    const double tokens_per_s = tokens_per_step / step_seconds;
-    const double mfu = flops_per_step / step_seconds / peak;
-    metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_s, mfu, step_seconds, val_loss,
-                  double(tracker_.peak_total())});
-    // The columns of metrics_h5_columns(), in order.
-    std::vector<double> row{double(step + 1), loss,         val_loss,
-                            hp.lr,            norm,         tokens_per_s,
-                            mfu,              step_seconds, double(tracker_.peak_total())};
-    for (int c = 0; c < int(core::MemCategory::count); ++c) {
-      row.push_back(double(tracker_.peak(core::MemCategory(c))));
-    }
-    for (int k = 0; k < core::Profiler::kKinds; ++k) {
-      row.push_back(profiled ? profiler_.seconds(core::WorkKind(k)) - profiled_before[k]
-                             : std::nan(""));
-    }
-    if (!metrics_h5->row(row)) {
-      if (!metrics_h5_failing) {
-        print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
-              (long long)step + 1, metrics_h5->path().c_str(), metrics_h5->error().c_str());
-      }
-      metrics_h5_failing = true;
-    } else if (metrics_h5_failing) {
-      print("step %lld: %s written again\n", (long long)step + 1, metrics_h5->path().c_str());
-      metrics_h5_failing = false;
-    }
-  };
+  run_log.start();
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
     // Time per kind of work is recorded for the steps the profiler watches (--profile-steps).
@@ -689,7 +589,14 @@ TrainSummary Trainer::train() {
         chunk.optimizer->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
       }
     }
-    const double step_seconds = seconds_since(step_start);
+    StepRecord record{.loss = loss, .lr = hp.lr, .grad_norm = norm,
+                      .seconds = seconds_since(step_start)};
+    if (profiled) {
+      record.work_seconds.emplace();
+      for (int k = 0; k < core::Profiler::kKinds; ++k) {
+        (*record.work_seconds)[k] = profiler_.seconds(core::WorkKind(k)) - profiled_before[k];
+      }
+    }
     watchdog.progress(step + 1, "after a step");
     if (profile_steps_ > 0) {
       // The first step pays for first-touch page faults: profile the ones after it.
@@ -697,7 +604,7 @@ TrainSummary Trainer::train() {
         profiler_.reset();
         profiler_.enable(true);
       } else {
-        profiled_seconds_ += step_seconds;
+        profiled_seconds_ += record.seconds;
         if (step == profile_steps_) {
           summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
           print("\nprofile of %d steps (rank 0; gemm %s):\n%s", profile_steps_,
@@ -709,48 +616,27 @@ TrainSummary Trainer::train() {
                 100.0 * (predicted_time_.step / measured - 1.0),
                 core::format_bytes(predicted_memory_.total()).c_str(),
                 core::format_bytes(double(tracker_.peak_total())).c_str());
-          summary.steps = step + 1;
-          summary.losses.push_back(loss);
-          write_metrics(step, loss, norm, step_seconds, std::nan(""), profiled, profiled_before);
+          run_log.record(step, record, RunLog::Progress::never);
+          run_log.finish(summary);
           return summary;
         }
       }
     }
-    if (step == first_step) {
-      summary.first_loss = loss;
-    } else {
-      timed += step_seconds;
-    }
-    summary.last_loss = loss;
-    summary.losses.push_back(loss);
-    window_seconds += step_seconds;
-    ++window_steps;
-
-    double val_loss = std::nan("");
-    const bool last = step + 1 == t.steps;
-    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) ||
+                      step + 1 == t.steps)) {
       const double tensor_bytes = double(tp_->stats().total_payload_bytes());
-      val_loss = evaluate();
+      record.val_loss = evaluate();
       validation_tensor_bytes += double(tp_->stats().total_payload_bytes()) - tensor_bytes;
-      summary.val_loss = val_loss;
-      print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
+      print("step %lld: val loss %.6g\n", (long long)step + 1, record.val_loss);
     }
-    write_metrics(step, loss, norm, step_seconds, val_loss, profiled, profiled_before);
-    if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
-      const double avg = window_seconds / double(window_steps);
-      const double eta = avg * double(t.steps - step - 1);
-      print("step %6lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | %.0f tok/s | MFU %.1f%% | "
-            "mem %s | ETA %s\n",
-            (long long)step + 1, (long long)t.steps, loss, hp.lr, norm, tokens_per_step / avg,
-            100.0 * flops_per_step / avg / peak, core::format_bytes(double(tracker_.peak_total())).c_str(),
-            format_duration(eta).c_str());
-      window_seconds = 0.0;
-      window_steps = 0;
-    }
+    run_log.record(step, record);
     if (step_callback_) step_callback_(step + 1);
-    if (end_step(*world_, config_, step + 1, save, summary, start, log_)) return summary;
+    if (end_step(*world_, config_, step + 1, save, summary, run_log.start_time(), log_)) {
+      run_log.finish(summary);
+      return summary;
+    }
   }
-  summary.steps = t.steps;
+  run_log.finish(summary);
   if (tp_->size() > 1) {
     print("tensor-parallel traffic (rank 0): %s per step\n",
           core::format_bytes((double(tp_->stats().total_payload_bytes()) - tensor_bytes_before -
@@ -758,12 +644,6 @@ TrainSummary Trainer::train() {
                              double(t.steps - first_step))
               .c_str());
   }
-  summary.seconds = seconds_since(start);
-  const double timed_steps = double(t.steps - first_step - 1);
-  summary.tokens_per_s = timed_steps > 0 ? tokens_per_step * timed_steps / timed
-                                     : tokens_per_step / summary.seconds;
-  summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
-  summary.peak_tracked_bytes = tracker_.peak_total();
   summary.predicted_step_seconds = predicted_time_.step;
   summary.predicted_peak_bytes = predicted_memory_.total();
 

@@ -1,5 +1,6 @@
 // The training loop shared by colossal_train, colossal_eval and colossal_generate: data ->
-// micro-batches with gradient accumulation -> clipped AdamW -> metrics, validation, model file.
+// micro-batches with gradient accumulation -> clipped AdamW -> validation -> the run log
+// (apps/run_log.hpp: metrics files, progress line, summary) -> checkpoints, model file.
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "apps/errors.hpp"
 #include "apps/layout.hpp"
 #include "apps/model_factory.hpp"
+#include "apps/run_log.hpp"
 #include "apps/watchdog.hpp"
 #include "core/gemm.hpp"
 #include "core/memory.hpp"
@@ -65,28 +67,7 @@ void write_checkpoint_over(parallel::Communicator& world, const io::Config& conf
                            const std::vector<core::ParamSpec>& logical,
                            const io::CheckpointShard& mine, const io::CheckpointState& state);
 
-struct TrainSummary {
-  int64_t steps = 0;
-  int64_t first_step = 0;          // where a resumed run started
-  bool stopped = false;            // stopped early on request (checkpoint written)
-  std::string checkpoint;          // the last checkpoint written, if any
-  int64_t skipped_steps = 0;       // non-finite steps skipped (train.on_nonfinite: skip)
-  std::vector<double> losses;      // mean training loss of every step (global batch)
-  double first_loss = 0.0;
-  double last_loss = 0.0;
-  double val_loss = -1.0;          // < 0 when there is no validation data
-  double seconds = 0.0;
-  double tokens_per_s = 0.0;       // over the steps after the first (which pays page faults)
-  double mfu = 0.0;
-  std::size_t peak_tracked_bytes = 0;
-  std::size_t peak_rss_bytes = 0;
-  // The cost model's prediction for this rank (planner/cost_model.hpp), to compare.
-  double predicted_step_seconds = 0.0;
-  double predicted_peak_bytes = 0.0;
-  std::string model_path;
-  std::string sample;
-  std::string profile;             // the --profile-steps table, when profiling
-};
+// TrainSummary: apps/run_log.hpp, which fills most of it.
 
 // Both trainers' end of step `done` (counted from 1), decided alike on every rank (collective
 // over `world`): a stop request (SIGTERM, SIGUSR1) on any rank stops every rank after it; a

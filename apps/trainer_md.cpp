@@ -10,7 +10,6 @@
 
 #include "core/model2d.hpp"
 #include "io/hdf5_file.hpp"
-#include "io/metrics.hpp"
 
 namespace colossal::apps {
 
@@ -140,7 +139,6 @@ TrainSummary TrainerMD::train() {
   const auto& spec = config_.model;
   TrainSummary summary;
   const double tokens_per_step = double(t.global_batch) * t.seq_len;
-  const double peak = peak_flops(config_.hardware);
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
@@ -156,16 +154,17 @@ TrainSummary TrainerMD::train() {
     summary.skipped_steps = state.step - state.optimizer_step;
   }
   const int64_t skipped = summary.skipped_steps;
-  std::unique_ptr<io::MetricsCsv> metrics;
-  if (writer) {
-    std::filesystem::create_directories(config_.log.dir);
-    // A resumed run appends, after dropping the rows of steps trained after its checkpoint.
-    metrics = std::make_unique<io::MetricsCsv>(
-        config_.log.dir + "/metrics.csv",
-        std::vector<std::string>{"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu",
-                                 "step_seconds", "val_loss", "peak_tracked_bytes"},
-        /*append=*/first_step > 0, first_step > 0 ? first_step : -1);
-  }
+  // Rank 0 writes metrics.csv (not yet metrics.h5 or config.yaml; the line has no ETA).
+  RunLog run_log(config_, RunLogOptions{.writer = writer,
+                                        .first_step = first_step,
+                                        .log = log_,
+                                        .tokens_per_step = tokens_per_step,
+                                        .flops_per_token = core::flops_per_token(spec, t.seq_len),
+                                        .peak_flops = peak_flops(config_.hardware),
+                                        .memory = &tracker_,
+                                        .write_h5 = false,
+                                        .write_config = false,
+                                        .eta = false});
   const int accumulation = config_.accumulation_steps();
   const int64_t replicas = int64_t(dp_->size()) * depth_;
   const int64_t replica = int64_t(dp_->rank()) * depth_ + depth_rank_;
@@ -182,9 +181,7 @@ TrainSummary TrainerMD::train() {
   double validation_traffic = 0.0;
   const double traffic_before = traffic();
   const auto save = [&](int64_t done) { save_checkpoint(done, done - skipped); };
-  const auto start = Clock::now();
-  double timed = 0.0, window_seconds = 0.0;
-  int window_steps = 0;
+  run_log.start();
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
     model_->zero_grad();
@@ -214,52 +211,25 @@ TrainSummary TrainerMD::train() {
     hp.lr = schedule.at(step);
     optimizer_->step(hp, step + 1 - skipped,
                      float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
-    const double step_seconds = seconds_since(step_start);
-    if (step == first_step) {
-      summary.first_loss = loss;
-    } else {
-      timed += step_seconds;
-    }
-    summary.last_loss = loss;
-    summary.losses.push_back(loss);
-    window_seconds += step_seconds;
-    ++window_steps;
-    const bool last = step + 1 == t.steps;
-    double val_loss = std::nan("");
-    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || last)) {
+    StepRecord record{.loss = loss, .lr = hp.lr, .grad_norm = norm,
+                      .seconds = seconds_since(step_start)};
+    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) ||
+                      step + 1 == t.steps)) {
       const double before = traffic();
-      val_loss = evaluate();
+      record.val_loss = evaluate();
       validation_traffic += traffic() - before;
-      summary.val_loss = val_loss;
-      print("step %lld: val loss %.6g\n", (long long)step + 1, val_loss);
+      print("step %lld: val loss %.6g\n", (long long)step + 1, record.val_loss);
     }
-    const double flops = core::flops_per_token(spec, t.seq_len) * tokens_per_step;
-    if (metrics) {
-      metrics->row({double(step + 1), loss, hp.lr, norm, tokens_per_step / step_seconds,
-                    flops / step_seconds / peak, step_seconds, val_loss,
-                    double(tracker_.peak_total())});
+    run_log.record(step, record);
+    if (end_step(*world_, config_, step + 1, save, summary, run_log.start_time(), log_)) {
+      run_log.finish(summary);
+      return summary;
     }
-    if ((config_.log.every > 0 && (step + 1) % config_.log.every == 0) || last || step == 0) {
-      const double avg = window_seconds / window_steps;
-      print("step %6lld/%lld | loss %.4f | lr %.3e | grad-norm %.3f | %.0f tok/s | MFU %.1f%% | "
-            "mem %s\n",
-            (long long)step + 1, (long long)t.steps, loss, hp.lr, norm, tokens_per_step / avg,
-            100.0 * flops / avg / peak, core::format_bytes(double(tracker_.peak_total())).c_str());
-      window_seconds = 0.0;
-      window_steps = 0;
-    }
-    if (end_step(*world_, config_, step + 1, save, summary, start, log_)) return summary;
   }
-  summary.steps = t.steps;
-  summary.seconds = seconds_since(start);
+  run_log.finish(summary);
   const double trained = double(std::max<int64_t>(t.steps - first_step, 1));
   print("tensor-parallel traffic (rank 0): %s per step\n",
         core::format_bytes((traffic() - traffic_before - validation_traffic) / trained).c_str());
-  summary.tokens_per_s = t.steps - first_step > 1
-                             ? tokens_per_step * double(t.steps - first_step - 1) / timed
-                             : tokens_per_step / summary.seconds;
-  summary.mfu = summary.tokens_per_s * core::flops_per_token(spec, t.seq_len) / peak;
-  summary.peak_tracked_bytes = tracker_.peak_total();
   summary.model_path = config_.log.dir + "/model.h5";
   const std::vector<float> values = logical_parameters();
   if (writer) io::write_model_file(summary.model_path, logical_table(), values.data(), config_.text,

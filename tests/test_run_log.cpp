@@ -1,0 +1,325 @@
+// apps::RunLog without a trainer: the rows of metrics.csv and metrics.h5, their continuation on a
+// resume, the progress line's cadence and numbers, and the summary's losses and throughput.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/run_log.hpp"
+#include "io/config.hpp"
+#include "io/hdf5_file.hpp"
+#include "io/metrics.hpp"
+
+using namespace colossal;
+
+namespace {
+
+constexpr double kTokens = 1000.0;       // tokens per step
+constexpr double kFlopsPerToken = 600.0;
+constexpr double kPeak = 1.0e7;          // FLOP/s
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("colossal_run_log_" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+io::Config config_for(const std::string& dir, int64_t steps, int64_t every) {
+  std::ofstream(dir + "/data.txt") << std::string(4000, 'a');
+  return io::parse_config(
+      "model: {arch: gpt2, layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
+      "data: {path: " + dir + "/data.txt}\n"
+      "train: {steps: " + std::to_string(steps) + ", seq_len: 16, global_batch: 8, "
+      "micro_batch: 4}\n"
+      "log: {every: " + std::to_string(every) + ", dir: " + dir + "/run}\n",
+      "test");
+}
+
+apps::RunLogOptions options(const core::MemoryTracker& memory, bool writer = true,
+                            int64_t first_step = 0, std::FILE* log = nullptr) {
+  return apps::RunLogOptions{.writer = writer,
+                             .first_step = first_step,
+                             .log = log,
+                             .tokens_per_step = kTokens,
+                             .flops_per_token = kFlopsPerToken,
+                             .peak_flops = kPeak,
+                             .memory = &memory};
+}
+
+apps::StepRecord step_record(double loss, double seconds, double val_loss = std::nan("")) {
+  return apps::StepRecord{.loss = loss, .lr = 1.0e-3, .grad_norm = 0.75, .seconds = seconds,
+                          .val_loss = val_loss};
+}
+
+// Everything written to `file` so far.
+std::string text_of(std::FILE* file) {
+  std::fflush(file);
+  std::rewind(file);
+  std::string text;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, file)) > 0;) text.append(buf, n);
+  return text;
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The 1-D datasets of a metrics.h5 by name.
+std::map<std::string, std::vector<double>> read_h5_columns(const std::string& path) {
+  io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+  std::map<std::string, std::vector<double>> columns;
+  H5G_info_t info;
+  EXPECT_GE(H5Gget_info(file.get(), &info), 0);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256] = {};
+    EXPECT_GT(H5Lget_name_by_idx(file.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name,
+                                 sizeof(name), H5P_DEFAULT), 0);
+    io::H5Handle dset(H5Dopen2(file.get(), name, H5P_DEFAULT), H5Dclose, name);
+    io::H5Handle space(H5Dget_space(dset.get()), H5Sclose, "space");
+    hsize_t rows = 0;
+    H5Sget_simple_extent_dims(space.get(), &rows, nullptr);
+    std::vector<double> values(rows);
+    if (rows > 0) {
+      EXPECT_GE(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                        values.data()), 0);
+    }
+    columns[name] = values;
+  }
+  return columns;
+}
+
+double read_h5_attribute(const std::string& path, const std::string& name) {
+  io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
+  io::H5Handle attribute(H5Aopen(file.get(), name.c_str(), H5P_DEFAULT), H5Aclose, name);
+  double value = 0.0;
+  EXPECT_GE(H5Aread(attribute.get(), H5T_NATIVE_DOUBLE, &value), 0);
+  return value;
+}
+
+// CSV cells keep 9 significant digits.
+void expect_close(double got, double want, const std::string& what) {
+  if (std::isnan(want)) {
+    EXPECT_TRUE(std::isnan(got)) << what << ": " << got;
+  } else {
+    EXPECT_NEAR(got, want, 1e-8 * std::fabs(want)) << what;
+  }
+}
+
+}  // namespace
+
+TEST(RunLog, WritesOneRowPerStepToMetricsCsvAndMetricsH5) {
+  const std::string dir = temp_dir("rows");
+  const io::Config config = config_for(dir, 3, 10);
+  core::MemoryTracker memory;
+  memory.on_alloc(core::MemCategory::parameters, 4096);
+  memory.on_alloc(core::MemCategory::activations, 1024);
+  {
+    apps::RunLog log(config, options(memory));
+    log.set_attribute("parameters", 1234.0);
+    log.record(0, step_record(5.0, 0.5));
+    log.record(1, apps::StepRecord{.loss = 4.0, .lr = 2.0e-3, .grad_norm = 1.5, .seconds = 0.25,
+                                   .val_loss = 4.5});
+    apps::StepRecord profiled = step_record(3.0, 0.2);
+    profiled.work_seconds.emplace();
+    for (int k = 0; k < core::Profiler::kKinds; ++k) (*profiled.work_seconds)[k] = 0.01 * k;
+    log.record(2, profiled);
+  }
+  const std::string run = dir + "/run";
+  std::ifstream resolved(run + "/config.yaml");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(resolved), {}), config.text);
+
+  const io::CsvTable csv = io::read_metrics_csv(run + "/metrics.csv");
+  EXPECT_EQ(csv.columns, (std::vector<std::string>{"step", "loss", "lr", "grad_norm",
+                                                   "tokens_per_s", "mfu", "step_seconds",
+                                                   "val_loss", "peak_tracked_bytes"}));
+  ASSERT_EQ(csv.rows.size(), 3u);
+  const std::vector<double> second{2.0, 4.0, 2.0e-3, 1.5, kTokens / 0.25,
+                                   kFlopsPerToken * kTokens / 0.25 / kPeak, 0.25, 4.5, 5120.0};
+  for (std::size_t c = 0; c < second.size(); ++c) {
+    expect_close(csv.rows[1][c], second[c], "row 2, " + csv.columns[c]);
+  }
+  expect_close(csv.rows[0][7], std::nan(""), "row 1 val_loss");
+  expect_close(csv.rows[2][0], 3.0, "row 3 step");
+
+  const std::string h5_path = run + "/metrics.h5";
+  const auto h5 = read_h5_columns(h5_path);
+  EXPECT_EQ(h5.size(), apps::metrics_h5_columns().size());
+  for (const std::string& name : apps::metrics_h5_columns()) {
+    ASSERT_TRUE(h5.count(name)) << name;
+    EXPECT_EQ(h5.at(name).size(), 3u) << name;
+  }
+  for (std::size_t c = 0; c < csv.columns.size(); ++c) {
+    for (std::size_t r = 0; r < 3; ++r) {
+      expect_close(h5.at(csv.columns[c])[r], csv.rows[r][c], "h5 " + csv.columns[c]);
+    }
+  }
+  EXPECT_EQ(h5.at("memory_params_bytes"), (std::vector<double>{4096, 4096, 4096}));
+  EXPECT_EQ(h5.at("memory_activations_bytes"), (std::vector<double>{1024, 1024, 1024}));
+  EXPECT_EQ(h5.at("memory_grads_bytes"), (std::vector<double>{0, 0, 0}));
+  // Time per kind of work only for the profiled step.
+  const std::string second_kind =
+      std::string("time_") + core::work_kind_key(core::WorkKind(1)) + "_seconds";
+  EXPECT_TRUE(std::isnan(h5.at(second_kind)[0]));
+  EXPECT_TRUE(std::isnan(h5.at(second_kind)[1]));
+  EXPECT_DOUBLE_EQ(h5.at(second_kind)[2], 0.01);
+  EXPECT_EQ(read_h5_attribute(h5_path, "tokens_per_step"), kTokens);
+  EXPECT_EQ(read_h5_attribute(h5_path, "peak_flops"), kPeak);
+  EXPECT_EQ(read_h5_attribute(h5_path, "parameters"), 1234.0);
+}
+
+TEST(RunLog, WithoutH5OrConfigWritesOnlyMetricsCsv) {
+  const std::string dir = temp_dir("csv_only");
+  core::MemoryTracker memory;
+  apps::RunLogOptions csv_only = options(memory);
+  csv_only.write_h5 = false;
+  csv_only.write_config = false;
+  {
+    apps::RunLog log(config_for(dir, 2, 10), csv_only);
+    log.set_attribute("parameters", 1.0);  // no metrics.h5: nothing to set
+    log.record(0, step_record(5.0, 0.5));
+  }
+  EXPECT_EQ(io::read_metrics_csv(dir + "/run/metrics.csv").rows.size(), 1u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/metrics.h5"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run/config.yaml"));
+}
+
+TEST(RunLog, AResumedRunContinuesBothFilesAfterDroppingTheStepsPastItsCheckpoint) {
+  const std::string dir = temp_dir("resume");
+  core::MemoryTracker memory;
+  {
+    // Trained 5 steps, then crashed; its newest checkpoint holds step 3.
+    apps::RunLog log(config_for(dir, 6, 10), options(memory));
+    for (int64_t step = 0; step < 5; ++step) log.record(step, step_record(10.0 + step, 0.1));
+  }
+  {
+    apps::RunLog log(config_for(dir, 6, 10), options(memory, true, /*first_step=*/3));
+    for (int64_t step = 3; step < 6; ++step) log.record(step, step_record(20.0 + step, 0.1));
+  }
+  const std::string run = dir + "/run";
+  std::ifstream in(run + "/metrics.csv");
+  const std::string text(std::istreambuf_iterator<char>(in), {});
+  EXPECT_EQ(text.find("step,"), 0u);
+  EXPECT_EQ(text.find("step,", 1), std::string::npos) << "one header:\n" << text;
+  const io::CsvTable csv = io::read_metrics_csv(run + "/metrics.csv");
+  const std::vector<double> steps{1, 2, 3, 4, 5, 6}, losses{10, 11, 12, 23, 24, 25};
+  ASSERT_EQ(csv.rows.size(), 6u) << text;
+  for (std::size_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(csv.rows[r][0], steps[r]);
+    EXPECT_EQ(csv.rows[r][1], losses[r]) << "row " << r + 1;
+  }
+  const auto h5 = read_h5_columns(run + "/metrics.h5");
+  EXPECT_EQ(h5.at("step"), steps);
+  EXPECT_EQ(h5.at("loss"), losses);
+
+  {
+    // A run that does not resume starts both files afresh.
+    apps::RunLog log(config_for(dir, 6, 10), options(memory));
+    log.record(0, step_record(7.0, 0.1));
+  }
+  EXPECT_EQ(io::read_metrics_csv(run + "/metrics.csv").rows.size(), 1u);
+  EXPECT_EQ(read_h5_columns(run + "/metrics.h5").at("loss"), std::vector<double>{7.0});
+}
+
+TEST(RunLog, PrintsTheProgressLineAfterStepOneEveryLogEveryStepsAndAtTheEnd) {
+  const std::string dir = temp_dir("progress");
+  core::MemoryTracker memory;
+  memory.on_alloc(core::MemCategory::parameters, 5120);
+  std::FILE* out = std::tmpfile();
+  ASSERT_NE(out, nullptr);
+  {
+    apps::RunLog log(config_for(dir, 10, 4), options(memory, false, 0, out));
+    // Steps 2-4 take 0.1, 0.2 and 0.3 s: the line after step 4 reports their mean, 0.2 s.
+    const std::vector<double> seconds{0.5, 0.1, 0.2, 0.3, 1, 1, 1, 1, 2, 2};
+    for (int64_t step = 0; step < 10; ++step) {
+      log.record(step, step_record(2.5, seconds[std::size_t(step)]));
+    }
+  }
+  const auto lines = lines_of(text_of(out));
+  ASSERT_EQ(lines.size(), 4u) << text_of(out);
+  EXPECT_EQ(lines[0], "step      1/10 | loss 2.5000 | lr 1.000e-03 | grad-norm 0.750 | 2000 tok/s"
+                      " | MFU 12.0% | mem 5.0 KiB | ETA 4.5s");
+  EXPECT_EQ(lines[1], "step      4/10 | loss 2.5000 | lr 1.000e-03 | grad-norm 0.750 | 5000 tok/s"
+                      " | MFU 30.0% | mem 5.0 KiB | ETA 1.2s");
+  EXPECT_EQ(lines[2].rfind("step      8/10 | ", 0), 0u) << lines[2];
+  EXPECT_NE(lines[2].find("| 1000 tok/s | MFU 6.0% |"), std::string::npos) << lines[2];
+  EXPECT_EQ(lines[3], "step     10/10 | loss 2.5000 | lr 1.000e-03 | grad-norm 0.750 | 500 tok/s"
+                      " | MFU 3.0% | mem 5.0 KiB | ETA 0.0s");
+  std::fclose(out);
+
+  // log.every above train.steps: after the first and the last step only; without ETA the line
+  // ends at mem; Progress::never prints nothing.
+  out = std::tmpfile();
+  {
+    apps::RunLogOptions no_eta = options(memory, false, 0, out);
+    no_eta.eta = false;
+    apps::RunLog log(config_for(dir, 5, 1000), no_eta);
+    log.record(0, step_record(2.5, 0.5), apps::RunLog::Progress::never);
+    for (int64_t step = 1; step < 5; ++step) log.record(step, step_record(2.5, 0.5));
+  }
+  const auto quiet = lines_of(text_of(out));
+  ASSERT_EQ(quiet.size(), 1u) << text_of(out);
+  EXPECT_EQ(quiet[0], "step      5/5 | loss 2.5000 | lr 1.000e-03 | grad-norm 0.750 | 2000 tok/s"
+                      " | MFU 12.0% | mem 5.0 KiB");
+  std::fclose(out);
+}
+
+TEST(RunLog, SummaryThroughputLeavesOutTheFirstStep) {
+  const std::string dir = temp_dir("summary");
+  core::MemoryTracker memory;
+  memory.on_alloc(core::MemCategory::optimizer, 3000);
+  apps::TrainSummary summary;
+  {
+    // Resumed after 2 steps, on a rank that writes nothing: the first step (page faults) takes
+    // 10 s, the three after it 1 s together.
+    apps::RunLog log(config_for(dir, 6, 10), options(memory, false, /*first_step=*/2));
+    log.record(2, step_record(4.0, 10.0));
+    log.record(3, step_record(3.5, 0.5, /*val_loss=*/3.75));
+    log.record(4, step_record(3.0, 0.25));
+    log.record(5, step_record(2.5, 0.25));
+    EXPECT_EQ(log.recorded(), 4);
+    log.finish(summary);
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir + "/run")) << "only the writer writes";
+  EXPECT_EQ(summary.first_step, 2);
+  EXPECT_EQ(summary.steps, 6);
+  EXPECT_EQ(summary.losses, (std::vector<double>{4.0, 3.5, 3.0, 2.5}));
+  EXPECT_EQ(summary.first_loss, 4.0);
+  EXPECT_EQ(summary.last_loss, 2.5);
+  EXPECT_EQ(summary.val_loss, 3.75);
+  EXPECT_DOUBLE_EQ(summary.tokens_per_s, 3.0 * kTokens / 1.0);
+  EXPECT_DOUBLE_EQ(summary.mfu, 3.0 * kTokens * kFlopsPerToken / kPeak);
+  EXPECT_EQ(summary.peak_tracked_bytes, 3000u);
+  EXPECT_GE(summary.seconds, 0.0);
+
+  // One step alone: throughput over the run's whole time; no validation: val_loss -1.
+  apps::TrainSummary one;
+  {
+    apps::RunLog log(config_for(dir, 1, 10), options(memory, false));
+    log.start();
+    log.record(0, step_record(4.0, 10.0));
+    log.finish(one);
+  }
+  EXPECT_EQ(one.steps, 1);
+  EXPECT_GT(one.seconds, 0.0);
+  EXPECT_EQ(one.tokens_per_s, kTokens / one.seconds);
+  EXPECT_EQ(one.val_loss, -1.0);
+}
+
+TEST(RunLog, NeedsTheMemoryTracker) {
+  const std::string dir = temp_dir("no_memory");
+  apps::RunLogOptions none;
+  EXPECT_THROW(apps::RunLog(config_for(dir, 1, 10), none), std::invalid_argument);
+}
