@@ -1,10 +1,13 @@
 // colossal_train's loop for parallel.tensor.mode 2d, 2.5d and 3d: the sharded models of
 // core/model2d.hpp (2D, and 2.5D with a depth group) and core/model3d.hpp (3D), with data
-// parallelism on top. Data -> micro-batches with gradient accumulation -> clipped AdamW ->
+// parallelism on top, through zero/ as in 1d (zero::GradientSync with the model's norm ranges,
+// zero::ShardedAdamW over the model's own store: ZeRO 0 or 1; the model from
+// apps/model_factory). Data -> micro-batches with gradient accumulation -> clipped AdamW ->
 // progress, metrics.csv, validation, training checkpoints (checkpoint.every, resume, a stop on
 // SIGTERM/SIGUSR1) and model.h5, as apps::Trainer does for 1d; checkpoints hold the same logical
 // tensors, so either trainer resumes the other's. What those models do not run yet (pipeline,
-// sequence, ZeRO, offload, fused attention, activation checkpointing) the config refuses by key.
+// sequence, ZeRO 2-3, offload, fused attention, activation checkpointing) the config refuses by
+// key. docs/training-step.md says what is left before apps::Trainer runs these models too.
 // The end-of-run sample runs on rank 0 with the whole model, as colossal_generate does.
 //
 // Ranks: the mesh of apps::Trainer with tensor innermost (rank = data index * tensor size +

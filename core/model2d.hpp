@@ -25,7 +25,7 @@
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO, activation checkpointing, fused attention, sequence
+// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), activation checkpointing, fused attention, sequence
 // parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer_md.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
