@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/hdf5_file.hpp"
+#include "metrics_h5.hpp"
 #include "io/metrics.hpp"
 
 namespace {
@@ -862,31 +863,6 @@ TEST_F(Cli, TrainEvaluateAndGenerateEndToEnd) {
 
 // metrics.h5 next to metrics.csv, one row per step through a crash and two resumes.
 namespace {
-// Every 1-D dataset of metrics.h5 by name.
-std::map<std::string, std::vector<double>> read_metrics_h5(const std::string& path) {
-  using colossal::io::H5Handle;
-  H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
-  std::map<std::string, std::vector<double>> columns;
-  H5G_info_t info;
-  EXPECT_GE(H5Gget_info(file.get(), &info), 0);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    char name[256] = {};
-    EXPECT_GT(H5Lget_name_by_idx(file.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name,
-                                 sizeof(name), H5P_DEFAULT), 0);
-    H5Handle dset(H5Dopen2(file.get(), name, H5P_DEFAULT), H5Dclose, name);
-    H5Handle space(H5Dget_space(dset.get()), H5Sclose, "space");
-    hsize_t rows = 0;
-    EXPECT_EQ(H5Sget_simple_extent_ndims(space.get()), 1) << name;
-    H5Sget_simple_extent_dims(space.get(), &rows, nullptr);
-    std::vector<double> values(rows);
-    if (rows > 0) {
-      EXPECT_GE(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                        values.data()), 0);
-    }
-    columns[name] = values;
-  }
-  return columns;
-}
 
 bool same_value(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -928,7 +904,7 @@ TEST_F(Cli, MetricsH5HasOneRowPerStepThroughACrashAndResumes) {
       << r.output;
   EXPECT_NE(r.output.find("dropped 2 rows after step 3"), std::string::npos) << r.output;
   const auto csv = colossal::io::read_metrics_csv(run_dir + "/metrics.csv");
-  auto h5 = read_metrics_h5(run_dir + "/metrics.h5");
+  auto h5 = colossal::test::read_metrics_h5(run_dir + "/metrics.h5");
   ASSERT_EQ(csv.rows.size(), 7u);
   for (std::size_t i = 0; i < 7; ++i) EXPECT_EQ(csv.rows[i][0], double(i + 1)) << "step";
   // The resumed steps trained the same model on the same data: the same losses.
@@ -958,7 +934,7 @@ TEST_F(Cli, MetricsH5HasOneRowPerStepThroughACrashAndResumes) {
                           run_dir + "/metrics.csv"),
             std::string::npos)
       << r.output;
-  h5 = read_metrics_h5(run_dir + "/metrics.h5");
+  h5 = colossal::test::read_metrics_h5(run_dir + "/metrics.h5");
   expect_csv_matches_h5(colossal::io::read_metrics_csv(run_dir + "/metrics.csv"), h5);
   ASSERT_EQ(h5.at("memory_params_bytes").size(), 8u);
   EXPECT_TRUE(std::isnan(h5.at("memory_params_bytes")[6])) << "not in metrics.csv";

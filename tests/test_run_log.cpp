@@ -16,6 +16,7 @@
 #include "apps/run_log.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
+#include "metrics_h5.hpp"
 #include "io/metrics.hpp"
 
 using namespace colossal;
@@ -77,29 +78,6 @@ std::vector<std::string> lines_of(const std::string& text) {
   return lines;
 }
 
-// The 1-D datasets of a metrics.h5 by name.
-std::map<std::string, std::vector<double>> read_h5_columns(const std::string& path) {
-  io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
-  std::map<std::string, std::vector<double>> columns;
-  H5G_info_t info;
-  EXPECT_GE(H5Gget_info(file.get(), &info), 0);
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    char name[256] = {};
-    EXPECT_GT(H5Lget_name_by_idx(file.get(), ".", H5_INDEX_NAME, H5_ITER_INC, i, name,
-                                 sizeof(name), H5P_DEFAULT), 0);
-    io::H5Handle dset(H5Dopen2(file.get(), name, H5P_DEFAULT), H5Dclose, name);
-    io::H5Handle space(H5Dget_space(dset.get()), H5Sclose, "space");
-    hsize_t rows = 0;
-    H5Sget_simple_extent_dims(space.get(), &rows, nullptr);
-    std::vector<double> values(rows);
-    if (rows > 0) {
-      EXPECT_GE(H5Dread(dset.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                        values.data()), 0);
-    }
-    columns[name] = values;
-  }
-  return columns;
-}
 
 double read_h5_attribute(const std::string& path, const std::string& name) {
   io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose, "open " + path);
@@ -155,7 +133,7 @@ TEST(RunLog, WritesOneRowPerStepToMetricsCsvAndMetricsH5) {
   expect_close(csv.rows[2][0], 3.0, "row 3 step");
 
   const std::string h5_path = run + "/metrics.h5";
-  const auto h5 = read_h5_columns(h5_path);
+  const auto h5 = colossal::test::read_metrics_h5(h5_path);
   EXPECT_EQ(h5.size(), apps::metrics_h5_columns().size());
   for (const std::string& name : apps::metrics_h5_columns()) {
     ASSERT_TRUE(h5.count(name)) << name;
@@ -220,7 +198,7 @@ TEST(RunLog, AResumedRunContinuesBothFilesAfterDroppingTheStepsPastItsCheckpoint
     EXPECT_EQ(csv.rows[r][0], steps[r]);
     EXPECT_EQ(csv.rows[r][1], losses[r]) << "row " << r + 1;
   }
-  const auto h5 = read_h5_columns(run + "/metrics.h5");
+  const auto h5 = colossal::test::read_metrics_h5(run + "/metrics.h5");
   EXPECT_EQ(h5.at("step"), steps);
   EXPECT_EQ(h5.at("loss"), losses);
 
@@ -230,7 +208,8 @@ TEST(RunLog, AResumedRunContinuesBothFilesAfterDroppingTheStepsPastItsCheckpoint
     log.record(0, step_record(7.0, 0.1));
   }
   EXPECT_EQ(io::read_metrics_csv(run + "/metrics.csv").rows.size(), 1u);
-  EXPECT_EQ(read_h5_columns(run + "/metrics.h5").at("loss"), std::vector<double>{7.0});
+  EXPECT_EQ(colossal::test::read_metrics_h5(run + "/metrics.h5").at("loss"),
+            std::vector<double>{7.0});
 }
 
 TEST(RunLog, PrintsTheProgressLineAfterStepOneEveryLogEveryStepsAndAtTheEnd) {
