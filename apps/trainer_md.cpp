@@ -42,12 +42,12 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
           std::to_string(config_.accumulation_steps()) + "\n";
   open_run_data(config_, train_data_, sampler_, val_data_);
   model_->init_parameters(t.seed);
-  auto* store = dynamic_cast<core::FullParameterStore*>(&model_->store());
+  core::FullParameterStore& store = model_->full_store();
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
-      model_->parameters(), *store, *dp_, tracker_,
+      model_->parameters(), store, *dp_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage});
   gradients_ = std::make_unique<zero::GradientSync>(
-      model_->parameters(), *store, *dp_, tracker_,
+      model_->parameters(), store, *dp_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
                                 .tensor = tp_,
                                 .counted_ranges = model_->norm_ranges()});

@@ -32,6 +32,7 @@ class GridModel : public StageModel {
   const float* input_gradient() const override;
 
   ParameterStore& store() override { return *store_; }
+  FullParameterStore& full_store() { return *store_; }  // the same store, whole
   const std::vector<ParamSpec>& parameters() const override { return table_; }
   std::size_t flat_size() const override { return store_->flat_size(); }
   const std::vector<LogicalRun>& logical_runs() const override { return runs_; }

@@ -132,6 +132,19 @@ Layout layout(int tensor) {
   return l;
 }
 
+// The link of virtual stage v for the toy stages' (kRows x kWidth) boundary.
+std::unique_ptr<parallel::StageLink> toy_link(const Layout& l, int v, int virtual_stages,
+                                              int slots, core::MemoryTracker& tracker) {
+  return std::make_unique<parallel::StageLink>(
+      parallel::StageLinkOptions{.pipeline = l.pipeline.get(),
+                                 .tensor = l.tensor.get(),
+                                 .virtual_stage = v,
+                                 .virtual_stages = virtual_stages,
+                                 .floats = kRows * kWidth,
+                                 .slots = slots},
+      tracker);
+}
+
 void check_schedule(const std::string& kind, int tensor, int micro, int chunks) {
   Layout l = layout(tensor);
   parallel::Communicator& pp = *l.pipeline;
@@ -153,14 +166,7 @@ void check_schedule(const std::string& kind, int tensor, int micro, int chunks) 
     const int slots = parallel::peak_in_flight(mine);
     const int v = c * stages + pp.rank();
     toys.push_back(std::make_unique<ToyStage>(v, virtual_stages, slots));
-    links.push_back(std::make_unique<parallel::StageLink>(
-        parallel::StageLinkOptions{.pipeline = &pp,
-                                   .tensor = l.tensor.get(),
-                                   .virtual_stage = v,
-                                   .virtual_stages = virtual_stages,
-                                   .floats = kRows * kWidth,
-                                   .slots = slots},
-        tracker));
+    links.push_back(toy_link(l, v, virtual_stages, slots, tracker));
     executed.push_back({toys.back().get(), links.back().get()});
     const std::size_t part = std::size_t(kRows * kWidth / tensor) * sizeof(float);
     if (v > 0) expected_send_bytes += std::size_t(micro) * part;                   // gradients
@@ -254,14 +260,7 @@ TEST(PipelineExecutor, ForwardOnlyRunsEveryStageInTurn) {
       for (int c = 0; c < chunks; ++c) {
         const int v = c * stages + pp.rank();
         toys.push_back(std::make_unique<ToyStage>(v, virtual_stages, 1));
-        links.push_back(std::make_unique<parallel::StageLink>(
-            parallel::StageLinkOptions{.pipeline = &pp,
-                                       .tensor = l.tensor.get(),
-                                       .virtual_stage = v,
-                                       .virtual_stages = virtual_stages,
-                                       .floats = kRows * kWidth,
-                                       .slots = 1},
-            tracker));
+        links.push_back(toy_link(l, v, virtual_stages, 1, tracker));
         executed.push_back({toys.back().get(), links.back().get()});
       }
       parallel::PipelineExecutor executor(
