@@ -11,7 +11,6 @@
 #include "apps/memory_fit.hpp"
 #include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
-#include "apps/trainer_md.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/search.hpp"
 #include "core/memory.hpp"
@@ -119,7 +118,7 @@ int main(int argc, char** argv) {
     // Before anything is allocated: does every node hold its ranks' memory plan?
     if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
-      // 2d / 2.5d / 3d: the sharded models' own loop (apps/trainer_md.hpp).
+      // 2d / 2.5d / 3d run on the same trainer as 1d (below).
       if (inv.has("--memory-plan")) {
         // Every rank of a grid holds the same bytes; the closed forms equal the tracker
         // (tests/test_tensor_md.cpp), so nothing is allocated.
@@ -141,10 +140,6 @@ int main(int argc, char** argv) {
                                  " yet; use mode 1d for it");
         }
       }
-      apps::TrainerMD trainer(inv.config, log, inv.world);
-      const apps::TrainSummary s = trainer.train();
-      if (log) print_summary(log, inv.config, s);
-      return 0;
     }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);

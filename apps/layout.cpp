@@ -50,6 +50,20 @@ planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
   return planner::rank_layout(run_layout(config), pipeline_rank, keep, selective);
 }
 
+void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
+                  const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
+                  planner::TimePrediction& time) {
+  if (config.parallel.tensor_mode != core::TensorMode::d1) {
+    const planner::TensorModeLayout layout = planner::tensor_mode_layout(run_layout(config));
+    memory = planner::predict_memory(config.model, layout);
+    time = planner::predict_time(config.model, layout, hw);
+    return;
+  }
+  const planner::RankLayout layout = rank_layout(config, pipeline_rank, plan.keep, plan.selective);
+  memory = planner::predict_memory(config.model, layout);
+  time = planner::predict_time(config.model, layout, hw);
+}
+
 planner::HardwareSpec hardware_spec(const io::Config& config, int threads) {
   const planner::HardwareSpec hw = config.hardware.file.empty()
                                        ? planner::hardware_preset(config.hardware.preset)

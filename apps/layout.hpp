@@ -45,6 +45,13 @@ struct ActivationPlan {
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
 
+// What the cost model predicts for the ranks of `pipeline_rank` under `plan`: the per-op step
+// graph of rank_layout in 1d, the closed forms of planner::TensorModeLayout in 2d / 2.5d / 3d
+// (equal to the tracker's bytes; no per-micro-batch times).
+void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
+                  const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
+                  planner::TimePrediction& time);
+
 // The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
 // makes one device of each rank, sharing this node's memory, and `cores` (all nodes' together),
 // `pinned` when the ranks are pinned round-robin to them (core::pins_ranks_to_cores) on each of

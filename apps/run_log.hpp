@@ -70,7 +70,7 @@ struct RunLogOptions {
   double flops_per_token = 0.0;   // model FLOPs per token (core::flops_per_token)
   double peak_flops = 0.0;        // what MFU is measured against (apps::peak_flops)
   const core::MemoryTracker* memory = nullptr;  // whose peaks the rows and the line report
-  // What apps::TrainerMD leaves out so far: metrics.h5, config.yaml and the line's ETA.
+  // Switches to leave out metrics.h5, config.yaml and the line's ETA (the trainer keeps all).
   bool write_h5 = true;
   bool write_config = true;
   bool eta = true;

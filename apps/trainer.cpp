@@ -42,7 +42,11 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
     if (!chunk().range.embeds && !chunk().range.head) return;
     const auto& train = t_.config_.train;
     core::Profiler::Scope scope(&t_.profiler_, core::WorkKind::data);
-    const int64_t first = int64_t(t_.dp_->rank()) * (train.global_batch / t_.dp_->size());
+    // Data rank r (x the model's batch replicas, 2.5D depth layers) takes its share of the batch.
+    const core::StageModel& m = *chunk().model;
+    const int64_t replicas = int64_t(t_.dp_->size()) * m.batch_replicas();
+    const int64_t replica = int64_t(t_.dp_->rank()) * m.batch_replicas() + m.batch_replica();
+    const int64_t first = replica * (train.global_batch / replicas);
     t_.sampler_->batch(t_.step_, first + int64_t(micro) * train.micro_batch, train.micro_batch,
                        train.global_batch, t_.host_inputs_.data(), t_.host_targets_.data());
     t_.upload(slot, index_);
@@ -67,6 +71,8 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
     return model().forward(t_.slot_inputs(0, index_), t_.slot_targets(0, index_), batch, 0.0f, 0);
   }
   std::size_t boundary_floats(int batch) const override {
+    // A single stage has no boundary (nor do the 2D / 3D models buffers for one).
+    if (t_.virtual_stages_ == 1) return 0;
     return std::size_t(t_.chunks_[std::size_t(index_)].model->stage_floats(batch));
   }
   float* stage_input(int slot) override { return model().stage_input(slot); }
@@ -191,7 +197,16 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // derives the same schedule from the same config.
   activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
   const planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
+  if (par.tensor_mode != core::TensorMode::d1) {
+    // 2d / 2.5d / 3d: the tensor group's sub-grid and the sub-groups its model needs.
+    tensor_grid_groups_ = parallel::make_tensor_grid_groups(
+        *tp_, parallel::TensorSubGrid(par.tensor_mode, par.tensor, par.tensor_depth));
+  }
   for (Chunk& chunk : chunks_) {
+    if (par.tensor_mode != core::TensorMode::d1) {
+      build_grid_chunk(chunk, memory_plan);
+      continue;
+    }
     const auto table = core::parameter_table(
         spec, unit_multiple, core::TensorSplit{tp_->size(), tp_->rank()}, chunk.range);
     auto units = core::parameter_units(table, unit_multiple);
@@ -235,15 +250,12 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   model_ = chunks_.front().dense;
   optimizer_ = chunks_.front().optimizer.get();
   gradient_sync_ = chunks_.front().gradients.get();
-  {
-    const planner::RankLayout layout =
-        rank_layout(config_, stage, activation_plan_.keep, activation_plan_.selective);
-    predicted_memory_ = planner::predict_memory(spec, layout);
-    predicted_time_ = planner::predict_time(spec, layout, hw);
-    hardware_name_ = hw.name;
-  }
+  predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
+  hardware_name_ = hw.name;
   agree_on_plan();
-  if (hw.threads > 0) {  // a host spec (the same on every rank: the gather is collective)
+  // A host spec (the same on every rank: the gather is collective); the 2d / 3d closed forms
+  // predict no per-micro-batch times to stretch.
+  if (hw.threads > 0 && !predicted_time_.micro_forward.empty()) {
     // Ranks taking turns on a node's cores (mpirun --oversubscribe) stretch the step as the
     // planner predicts it (planner::share_node_cores), from every pipeline stage's prediction.
     const std::size_t chunks = predicted_time_.micro_forward.size();
@@ -293,7 +305,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
             .tensor = par.sequence_split ? nullptr : tp_,
             .virtual_stage = chunk.virtual_stage,
             .virtual_stages = virtual_stages_,
-            .floats = std::size_t(chunk.model->stage_floats(train.micro_batch)),
+            .floats = virtual_stages_ == 1
+                          ? 0  // no boundary to send
+                          : std::size_t(chunk.model->stage_floats(train.micro_batch)),
             .slots = chunk.slots},
         tracker_);
     chunk.stage = std::make_unique<ChunkStage>(*this, int(&chunk - chunks_.data()));
@@ -305,6 +319,30 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
 }
 
 Trainer::~Trainer() = default;
+
+// 2d / 2.5d / 3d: the model lays out and owns its store (one unit, padded for ZeRO 1's equal
+// data-rank shards); the optimizer and the gradient sync run on that store, the norm over the
+// ranges the model counts once over the tensor group.
+void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
+  const auto& par = config_.parallel;
+  const std::size_t unit_multiple = par.zero_stage == 1 ? std::size_t(grad_->size()) * 16 : 16;
+  chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
+                                 core::ModelOptions{.unit_multiple = unit_multiple},
+                                 &tensor_grid_groups_);
+  chunk.model = chunk.built.model.get();
+  chunk.dense = nullptr;
+  core::GridModel& model = *chunk.built.sharded();
+  if (!memory_plan) model.init_parameters(config_.train.seed);
+  chunk.model->set_profiler(&profiler_);
+  chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
+      model.parameters(), model.full_store(), *grad_, tracker_,
+      zero::OptimizerOptions{.stage = par.zero_stage});
+  chunk.gradients = std::make_unique<zero::GradientSync>(
+      model.parameters(), model.full_store(), *grad_, tracker_,
+      zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
+                                .tensor = tp_,
+                                .counted_ranges = model.norm_ranges()});
+}
 
 // The layout as YAML. Derived on every rank from the same config; rank 0's copy is broadcast and
 // compared, so ranks that disagree (a different binary or config file on one node) stop together
@@ -333,14 +371,18 @@ void Trainer::agree_on_plan() {
                        return list;
                      }() + "]}\n" +
                      "tensor: {mode: " + core::tensor_mode_name(p.tensor_mode) +
+                     (chunks_.front().built.grid_text.empty()
+                          ? std::string()
+                          : ", grid: " + chunks_.front().built.grid_text) +
                      ", sequence_split: " +
                      (p.sequence_split ? "true" : "false") + ", padded_vocab: " +
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
                      ", offload_params: " + (p.offload_params ? "true" : "false") + "}\n" +
-                     "flat_parameters: " + per_stage(double(model_->flat_size())) + "\n" +
-                     "parameter_units: " + per_stage(double(model_->units().size())) + "\n" +
+                     "flat_parameters: " + per_stage(double(chunks_.front().model->flat_size())) +
+                     "\n" + "parameter_units: " +
+                     per_stage(double(chunks_.front().model->store().units().size())) + "\n" +
                      "shard: {size: " + per_stage(double(optimizer_->shard_size())) + "}\n" +
                      "gradient_reduction: " +
                      (p.zero_stage < 2 ? per_stage(double(gradient_sync_->buckets().size())) +
@@ -444,6 +486,12 @@ double Trainer::run_step(int64_t step) {
   }
   step_ = step;
   const double loss = executor_->run_step();
+  {
+    // The model's own sums over replicas inside the tensor group (2D grid columns, 2.5D depth
+    // layers, 3D planes) before the data-parallel sync; nothing in 1d.
+    core::Profiler::Scope scope(&profiler_, core::WorkKind::communication);
+    for (Chunk& chunk : chunks_) chunk.model->reduce_gradients();
+  }
   // The loss lives on the last stage; every rank of the data x sequence group averaged the same
   // number of tokens.
   const double stage_loss = stages > 1 ? pp_->all_reduce_sum_value(loss) : loss;
@@ -484,7 +532,8 @@ TrainSummary Trainer::train() {
                                         .memory = &tracker_});
   // What this run is and what the cost model predicts for it, beside the measurements.
   run_log.set_attribute("hardware", hardware_name_);
-  run_log.set_attribute("parameters", double(model_->num_parameters()));
+  const double parameters = double(core::parameter_count(spec));  // logical elements
+  run_log.set_attribute("parameters", parameters);
   run_log.set_attribute("predicted_step_seconds", predicted_time_.step);
   run_log.set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
   for (int c = 0; c < int(core::MemCategory::count); ++c) {
@@ -494,7 +543,7 @@ TrainSummary Trainer::train() {
   }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
-        spec.vocab, model_->num_parameters() / 1e6);
+        spec.vocab, parameters / 1e6);
   print("train: %lld steps x %d sequences x %d tokens (micro-batch %d, %d accumulation steps); "
         "data %s (%zu tokens)\n",
         (long long)t.steps, t.global_batch, t.seq_len, t.micro_batch, config_.accumulation_steps(),
@@ -506,10 +555,14 @@ TrainSummary Trainer::train() {
           parallel::pipeline_schedule_name(config_.parallel.pipeline_schedule), layers.c_str(),
           config_.parallel.pipeline_layers.empty() ? ", balanced by predicted time" : "");
   }
-  if (tp_->size() > 1) {
+  if (tp_->size() > 1 && config_.parallel.tensor_mode == core::TensorMode::d1) {
     print("parallel: %d tensor-parallel ranks (1d: heads, MLP width and vocabulary split; "
           "vocabulary padded to %lld)\n",
           tp_->size(), (long long)core::padded_vocab(spec, tp_->size()));
+  } else if (tp_->size() > 1) {
+    print("parallel: %d tensor-parallel ranks (%s: %s)\n", tp_->size(),
+          core::tensor_mode_name(config_.parallel.tensor_mode),
+          chunks_.front().built.grid_text.c_str());
   }
   if (sp_->size() > 1) {
     print("parallel: %d sequence-parallel ranks (ring self-attention; %d positions each)\n",
@@ -535,8 +588,16 @@ TrainSummary Trainer::train() {
         predicted_time_.tensor_comm + predicted_time_.pipeline_comm + predicted_time_.data_comm,
         predicted_time_.bubble, predicted_time_.optimizer, predicted_time_.shared_cores);
 
-  // The tensor group's payload bytes on this rank, validation apart (printed per step at the end).
-  const double tensor_bytes_before = double(tp_->stats().total_payload_bytes());
+  // The tensor group's payload bytes on this rank (with its 2d / 3d sub-groups'), validation
+  // apart (printed per step at the end).
+  const auto tensor_traffic = [this] {
+    double bytes = double(tp_->stats().total_payload_bytes());
+    for (const auto& c : tensor_grid_groups_.comms) {
+      if (c) bytes += double(c->stats().total_payload_bytes());
+    }
+    return bytes;
+  };
+  const double tensor_bytes_before = tensor_traffic();
   double validation_tensor_bytes = 0.0;
   // A checkpoint after `done` steps; skipped steps applied no AdamW update.
   const auto save = [&](int64_t done) { save_checkpoint(done, done - summary.skipped_steps); };
@@ -624,9 +685,9 @@ TrainSummary Trainer::train() {
     }
     if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) ||
                       step + 1 == t.steps)) {
-      const double tensor_bytes = double(tp_->stats().total_payload_bytes());
+      const double tensor_bytes = tensor_traffic();
       record.val_loss = evaluate();
-      validation_tensor_bytes += double(tp_->stats().total_payload_bytes()) - tensor_bytes;
+      validation_tensor_bytes += tensor_traffic() - tensor_bytes;
       print("step %lld: val loss %.6g\n", (long long)step + 1, record.val_loss);
     }
     run_log.record(step, record);
@@ -639,7 +700,7 @@ TrainSummary Trainer::train() {
   run_log.finish(summary);
   if (tp_->size() > 1) {
     print("tensor-parallel traffic (rank 0): %s per step\n",
-          core::format_bytes((double(tp_->stats().total_payload_bytes()) - tensor_bytes_before -
+          core::format_bytes((tensor_traffic() - tensor_bytes_before -
                               validation_tensor_bytes) /
                              double(t.steps - first_step))
               .c_str());
@@ -662,14 +723,31 @@ TrainSummary Trainer::train() {
 double Trainer::evaluate() {
   if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
-  const int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
-  // Rank r evaluates windows [W*r/dp, W*(r+1)/dp); the sum of window losses is all-reduced.
-  const int64_t begin = windows * dp_->rank() / dp_->size();
-  const int64_t end = windows * (dp_->rank() + 1) / dp_->size();
+  int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
+  // The replicas that take windows of their own: the data ranks x the model's batch replicas
+  // (2.5D depth layers, whose forward returns the mean over all of them).
+  core::StageModel& model = *chunks_.front().model;
+  const int shares = model.batch_replicas();
+  const int64_t replicas = int64_t(dp_->size()) * shares;
+  const int64_t replica = int64_t(dp_->rank()) * shares + model.batch_replica();
+  if (model.fixed_batch()) {
+    // A model that only takes whole micro-batches (2d / 3d): the windows rounded down to whole
+    // micro-batches of every replica.
+    windows -= windows % (B * replicas);
+    if (windows == 0) {
+      throw CollectiveError("data.val_path has fewer windows than one train.micro_batch for " +
+                            std::string("each of the data x depth = ") +
+                            std::to_string(replicas) + " replicas (" +
+                            std::to_string(B * replicas) + "); give it more text");
+    }
+  }
+  // Replica r evaluates windows [W*r/R, W*(r+1)/R); the sum of window losses is all-reduced.
+  const int64_t begin = windows * replica / replicas;
+  const int64_t end = windows * (replica + 1) / replicas;
   // Under ZeRO-3 every rank must run the same number of forwards (each gathers parameters
   // collectively): ranks with fewer windows run their last batch again and discard it.
   int64_t batches = (end - begin + B - 1) / B;
-  if (model_->store().collective()) {
+  if (model.store().collective()) {
     const int64_t most = (windows + dp_->size() - 1) / dp_->size();  // windows of the largest part
     batches = (most + B - 1) / B;
   }
@@ -681,7 +759,8 @@ double Trainer::evaluate() {
     const int count = real ? static_cast<int>(std::min<int64_t>(B, end - wanted)) : 1;
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
-    const double loss = pipeline_forward(count) * count;
+    // (the mean over the batch replicas' windows: `count` each)
+    const double loss = pipeline_forward(count) * count * shares;
     if (watchdog_ != nullptr) watchdog_->progress(-1, "validating");
     if (real) total += loss;
   }
@@ -965,9 +1044,12 @@ std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& lo
   const int t = tp_->size();
   const auto logical = logical_table();
   std::vector<float> out(core::parameter_units(logical, 16).back().end, 0.0f);
+  // 2d / 2.5d / 3d: every rank writes the elements it owns; the sum over the tensor group below
+  // assembles them.
+  const bool owned_sum = t > 1 && chunks_.front().dense == nullptr;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
     const core::StageModel& model = *chunks_[c].model;
-    if (t == 1) {
+    if (t == 1 || owned_sum) {
       core::export_owned_runs(model.logical_runs(), logical, local[c].data(), out.data());
       continue;
     }
@@ -980,6 +1062,7 @@ std::vector<float> Trainer::to_logical(const std::vector<std::vector<float>>& lo
           all.data() + std::size_t(r) * model.flat_size(), out.data());
     }
   }
+  if (owned_sum) tp_->all_reduce_sum(out);
   // Every stage wrote its own tensors and zeros elsewhere: the sum is the whole model.
   if (pp_->size() > 1) pp_->all_reduce_sum(out);
   return out;
@@ -1032,6 +1115,21 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
 
 std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
                               uint64_t seed) {
+  if (chunks_.back().dense == nullptr) {
+    // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
+    // trainer on world rank 0, which samples: the text a 1d run of these weights prints.
+    const std::vector<float> values = logical_parameters();
+    if (world_->rank() != 0) return "";
+    io::Config one = config_;
+    one.parallel = io::ParallelConfig{};
+    one.train.micro_batch = 1;
+    one.train.global_batch = 1;
+    one.checkpoint.every = 0;
+    one.checkpoint.resume = io::ResumeMode::never;
+    Trainer whole(one, nullptr);
+    whole.set_local_parameters(whole.from_logical(values));
+    return whole.generate(prompt, tokens, temperature, seed);
+  }
   const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = V <= 256;
   std::vector<int32_t> context;

@@ -1,6 +1,9 @@
-// The training loop shared by colossal_train, colossal_eval and colossal_generate: data ->
-// micro-batches with gradient accumulation -> clipped AdamW -> validation -> the run log
-// (apps/run_log.hpp: metrics files, progress line, summary) -> checkpoints, model file.
+// The training loop shared by colossal_train, colossal_eval and colossal_generate, for every
+// layout (1d, 2d, 2.5d and 3d tensor modes; data, sequence and pipeline parallelism; ZeRO): the
+// sampler -> the pipeline executor over the chunks' core::StageModels (a 2d / 3d run is one
+// stage, one chunk) -> the model's own reduce over its replicas -> zero::GradientSync -> clip ->
+// zero::ShardedAdamW -> validation -> the run log (apps/run_log.hpp: metrics files, progress
+// line, summary) -> checkpoints, model file. docs/training-step.md walks through it.
 #pragma once
 
 #include <chrono>
@@ -167,7 +170,7 @@ class Trainer {
   // the result is text; otherwise token ids separated by spaces.
   std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed);
 
-  core::Model& model() { return *model_; }
+  core::Model& model() { return *model_; }  // 1d (the dense model class) only
   const core::MemoryTracker& memory() const { return tracker_; }
   const zero::ShardedAdamW& optimizer() const { return *optimizer_; }
   const zero::GradientSync& gradient_sync() const { return *gradient_sync_; }
@@ -194,6 +197,9 @@ class Trainer {
   const int32_t* slot_inputs(int slot, int chunk = 0) const;
   const int32_t* slot_targets(int slot, int chunk = 0) const;
   core::Model& head_model() { return *chunks_.back().dense; }
+  struct Chunk;
+  // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.
+  void build_grid_chunk(Chunk& chunk, bool memory_plan);
   // One forward of `batch` sequences uploaded to slot 0 through every pipeline stage (evaluation
   // and sampling): the mean loss on the last stage, 0 elsewhere.
   double pipeline_forward(int batch);
@@ -208,6 +214,7 @@ class Trainer {
   parallel::Communicator* sp_;
   std::unique_ptr<parallel::CommunicatorGroup> tensor_group_;    // the model's view of tp_
   std::unique_ptr<parallel::CommunicatorGroup> sequence_group_;  // ... and of sp_ (ring)
+  parallel::TensorGridGroups tensor_grid_groups_;  // 2d / 2.5d / 3d: tp_'s sub-grid groups
   std::unique_ptr<parallel::Communicator> grad_owner_;
   parallel::Communicator* grad_;  // gradient sum and ZeRO: data x sequence ranks (dp_ without sp)
   int chunk_ = 0;                 // positions of each sequence on this rank
@@ -226,7 +233,7 @@ class Trainer {
     std::unique_ptr<zero::GradientSync> gradients;  // on the optimizer's store
     BuiltModel built;          // apps/model_factory.hpp
     core::StageModel* model;   // built.model: what the executor and the checkpoints drive
-    core::Model* dense;        // the same, as the 1d class (logits, generation)
+    core::Model* dense;        // the same, as the 1d class (logits, generation); null in 2d/3d
     int slots = 1;
     core::DeviceArray<int32_t> inputs, targets;  // this rank's chunk of the tokens, per slot
     std::unique_ptr<parallel::StageLink> link;

@@ -22,6 +22,8 @@ class GridModel : public StageModel {
   const ModelSpec& spec() const override { return spec_; }
   void zero_grad() override { store_->zero_gradients(); }
 
+  bool fixed_batch() const override { return true; }
+
   // One stage (the whole model), one slot: the boundary buffers do not exist (std::logic_error).
   const StageRange& stage() const override { return whole_; }
   int slots() const override { return 1; }

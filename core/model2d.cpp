@@ -435,6 +435,9 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   Kokkos::fence();
 }
 
+int Model2D::batch_replicas() const { return depth_ != nullptr ? depth_->size() : 1; }
+int Model2D::batch_replica() const { return depth_ != nullptr ? depth_->rank() : 0; }
+
 void Model2D::reduce_gradients() {
   Kokkos::fence();
   if (depth_ != nullptr) depth_->all_reduce_sum(grads(), params_end());

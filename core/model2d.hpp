@@ -27,7 +27,7 @@
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
 // Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), activation checkpointing, fused attention, sequence
 // parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
-// parallel.tensor.mode 2d and 2.5d (apps/trainer_md.cpp); tests/test_model2d.cpp drives it alone.
+// parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
 
 #include <cstddef>
@@ -66,6 +66,9 @@ class Model2D final : public GridModel {
   // Once per optimizer step, before the norm and the update: sums every gradient over the depth
   // (2.5D), then those of the parameters replicated down the grid column over it.
   void reduce_gradients() override;
+  // 2.5D: each depth layer takes its own micro-batch.
+  int batch_replicas() const override;
+  int batch_replica() const override;
   // This rank's part of the global sum of squared gradients: every element once over the grid
   // (replicated parameters counted on grid row 0 only). Sum it over all ranks.
   double gradient_sum_squares() const override;

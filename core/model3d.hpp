@@ -19,7 +19,7 @@
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
 // Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), activation checkpointing, fused attention, sequence
 // parallelism (the config refuses them with mode 3d). colossal_train builds this model for
-// parallel.tensor.mode 3d (apps/trainer_md.cpp); tests/test_model3d.cpp drives it alone.
+// parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
 
 #include <cstddef>

@@ -41,6 +41,15 @@ class StageModel {
   // planes). Nothing to do in 1D, where zero::GradientSync sums the sequence-split partials.
   virtual void reduce_gradients() {}
 
+  // Whether forward() takes only the micro-batch its buffers were built for (the 2D / 3D models)
+  // rather than any batch up to it (validation's last, smaller batch).
+  virtual bool fixed_batch() const { return false; }
+  // The ranks of the tensor group that each take sequences of their own (2.5D: the depth layers,
+  // one micro-batch each; forward() returns the mean over all of them), and this rank's index
+  // among them. The trainer's sampler splits the batch over data ranks x these.
+  virtual int batch_replicas() const { return 1; }
+  virtual int batch_replica() const { return 0; }
+
   // Pipeline stage boundaries: (local token rows of batch, hidden) floats each.
   virtual const StageRange& stage() const = 0;
   virtual int slots() const = 0;

@@ -128,7 +128,7 @@ double pinned_step(const SharedCoresLayout& layout, const std::vector<TimePredic
 void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
                       const std::vector<TimePrediction>& stages);
 
-// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::TrainerMD; no pipeline,
+// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::Trainer; no pipeline,
 // sequence, ZeRO or checkpointing): `q` the grid side, `depth` the 2.5D layers, `data` the data
 // ranks, `micro_batch` sequences per forward (per depth layer), `micro_batches` per step. Memory
 // by category exactly as they allocate it (the closed forms next to the models, AdamW's two

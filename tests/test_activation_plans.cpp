@@ -14,7 +14,6 @@
 
 #include "apps/layout.hpp"
 #include "apps/trainer.hpp"
-#include "apps/trainer_md.hpp"
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
@@ -146,9 +145,9 @@ TEST(AutoPlan, TrainsTheSingleRankModel) {
   if (world.rank() == 0) std::printf("%s", report.c_str());
   EXPECT_EQ(planned.parallel.mode, io::ParallelMode::manual);
   EXPECT_EQ(planned.parallel.world_size(), world.size());
-  // As colossal_train does: 2d / 2.5d / 3d plans run on apps::TrainerMD.
+  // As colossal_train does: 2d / 2.5d / 3d plans run on apps::Trainer.
   if (planned.parallel.tensor_mode != core::TensorMode::d1) {
-    apps::TrainerMD trainer(planned, nullptr, &world);
+    apps::Trainer trainer(planned, nullptr, &world);
     test::expect_same_losses(trainer.train(), expected);
     if (world.rank() == 0) std::printf("planned:\n%s", trainer.plan().c_str());
     return;

@@ -1,4 +1,4 @@
-// colossal_train's 2d, 2.5d and 3d tensor modes (apps/TrainerMD) train the single-rank model:
+// colossal_train's 2d, 2.5d and 3d tensor modes (apps::Trainer) train the single-rank model:
 // 10 steps of per-step losses within 1e-5 relative and final logical weights (worst below 1e-4,
 // mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
 // apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
@@ -12,7 +12,6 @@
 #include <filesystem>
 
 #include "apps/trainer.hpp"
-#include "apps/trainer_md.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -57,7 +56,7 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
                           nullptr);
   const apps::TrainSummary expected = reference.train();
 
-  apps::TrainerMD trainer(config(data, layout, true, "md_" + layout.mode), nullptr, &world);
+  apps::Trainer trainer(config(data, layout, true, "md_" + layout.mode), nullptr, &world);
   EXPECT_NE(trainer.plan().find("mode: " + layout.mode), std::string::npos) << trainer.plan();
   const apps::TrainSummary got = trainer.train();
   test::expect_same_losses(got, expected);
@@ -121,7 +120,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   const std::string dir = apps::checkpoint_dir(full);
   if (world.rank() == 0) std::filesystem::remove_all(dir);
   world.barrier();
-  const apps::TrainSummary whole = apps::TrainerMD(full, nullptr, &world).train();
+  const apps::TrainSummary whole = apps::Trainer(full, nullptr, &world).train();
   ASSERT_EQ(whole.losses.size(), 10u);
   // A run resumed after step 4 trains steps 5-10 on `whole`'s curve: bitwise on this layout
   // (relative 0), within the parity tolerance on another.
@@ -150,7 +149,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
     ASSERT_NO_FATAL_FAILURE(keep_step_4(dir));
   }
   world.barrier();
-  expect_continues(apps::TrainerMD(resuming(dir), nullptr, &world).train(), 0.0);
+  expect_continues(apps::Trainer(resuming(dir), nullptr, &world).train(), 0.0);
 
   // One rank, 1d, from this layout's checkpoint.
   io::Config single = config(data, layout, false, name + "_1d" + rank);
@@ -169,13 +168,13 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   ASSERT_NO_FATAL_FAILURE(keep_step_4(written));
   world.barrier();
   const std::string rank0s = apps::checkpoint_dir(config(data, layout, false, name + "_w0"));
-  expect_continues(apps::TrainerMD(resuming(rank0s), nullptr, &world).train(), 1e-5);
+  expect_continues(apps::Trainer(resuming(rank0s), nullptr, &world).train(), 1e-5);
 
   // A stop request (SIGTERM/SIGUSR1) on one rank: every rank stops after the step it is in, with
   // a checkpoint (here after step 5 of the run resumed at 4).
   world.barrier();
   if (world.rank() == 0) apps::request_stop(SIGUSR1);
-  const apps::TrainSummary stopped = apps::TrainerMD(resuming(dir), nullptr, &world).train();
+  const apps::TrainSummary stopped = apps::Trainer(resuming(dir), nullptr, &world).train();
   apps::request_stop(0);
   EXPECT_TRUE(stopped.stopped);
   EXPECT_EQ(stopped.steps, 5);
