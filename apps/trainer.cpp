@@ -560,7 +560,7 @@ TrainSummary Trainer::train() {
           "vocabulary padded to %lld)\n",
           tp_->size(), (long long)core::padded_vocab(spec, tp_->size()));
   } else if (tp_->size() > 1) {
-    print("parallel: %d tensor-parallel ranks (%s: %s)\n", tp_->size(),
+    print("parallel: tensor: {size: %d, mode: %s}  # %s\n", tp_->size(),
           core::tensor_mode_name(config_.parallel.tensor_mode),
           chunks_.front().built.grid_text.c_str());
   }
