@@ -106,7 +106,12 @@ io::CheckpointState TrainerMD::resume() {
   const io::CheckpointState resumed =
       read_newest_checkpoint(config_, *world_, logical_table(), wanted, owned, log);
   print("%s", log.c_str());
-  if (resumed.step > 0) restore_chunk(*optimizer_, *model_, state);
+  if (resumed.step == 0 && config_.checkpoint.resume != io::ResumeMode::file) return resumed;
+  if (config_.train.fine_tune.reset_optimizer) {  // weights only: the moments stay fresh
+    set_store_parameters(model_->store(), state.params);
+  } else {
+    restore_chunk(*optimizer_, *model_, state);
+  }
   return resumed;
 }
 
@@ -139,21 +144,25 @@ TrainSummary TrainerMD::train() {
   const auto& spec = config_.model;
   TrainSummary summary;
   const double tokens_per_step = double(t.global_batch) * t.seq_len;
-  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
   const bool writer = world_->rank() == 0;
-  int64_t first_step = 0;
-  if (config_.checkpoint.resume == io::ResumeMode::automatic) {
+  make_log_dir(*world_, config_);
+  RunStart start;  // checkpoint.resume: where the run continues, or what a fine-tune resets
+  if (config_.checkpoint.resume != io::ResumeMode::never) {
     const auto resuming = Clock::now();
-    const io::CheckpointState state = resume();
-    first_step = state.step;
-    if (first_step > 0) print("resume took %.2f s\n", seconds_since(resuming));
-    summary.first_step = first_step;
+    start = run_start(config_, resume());
+    if (start.first_step > 0 || t.fine_tune.any())
+      print("resume took %.2f s\n", seconds_since(resuming));
+    summary.first_step = start.first_step;
     // Steps a 1d run skipped (train.on_nonfinite: skip) applied no AdamW update.
-    summary.skipped_steps = state.step - state.optimizer_step;
+    summary.skipped_steps = start.skipped_steps;
   }
-  const int64_t skipped = summary.skipped_steps;
+  const int64_t first_step = start.first_step;
+  // AdamW updates before this run's step 0 count (a fine-tune), steps skipped do not.
+  const int64_t skipped = summary.skipped_steps - start.optimizer_base;
+  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
+                            t.steps + start.schedule_base};
   // Rank 0 writes metrics.csv (not yet metrics.h5 or config.yaml; the line has no ETA).
   RunLog run_log(config_, RunLogOptions{.writer = writer,
                                         .first_step = first_step,
@@ -208,7 +217,7 @@ TrainSummary TrainerMD::train() {
                            ", gradient norm " + std::to_string(norm) + " is not finite" + saved +
                            "; lower train.optimizer.lr or check the data");
     }
-    hp.lr = schedule.at(step);
+    hp.lr = schedule.at(step + start.schedule_base);
     optimizer_->step(hp, step + 1 - skipped,
                      float(core::clip_coefficient(norm, t.optimizer.grad_clip)));
     StepRecord record{.loss = loss, .lr = hp.lr, .grad_norm = norm,
