@@ -21,6 +21,7 @@
 #include "core/kernels.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
+#include "io/hf_export.hpp"
 #include "parallel/local_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 
@@ -656,6 +657,7 @@ TrainSummary Trainer::train() {
   write_trace();
   summary.model_path = config_.log.dir + "/model.h5";
   save_weights(summary.model_path);
+  print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
   if (config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
@@ -966,6 +968,25 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
   log += "resumed from " + chosen + " at step " + std::to_string(state.step) +
          (other_changes.empty() ? "" : "; changed since: " + other_changes) + "\n";
   return state;
+}
+
+std::string export_hf_over(parallel::Communicator& world, const io::Config& config,
+                           const std::string& model_path) {
+  if (!config.log.export_hf) return "";
+  std::string error, written;
+  if (world.rank() == 0) {
+    try {
+      const auto files =
+          io::export_model_file(model_path, config.log.dir + "/hf", io::kDefaultHfShardBytes);
+      written = std::to_string(files.size()) + " files";
+    } catch (const std::exception& e) {
+      error = std::string("log.export_hf: ") + e.what();
+    }
+  }
+  world.broadcast_string(error, 0);
+  if (!error.empty()) throw CollectiveError(error);
+  return "hugging face export: " + config.log.dir + "/hf (" + written +
+         "; from_pretrained loads it)\n";
 }
 
 void make_log_dir(parallel::Communicator& world, const io::Config& config) {

@@ -61,6 +61,12 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
                                            const io::CheckpointShard& wanted,
                                            const io::CheckpointShard& owned, std::string& log);
 
+// log.export_hf: rank 0 exports the model file `model_path` to log.dir/hf/ (io/hf_export.hpp);
+// a failure is a CollectiveError on every rank. Collective; nothing when the key is false.
+// Returns the line to print ("" when nothing was exported).
+std::string export_hf_over(parallel::Communicator& world, const io::Config& config,
+                           const std::string& model_path);
+
 // Creates log.dir on rank 0 before anything is written there; one that cannot be created (or
 // written) is a CollectiveError naming log.dir and the path on every rank. Collective.
 void make_log_dir(parallel::Communicator& world, const io::Config& config);

@@ -243,6 +243,7 @@ TrainSummary TrainerMD::train() {
   const std::vector<float> values = logical_parameters();
   if (writer) io::write_model_file(summary.model_path, logical_table(), values.data(), config_.text,
                                    plan_);
+  print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
   summary.peak_rss_bytes = core::peak_rss_bytes();
   if (writer && config_.sample.tokens > 0) summary.sample = sample(summary.model_path);
   return summary;

@@ -422,6 +422,12 @@ const std::vector<KeySpec>& schema() {
       {.key = "log.dir", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.log.dir; },
        .doc = "directory for metrics and the resolved config", .non_empty = true},
+      // Hugging Face export (colossal_export's output, written by the run itself).
+      {.key = "log.export_hf", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.log.export_hf; },
+       .doc = "at the end of the run, after log.dir/model.h5, rank 0 writes log.dir/hf/ "
+              "(config.json + model.safetensors) for transformers' from_pretrained",
+       .choices = {"false", "true"}},
 
       {.key = "checkpoint.dir", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.checkpoint.dir; },

@@ -140,6 +140,9 @@ struct EvalConfig {
 struct LogConfig {
   int64_t every = 10;            // steps between progress lines
   std::string dir = "runs/default";
+
+  // Hugging Face export (io/hf_export.hpp): log.dir/hf/ after the final model.h5.
+  bool export_hf = false;
 };
 
 struct SampleConfig {

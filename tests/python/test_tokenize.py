@@ -21,8 +21,8 @@ except ImportError:
     print("skipped: the `tokenizers` package is not importable")
     sys.exit(77)
 
-SOURCE = os.environ.get("COLOSSAL_SOURCE_DIR",
-                        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.environ.get("COLOSSAL_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
 SCRIPT = os.path.join(SOURCE, "scripts", "tokenize.py")
 DUMP = os.environ.get("COLOSSAL_TOKEN_DUMP", "token_dump")
 failures = []
