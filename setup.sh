@@ -42,6 +42,7 @@ quietly() {
 
 packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
           libtrilinos-kokkos-kernels-dev libhdf5-openmpi-dev hdf5-tools libyaml-cpp-dev
+          nlohmann-json3-dev
           libopenblas-dev libgtest-dev python3
           # optional host GEMM backends (hardware.gemm: blis | onednn | auto), loaded at run time
           libblis4-openmp libdnnl2)

@@ -123,12 +123,13 @@ bool overrides_key(const std::vector<std::string>& overrides, const std::string&
 // Rank 0 loads and validates; the resolved text (or the error) is broadcast, so every rank parses
 // identical text and fails identically: nothing hangs on a bad config. With `slurm` (a Slurm job
 // whose command line does not set log.dir) log.dir is suffixed with the job id first.
-io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* slurm) {
+io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* slurm,
+                              io::ParseOptions options) {
   if (args.config_path.empty()) return io::Config{};  // a mode that needs no config
   std::string text, error;
   if (rank == 0) {
     try {
-      io::Config config = io::load_config(args.config_path, args.overrides);
+      io::Config config = io::load_config(args.config_path, args.overrides, options);
       if (slurm != nullptr) {
         config.log.dir = slurm_run_dir(config.log.dir, *slurm);
         config.text = io::to_yaml(config);
@@ -145,7 +146,7 @@ io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* 
     MPI_Bcast(s->data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
   }
   if (!error.empty()) throw io::ConfigError(error);
-  io::Config config = io::parse_config(text, args.config_path);
+  io::Config config = io::parse_config(text, args.config_path, {}, options);
   return config;
 }
 
@@ -267,7 +268,8 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
       } else {
         const bool rename = info.slurm_run_dir && slurm.in_job() &&
                             !overrides_key(args.overrides, "log.dir");
-        inv.config = load_and_broadcast(args, inv.rank, rename ? &slurm : nullptr);
+        inv.config = load_and_broadcast(args, inv.rank, rename ? &slurm : nullptr,
+                                         io::ParseOptions{.require_data = info.needs_data});
         inv.flags = args.flags;
         inv.switches = args.switches;
         if (args.print_config) {

@@ -35,6 +35,7 @@ struct ProgramInfo {
   // "<log.dir>-<job id>" ("<log.dir>-<array job id>_<task id>" for an array task), so jobs of one
   // config do not share (or resume from) one directory, and a requeued job finds its own.
   bool slurm_run_dir = false;
+  bool needs_data = true;  // false: the config may omit data.path (io::ParseOptions::require_data)
 };
 
 struct Invocation {

@@ -145,7 +145,8 @@ void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
                        const std::string& path) {
   std::vector<std::string> sets = planner::plan_overrides(plan);
   sets.insert(sets.begin(), "parallel.mode=manual");
-  const io::Config planned = io::parse_config(inv.config.text, inv.config.source, sets);
+  const io::Config planned = io::parse_config(inv.config.text, inv.config.source, sets,
+                                              io::ParseOptions{.require_data = false});
   const std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp);
@@ -290,7 +291,9 @@ int main(int argc, char** argv) {
       {"--profile", "--calibrate", "--evaluate", "--json"},
       /*print_threads=*/false,
       /*any_world_size=*/true,
-      /*config_optional_with=*/{"--calibrate"}};
+      /*config_optional_with=*/{"--calibrate"},
+      /*slurm_run_dir=*/false,
+      /*needs_data=*/false};  // planning reads no data: data.path may be left out
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     if (inv.has("--calibrate")) return calibrate(inv);
     if (inv.has("--profile")) return profile(inv);

@@ -21,6 +21,7 @@
 #include "core/kernels.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
+#include "io/hf_export.hpp"
 #include "parallel/local_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
 
@@ -502,9 +503,9 @@ TrainSummary Trainer::train() {
   const auto& t = config_.train;
   const auto& spec = config_.model;
   TrainSummary summary;
-  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup, t.steps};
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
+  make_log_dir(*world_, config_);
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
   Watchdog watchdog(t.watchdog_seconds, world_->rank());
@@ -513,15 +514,18 @@ TrainSummary Trainer::train() {
     ~Unset() { slot = nullptr; }
   } unset{watchdog_};
   watchdog_ = &watchdog;
-  int64_t first_step = 0;
-  if (config_.checkpoint.resume == io::ResumeMode::automatic && profile_steps_ == 0) {
+  RunStart start;  // checkpoint.resume: where the run continues, or what a fine-tune resets
+  if (config_.checkpoint.resume != io::ResumeMode::never && profile_steps_ == 0) {
     const auto resuming = Clock::now();
-    const io::CheckpointState state = resume();
-    if (state.step > 0) print("resume took %.2f s\n", seconds_since(resuming));
-    first_step = state.step;
-    summary.first_step = first_step;
-    summary.skipped_steps = state.step - state.optimizer_step;
+    start = run_start(config_, resume());
+    if (start.first_step > 0 || t.fine_tune.any())
+      print("resume took %.2f s\n", seconds_since(resuming));
+    summary.first_step = start.first_step;
+    summary.skipped_steps = start.skipped_steps;
   }
+  const int64_t first_step = start.first_step;
+  core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
+                            t.steps + start.schedule_base};
   // Rank 0 writes the run's files; every rank trains and tallies.
   RunLog run_log(config_, RunLogOptions{.writer = world_->rank() == 0,
                                         .first_step = first_step,
@@ -600,7 +604,9 @@ TrainSummary Trainer::train() {
   const double tensor_bytes_before = tensor_traffic();
   double validation_tensor_bytes = 0.0;
   // A checkpoint after `done` steps; skipped steps applied no AdamW update.
-  const auto save = [&](int64_t done) { save_checkpoint(done, done - summary.skipped_steps); };
+  const auto save = [&](int64_t done) {
+    save_checkpoint(done, done - summary.skipped_steps + start.optimizer_base);
+  };
   run_log.start();
   for (int64_t step = first_step; step < t.steps; ++step) {
     const auto step_start = Clock::now();
@@ -610,7 +616,7 @@ TrainSummary Trainer::train() {
     for (int k = 0; k < core::Profiler::kKinds; ++k) {
       profiled_before[k] = profiler_.seconds(core::WorkKind(k));
     }
-    hp.lr = schedule.at(step);
+    hp.lr = schedule.at(step + start.schedule_base);
     const double loss = run_step(step);
     double norm = 0.0;
     {
@@ -647,7 +653,8 @@ TrainSummary Trainer::train() {
       core::Profiler::Scope scope(&profiler_, core::WorkKind::optimizer);
       core::TraceRecorder::Span span(&trace_, "optimizer", "optimizer");
       for (Chunk& chunk : chunks_) {
-        chunk.optimizer->step(hp, step + 1 - summary.skipped_steps, static_cast<float>(clip));
+        chunk.optimizer->step(hp, step + 1 - summary.skipped_steps + start.optimizer_base,
+                              static_cast<float>(clip));
       }
     }
     StepRecord record{.loss = loss, .lr = hp.lr, .grad_norm = norm,
@@ -711,6 +718,7 @@ TrainSummary Trainer::train() {
   write_trace();
   summary.model_path = config_.log.dir + "/model.h5";
   save_weights(summary.model_path);
+  print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
   if (config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
@@ -956,9 +964,13 @@ io::CheckpointState Trainer::resume() {
   const io::CheckpointState state =
       read_newest_checkpoint(config_, *world_, logical_table(), wanted, owned, log);
   print("%s", log.c_str());
-  if (state.step == 0) return state;
+  if (state.step == 0 && config_.checkpoint.resume != io::ResumeMode::file) return state;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
-    restore_chunk(*chunks_[c].optimizer, *chunks_[c].model, states[c]);
+    if (config_.train.fine_tune.reset_optimizer) {  // weights only: the moments stay fresh
+      set_store_parameters(chunks_[c].model->store(), states[c].params);
+    } else {
+      restore_chunk(*chunks_[c].optimizer, *chunks_[c].model, states[c]);
+    }
   }
   return state;
 }
@@ -968,10 +980,25 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
                                            const io::CheckpointShard& wanted,
                                            const io::CheckpointShard& owned, std::string& log) {
   const std::string dir = checkpoint_dir(config);
-  std::string listing;
+  // checkpoint.resume: PATH reads that file alone, and any damage is an error, not a skip.
+  const bool one_file = config.checkpoint.resume == io::ResumeMode::file;
+  const std::string& file = config.checkpoint.resume_path;
+  std::string listing, missing;
   if (world.rank() == 0) {
-    for (const std::string& path : io::list_checkpoints(dir)) listing += path + "\n";
+    if (!one_file) {
+      for (const std::string& path : io::list_checkpoints(dir)) listing += path + "\n";
+    } else if (std::error_code ec; !std::filesystem::is_regular_file(file, ec)) {
+      const std::string close = io::did_you_mean(file, {"auto", "never"});
+      missing = "checkpoint.resume: '" + file + "' is not a checkpoint file (" +
+                (std::filesystem::exists(file, ec) ? "not a regular file" : "no such file") +
+                "; allowed: auto, never, or the path of a checkpoint file); " +
+                (close.empty() ? "check the path" : "did you mean '" + close + "'?");
+    } else {
+      listing = file + "\n";
+    }
   }
+  world.broadcast_string(missing, 0);
+  if (!missing.empty()) throw CollectiveError(missing);
   world.broadcast_string(listing, 0);
   std::string chosen;
   io::CheckpointState state;
@@ -1006,6 +1033,10 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
         damage = e.what();
       }
     }
+    if (one_file) {
+      throw CollectiveError("checkpoint.resume: cannot read checkpoint file '" + path + "': " +
+                            damage + "; point checkpoint.resume at an intact checkpoint");
+    }
     log += "warning: skipping checkpoint " + path + ": " + damage + "\n";
   }
   if (chosen.empty()) {
@@ -1016,6 +1047,72 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
   log += "resumed from " + chosen + " at step " + std::to_string(state.step) +
          (other_changes.empty() ? "" : "; changed since: " + other_changes) + "\n";
   return state;
+}
+
+std::string export_hf_over(parallel::Communicator& world, const io::Config& config,
+                           const std::string& model_path) {
+  if (!config.log.export_hf) return "";
+  std::string error, written;
+  if (world.rank() == 0) {
+    try {
+      const auto files =
+          io::export_model_file(model_path, config.log.dir + "/hf", io::kDefaultHfShardBytes);
+      written = std::to_string(files.size()) + " files";
+    } catch (const std::exception& e) {
+      error = std::string("log.export_hf: ") + e.what();
+    }
+  }
+  world.broadcast_string(error, 0);
+  if (!error.empty()) throw CollectiveError(error);
+  return "hugging face export: " + config.log.dir + "/hf (" + written +
+         "; from_pretrained loads it)\n";
+}
+
+void make_log_dir(parallel::Communicator& world, const io::Config& config) {
+  const std::string& dir = config.log.dir;
+  std::string error;
+  if (world.rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!ec && !std::filesystem::is_directory(dir, ec)) {
+      ec = std::make_error_code(std::errc::not_a_directory);
+    }
+    const std::string probe = dir + "/.colossal-write-test";
+    if (!ec) {
+      std::FILE* f = std::fopen(probe.c_str(), "w");
+      if (f == nullptr) {
+        ec = std::error_code(errno, std::generic_category());
+      } else {
+        std::fclose(f);
+        std::error_code ignored;
+        std::filesystem::remove(probe, ignored);
+      }
+    }
+    if (ec) {
+      error = "log.dir: cannot create or write '" + dir + "' (" + ec.message() +
+              "; the run's metrics, config and model go there); set log.dir to a writable "
+              "directory, e.g. --set log.dir=runs/mine";
+    }
+  }
+  world.broadcast_string(error, 0);
+  if (!error.empty()) throw CollectiveError(error);
+}
+
+RunStart run_start(const io::Config& config, const io::CheckpointState& state) {
+  RunStart start;
+  if (state.step == 0) return start;
+  const io::FineTuneConfig& reset = config.train.fine_tune;
+  if (!reset.any()) {
+    start.first_step = state.step;
+    // A checkpoint of a fine-tune counts AdamW updates from before its own step 0.
+    start.skipped_steps = std::max<int64_t>(state.step - state.optimizer_step, 0);
+    start.optimizer_base = std::max<int64_t>(state.optimizer_step - state.step, 0);
+    return start;
+  }
+  start.restore_moments = !reset.reset_optimizer;
+  start.optimizer_base = reset.reset_optimizer ? 0 : state.optimizer_step;
+  start.schedule_base = reset.reset_schedule ? 0 : state.step;
+  return start;
 }
 
 void write_checkpoint_over(parallel::Communicator& world, const io::Config& config,

@@ -64,6 +64,32 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
                                            const io::CheckpointShard& wanted,
                                            const io::CheckpointShard& owned, std::string& log);
 
+// log.export_hf: rank 0 exports the model file `model_path` to log.dir/hf/ (io/hf_export.hpp);
+// a failure is a CollectiveError on every rank. Collective; nothing when the key is false.
+// Returns the line to print ("" when nothing was exported).
+std::string export_hf_over(parallel::Communicator& world, const io::Config& config,
+                           const std::string& model_path);
+
+// Creates log.dir on rank 0 before anything is written there; one that cannot be created (or
+// written) is a CollectiveError naming log.dir and the path on every rank. Collective.
+void make_log_dir(parallel::Communicator& world, const io::Config& config);
+
+// Where a run stands after checkpoint.resume restored `state` (step 0: nothing restored), for any
+// trainer. Continuing (auto, or a file without train.reset_*): the run's own step counter, LR
+// schedule and AdamW count go on, train.steps is its total. Fine-tuning (a file with a reset): a
+// new run counted from step 0, train.steps more steps; what is not reset goes on from the
+// checkpoint. At this run's step s (0-based) AdamW takes its update number
+// s + 1 - skipped_steps + optimizer_base and the LR is the schedule over
+// train.steps + schedule_base steps at s + schedule_base.
+struct RunStart {
+  int64_t first_step = 0;      // the first step this run trains
+  int64_t skipped_steps = 0;   // steps before first_step that applied no update
+  int64_t optimizer_base = 0;  // AdamW updates taken before this run's step 0
+  int64_t schedule_base = 0;   // LR schedule steps before this run's step 0
+  bool restore_moments = true; // the AdamW moments come from the checkpoint
+};
+RunStart run_start(const io::Config& config, const io::CheckpointState& state);
+
 // Writes one checkpoint collectively over `world` (see io::write_checkpoint); a failure is
 // reported on every rank as a CollectiveError that keeps the previous checkpoint.
 void write_checkpoint_over(parallel::Communicator& world, const io::Config& config,

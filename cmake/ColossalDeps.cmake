@@ -43,7 +43,7 @@ add_library(colossal::deps::blas ALIAS colossal_blas)
 target_include_directories(colossal_blas SYSTEM INTERFACE ${COLOSSAL_CBLAS_INCLUDE_DIR})
 target_link_libraries(colossal_blas INTERFACE ${COLOSSAL_BLAS_LIBRARY})
 
-# --- MPI, parallel HDF5, yaml-cpp ------------------------------------------------------------
+# --- MPI, parallel HDF5, yaml-cpp, nlohmann-json -----------------------------------------------
 find_package(MPI REQUIRED COMPONENTS C CXX)
 set(HDF5_PREFER_PARALLEL ON)
 find_package(HDF5 REQUIRED COMPONENTS C)
@@ -57,6 +57,8 @@ target_include_directories(colossal_hdf5 SYSTEM INTERFACE ${HDF5_INCLUDE_DIRS})
 target_link_libraries(colossal_hdf5 INTERFACE ${HDF5_C_LIBRARIES} MPI::MPI_C)
 target_compile_definitions(colossal_hdf5 INTERFACE $<$<BOOL:${HDF5_IS_PARALLEL}>:COLOSSAL_HDF5_PARALLEL>)
 find_package(yaml-cpp REQUIRED)
+# Hugging Face safetensors headers and config.json (Debian nlohmann-json3-dev, header-only).
+find_package(nlohmann_json 3 REQUIRED)
 
 # --- CUDA toolkit: cuBLAS and NCCL (compile and link even without a GPU) -----------------
 set(COLOSSAL_HAVE_CUDA OFF)

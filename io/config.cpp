@@ -113,7 +113,19 @@ Choice choice(parallel::PipelineSchedule* p) {
 }
 Choice choice(OnNonfinite* p) { return enum_choice(p, on_nonfinite_name, parse_on_nonfinite); }
 Choice choice(ParallelMode* p) { return enum_choice(p, parallel_mode_name, parse_parallel_mode); }
-Choice choice(ResumeMode* p) { return enum_choice(p, resume_mode_name, parse_resume_mode); }
+// checkpoint.resume: the words never and auto, or any other text as a checkpoint file's path.
+Choice resume_choice(CheckpointConfig* p) {
+  return {[p] {
+            return p->resume == ResumeMode::file ? p->resume_path
+                                                 : std::string(resume_mode_name(p->resume));
+          },
+          [p](std::string_view w) {
+            const std::optional<ResumeMode> mode = parse_resume_mode(w);
+            p->resume = mode.value_or(ResumeMode::file);
+            p->resume_path = mode ? "" : std::string(w);
+            return !w.empty();
+          }};
+}
 
 using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, Choice, bool*,
                            Betas, std::vector<int>*>;
@@ -258,6 +270,19 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return choice(&c.train.on_nonfinite); },
        .doc = "on a NaN/Inf loss or gradient: stop the run, or skip the step",
        .choices = {"stop", "skip"}},
+      // Fine-tune controls: with checkpoint.resume: PATH (configs/README.md, "Resuming and
+      // fine-tuning").
+      {.key = "train.reset_optimizer", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.train.fine_tune.reset_optimizer; },
+       .doc = "fine-tune from checkpoint.resume: PATH: restore its weights only; fresh AdamW "
+              "moments and step count, the run counted from step 0 and train.steps the steps "
+              "after the checkpoint",
+       .choices = {"false", "true"}, .cross_check = "needs checkpoint.resume: a file"},
+      {.key = "train.reset_schedule", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.train.fine_tune.reset_schedule; },
+       .doc = "fine-tune from checkpoint.resume: PATH: the learning-rate schedule (warm-up, "
+              "decay over train.steps) starts again at 0; the run counted from step 0",
+       .choices = {"false", "true"}, .cross_check = "needs checkpoint.resume: a file"},
 
       {.key = "parallel.mode", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return choice(&c.parallel.mode); },
@@ -397,6 +422,12 @@ const std::vector<KeySpec>& schema() {
       {.key = "log.dir", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.log.dir; },
        .doc = "directory for metrics and the resolved config", .non_empty = true},
+      // Hugging Face export (colossal_export's output, written by the run itself).
+      {.key = "log.export_hf", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.log.export_hf; },
+       .doc = "at the end of the run, after log.dir/model.h5, rank 0 writes log.dir/hf/ "
+              "(config.json + model.safetensors) for transformers' from_pretrained",
+       .choices = {"false", "true"}},
 
       {.key = "checkpoint.dir", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.checkpoint.dir; },
@@ -408,11 +439,12 @@ const std::vector<KeySpec>& schema() {
       {.key = "checkpoint.keep", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.checkpoint.keep; },
        .doc = "newest checkpoints kept in checkpoint.dir", .range = at_least(1)},
-      {.key = "checkpoint.resume", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return choice(&c.checkpoint.resume); },
+      {.key = "checkpoint.resume", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return resume_choice(&c.checkpoint); },
        .doc = "auto: continue from the newest intact checkpoint in checkpoint.dir (a corrupted "
-              "one is skipped with a warning); never: start afresh",
-       .choices = {"never", "auto"}},
+              "one is skipped with a warning); never: start afresh; any other text: the path of "
+              "a checkpoint file to continue from (a missing or damaged one is an error)",
+       .choices = {"never", "auto"}, .non_empty = true},
       {.key = "checkpoint.verify", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.checkpoint.verify; },
        .doc = "check a checkpoint's whole-file checksum before HDF5 parses it (HDF5 can crash on "
@@ -582,6 +614,7 @@ std::string allowed_text(const KeySpec& spec) {
     case Kind::number:
       return "a number" + range_text(spec.range);
     case Kind::text:
+      if (!spec.choices.empty()) return "one of: " + join(spec.choices) + ", or a file path";
       return spec.non_empty ? "a non-empty string" : "a string";
     case Kind::choice:
       return "one of: " + join(spec.choices);
@@ -615,7 +648,14 @@ void write_field(YAML::Emitter& out, const KeySpec& spec, const Field& field) {
           else
             out << *p;
         } else if constexpr (std::is_same_v<T, Choice>) {
-          out << p.word();
+          // Free text besides the words (checkpoint.resume's path) is quoted, as above.
+          const std::string word = p.word();
+          const bool listed =
+              std::find(spec.choices.begin(), spec.choices.end(), word) != spec.choices.end();
+          if (spec.kind == Kind::text && !listed)
+            out << YAML::DoubleQuoted << word;
+          else
+            out << word;
         } else if constexpr (std::is_same_v<T, bool*>) {
           out << (*p ? "true" : "false");
         } else if constexpr (std::is_same_v<T, std::vector<int>*>) {
@@ -667,7 +707,8 @@ std::string describe_node(const YAML::Node& node) {
 
 class Resolver {
  public:
-  Resolver(std::string source, YAML::Node root) : source_(std::move(source)), root_(root) {}
+  Resolver(std::string source, YAML::Node root, ParseOptions options)
+      : source_(std::move(source)), root_(root), options_(options) {}
 
   // The order decides which error a user sees first: overrides are merged before anything is
   // checked (they are validated like the file); unknown keys come before values, so a typo is
@@ -906,8 +947,12 @@ class Resolver {
         return;
       case Kind::text: {
         const std::string text = scalar_of(spec, node, "a string", where_text);
-        if (spec.non_empty && text.empty())
+        if (spec.non_empty && text.empty() && !optional_data(spec))
           raise_type(spec, "a non-empty string", node, where_text);
+        if (auto* words = std::get_if<Choice>(&field)) {  // words or free text (a path)
+          words->set(text);
+          return;
+        }
         *std::get<std::string*>(field) = text;
         return;
       }
@@ -1004,12 +1049,17 @@ class Resolver {
 
   // --- defaults and cross-key checks -----------------------------------------------------------
 
+  // data.path, for a program that reads no data (ParseOptions::require_data).
+  bool optional_data(const KeySpec& spec) const {
+    return !options_.require_data && spec.key == "data.path";
+  }
+
   void check_required(const Config& config) const {
     for (const KeySpec& spec : schema()) {
       const bool needed =
           spec.required == Required::always ||
           (spec.required == Required::without_preset && config.model_preset.empty());
-      if (!needed || entries_.count(spec.key)) continue;
+      if (!needed || entries_.count(spec.key) || optional_data(spec)) continue;
       const std::string why = spec.required == Required::always
                                   ? allowed_text(spec)
                                   : allowed_text(spec) + "; required when model.preset is not set";
@@ -1042,6 +1092,7 @@ class Resolver {
     if (config.parallel.tensor_mode == core::TensorMode::d1) check_tensor_split(config);
     check_pipeline(config);
     check_recompute(config);
+    check_fine_tune(config);
     const TrainConfig& t = config.train;
     if (t.seq_len > config.model.max_seq)
       raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",
@@ -1097,6 +1148,19 @@ class Resolver {
             format_number(o.min_lr) + " is above train.optimizer.lr = " + format_number(o.lr),
             "the schedule decays from lr down to min_lr",
             "set train.optimizer.min_lr <= " + format_number(o.lr));
+  }
+
+  // A reset needs a checkpoint file: with auto, a restarted fine-tune would reset again.
+  void check_fine_tune(const Config& config) const {
+    const FineTuneConfig& f = config.train.fine_tune;
+    if (!f.any() || config.checkpoint.resume == ResumeMode::file) return;
+    const std::string key = f.reset_optimizer ? "train.reset_optimizer" : "train.reset_schedule";
+    raise(where_first({key}), key,
+          "true needs a checkpoint to start from, but checkpoint.resume is " +
+              std::string(resume_mode_name(config.checkpoint.resume)),
+          "a reset applies to checkpoint.resume: a checkpoint file (with auto, a restarted "
+          "fine-tune would reset again)",
+          "set checkpoint.resume to the checkpoint file to fine-tune from, or " + key + ": false");
   }
 
   // The tensor size must divide the heads and the MLP width; offer the nearest sizes that do.
@@ -1368,6 +1432,7 @@ class Resolver {
 
   std::string source_;
   YAML::Node root_;
+  ParseOptions options_;
   std::vector<std::pair<std::string, std::string>> overrides_;  // (dotted key, "key=value")
   std::map<std::string, Entry> entries_;                        // every key present in the tree
 };
@@ -1422,7 +1487,15 @@ const char* parallel_mode_name(ParallelMode mode) {
   return mode == ParallelMode::automatic ? "auto" : "manual";
 }
 const char* resume_mode_name(ResumeMode mode) {
-  return mode == ResumeMode::automatic ? "auto" : "never";
+  switch (mode) {
+    case ResumeMode::automatic:
+      return "auto";
+    case ResumeMode::file:
+      return "file";
+    case ResumeMode::never:
+      break;
+  }
+  return "never";
 }
 std::optional<OnNonfinite> parse_on_nonfinite(std::string_view name) {
   return parse_among(name, {OnNonfinite::stop, OnNonfinite::skip}, on_nonfinite_name);
@@ -1435,7 +1508,7 @@ std::optional<ResumeMode> parse_resume_mode(std::string_view name) {
 }
 
 Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides) {
+                    const std::vector<std::string>& overrides, ParseOptions options) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -1446,10 +1519,11 @@ Config parse_config(const std::string& yaml_text, const std::string& source,
     raise(where, "YAML syntax error", yaml_error_text(e), "the config must be valid YAML",
           "check indentation, brackets and quotes at or just before this point");
   }
-  return Resolver(source, root).run(overrides);
+  return Resolver(source, root, options).run(overrides);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides,
+                   ParseOptions options) {
   std::error_code ec;
   const std::string cwd = std::filesystem::current_path(ec).string();
   if (std::filesystem::is_directory(path, ec))
@@ -1461,7 +1535,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
           "check the path (relative paths start from " + cwd + ")");
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_config(text.str(), path, overrides);
+  return parse_config(text.str(), path, overrides, options);
 }
 
 std::string to_yaml(const Config& config) {

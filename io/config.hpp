@@ -30,16 +30,17 @@ namespace colossal::io {
 enum class OnNonfinite : uint8_t { stop, skip };
 // parallel.mode: manual (the sizes given), or automatic (the word "auto": the planner's layout).
 enum class ParallelMode : uint8_t { manual, automatic };
-// checkpoint.resume: never (start afresh), or automatic (the word "auto": continue from the
-// newest intact checkpoint).
-enum class ResumeMode : uint8_t { never, automatic };
+// checkpoint.resume: never (start afresh), automatic (the word "auto": continue from the
+// newest intact checkpoint), or file (any other text: that checkpoint file,
+// CheckpointConfig::resume_path).
+enum class ResumeMode : uint8_t { never, automatic, file };
 
 const char* on_nonfinite_name(OnNonfinite mode);    // "stop", "skip"
 const char* parallel_mode_name(ParallelMode mode);  // "manual", "auto"
-const char* resume_mode_name(ResumeMode mode);      // "never", "auto"
+const char* resume_mode_name(ResumeMode mode);      // "never", "auto", "file"
 std::optional<OnNonfinite> parse_on_nonfinite(std::string_view name);
 std::optional<ParallelMode> parse_parallel_mode(std::string_view name);
-std::optional<ResumeMode> parse_resume_mode(std::string_view name);
+std::optional<ResumeMode> parse_resume_mode(std::string_view name);  // never | auto only
 
 class ConfigError : public std::runtime_error {
  public:
@@ -63,6 +64,14 @@ struct OptimizerConfig {
   double grad_clip = 1.0;        // global-norm clip; 0 = off
 };
 
+// Fine-tuning from a checkpoint file (checkpoint.resume: PATH): each reset makes the run a new
+// one counted from step 0 whose train.steps are the steps after the checkpoint.
+struct FineTuneConfig {
+  bool reset_optimizer = false;  // fresh AdamW moments and step count; weights restored
+  bool reset_schedule = false;   // the learning-rate schedule starts again at step 0
+  bool any() const { return reset_optimizer || reset_schedule; }
+};
+
 struct TrainConfig {
   int64_t steps = 1000;
   int seq_len = 256;
@@ -73,6 +82,7 @@ struct TrainConfig {
   OptimizerConfig optimizer;
   OnNonfinite on_nonfinite = OnNonfinite::stop;  // stop | skip
   double watchdog_seconds = 1800.0;   // end a rank that makes no progress this long; 0 = off
+  FineTuneConfig fine_tune;      // train.reset_optimizer, train.reset_schedule
 };
 
 // Activation checkpointing (checkpoint_sched/): which activations the first forward keeps.
@@ -108,8 +118,11 @@ struct CheckpointConfig {
   std::string dir;               // "" = log.dir/checkpoints
   int64_t every = 0;             // steps between checkpoints; 0 = none while training
   int keep = 2;                  // newest checkpoints kept
-  ResumeMode resume = ResumeMode::never;  // never | auto
+  ResumeMode resume = ResumeMode::never;  // never | auto | file
   bool verify = true;            // whole-file checksum before HDF5 reads a checkpoint
+
+  // Resume and fine-tune controls (docs: configs/README.md, "Resuming and fine-tuning").
+  std::string resume_path;       // checkpoint.resume: a file (resume == file)
 };
 
 struct HardwareConfig {
@@ -127,6 +140,9 @@ struct EvalConfig {
 struct LogConfig {
   int64_t every = 10;            // steps between progress lines
   std::string dir = "runs/default";
+
+  // Hugging Face export (io/hf_export.hpp): log.dir/hf/ after the final model.h5.
+  bool export_hf = false;
 };
 
 struct SampleConfig {
@@ -158,12 +174,19 @@ struct Config {
   }
 };
 
+// What a program needs of a config beyond the schema.
+struct ParseOptions {
+  // false: data.path may be absent or empty (colossal_plan plans without data; "" when absent).
+  bool require_data = true;
+};
+
 // Reads `path`, applies `overrides` ("a.b=value", as given to --set), validates and resolves
 // presets and defaults. Throws ConfigError naming file, line, key and what is allowed.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {},
+                   ParseOptions options = {});
 // Same, from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, ParseOptions options = {});
 // The resolved configuration as YAML; parse_config(to_yaml(c)) gives back c.
 std::string to_yaml(const Config& config);
 

@@ -14,6 +14,7 @@
 #include "apps/trainer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/config.hpp"
+#include "metrics_h5.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
 
@@ -169,6 +170,122 @@ TEST(Checkpoint, ACorruptedTensorIsSkippedAndAnUnwritableDirectoryStopsEveryRank
 }
 
 // Save under one layout, resume under another: the checkpoint holds logical tensors.
+// checkpoint.resume: PATH continues that file's run bitwise (train.steps the total); the
+// fine-tune resets make a new run from its weights: both resets equal a fresh run started from
+// those weights, and what is not reset goes on (the LR at the checkpoint's step, or the moments).
+// A missing or damaged file, and a log.dir that cannot be created, stop every rank, named.
+TEST(Checkpoint, ResumesFromAFileAndFineTunesWithResets) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const std::string dir = fresh_dir(world, "file" + std::to_string(world.size()));
+  const Layout layout{world.size(), 1, 1, world.size() > 1 ? 1 : 0};
+  const auto run = [&](const std::string& name, const std::string& extra, int64_t steps,
+                       const std::vector<std::string>& sets = {}) {
+    io::Config c = config(data, dir + "/" + name, layout, extra);
+    if (!sets.empty()) c = io::parse_config(c.text, "test", sets);  // as --set would
+    c.train.steps = steps;
+    return apps::Trainer(c, nullptr, &world).train();
+  };
+  const auto lrs = [&](const std::string& name) {
+    std::vector<double> lr;
+    if (world.rank() == 0) lr = test::read_metrics_h5(dir + "/" + name + "/metrics.h5")["lr"];
+    return lr;
+  };
+  // The straight 10-step run, checkpointed after steps 4 and 8 (and 10).
+  const apps::TrainSummary all = run("straight", "checkpoint: {every: 4, keep: 5}\n", 10);
+  const std::string ckpt4 = dir + "/straight/checkpoints/ckpt-4.h5";
+
+  // Continue from the file: steps 5..10 bitwise (another log.dir, nothing to find there).
+  const apps::TrainSummary rest = run("continued", "checkpoint: {resume: " + ckpt4 + "}\n", 10);
+  EXPECT_EQ(rest.first_step, 4);
+  ASSERT_EQ(rest.losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(rest.losses[i], all.losses[4 + i]) << "step " << 5 + i << ": not bitwise";
+  }
+  if (world.rank() == 0) {
+    const std::vector<double> straight = lrs("straight"), continued = lrs("continued");
+    ASSERT_EQ(continued.size(), 6u);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(continued[i], straight[4 + i]) << "lr, step " << 5 + i;
+  }
+
+  // Both resets: the same as a fresh 6-step run whose initial weights are step 4's.
+  const std::string tune = "checkpoint: {resume: " + ckpt4 + "}\n";
+  const apps::TrainSummary both =
+      run("both", tune, 6, {"train.reset_optimizer=true", "train.reset_schedule=true"});
+  // Nothing left to train: four/model.h5 is ckpt-4's weights, as the run ends with them.
+  EXPECT_TRUE(run("four", tune, 4).losses.empty());
+  io::Config fresh_config = config(data, dir + "/fresh", layout);
+  fresh_config.train.steps = 6;
+  apps::Trainer fresh(fresh_config, nullptr, &world);
+  fresh.load_weights(dir + "/four/model.h5");
+  const apps::TrainSummary from_weights = fresh.train();
+  EXPECT_EQ(both.first_step, 0);
+  ASSERT_EQ(both.losses.size(), 6u);
+  ASSERT_EQ(from_weights.losses.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(both.losses[i], from_weights.losses[i]) << "fine-tune step " << i + 1;
+  }
+  EXPECT_NE(both.losses[0], all.losses[0]) << "the fine-tune did not start from step 4's weights";
+
+  // reset_optimizer alone: fresh moments, but the LR goes on from step 4 along a schedule over
+  // 4 + 6 steps (the straight run's). reset_schedule alone: the restored moments, the LR from 0.
+  const apps::TrainSummary moments_reset =
+      run("optimizer", tune, 6, {"train.reset_optimizer=true"});
+  const apps::TrainSummary schedule_reset =
+      run("schedule", tune, 6, {"train.reset_schedule=true"});
+  EXPECT_EQ(moments_reset.losses[0], both.losses[0]);  // same weights, same first batch
+  EXPECT_EQ(schedule_reset.losses[0], both.losses[0]);
+  EXPECT_NE(moments_reset.losses[1], both.losses[1]) << "the LR was not the continued one";
+  EXPECT_NE(schedule_reset.losses[1], both.losses[1]) << "the moments were not restored";
+  if (world.rank() == 0) {
+    const std::vector<double> straight = lrs("straight"), optimizer = lrs("optimizer"),
+                              schedule = lrs("schedule"), both_lr = lrs("both");
+    ASSERT_EQ(optimizer.size(), 6u);
+    ASSERT_EQ(schedule.size(), 6u);
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_EQ(optimizer[i], straight[4 + i]) << "continued lr, fine-tune step " << i + 1;
+      EXPECT_EQ(schedule[i], both_lr[i]) << "restarted lr, fine-tune step " << i + 1;
+    }
+    EXPECT_LT(schedule[0], schedule[1]);  // warm-up again
+  }
+
+  // A missing file and a damaged one are errors naming the key and the path.
+  const auto error_of = [&](const std::string& name, const std::string& extra) {
+    try {
+      run(name, extra, 6);
+    } catch (const apps::CollectiveError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << name << ": no error";
+    return std::string();
+  };
+  const std::string missing = dir + "/straight/checkpoints/ckpt-5.h5";
+  std::string what = error_of("missing", "checkpoint: {resume: " + missing + "}\n");
+  EXPECT_NE(what.find("checkpoint.resume: '" + missing + "' is not a checkpoint file (no such "
+                      "file"), std::string::npos) << what;
+  what = error_of("typo", "checkpoint: {resume: auot}\n");
+  EXPECT_NE(what.find("did you mean 'auto'?"), std::string::npos) << what;
+  const std::string damaged = dir + "/damaged.h5";
+  if (world.rank() == 0) {
+    std::filesystem::copy_file(ckpt4, damaged);
+    std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) / 2);
+  }
+  world.barrier();
+  what = error_of("damaged", "checkpoint: {resume: " + damaged + "}\n");
+  EXPECT_NE(what.find("checkpoint.resume: cannot read checkpoint file '" + damaged + "'"),
+            std::string::npos) << what;
+  // log.dir under a regular file cannot be created: every rank fails, naming it.
+  io::Config bad = config(data, data + "/run", layout);
+  bad.train.steps = 1;
+  try {
+    apps::Trainer(bad, nullptr, &world).train();
+    ADD_FAILURE() << "trained into " << bad.log.dir;
+  } catch (const apps::CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("log.dir: cannot create or write '" + data + "/run'"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Checkpoint, ResumesUnderAnotherLayout) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() == 1) GTEST_SKIP() << "needs 2 or 4 ranks";

@@ -206,6 +206,38 @@ TEST_F(Cli, DataErrorsNameTheKey) {
   EXPECT_NE(r.output.find("fewer than"), std::string::npos) << r.output;
 }
 
+// Planning reads no data: colossal_plan takes a config without data.path, which colossal_train
+// refuses, naming the key.
+TEST_F(Cli, PlanNeedsNoDataButTrainingDoes) {
+  std::string body = default_body();
+  body.erase(body.find("data: {"), body.find("\n", body.find("data: {")) + 1 - body.find("data: {"));
+  ASSERT_EQ(body.find("data"), std::string::npos) << body;
+  const std::string config = write_config("nodata.yaml", body);
+  Result r = run(bin("colossal_plan") + " " + config + " --profile");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("total"), std::string::npos) << r.output;
+  const std::string planned = dir + "/nodata-planned.yaml";
+  r = run(bin("colossal_plan") + " " + config + " --gpus 2 --emit-yaml " + planned);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(planned)) << r.output;
+  r = run(bin("colossal_train") + " " + config);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("data.path: missing required key"), std::string::npos) << r.output;
+}
+
+// A log.dir that cannot be created stops every rank, naming log.dir and the path.
+TEST_F(Cli, AnUncreatableLogDirStopsEveryRank) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const Result r = run(mpirun + bin("colossal_train") + " " + write_config("ok.yaml") +
+                       " --set parallel.data=2 --set log.dir=" + dir + "/data.txt/run");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, 124) << "timed out: a rank hung";
+  EXPECT_NE(r.output.find("log.dir: cannot create or write '" + dir + "/data.txt/run'"),
+            std::string::npos) << r.output;
+}
+
 TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 4 "

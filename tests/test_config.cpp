@@ -578,6 +578,42 @@ TEST(Config, ModeWordsParseToTheirEnumsAndWriteTheirNames) {
   EXPECT_EQ(parse_on_nonfinite(""), std::nullopt);
 }
 
+// checkpoint.resume takes a file besides its two words; the fine-tune resets need that file.
+TEST(Config, ResumeTakesAFileAndTheResetsNeedOne) {
+  const Config c = parse_config(std::string(kMinimal) +
+                                    "checkpoint: {resume: runs/a/ckpt-4.h5}\n"
+                                    "train: {reset_optimizer: true, reset_schedule: true}\n",
+                                "resume.yaml");
+  EXPECT_EQ(c.checkpoint.resume, ResumeMode::file);
+  EXPECT_EQ(c.checkpoint.resume_path, "runs/a/ckpt-4.h5");
+  EXPECT_TRUE(c.train.fine_tune.reset_optimizer);
+  EXPECT_TRUE(c.train.fine_tune.reset_schedule);
+  EXPECT_TRUE(Contains(c.text, "resume: \"runs/a/ckpt-4.h5\""));
+  const Config again = parse_config(c.text, "again.yaml");
+  EXPECT_EQ(again.checkpoint.resume, ResumeMode::file);
+  EXPECT_EQ(again.checkpoint.resume_path, "runs/a/ckpt-4.h5");
+  EXPECT_TRUE(again.train.fine_tune.reset_optimizer && again.train.fine_tune.reset_schedule);
+  // A path that reads as a word of YAML stays a path; the words stay words.
+  const Config odd = parse_config(kMinimal, "odd.yaml", {"checkpoint.resume=\"123\""});
+  EXPECT_EQ(odd.checkpoint.resume, ResumeMode::file);
+  EXPECT_EQ(parse_config(odd.text, "again.yaml").checkpoint.resume_path, "123");
+  const Config word = parse_config(kMinimal, "word.yaml", {"checkpoint.resume=auto"});
+  EXPECT_EQ(word.checkpoint.resume, ResumeMode::automatic);
+  EXPECT_TRUE(word.checkpoint.resume_path.empty());
+  EXPECT_TRUE(Contains(word.text, "resume: auto\n"));
+  EXPECT_FALSE(Contains(word.text, "reset_optimizer: true"));
+  // An empty value is not a file.
+  expect_all(error_of(std::string(kMinimal) + "checkpoint: {resume: \"\"}\n"),
+             {"checkpoint.resume", "non-empty"});
+  // A reset with auto (or never) is refused, naming the key and what to set.
+  expect_all(error_of(std::string(kMinimal) +
+                      "checkpoint: {resume: auto}\ntrain: {reset_optimizer: true}\n"),
+             {"test.yaml:", "train.reset_optimizer", "checkpoint.resume is auto",
+              "set checkpoint.resume to the checkpoint file"});
+  expect_all(error_of(std::string(kMinimal) + "train: {reset_schedule: true}\n"),
+             {"train.reset_schedule", "checkpoint.resume is never"});
+}
+
 TEST(Config, ToYamlWritesEveryKey) {
   const std::string text = to_yaml(parse_config(kMinimal, "min.yaml"));
   for (const ConfigKeyInfo& key : config_schema()) {
