@@ -1,4 +1,5 @@
 #include "apps/trainer_md.hpp"
+#include "apps/init_weights.hpp"
 
 #include <chrono>
 #include <algorithm>
@@ -46,6 +47,7 @@ TrainerMD::TrainerMD(const io::Config& config, std::FILE* log, parallel::Communi
   optimizer_ = std::make_unique<zero::ShardedAdamW>(
       model_->parameters(), store, *dp_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage});
+  print("%s", init_from_weights(config_, *world_, {{optimizer_.get(), model_}}).c_str());
   gradients_ = std::make_unique<zero::GradientSync>(
       model_->parameters(), store, *dp_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
