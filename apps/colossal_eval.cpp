@@ -9,18 +9,21 @@ using namespace colossal;
 int main(int argc, char** argv) {
   apps::ProgramInfo info{
       "colossal_eval",
-      "usage: colossal_eval CONFIG --weights MODEL.h5 [--set KEY=VALUE ...]\n\n"
+      "usage: colossal_eval CONFIG [--weights MODEL.h5] [--set KEY=VALUE ...]\n\n"
       "Prints the mean cross-entropy of MODEL.h5 over the windows of data.val_path (capped by\n"
-      "data.val_windows) as \"val loss X\". The config must describe the same model.\n",
+      "data.val_windows) as \"val loss X (X to 9 digits)\". The config must describe the\n"
+      "same model. Without --weights, the config's model.init_from (a Hugging Face directory,\n"
+      "safetensors, model.h5 or checkpoint) is evaluated.\n",
       {"--weights"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
-    if (weights.empty()) throw apps::UsageError("missing --weights MODEL.h5; see --help");
+    if (weights.empty() && inv.config.model_init_from.empty())
+      throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
     apps::Trainer trainer(inv.config, nullptr, inv.world);
-    trainer.load_weights(weights);
+    if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
     const double loss = trainer.evaluate();
-    if (inv.rank == 0) std::printf("val loss %.6g\n", loss);
+    if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     return 0;
   });
 }

@@ -10,15 +10,17 @@ using namespace colossal;
 int main(int argc, char** argv) {
   apps::ProgramInfo info{
       "colossal_generate",
-      "usage: colossal_generate CONFIG --weights MODEL.h5 [--prompt TEXT] [--tokens N]\n"
+      "usage: colossal_generate CONFIG [--weights MODEL.h5] [--prompt TEXT] [--tokens N]\n"
       "                         [--temperature T] [--seed S]\n\n"
       "Samples N tokens (default 200) after TEXT from MODEL.h5 at temperature T (default 0.8;\n"
-      "0 = greedy). With a byte vocabulary (256) the output is text; otherwise token ids.\n",
+      "0 = greedy). With a byte vocabulary (256) the output is text; otherwise token ids.\n"
+      "Without --weights, the config's model.init_from is used.\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
-    if (weights.empty()) throw apps::UsageError("missing --weights MODEL.h5; see --help");
+    if (weights.empty() && inv.config.model_init_from.empty())
+      throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
     auto number = [&](const char* name, const char* fallback) {
       const std::string text = inv.flag(name, fallback);
       char* end = nullptr;
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
     const double temperature = number("--temperature", "0.8");
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
     apps::Trainer trainer(inv.config, nullptr, inv.world);
-    trainer.load_weights(weights);
+    if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
     const std::string prompt = inv.flag("--prompt", "\n");
     const std::string text = trainer.generate(prompt, tokens, temperature, seed);
     if (inv.rank == 0) {

@@ -1,4 +1,5 @@
 #include "apps/trainer.hpp"
+#include "apps/init_weights.hpp"
 
 #include "core/host_threads.hpp"
 
@@ -247,6 +248,11 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     chunk.dense = chunk.built.dense();
     if (!memory_plan) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
+  }
+  if (!memory_plan && !config_.model_init_from.empty()) {
+    std::vector<WeightsChunk> held;
+    for (Chunk& chunk : chunks_) held.push_back({chunk.optimizer.get(), chunk.model});
+    print("%s", init_from_weights(config_, *world_, held).c_str());
   }
   model_ = chunks_.front().dense;
   optimizer_ = chunks_.front().optimizer.get();
@@ -944,7 +950,9 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
                                                    const std::string& now_text) {
   std::string model_changes, other_changes;
   for (const std::string& key : io::changed_keys(before_text, now_text)) {
-    std::string& list = key.rfind("model.", 0) == 0 ? model_changes : other_changes;
+    // model.init_from names where the weights came from, not another model.
+    const bool model = key.rfind("model.", 0) == 0 && key != "model.init_from";
+    std::string& list = model ? model_changes : other_changes;
     list += (list.empty() ? "" : ", ") + key;
   }
   return {model_changes, other_changes};

@@ -31,9 +31,12 @@
 #include <variant>
 
 #include "core/tensor_mode.hpp"
+#include "io/init_from.hpp"
 
 namespace colossal::io {
 namespace {
+
+constexpr const char* kFromWeights = "from_weights";  // model.preset taken from config.json
 
 // ------------------------------------------------------------------------------------------------
 // The schema
@@ -199,6 +202,15 @@ const std::vector<KeySpec>& schema() {
        .doc = "fused causal attention: no (B,H,T,T) matrix saved, memory linear in seq_len; "
               "slower than the default at short sequences",
        .choices = {"false", "true"}},
+
+      // Starting weights (io/init_from.hpp, docs/init-from.md).
+      {.key = "model.init_from", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.model_init_from; },
+       .doc = "start from these weights instead of the seeded initialisation: a Hugging Face "
+              "model.safetensors, model.safetensors.index.json or a directory holding one (with "
+              "config.json for model.preset: from_weights), a model.h5, or a training "
+              "checkpoint (its model part)",
+       .default_note = "none", .example = "hf/gpt2"},
 
       {.key = "data.path", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.data.path; },
@@ -619,7 +631,7 @@ std::string allowed_text(const KeySpec& spec) {
     case Kind::choice:
       return "one of: " + join(spec.choices);
     case Kind::preset:
-      return "one of the presets: " + join(core::preset_names());
+      return "one of the presets: " + join(core::preset_names()) + ", or " + kFromWeights;
     case Kind::number_pair:
       return "a list of two numbers, each" + range_text(spec.range);
     case Kind::integer_list:
@@ -1035,16 +1047,41 @@ class Resolver {
     const YAML::Node& node = entries_.at("model.preset").value;
     const std::string where_text = where_value(spec.key);
     const std::string name = scalar_of(spec, node, "a preset name", where_text);
+    if (name == kFromWeights) {
+      read_sizes_from_weights(config, where_text);
+      return;
+    }
     const auto preset = core::find_preset(name);
     if (!preset) {
       const std::string close = did_you_mean(name, core::preset_names());
       raise(where_text, spec.key, "unknown preset '" + name + "'",
-            "presets: " + join(core::preset_names()),
+            "presets: " + join(core::preset_names()) + ", " + kFromWeights +
+                " (the sizes in model.init_from's config.json)",
             close.empty() ? "pick one of these, or drop model.preset and set the sizes"
                           : "did you mean '" + close + "'?");
     }
     config.model_preset = name;
     config.model = *preset;
+  }
+
+  // model.preset: from_weights: the arch and sizes of the Hugging Face config.json beside
+  // model.init_from (explicit model keys still override them).
+  void read_sizes_from_weights(Config& config, const std::string& where_text) const {
+    if (!entries_.count("model.init_from"))
+      raise(where_text, "model.preset", "from_weights needs model.init_from",
+            "the sizes come from the config.json of the weights' directory",
+            "add model: {init_from: DIR}, with DIR a Hugging Face directory");
+    const KeySpec& from = *index().leaves.at("model.init_from");
+    const std::string path = scalar_of(from, entries_.at("model.init_from").value, "a path",
+                                       where_value("model.init_from"));
+    try {
+      config.model = spec_from_hf_config(path);
+    } catch (const WeightsError& e) {
+      raise(where_value("model.init_from"), "model.preset", std::string("from_weights: ") + e.what(),
+            "Hugging Face GPT2Config or OPTConfig of a model ours can run",
+            "fix the weights' config.json, or drop model.preset: from_weights and set the sizes");
+    }
+    config.model_preset = kFromWeights;
   }
 
   // --- defaults and cross-key checks -----------------------------------------------------------
@@ -1077,6 +1114,8 @@ class Resolver {
 
   void fill_model_defaults(Config& config) const {
     if (entries_.count("model.ffn_hidden")) return;
+    // from_weights: the width config.json gives, unless model.hidden is set here.
+    if (config.model_preset == kFromWeights && !entries_.count("model.hidden")) return;
     const int64_t ffn = 4 * static_cast<int64_t>(config.model.hidden);
     if (ffn > INT_MAX)
       raise(where_first({"model.hidden"}), "model.hidden",

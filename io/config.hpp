@@ -152,8 +152,11 @@ struct SampleConfig {
 };
 
 struct Config {
-  std::string model_preset;      // empty when no preset was named
+  std::string model_preset;      // empty when no preset was named ("from_weights": config.json)
   core::ModelSpec model;
+  // model.init_from (io/init_from.hpp): starting weights from a Hugging Face safetensors
+  // checkpoint, a model.h5 or a training checkpoint; empty = the seeded initialisation.
+  std::string model_init_from;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;

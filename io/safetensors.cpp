@@ -403,7 +403,9 @@ void write_safetensors(const std::string& path, const std::vector<StTensorOut>& 
       fail(path, "tensor name '" + t.name + "' is not allowed");
     if (header.contains(t.name)) fail(path, "tensor '" + t.name + "' is written twice");
     const uint64_t bytes = tensor_elements(t, path) * 4;
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {{"dtype", "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -437,10 +439,9 @@ void write_safetensors(const std::string& path, const std::vector<StTensorOut>& 
   }
 }
 
-std::vector<std::string> write_safetensors_dir(const std::string& dir,
-                                               const std::vector<StTensorOut>& tensors,
-                                               uint64_t shard_bytes,
-                                               const std::map<std::string, std::string>& metadata) {
+std::vector<std::string> write_safetensors_dir(
+    const std::string& dir, const std::vector<StTensorOut>& tensors, uint64_t shard_bytes,
+    const std::map<std::string, std::string>& metadata) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) fail(dir, "cannot create the directory: " + ec.message());

@@ -119,9 +119,8 @@ void write_safetensors(const std::string& path, const std::vector<StTensorOut>& 
 // DIR/model-0000i-of-0000n.safetensors shards of at most shard_bytes each (a tensor larger than
 // the limit gets a shard of its own) plus DIR/model.safetensors.index.json. Returns the files
 // written (the index last). Stale files of the other form are removed.
-std::vector<std::string> write_safetensors_dir(const std::string& dir,
-                                               const std::vector<StTensorOut>& tensors,
-                                               uint64_t shard_bytes,
-                                               const std::map<std::string, std::string>& metadata = {});
+std::vector<std::string> write_safetensors_dir(
+    const std::string& dir, const std::vector<StTensorOut>& tensors, uint64_t shard_bytes,
+    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace colossal::io

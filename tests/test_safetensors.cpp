@@ -64,8 +64,9 @@ TEST(Safetensors, WriterToReaderIsBitwise) {
   a[4] = std::numeric_limits<float>::denorm_min();
   b[0] = std::numeric_limits<float>::infinity();
   const std::string path = (d / "m.safetensors").string();
-  io::write_safetensors(path, {{"w.a", {3, 4}, a.data()}, {"b", {7}, b.data()}, {"empty", {0, 5}, c.data()}},
-                        {{"format", "pt"}});
+  io::write_safetensors(
+      path, {{"w.a", {3, 4}, a.data()}, {"b", {7}, b.data()}, {"empty", {0, 5}, c.data()}},
+      {{"format", "pt"}});
   EXPECT_FALSE(fs::exists(path + ".tmp"));
   // Header padded so the data section starts 8-byte aligned.
   std::ifstream raw(path, std::ios::binary);
@@ -245,7 +246,8 @@ TEST(Safetensors, RefusesEveryBadFileByWhatIsWrong) {
   EXPECT_NE(missing.find("no tensor named 'nope'"), std::string::npos) << missing;
 
   // Index problems: a file that is absent, a tensor the shard lacks, no weight_map.
-  std::ofstream(d / "a.index.json") << R"({"weight_map":{"t":"good.safetensors","u":"good.safetensors"}})";
+  std::ofstream(d / "a.index.json")
+      << R"({"weight_map":{"t":"good.safetensors","u":"good.safetensors"}})";
   EXPECT_NE(error_of([&] { io::SafetensorsSet s((d / "a.index.json").string()); })
                 .find("weight_map puts 'u' in good.safetensors, which has no such tensor"),
             std::string::npos);

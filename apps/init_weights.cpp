@@ -1,0 +1,62 @@
+#include "apps/init_weights.hpp"
+
+#include <exception>
+
+#include "apps/errors.hpp"
+#include "apps/trainer.hpp"
+#include "io/init_from.hpp"
+
+namespace colossal::apps {
+
+std::string init_from_weights(const io::Config& config, parallel::Communicator& world,
+                              const std::vector<WeightsChunk>& chunks) {
+  const std::string& path = config.model_init_from;
+  if (path.empty()) return {};
+  const auto logical = core::parameter_table(config.model);
+  std::string notes, error;
+  if (world.rank() == 0) {
+    try {
+      notes = io::check_weights(path, config.model, logical);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  world.broadcast_string(error, 0);
+  if (!error.empty()) throw CollectiveError("model.init_from: " + error);
+
+  // Each chunk's flat buffer, filled where its layout holds logical elements (padding stays 0).
+  std::vector<std::vector<float>> host(chunks.size());
+  std::vector<io::TensorRun> runs;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    const core::StageModel& model = *chunks[c].model;
+    host[c].assign(model.flat_size(), 0.0f);
+    std::vector<io::FlatRange> at;
+    if (chunks[c].optimizer->stage() == 3) {
+      for (const auto& r : chunks[c].optimizer->state_ranges())
+        at.push_back({r.begin, r.length, host[c].data() + r.begin});
+    } else {
+      at.push_back({0, model.flat_size(), host[c].data()});
+    }
+    const auto mine = io::tensor_runs(model.logical_runs(), at, false);
+    runs.insert(runs.end(), mine.begin(), mine.end());
+  }
+  try {
+    io::read_weights(path, config.model, logical, runs);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  // A read that fails on some rank fails every rank, with the lowest failing rank's message.
+  std::vector<float> failed(std::size_t(world.size()), 0.0f);
+  failed[std::size_t(world.rank())] = error.empty() ? 0.0f : 1.0f;
+  world.all_reduce_sum(failed);
+  for (int r = 0; r < world.size(); ++r) {
+    if (failed[std::size_t(r)] == 0.0f) continue;
+    world.broadcast_string(error, r);
+    throw CollectiveError("model.init_from: " + error);
+  }
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    set_store_parameters(chunks[c].model->store(), host[c]);
+  return notes;
+}
+
+}  // namespace colossal::apps

@@ -1,0 +1,414 @@
+#include "io/init_from.hpp"
+
+#include <hdf5.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "io/hdf5_detail.hpp"
+#include "io/hdf5_file.hpp"
+#include "io/safetensors.hpp"
+
+namespace colossal::io {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+std::atomic<uint64_t> g_elements_read{0};
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// The config key (and the value it would need) that decides dimension `dim` of `p`.
+std::string key_for(const core::ParamSpec& p, const core::ModelSpec& s, std::size_t dim,
+                    int64_t found) {
+  const int64_t want = p.shape[dim];
+  auto set = [](const std::string& key, int64_t v) {
+    return "set " + key + ": " + std::to_string(v) + " to match the file";
+  };
+  if (p.role == core::ParamRole::token_embedding && dim == 0) return set("model.vocab", found);
+  if (p.role == core::ParamRole::position_embedding && dim == 0)
+    return set("model.max_seq", found - s.position_offset());
+  if (want == s.ffn_hidden && s.ffn_hidden != s.hidden) return set("model.ffn_hidden", found);
+  if (want == 3 * int64_t(s.hidden) && found % 3 == 0) return set("model.hidden", found / 3);
+  return set("model.hidden", found);
+}
+
+enum class Kind { safetensors, model_file, checkpoint };
+
+Kind kind_of(const std::string& path) {
+  if (is_safetensors_path(path)) return Kind::safetensors;
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    throw WeightsError("model.init_from: '" + path +
+                       "' is a directory without model.safetensors or "
+                       "model.safetensors.index.json; give a Hugging Face directory, a "
+                       ".safetensors file, a model.h5 or a training checkpoint");
+  if (!fs::exists(path, ec))
+    throw WeightsError("model.init_from: '" + path + "' does not exist");
+  std::ifstream in(path, std::ios::binary);
+  char head[29] = {};
+  in.read(head, sizeof head);
+  if (in.gcount() == 29 && std::memcmp(head, "colossal-checkpoint-integrity", 29) == 0)
+    return Kind::checkpoint;
+  return Kind::model_file;
+}
+
+// Names in a Hugging Face file: ours, or without the "transformer." / "model." prefix of the
+// causal-LM wrapper (files saved from GPT2Model / OPTModel, like the published gpt2 weights).
+struct NameMap {
+  std::string strip;  // the prefix our names carry that the file's do not ("" when alike)
+  std::string to_file(const std::string& ours) const {
+    return strip.empty() || ours.rfind(strip, 0) != 0 ? ours : ours.substr(strip.size());
+  }
+};
+
+NameMap name_map(const SafetensorsSet& set, const std::vector<core::ParamSpec>& logical,
+                 const core::ModelSpec& spec) {
+  const std::string& embed = logical.front().name;
+  const std::string prefix = spec.arch == core::Arch::gpt2 ? "transformer." : "model.";
+  if (set.has(embed) || !set.has(embed.substr(prefix.size()))) return {};
+  return {prefix};
+}
+
+// Layers a file holds: one more than the largest N of "<stem>N." among its names.
+int layers_in(const std::vector<std::string>& names, const std::string& stem) {
+  int layers = 0;
+  for (const std::string& n : names) {
+    const auto at = n.find(stem);
+    if (at == std::string::npos || (at != 0 && n[at - 1] != '.')) continue;
+    const std::size_t from = at + stem.size();
+    std::size_t end = from;
+    while (end < n.size() && std::isdigit(static_cast<unsigned char>(n[end]))) ++end;
+    if (end == from || end >= n.size() || n[end] != '.') continue;
+    layers = std::max(layers, std::stoi(n.substr(from, end - from)) + 1);
+  }
+  return layers;
+}
+
+void check_shape(const std::string& file, const core::ParamSpec& p, const core::ModelSpec& spec,
+                 const std::vector<int64_t>& found) {
+  if (found == p.shape) return;
+  std::string todo;
+  if (found.size() != p.shape.size()) {
+    todo = "is this a " + std::string(core::arch_name(spec.arch)) + " checkpoint? (model.arch)";
+  } else {
+    for (std::size_t d = 0; d < found.size(); ++d)
+      if (found[d] != p.shape[d]) {
+        todo = key_for(p, spec, d, found[d]);
+        break;
+      }
+  }
+  throw WeightsError(file + ": tensor '" + p.name + "' has shape " + shape_text(found) +
+                     " but the model expects " + shape_text(p.shape) + "; " + todo);
+}
+
+std::string check_safetensors(const std::string& path, const core::ModelSpec& spec,
+                              const std::vector<core::ParamSpec>& logical) {
+  const SafetensorsSet set(path);
+  const NameMap names = name_map(set, logical, spec);
+  const std::vector<std::string> all = set.names();
+  const bool gpt2 = spec.arch == core::Arch::gpt2;
+  const std::string stem = gpt2 ? "h." : "layers.";
+  const int file_layers = layers_in(all, stem);
+  std::map<std::string, int> converted;  // dtype -> tensors
+  std::set<std::string> ours;
+  for (const core::ParamSpec& p : logical) {
+    const std::string name = names.to_file(p.name);
+    ours.insert(name);
+    if (!set.has(name)) {
+      std::string todo;
+      if (file_layers > 0 && file_layers < spec.layers)
+        todo = "the file holds " + std::to_string(file_layers) +
+               " layers; set model.layers: " + std::to_string(file_layers);
+      else if (gpt2 && (set.has("model.decoder.embed_tokens.weight") ||
+                        set.has("decoder.embed_tokens.weight")))
+        todo = "the file is an OPT checkpoint; set model.arch: opt";
+      else if (!gpt2 && (set.has("transformer.wte.weight") || set.has("wte.weight")))
+        todo = "the file is a GPT-2 checkpoint; set model.arch: gpt2";
+      else
+        todo = "is this a " + std::string(core::arch_name(spec.arch)) +
+               " checkpoint of this model? (model.arch, model.layers)";
+      throw WeightsError(set.path() + ": tensor '" + name + "' is missing; " + todo);
+    }
+    const StTensorInfo& info = set.info(name);
+    check_shape(set.file_of(name).path(), p, spec, info.shape);
+    if (info.dtype != StDtype::F32) ++converted[st_dtype_name(info.dtype)];
+  }
+  if (file_layers > spec.layers)
+    throw WeightsError(set.path() + ": the file holds " + std::to_string(file_layers) +
+                       " layers but model.layers is " + std::to_string(spec.layers) +
+                       "; set model.layers: " + std::to_string(file_layers));
+  int buffers = 0;
+  std::string notes;
+  for (const std::string& n : all) {
+    if (ours.count(n)) continue;
+    const auto ends = [&](const std::string& s) {
+      return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+    };
+    if (gpt2 && (ends(".attn.bias") || ends(".attn.masked_bias"))) {
+      ++buffers;  // causal-mask buffers: transformers recomputes them and so do we
+      continue;
+    }
+    if (!gpt2 && (ends("project_in.weight") || ends("project_out.weight")))
+      throw WeightsError(set.path() + ": tensor '" + n +
+                         "' projects the embedding to another width (OPTConfig "
+                         "word_embed_proj_dim != hidden_size, as in opt-350m), which our model "
+                         "does not support");
+    if (n == "lm_head.weight") {
+      const std::string embed = names.to_file(logical.front().name);
+      const StTensorInfo& head = set.info(n);
+      if (head.shape != logical.front().shape)
+        throw WeightsError(set.path() + ": tensor 'lm_head.weight' has shape " +
+                           shape_text(head.shape) + " but the tied head is the token embedding " +
+                           shape_text(logical.front().shape) +
+                           "; our model ties the LM head to the embedding");
+      constexpr uint64_t kChunk = 1 << 16;
+      const uint64_t total = head.elements();
+      std::vector<float> a(std::min(total, kChunk)), b(a.size());
+      for (uint64_t at = 0; at < total; at += kChunk) {
+        const uint64_t k = std::min(kChunk, total - at);
+        set.read(n, at, k, a.data());
+        set.read(embed, at, k, b.data());
+        for (uint64_t i = 0; i < k; ++i)
+          if (a[i] != b[i])
+            throw WeightsError(
+                set.path() + ": tensor 'lm_head.weight' differs from '" + embed +
+                "' (element " + std::to_string(at + i) + ": " + std::to_string(a[i]) + " vs " +
+                std::to_string(b[i]) +
+                "); our model ties the LM head to the token embedding, so an untied head "
+                "cannot be loaded");
+      }
+      notes += "model.init_from: lm_head.weight equals " + embed +
+               ": accepted as the tied head\n";
+      continue;
+    }
+    throw WeightsError(set.path() + ": tensor '" + n + "' has no place in the " +
+                       core::arch_name(spec.arch) +
+                       " model (model.arch, model.layers); a different architecture?");
+  }
+  std::string out = "model.init_from: " + std::to_string(logical.size()) + " tensors from " +
+                    set.path() + (names.strip.empty() ? "" : " (names without '" + names.strip +
+                                                                 "')") + "\n";
+  for (const auto& [dtype, count] : converted)
+    out += "model.init_from: converted " + std::to_string(count) + " " + dtype +
+           " tensors to fp32\n";
+  if (buffers > 0)
+    out += "model.init_from: ignored " + std::to_string(buffers) +
+           " causal-mask buffers (attn.bias, attn.masked_bias), as transformers does\n";
+  return out + notes;
+}
+
+struct H5Source {
+  H5Handle file;
+  std::string prefix;  // "/model/" in a training checkpoint, "" in model.h5
+};
+
+H5Source open_h5(const std::string& path, Kind kind) {
+  detail::silence_hdf5_errors();
+  H5Source s{H5Handle(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
+                      "opening '" + path + "' (not a safetensors, model.h5 or checkpoint file?)"),
+             kind == Kind::checkpoint ? "/model/" : ""};
+  if (kind == Kind::model_file &&
+      detail::read_string_attribute(s.file.get(), "format") == "colossal-checkpoint")
+    s.prefix = "/model/";  // a format-1 checkpoint (no integrity header)
+  return s;
+}
+
+std::vector<int64_t> dataset_shape(hid_t dset) {
+  H5Handle space(H5Dget_space(dset), H5Sclose, "H5Dget_space");
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(rank > 0 ? rank : 0);
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return {dims.begin(), dims.end()};
+}
+
+std::string check_h5(const std::string& path, Kind kind, const core::ModelSpec& spec,
+                     const std::vector<core::ParamSpec>& logical) {
+  if (kind == Kind::checkpoint) verify_checkpoint_integrity(path);
+  H5Source s = open_h5(path, kind);
+  for (const core::ParamSpec& p : logical) {
+    const std::string name = s.prefix + p.name;
+    if (H5Lexists(s.file.get(), s.prefix.empty() ? p.name.c_str() : "/model", H5P_DEFAULT) <= 0 ||
+        H5Lexists(s.file.get(), name.c_str(), H5P_DEFAULT) <= 0)
+      throw WeightsError(path + ": tensor '" + p.name +
+                         "' is missing; was it saved from another model? (model.arch, "
+                         "model.layers)");
+    H5Handle dset(H5Dopen2(s.file.get(), name.c_str(), H5P_DEFAULT), H5Dclose,
+                  "opening dataset " + name);
+    check_shape(path, p, spec, dataset_shape(dset.get()));
+  }
+  return "model.init_from: " + std::to_string(logical.size()) + " tensors from " + path +
+         (s.prefix.empty() ? "" : " (the checkpoint's model part)") + "\n";
+}
+
+}  // namespace
+
+std::string check_weights(const std::string& path, const core::ModelSpec& spec,
+                          const std::vector<core::ParamSpec>& logical) {
+  const Kind kind = kind_of(path);
+  if (kind == Kind::safetensors) return check_safetensors(path, spec, logical);
+  return check_h5(path, kind, spec, logical);
+}
+
+void read_weights(const std::string& path, const core::ModelSpec& spec,
+                  const std::vector<core::ParamSpec>& logical, const std::vector<TensorRun>& runs) {
+  const Kind kind = kind_of(path);
+  if (kind == Kind::safetensors) {
+    const SafetensorsSet set(path);
+    const NameMap names = name_map(set, logical, spec);
+    for (const TensorRun& r : runs) {
+      set.read(names.to_file(logical.at(r.tensor).name), r.logical, r.length, r.data);
+      g_elements_read += r.length;
+    }
+    return;
+  }
+  H5Source s = open_h5(path, kind);
+  for (const TensorRun& r : runs) {
+    const core::ParamSpec& p = logical.at(r.tensor);
+    const std::string name = s.prefix + p.name;
+    H5Handle dset(H5Dopen2(s.file.get(), name.c_str(), H5P_DEFAULT), H5Dclose,
+                  "opening dataset " + name + " in '" + path + "'");
+    std::vector<hsize_t> dims(p.shape.begin(), p.shape.end());
+    H5Handle space(H5Screate_simple(int(dims.size()), dims.data(), nullptr), H5Sclose,
+                   "H5Screate_simple");
+    bool first = true;
+    for (const SelectionBlock& b : selection_blocks(p.shape, {r})) {
+      std::vector<hsize_t> start{b.row, b.col}, count{b.rows, b.cols};
+      if (dims.size() == 1) {
+        start = {b.col};
+        count = {b.cols};
+      }
+      detail::check(H5Sselect_hyperslab(space.get(), first ? H5S_SELECT_SET : H5S_SELECT_OR,
+                                        start.data(), nullptr, count.data(), nullptr),
+                    "selecting elements of " + name);
+      first = false;
+    }
+    const hsize_t n = r.length;
+    H5Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose, "H5Screate_simple");
+    detail::check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, mem.get(), space.get(), H5P_DEFAULT,
+                          r.data),
+                  "reading " + name + " from '" + path + "'");
+    g_elements_read += r.length;
+  }
+}
+
+uint64_t weights_elements_read() { return g_elements_read.load(); }
+
+// --- config.json ---------------------------------------------------------------------------------
+
+std::string hf_config_path(const std::string& path) {
+  std::error_code ec;
+  fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  const fs::path p = dir / "config.json";
+  return fs::exists(p, ec) ? p.string() : "";
+}
+
+core::ModelSpec spec_from_hf_config(const std::string& path) {
+  const std::string file = hf_config_path(path);
+  if (file.empty())
+    throw WeightsError("no config.json beside '" + path +
+                       "' (model.preset: from_weights reads the sizes from it); give "
+                       "model.init_from a Hugging Face directory, or set the sizes and drop "
+                       "model.preset");
+  std::ifstream in(file);
+  json c;
+  try {
+    c = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw WeightsError(file + ": not well-formed JSON: " + e.what());
+  }
+  if (!c.is_object()) throw WeightsError(file + ": not a JSON object");
+  const auto fail = [&](const std::string& key, const std::string& why) -> WeightsError {
+    return WeightsError(file + ": " + key + ": " + why);
+  };
+  // An integer key, transformers' default when absent (save_pretrained may leave defaults out).
+  const auto integer = [&](const std::string& key, std::optional<int64_t> fallback) -> int {
+    if (!c.contains(key) || c[key].is_null()) {
+      if (!fallback) throw fail(key, "missing");
+      return int(*fallback);
+    }
+    if (!c[key].is_number_integer() || c[key].get<int64_t>() < 1 ||
+        c[key].get<int64_t>() > (1 << 30))
+      throw fail(key, "is " + c[key].dump() + ", not a positive integer");
+    return int(c[key].get<int64_t>());
+  };
+  const auto text = [&](const std::string& key, const std::string& fallback) {
+    if (!c.contains(key) || c[key].is_null()) return fallback;
+    if (!c[key].is_string()) throw fail(key, "is " + c[key].dump() + ", not a string");
+    return c[key].get<std::string>();
+  };
+  const auto flag_must_be = [&](const std::string& key, bool want, const std::string& why) {
+    if (!c.contains(key) || c[key].is_null()) return;
+    if (!c[key].is_boolean() || c[key].get<bool>() != want)
+      throw fail(key, "is " + c[key].dump() + "; our model supports only " +
+                          (want ? "true" : "false") + " (" + why + ")");
+  };
+  const std::string type = text("model_type", "");
+  core::ModelSpec s;
+  if (type == "gpt2") {
+    s.arch = core::Arch::gpt2;
+    s.hidden = integer("n_embd", 768);
+    s.layers = integer("n_layer", 12);
+    s.heads = integer("n_head", 12);
+    s.max_seq = integer("n_positions", 1024);
+    s.vocab = integer("vocab_size", 50257);
+    s.ffn_hidden = integer("n_inner", 4 * int64_t(s.hidden));
+    const std::string act = text("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      throw fail("activation_function", "is '" + act +
+                                            "'; our GPT-2 computes the tanh GELU (gelu_new, "
+                                            "gelu_pytorch_tanh)");
+    if (c.contains("layer_norm_epsilon") && c["layer_norm_epsilon"].is_number()) {
+      const double eps = c["layer_norm_epsilon"].get<double>();
+      if (std::abs(eps - s.layernorm_eps()) > 1e-12)
+        throw fail("layer_norm_epsilon", "is " + c["layer_norm_epsilon"].dump() +
+                                             "; our layernorm uses 1e-05");
+    }
+    flag_must_be("scale_attn_weights", true, "attention scores scaled by 1/sqrt(head_dim)");
+    flag_must_be("scale_attn_by_inverse_layer_idx", false, "no per-layer attention scaling");
+    flag_must_be("add_cross_attention", false, "a decoder-only model");
+  } else if (type == "opt") {
+    s.arch = core::Arch::opt;
+    s.hidden = integer("hidden_size", 768);
+    s.layers = integer("num_hidden_layers", 12);
+    s.heads = integer("num_attention_heads", 12);
+    s.ffn_hidden = integer("ffn_dim", 3072);
+    s.max_seq = integer("max_position_embeddings", 2048);
+    s.vocab = integer("vocab_size", 50272);
+    const int proj = integer("word_embed_proj_dim", s.hidden);
+    if (proj != s.hidden)
+      throw fail("word_embed_proj_dim", "is " + std::to_string(proj) + " but hidden_size is " +
+                                            std::to_string(s.hidden) +
+                                            "; our OPT has no project_in/project_out");
+    const std::string act = text("activation_function", "relu");
+    if (act != "relu")
+      throw fail("activation_function", "is '" + act + "'; our OPT computes relu");
+    flag_must_be("do_layer_norm_before", true, "pre-LN blocks");
+    flag_must_be("enable_bias", true, "linear layers with biases");
+    flag_must_be("layer_norm_elementwise_affine", true, "layernorms with weight and bias");
+    flag_must_be("_remove_final_layer_norm", false, "the final layernorm");
+  } else {
+    throw fail("model_type", "is '" + type + "'; model.preset: from_weights reads gpt2 and opt");
+  }
+  if (s.hidden % s.heads != 0)
+    throw WeightsError(file + ": hidden size " + std::to_string(s.hidden) +
+                       " is not divisible by the " + std::to_string(s.heads) + " heads");
+  return s;
+}
+
+}  // namespace colossal::io

@@ -1,0 +1,56 @@
+// model.init_from: starting weights from a file (docs/init-from.md).
+//
+// The source is a Hugging Face checkpoint (model.safetensors, a sharded
+// model.safetensors.index.json, or a directory holding either beside its config.json), our
+// model.h5, or a training checkpoint (its /model part). Our logical tensors carry Hugging Face
+// names and layouts (GPT-2's Conv1D [in, out], OPT's Linear [out, in] and its position table of
+// max_seq + 2 rows), so a tensor maps to the file's tensor of the same name; a file saved from
+// the bare GPT2Model / OPTModel (no "transformer." / "model." prefix) maps too.
+//
+// check_weights (rank 0) validates the whole file against the model before anything is read:
+// every tensor present with the expected shape (an error names the tensor, both shapes and the
+// config key to change), extras handled as transformers does (the causal-mask buffers
+// attn.bias / attn.masked_bias ignored; an lm_head.weight equal to the token embedding accepted,
+// since our head is tied; a different one refused), F16/BF16 widened and said so.
+// read_weights (every rank) then reads exactly the element runs its layout holds, with pread
+// (safetensors) or HDF5 hyperslabs, never the whole file.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.hpp"
+#include "io/checkpoint.hpp"
+
+namespace colossal::io {
+
+class WeightsError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Validates `path` as the starting weights of the model `spec` (whose whole logical table is
+// `logical`). Returns the lines to print (what was read, conversions, what was ignored); throws
+// WeightsError naming the file, the tensor and the key to change.
+std::string check_weights(const std::string& path, const core::ModelSpec& spec,
+                          const std::vector<core::ParamSpec>& logical);
+
+// Fills every run (a tensor index into `logical`, a row-major element range and its target) from
+// `path`. Assumes check_weights passed; throws WeightsError or SafetensorsError / H5Error on a
+// read failure.
+void read_weights(const std::string& path, const core::ModelSpec& spec,
+                  const std::vector<core::ParamSpec>& logical, const std::vector<TensorRun>& runs);
+
+// Float elements this process has read through read_weights (tests check shard-only reads).
+uint64_t weights_elements_read();
+
+// model.preset: from_weights: the sizes from a Hugging Face config.json (GPT2Config or
+// OPTConfig), beside `path` (a directory, or a file inside one). Throws WeightsError naming the
+// config.json key whose value our model does not support.
+core::ModelSpec spec_from_hf_config(const std::string& path);
+
+// The config.json that spec_from_hf_config reads for `path` ("" when there is none).
+std::string hf_config_path(const std::string& path);
+
+}  // namespace colossal::io

@@ -1,0 +1,364 @@
+// model.init_from: weights written as a Hugging Face directory (our safetensors writer, the names
+// and layouts transformers uses, its extra buffers and tied head), a model.h5 or a training
+// checkpoint start training with the same first-step loss as the model they came from, under
+// every parallel layout, each rank reading only its part; every mismatch is refused naming the
+// tensor, the shapes and the config key; config.json gives the sizes (model.preset: from_weights).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "apps/errors.hpp"
+#include "apps/trainer.hpp"
+#include "apps/trainer_md.hpp"
+#include "io/checkpoint.hpp"
+#include "io/config.hpp"
+#include "io/init_from.hpp"
+#include "io/safetensors.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "train_parity.hpp"
+
+using namespace colossal;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Layout {
+  int data = 1, tensor = 1, pipeline = 1, zero = 0;
+  std::string mode = "1d";
+  std::string name() const {
+    return "dp" + std::to_string(data) + "tp" + std::to_string(tensor) + mode + "pp" +
+           std::to_string(pipeline) + "z" + std::to_string(zero);
+  }
+};
+
+std::string model_yaml(const std::string& arch) {
+  return "model: {arch: " + arch +
+         ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200, max_seq: 16, "
+         "vocab_multiple: 16";
+}
+
+io::Config config(const std::string& arch, const std::string& data, const std::string& run,
+                  const Layout& l, const std::string& init_from, uint64_t seed = 1234) {
+  const std::string text =
+      model_yaml(arch) + (init_from.empty() ? "" : ", init_from: " + init_from) + "}\n" +
+      "data: {path: " + data + ", val_path: " + data + ", val_windows: 8}\n"
+      "train: {steps: 1, seq_len: 16, global_batch: 8, micro_batch: 2, seed: " +
+      std::to_string(seed) + ",\n        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n" +
+      "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
+      std::to_string(l.tensor) + ", mode: " + l.mode + "}, pipeline: {size: " +
+      std::to_string(l.pipeline) + "}, zero: {stage: " + std::to_string(l.zero) + "}}\n" +
+      "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
+      (fs::temp_directory_path() / ("colossal_if_" + run)).string() + "}\n";
+  return io::parse_config(text, "test");
+}
+
+std::string fresh_dir(parallel::Communicator& world, const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("colossal_if_" + name);
+  if (world.rank() == 0) {
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+  }
+  world.barrier();
+  return dir.string();
+}
+
+// A Hugging Face directory of `values` (laid out as `table`): every logical tensor under its
+// name, plus what transformers' files carry besides (GPT-2's causal-mask buffers, an
+// lm_head.weight equal to the embedding), and a config.json.
+void write_hf_dir(const std::string& dir, const core::ModelSpec& spec,
+                  const std::vector<core::ParamSpec>& table, const std::vector<float>& values,
+                  uint64_t shard_bytes = 0) {
+  std::vector<io::StTensorOut> out;
+  for (const auto& p : table) out.push_back({p.name, p.shape, values.data() + p.offset});
+  out.push_back({"lm_head.weight", table.front().shape, values.data() + table.front().offset});
+  std::vector<float> mask(std::size_t(spec.max_seq) * spec.max_seq, 1.0f);
+  if (spec.arch == core::Arch::gpt2)
+    for (int l = 0; l < spec.layers; ++l)
+      out.push_back({"transformer.h." + std::to_string(l) + ".attn.bias",
+                     {1, 1, spec.max_seq, spec.max_seq}, mask.data()});
+  io::write_safetensors_dir(dir, out, shard_bytes, {{"format", "pt"}});
+  nlohmann::json c;
+  if (spec.arch == core::Arch::gpt2)
+    c = {{"model_type", "gpt2"}, {"n_embd", spec.hidden}, {"n_layer", spec.layers},
+         {"n_head", spec.heads}, {"n_inner", spec.ffn_hidden}, {"n_positions", spec.max_seq},
+         {"vocab_size", spec.vocab}, {"activation_function", "gelu_new"},
+         {"layer_norm_epsilon", 1e-5}};
+  else
+    c = {{"model_type", "opt"}, {"hidden_size", spec.hidden}, {"num_hidden_layers", spec.layers},
+         {"num_attention_heads", spec.heads}, {"ffn_dim", spec.ffn_hidden},
+         {"max_position_embeddings", spec.max_seq}, {"vocab_size", spec.vocab},
+         {"word_embed_proj_dim", spec.hidden}, {"do_layer_norm_before", true},
+         {"activation_function", "relu"}};
+  std::ofstream(fs::path(dir) / "config.json") << c.dump(2);
+}
+
+double first_loss(const io::Config& c, parallel::Communicator* world) {
+  if (c.parallel.tensor_mode != core::TensorMode::d1) {
+    apps::TrainerMD trainer(c, nullptr, world);
+    return trainer.train().losses.at(0);
+  }
+  apps::Trainer trainer(c, nullptr, world);
+  return trainer.train().losses.at(0);
+}
+
+}  // namespace
+
+// A model set to weights its seed does not give, and models initialised from those weights (a
+// sharded Hugging Face directory, model.h5, a checkpoint): the same first-step loss, bitwise on
+// one rank, within fp32 rounding under dp2, tp2, pp2, ZeRO-3, 2d and tp2 x pp2; tensor, pipeline
+// and ZeRO-3 ranks read less than the whole model.
+TEST(InitFrom, EveryLayoutStartsFromTheFileWithTheSameLoss) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const std::string data = test::shared_training_text(world, "colossal_if_data.txt", 77);
+  for (const std::string arch : {"gpt2", "opt"}) {
+    const std::string dir = fresh_dir(world, arch + std::to_string(world.size()));
+    apps::Trainer reference(config(arch, data, "ref" + std::to_string(world.rank()), {}, ""),
+                            nullptr);
+    const auto table = reference.logical_table();
+    // Weights the seeded initialisation does not give: a model that ignored init_from would
+    // start elsewhere. (The seed also orders the data, so every run keeps it.)
+    std::vector<float> values = reference.logical_parameters();
+    for (std::size_t i = 0; i < values.size(); ++i)
+      values[i] = 1.25f * values[i] + 0.01f * std::sin(float(i));
+    const double unrelated = reference.evaluate();
+    reference.set_local_parameters(reference.from_logical(values));
+    ASSERT_GT(std::abs(reference.evaluate() - unrelated), 1e-3 * unrelated);
+    const io::Config ref_config = config(arch, data, "refc", {}, "");
+    if (world.rank() == 0) {
+      write_hf_dir(dir + "/hf", ref_config.model, table, values, /*shard_bytes=*/20000);
+      reference.save_weights(dir + "/model.h5");
+      std::vector<float> zeros(values.size(), 0.0f);
+      io::CheckpointState state;
+      state.step = 3;
+      state.config = ref_config.text;
+      io::write_checkpoint(dir + "/ckpt", table, values.data(), zeros.data(), zeros.data(), state,
+                           1);
+    }
+    world.barrier();
+    ASSERT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));  // sharded
+    const double expected = reference.train().losses.at(0);
+
+    const std::string checkpoint = io::list_checkpoints(dir + "/ckpt").at(0);
+    for (const std::string& source : {dir + "/hf", dir + "/model.h5", checkpoint}) {
+      const double one = first_loss(config(arch, data, "one" + std::to_string(world.rank()), {},
+                                           source), nullptr);
+      EXPECT_EQ(one, expected) << arch << " from " << source;
+    }
+    std::vector<Layout> layouts;
+    if (world.size() == 2)
+      layouts = {{2, 1, 1, 0}, {1, 2, 1, 0}, {1, 1, 2, 0}, {2, 1, 1, 3}};
+    if (world.size() == 4)
+      layouts = {{1, 4, 1, 0, "2d"}, {2, 2, 1, 3}, {1, 2, 2, 0}};
+    const auto whole = core::parameter_units(table, 16).back().end;
+    for (const Layout& l : layouts) {
+      for (const std::string& source : {dir + "/hf", dir + "/model.h5"}) {
+        if (l.mode == "2d" && arch == "opt" && source != dir + "/hf") continue;
+        const uint64_t before = io::weights_elements_read();
+        const double loss = first_loss(config(arch, data, "l" + l.name(), l, source), &world);
+        const uint64_t read = io::weights_elements_read() - before;
+        EXPECT_NEAR(loss, expected, 1e-5 * expected) << arch << " " << l.name() << " " << source;
+        if (l.tensor > 1 || l.pipeline > 1 || l.zero == 3) {
+          EXPECT_LT(read, whole) << arch << " " << l.name() << ": rank " << world.rank()
+                                 << " read the whole model";
+        }
+        EXPECT_GT(read, 0u);
+      }
+    }
+  }
+}
+
+// What check_weights refuses, each naming the file, the tensor, the shapes and the key.
+TEST(InitFrom, RefusesMismatchesNamingTheTensorAndTheKey) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.rank() != 0) return;  // files and checks of one process
+  const std::string dir = (fs::temp_directory_path() / "colossal_if_bad").string();
+  fs::remove_all(dir);
+  const io::Config c = config("gpt2", "unused", "bad", {}, "");
+  const auto table = core::parameter_table(c.model);
+  std::vector<float> values(core::parameter_units(table, 16).back().end);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(i % 97) * 0.01f;
+  auto check = [&](const std::string& path, const core::ModelSpec& spec) -> std::string {
+    try {
+      return "accepted: " + io::check_weights(path, spec, core::parameter_table(spec));
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
+  auto has = [](const std::string& text, const std::string& part) {
+    return text.find(part) != std::string::npos;
+  };
+  write_hf_dir(dir + "/ok", c.model, table, values);
+  const std::string ok = check(dir + "/ok", c.model);
+  EXPECT_TRUE(has(ok, "accepted")) << ok;
+  EXPECT_TRUE(has(ok, "lm_head.weight equals transformer.wte.weight: accepted as the tied head"));
+  EXPECT_TRUE(has(ok, "ignored 2 causal-mask buffers")) << ok;
+
+  core::ModelSpec other = c.model;
+  other.vocab = 256;
+  std::string e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "tensor 'transformer.wte.weight' has shape [200, 32] but the model expects "
+                     "[256, 32]; set model.vocab: 200")) << e;
+  other = c.model;
+  other.max_seq = 32;
+  e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "'transformer.wpe.weight' has shape [16, 32]")) << e;
+  EXPECT_TRUE(has(e, "set model.max_seq: 16")) << e;
+  other = c.model;
+  other.ffn_hidden = 128;
+  e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "'transformer.h.0.mlp.c_fc.weight' has shape [32, 64] but the model "
+                     "expects [32, 128]; set model.ffn_hidden: 64")) << e;
+  other = c.model;
+  other.layers = 3;
+  e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "'transformer.h.2.ln_1.weight' is missing; the file holds 2 layers; set "
+                     "model.layers: 2")) << e;
+  other.layers = 1;
+  e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "holds 2 layers but model.layers is 1")) << e;
+  other = c.model;
+  other.arch = core::Arch::opt;
+  e = check(dir + "/ok", other);
+  EXPECT_TRUE(has(e, "the file is a GPT-2 checkpoint; set model.arch: gpt2")) << e;
+
+  // An untied head, an OPT projection, an unknown tensor; names without "transformer.".
+  auto variant = [&](const std::string& name, auto edit) {
+    std::vector<io::StTensorOut> out;
+    for (const auto& p : table) out.push_back({p.name, p.shape, values.data() + p.offset});
+    edit(out);
+    io::write_safetensors_dir(dir + "/" + name, out, 0);
+    return dir + "/" + name;
+  };
+  std::vector<float> head(values.begin() + table[0].offset,
+                          values.begin() + table[0].offset + table[0].count);
+  head[17] += 1.0f;
+  e = check(variant("untied", [&](auto& out) {
+              out.push_back({"lm_head.weight", table[0].shape, head.data()});
+            }), c.model);
+  EXPECT_TRUE(has(e, "tensor 'lm_head.weight' differs from 'transformer.wte.weight' (element 17"))
+      << e;
+  e = check(variant("extra", [&](auto& out) {
+              out.push_back({"transformer.h.0.attn.q_norm.weight", {32}, values.data()});
+            }), c.model);
+  EXPECT_TRUE(has(e, "tensor 'transformer.h.0.attn.q_norm.weight' has no place")) << e;
+  e = check(variant("missing", [&](auto& out) { out.erase(out.begin() + 5); }), c.model);
+  EXPECT_TRUE(has(e, "tensor '" + table[5].name + "' is missing")) << e;
+  e = check(variant("bare", [&](auto& out) {
+              for (auto& t : out) t.name = t.name.substr(std::string("transformer.").size());
+            }), c.model);
+  EXPECT_TRUE(has(e, "accepted")) << e;
+  EXPECT_TRUE(has(e, "names without 'transformer.'")) << e;
+  {
+    const io::Config opt = config("opt", "unused", "bad", {}, "");
+    const auto opt_table = core::parameter_table(opt.model);
+    std::vector<float> v(core::parameter_units(opt_table, 16).back().end, 0.5f);
+    std::vector<io::StTensorOut> out;
+    for (const auto& p : opt_table) out.push_back({p.name, p.shape, v.data() + p.offset});
+    out.push_back({"model.decoder.project_in.weight", {32, 16}, v.data()});
+    io::write_safetensors_dir(dir + "/proj", out, 0);
+    e = check(dir + "/proj", opt.model);
+    EXPECT_TRUE(has(e, "'model.decoder.project_in.weight' projects the embedding")) << e;
+  }
+  // BF16 weights: converted, and said so.
+  {
+    std::vector<uint16_t> bf;
+    std::string header = "{";
+    uint64_t at = 0;
+    for (const auto& p : table) {
+      const std::size_t n = p.count;
+      for (std::size_t i = 0; i < n; ++i) bf.push_back(0x3f80);  // 1.0
+      header += (at ? "," : "") + std::string("\"") + p.name + "\":{\"dtype\":\"BF16\",\"shape\":" +
+                nlohmann::json(p.shape).dump() + ",\"data_offsets\":[" + std::to_string(at) +
+                "," + std::to_string(at + 2 * n) + "]}";
+      at += 2 * n;
+    }
+    header += "}";
+    fs::create_directories(dir + "/bf16");
+    std::ofstream f(dir + "/bf16/model.safetensors", std::ios::binary);
+    const uint64_t len = header.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f << header;
+    f.write(reinterpret_cast<const char*>(bf.data()), std::streamsize(bf.size() * 2));
+    f.close();
+    e = check(dir + "/bf16", c.model);
+    EXPECT_TRUE(has(e, "converted " + std::to_string(table.size()) + " BF16 tensors to fp32")) << e;
+    std::vector<float> got(table[3].count);
+    io::read_weights(dir + "/bf16", c.model, table,
+                     {{3, 0, got.size(), got.data()}});
+    for (float x : got) ASSERT_EQ(x, 1.0f);
+  }
+  e = check(dir + "/nowhere", c.model);
+  EXPECT_TRUE(has(e, "does not exist")) << e;
+}
+
+TEST(InitFrom, ConfigJsonGivesTheSizes) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.rank() != 0) return;
+  const std::string dir = (fs::temp_directory_path() / "colossal_if_cfg").string();
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto write = [&](const nlohmann::json& j) { std::ofstream(dir + "/config.json") << j.dump(); };
+  auto parse = [&](const std::string& extra) {
+    return io::parse_config("model: {preset: from_weights, init_from: " + dir + extra +
+                                "}\ndata: {path: x}\ntrain: {seq_len: 16}\n",
+                            "test");
+  };
+  auto error = [&](const std::string& extra) -> std::string {
+    try {
+      parse(extra);
+    } catch (const io::ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  write({{"model_type", "gpt2"}, {"n_embd", 64}, {"n_layer", 3}, {"n_head", 4},
+         {"n_positions", 128}, {"vocab_size", 300}, {"n_inner", nullptr},
+         {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}});
+  io::Config c = parse("");
+  EXPECT_EQ(c.model.arch, core::Arch::gpt2);
+  EXPECT_EQ(c.model.hidden, 64);
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.model.heads, 4);
+  EXPECT_EQ(c.model.max_seq, 128);
+  EXPECT_EQ(c.model.vocab, 300);
+  EXPECT_EQ(c.model.ffn_hidden, 256);  // n_inner null: 4 * n_embd
+  EXPECT_EQ(c.model_init_from, dir);
+  EXPECT_EQ(parse(", layers: 2").model.layers, 2);  // explicit keys override
+  EXPECT_EQ(io::parse_config(c.text, "again").model.vocab, 300);  // the resolved text re-reads
+
+  write({{"model_type", "gpt2"}, {"n_embd", 64}, {"n_head", 4}, {"activation_function", "gelu"}});
+  std::string e = error("");
+  EXPECT_NE(e.find("model.preset"), std::string::npos) << e;
+  EXPECT_NE(e.find("config.json: activation_function: is 'gelu'"), std::string::npos) << e;
+  write({{"model_type", "gpt2"}, {"layer_norm_epsilon", 1e-6}});
+  EXPECT_NE(error("").find("layer_norm_epsilon: is 1e-06"), std::string::npos) << error("");
+
+  write({{"model_type", "opt"}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+         {"num_attention_heads", 8}, {"ffn_dim", 96}, {"max_position_embeddings", 40},
+         {"vocab_size", 120}, {"word_embed_proj_dim", 64}, {"do_layer_norm_before", true}});
+  c = parse("");
+  EXPECT_EQ(c.model.arch, core::Arch::opt);
+  EXPECT_EQ(c.model.ffn_hidden, 96);
+  EXPECT_EQ(c.model.max_seq, 40);
+  EXPECT_EQ(c.model.position_rows(), 42);
+  write({{"model_type", "opt"}, {"hidden_size", 64}, {"word_embed_proj_dim", 32}});
+  EXPECT_NE(error("").find("word_embed_proj_dim: is 32 but hidden_size is 64"), std::string::npos)
+      << error("");
+  write({{"model_type", "opt"}, {"do_layer_norm_before", false}});
+  EXPECT_NE(error("").find("do_layer_norm_before: is false"), std::string::npos) << error("");
+  write({{"model_type", "llama"}});
+  EXPECT_NE(error("").find("model_type: is 'llama'"), std::string::npos) << error("");
+
+  try {
+    io::parse_config("model: {preset: from_weights}\ndata: {path: x}\n", "test");
+    ADD_FAILURE() << "from_weights without init_from was accepted";
+  } catch (const io::ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("from_weights needs model.init_from"),
+              std::string::npos) << err.what();
+  }
+  fs::remove(dir + "/config.json");
+  EXPECT_NE(error("").find("no config.json beside"), std::string::npos) << error("");
+}
