@@ -12,7 +12,6 @@
 
 #include "apps/errors.hpp"
 #include "apps/trainer.hpp"
-#include "apps/trainer_md.hpp"
 #include "io/checkpoint.hpp"
 #include "io/config.hpp"
 #include "io/init_from.hpp"
@@ -96,11 +95,7 @@ void write_hf_dir(const std::string& dir, const core::ModelSpec& spec,
 }
 
 double first_loss(const io::Config& c, parallel::Communicator* world) {
-  if (c.parallel.tensor_mode != core::TensorMode::d1) {
-    apps::TrainerMD trainer(c, nullptr, world);
-    return trainer.train().losses.at(0);
-  }
-  apps::Trainer trainer(c, nullptr, world);
+  apps::Trainer trainer(c, nullptr, world);  // every layout, 2d/2.5d/3d included
   return trainer.train().losses.at(0);
 }
 
