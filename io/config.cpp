@@ -334,6 +334,14 @@ const std::vector<KeySpec>& schema() {
        .doc = "model chunks (virtual stages) per rank; more than 1 needs schedule: interleaved",
        .range = at_least(1),
        .cross_check = "> 1 only with schedule: interleaved"},
+      // The communicators' transport (parallel/comm_choice.hpp decides and checks it at start-up).
+      {.key = "parallel.comm", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.comm; },
+       .doc = "transport of the collectives: auto (host MPI on a CPU build; on a CUDA build NCCL "
+              "with one GPU per rank, else CUDA-aware MPI, else MPI through pinned host staging), "
+              "nccl, or mpi (CUDA-aware, else staged); printed at start-up",
+       .choices = {"auto", "nccl", "mpi"},
+       .cross_check = "nccl needs a CUDA build and one GPU per rank"},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},

@@ -101,6 +101,7 @@ struct ParallelConfig {
   parallel::PipelineSchedule pipeline_schedule =
       parallel::PipelineSchedule::one_f_one_b;  // gpipe | 1f1b | interleaved
   int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
+  std::string comm = "auto";       // transport: auto | nccl | mpi (parallel/comm_choice.hpp)
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
 

@@ -1,0 +1,131 @@
+// The communicator choice end to end: colossal_train under mpirun prints the transport once on
+// rank 0, refuses parallel.comm: nccl on a CPU build on every rank, and trains bitwise alike
+// through the staged path (COLOSSAL_TEST_STAGED_COMM=1: every float buffer goes through the
+// staging copies, host memory standing in for the device) and plain MPI.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/metrics_h5.hpp"
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run(const std::string& command) {
+  Result r{-1, ""};
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return r;
+  std::array<char, 4096> buf{};
+  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) r.output += buf.data();
+  const int status = pclose(pipe);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string bin(const std::string& program) {
+  const char* dir = std::getenv("COLOSSAL_BIN_DIR");
+  return std::string(dir ? dir : "build/bin") + "/" + program;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+class CommRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = (std::filesystem::temp_directory_path() / "colossal_comm_run").string();
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::string text;
+    for (int i = 0; i < 6000; ++i) text.push_back("the quick brown fox jumps. "[i % 27]);
+    std::ofstream(dir + "/data.txt") << text;
+    config = dir + "/c.yaml";
+    std::ofstream(config)
+        << "model: {layers: 2, hidden: 16, heads: 2, vocab: 256, max_seq: 16}\n"
+           "data: {path: " + dir + "/data.txt}\n"
+           "train: {steps: 4, seq_len: 16, global_batch: 8, micro_batch: 2}\n"
+           "eval: {every: 0}\n"
+           "log: {every: 1}\n"
+           "sample: {tokens: 0}\n";
+  }
+  Result train(int ranks, const std::string& env, const std::string& sets) {
+    return run(env + " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 240 "
+               "mpirun -np " + std::to_string(ranks) + " --oversubscribe " +
+               bin("colossal_train") + " " + config + " " + sets);
+  }
+  // Trains the layout with plain MPI and forced staging; the losses must be bitwise alike.
+  void expect_staged_like_plain(int ranks, const std::string& layout, const std::string& name) {
+    const Result plain = train(ranks, "", layout + " --set log.dir=" + dir + "/" + name + "-mpi");
+    ASSERT_EQ(plain.code, 0) << plain.output;
+    EXPECT_EQ(count(plain.output, "comm: host MPI"), 1u) << plain.output;
+    const Result staged = train(ranks, "COLOSSAL_TEST_STAGED_COMM=1",
+                                layout + " --set log.dir=" + dir + "/" + name + "-staged");
+    ASSERT_EQ(staged.code, 0) << staged.output;
+    EXPECT_EQ(count(staged.output, "comm: MPI through pinned host staging (forced by "
+                                   "COLOSSAL_TEST_STAGED_COMM=1"),
+              1u)
+        << staged.output;
+    const auto a = colossal::test::read_metrics_h5(dir + "/" + name + "-mpi/metrics.h5");
+    const auto b = colossal::test::read_metrics_h5(dir + "/" + name + "-staged/metrics.h5");
+    ASSERT_EQ(a.at("loss").size(), 4u) << name;
+    ASSERT_EQ(b.at("loss").size(), 4u) << name;
+    for (std::size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(a.at("loss")[i], b.at("loss")[i]) << name << " step " << i + 1;
+      EXPECT_EQ(a.at("grad_norm")[i], b.at("grad_norm")[i]) << name << " step " << i + 1;
+    }
+  }
+  std::string dir, config;
+};
+
+TEST_F(CommRun, TrainerPrintsTheChoiceOnceAndRefusesNcclOnACpuBuild) {
+  Result r = train(2, "", "--set parallel.data=2 --set log.dir=" + dir + "/auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "comm: host MPI (parallel.comm: auto, this build keeps buffers in "
+                            "host memory)\n"),
+            1u)
+      << r.output;
+  r = train(2, "", "--set parallel.data=2 --set parallel.comm=mpi --set log.dir=" + dir + "/mpi");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "comm: host MPI (parallel.comm: mpi, "), 1u) << r.output;
+  r = train(2, "", "--set parallel.data=2 --set parallel.comm=nccl --set log.dir=" + dir + "/n");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.comm: nccl cannot work: NCCL needs a CUDA build"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << "every rank stops alike: "
+                                                           << r.output;
+  r = train(2, "", "--set parallel.data=2 --set parallel.comm=gloo");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("parallel.comm: invalid value 'gloo'"), std::string::npos) << r.output;
+}
+
+TEST_F(CommRun, StagedDataParallelZero3TrainsBitwiseLikeMpi) {
+  expect_staged_like_plain(2, "--set parallel.data=2 --set parallel.zero.stage=3", "dp2z3");
+}
+
+TEST_F(CommRun, StagedDataParallelBucketsTrainBitwiseLikeMpi) {
+  expect_staged_like_plain(2, "--set parallel.data=2 --set parallel.bucket_mb=0.001", "dp2");
+}
+
+TEST_F(CommRun, StagedTensorAndPipelineTrainBitwiseLikeMpi) {
+  expect_staged_like_plain(2, "--set parallel.tensor.size=2 "
+                              "--set parallel.tensor.sequence_split=true", "tp2sp");
+  expect_staged_like_plain(2, "--set parallel.pipeline.size=2 "
+                              "--set parallel.pipeline.schedule=1f1b", "pp2");
+  expect_staged_like_plain(2, "--set parallel.sequence=2", "sp2");
+}
+
+}  // namespace
