@@ -1,7 +1,8 @@
 // The communicator choice end to end: colossal_train under mpirun prints the transport once on
 // rank 0, refuses parallel.comm: nccl on a CPU build on every rank, and trains bitwise alike
 // through the staged path (COLOSSAL_TEST_STAGED_COMM=1: every float buffer goes through the
-// staging copies, host memory standing in for the device) and plain MPI.
+// staging copies, host memory standing in for the device) and plain MPI. And the start-up
+// decision of parallel.zero.offload.policy: auto for made-up device sizes.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -126,6 +127,43 @@ TEST_F(CommRun, StagedTensorAndPipelineTrainBitwiseLikeMpi) {
   expect_staged_like_plain(2, "--set parallel.pipeline.size=2 "
                               "--set parallel.pipeline.schedule=1f1b", "pp2");
   expect_staged_like_plain(2, "--set parallel.sequence=2", "sp2");
+}
+
+// offload.policy: auto at start-up: a device that holds the plan offloads nothing; one slightly
+// smaller than the plan gets the optimizer states moved (and trains to the same losses); one
+// smaller than anything the policy can reach stops every rank naming the device's categories.
+TEST_F(CommRun, OffloadPolicyAutoDecidesFromTheMemoryPlan) {
+  const std::string layout =
+      "--set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.policy=auto ";
+  Result r = train(2, "", layout + "--set hardware.device_memory_gib=4 --set log.dir=" + dir +
+                              "/fits");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string said = "offload (parallel.zero.offload.policy: auto): ";
+  EXPECT_EQ(count(r.output, said + "nothing to the host: the device holds "), 1u) << r.output;
+  EXPECT_NE(r.output.find("offload_optimizer: false, offload_params: false"), std::string::npos);
+  // The plan's device bytes, from the line: "... the device holds 1.23 KiB of 4.00 GiB".
+  const auto at = r.output.find("the device holds ") + 17;
+  const std::string unit = r.output.substr(r.output.find(' ', at) + 1, 3);
+  ASSERT_TRUE(unit == "KiB" || unit == "MiB") << r.output;
+  const double gib = std::stod(r.output.substr(at)) / (unit == "KiB" ? 1024.0 * 1024 : 1024.0);
+  char smaller[64];
+  std::snprintf(smaller, sizeof smaller, "%.12g", gib * 0.995);
+  r = train(2, "", layout + "--set hardware.device_memory_gib=" + std::string(smaller) +
+                       " --set log.dir=" + dir + "/opt");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output, said + "optimizer states to the host"), 1u) << r.output;
+  EXPECT_NE(r.output.find("offload_optimizer: true, offload_params: false"), std::string::npos)
+      << r.output;
+  const auto a = colossal::test::read_metrics_h5(dir + "/fits/metrics.h5");
+  const auto b = colossal::test::read_metrics_h5(dir + "/opt/metrics.h5");
+  EXPECT_EQ(a.at("loss"), b.at("loss"));
+  r = train(2, "", layout + "--set hardware.device_memory_gib=0.00001");
+  EXPECT_NE(r.code, 0) << r.output;
+  for (const char* part : {"does not fit on the device even with optimizer states and parameters "
+                           "offloaded", "params ", "grads ", "activations ", "on a device of"}) {
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << ": " << r.output;
+  }
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
 }
 
 }  // namespace
