@@ -49,7 +49,9 @@ std::string device_categories(const planner::MemoryPrediction& m) {
 }  // namespace
 
 std::string OffloadDecision::describe() const {
-  if (capacity <= 0) return "nothing (no device limit: a CPU build keeps everything in host memory)";
+  if (capacity <= 0) {
+    return "nothing (no device limit: a CPU build keeps everything in host memory)";
+  }
   const std::string what = params      ? "optimizer states and parameters"
                            : optimizer ? "optimizer states"
                                        : "nothing";
@@ -84,8 +86,8 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   }
   std::string more;
   if (!d1) {
-    more = "; parallel.tensor.mode " + std::string(core::tensor_mode_name(config.parallel.tensor_mode)) +
-           " cannot offload";
+    more = "; parallel.tensor.mode " +
+           std::string(core::tensor_mode_name(config.parallel.tensor_mode)) + " cannot offload";
   } else if (stage == 0) {
     more = "; parallel.zero.stage >= 1 would let the optimizer states move, 3 the parameters too";
   } else if (stage < 3) {

@@ -28,7 +28,9 @@ double need(io::Config c, bool opt, bool params) {
   c.parallel.offload_optimizer = opt;
   c.parallel.offload_params = params;
   double worst = 0;
-  for (int r = 0; r < c.parallel.world_size(); ++r) worst = std::max(worst, rank_memory(c, r).device());
+  for (int r = 0; r < c.parallel.world_size(); ++r) {
+    worst = std::max(worst, rank_memory(c, r).device());
+  }
   return worst;
 }
 
