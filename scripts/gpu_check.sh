@@ -84,14 +84,16 @@ say "== 3. staged multi-rank runs on one GPU vs one rank, $steps fp32 steps, 1e-
 # Every layout at micro_batch 8 (dp2 and pp2 need it), so the one-rank reference runs the same
 # micro-batches; parallel.comm: mpi stages device buffers through pinned host memory (the
 # one-rank reference too). Unverified: no GPU was lent when this section was written.
+# Losses from the run's metrics.csv (9 significant digits; the progress line has only 4).
 staged() {  # RANKS SETS...
   local n=$1; shift
+  local dir="/tmp/gpu_check-staged-$n-$$-$RANDOM"
   (cd "$root" && timeout 120 mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
      configs/quickstart.yaml --set train.steps=$steps --set log.every=1 \
      --set eval.every=1000000 --set train.micro_batch=8 --set sample.tokens=0 \
-     --set parallel.comm=mpi --set log.dir="/tmp/gpu_check-staged-$n-$$" "$@" 2>&1) |
+     --set parallel.comm=mpi --set log.dir="$dir" "$@" 2>&1) |
     tee "$report.staged.log" | grep -m1 '^comm:' >> "$report"
-  sed -n 's/^step *\([0-9]*\)\/[0-9]* | loss \([0-9.eE+-]*\) .*/\1 \2/p' "$report.staged.log"
+  [ -f "$dir/metrics.csv" ] && awk -F, 'NR > 1 { print $1, $2 }' "$dir/metrics.csv"
 }
 if command -v mpirun >/dev/null; then
   one=$(staged 1)
