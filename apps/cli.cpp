@@ -18,6 +18,7 @@
 #include "io/dataset.hpp"
 #include "io/hdf5_file.hpp"
 #include "core/host_threads.hpp"
+#include "parallel/comm_choice.hpp"
 #include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
 
@@ -293,7 +294,15 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
                 std::to_string(par.pipeline) + " needs " + std::to_string(want) +
                 " ranks but " + std::to_string(inv.world_size) + " ranks were started; " + fix);
           }
-          auto world = parallel::make_world_communicator();
+          // The transport (parallel.comm; parallel/comm_choice.hpp): an impossible request is a
+          // usage error on every rank alike.
+          parallel::RunCommunicator run_comm;
+          try {
+            run_comm = parallel::make_run_communicator(inv.config.parallel.comm);
+          } catch (const std::invalid_argument& e) {
+            throw UsageError(e.what());
+          }
+          auto world = std::move(run_comm.world);
           inv.world = world.get();
           // One decision for BLAS and host threads: the cores of this process split among the
           // ranks of its node, so mpirun -np 2 on 2 cores does not start 4 busy threads.
@@ -311,6 +320,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
             if (slurm.in_job() || device.cuda_built) {
               std::printf("gpu (rank 0): %s\n", device.describe().c_str());
             }
+            std::printf("comm: %s\n", run_comm.choice.describe().c_str());
             std::printf("threads: %d per rank for BLAS and host loops (%d usable core%s, %d rank%s "
                         "on this node; from %s)\n",
                         threads.threads, threads.cores, threads.cores == 1 ? "" : "s",

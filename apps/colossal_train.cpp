@@ -9,6 +9,7 @@
 #include "apps/cli.hpp"
 #include "apps/layout.hpp"
 #include "apps/memory_fit.hpp"
+#include "apps/offload_policy.hpp"
 #include "core/host_threads.hpp"
 #include "apps/trainer.hpp"
 #include "planner/cost_model.hpp"
@@ -114,6 +115,12 @@ int main(int argc, char** argv) {
         std::fprintf(log, "parallel.mode: auto: planned for %d rank(s)\n%s", inv.world_size,
                      report.c_str());
       }
+    }
+    // parallel.zero.offload.policy: auto decides the offload flags from the memory plan.
+    try {
+      inv.config = apps::apply_offload_policy(inv.config, log);
+    } catch (const std::invalid_argument& e) {
+      throw apps::CollectiveError(e.what());  // decided alike on every rank
     }
     // Before anything is allocated: does every node hold its ranks' memory plan?
     if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);

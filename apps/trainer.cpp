@@ -25,6 +25,7 @@
 #include "io/hf_export.hpp"
 #include "parallel/local_communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "parallel/staged_communicator.hpp"
 
 namespace colossal::apps {
 
@@ -869,7 +870,7 @@ void append(std::vector<io::TensorRun>& to, const std::vector<io::TensorRun>& ru
 
 // The communicator parallel HDF5 opens files over (null: a serial file).
 MPI_Comm file_communicator(parallel::Communicator* world) {
-  auto* mpi = dynamic_cast<parallel::MpiCommunicator*>(world);
+  const parallel::MpiCommunicator* mpi = parallel::mpi_of(world);  // also under staging / NCCL
   return mpi != nullptr && mpi->size() > 1 ? mpi->native() : MPI_COMM_NULL;
 }
 }  // namespace

@@ -322,6 +322,13 @@ const std::vector<KeySpec>& schema() {
               "rank's slice (needs parallel.zero.stage: 3 and offload.optimizer: true)",
        .choices = {"false", "true"},
        .cross_check = "needs parallel.zero.stage: 3 and parallel.zero.offload.optimizer: true"},
+      // ZeRO offload decided from the memory plan (apps/offload_policy.hpp).
+      {.key = "parallel.zero.offload.policy", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.offload_policy; },
+       .doc = "static: offload.optimizer and offload.params as written; auto: at start-up, from "
+              "the memory plan and the device's capacity, the optimizer states and then the "
+              "parameters move to the host only as far as needed to fit (printed)",
+       .choices = {"static", "auto"}},
       {.key = "parallel.tensor.size", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.tensor; },
        .doc = "tensor-parallel ranks: attention heads, MLP width and vocabulary split over them",
@@ -371,6 +378,14 @@ const std::vector<KeySpec>& schema() {
        .doc = "model chunks (virtual stages) per rank; more than 1 needs schedule: interleaved",
        .range = at_least(1),
        .cross_check = "> 1 only with schedule: interleaved"},
+      // The communicators' transport (parallel/comm_choice.hpp decides and checks it at start-up).
+      {.key = "parallel.comm", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.comm; },
+       .doc = "transport of the collectives: auto (host MPI on a CPU build; on a CUDA build NCCL "
+              "with one GPU per rank, else CUDA-aware MPI, else MPI through pinned host staging), "
+              "nccl, or mpi (CUDA-aware, else staged); printed at start-up",
+       .choices = {"auto", "nccl", "mpi"},
+       .cross_check = "nccl needs a CUDA build and one GPU per rank"},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},
@@ -406,6 +421,12 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.hardware.gpus; },
        .doc = "devices colossal_plan plans for (--gpus overrides); 0 = the ranks the config's "
               "parallel sizes need",
+       .range = at_least(0)},
+      // The device size parallel.zero.offload.policy: auto plans for (apps/offload_policy.hpp).
+      {.key = "hardware.device_memory_gib", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.hardware.device_memory_gib; },
+       .doc = "GiB of device memory per GPU that offload.policy: auto plans for; 0 = the GPU's "
+              "free memory (CUDA builds) or no device limit (CPU builds: the device is the host)",
        .range = at_least(0)},
       {.key = "hardware.file", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.hardware.file; },

@@ -111,6 +111,8 @@ struct ParallelConfig {
   parallel::PipelineSchedule pipeline_schedule =
       parallel::PipelineSchedule::one_f_one_b;  // gpipe | 1f1b | interleaved
   int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
+  std::string comm = "auto";       // transport: auto | nccl | mpi (parallel/comm_choice.hpp)
+  std::string offload_policy = "static";  // static: the two flags above; auto: apps/offload_policy
   int world_size() const { return data * tensor * sequence * pipeline; }
 };
 
@@ -130,6 +132,7 @@ struct HardwareConfig {
   double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
   std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
   int gpus = 0;                  // devices to plan for (colossal_plan); 0 = the config's ranks
+  double device_memory_gib = 0.0;  // device capacity offload.policy: auto plans for; 0 = measured
   std::string gemm = "openblas"; // host GEMM backend: openblas | blis | onednn | auto
 };
 

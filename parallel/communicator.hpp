@@ -88,7 +88,7 @@ class Communicator {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string_view backend() const = 0;  // "mpi" | "nccl"
+  virtual std::string_view backend() const = 0;  // "mpi" | "nccl" | "staged-mpi"
   virtual MemorySpace memory_space() const = 0;  // where float buffers must live
 
   // buffer <- sum over ranks of buffer (in place).

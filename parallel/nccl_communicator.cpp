@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,24 @@ std::string where(int rank, int size, int device) {
 std::runtime_error cuda_error(cudaError_t error, const std::string& call, const std::string& at) {
   return std::runtime_error("colossal::parallel: " + call + " failed: " + cudaGetErrorName(error) +
                             ": " + cudaGetErrorString(error) + " (" + at + ")");
+}
+
+// NCCL reads only device memory. A float buffer in host memory (a std::vector the trainer
+// gathers for a file, say) goes to the MPI communicator the NCCL one keeps for its control plane.
+bool in_host_memory(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged;
+}
+
+bool any_host(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    if (p != nullptr && in_host_memory(p)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -88,6 +107,7 @@ void NcclCommunicator::synchronize(const char* what) {
 }
 
 void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
+  if (any_host({buffer.data()})) return host_.all_reduce_sum(buffer);
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "ncclAllReduce");
@@ -95,6 +115,7 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
 }
 
 void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
+  if (any_host({buffer.data()})) return host_.all_reduce_max(buffer);
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclMax, comm_,
                            stream_),
              "ncclAllReduce");
@@ -103,6 +124,7 @@ void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
 
 void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
+  if (any_host({input.data(), output.data()})) return host_.reduce_scatter_sum(input, output);
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
@@ -111,6 +133,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
 }
 
 void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
+  if (any_host({input.data(), output.data()})) return host_.all_gather(input, output);
   // NCCL is in place when input == output + rank * input.size(), exactly our in-place form.
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
@@ -118,6 +141,7 @@ void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<flo
 }
 
 void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {
+  if (any_host({buffer.data()})) return host_.broadcast(buffer, root);
   check_nccl(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, root, comm_,
                            stream_),
              "ncclBroadcast");
@@ -132,19 +156,24 @@ double NcclCommunicator::do_all_reduce_sum_value(double value) {
   return host_.all_reduce_sum_value(value);  // control plane: host memory
 }
 
-void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int /*tag*/) {
+void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
+  if (any_host({buffer.data()})) return host_.send(buffer, dest, tag);
   check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
   synchronize("ncclSend");
 }
 
-void NcclCommunicator::do_recv(std::span<float> buffer, int source, int /*tag*/) {
+void NcclCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
+  if (any_host({buffer.data()})) return host_.recv(buffer, source, tag);
   check_nccl(ncclRecv(buffer.data(), buffer.size(), ncclFloat32, source, comm_, stream_),
              "ncclRecv");
   synchronize("ncclRecv");
 }
 
 void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
-                                    std::span<float> recv_buffer, int source, int /*tag*/) {
+                                    std::span<float> recv_buffer, int source, int tag) {
+  if (any_host({send_buffer.data(), recv_buffer.data()})) {
+    return host_.send_recv(send_buffer, dest, recv_buffer, source, tag);
+  }
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   const ncclResult_t sent =
       ncclSend(send_buffer.data(), send_buffer.size(), ncclFloat32, dest, comm_, stream_);

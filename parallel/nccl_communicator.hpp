@@ -13,7 +13,9 @@
 // the communicator's own stream and synchronises it before returning, so results are ready and
 // errors (ncclResult_t, cudaError_t, and NCCL's asynchronous errors) surface as
 // std::runtime_error at the call that caused them. Tags are accepted and ignored: NCCL matches
-// point-to-point messages in issue order per pair of ranks.
+// point-to-point messages in issue order per pair of ranks. A float buffer in host memory (by
+// cudaPointerGetAttributes) goes to the MPI control-plane communicator instead, so callers that
+// mix device buffers with host vectors work on every transport.
 #pragma once
 
 #include <memory>
@@ -38,6 +40,7 @@ class NcclCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::device; }
 
   int device() const { return device_; }
+  const MpiCommunicator& host() const { return host_; }  // the control plane's communicator
   CUstream_st* stream() const { return stream_; }  // a cudaStream_t
 
  private:

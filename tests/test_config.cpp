@@ -670,4 +670,19 @@ TEST(ConfigDiff, NamesEveryChangedKeyByItsDottedPath) {
   EXPECT_EQ(changed_keys("model: {hidden: 8}\n", "model: {hidden: 8, heads: 2}\n"),
             (std::vector<std::string>{"model.heads"}));
 }
+// parallel.comm (parallel/comm_choice.hpp checks what the build and node allow at start-up).
+TEST(ConfigComm, ParsesAndRejectsUnknownTransports) {
+  EXPECT_EQ(parse_config(kMinimal, "test.yaml").parallel.comm, "auto");
+  EXPECT_EQ(parse_config(std::string(kMinimal) + "parallel: {comm: nccl}\n", "test.yaml")
+                .parallel.comm,
+            "nccl");
+  EXPECT_EQ(parse_config(std::string(kMinimal) + "parallel: {comm: mpi}\n", "test.yaml")
+                .parallel.comm,
+            "mpi");
+  expect_all(error_of(std::string(kMinimal) + "parallel:\n  comm: gloo\n"),
+             {"test.yaml:6:9: parallel.comm: invalid value 'gloo'", "one of: auto, nccl, mpi"});
+  expect_all(error_of(kMinimal, {"parallel.comm=ncl"}),
+             {"parallel.comm: invalid value 'ncl'", "one of: auto, nccl, mpi",
+              "did you mean 'nccl'?"});
+}
 }  // namespace colossal::io

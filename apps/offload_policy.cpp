@@ -1,0 +1,144 @@
+#include "apps/offload_policy.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <vector>
+
+#include "apps/memory_fit.hpp"
+#include "core/memory.hpp"
+#include "parallel/comm_choice.hpp"
+
+#ifdef COLOSSAL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace colossal::apps {
+
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The device's bytes of the worst rank under `config` (everything but the offloaded category).
+struct Need {
+  double bytes = 0.0;
+  planner::MemoryPrediction plan;
+};
+
+Need device_need(const io::Config& config) {
+  Need need;
+  for (int r = 0; r < config.parallel.world_size(); ++r) {
+    const planner::MemoryPrediction m = rank_memory(config, r);
+    if (m.device() > need.bytes || r == 0) need = {m.device(), m};
+  }
+  return need;
+}
+
+std::string device_categories(const planner::MemoryPrediction& m) {
+  std::string out;
+  for (int c = 0; c < int(core::MemCategory::count); ++c) {
+    const auto cat = core::MemCategory(c);
+    if (cat == core::MemCategory::offloaded || m[cat] == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string(core::category_name(cat)) + " " +
+           core::format_bytes(m[cat]);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string OffloadDecision::describe() const {
+  if (capacity <= 0) {
+    return "nothing (no device limit: a CPU build keeps everything in host memory)";
+  }
+  const std::string what = params      ? "optimizer states and parameters"
+                           : optimizer ? "optimizer states"
+                                       : "nothing";
+  return what + " to the host: the device holds " + core::format_bytes(device_bytes) + " of " +
+         core::format_bytes(capacity);
+}
+
+OffloadDecision decide_offload(const io::Config& config, double capacity, int ranks_per_device) {
+  OffloadDecision d;
+  d.capacity = capacity;
+  io::Config c = config;
+  c.parallel.offload_optimizer = c.parallel.offload_params = false;
+  if (capacity <= 0) return d;
+  const int share = std::max(1, ranks_per_device);
+  const bool d1 = config.parallel.tensor_mode == core::TensorMode::d1;
+  const int stage = config.parallel.zero_stage;
+  // The candidates in order: nothing, optimizer states (ZeRO >= 1), also parameters (ZeRO 3).
+  std::vector<std::pair<bool, bool>> steps{{false, false}};
+  if (d1 && stage >= 1) steps.emplace_back(true, false);
+  if (d1 && stage == 3) steps.emplace_back(true, true);
+  Need need;
+  for (auto [opt, params] : steps) {
+    c.parallel.offload_optimizer = opt;
+    c.parallel.offload_params = params;
+    need = device_need(c);
+    if (need.bytes * share <= capacity) {
+      d.optimizer = opt;
+      d.params = params;
+      d.device_bytes = need.bytes * share;
+      return d;
+    }
+  }
+  std::string more;
+  if (!d1) {
+    more = "; parallel.tensor.mode " +
+           std::string(core::tensor_mode_name(config.parallel.tensor_mode)) + " cannot offload";
+  } else if (stage == 0) {
+    more = "; parallel.zero.stage >= 1 would let the optimizer states move, 3 the parameters too";
+  } else if (stage < 3) {
+    more = "; parallel.zero.stage: 3 would let the parameters move too";
+  }
+  const std::string offloaded = steps.size() == 1   ? "without offload"
+                                : steps.size() == 2 ? "with the optimizer states offloaded"
+                                                    : "with optimizer states and parameters "
+                                                      "offloaded";
+  throw std::invalid_argument(
+      "parallel.zero.offload.policy: auto: the model does not fit on the device even " + offloaded +
+      ": the worst rank keeps " + device_categories(need.plan) + " (" +
+      core::format_bytes(need.bytes) + (share > 1 ? " x " + std::to_string(share) + " ranks" : "") +
+      ") on a device of " + core::format_bytes(capacity) +
+      " (hardware.device_memory_gib or the GPU's free memory)" + more +
+      "; or shard further (parallel.data, parallel.tensor.size, parallel.pipeline.size) or set "
+      "checkpointing.policy");
+}
+
+double device_capacity(const io::Config& config, int* ranks_per_device) {
+  if (ranks_per_device != nullptr) *ranks_per_device = 1;
+  if (config.hardware.device_memory_gib > 0) return config.hardware.device_memory_gib * kGiB;
+  double free_bytes = 0.0;
+#ifdef COLOSSAL_HAVE_CUDA
+  if (device_resident_build()) {
+    std::size_t f = 0, total = 0;
+    if (cudaMemGetInfo(&f, &total) == cudaSuccess) free_bytes = double(f);
+    else cudaGetLastError();
+    double least = free_bytes;
+    MPI_Allreduce(&free_bytes, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    free_bytes = least;
+    if (ranks_per_device != nullptr) {
+      *ranks_per_device = parallel::gather_comm_facts().ranks_per_gpu;
+    }
+  }
+#endif
+  return free_bytes;
+}
+
+io::Config apply_offload_policy(const io::Config& config, std::FILE* log) {
+  if (config.parallel.offload_policy != "auto") return config;
+  int share = 1;
+  const double capacity = device_capacity(config, &share);
+  const OffloadDecision d = decide_offload(config, capacity, share);
+  io::Config out = config;
+  out.parallel.offload_optimizer = d.optimizer;
+  out.parallel.offload_params = d.params;
+  if (log != nullptr) {
+    std::fprintf(log, "offload (parallel.zero.offload.policy: auto): %s\n", d.describe().c_str());
+  }
+  return out;
+}
+
+}  // namespace colossal::apps

@@ -1,0 +1,38 @@
+// parallel.zero.offload.policy: auto. At start-up, from the memory plan (the planner's bytes per
+// rank, which equal what the tracker counts: apps/memory_fit.hpp's rank_memory) and the device's
+// capacity, decide what ZeRO moves to pinned host memory: nothing when the plan fits, else the
+// optimizer states (offload.optimizer), then also the parameter shards (offload.params), the
+// smallest step that fits. Whole categories per rank; not yet per unit or chunk.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+#include "io/config.hpp"
+
+namespace colossal::apps {
+
+struct OffloadDecision {
+  bool optimizer = false;     // parallel.zero.offload.optimizer
+  bool params = false;        // parallel.zero.offload.params
+  double device_bytes = 0.0;  // what the worst rank then keeps on the device, times sharing
+  double capacity = 0.0;      // the device's bytes it was compared with (0: no limit)
+  std::string describe() const;  // one line for the start-up log
+};
+
+// The pure decision for a device of `capacity` bytes shared by `ranks_per_device` ranks
+// (capacity 0: no device limit, nothing offloaded). Throws std::invalid_argument when even the
+// largest offload the config allows does not fit: the device's categories of the worst rank, the
+// capacity, and which key would allow more (parallel.zero.stage).
+OffloadDecision decide_offload(const io::Config& config, double capacity, int ranks_per_device = 1);
+
+// The capacity offload.policy: auto plans for: hardware.device_memory_gib when set; else, on a
+// device build, the smallest free memory of any rank's GPU (collective over MPI_COMM_WORLD);
+// else 0 (a CPU build: the device is the host).
+double device_capacity(const io::Config& config, int* ranks_per_device);
+
+// Start-up, on every rank alike (collective): with policy auto, the config with the two offload
+// flags decided, the decision printed to `log` (rank 0's; null elsewhere); with static, unchanged.
+io::Config apply_offload_policy(const io::Config& config, std::FILE* log);
+
+}  // namespace colossal::apps

@@ -1,0 +1,150 @@
+// parallel.zero.offload.policy: auto: the decisions from the memory plan for made-up device
+// sizes (fits: nothing; a little short: optimizer states; more: parameters too; impossible: an
+// error naming the categories), the static policy untouched, and the keys' validation.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "apps/memory_fit.hpp"
+#include "apps/offload_policy.hpp"
+#include "io/config.hpp"
+
+namespace colossal::apps {
+namespace {
+
+io::Config config(int zero_stage, const std::string& extra = "") {
+  return io::parse_config(
+      "model: {layers: 4, hidden: 256, heads: 8, vocab: 512, max_seq: 64}\n"
+      "data: {path: unused.bin}\n"
+      "train: {steps: 3, seq_len: 64, global_batch: 4, micro_batch: 2}\n"
+      "parallel: {data: 2, zero: {stage: " + std::to_string(zero_stage) +
+          ", offload: {policy: auto}}" + extra + "}\n",
+      "t.yaml");
+}
+
+// The worst rank's device bytes with the given flags, as the planner predicts them.
+double need(io::Config c, bool opt, bool params) {
+  c.parallel.offload_optimizer = opt;
+  c.parallel.offload_params = params;
+  double worst = 0;
+  for (int r = 0; r < c.parallel.world_size(); ++r) {
+    worst = std::max(worst, rank_memory(c, r).device());
+  }
+  return worst;
+}
+
+TEST(OffloadPolicy, DecidesFromTheMemoryPlanAndTheDeviceSize) {
+  const io::Config c = config(3);
+  const double none = need(c, false, false), opt = need(c, true, false), both = need(c, true, true);
+  ASSERT_GT(none, opt);  // the moments leave the device
+  ASSERT_GT(opt, both);  // and then the parameter shard
+  // Fits (exactly, and with room): nothing moves.
+  for (double cap : {none, none * 4}) {
+    const OffloadDecision d = decide_offload(c, cap);
+    EXPECT_FALSE(d.optimizer);
+    EXPECT_FALSE(d.params);
+    EXPECT_EQ(d.device_bytes, none);
+    EXPECT_NE(d.describe().find("nothing to the host"), std::string::npos) << d.describe();
+  }
+  // Slightly too big: the optimizer states only.
+  OffloadDecision d = decide_offload(c, none - 1);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_FALSE(d.params);
+  EXPECT_EQ(d.device_bytes, opt);
+  EXPECT_NE(d.describe().find("optimizer states to the host"), std::string::npos);
+  d = decide_offload(c, opt);
+  EXPECT_TRUE(d.optimizer && !d.params);
+  // Much too big: the parameters too.
+  d = decide_offload(c, opt - 1);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_TRUE(d.params);
+  EXPECT_EQ(d.device_bytes, both);
+  EXPECT_NE(d.describe().find("optimizer states and parameters to the host"), std::string::npos);
+  // Two ranks sharing the device need twice the room.
+  d = decide_offload(c, none * 1.5, 2);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_EQ(d.device_bytes, 2 * (none * 1.5 >= 2 * opt ? opt : both));
+  // Impossible: the error names the device's categories, the capacity and what would help.
+  try {
+    decide_offload(c, both - 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    for (const char* part : {"parallel.zero.offload.policy: auto", "does not fit on the device",
+                             "with optimizer states and parameters offloaded", "params",
+                             "grads", "activations", "hardware.device_memory_gib"}) {
+      EXPECT_NE(m.find(part), std::string::npos) << part << ": " << m;
+    }
+  }
+  // No device limit (a CPU build without hardware.device_memory_gib): nothing moves.
+  d = decide_offload(c, 0);
+  EXPECT_FALSE(d.optimizer || d.params);
+  EXPECT_NE(d.describe().find("no device limit"), std::string::npos);
+}
+
+TEST(OffloadPolicy, TheZeroStageBoundsWhatCanMove) {
+  const io::Config one = config(1);
+  const double none = need(one, false, false), opt = need(one, true, false);
+  const OffloadDecision d = decide_offload(one, none - 1);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_FALSE(d.params);  // stage 1 keeps whole parameters: they cannot move
+  try {
+    decide_offload(one, opt - 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.zero.stage: 3 would let the parameters move"),
+              std::string::npos) << e.what();
+  }
+  try {
+    decide_offload(config(0), need(config(0), false, false) - 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("without offload"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parallel.zero.stage >= 1"), std::string::npos);
+  }
+}
+
+TEST(OffloadPolicy, ApplyUsesTheConfiguredDeviceSizeAndStaticChangesNothing) {
+  io::Config c = config(3);
+  const double none = need(c, false, false), opt = need(c, true, false);
+  c.hardware.device_memory_gib = (none + opt) / 2 / (1024.0 * 1024 * 1024);
+  const io::Config decided = apply_offload_policy(c, nullptr);
+  EXPECT_TRUE(decided.parallel.offload_optimizer);
+  EXPECT_FALSE(decided.parallel.offload_params);
+  c.parallel.offload_policy = "static";
+  const io::Config same = apply_offload_policy(c, nullptr);
+  EXPECT_FALSE(same.parallel.offload_optimizer);
+}
+
+TEST(OffloadPolicy, KeysAreValidated) {
+  auto error = [](const std::string& extra) {
+    try {
+      config(3, extra);
+    } catch (const io::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  try {
+    io::parse_config("model: {preset: gpt2-124m}\ndata: {path: d}\n"
+                     "parallel: {zero: {offload: {policy: dynamic}}}\n", "t.yaml");
+    ADD_FAILURE() << "accepted";
+  } catch (const io::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.zero.offload.policy: invalid value 'dynamic'"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("one of: static, auto"), std::string::npos);
+  }
+  EXPECT_EQ(error(""), "accepted");
+  try {
+    io::parse_config("model: {preset: gpt2-124m}\ndata: {path: d}\n"
+                     "hardware: {device_memory_gib: -1}\n", "t.yaml");
+    ADD_FAILURE() << "accepted";
+  } catch (const io::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("hardware.device_memory_gib"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace colossal::apps
