@@ -60,9 +60,18 @@ void round_to_bf16(float* values, std::size_t n);
 void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n);
 // A host backend whose products round both operands to bf16 first (into its own two buffers,
 // which grow to the largest operands and are not in the memory tracker; the caller's arrays are
-// untouched). On CPUs without bf16 arithmetic this costs time, not saves it:
-// it gives bf16 numerics, for parity with GPU runs.
-std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend);
+// untouched), then multiply in fp32: bf16 numerics at fp32 speed or less (the emulation). `why`
+// (why bf16 is emulated) goes into its name, which the trainer prints at start-up.
+std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend, std::string why = "");
+// The CPU's bf16 units ("AMX-BF16, AVX512-BF16", "AVX512-BF16", ...; empty when it has none).
+std::string host_bf16_hardware();
+// oneDNN's bf16 GEMM on those units (operands converted to bf16 in its own buffers, as above,
+// fp32 sums). Throws, saying why, without libdnnl2 or without the hardware.
+std::unique_ptr<Gemm> make_native_bf16_gemm();
+// The products of train.precision: bf16 on the host: native (make_native_bf16_gemm) when
+// hardware.gemm is auto or onednn and it is available, else emulated over `backend`, its name
+// saying why (no hardware, no libdnnl2, or a backend without bf16 kernels).
+std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend);
 
 #ifdef COLOSSAL_HAVE_CUDA
 // cuBLAS on the current CUDA device; operates on device memory. Creates its own handle. bf16

@@ -45,8 +45,11 @@ void round_copy(const float* in, float* out, std::size_t n) {
 
 class Bf16Gemm final : public Gemm {
  public:
-  explicit Bf16Gemm(std::unique_ptr<Gemm> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return inner_->name() + " (bf16 operands)"; }
+  Bf16Gemm(std::unique_ptr<Gemm> inner, std::string why)
+      : inner_(std::move(inner)), why_(std::move(why)) {}
+  std::string name() const override {
+    return inner_->name() + " (bf16 operands, emulated" + (why_.empty() ? "" : ": " + why_) + ")";
+  }
 
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
@@ -75,6 +78,7 @@ class Bf16Gemm final : public Gemm {
     return buffer.data();
   }
   std::unique_ptr<Gemm> inner_;
+  std::string why_;
   std::vector<float> a_, b_;
 };
 
@@ -97,8 +101,8 @@ void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n) {
       /*grain=*/1 << 15);
 }
 
-std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend) {
-  return std::make_unique<Bf16Gemm>(std::move(fp32_backend));
+std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend, std::string why) {
+  return std::make_unique<Bf16Gemm>(std::move(fp32_backend), std::move(why));
 }
 
 }  // namespace colossal::core

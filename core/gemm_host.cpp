@@ -5,8 +5,12 @@
 // typed API (bli_sgemm), not its cblas layer, whose sgemm_ call could bind to OpenBLAS's.
 #include <cblas.h>
 #include <dlfcn.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -179,6 +183,104 @@ class OneDnnGemm final : public LoopedBatchGemm {
   OmpSetThreads set_threads_ = nullptr;
 };
 
+// The CPU's bf16 arithmetic, from CPUID: AVX512-BF16 (leaf 7, sub-leaf 1, EAX bit 5) and AMX-BF16
+// (leaf 7, sub-leaf 0, EDX bit 22). oneDNN asks the kernel for the AMX tile state itself.
+struct Bf16Hardware {
+  bool avx512_bf16 = false, amx_bf16 = false;
+  bool any() const { return avx512_bf16 || amx_bf16; }
+};
+Bf16Hardware bf16_hardware() {
+  Bf16Hardware hw;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) != 0) {
+    hw.amx_bf16 = (d >> 22) & 1u;
+    if (a >= 1 && __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0) hw.avx512_bf16 = (a >> 5) & 1u;
+  }
+#endif
+  return hw;
+}
+
+// oneDNN's bf16 GEMM (dnnl_gemm_bf16bf16f32: row-major, bf16 operands, fp32 C and sums), on the
+// CPU's AVX512-BF16 or AMX units. Operands are rounded to bf16 by to_bf16_bits (round to nearest
+// even, as the emulation does), so the result is the emulated one up to the order of the fp32
+// sums. A batch converts its two operand spans once, then runs its products like every backend.
+using DnnlGemmBf16 = int (*)(char, char, int64_t, int64_t, int64_t, float, const std::uint16_t*,
+                             int64_t, const std::uint16_t*, int64_t, float, float*, int64_t);
+
+class OneDnnBf16Gemm final : public Gemm {
+ public:
+  OneDnnBf16Gemm()
+      : lib_({"libdnnl.so.2", "libdnnl.so.3", "libdnnl.so"}),
+        gemm_(lib_.loaded() ? lib_.symbol<DnnlGemmBf16>("dnnl_gemm_bf16bf16f32") : nullptr),
+        hw_(bf16_hardware()) {
+    if (!lib_.loaded()) {
+      throw std::runtime_error("bf16 GEMM: libdnnl.so.2 not found (Debian: apt-get install "
+                               "libdnnl2)");
+    }
+    if (!hw_.any()) {
+      throw std::runtime_error("bf16 GEMM: this CPU has neither AVX512-BF16 nor AMX-BF16");
+    }
+    set_threads_ = lib_.symbol<OmpSetThreads>("omp_set_num_threads");
+    set_threads_(g_blas_threads);
+  }
+  std::string name() const override {
+    return std::string("onednn bf16 (") + (hw_.amx_bf16 ? "AMX-BF16" : "AVX512-BF16") + ")";
+  }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+  }
+  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
+    if (batch < 1 || M <= 0 || N <= 0) return;
+    if (stride_a < 0 || stride_b < 0) {
+      throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
+    }
+    const std::uint16_t* a = converted(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
+    const std::uint16_t* b = converted(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
+    auto products = [&](std::size_t begin, std::size_t end) {
+      for (std::size_t i = begin; i < end; ++i) {
+        const int status = gemm_(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', M, N, K,
+                                 alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+                                 C + i * stride_c, ldc);
+        if (status != 0) {
+          throw std::runtime_error("dnnl_gemm_bf16bf16f32 failed with status " +
+                                   std::to_string(status));
+        }
+      }
+    };
+    HostThreads& pool = HostThreads::shared();
+    if (pool.size() == 1 || batch < 2 || 2.0 * M * N * K >= kSmallProductFlops) {
+      products(0, std::size_t(batch));
+      return;
+    }
+    pool.run(
+        std::size_t(batch),
+        [&](std::size_t, std::size_t begin, std::size_t end) {
+          set_threads_(1);
+          products(begin, end);
+        },
+        /*grain=*/1, /*align=*/1);
+    set_threads_(g_blas_threads);
+  }
+
+ private:
+  // The bf16 bits of `n` floats from `from`, in `buffer` (grown once to the largest operand).
+  static const std::uint16_t* converted(std::vector<std::uint16_t>& buffer, const float* from,
+                                        std::size_t n) {
+    if (buffer.size() < n) buffer.resize(n);
+    to_bf16_bits(from, buffer.data(), n);
+    return buffer.data();
+  }
+  Library lib_;
+  DnnlGemmBf16 gemm_;
+  Bf16Hardware hw_;
+  OmpSetThreads set_threads_ = nullptr;
+  std::vector<std::uint16_t> a_, b_;
+};
+
 // Per shape, the fastest of the available backends: the first product of each shape is run by
 // every backend (best of two runs, each on a scratch copy of C so that beta != 0 stays correct)
 // and the winner serves that shape from then on. Different backends round differently, so
@@ -270,6 +372,33 @@ std::unique_ptr<Gemm> make_host_gemm(const std::string& backend) {
                            "' (allowed: openblas, blis, onednn, auto)");
 }
 
+std::string host_bf16_hardware() {
+  const Bf16Hardware hw = bf16_hardware();
+  if (hw.amx_bf16 && hw.avx512_bf16) return "AMX-BF16, AVX512-BF16";
+  if (hw.amx_bf16) return "AMX-BF16";
+  return hw.avx512_bf16 ? "AVX512-BF16" : "";
+}
+
+std::unique_ptr<Gemm> make_native_bf16_gemm() { return std::make_unique<OneDnnBf16Gemm>(); }
+
+std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend) {
+  std::string why;  // why bf16 is emulated, for the name the start-up line prints
+  if (backend == "auto" || backend == "onednn") {
+    try {
+      return make_native_bf16_gemm();
+    } catch (const std::exception& e) {
+      why = e.what();
+      if (why.rfind("bf16 GEMM: ", 0) == 0) why = why.substr(11);
+    }
+  } else if (!host_bf16_hardware().empty()) {
+    why = "hardware.gemm: " + backend + "; auto or onednn runs bf16 on this CPU's " +
+          host_bf16_hardware();
+  } else {
+    why = "this CPU has neither AVX512-BF16 nor AMX-BF16";
+  }
+  return make_bf16_gemm(make_host_gemm(backend), why);
+}
+
 void set_blas_threads(int threads) {
   g_blas_threads = threads < 1 ? 1 : threads;
   openblas_set_num_threads(g_blas_threads);
@@ -288,8 +417,8 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
           "blis, onednn or auto");
 #endif
     }
-    auto host = make_host_gemm(backend);
-    return bf16 ? make_bf16_gemm(std::move(host)) : std::move(host);
+    if (bf16) return make_host_bf16_gemm(backend);
+    return make_host_gemm(backend);
   } else {
 #ifdef COLOSSAL_HAVE_CUDA
     return make_cublas_gemm(precision);

@@ -247,7 +247,9 @@ const std::vector<KeySpec>& schema() {
        .doc = "precision of the matrix products: fp32, or bf16 (operands rounded to bfloat16, "
               "products summed in fp32, as bf16 tensor cores do; weights, activations, "
               "gradients and optimizer states stay fp32). On GPUs (hardware.gemm: cublas) bf16 "
-              "runs on the tensor cores; on CPUs it is emulated, for bf16 numerics, and slower",
+              "runs on the tensor cores; on CPUs with AVX512-BF16 or AMX-BF16 and "
+              "hardware.gemm auto or onednn, on oneDNN's bf16 GEMM; otherwise it is emulated "
+              "(bf16 numerics, fp32 speed or less), as the start-up gemm line says",
        .choices = {"fp32", "bf16"}},
       {.key = "train.optimizer.lr", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.lr; },

@@ -153,12 +153,64 @@ TEST(Bf16, GemmMultipliesRoundedOperandsInFp32) {
   }
 }
 
+// oneDNN's bf16 GEMM on the CPU's bf16 units computes the emulation's products (the same
+// rounded operands, fp32 sums) up to the order of the sums: within a few fp32 ulps of the sum
+// of magnitudes, for every transpose, batched with strides, alpha and beta. Without the units or
+// libdnnl2, `auto` falls back to the emulation and says why.
+TEST(Bf16, NativeGemmEqualsTheEmulationUpToSummationOrder) {
+  std::unique_ptr<Gemm> native;
+  try {
+    native = make_native_bf16_gemm();
+  } catch (const std::exception& e) {
+    auto fallback = make_host_bf16_gemm("auto");
+    EXPECT_NE(fallback->name().find("emulated: "), std::string::npos) << fallback->name();
+    GTEST_SKIP() << "no native bf16 GEMM here: " << e.what();
+  }
+  EXPECT_EQ(make_host_bf16_gemm("auto")->name(), native->name());
+  EXPECT_EQ(make_host_bf16_gemm("onednn")->name(), native->name());
+  std::printf("native bf16 GEMM: %s\n", native->name().c_str());
+  auto emulated = make_bf16_gemm(make_host_gemm());
+  for (auto [M, N, K, batch] : {std::tuple{37, 29, 53, 3}, std::tuple{130, 70, 300, 1},
+                                std::tuple{16, 16, 8, 9}}) {
+    for (Trans ta : {Trans::N, Trans::T}) {
+      for (Trans tb : {Trans::N, Trans::T}) {
+        SCOPED_TRACE(std::to_string(M) + "x" + std::to_string(N) + "x" + std::to_string(K) +
+                     (ta == Trans::N ? " N" : " T") + (tb == Trans::N ? "N" : "T"));
+        const int lda = (ta == Trans::N ? K : M) + 3, ldb = (tb == Trans::N ? N : K) + 2,
+                  ldc = N + 1;
+        const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K) + 5,
+                      sb = int64_t(ldb) * (tb == Trans::N ? K : N) + 1, sc = int64_t(ldc) * M + 4;
+        const auto A = random_vector(sa * batch, 21), B = random_vector(sb * batch, 22),
+                   C0 = random_vector(sc * batch, 23);
+        auto got = C0, want = C0;
+        native->gemm_strided_batched(ta, tb, M, N, K, 0.7f, A.data(), lda, sa, B.data(), ldb, sb,
+                                     0.3f, got.data(), ldc, sc, batch);
+        emulated->gemm_strided_batched(ta, tb, M, N, K, 0.7f, A.data(), lda, sa, B.data(), ldb,
+                                       sb, 0.3f, want.data(), ldc, sc, batch);
+        // |operands| < 1, so each sum's magnitude is at most K: fp32 reordering moves it by
+        // a few K * 2^-24; a wrong rounding, transpose or stride moves it by ~1e-2 or more.
+        const double tol = 8.0 * K * 0x1p-24;
+        for (int64_t i = 0; i < sc * batch; ++i) ASSERT_NEAR(got[i], want[i], tol) << i;
+        auto one = C0;  // the single product is the batch's first item
+        native->gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, 0.3f, one.data(), ldc);
+        for (int64_t i = 0; i < sc; ++i) ASSERT_EQ(one[i], got[i]) << i;
+      }
+    }
+  }
+}
+
 TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {
   EXPECT_EQ(gemm_precision("bf16"), GemmPrecision::bf16);
   EXPECT_STREQ(to_string(gemm_precision("fp32")), "fp32");
   EXPECT_THROW(gemm_precision("fp16"), std::runtime_error);
+  // An explicit fp32 backend is emulated in bf16, and its name says why (what to set instead
+  // on a CPU with bf16 units).
   auto wrapped = make_default_gemm("openblas", GemmPrecision::bf16);
-  EXPECT_EQ(wrapped->name(), "openblas (bf16 operands)");
+  const std::string why = host_bf16_hardware().empty()
+                              ? "this CPU has neither AVX512-BF16 nor AMX-BF16"
+                              : "hardware.gemm: openblas; auto or onednn runs bf16 on this CPU's " +
+                                    host_bf16_hardware();
+  EXPECT_EQ(wrapped->name(), "openblas (bf16 operands, emulated: " + why + ")");
 #ifndef COLOSSAL_HAVE_CUDA
   try {
     make_default_gemm("cublas");
