@@ -34,7 +34,7 @@ PRESETS = {
 class Attention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.heads, self.arch = cfg.heads, cfg.arch
+        self.heads, self.arch, self.sdpa = cfg.heads, cfg.arch, cfg.sdpa
         d = cfg.hidden
         if cfg.arch == "gpt2":
             self.c_attn = nn.Linear(d, 3 * d)  # fused q|k|v, as in GPT-2's Conv1D
@@ -54,11 +54,13 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         # (B, T, C) -> (B, heads, T, head_dim)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        # torch 1.13 has no scaled_dot_product_attention: the plain matmul/mask/softmax path.
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
-        att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(dim=-1)
-        y = (att @ v).transpose(1, 2).reshape(B, T, C)
-        return self.out_proj(y)
+        if self.sdpa:  # torch 2.x: the fused causal kernel (flash / memory-efficient on CPU)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # torch 1.13 has no scaled_dot_product_attention: matmul, mask, softmax
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
+            att = att.masked_fill(self.mask[:T, :T], float("-inf")).softmax(dim=-1)
+            y = att @ v
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
 
 
 class Block(nn.Module):
@@ -134,8 +136,22 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--foreach", action=argparse.BooleanOptionalAction, default=False,
                    help="AdamW's multi-tensor (foreach) implementation (default off)")
+    p.add_argument("--sdpa", action=argparse.BooleanOptionalAction, default=None,
+                   help="attention by F.scaled_dot_product_attention (default: when torch has it)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (torch 2.x; inductor's fused CPU kernels)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast on the CPU (oneDNN's AVX512-BF16/AMX kernels where the "
+                        "CPU has them); weights and AdamW stay fp32")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
+    has_sdpa = hasattr(F, "scaled_dot_product_attention")
+    if args.sdpa is None:
+        args.sdpa = has_sdpa
+    if args.sdpa and not has_sdpa:
+        p.error(f"--sdpa needs torch 2.x (this is {torch.__version__})")
+    if args.compile and not hasattr(torch, "compile"):
+        p.error(f"--compile needs torch 2.x (this is {torch.__version__})")
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -156,18 +172,21 @@ def main(argv=None):
     model = GPT(args)
     model.train()
     opt = make_optimizer(model, args)
+    forward = torch.compile(model) if args.compile else model
     params = list(model.parameters())
     n_params = sum(p.numel() for p in params)
     tokens_per_step = args.batch * args.seq_len
     print(f"pytorch {torch.__version__}: {args.preset} arch={args.arch} L={args.layers} "
           f"d={args.hidden} H={args.heads} V={args.vocab} T={args.seq_len} B={args.batch} "
-          f"params={n_params / 1e6:.2f}M threads={torch.get_num_threads()}",
+          f"params={n_params / 1e6:.2f}M threads={torch.get_num_threads()} "
+          f"sdpa={args.sdpa} compile={args.compile} bf16={args.bf16}",
           file=sys.stderr, flush=True)
 
     def step():
         # Fresh random tokens each step, so no cache effect flatters a repeated batch.
         data = torch.randint(args.vocab, (args.batch, args.seq_len + 1))
-        loss = model(data[:, :-1], data[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = forward(data[:, :-1], data[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -191,7 +210,9 @@ def main(argv=None):
     step_s = sum(times) / len(times)
     # ru_maxrss is KiB on Linux.
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"RESULT peer=pytorch preset={args.preset} threads={args.threads} "
+    config = ("compile" if args.compile else "eager") + ("+bf16" if args.bf16 else "")
+    print(f"RESULT peer=pytorch-{torch.__version__.split('+')[0]} config={config} "
+          f"preset={args.preset} threads={args.threads} "
           f"tokens_per_s={tokens_per_step / step_s:.1f} step_s={step_s:.4f} "
           f"peak_rss_mib={peak_rss_mib:.1f}", flush=True)
 
