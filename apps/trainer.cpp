@@ -218,7 +218,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     if (stages > 1) {
       // Only the chunks holding the tied embedding sum it; the norm is summed over stages (and
       // over the chunks, by the trainer, when there are several); the head counts no embedding.
-      const bool holds = chunk.range.embeds || chunk.range.head;
+      // An untied LM head (llama's lm_head.weight) shares nothing with the embedding.
+      const bool holds = (chunk.range.embeds || chunk.range.head) && spec.tied();
       if (!holds) chunk_links.tied = nullptr;
       chunk_links.count_embedding = !chunk.range.head || chunk.range.embeds;
       chunk_links.sum_over_stages = chunks_.size() == 1;

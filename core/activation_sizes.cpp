@@ -27,7 +27,8 @@ void require_divisible(int value, const char* what, int tensor, const char* why)
 
 std::size_t ActivationSizes::scratch() const {
   return dresidual + dhidden + dmlp + mlp_act + dqkv + datt + cross_entropy + ring_blocks +
-         ring_dkv + split_sums + split_gather + split_dgather + split_rows + split_lnf;
+         ring_dkv + split_sums + split_gather + split_dgather + split_rows + split_lnf + qkv_gqa +
+         rope_tables;
 }
 
 ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& shape) {
@@ -82,6 +83,17 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   if (split) {
     s.split_sums = s.split_gather = s.split_dgather = BTC;
     s.split_rows = s.split_lnf = BTCr;
+  }
+  if (spec.llama()) {
+    require_divisible(spec.key_value_heads(), "model.kv_heads", tensor,
+                      "each tensor rank keeps whole groups of query heads");
+    const std::size_t hs = std::size_t(spec.head_dim());
+    const std::size_t KVl = std::size_t(spec.key_value_heads()) / t;
+    s.ln1_mean = s.ln2_mean = s.lnf_mean = 0;
+    s.fch = 2 * BT * F;
+    s.mlp_act = 2 * BT * F;  // silu(gate) * up, then in backward the gate | up gradients
+    s.qkv_gqa = BT * (H + 2 * KVl) * hs;
+    s.rope_tables = keys * hs;  // cos and sin, hs/2 each per position
   }
   return s;
 }

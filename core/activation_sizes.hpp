@@ -41,7 +41,9 @@ struct ActivationSizes {
   std::size_t att = 0;   // (B,H/t,T,T*S) probabilities, or (B,H/t,T) log-sum-exp when fused
   std::size_t atty = 0;  // (B,T,C/t) attention output before its projection
   std::size_t ln2 = 0, ln2_mean = 0, ln2_rstd = 0;  // as ln1
-  std::size_t fch = 0;                              // (B,T,F/t) before the MLP activation
+  std::size_t fch = 0;  // (B,T,F/t) before the MLP activation; llama (B,T,2F/t): gate | up
+  // llama: no means (RMSNorm), ln*_mean = lnf_mean = 0; qkv holds q and k after the rotation,
+  // k and v expanded to every query head (the layout of the attention kernels).
   // Saved by the head stage: the final layernorm's output whole (the LM head's input), its row
   // statistics, the per-token losses and the logits (which become their gradient).
   std::size_t lnf = 0;                     // (B,T,C)
@@ -54,7 +56,7 @@ struct ActivationSizes {
   // tile's work under fused attention), and the vocabulary-parallel cross-entropy's row maxima,
   // sums and target logits.
   std::size_t dresidual = 0, dhidden = 0;  // (B,T,C), (B,T,C)
-  std::size_t dmlp = 0, mlp_act = 0;       // (B,T,F/t) each
+  std::size_t dmlp = 0, mlp_act = 0;       // (B,T,F/t) each; llama mlp_act (B,T,2F/t)
   std::size_t dqkv = 0;                    // (B,T,3C/t)
   std::size_t datt = 0;  // (H/t,T,T); ring (B,H/t,T,T*S); fused fused_attention_work_floats()
   std::size_t cross_entropy = 0;           // 3 (B,T) with tensor > 1
@@ -64,6 +66,9 @@ struct ActivationSizes {
   // and two of this rank's rows (reduce-scatter results, the final layernorm's rows).
   std::size_t split_sums = 0, split_gather = 0, split_dgather = 0;  // (B,T,C) each
   std::size_t split_rows = 0, split_lnf = 0;                          // (B,T,C)/r each
+  // llama only: the grouped q|k|v projection (and its gradient), (B,T,(H+2KV)hs/t), and the
+  // rotary cos/sin tables of every position the ring's sequence holds, 2 (T*S, hs/2).
+  std::size_t qkv_gqa = 0, rope_tables = 0;
 
   // What the attention sub-layer (op 2i) and the MLP sub-layer (op 2i+1) save besides their
   // input (the residual before them).

@@ -99,7 +99,7 @@ void embedding_forward(float* out,            // (B,T,C)
 // Vocabulary-parallel form: dwte holds rows [v0, v0 + rows) only.
 template <class ExecSpace = Exec>
 void embedding_backward(float* dwte,           // (rows,C)
-                        float* dwpe,           // (P,C)
+                        float* dwpe,           // (P,C) or null (no learned positions)
                         const float* dout,     // (B,T,C)
                         const int32_t* tokens, // (B,T)
                         int B, int T, int C, int pos_offset, int64_t v0 = 0,
@@ -121,14 +121,12 @@ void embedding_backward(float* dwte,           // (rows,C)
           const int t = static_cast<int>(bt % T);
           const float* d = dout + bt * C;
           const int64_t row = int64_t(tokens[bt]) - v0;
-          float* p = dwpe + int64_t(t + pos_offset) * C;
           if (row >= 0 && row < rows) {
             float* e = dwte + row * C;
-            for (int c = c0; c < c1; ++c) {
-              e[c] += d[c];
-              p[c] += d[c];
-            }
-          } else {
+            for (int c = c0; c < c1; ++c) e[c] += d[c];
+          }
+          if (dwpe != nullptr) {
+            float* p = dwpe + int64_t(t + pos_offset) * C;
             for (int c = c0; c < c1; ++c) p[c] += d[c];
           }
         }

@@ -37,7 +37,7 @@ void linear_backward(Gemm& gemm, WeightLayout layout, float* dinp, int ld_dinp, 
     gemm.gemm(Trans::T, Trans::N, out_features, in_features, N, 1.0f, dout, ld_dout, inp, ld_in,
               1.0f, dweight, in_features);
   }
-  kernels::bias_backward(dbias, dout, N, out_features, ld_dout);
+  if (dbias != nullptr) kernels::bias_backward(dbias, dout, N, out_features, ld_dout);
 }
 
 // Per sequence b, batched over heads: S = scale Q K^T, P = causal_softmax(S), Y = P V.

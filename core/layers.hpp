@@ -22,7 +22,8 @@ void linear_forward(Gemm& gemm, WeightLayout layout,
                     const float* weight,             // (in,out) or (out,in)
                     int in_features, int out_features, int64_t N);
 
-// dinp = dout W^T (or += when accumulate); dweight += ...; dbias += column sums of dout.
+// dinp = dout W^T (or += when accumulate); dweight += ...; dbias += column sums of dout (dbias
+// null: a linear without bias).
 void linear_backward(Gemm& gemm, WeightLayout layout,
                      float* dinp, int ld_dinp,         // (N, in_features)
                      float* dweight, float* dbias,     // like weight, (out_features)

@@ -7,6 +7,7 @@
 
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
+#include "core/llama_kernels.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
 #include "core/tensor2d.hpp"
@@ -57,6 +58,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   local_hidden_ = spec.hidden / split.size;
   local_heads_ = spec.heads / split.size;
   local_ffn_ = spec.ffn_hidden / split.size;
+  local_kv_heads_ = spec.key_value_heads() / split.size;
   local_vocab_ = padded_vocab(spec, split.size) / split.size;
   vocab_begin_ = int64_t(split.rank) * local_vocab_;
   valid_vocab_ = int(std::clamp<int64_t>(spec.vocab - vocab_begin_, 0, local_vocab_));
@@ -76,13 +78,23 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     return p.offset - units[p.unit].begin;
   };
   const bool gpt2 = spec.arch == Arch::gpt2;
-  if (stage_.embeds || stage_.head) {
+  if (spec.llama()) {
+    if (stage_.embeds || (stage_.head && spec.tied())) {
+      wte_ = off("model.embed_tokens.weight");
+      embed_unit_ = parameter("model.embed_tokens.weight").unit;
+    }
+    if (stage_.head) {
+      lnf_w_ = off("model.norm.weight");
+      if (!spec.tied()) lm_head_ = off("lm_head.weight");
+      final_unit_ = parameter("model.norm.weight").unit;
+    }
+  } else if (stage_.embeds || stage_.head) {
     const std::string wte = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
     wte_ = off(wte);
     wpe_ = off(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight");
     embed_unit_ = parameter(wte).unit;
   }
-  if (stage_.head) {
+  if (stage_.head && !spec.llama()) {
     const std::string lnf = gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight";
     lnf_w_ = off(lnf);
     lnf_b_ = off(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias");
@@ -90,7 +102,24 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   }
   for (int l = layer_begin_; l < layer_end_; ++l) {
     BlockParams b{};
-    if (gpt2) {
+    if (spec.llama()) {
+      const std::string h = "model.layers." + std::to_string(l) + ".";
+      b.unit = parameter(h + "input_layernorm.weight").unit;
+      b.ln1_w = off(h + "input_layernorm.weight");
+      b.ln2_w = off(h + "post_attention_layernorm.weight");
+      b.ln1_b = b.ln2_b = kNoBias;
+      b.qkv_parts = 3;
+      const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
+      for (int p = 0; p < 3; ++p) {
+        b.qkv_w[p] = off(h + "self_attn." + parts[p] + ".weight");
+        b.qkv_b[p] = kNoBias;
+      }
+      b.attn_out_w = off(h + "self_attn.o_proj.weight");
+      b.fc_w = off(h + "mlp.gate_proj.weight");
+      b.up_w = off(h + "mlp.up_proj.weight");
+      b.fc_out_w = off(h + "mlp.down_proj.weight");
+      b.attn_out_b = b.fc_b = b.fc_out_b = kNoBias;
+    } else if (gpt2) {
       const std::string h = "transformer.h." + std::to_string(l) + ".";
       b.unit = parameter(h + "ln_1.weight").unit;
       b.ln1_w = off(h + "ln_1.weight");
@@ -225,6 +254,18 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     rows_tmp_ = carve(sz.split_rows);
     lnf_local_ = carve(sz.split_lnf);
   }
+  if (spec.llama()) {
+    qkv_gqa_ = carve(sz.qkv_gqa);
+    rope_cos_ = carve(sz.rope_tables / 2);
+    rope_sin_ = carve(sz.rope_tables / 2);
+    if (rope_cos_ != nullptr) {  // the rotations of every position of the (ring's) sequence
+      const int positions = seq_len * ring_size, hs = spec.head_dim();
+      std::vector<float> cs(sz.rope_tables / 2), sn(sz.rope_tables / 2);
+      k::rope_table(cs.data(), sn.data(), positions, hs, spec.rope_theta);
+      copy_to_device(rope_cos_, cs.data(), cs.size() * sizeof(float));
+      copy_to_device(rope_sin_, sn.data(), sn.size() * sizeof(float));
+    }
+  }
   check_carved(cursor, scratch_, "temporaries");
 }
 
@@ -328,7 +369,11 @@ float* Model::row_parallel_begin(float* out, const float* residual, const float*
     return full_tmp_;
   }
   if (tp_ == nullptr || tp_->rank() == 0) {
-    k::residual_plus_bias(out, residual, bias, N, C);
+    if (bias != nullptr) {
+      k::residual_plus_bias(out, residual, bias, N, C);
+    } else {
+      k::copy(out, residual, N * C);
+    }
   } else {
     k::fill(out, N * C, 0.0f);  // the residual and bias enter the sum once, from rank 0
   }
@@ -344,7 +389,11 @@ void Model::row_parallel_end(float* out, const float* residual, const float* bia
   const int64_t Nl = local_rows(N);
   scatter_rows(full_tmp_, rows_tmp_, N);
   Profiler::Scope scope(profiler_, WorkKind::gemm);
-  k::residual_plus_bias(out, residual, bias, Nl, spec_.hidden);
+  if (bias != nullptr) {
+    k::residual_plus_bias(out, residual, bias, Nl, spec_.hidden);
+  } else {
+    k::copy(out, residual, Nl * spec_.hidden);
+  }
   k::add(out, rows_tmp_, Nl * spec_.hidden);
 }
 
@@ -402,8 +451,8 @@ void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, 
                             int ld_dout, const float* inp, int ld_in, const Linear& lin, int64_t N,
                             bool accumulate) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
-  core::linear_backward(gemm_, layout(), dinp, ld_dinp, G + lin.w, G + lin.b, dout, ld_dout, inp,
-                        ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
+  core::linear_backward(gemm_, layout(), dinp, ld_dinp, G + lin.w, bias_at(G, lin.b), dout,
+                        ld_dout, inp, ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
 void Model::attention_core_forward(BlockActs& a, int B) {
@@ -428,11 +477,16 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
   timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
-                         P + bp.ln1_b, Nl, C, eps);
+    if (spec_.llama()) {
+      k::rmsnorm_forward(a.ln1, a.ln1_rstd, A.residual[i], P + bp.ln1_w, Nl, C, eps);
+    } else {
+      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
+                           P + bp.ln1_b, Nl, C, eps);
+    }
   });
   const float* ln1 = gather_rows(a.ln1, N);
-  for (int part = 0; part < bp.qkv_parts; ++part) {
+  if (spec_.llama()) llama_qkv_forward(bp, a, P, ln1, B);
+  for (int part = 0; spec_.arch != Arch::llama && part < bp.qkv_parts; ++part) {
     const Linear lin = qkv_part(bp, part);
     float* out = a.qkv + part * Cl;
     timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
@@ -440,9 +494,50 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   }
   attention_core_forward(a, B);
   // Row-parallel output projection: partial sums over the tensor group.
-  float* out = row_parallel_begin(a.mid, A.residual[i], P + bp.attn_out_b, N);
+  float* out = row_parallel_begin(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
   linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
-  row_parallel_end(a.mid, A.residual[i], P + bp.attn_out_b, N);
+  row_parallel_end(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
+}
+
+// q, k and v projected into the grouped layout, q and k turned to their global positions, k and
+// v expanded to every query head in a.qkv.
+void Model::llama_qkv_forward(const BlockParams& bp, BlockActs& a, const float* P,
+                              const float* ln1, int B) {
+  const int T = seq_len_, C = spec_.hidden, hs = spec_.head_dim();
+  const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
+  const int64_t N = int64_t(B) * T;
+  timed(WorkKind::gemm, [&] { k::fill(qkv_gqa_, N * W, 0.0f); });
+  const int cols[3] = {0, H * hs, (H + KV) * hs}, widths[3] = {H * hs, KV * hs, KV * hs};
+  for (int part = 0; part < 3; ++part) {
+    linear_forward(P, qkv_gqa_ + cols[part], W, ln1, C,
+                   Linear{bp.qkv_w[part], kNoBias, C, widths[part]}, N);
+  }
+  timed(WorkKind::attention, [&] {
+    k::rope_rotate(qkv_gqa_, B, T, W, 0, H, hs, position_begin_, rope_cos_, rope_sin_, false);
+    k::rope_rotate(qkv_gqa_, B, T, W, H * hs, KV, hs, position_begin_, rope_cos_, rope_sin_,
+                   false);
+    k::gqa_expand(a.qkv, qkv_gqa_, N, H, KV, hs);
+  });
+}
+
+// The transpose: dqkv_ (every query head's dq, dk, dv) summed into the groups, turned back, and
+// through the three projections into dln1 (assigned).
+void Model::llama_qkv_backward(const BlockParams& bp, const float* P, float* G, const float* ln1,
+                               float* dln1, int B) {
+  const int T = seq_len_, C = spec_.hidden, hs = spec_.head_dim();
+  const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
+  const int64_t N = int64_t(B) * T;
+  timed(WorkKind::attention, [&] {
+    k::gqa_reduce(qkv_gqa_, dqkv_, N, H, KV, hs);
+    k::rope_rotate(qkv_gqa_, B, T, W, 0, H, hs, position_begin_, rope_cos_, rope_sin_, true);
+    k::rope_rotate(qkv_gqa_, B, T, W, H * hs, KV, hs, position_begin_, rope_cos_, rope_sin_,
+                   true);
+  });
+  const int cols[3] = {0, H * hs, (H + KV) * hs}, widths[3] = {H * hs, KV * hs, KV * hs};
+  for (int part = 0; part < 3; ++part) {
+    linear_backward(P, G, dln1, C, qkv_gqa_ + cols[part], W, ln1, C,
+                    Linear{bp.qkv_w[part], kNoBias, C, widths[part]}, N, part > 0);
+  }
 }
 
 // Block i's MLP sub-layer, from a.mid to A.residual[i + 1].
@@ -454,6 +549,21 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
 
+  if (spec_.llama()) {
+    timed(WorkKind::layernorm,
+          [&] { k::rmsnorm_forward(a.ln2, a.ln2_rstd, a.mid, P + bp.ln2_w, Nl, C, eps); });
+    const float* ln2 = gather_rows(a.ln2, N);
+    // gate | up side by side in fch (N, 2F), silu(gate) * up into act_buf_ (N, F).
+    timed(WorkKind::gemm, [&] { k::fill(a.fch, N * 2 * F, 0.0f); });
+    linear_forward(P, a.fch, 2 * F, ln2, C, Linear{bp.fc_w, kNoBias, C, F}, N);
+    linear_forward(P, a.fch + F, 2 * F, ln2, C, Linear{bp.up_w, kNoBias, C, F}, N);
+    timed(WorkKind::activation,
+          [&] { k::swiglu_forward(act_buf_, a.fch, a.fch + F, 2 * F, N, F); });
+    float* out = row_parallel_begin(A.residual[i + 1], a.mid, nullptr, N);
+    linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, kNoBias, F, C}, N);
+    row_parallel_end(A.residual[i + 1], a.mid, nullptr, N);
+    return;
+  }
   timed(WorkKind::layernorm, [&] {
     k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
                          C, eps);
@@ -488,7 +598,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     // sequence_split).
     E = store_->gather(embed_unit_);
     timed(WorkKind::embedding, [&] {
-      const bool positions = tp_ == nullptr || tp_->rank() == 0;
+      const bool positions = wpe_ != kNoBias && (tp_ == nullptr || tp_->rank() == 0);
       k::embedding_forward(sequence_split_ ? full_tmp_ : A.residual[0], tokens, E + wte_,
                            positions ? E + wpe_ : nullptr, B, T, C,
                            spec_.position_offset() + position_begin_, vocab_begin_,
@@ -515,17 +625,28 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   // Under sequence_split the final layernorm runs on this rank's rows and the LM head on all.
   float* lnf_rows = sequence_split_ ? lnf_local_ : A.lnf;
   timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(lnf_rows, A.lnf_mean, A.lnf_rstd, A.residual.back(), Pf + lnf_w_,
-                         Pf + lnf_b_, Nl, C, eps);
+    if (spec_.llama()) {
+      k::rmsnorm_forward(lnf_rows, A.lnf_rstd, A.residual.back(), Pf + lnf_w_, Nl, C, eps);
+    } else {
+      k::layernorm_forward(lnf_rows, A.lnf_mean, A.lnf_rstd, A.residual.back(), Pf + lnf_w_,
+                           Pf + lnf_b_, Nl, C, eps);
+    }
   });
   if (sequence_split_) all_gather_rows(lnf_rows, A.lnf, N);
-  store_->release(final_unit_);
-  // Tied LM head: logits = lnf x wte^T.
-  if (E == nullptr) E = store_->gather(embed_unit_);
+  // LM head: logits = lnf x W^T, W the tied token embedding or (untied llama) lm_head.weight.
+  const float* W = nullptr;
+  if (spec_.tied()) {
+    store_->release(final_unit_);
+    if (E == nullptr) E = store_->gather(embed_unit_);
+    W = E + wte_;
+  } else {
+    W = Pf + lm_head_;
+  }
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, A.lnf, C, E + wte_, C, 0.0f, A.logits, V);
+    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, A.lnf, C, W, C, 0.0f, A.logits, V);
   });
-  store_->release(embed_unit_);
+  if (!spec_.tied()) store_->release(final_unit_);
+  if (E != nullptr) store_->release(embed_unit_);
   if (tp_ == nullptr) {
     Profiler::Scope loss_scope(profiler_, WorkKind::loss);
     k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
@@ -550,21 +671,31 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
   if (stage_.head) {
     const float* dlogits = A.logits;
-    const float* E = store_->gather(embed_unit_);
+    const bool tied = spec_.tied();
+    float* Gf = store_->gradients(final_unit_);
+    // Untied llama: lm_head.weight lives in the final unit, gathered once for the head and the
+    // final norm.
+    const float* Pf = tied ? nullptr : store_->gather(final_unit_);
+    const float* W = tied ? store_->gather(embed_unit_) + wte_ : Pf + lm_head_;
+    float* GW = tied ? GE + wte_ : Gf + lm_head_;
     float* dlnf = column_parallel_dinp();
     timed(WorkKind::gemm, [&] {
-      gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, E + wte_, C, 0.0f, dlnf, C);
-      gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, A.lnf, C, 1.0f, GE + wte_, C);
+      gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
+      gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, A.lnf, C, 1.0f, GW, C);
     });
-    store_->release(embed_unit_);
+    if (tied) store_->release(embed_unit_);
     // Each rank's vocabulary rows gave part of dlnf.
     const float* dlnf_rows = column_parallel_end(N);
-    const float* Pf = store_->gather(final_unit_);
-    float* Gf = store_->gradients(final_unit_);
+    if (tied) Pf = store_->gather(final_unit_);
     timed(WorkKind::layernorm, [&] {
       k::fill(dresidual_, Nl * C, 0.0f);
-      k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dlnf_rows, A.residual.back(),
-                            Pf + lnf_w_, A.lnf_mean, A.lnf_rstd, Nl, C);
+      if (spec_.llama()) {
+        k::rmsnorm_backward(dresidual_, Gf + lnf_w_, dlnf_rows, A.residual.back(), Pf + lnf_w_,
+                            A.lnf_rstd, Nl, C);
+      } else {
+        k::layernorm_backward(dresidual_, Gf + lnf_w_, Gf + lnf_b_, dlnf_rows,
+                              A.residual.back(), Pf + lnf_w_, A.lnf_mean, A.lnf_rstd, Nl, C);
+      }
     });
     store_->release(final_unit_);
     store_->gradients_done(final_unit_);
@@ -579,20 +710,25 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     if (segment_ends_at(i * kOps + 1)) recompute_segment(A, B, i * kOps + 1);
     const float* P = store_->gather(bp.unit);
     float* G = store_->gradients(bp.unit);
-    // MLP: the activation output was not saved; recompute it for the second linear's dW.
-    activation_forward(act_buf_, a.fch, N * F);
-    const float* dres = gather_rows(dresidual_, N, dfull_);
-    linear_backward(P, G, dbuf_f_, F, dres, C, act_buf_, F,
-                    Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
-    activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
-    const float* ln2 = gather_rows(a.ln2, N);  // sequence_split: gathered again, not saved whole
-    linear_backward(P, G, column_parallel_dinp(), C, dbuf_f_, F, ln2, C,
-                    Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
-    const float* dln2 = column_parallel_end(N);
-    timed(WorkKind::layernorm, [&] {
-      k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dln2, a.mid, P + bp.ln2_w,
-                            a.ln2_mean, a.ln2_rstd, Nl, C);
-    });
+    if (spec_.llama()) {
+      llama_mlp_backward(bp, a, P, G, B);
+    } else {
+      // MLP: the activation output was not saved; recompute it for the second linear's dW.
+      activation_forward(act_buf_, a.fch, N * F);
+      const float* dres = gather_rows(dresidual_, N, dfull_);
+      linear_backward(P, G, dbuf_f_, F, dres, C, act_buf_, F,
+                      Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
+      activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
+      // sequence_split: gathered again, not saved whole.
+      const float* ln2 = gather_rows(a.ln2, N);
+      linear_backward(P, G, column_parallel_dinp(), C, dbuf_f_, F, ln2, C,
+                      Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
+      const float* dln2 = column_parallel_end(N);
+      timed(WorkKind::layernorm, [&] {
+        k::layernorm_backward(dresidual_, G + bp.ln2_w, G + bp.ln2_b, dln2, a.mid,
+                              P + bp.ln2_w, a.ln2_mean, a.ln2_rstd, Nl, C);
+      });
+    }
     // Attention.
     if (segment_ends_at(i * kOps)) {
       store_->release(bp.unit);
@@ -601,7 +737,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     } else if (selective_ && keep_of(i * kOps) == Keep::all) {
       attention_core_forward(a, B);  // the probabilities again (the output rewritten unchanged)
     }
-    dres = gather_rows(dresidual_, N, dfull_);
+    const float* dres = gather_rows(dresidual_, N, dfull_);
     linear_backward(P, G, dbuf_c_, Cl, dres, C, a.atty, Cl,
                     Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
     timed(WorkKind::attention, [&] {
@@ -616,14 +752,23 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     });
     const float* ln1 = gather_rows(a.ln1, N);
     float* dln1_full = column_parallel_dinp();
-    for (int part = 0; part < bp.qkv_parts; ++part) {
-      const Linear lin = qkv_part(bp, part);
-      linear_backward(P, G, dln1_full, C, dqkv_ + part * Cl, 3 * Cl, ln1, C, lin, N, part > 0);
+    if (spec_.llama()) {
+      llama_qkv_backward(bp, P, G, ln1, dln1_full, B);
+    } else {
+      for (int part = 0; part < bp.qkv_parts; ++part) {
+        const Linear lin = qkv_part(bp, part);
+        linear_backward(P, G, dln1_full, C, dqkv_ + part * Cl, 3 * Cl, ln1, C, lin, N, part > 0);
+      }
     }
     const float* dln1 = column_parallel_end(N);
     timed(WorkKind::layernorm, [&] {
-      k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dln1, A.residual[i],
-                            P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, Nl, C);
+      if (spec_.llama()) {
+        k::rmsnorm_backward(dresidual_, G + bp.ln1_w, dln1, A.residual[i], P + bp.ln1_w,
+                            a.ln1_rstd, Nl, C);
+      } else {
+        k::layernorm_backward(dresidual_, G + bp.ln1_w, G + bp.ln1_b, dln1, A.residual[i],
+                              P + bp.ln1_w, a.ln1_mean, a.ln1_rstd, Nl, C);
+      }
     });
     store_->release(bp.unit);
     Kokkos::fence();
@@ -632,13 +777,42 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   if (stage_.embeds) {
     const float* dembed = gather_rows(dresidual_, N, dfull_);
     timed(WorkKind::embedding, [&] {
-      k::embedding_backward(GE + wte_, GE + wpe_, dembed, tokens, B, T, C,
+      k::embedding_backward(GE + wte_, bias_at(GE, wpe_), dembed, tokens, B, T, C,
                             spec_.position_offset() + position_begin_, vocab_begin_,
                             local_vocab_);
     });
   }  // else input_gradient() goes to the previous stage
   Kokkos::fence();
   if (GE != nullptr) store_->gradients_done(embed_unit_);
+}
+
+// The llama MLP's backward, from dresidual_ (the gradient after the block) into dresidual_:
+// down projection, SwiGLU, gate and up projections, RMSNorm.
+void Model::llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float* P, float* G,
+                               int B) {
+  const int T = seq_len_, C = spec_.hidden, F = local_ffn_;
+  const int64_t N = int64_t(B) * T;
+  const int64_t Nl = local_rows(N);
+  // silu(gate) * up was not saved: again, for the down projection's dW.
+  timed(WorkKind::activation,
+        [&] { k::swiglu_forward(act_buf_, a.fch, a.fch + F, 2 * F, N, F); });
+  const float* dres = gather_rows(dresidual_, N, dfull_);
+  linear_backward(P, G, dbuf_f_, F, dres, C, act_buf_, F, Linear{bp.fc_out_w, kNoBias, F, C}, N,
+                  false);
+  // act_buf_ (N, 2F) now takes the gradients of gate | up.
+  timed(WorkKind::activation, [&] {
+    k::swiglu_backward(act_buf_, act_buf_ + F, dbuf_f_, a.fch, a.fch + F, 2 * F, N, F);
+  });
+  const float* ln2 = gather_rows(a.ln2, N);
+  float* dln2_full = column_parallel_dinp();
+  linear_backward(P, G, dln2_full, C, act_buf_, 2 * F, ln2, C, Linear{bp.fc_w, kNoBias, C, F}, N,
+                  false);
+  linear_backward(P, G, dln2_full, C, act_buf_ + F, 2 * F, ln2, C,
+                  Linear{bp.up_w, kNoBias, C, F}, N, true);
+  const float* dln2 = column_parallel_end(N);
+  timed(WorkKind::layernorm, [&] {
+    k::rmsnorm_backward(dresidual_, G + bp.ln2_w, dln2, a.mid, P + bp.ln2_w, a.ln2_rstd, Nl, C);
+  });
 }
 
 bool Model::segment_ends_at(int op) const {

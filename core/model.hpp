@@ -1,10 +1,16 @@
-// The explicit GPT-2 / OPT transformer: forward and backward written out layer by layer over
-// buffers allocated once at construction (no autograd, no allocation per step).
+// The explicit GPT-2 / OPT / LLaMA transformer: forward and backward written out layer by layer
+// over buffers allocated once at construction (no autograd, no allocation per step).
 //
-// Both architectures are pre-LN decoders with learned positions and a tied LM head; they differ in
+// GPT-2 and OPT are pre-LN decoders with learned positions and a tied LM head; they differ in
 // the activation (GPT-2: GELU tanh, OPT: ReLU), in the q/k/v projection (GPT-2: one fused Conv1D
 // [C, 3C]; OPT: three nn.Linear [C, C]), in the weight layout ([in, out] vs [out, in]) and in OPT's
-// position offset of 2. Parameters keep the Hugging Face names, shapes and layouts.
+// position offset of 2. LLaMA (arch llama) is pre-norm too, with RMSNorm, no biases, rotary
+// positions applied to q and k (from the global position of each token, so a ring rank's chunk
+// turns by its own positions), grouped-query attention (k/v projected for kv_heads heads and
+// expanded to every query head before the shared attention kernels, dense, fused or ring),
+// a SwiGLU MLP (gate and up projections side by side in fch) and an untied lm_head.weight unless
+// tie_embeddings (core/llama_kernels.hpp). Parameters keep the Hugging Face names, shapes and
+// layouts.
 #pragma once
 
 #include <cstddef>
@@ -157,12 +163,15 @@ class Model final : public StageModel {
 
  private:
   // Offsets of one block's parameters relative to its unit's first element. qkv has one entry for
-  // GPT-2's fused c_attn and three (q, k, v) for OPT.
+  // GPT-2's fused c_attn and three (q, k, v) for OPT and LLaMA. LLaMA: no biases (kNoBias),
+  // fc_w the gate projection, up_w the up projection, fc_out_w the down projection.
+  static constexpr std::size_t kNoBias = std::size_t(-1);
   struct BlockParams {
     std::size_t ln1_w, ln1_b, ln2_w, ln2_b;
     std::size_t qkv_w[3], qkv_b[3];
     int qkv_parts;
     std::size_t attn_out_w, attn_out_b, fc_w, fc_b, fc_out_w, fc_out_b;
+    std::size_t up_w = kNoBias;
     int unit;
   };
   // Saved activations of one block.
@@ -254,6 +263,19 @@ class Model final : public StageModel {
   WeightLayout layout() const {
     return spec_.arch == Arch::gpt2 ? WeightLayout::in_out : WeightLayout::out_in;
   }
+  // A bias's parameters (or gradients) in unit X, null for none.
+  static const float* bias_at(const float* X, std::size_t b) {
+    return b == kNoBias ? nullptr : X + b;
+  }
+  static float* bias_at(float* X, std::size_t b) { return b == kNoBias ? nullptr : X + b; }
+  // llama: the grouped q|k|v of qkv_gqa_ turned by RoPE and expanded into a.qkv, and the
+  // transpose (dqkv_ -> gradient of the projections in qkv_gqa_).
+  void llama_qkv_forward(const BlockParams& bp, BlockActs& a, const float* P, const float* ln1,
+                         int B);
+  void llama_qkv_backward(const BlockParams& bp, const float* P, float* G, const float* ln1,
+                          float* dln1, int B);
+  void llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float* P, float* G, int B);
+  int gqa_width() const { return (local_heads_ + 2 * local_kv_heads_) * spec_.head_dim(); }
   void activation_forward(float* out, const float* inp, int64_t n);
   void activation_backward(float* dinp, const float* inp, const float* dout, int64_t n);
   Linear qkv_part(const BlockParams& bp, int part) const;
@@ -263,7 +285,8 @@ class Model final : public StageModel {
   Gemm& gemm_;
   std::vector<ParamSpec> table_;
   std::size_t num_parameters_ = 0;
-  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;  // relative to their units
+  std::size_t wte_ = 0, wpe_ = kNoBias, lnf_w_ = 0, lnf_b_ = kNoBias;  // relative to their units
+  std::size_t lm_head_ = kNoBias;  // untied llama: lm_head.weight in the final unit
   StageRange stage_;
   int layer_begin_ = 0, layer_end_ = 0;
   int embed_unit_ = -1, final_unit_ = -1;  // -1 where this stage holds neither
@@ -273,6 +296,8 @@ class Model final : public StageModel {
   ParameterStore* store_ = nullptr;
   TensorGroup* tp_ = nullptr;  // null without tensor parallelism
   int local_hidden_ = 0, local_heads_ = 0, local_ffn_ = 0;  // per tensor rank
+  int local_kv_heads_ = 0;                                  // llama
+  float *qkv_gqa_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;  // llama temporaries
   int64_t local_vocab_ = 0, vocab_begin_ = 0;               // padded rows held, first row
   int valid_vocab_ = 0;                                     // rows that are real tokens
   MemoryTracker scratch_tracker_;                           // gather_logits staging

@@ -8,7 +8,14 @@
 
 namespace colossal::core {
 
-const char* arch_name(Arch arch) { return arch == Arch::gpt2 ? "gpt2" : "opt"; }
+const char* arch_name(Arch arch) {
+  switch (arch) {
+    case Arch::gpt2: return "gpt2";
+    case Arch::opt: return "opt";
+    case Arch::llama: return "llama";
+  }
+  return "?";
+}
 
 ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidden, int vocab,
                      int max_seq) {
@@ -20,6 +27,16 @@ ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidde
   s.ffn_hidden = ffn_hidden;
   s.vocab = vocab;
   s.max_seq = max_seq;
+  return s;
+}
+
+ModelSpec llama_spec(int layers, int hidden, int heads, int kv_heads, int ffn_hidden, int vocab,
+                     int max_seq, double rope_theta, double rms_eps, bool tie) {
+  ModelSpec s = model_spec(Arch::llama, layers, hidden, heads, ffn_hidden, vocab, max_seq);
+  s.kv_heads = kv_heads;
+  s.rope_theta = rope_theta;
+  s.rms_eps = rms_eps;
+  s.tie_embeddings = tie;
   return s;
 }
 
@@ -39,6 +56,12 @@ const std::map<std::string, ModelSpec>& presets() {
       {"opt-30b", model_spec(Arch::opt, 48, 7168, 56, 28672, 50272, 2048)},
       {"opt-66b", model_spec(Arch::opt, 64, 9216, 72, 36864, 50272, 2048)},
       {"opt-175b", model_spec(Arch::opt, 96, 12288, 96, 49152, 50272, 2048)},
+      // LLaMA-2 (Touvron et al. 2023, Hugging Face meta-llama/Llama-2-*-hf configs).
+      {"llama2-7b", llama_spec(32, 4096, 32, 32, 11008, 32000, 4096)},
+      {"llama2-13b", llama_spec(40, 5120, 40, 40, 13824, 32000, 4096)},
+      {"llama2-70b", llama_spec(80, 8192, 64, 8, 28672, 32000, 4096)},
+      // Byte vocabulary, grouped-query (2 kv heads for 4 query heads): the quickstart's machine.
+      {"llama-tiny", llama_spec(4, 128, 4, 2, 352, 256, 256)},
   };
   return table;
 }
@@ -60,7 +83,8 @@ float ParamSpec::init_std(int layers) const {
   switch (role) {
     case ParamRole::token_embedding:
     case ParamRole::position_embedding:
-    case ParamRole::weight: return 0.02f;
+    case ParamRole::weight:
+    case ParamRole::lm_head: return 0.02f;
     case ParamRole::residual_out_weight: return 0.02f / std::sqrt(2.0f * static_cast<float>(layers));
     default: return 0.0f;
   }
@@ -134,7 +158,7 @@ std::vector<ParamSpec> parameter_table(const ModelSpec& s, std::size_t unit_mult
   std::size_t offset = 0;
   int previous = -1, unit = -1;
   for (ParamSpec& p : table) {
-    const bool keep = p.unit == 0 ? (stage.embeds || stage.head)
+    const bool keep = p.unit == 0 ? (stage.embeds || (stage.head && s.tied()))
                       : p.unit == s.layers + 1 ? stage.head
                                                : (p.unit - 1 >= stage.layer_begin && p.unit - 1 < end);
     if (!keep) continue;
@@ -167,6 +191,19 @@ std::vector<ParamSpec> whole_table(const ModelSpec& s, std::size_t unit_multiple
                                 " must both be divisible by the tensor size " +
                                 std::to_string(tp.size));
   }
+  if (s.arch == Arch::llama) {
+    const int kv = s.key_value_heads();
+    if (kv < 1 || s.heads % kv != 0) {
+      throw std::invalid_argument("model.kv_heads = " + std::to_string(kv) +
+                                  " must divide model.heads = " + std::to_string(s.heads));
+    }
+    if (kv % tp.size != 0) {
+      throw std::invalid_argument(
+          "model.kv_heads = " + std::to_string(kv) + " is not divisible by parallel.tensor = " +
+          std::to_string(tp.size) +
+          ": each tensor rank keeps whole groups of query heads with their key/value head");
+    }
+  }
   std::vector<ParamSpec> table;
   std::size_t offset = 0;
   int unit = 0;
@@ -188,8 +225,8 @@ std::vector<ParamSpec> whole_table(const ModelSpec& s, std::size_t unit_multiple
     if (split_dim >= 0 && tp.size > 1) {
       p.shard.dim = split_dim;
       p.shard.parts = parts;
-      p.shard.padded = role == ParamRole::token_embedding ? padded_vocab(s, tp.size)
-                                                          : p.shape[split_dim];
+      const bool vocab_rows = role == ParamRole::token_embedding || role == ParamRole::lm_head;
+      p.shard.padded = vocab_rows ? padded_vocab(s, tp.size) : p.shape[split_dim];
       p.local_shape[split_dim] = p.shard.padded / tp.size;
     }
     p.count = 1;
@@ -222,6 +259,26 @@ std::vector<ParamSpec> whole_table(const ModelSpec& s, std::size_t unit_multiple
     next_unit();
     add("transformer.ln_f.weight", {C}, ParamRole::layernorm_weight);
     add("transformer.ln_f.bias", {C}, ParamRole::layernorm_bias);
+  } else if (s.arch == Arch::llama) {
+    const int64_t Q = int64_t(s.heads) * s.head_dim();
+    const int64_t KV = int64_t(s.key_value_heads()) * s.head_dim();
+    add("model.embed_tokens.weight", {V, C}, ParamRole::token_embedding, 0);
+    for (int l = 0; l < s.layers; ++l) {
+      const std::string h = "model.layers." + std::to_string(l) + ".";
+      next_unit();
+      add(h + "input_layernorm.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "self_attn.q_proj.weight", {Q, C}, ParamRole::weight, 0);
+      add(h + "self_attn.k_proj.weight", {KV, C}, ParamRole::weight, 0);
+      add(h + "self_attn.v_proj.weight", {KV, C}, ParamRole::weight, 0);
+      add(h + "self_attn.o_proj.weight", {C, Q}, ParamRole::residual_out_weight, 1);
+      add(h + "post_attention_layernorm.weight", {C}, ParamRole::layernorm_weight);
+      add(h + "mlp.gate_proj.weight", {F, C}, ParamRole::weight, 0);
+      add(h + "mlp.up_proj.weight", {F, C}, ParamRole::weight, 0);
+      add(h + "mlp.down_proj.weight", {C, F}, ParamRole::residual_out_weight, 1);
+    }
+    next_unit();
+    add("model.norm.weight", {C}, ParamRole::layernorm_weight);
+    if (!s.tied()) add("lm_head.weight", {V, C}, ParamRole::lm_head, 0);
   } else {
     add("model.decoder.embed_tokens.weight", {V, C}, ParamRole::token_embedding, 0);
     add("model.decoder.embed_positions.weight", {s.position_rows(), C},
@@ -272,6 +329,12 @@ std::size_t parameter_count(const ModelSpec& spec) {
 
 double flops_per_token(const ModelSpec& s, int seq_len) {
   const double L = s.layers, d = s.hidden, V = s.vocab, F = s.ffn_hidden;
+  if (s.llama()) {
+    const double kv = double(s.key_value_heads()) * s.head_dim();
+    const double n = L * (2.0 * d * d + 2.0 * d * kv + 3.0 * d * F + 2.0 * d) + d +
+                     V * d * (s.tied() ? 1.0 : 2.0);
+    return 6.0 * n + 12.0 * L * seq_len * d;
+  }
   // 12*L*d^2 generalises to L*(4*d^2 + 2*d*F) when ffn_hidden != 4*hidden.
   const double n = L * (4.0 * d * d + 2.0 * d * F) + 13.0 * L * d + 2.0 * d + V * d;
   return 6.0 * n + 12.0 * L * seq_len * d;
@@ -294,6 +357,10 @@ void import_runs(const std::vector<LogicalRun>& runs, const std::vector<ParamSpe
 
 double block_forward_flops(const ModelSpec& s, int seq_len) {
   const double C = s.hidden, F = s.ffn_hidden, T = seq_len;
+  if (s.llama()) {
+    const double kv = double(s.key_value_heads()) * s.head_dim();
+    return 2.0 * (2 * C * C + 2 * C * kv + 3 * C * F) + 4.0 * T * C;
+  }
   return 2.0 * (4 * C * C + 2 * C * F) + 4.0 * T * C;
 }
 

@@ -1,8 +1,9 @@
-// Model dimensions, named presets and the logical parameter table of GPT-2 and OPT.
+// Model dimensions, named presets and the logical parameter table of GPT-2, OPT and LLaMA.
 //
 // Parameter names and shapes are exactly those of the Hugging Face `transformers` state_dict
-// (GPT2LMHeadModel: Conv1D weights stored [in, out]; OPTForCausalLM: nn.Linear weights stored
-// [out, in]), so weights convert to and from Hugging Face without renaming or transposing.
+// (GPT2LMHeadModel: Conv1D weights stored [in, out]; OPTForCausalLM and LlamaForCausalLM:
+// nn.Linear weights stored [out, in]), so weights convert to and from Hugging Face without
+// renaming or transposing.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +14,9 @@
 
 namespace colossal::core {
 
-enum class Arch { gpt2, opt };
+// gpt2 and opt: pre-LN, learned positions, tied head, biases. llama: RMSNorm, rotary positions,
+// SwiGLU MLP, grouped-query attention, no biases, untied head unless tie_embeddings.
+enum class Arch { gpt2, opt, llama };
 
 const char* arch_name(Arch arch);
 
@@ -31,19 +34,37 @@ struct ModelSpec {
   // Under tensor parallelism the vocabulary is padded to a multiple of tensor size * this (as
   // Megatron does); padded rows are masked and never saved. One rank never pads.
   int vocab_multiple = 128;
+  // LLaMA only (gpt2/opt ignore them): key/value heads of grouped-query attention (0: = heads;
+  // must divide heads), the rotary base, RMSNorm's epsilon, and whether lm_head is the token
+  // embedding (Hugging Face's tie_word_embeddings; gpt2/opt always tie).
+  int kv_heads = 0;
+  double rope_theta = 10000.0;
+  double rms_eps = 1e-5;
+  bool tie_embeddings = false;
 
   int head_dim() const { return hidden / heads; }
-  // Rows of the learned position table: OPT's table carries an offset of 2.
-  int position_rows() const { return arch == Arch::opt ? max_seq + 2 : max_seq; }
+  int key_value_heads() const { return kv_heads > 0 ? kv_heads : heads; }
+  bool llama() const { return arch == Arch::llama; }
+  // Whether the LM head reads the token embedding (else lm_head.weight, llama untied).
+  bool tied() const { return !llama() || tie_embeddings; }
+  // Rows of the learned position table: OPT's table carries an offset of 2; LLaMA has none.
+  int position_rows() const {
+    return arch == Arch::opt ? max_seq + 2 : arch == Arch::llama ? 0 : max_seq;
+  }
   int position_offset() const { return arch == Arch::opt ? 2 : 0; }
-  float layernorm_eps() const { return 1e-5f; }
+  float layernorm_eps() const { return llama() ? float(rms_eps) : 1e-5f; }
 };
 
 // A spec from its sizes, in the order a reader expects them.
 ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidden, int vocab,
                      int max_seq);
+// A LLaMA spec (untied unless `tie`).
+ModelSpec llama_spec(int layers, int hidden, int heads, int kv_heads, int ffn_hidden, int vocab,
+                     int max_seq, double rope_theta = 10000.0, double rms_eps = 1e-5,
+                     bool tie = false);
 
-// Named presets: gpt2-124m/355m/774m/1.5b and opt-125m/1.3b/2.7b/6.7b/13b/30b/66b/175b.
+// Named presets: gpt2-124m/355m/774m/1.5b, opt-125m/1.3b/2.7b/6.7b/13b/30b/66b/175b, and
+// llama2-7b/13b/70b with llama-tiny (a byte-vocabulary model that trains on two cores).
 // (opt-350m is absent on purpose: it is post-LN with a 512-wide projected embedding, a different
 // model from the rest of the family.)
 std::optional<ModelSpec> find_preset(const std::string& name);
@@ -58,6 +79,7 @@ enum class ParamRole {
   weight,              // matrix, normal(0, 0.02), decayed
   residual_out_weight, // output projection into the residual stream: std 0.02/sqrt(2*layers)
   bias,                // initialised to 0, no decay
+  lm_head,             // untied LM head (llama): vocabulary-parallel like the embedding, decayed
 };
 
 // This rank's place in a 1D (Megatron) tensor-parallel group: `size` ranks split the attention
@@ -86,7 +108,8 @@ struct ParamSpec {
   ParamShard shard;              // how local_shape maps into shape
   bool decay() const {
     return role == ParamRole::token_embedding || role == ParamRole::position_embedding ||
-           role == ParamRole::weight || role == ParamRole::residual_out_weight;
+           role == ParamRole::weight || role == ParamRole::residual_out_weight ||
+           role == ParamRole::lm_head;
   }
   float init_std(int layers) const;
 };
@@ -95,11 +118,20 @@ struct ParamSpec {
 // tensor starts 16-float aligned. The tensors form `layers + 2` units, each contiguous in the flat
 // buffer and padded to a multiple of `unit_multiple` floats (a multiple of 16): unit 0 holds the
 // token and position embeddings, unit 1 + l transformer block l, unit layers + 1 the final
-// layernorm. ZeRO shards and gathers unit by unit, so units are padded to data-parallel size * 16.
+// layernorm (and, untied llama, lm_head.weight). ZeRO shards and gathers unit by unit, so units
+// are padded to data-parallel size * 16.
+//
+// LLaMA (Hugging Face LlamaForCausalLM): model.embed_tokens.weight; per layer input_layernorm,
+// self_attn.{q,k,v,o}_proj (k/v [kv_heads*hs, hidden]), post_attention_layernorm,
+// mlp.{gate,up,down}_proj; model.norm.weight and lm_head.weight unless tied. Under tensor
+// parallelism q/k/v, gate and up split their rows (q heads and kv heads alike, so every rank keeps
+// whole groups: the tensor size must divide kv_heads), o and down their columns, lm_head its
+// padded vocabulary rows.
 //
 // A pipeline stage holds only its part: the blocks [layer_begin, layer_end), the embedding unit
 // when it embeds tokens (first stage) or runs the tied LM head (last stage), and the final
-// layernorm when it runs the head. Its units are numbered from 0 in that order.
+// layernorm when it runs the head. Its units are numbered from 0 in that order. An untied llama
+// head stage that does not embed holds no embedding unit.
 struct StageRange {
   int layer_begin = 0;
   int layer_end = -1;   // -1: through the last layer
@@ -157,9 +189,11 @@ std::size_t parameter_count(const ModelSpec& spec);
 
 // N = 12*L*d^2 + 13*L*d + 2*d + V*d (the non-position parameters of GPT-2; the usual estimate),
 // and training FLOPs per token = 6*N + 12*L*T*d (forward + backward, attention included).
+// LLaMA: N = L*(2*d^2 + 2*d*kv*hs + 3*d*F + 2*d) + d + V*d (times 2 untied), same 12*L*T*d.
 double flops_per_token(const ModelSpec& spec, int seq_len);
 // Forward FLOPs per token of one block, 2 * (4*d^2 + 2*d*F) + 4*T*d (its matmuls and
-// attention's two T x d products), and of the LM head, 2*d*V: what the pipeline partition
+// attention's two T x d products; llama 2 * (2*d^2 + 2*d*kv*hs + 3*d*F) + 4*T*d), and of the
+// LM head, 2*d*V: what the pipeline partition
 // balances (parallel::balanced_stage_layers, for the trainer and the planner alike).
 double block_forward_flops(const ModelSpec& spec, int seq_len);
 double head_forward_flops(const ModelSpec& spec);

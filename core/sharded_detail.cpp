@@ -45,6 +45,12 @@ void require_multiple(const char* key, int64_t value, int64_t m, const char* mod
 }  // namespace
 
 void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMode mode, int q) {
+  if (spec.arch == Arch::llama) {
+    throw std::invalid_argument(
+        std::string("model.arch llama is not available with parallel.tensor.mode ") +
+        tensor_mode_name(mode) +
+        ": the 2D/2.5D/3D models run gpt2 and opt only; set parallel.tensor.mode: 1d");
+  }
   const int m = tensor_grid_multiple(mode, q);
   const char* name = mode == TensorMode::d3 ? "3D" : "2D";
   require_multiple("train.micro_batch", batch, m, name);

@@ -16,6 +16,7 @@ namespace colossal::core::sharded {
 // `mode` (2d, 2.5d or 3d): micro_batch, hidden and ffn_hidden multiples of
 // tensor_grid_multiple(mode, q), heads of q, seq_len <= max_seq. Throws invalid_argument
 // "<key> = <value> must be a multiple of <m> for 2D tensor parallelism (nearest: a or b)".
+// (model.arch llama is refused: the grid models run gpt2 and opt.)
 void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMode mode, int q);
 
 // n rounded up to 16 floats (every local tensor starts 64-byte aligned).

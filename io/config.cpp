@@ -96,7 +96,8 @@ std::optional<E> parse_among(std::string_view w, std::initializer_list<E> values
 }
 Choice choice(core::Arch* p) {
   return enum_choice(p, core::arch_name, [](std::string_view w) {
-    return parse_among(w, {core::Arch::gpt2, core::Arch::opt}, core::arch_name);
+    return parse_among(w, {core::Arch::gpt2, core::Arch::opt, core::Arch::llama},
+                      core::arch_name);
   });
 }
 Choice choice(core::TensorMode* p) {
@@ -159,8 +160,9 @@ const std::vector<KeySpec>& schema() {
        .default_note = "none", .example = "gpt2-124m"},
       {.key = "model.arch", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return choice(&c.model.arch); },
-       .doc = "architecture: GPT-2 (GELU, pre-LN) or OPT (ReLU, position offset 2)",
-       .choices = {"gpt2", "opt"}, .default_note = "gpt2, or the preset's"},
+       .doc = "architecture: GPT-2 (GELU, pre-LN), OPT (ReLU, position offset 2) or LLaMA "
+              "(RMSNorm, rotary positions, SwiGLU, grouped-query attention, no biases)",
+       .choices = {"gpt2", "opt", "llama"}, .default_note = "gpt2, or the preset's"},
       {.key = "model.layers", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.model.layers; },
        .doc = "transformer blocks", .range = at_least(1), .required = Required::without_preset,
@@ -179,8 +181,10 @@ const std::vector<KeySpec>& schema() {
        .cross_check = "divides model.hidden"},
       {.key = "model.ffn_hidden", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.model.ffn_hidden; },
-       .doc = "width of the MLP's inner layer", .range = at_least(1),
-       .default_note = "4 * model.hidden", .example = "3072"},
+       .doc = "width of the MLP's inner layer (llama: of the SwiGLU gate and up projections)",
+       .range = at_least(1),
+       .default_note = "4 * model.hidden; llama: 8/3 * hidden rounded up to a multiple of 256",
+       .example = "3072"},
       {.key = "model.vocab", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.model.vocab; },
        .doc = "vocabulary size (256 for raw-byte text data)", .range = at_least(1),
@@ -211,6 +215,24 @@ const std::vector<KeySpec>& schema() {
               "config.json for model.preset: from_weights), a model.h5, or a training "
               "checkpoint (its model part)",
        .default_note = "none", .example = "hf/gpt2"},
+      // model.arch: llama only (issue 25); gpt2 and opt ignore these keys.
+      {.key = "model.kv_heads", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.kv_heads; },
+       .doc = "llama: key/value heads of grouped-query attention, each shared by heads / kv_heads "
+              "query heads; 0 = model.heads (multi-head attention)",
+       .range = at_least(0), .default_note = "0, or the preset's",
+       .cross_check = "divides model.heads; a multiple of parallel.tensor.size"},
+      {.key = "model.rope_theta", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.model.rope_theta; },
+       .doc = "llama: base of the rotary position embedding's frequencies", .range = above(0)},
+      {.key = "model.rms_eps", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.model.rms_eps; },
+       .doc = "llama: epsilon of RMSNorm", .range = above(0)},
+      {.key = "model.tie_embeddings", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.model.tie_embeddings; },
+       .doc = "llama: the LM head reads the token embedding (Hugging Face tie_word_embeddings) "
+              "instead of its own lm_head.weight; gpt2 and opt always tie",
+       .choices = {"false", "true"}},
 
       {.key = "data.path", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.data.path; },
@@ -1139,7 +1161,14 @@ class Resolver {
     if (entries_.count("model.ffn_hidden")) return;
     // from_weights: the width config.json gives, unless model.hidden is set here.
     if (config.model_preset == kFromWeights && !entries_.count("model.hidden")) return;
-    const int64_t ffn = 4 * static_cast<int64_t>(config.model.hidden);
+    if (config.model.arch == core::Arch::llama && !entries_.count("model.hidden") &&
+        !config.model_preset.empty()) {
+      return;  // the preset's SwiGLU width
+    }
+    // LLaMA's SwiGLU width keeps the MLP's parameters near 8 d^2: 2/3 of 4 d, rounded up to 256.
+    const int64_t d = config.model.hidden;
+    const int64_t ffn = config.model.arch == core::Arch::llama ? ((8 * d + 2) / 3 + 255) / 256 * 256
+                                                               : 4 * d;
     if (ffn > INT_MAX)
       raise(where_first({"model.hidden"}), "model.hidden",
             std::to_string(config.model.hidden) + " is too large",
@@ -1150,6 +1179,7 @@ class Resolver {
 
   void check_consistency(const Config& config) const {
     check_heads(config.model);
+    check_llama(config);
     check_tensor_mode(config);
     if (config.parallel.tensor_mode == core::TensorMode::d1) check_tensor_split(config);
     check_pipeline(config);
@@ -1473,6 +1503,40 @@ class Resolver {
             std::to_string(t) + " does not divide " + what + " = " + std::to_string(value),
             "each tensor rank takes an equal share of the attention heads and MLP width",
             "set parallel.tensor.size to " + options);
+    }
+  }
+
+  // model.arch: llama (issue 25): grouped-query heads and the layouts that run it.
+  void check_llama(const Config& config) const {
+    const core::ModelSpec& m = config.model;
+    if (m.arch != core::Arch::llama) return;
+    const int kv = m.key_value_heads();
+    if (m.heads % kv != 0) {
+      raise(where_first({"model.kv_heads", "model.heads", "model.preset"}), "model.kv_heads",
+            std::to_string(kv) + " does not divide model.heads = " + std::to_string(m.heads),
+            "each key/value head serves an equal group of query heads",
+            "set model.kv_heads to a divisor of " + std::to_string(m.heads));
+    }
+    if (m.head_dim() % 2 != 0) {
+      raise(where_first({"model.heads", "model.hidden", "model.preset"}), "model.heads",
+            std::to_string(m.heads) + " gives an odd head size " + std::to_string(m.head_dim()),
+            "rotary positions turn pairs of a head's channels",
+            "choose model.heads so that model.hidden / model.heads is even");
+    }
+    const core::TensorMode mode = config.parallel.tensor_mode;
+    if (mode != core::TensorMode::d1) {
+      raise(where_first({"model.arch", "parallel.tensor.mode"}), "model.arch",
+            std::string("llama with parallel.tensor.mode ") + core::tensor_mode_name(mode),
+            "the 2d/2.5d/3d models (core/model2d, core/model3d) run gpt2 and opt only",
+            "set parallel.tensor.mode: 1d, or model.arch: gpt2 or opt");
+    }
+    const int t = config.parallel.tensor;
+    if (t > 1 && kv % t != 0) {
+      raise(where_first({"parallel.tensor.size", "model.kv_heads", "model.preset"}),
+            "parallel.tensor.size",
+            std::to_string(t) + " does not divide model.kv_heads = " + std::to_string(kv),
+            "each tensor rank keeps whole groups of query heads with their key/value head",
+            "set parallel.tensor.size to a divisor of " + std::to_string(kv));
     }
   }
 

@@ -32,6 +32,9 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
   if (spec.heads % r.tensor != 0 || spec.ffn_hidden % r.tensor != 0) {
     return "tensor " + std::to_string(r.tensor) + " does not divide heads and MLP width";
   }
+  if (spec.llama() && spec.key_value_heads() % r.tensor != 0) {
+    return "tensor " + std::to_string(r.tensor) + " does not divide the key/value heads";
+  }
   if (r.seq_len % r.sequence != 0) return "sequence does not divide the sequence length";
   if (r.sequence > 1 && spec.fused_attention) return "ring attention needs unfused attention";
   if (r.sequence_split && (r.tensor == 1 || r.seq_len % r.tensor != 0)) {
@@ -66,6 +69,7 @@ int grid_side(const RunLayout& r) {
 std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r) {
   const int q = grid_side(r);
   const std::string mode = core::tensor_mode_name(r.tensor_mode);
+  if (spec.llama()) return mode + " runs gpt2 and opt only, not llama";
   if (q == 0) return "tensor " + std::to_string(r.tensor) + " is not a " + mode + " grid";
   const int width = core::tensor_grid_multiple(r.tensor_mode, q);
   if (spec.heads % q != 0 || spec.hidden % width != 0 || spec.ffn_hidden % width != 0 ||
@@ -252,6 +256,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   };
   for (int t : divisors(G)) {
     if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
+    if (spec.llama() && spec.key_value_heads() % t != 0) continue;  // whole query groups
     for (int s = 1; s <= options.max_sequence && t * s <= G; s *= 2) {
       if ((G / t) % s != 0 || seq_len % s != 0 || (s > 1 && spec.fused_attention)) continue;
       for (int p : divisors(G / (t * s))) {
@@ -294,7 +299,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   }
   // 2d, 2.5d and 3d grids inside a node: data parallelism only on top (their models run no
   // pipeline, sequence or ZeRO yet).
-  if (options.tensor_modes && !bf16 && !spec.fused_attention) {
+  if (options.tensor_modes && !bf16 && !spec.fused_attention && !spec.llama()) {
     for (int t : divisors(G)) {
       if (t < 4 || t > cluster.hw.devices_per_node) continue;
       using core::TensorMode;

@@ -65,6 +65,10 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   const double C = s.hidden, Cl = C / t, H = s.heads / t, F = s.ffn_hidden / t;
   const double V = double(core::padded_vocab(s, l.tensor)) / t;
   const double N = B * T;                                  // tokens of this micro-batch here
+  // llama: q with k and v of kv_heads heads (grouped-query), and SwiGLU's gate and up side by
+  // side; gpt2/opt: q, k, v of every head and one MLP projection.
+  const double kv_cols = s.llama() ? double(s.key_value_heads()) / t * (C / s.heads) : Cl;
+  const double qkv_cols = Cl + 2 * kv_cols, fc_cols = s.llama() ? 2 * F : F;
   const double rows = l.sequence_split && l.tensor > 1 ? N / t : N;  // residual-stream rows
   const bool tp = l.tensor > 1, split = tp && l.sequence_split, ring = l.sequence > 1;
   const int first = l.stage.layer_begin, last = l.stage.layer_end < 0 ? s.layers : l.stage.layer_end;
@@ -102,7 +106,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
     add(Op{h + "ln_1", "layernorm", 0.0, 0.0, f * 2 * rows * C,
            saved(a.ln1 + a.ln1_mean + a.ln1_rstd), split ? "all_gather(tp)" : "",
            split ? N * C * f : 0.0});
-    gemm(h + "attn.qkv", N, C, 3 * Cl, saved(a.qkv), split ? "" : tp ? "all_reduce(tp)" : "",
+    gemm(h + "attn.qkv", N, C, qkv_cols, saved(a.qkv), split ? "" : tp ? "all_reduce(tp)" : "",
          split ? 0.0 : boundary_bytes);
     // Dense causal attention computes every (query, key) pair: QK^T and PV, 2 x 2BHT(keys)hd.
     const double pairs = B * H * T * keys, hd = C / s.heads;
@@ -114,9 +118,10 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
     add(Op{h + "ln_2", "layernorm", 0.0, 0.0, f * 2 * rows * C,
            saved(a.ln2 + a.ln2_mean + a.ln2_rstd), split ? "all_gather(tp)" : "",
            split ? N * C * f : 0.0});
-    gemm(h + "mlp.fc", N, C, F, saved(a.fch), split ? "" : tp ? "all_reduce(tp)" : "",
+    gemm(h + "mlp.fc", N, C, fc_cols, saved(a.fch), split ? "" : tp ? "all_reduce(tp)" : "",
          split ? 0.0 : boundary_bytes);
-    add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * 2 * N * F, 0.0});  // recomputed in backward
+    // Recomputed in backward; SwiGLU reads gate and up.
+    add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * (fc_cols + F) * N, 0.0});
     gemm(h + "mlp.out", N, F, C, saved(a.residual), boundary, boundary_bytes);
   }
   for (Op& op : g.ops) {

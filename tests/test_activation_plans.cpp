@@ -32,7 +32,8 @@ struct Case {
 
 std::string config_text(const std::string& data, const Case& c, const std::string& checkpointing,
                         const std::string& run) {
-  return "model: {arch: " + c.arch + ", layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, "
+  return "model: {arch: " + c.arch + (c.arch == "llama" ? ", kv_heads: 2" : "") +
+         ", layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, "
          "vocab: 200, max_seq: 64, vocab_multiple: 16}\n"
          "data: {path: " + data + "}\n"
          "train: {steps: 4, seq_len: 64, global_batch: 8, micro_batch: 2,\n"
@@ -162,6 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, ActivationPlans,
     ::testing::Values(
         Case{1, "gpt2", "", "policy: full", "gpt2_full"},
+        Case{1, "llama", "", "policy: full", "llama_full"},
+        Case{2, "llama", "tensor: {size: 2}", "policy: full", "llama_tp2_full"},
         Case{1, "opt", "", "policy: every_k, every: 2", "opt_every2"},
         Case{1, "gpt2", "", "policy: sqrt", "gpt2_sqrt"},
         Case{1, "opt", "", "policy: rotor", "opt_rotor"},

@@ -31,9 +31,10 @@ struct Layout {
 };
 
 io::Config config(const std::string& data, const std::string& dir, const Layout& l,
-                  const std::string& extra = "") {
+                  const std::string& extra = "", const std::string& arch = "gpt2") {
   const std::string text =
-      "model: {arch: gpt2, layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200,"
+      "model: {arch: " + arch + (arch == "llama" ? ", kv_heads: 2" : "") +
+      ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200,"
       " max_seq: 16, vocab_multiple: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
@@ -286,22 +287,22 @@ TEST(Checkpoint, ResumesFromAFileAndFineTunesWithResets) {
   }
 }
 
-TEST(Checkpoint, ResumesUnderAnotherLayout) {
+void resumes_under_another_layout(const std::string& arch) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() == 1) GTEST_SKIP() << "needs 2 or 4 ranks";
   const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
-  const std::string dir = fresh_dir(world, "layout" + std::to_string(world.size()));
+  const std::string dir = fresh_dir(world, arch + "layout" + std::to_string(world.size()));
   // 2 ranks: tp2 -> dp2 with ZeRO-3. 4 ranks: tp2 x dp2 with ZeRO-2 -> pp2 x dp2 with ZeRO-1.
   const Layout before = world.size() == 2 ? Layout{1, 2, 1, 0} : Layout{2, 2, 1, 2};
   const Layout after = world.size() == 2 ? Layout{2, 1, 1, 3} : Layout{2, 1, 2, 1};
   const std::string every = "checkpoint: {every: 4, resume: auto}\n";
 
-  apps::Trainer reference(config(data, dir + "/ref" + std::to_string(world.rank()), Layout{}),
-                          nullptr);
+  apps::Trainer reference(
+      config(data, dir + "/ref" + std::to_string(world.rank()), Layout{}, "", arch), nullptr);
   const apps::TrainSummary all = reference.train();
 
-  train_and_stop(config(data, dir + "/run", before, every), world, 6);
-  apps::Trainer resumed(config(data, dir + "/run", after, every), nullptr, &world);
+  train_and_stop(config(data, dir + "/run", before, every, arch), world, 6);
+  apps::Trainer resumed(config(data, dir + "/run", after, every, arch), nullptr, &world);
   const apps::TrainSummary rest = resumed.train();
   EXPECT_EQ(rest.first_step, 6);
   ASSERT_EQ(rest.losses.size(), 4u);
@@ -310,6 +311,12 @@ TEST(Checkpoint, ResumesUnderAnotherLayout) {
   }
   test::expect_same_weights(resumed, reference);
 }
+
+TEST(Checkpoint, ResumesUnderAnotherLayout) { resumes_under_another_layout("gpt2"); }
+
+// LLaMA's tensors (Hugging Face names, untied lm_head split by vocabulary rows under tensor
+// parallelism, grouped k/v) go through the same logical checkpoint.
+TEST(Checkpoint, ResumesLlamaUnderAnotherLayout) { resumes_under_another_layout("llama"); }
 
 // Per tensor, the relative L1 difference of two checkpoints' dataset values.
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b,

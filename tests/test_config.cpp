@@ -686,3 +686,50 @@ TEST(ConfigComm, ParsesAndRejectsUnknownTransports) {
               "did you mean 'nccl'?"});
 }
 }  // namespace colossal::io
+
+// ---- model.arch: llama (issue 25) ---------------------------------------------------------------
+
+namespace colossal::io {
+namespace {
+
+TEST(LlamaConfig, KeysPresetsAndDefaults) {
+  const Config c = parse_config(
+      "model: {preset: llama2-70b}\ndata: {path: d}\ntrain: {seq_len: 1024}\n", "test.yaml");
+  EXPECT_EQ(c.model.arch, core::Arch::llama);
+  EXPECT_EQ(c.model.kv_heads, 8);
+  EXPECT_EQ(c.model.ffn_hidden, 28672);  // the preset's width, not 4 * hidden
+  EXPECT_FALSE(c.model.tied());
+  const Config d = parse_config(
+      "model: {arch: llama, layers: 2, hidden: 4096, heads: 32, kv_heads: 4, vocab: 256,"
+      " max_seq: 64, rope_theta: 500000, rms_eps: 1.0e-6, tie_embeddings: true}\n"
+      "data: {path: d}\ntrain: {seq_len: 64}\n",
+      "test.yaml");
+  EXPECT_EQ(d.model.ffn_hidden, 11008);  // LLaMA's rule: 8/3 * 4096 rounded up to 256
+  EXPECT_DOUBLE_EQ(d.model.rope_theta, 500000.0);
+  EXPECT_DOUBLE_EQ(d.model.rms_eps, 1e-6);
+  EXPECT_TRUE(d.model.tied());
+  // The resolved config reads back the same.
+  const Config again = parse_config(to_yaml(d), "again.yaml");
+  EXPECT_EQ(again.model.kv_heads, 4);
+  EXPECT_DOUBLE_EQ(again.model.rope_theta, 500000.0);
+  EXPECT_TRUE(again.model.tie_embeddings);
+}
+
+TEST(LlamaConfig, ErrorsNameTheKeyTheValueAndTheRule) {
+  const std::string base =
+      "model: {arch: llama, layers: 2, hidden: 64, heads: 4, vocab: 256, max_seq: 64";
+  const std::string rest = "}\ndata: {path: d}\ntrain: {seq_len: 64}\n";
+  std::string e = error_of(base + ", kv_heads: 3" + rest);
+  EXPECT_TRUE(Contains(e, "model.kv_heads: 3 does not divide model.heads = 4"));
+  e = error_of(base + ", kv_heads: 2" + rest + "parallel: {tensor: {size: 4}}\n");
+  EXPECT_TRUE(Contains(e, "parallel.tensor.size: 4 does not divide model.kv_heads = 2"));
+  EXPECT_TRUE(Contains(e, "whole groups"));
+  e = error_of(base + rest + "parallel: {tensor: {size: 4, mode: 2d}}\n");
+  EXPECT_TRUE(Contains(e, "model.arch: llama with parallel.tensor.mode 2d"));
+  EXPECT_TRUE(Contains(e, "set parallel.tensor.mode: 1d"));
+  e = error_of(base + ", rope_theta: 0" + rest);
+  EXPECT_TRUE(Contains(e, "model.rope_theta"));
+}
+
+}  // namespace
+}  // namespace colossal::io

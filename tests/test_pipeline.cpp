@@ -152,7 +152,8 @@ struct Layout {
 
 io::Config config(const std::string& data, const Layout& l, bool parallel, const std::string& run) {
   const std::string text =
-      "model: {arch: " + l.arch + ", layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200,"
+      "model: {arch: " + l.arch + (l.arch == "llama" ? ", kv_heads: 2" : "") +
+      ", layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200,"
       " max_seq: 16, vocab_multiple: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 8, micro_batch: 2,\n"
@@ -237,7 +238,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"opt", 2, "interleaved", 2, 1, 1, 1, "[]", 2},
                       Layout{"gpt2", 2, "interleaved", 1, 2, 1, 0, "[]", 2},
                       // Activation checkpointing inside pipeline stages with tensor parallelism.
-                      Layout{"opt", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1}),
+                      Layout{"opt", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1},
+                      // LLaMA (untied lm_head on the last stage): 1F1B, with ZeRO-3 and data,
+                      // with tensor parallelism and recompute.
+                      Layout{"llama", 2, "1f1b"}, Layout{"llama", 2, "1f1b", 2, 1, 1, 3},
+                      Layout{"llama", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1}),
     [](const auto& info) {
       const Layout& l = info.param;
       std::string name = l.arch + "_pp" + std::to_string(l.pipeline) + "_" + l.schedule;

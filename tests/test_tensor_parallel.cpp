@@ -34,7 +34,8 @@ struct Layout {
 io::Config config(const std::string& data, const Layout& l, int tensor, int dp, int sequence,
                   const std::string& run) {
   const std::string text =
-      "model: {arch: " + l.arch + ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: " +
+      "model: {arch: " + l.arch + (l.arch == "llama" ? ", kv_heads: 2" : "") +
+      ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: " +
       std::to_string(l.vocab) + ", max_seq: 16, vocab_multiple: " +
       std::to_string(l.vocab_multiple) + "}\n"
       "data: {path: " + data + "}\n"
@@ -108,7 +109,8 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
     EXPECT_EQ(stats.all_gather.calls, 1u);
   } else {
     // The layernorm gradients: all of them, or (ZeRO 2-3) those in this rank's shard.
-    const uint64_t layernorm_bytes = 4 * (4 * L + 2) * C;
+    // llama: RMSNorm weights only, no biases.
+    const uint64_t layernorm_bytes = 4 * (layout.arch == "llama" ? 2 * L + 1 : 4 * L + 2) * C;
     if (layout.stage < 2 || layout.data * layout.sequence == 1) {
       EXPECT_EQ(stats.all_reduce.payload_bytes,
                 steps * (micro * 4 * 3 * N + layernorm_bytes + 8));
@@ -161,10 +163,13 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   const uint64_t pad = t * layout.vocab_multiple;  // one tensor rank never pads
   const uint64_t vocab_padded =
       t == 1 ? uint64_t(layout.vocab) : (uint64_t(layout.vocab) + pad - 1) / pad * pad;
-  const uint64_t per_block =
-      3 * BT * C / rows + 4 * BT * C / t + 4 * BT / rows + B * H / t * Tl * T + BT * F / t;
-  const uint64_t floats = BT * C / rows * (L + 1) + L * per_block + BT * C + 2 * BT / rows + BT +
-                          BT * vocab_padded / t;
+  // llama: RMSNorm saves one statistic per token (no mean), and the SwiGLU's gate and up.
+  const bool llama = layout.arch == "llama";
+  const uint64_t stats_per_norm = llama ? 1 : 2, mlp_hidden = llama ? 2 * F : F;
+  const uint64_t per_block = 3 * BT * C / rows + 4 * BT * C / t + 2 * stats_per_norm * BT / rows +
+                             B * H / t * Tl * T + BT * mlp_hidden / t;
+  const uint64_t floats = BT * C / rows * (L + 1) + L * per_block + BT * C +
+                          stats_per_norm * BT / rows + BT + BT * vocab_padded / t;
   EXPECT_EQ(trainer.memory().current(core::MemCategory::activations), 4 * floats);
 }
 
@@ -188,7 +193,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"opt", 2, 1, 0, 200, 16, true, 2},
                       // Every axis at once on 8 ranks.
                       Layout{"gpt2", 2, 2, 1, 200, 16, false, 2},
-                      Layout{"opt", 2, 2, 3, 200, 16, true, 2}),
+                      Layout{"opt", 2, 2, 3, 200, 16, true, 2},
+                      // LLaMA (2 kv heads for 4 query heads, one group per tensor rank).
+                      Layout{"llama", 2}, Layout{"llama", 2, 2, 3},
+                      Layout{"llama", 2, 1, 0, 200, 16, true},
+                      Layout{"llama", 1, 1, 0, 200, 16, false, 2},
+                      Layout{"llama", 2, 1, 0, 200, 16, true, 2}),
     [](const auto& info) {
       const Layout& l = info.param;
       return l.arch + "_tp" + std::to_string(l.tensor) + "_sp" + std::to_string(l.sequence) +
