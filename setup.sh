@@ -48,6 +48,9 @@ packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
           libblis4-openmp libdnnl2)
 # The CUDA build fetches Kokkos with pip and patches it.
 [ "$cuda" = 1 ] && packages+=(python3-pip patch)
+# The Python-driven tests (tests/python/: safetensors export, tokenizer) read files with numpy and
+# h5py from Debian, and safetensors and tokenizers from PyPI in a venv (below).
+[ "$run_tests" = 1 ] && packages+=(python3-numpy python3-h5py python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -66,8 +69,24 @@ fi
 step "preparing the quickstart corpus (data/)"
 quietly scripts/prepare_data.sh
 
+python_flag=()
+if [ "$run_tests" = 1 ]; then
+  # Best effort: without PyPI the venv lacks the two packages and those tests report skipped.
+  venv=.deps/pytest
+  if [ ! -x "$venv/bin/python" ]; then
+    step "creating the test venv $venv (Debian python3, numpy, h5py; safetensors, tokenizers from PyPI)"
+    /usr/bin/python3 -m venv --system-site-packages "$venv" >"$log" 2>&1 || rm -rf "$venv"
+  fi
+  if [ -x "$venv/bin/python" ]; then
+    "$venv/bin/python" -c 'import safetensors, tokenizers' 2>/dev/null ||
+      timeout 300 "$venv/bin/pip" install -q safetensors tokenizers >"$log" 2>&1 ||
+      step "warning: pip could not install safetensors/tokenizers; the python tests will skip"
+    python_flag=(-DCOLOSSAL_PYTHON="$PWD/$venv/bin/python")
+  fi
+fi
+
 step "building release into build/ ($jobs jobs)"
-quietly cmake --preset release
+quietly cmake --preset release "${python_flag[@]}"
 quietly cmake --build --preset release -j "$jobs"
 
 if [ "$run_tests" = 1 ]; then
