@@ -133,13 +133,6 @@ int main(int argc, char** argv) {
         }
         return 0;
       }
-      for (const char* flag : {"--eval-only", "--profile-steps", "--trace"}) {
-        if (inv.has(flag)) {
-          throw apps::UsageError(std::string(flag) + " is not available with parallel.tensor.mode " +
-                                 core::tensor_mode_name(inv.config.parallel.tensor_mode) +
-                                 " yet; use mode 1d for it");
-        }
-      }
     }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
@@ -160,7 +153,8 @@ int main(int argc, char** argv) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");
       trainer.load_weights(weights);
-      if (log) std::fprintf(log, "val loss %.6g\n", trainer.evaluate());
+      const double loss = trainer.evaluate();  // collective: every rank evaluates
+      if (log) std::fprintf(log, "val loss %.6g\n", loss);
       return 0;
     }
     if (const std::string n = inv.flag("--profile-steps"); !n.empty()) {

@@ -1277,9 +1277,6 @@ class Resolver {
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(config.checkpointing.policy != core::CheckpointPolicy::none, "checkpointing.policy",
            core::checkpoint_policy_name(config.checkpointing.policy), "set it to none");
-    refuse(config.train.on_nonfinite == OnNonfinite::skip, "train.on_nonfinite", "skip",
-           "set it to stop (these modes stop on a non-finite step, after checkpointing the last "
-           "good one)");
     refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;

@@ -184,6 +184,46 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   EXPECT_EQ(stopped.losses[0], whole.losses[4]);
 }
 
+// train.on_nonfinite: skip. An absurd learning rate makes the first update blow the weights up, so
+// every later step's loss is non-finite: the grid run skips the same 9 steps as one rank does,
+// and the skipped steps leave the weights bitwise where the one good step put them.
+TEST_P(TensorMD, SkipsNonFiniteStepsLikeOneRank) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Layout layout = GetParam();
+  if (world.size() != layout.tensor * layout.data) GTEST_SKIP() << "needs another rank count";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  auto blow_up = [&](io::Config c, int64_t steps) {
+    c.train.steps = steps;
+    c.train.optimizer.lr = 1e30;
+    c.train.optimizer.min_lr = 1e29;
+    c.train.optimizer.warmup = 0;
+    c.train.optimizer.grad_clip = 0;
+    c.train.on_nonfinite = io::OnNonfinite::skip;
+    return c;
+  };
+  apps::Trainer reference(
+      blow_up(config(data, layout, false, "md_skip_ref" + std::to_string(world.rank())), 10),
+      nullptr);
+  const apps::TrainSummary expected = reference.train();
+  ASSERT_EQ(expected.skipped_steps, 9) << "the forcing did not make steps 2-10 non-finite";
+
+  apps::Trainer trainer(blow_up(config(data, layout, true, "md_skip_" + layout.mode), 10),
+                        nullptr, &world);
+  const apps::TrainSummary got = trainer.train();
+  EXPECT_EQ(got.steps, 10);
+  EXPECT_EQ(got.skipped_steps, expected.skipped_steps);
+  EXPECT_NEAR(got.first_loss, expected.first_loss, 1e-5 * expected.first_loss);
+  EXPECT_FALSE(std::isfinite(got.last_loss));
+
+  apps::Trainer one_step(blow_up(config(data, layout, true, "md_skip1_" + layout.mode), 1),
+                         nullptr, &world);
+  EXPECT_EQ(one_step.train().skipped_steps, 0);
+  const std::vector<float> after_ten = trainer.logical_parameters();
+  const std::vector<float> after_one = one_step.logical_parameters();
+  ASSERT_EQ(after_ten.size(), after_one.size());
+  for (std::size_t e = 0; e < after_ten.size(); ++e) ASSERT_EQ(after_ten[e], after_one[e]) << e;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, TensorMD,
     ::testing::Values(Layout{"gpt2", "2d", 4}, Layout{"opt", "2d", 4},
