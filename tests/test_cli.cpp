@@ -306,6 +306,23 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunWithProfileTraceAndEvalOnly) {
   EXPECT_NE(r.output.find("memory plan (every rank, 2d): "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("largest rank needs " + peak + " ("), std::string::npos)
       << peak << "\n" << r.output;
+  // Activation checkpointing (full: each block recomputed) trains the same run, bitwise: the
+  // same final validation loss; its --memory-plan (a dry-run trainer) is its tracked peak.
+  const std::string full = " --set checkpointing.policy=full";
+  r = run(mpirun + bin("colossal_train") + " " + config + grid + full + " --set log.dir=" + dir +
+          "/md_full");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("activation checkpointing: full"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(val_line), std::string::npos) << val_line << "\n" << r.output;
+  const std::size_t full_at = r.output.find("tracked peak ");
+  ASSERT_NE(full_at, std::string::npos) << r.output;
+  const std::string full_peak =
+      r.output.substr(full_at + 13, r.output.find(',', full_at) - full_at - 13);
+  EXPECT_NE(full_peak, peak) << "checkpointing moved no memory";
+  r = run(mpirun + bin("colossal_train") + " " + config + grid + full + " --memory-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("largest rank needs " + full_peak + " ("), std::string::npos)
+      << full_peak << "\n" << r.output;
   // --profile-steps, --trace and --eval-only run on the shared trainer as in 1d.
   r = run(mpirun + bin("colossal_train") + " " + config + grid + " --profile-steps 2" +
           " --set log.dir=" + dir + "/md_profile");
