@@ -28,6 +28,7 @@ void GridModel::make_store(MemoryTracker& tracker, std::size_t unit_multiple) {
   const std::size_t flat = (params_end_ + unit_multiple - 1) / unit_multiple * unit_multiple;
   store_ = std::make_unique<FullParameterStore>(std::vector<ParamUnit>{ParamUnit{0, flat}}, flat,
                                                 tracker);
+  if (tracker.dry_run()) return;  // counted, never allocated (a --memory-plan trainer)
   kernels::fill(store_->full_params(), int64_t(flat), 0.0f);
   kernels::fill(store_->full_grads(), int64_t(flat), 0.0f);
 }

@@ -19,7 +19,8 @@ namespace k = kernels;
 
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-                 MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple)
+                 MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple,
+                 const std::vector<Keep>& keep)
     : GridModel(spec, batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
@@ -75,16 +76,22 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   // x, ln1, atty, xmid, ln2 (R x c each), qkv (R x 3c), four row statistics, the probabilities,
   // and the MLP's pre- and post-activation (R x f each).
   const int64_t per_layer = sharded::layer_act_floats(R, c, f, att);
+  recompute_plan_ = sharded::block_recompute(keep, int(L));
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             std::size_t(L * per_layer + 2 * R * c + 3 * R + R * vocab_block_));
+                             std::size_t(sharded::kept_block_floats(recompute_plan_, per_layer, R, c) +
+                                         2 * R * c + 3 * R + R * vocab_block_));
+  if (recompute_plan_.longest > 0) {
+    recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries,
+                                    std::size_t(recompute_plan_.longest * per_layer));
+  }
   float* cursor = acts_.data();
   auto carve = [&cursor](int64_t n) {
     float* p = cursor;
     cursor += n;
     return p;
   };
-  layer_acts_.resize(L);
-  for (sharded::LayerActs& a : layer_acts_) cursor = sharded::carve_layer(a, cursor, R, c, f, att);
+  cursor = sharded::carve_blocks(layer_acts_, recompute_plan_, cursor, recompute_.data(), R, c, f,
+                                 att);
   x_final_ = carve(R * c);
   lnf_ = carve(R * c);
   lnf_mean_ = carve(R);
@@ -317,6 +324,31 @@ void Model2D::activation_backward(float* din, const float* in, const float* dout
   }
 }
 
+// Block l's forward: its activations (kept, or the recompute arena's) from its input x; the
+// output goes to the next block's input (the final layernorm's after the last block).
+void Model2D::block_forward(int l) {
+  const int q = q_, T = seq_len_;
+  const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params();
+  const float eps = spec_.layernorm_eps();
+  const int L = spec_.layers, Bl = batch_ / q, Hl = spec_.heads / q;
+  sharded::LayerActs& A = layer_acts_[l];
+  const Block& b = blocks_[l];
+  float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
+  layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
+                      C, eps, s_.ln_work);
+  linear_forward(b.qkv, A.ln1, A.qkv);
+  attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+  linear_forward(b.proj, A.atty, A.xmid);
+  k::add(A.xmid, A.x, R * c);
+  layernorm2d_forward(grid_, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w, P + b.ln2_b, BT,
+                      C, eps, s_.ln_work);
+  linear_forward(b.fc, A.ln2, A.h);
+  activation_forward(A.a, A.h, R * f_);
+  linear_forward(b.fc2, A.a, next);
+  k::add(next, A.xmid, R * c);
+}
+
 double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch,
                         float grad_scale, int slot) {
   check_micro_batch(batch, slot);
@@ -348,24 +380,7 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
     Kokkos::fence();
     grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
-  const int L = spec_.layers, Bl = batch_ / q, Hl = spec_.heads / q;
-  for (int l = 0; l < L; ++l) {
-    sharded::LayerActs& A = layer_acts_[l];
-    const Block& b = blocks_[l];
-    float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
-    layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
-                        C, eps, s_.ln_work);
-    linear_forward(b.qkv, A.ln1, A.qkv);
-    attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
-    linear_forward(b.proj, A.atty, A.xmid);
-    k::add(A.xmid, A.x, R * c);
-    layernorm2d_forward(grid_, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w, P + b.ln2_b, BT,
-                        C, eps, s_.ln_work);
-    linear_forward(b.fc, A.ln2, A.h);
-    activation_forward(A.a, A.h, R * f_);
-    linear_forward(b.fc2, A.a, next);
-    k::add(next, A.xmid, R * c);
-  }
+  for (int l = 0; l < spec_.layers; ++l) block_forward(l);
   layernorm2d_forward(grid_, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_, P + lnf_b_, BT, C,
                       eps, s_.ln_work);
   // Logits block (i, j): this rank's rows against vocabulary block j (tied LM head).
@@ -400,6 +415,12 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
                        lnf_mean_, lnf_rstd_, BT, C, s_.ln_work);
   const int Bl = batch_ / q, Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
+    // A recomputed segment's forward again, from its kept input, before its last block's
+    // backward (the same operations in the same order: the same bits; the rewritten output is
+    // the next block's input as forward left it).
+    if (recompute_plan_.segment_end(l)) {
+      for (int m = recompute_plan_.start[std::size_t(l)]; m <= l; ++m) block_forward(m);
+    }
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
     // dx holds the gradient of the block's output; the residual passes it to xmid unchanged.

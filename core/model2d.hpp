@@ -25,7 +25,8 @@
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), activation checkpointing, fused attention, sequence
+// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), rotor and selective checkpointing (whole blocks
+// are recomputed: `keep`), fused attention, sequence
 // parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
@@ -49,8 +50,11 @@ class Model2D final : public GridModel {
   // Buffers for micro-batches of exactly `batch` sequences of `seq_len` tokens (batch % q == 0,
   // heads, hidden and ffn_hidden multiples of q; throws naming the value otherwise).
   // `depth` (2.5D): the ranks at this grid position in the other depth layers; null for 2D.
+  // `keep`: activation checkpointing at block granularity (sharded::BlockRecompute): a dropped
+  // block's activations live in a recompute arena (temporaries) and are rebuilt in backward.
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
-          MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16);
+          MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16,
+          const std::vector<Keep>& keep = {});
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -125,6 +129,7 @@ class Model2D final : public GridModel {
   static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
                                              int q);
   void map_runs();
+  void block_forward(int l);  // block l from layer_acts_[l].x into the next block's input
   void linear_forward(const Linear& lin, const float* in, float* out);
   void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
   void activation_forward(float* out, const float* in, int64_t n);
@@ -139,6 +144,8 @@ class Model2D final : public GridModel {
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> acts_, scratch_;
+  DeviceArray<float> recompute_;  // the activations of the segment being recomputed
+  sharded::BlockRecompute recompute_plan_;
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

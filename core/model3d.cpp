@@ -19,7 +19,8 @@ namespace k = kernels;
 
 
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
-                 MemoryTracker& tracker, std::size_t unit_multiple)
+                 MemoryTracker& tracker, std::size_t unit_multiple,
+                 const std::vector<Keep>& keep)
     : GridModel(spec, batch), seq_len_(seq_len), q_(groups.input.size()),
       i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
       groups_(groups), first_{groups.input, groups.weight, groups.output},
@@ -78,16 +79,22 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   const int64_t att = int64_t(batch / q2) * (spec.heads / q) * T * T;
   const int64_t per_layer = sharded::layer_act_floats(R, c, f, att);
   const int64_t logits = R * (Vp / q);
+  recompute_plan_ = sharded::block_recompute(keep, int(L));
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             std::size_t(L * per_layer + 2 * R * c + 3 * R + logits));
+                             std::size_t(sharded::kept_block_floats(recompute_plan_, per_layer, R, c) +
+                                         2 * R * c + 3 * R + logits));
+  if (recompute_plan_.longest > 0) {
+    recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries,
+                                    std::size_t(recompute_plan_.longest * per_layer));
+  }
   float* cursor = acts_.data();
   auto carve = [&cursor](int64_t n) {
     float* p = cursor;
     cursor += n;
     return p;
   };
-  layer_acts_.resize(L);
-  for (sharded::LayerActs& a : layer_acts_) cursor = sharded::carve_layer(a, cursor, R, c, f, att);
+  cursor = sharded::carve_blocks(layer_acts_, recompute_plan_, cursor, recompute_.data(), R, c, f,
+                                 att);
   x_final_ = carve(R * c);
   lnf_ = carve(R * c);
   lnf_mean_ = carve(R);
@@ -307,6 +314,36 @@ void Model3D::linear_backward(const Linear& lin, const float* in, const float* d
   k::add(G + lin.w, s_.dweight, lin.in / q_ * (lin.out / (q_ * q_)));
 }
 
+// Block l's forward: its activations (kept, or the recompute arena's) from its input x; the
+// output goes to the next block's input (the final layernorm's after the last block).
+void Model3D::block_forward(int l) {
+  const int q = q_, T = seq_len_;
+  const int64_t R = rows_, c = c_, C = spec_.hidden;
+  const float* P = params();
+  const float eps = spec_.layernorm_eps();
+  const int L = spec_.layers, Bl = batch_ / (q * q), Hl = spec_.heads / q;
+  TensorGroup& x_columns = groups_.output;  // splits the X layout's columns
+  sharded::LayerActs& A = layer_acts_[l];
+  const Block& b = blocks_[l];
+  float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
+  layernorm_split_forward(x_columns, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w,
+                          P + b.ln1_b, R, c, C, eps, s_.ln_work);
+  linear_forward(b.qkv, A.ln1, A.qkv);
+  attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+  linear_forward(b.proj, A.atty, A.xmid);
+  k::add(A.xmid, A.x, R * c);
+  layernorm_split_forward(x_columns, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w,
+                          P + b.ln2_b, R, c, C, eps, s_.ln_work);
+  linear_forward(b.fc, A.ln2, A.h);
+  if (spec_.arch == Arch::gpt2) {
+    k::gelu_forward(A.a, A.h, R * f_);
+  } else {
+    k::relu_forward(A.a, A.h, R * f_);
+  }
+  linear_forward(b.fc2, A.a, next);
+  k::add(next, A.xmid, R * c);
+}
+
 double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch,
                         float grad_scale, int slot) {
   check_micro_batch(batch, slot);
@@ -335,29 +372,8 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch
     Kokkos::fence();
     groups_.plane_l.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
-  const int L = spec_.layers, Bl = batch_ / (q * q), Hl = spec_.heads / q;
+  for (int l = 0; l < spec_.layers; ++l) block_forward(l);
   TensorGroup& x_columns = groups_.output;  // splits the X layout's columns
-  for (int l = 0; l < L; ++l) {
-    sharded::LayerActs& A = layer_acts_[l];
-    const Block& b = blocks_[l];
-    float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
-    layernorm_split_forward(x_columns, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w,
-                            P + b.ln1_b, R, c, C, eps, s_.ln_work);
-    linear_forward(b.qkv, A.ln1, A.qkv);
-    attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
-    linear_forward(b.proj, A.atty, A.xmid);
-    k::add(A.xmid, A.x, R * c);
-    layernorm_split_forward(x_columns, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w,
-                            P + b.ln2_b, R, c, C, eps, s_.ln_work);
-    linear_forward(b.fc, A.ln2, A.h);
-    if (spec_.arch == Arch::gpt2) {
-      k::gelu_forward(A.a, A.h, R * f_);
-    } else {
-      k::relu_forward(A.a, A.h, R * f_);
-    }
-    linear_forward(b.fc2, A.a, next);
-    k::add(next, A.xmid, R * c);
-  }
   layernorm_split_forward(x_columns, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_,
                           P + lnf_b_, R, c, C, eps, s_.ln_work);
   // Logits in the Y layout: rows block i q + l, vocabulary block j of q.
@@ -390,6 +406,11 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
                            lnf_mean_, lnf_rstd_, R, c, C, s_.ln_work);
   const int Bl = batch_ / (q * q), Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
+    // A recomputed segment's forward again, from its kept input, before its last block's
+    // backward (the same operations in the same order: the same bits).
+    if (recompute_plan_.segment_end(l)) {
+      for (int m = recompute_plan_.start[std::size_t(l)]; m <= l; ++m) block_forward(m);
+    }
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
     linear_backward(b.fc2, A.a, s_.dx, s_.dh);

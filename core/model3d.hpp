@@ -17,7 +17,8 @@
 // over the plane sharing l; reduce_gradients sums them there.
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), activation checkpointing, fused attention, sequence
+// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), rotor and selective checkpointing (whole blocks
+// are recomputed: `keep`), fused attention, sequence
 // parallelism (the config refuses them with mode 3d). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
@@ -53,7 +54,8 @@ class Model3D final : public GridModel {
   // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
   // value and the nearest valid ones otherwise).
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
-          MemoryTracker& tracker, std::size_t unit_multiple = 16);
+          MemoryTracker& tracker, std::size_t unit_multiple = 16,
+          const std::vector<Keep>& keep = {});
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -111,6 +113,7 @@ class Model3D final : public GridModel {
   static sharded::ScratchSizes scratch_sizes(const ModelSpec& spec, int batch, int seq_len,
                                              int q);
   void map_runs();
+  void block_forward(int l);  // block l from layer_acts_[l].x into the next block's input
   Cube3D& cube(const Linear& lin) { return lin.to_y ? first_ : second_; }
   void linear_forward(const Linear& lin, const float* in, float* out);
   void linear_backward(const Linear& lin, const float* in, const float* dout, float* din);
@@ -124,6 +127,8 @@ class Model3D final : public GridModel {
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> acts_, scratch_;
+  DeviceArray<float> recompute_;  // the activations of the segment being recomputed
+  sharded::BlockRecompute recompute_plan_;
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

@@ -120,6 +120,64 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
   copy_to_device(params, host.data(), host.size() * sizeof(float));
 }
 
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers) {
+  BlockRecompute plan;
+  plan.start.assign(std::size_t(layers), -1);
+  if (keep.empty()) return plan;
+  if (keep.size() != std::size_t(layers) * kOpsPerBlock) {
+    throw std::invalid_argument("checkpointing.policy: a schedule of " +
+                                std::to_string(keep.size()) + " ops for " +
+                                std::to_string(layers) + " blocks");
+  }
+  for (int b = 0; b < layers; ++b) {
+    const Keep first = keep[std::size_t(b) * kOpsPerBlock];
+    const Keep second = keep[std::size_t(b) * kOpsPerBlock + 1];
+    if (first == Keep::all && second == Keep::all) continue;
+    if (second != Keep::none || first == Keep::all) {
+      throw std::invalid_argument(
+          "checkpointing.policy: the schedule recomputes part of block " + std::to_string(b) +
+          "; the 2d/2.5d/3d models recompute whole blocks only (use full, every_k, sqrt or "
+          "manual)");
+    }
+    const bool continues = first == Keep::none && b > 0 && plan.start[std::size_t(b) - 1] >= 0;
+    plan.start[std::size_t(b)] = continues ? plan.start[std::size_t(b) - 1] : b;
+    plan.longest = std::max(plan.longest, b - plan.start[std::size_t(b)] + 1);
+  }
+  return plan;
+}
+
+int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t R, int64_t c) {
+  int64_t n = 0;
+  for (int b = 0; b < int(plan.start.size()); ++b) {
+    if (!plan.dropped(b)) {
+      n += per_layer;
+    } else if (plan.start[std::size_t(b)] == b) {
+      n += R * c;
+    }
+  }
+  return n;
+}
+
+float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
+                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att) {
+  const int64_t per_layer = layer_act_floats(R, c, f, att);
+  acts.resize(plan.start.size());
+  for (int b = 0; b < int(plan.start.size()); ++b) {
+    LayerActs& a = acts[std::size_t(b)];
+    if (!plan.dropped(b)) {
+      kept = carve_layer(a, kept, R, c, f, att);
+      continue;
+    }
+    const int start = plan.start[std::size_t(b)];
+    carve_layer(a, arena + int64_t(b - start) * per_layer, R, c, f, att);
+    if (start == b) {  // the segment's input is kept
+      a.x = kept;
+      kept += R * c;
+    }
+  }
+  return kept;
+}
+
 float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att) {
   auto carve = [&cursor](int64_t n) {
     float* p = cursor;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/keep.hpp"
 #include "core/model_spec.hpp"
 #include "core/stage_model.hpp"
 #include "core/tensor_mode.hpp"
@@ -52,6 +53,30 @@ constexpr int64_t layer_act_floats(int64_t R, int64_t c, int64_t f, int64_t att)
 }
 // Points `a` into [cursor, cursor + layer_act_floats) and returns the end.
 float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att);
+
+// Activation checkpointing at block granularity (core/keep.hpp's schedule, two ops a block):
+// a block keeps everything (all, all), starts a recomputed segment (input, none) or continues
+// one (none, none; after a kept block, or as block 0, it starts one). start[b] is the first
+// block of b's segment, -1 for a kept block; `longest` the most blocks in one segment. A segment
+// keeps only its first block's input; backward runs the segment's forward again, into an arena
+// of `longest` block sets, before its blocks' backward. Throws invalid_argument naming
+// checkpointing.policy for a schedule that splits a block (these models recompute whole blocks).
+struct BlockRecompute {
+  std::vector<int> start;
+  int longest = 0;
+  bool dropped(int b) const { return start[std::size_t(b)] >= 0; }
+  // The segment's last block: backward recomputes the segment on reaching it.
+  bool segment_end(int b) const {
+    return dropped(b) && (b + 1 == int(start.size()) || start[std::size_t(b) + 1] != start[std::size_t(b)]);
+  }
+};
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers);
+// Floats the blocks keep in the activations buffer: a kept block's set, a segment's input.
+int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t R, int64_t c);
+// Points every block's activations: kept blocks at `kept` (advanced past them and returned),
+// dropped ones at their slot of `arena`, segment starts with their input x at `kept`.
+float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
+                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att);
 
 // Temporaries of a step: the products' work (`work` floats), the embedding's whole-batch columns
 // (BT x c), gradient buffers (R x c three times, R x 3c, R x f), one batch row of attention-score

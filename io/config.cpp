@@ -1431,11 +1431,12 @@ class Resolver {
            "set it to 0 or 1 (ZeRO 1 shards AdamW's moments over the data ranks)");
     refuse(p.offload_optimizer, "parallel.zero.offload.optimizer", "true", "set it to false");
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
-    refuse(config.checkpointing.policy != core::CheckpointPolicy::none, "checkpointing.policy",
-           core::checkpoint_policy_name(config.checkpointing.policy), "set it to none");
-    refuse(config.train.on_nonfinite == OnNonfinite::skip, "train.on_nonfinite", "skip",
-           "set it to stop (these modes stop on a non-finite step, after checkpointing the last "
-           "good one)");
+    // Whole-block recompute runs (full, every_k, sqrt, manual); rotor's schedules split blocks
+    // and are costed with the 1d model's sizes, selective drops attention probabilities only.
+    const core::CheckpointPolicy policy = config.checkpointing.policy;
+    refuse(policy == core::CheckpointPolicy::rotor || policy == core::CheckpointPolicy::selective,
+           "checkpointing.policy", core::checkpoint_policy_name(policy),
+           "set it to none, full, every_k, sqrt or manual (whole blocks recomputed)");
     refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;

@@ -234,6 +234,26 @@ TEST(ConfigSet, OverridesAScalar) {
   EXPECT_EQ(c.log.dir, "runs/x");
 }
 
+// The grid modes run on the shared trainer, whose non-finite step handling covers them: skip is
+// accepted with every tensor mode (tests/test_tensor_md.cpp trains 2d through skipped steps).
+TEST(Config, GridTensorModesAcceptOnNonfiniteSkip) {
+  for (const char* grid : {"{size: 4, mode: 2d}", "{size: 8, mode: 2.5d, depth: 2}",
+                           "{size: 8, mode: 3d}"}) {
+    const Config c = parse_config(std::string(kMinimal) + "train: {on_nonfinite: skip, "
+                                  "micro_batch: 4, global_batch: 16}\nparallel: {tensor: " +
+                                  grid + "}\n", "t.yaml");
+    EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::skip) << grid;
+    EXPECT_NE(c.parallel.tensor_mode, core::TensorMode::d1) << grid;
+    // Whole-block activation checkpointing runs in these modes too.
+    for (const char* policy : {"full", "sqrt", "every_k, every: 2", "manual, blocks: [1]"}) {
+      const Config k = parse_config(std::string(kMinimal) + "checkpointing: {policy: " + policy +
+                                    "}\ntrain: {micro_batch: 4, global_batch: 16}\n"
+                                    "parallel: {tensor: " + grid + "}\n", "t.yaml");
+      EXPECT_NE(k.checkpointing.policy, core::CheckpointPolicy::none) << grid << " " << policy;
+    }
+  }
+}
+
 TEST(ConfigSet, OverridesNestedKeysAndCreatesSections) {
   // kMinimal has no train section: --set creates it.
   const Config c = parse_config(kMinimal, "s.yaml",
@@ -371,8 +391,13 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
        {"parallel.pipeline.size: 2 with tensor mode 3d", "set it to 1"}},
       {std::string(kMinimal) + "parallel: {data: 2, tensor: {size: 4, mode: 2d}, zero: {stage: 2}}\n",
        {"parallel.zero.stage: 2 with tensor mode 2d", "set it to 0 or 1"}},
-      {std::string(kMinimal) + "train: {on_nonfinite: skip}\nparallel: {tensor: {size: 4, mode: 2d}}\n",
-       {"train.on_nonfinite: skip with tensor mode 2d", "set it to stop"}},
+      {std::string(kMinimal) + "checkpointing: {policy: selective}\n"
+                               "parallel: {tensor: {size: 4, mode: 2d}}\n",
+       {"checkpointing.policy: selective with tensor mode 2d", "full, every_k, sqrt or manual"}},
+      {std::string(kMinimal) + "checkpointing: {policy: rotor, memory_budget: 4}\n"
+                               "train: {micro_batch: 4, global_batch: 16}\n"
+                               "parallel: {tensor: {size: 8, mode: 3d}}\n",
+       {"checkpointing.policy: rotor with tensor mode 3d", "whole blocks recomputed"}},
       {std::string(kMinimal) + "train: {micro_batch: 2}\nparallel: {tensor: {size: 8, mode: 3d}}\n",
        {"train.micro_batch: 2 is not a multiple of 4 (mode 3d, q = 2)", "set train.micro_batch to 4"}},
       {std::string(kMinimal) + "parallel: {tensor: {size: 4, depth: 2}}\n",

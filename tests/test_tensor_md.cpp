@@ -9,7 +9,9 @@
 
 #include <cmath>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
@@ -182,6 +184,111 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt-5.h5"));
   ASSERT_EQ(stopped.losses.size(), 1u);
   EXPECT_EQ(stopped.losses[0], whole.losses[4]);
+}
+
+// Activation checkpointing (whole blocks): `full` recomputes each block from its kept input,
+// `sqrt` (2 blocks: one segment of both) the two from block 0's input. The recompute repeats the
+// forward's operations in order, so the run is bitwise the one without checkpointing (and so
+// within the parity tolerance of one rank); the tracker shows what moved: a dropped block keeps
+// only its segment's input (R x c floats) in the activations, and the recompute arena
+// (temporaries) holds the longest segment's block sets.
+TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Layout layout = GetParam();
+  if (world.size() != layout.tensor * layout.data) GTEST_SKIP() << "needs another rank count";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  apps::Trainer reference(config(data, layout, false, "md_ckref" + std::to_string(world.rank())),
+                          nullptr);
+  const apps::TrainSummary expected = reference.train();
+  auto run = [&](core::CheckpointPolicy policy, const std::string& name) {
+    io::Config c = config(data, layout, true, "md_ck" + name + layout.mode);
+    c.checkpointing.policy = policy;
+    auto trainer = std::make_unique<apps::Trainer>(c, nullptr, &world);
+    const apps::TrainSummary s = trainer->train();
+    return std::pair{std::move(trainer), s};
+  };
+  auto [plain, plain_summary] = run(core::CheckpointPolicy::none, "none");
+  auto [full, full_summary] = run(core::CheckpointPolicy::full, "full");
+  auto [sqrt, sqrt_summary] = run(core::CheckpointPolicy::sqrt, "sqrt");
+  test::expect_same_losses(full_summary, expected);
+  const std::vector<float> want = plain->logical_parameters();
+  for (apps::Trainer* t : {full.get(), sqrt.get()}) {
+    const apps::TrainSummary& s = t == full.get() ? full_summary : sqrt_summary;
+    ASSERT_EQ(s.losses.size(), plain_summary.losses.size());
+    for (std::size_t i = 0; i < s.losses.size(); ++i) {
+      EXPECT_EQ(s.losses[i], plain_summary.losses[i]) << "step " << i + 1;
+    }
+    const std::vector<float> got = t->logical_parameters();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t e = 0; e < got.size(); ++e) ASSERT_EQ(got[e], want[e]) << e;
+  }
+  const test::WeightDifference diff =
+      test::weight_difference(full->logical_parameters(), reference.logical_parameters());
+  EXPECT_LT(diff.worst, 1e-4);
+  EXPECT_LT(diff.mean, 1e-6);
+
+  using core::MemCategory;
+  auto peak = [](apps::Trainer& t, MemCategory k) { return int64_t(t.memory().peak(k)); };
+  const int64_t block = peak(*full, MemCategory::temporaries) -
+                        peak(*plain, MemCategory::temporaries);  // one block's set, in bytes
+  const io::Config c = config(data, layout, true, "md_ck");
+  const int64_t input = int64_t(c.train.micro_batch) * c.train.seq_len * c.model.hidden /
+                        (layout.mode == "3d" ? 8 : 4) * int64_t(sizeof(float));
+  EXPECT_GT(block, 4 * input) << "a block keeps far more than its input";
+  EXPECT_EQ(peak(*sqrt, MemCategory::temporaries) - peak(*plain, MemCategory::temporaries),
+            2 * block);
+  EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*full, MemCategory::activations),
+            2 * (block - input));
+  EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*sqrt, MemCategory::activations),
+            2 * block - input);
+  if (world.rank() == 0) {
+    std::printf("[ memory ] %s: activations %lld B (none), %lld B (full), %lld B (sqrt); "
+                "recompute arena %lld B (full), %lld B (sqrt)\n",
+                layout.mode.c_str(), (long long)peak(*plain, MemCategory::activations),
+                (long long)peak(*full, MemCategory::activations),
+                (long long)peak(*sqrt, MemCategory::activations), (long long)block,
+                (long long)(2 * block));
+  }
+}
+
+// train.on_nonfinite: skip. An absurd learning rate makes the first update blow the weights up, so
+// every later step's loss is non-finite: the grid run skips the same 9 steps as one rank does,
+// and the skipped steps leave the weights bitwise where the one good step put them.
+TEST_P(TensorMD, SkipsNonFiniteStepsLikeOneRank) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Layout layout = GetParam();
+  if (world.size() != layout.tensor * layout.data) GTEST_SKIP() << "needs another rank count";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  auto blow_up = [&](io::Config c, int64_t steps) {
+    c.train.steps = steps;
+    c.train.optimizer.lr = 1e30;
+    c.train.optimizer.min_lr = 1e29;
+    c.train.optimizer.warmup = 0;
+    c.train.optimizer.grad_clip = 0;
+    c.train.on_nonfinite = io::OnNonfinite::skip;
+    return c;
+  };
+  apps::Trainer reference(
+      blow_up(config(data, layout, false, "md_skip_ref" + std::to_string(world.rank())), 10),
+      nullptr);
+  const apps::TrainSummary expected = reference.train();
+  ASSERT_EQ(expected.skipped_steps, 9) << "the forcing did not make steps 2-10 non-finite";
+
+  apps::Trainer trainer(blow_up(config(data, layout, true, "md_skip_" + layout.mode), 10),
+                        nullptr, &world);
+  const apps::TrainSummary got = trainer.train();
+  EXPECT_EQ(got.steps, 10);
+  EXPECT_EQ(got.skipped_steps, expected.skipped_steps);
+  EXPECT_NEAR(got.first_loss, expected.first_loss, 1e-5 * expected.first_loss);
+  EXPECT_FALSE(std::isfinite(got.last_loss));
+
+  apps::Trainer one_step(blow_up(config(data, layout, true, "md_skip1_" + layout.mode), 1),
+                         nullptr, &world);
+  EXPECT_EQ(one_step.train().skipped_steps, 0);
+  const std::vector<float> after_ten = trainer.logical_parameters();
+  const std::vector<float> after_one = one_step.logical_parameters();
+  ASSERT_EQ(after_ten.size(), after_one.size());
+  for (std::size_t e = 0; e < after_ten.size(); ++e) ASSERT_EQ(after_ten[e], after_one[e]) << e;
 }
 
 INSTANTIATE_TEST_SUITE_P(
