@@ -35,6 +35,26 @@ CBLAS_TRANSPOSE to_cblas(Trans t) { return t == Trans::N ? CblasNoTrans : CblasT
 // of them runs one product per host thread, each single-threaded.
 constexpr double kSmallProductFlops = 8.0e6;
 
+// product(i) for every i in [0, batch): in order, on the GEMM's own threads, when each product has
+// `flops` >= kSmallProductFlops (or there is one host thread or one product); else spread over
+// the host threads, each calling set_threads(1) first (set_threads(g_blas_threads) after).
+template <class Product, class SetThreads>
+void run_batch(int batch, double flops, const Product& product, const SetThreads& set_threads) {
+  HostThreads& pool = HostThreads::shared();
+  if (pool.size() == 1 || batch < 2 || flops >= kSmallProductFlops) {
+    for (int i = 0; i < batch; ++i) product(std::size_t(i));
+    return;
+  }
+  pool.run(
+      std::size_t(batch),
+      [&](std::size_t, std::size_t begin, std::size_t end) {
+        set_threads(1);
+        for (std::size_t i = begin; i < end; ++i) product(i);
+      },
+      /*grain=*/1, /*align=*/1);
+  set_threads(g_blas_threads);
+}
+
 // Every backend's batched product is a loop of single products: large ones use the GEMM's own
 // threads, small ones are spread over the host threads.
 class LoopedBatchGemm : public Gemm {
@@ -42,25 +62,13 @@ class LoopedBatchGemm : public Gemm {
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    auto products = [&](std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) {
-        gemm(ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
-             C + i * stride_c, ldc);
-      }
-    };
-    HostThreads& pool = HostThreads::shared();
-    if (pool.size() == 1 || batch < 2 || 2.0 * M * N * K >= kSmallProductFlops) {
-      products(0, std::size_t(batch));
-      return;
-    }
-    pool.run(
-        std::size_t(batch),
-        [&](std::size_t, std::size_t begin, std::size_t end) {
-          set_calling_thread_threads(1);
-          products(begin, end);
+    run_batch(
+        batch, 2.0 * M * N * K,
+        [&](std::size_t i) {
+          gemm(ta, tb, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta,
+               C + i * stride_c, ldc);
         },
-        /*grain=*/1, /*align=*/1);
-    set_calling_thread_threads(g_blas_threads);
+        [&](int threads) { set_calling_thread_threads(threads); });
   }
 
  protected:
@@ -240,30 +248,18 @@ class OneDnnBf16Gemm final : public Gemm {
     }
     const std::uint16_t* a = converted(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
     const std::uint16_t* b = converted(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
-    auto products = [&](std::size_t begin, std::size_t end) {
-      for (std::size_t i = begin; i < end; ++i) {
-        const int status = gemm_(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', M, N, K,
-                                 alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
-                                 C + i * stride_c, ldc);
-        if (status != 0) {
-          throw std::runtime_error("dnnl_gemm_bf16bf16f32 failed with status " +
-                                   std::to_string(status));
-        }
-      }
-    };
-    HostThreads& pool = HostThreads::shared();
-    if (pool.size() == 1 || batch < 2 || 2.0 * M * N * K >= kSmallProductFlops) {
-      products(0, std::size_t(batch));
-      return;
-    }
-    pool.run(
-        std::size_t(batch),
-        [&](std::size_t, std::size_t begin, std::size_t end) {
-          set_threads_(1);
-          products(begin, end);
+    run_batch(
+        batch, 2.0 * M * N * K,
+        [&](std::size_t i) {
+          const int status = gemm_(ta == Trans::N ? 'N' : 'T', tb == Trans::N ? 'N' : 'T', M, N,
+                                   K, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+                                   C + i * stride_c, ldc);
+          if (status != 0) {
+            throw std::runtime_error("dnnl_gemm_bf16bf16f32 failed with status " +
+                                     std::to_string(status));
+          }
         },
-        /*grain=*/1, /*align=*/1);
-    set_threads_(g_blas_threads);
+        set_threads_);
   }
 
  private:

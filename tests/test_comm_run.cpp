@@ -17,29 +17,13 @@
 #include <vector>
 
 #include "tests/metrics_h5.hpp"
+#include "tests/run_program.hpp"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
-Result run(const std::string& command) {
-  Result r{-1, ""};
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  std::array<char, 4096> buf{};
-  while (std::fgets(buf.data(), buf.size(), pipe) != nullptr) r.output += buf.data();
-  const int status = pclose(pipe);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string bin(const std::string& program) {
-  const char* dir = std::getenv("COLOSSAL_BIN_DIR");
-  return std::string(dir ? dir : "build/bin") + "/" + program;
-}
+using colossal::test::bin;
+using colossal::test::Result;
+using colossal::test::run;
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
