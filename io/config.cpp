@@ -1123,7 +1123,7 @@ class Resolver {
       config.model = spec_from_hf_config(path);
     } catch (const WeightsError& e) {
       raise(where_value("model.init_from"), "model.preset", std::string("from_weights: ") + e.what(),
-            "Hugging Face GPT2Config or OPTConfig of a model ours can run",
+            "Hugging Face GPT2Config, OPTConfig or LlamaConfig of a model ours can run",
             "fix the weights' config.json, or drop model.preset: from_weights and set the sizes");
     }
     config.model_preset = kFromWeights;

@@ -44,6 +44,29 @@ std::string hf_config_json(const core::ModelSpec& s) {
       j["bos_token_id"] = nullptr;
       j["eos_token_id"] = nullptr;
     }
+  } else if (s.llama()) {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["vocab_size"] = s.vocab;
+    j["max_position_embeddings"] = s.max_seq;
+    j["hidden_size"] = s.hidden;
+    j["intermediate_size"] = s.ffn_hidden;
+    j["num_hidden_layers"] = s.layers;
+    j["num_attention_heads"] = s.heads;
+    j["num_key_value_heads"] = s.key_value_heads();
+    j["head_dim"] = s.head_dim();
+    j["hidden_act"] = "silu";
+    j["rms_norm_eps"] = s.rms_eps;
+    j["rope_theta"] = s.rope_theta;
+    j["rope_scaling"] = nullptr;
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["attention_dropout"] = 0.0;
+    j["initializer_range"] = 0.02;
+    j["pretraining_tp"] = 1;
+    // Our byte and llama-2 vocabularies carry no special-token ids of their own.
+    j["bos_token_id"] = nullptr;
+    j["eos_token_id"] = nullptr;
   } else {
     j["architectures"] = {"OPTForCausalLM"};
     j["model_type"] = "opt";
@@ -70,7 +93,7 @@ std::string hf_config_json(const core::ModelSpec& s) {
       j["eos_token_id"] = 2;
     }
   }
-  j["tie_word_embeddings"] = true;
+  j["tie_word_embeddings"] = s.tied();
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
   return j.dump(2) + "\n";

@@ -39,7 +39,23 @@ std::string key_for(const core::ParamSpec& p, const core::ModelSpec& s, std::siz
   auto set = [](const std::string& key, int64_t v) {
     return "set " + key + ": " + std::to_string(v) + " to match the file";
   };
-  if (p.role == core::ParamRole::token_embedding && dim == 0) return set("model.vocab", found);
+  if ((p.role == core::ParamRole::token_embedding || p.role == core::ParamRole::lm_head) &&
+      dim == 0)
+    return set("model.vocab", found);
+  if (s.llama()) {
+    const auto ends = [&](const char* tail) {
+      const std::string t(tail);
+      return p.name.size() >= t.size() &&
+             p.name.compare(p.name.size() - t.size(), t.size(), t) == 0;
+    };
+    if ((ends("k_proj.weight") || ends("v_proj.weight")) && dim == 0 &&
+        found % s.head_dim() == 0)
+      return set("model.kv_heads", found / s.head_dim());
+    if (((ends("gate_proj.weight") || ends("up_proj.weight")) && dim == 0) ||
+        (ends("down_proj.weight") && dim == 1))
+      return set("model.ffn_hidden", found);
+    return set("model.hidden", found);
+  }
   if (p.role == core::ParamRole::position_embedding && dim == 0)
     return set("model.max_seq", found - s.position_offset());
   if (want == s.ffn_hidden && s.ffn_hidden != s.hidden) return set("model.ffn_hidden", found);
@@ -137,6 +153,9 @@ std::string check_safetensors(const std::string& path, const core::ModelSpec& sp
       else if (gpt2 && (set.has("model.decoder.embed_tokens.weight") ||
                         set.has("decoder.embed_tokens.weight")))
         todo = "the file is an OPT checkpoint; set model.arch: opt";
+      else if (p.role == core::ParamRole::lm_head)
+        todo = "the file has no untied LM head (Hugging Face tie_word_embeddings: true); set "
+               "model.tie_embeddings: true";
       else if (!gpt2 && (set.has("transformer.wte.weight") || set.has("wte.weight")))
         todo = "the file is a GPT-2 checkpoint; set model.arch: gpt2";
       else
@@ -163,6 +182,10 @@ std::string check_safetensors(const std::string& path, const core::ModelSpec& sp
       ++buffers;  // causal-mask buffers: transformers recomputes them and so do we
       continue;
     }
+    if (spec.llama() && ends(".rotary_emb.inv_freq")) {
+      ++buffers;  // rotary frequencies: recomputed from rope_theta
+      continue;
+    }
     if (!gpt2 && (ends("project_in.weight") || ends("project_out.weight")))
       throw WeightsError(set.path() + ": tensor '" + n +
                          "' projects the embedding to another width (OPTConfig "
@@ -175,7 +198,9 @@ std::string check_safetensors(const std::string& path, const core::ModelSpec& sp
         throw WeightsError(set.path() + ": tensor 'lm_head.weight' has shape " +
                            shape_text(head.shape) + " but the tied head is the token embedding " +
                            shape_text(logical.front().shape) +
-                           "; our model ties the LM head to the embedding");
+                           "; our model ties the LM head to the embedding" +
+                           (spec.llama() ? std::string(" (model.tie_embeddings)")
+                                         : std::string()));
       constexpr uint64_t kChunk = 1 << 16;
       const uint64_t total = head.elements();
       std::vector<float> a(std::min(total, kChunk)), b(a.size());
@@ -190,7 +215,9 @@ std::string check_safetensors(const std::string& path, const core::ModelSpec& sp
                 "' (element " + std::to_string(at + i) + ": " + std::to_string(a[i]) + " vs " +
                 std::to_string(b[i]) +
                 "); our model ties the LM head to the token embedding, so an untied head "
-                "cannot be loaded");
+                "cannot be loaded" +
+                (spec.llama() ? std::string(" (set model.tie_embeddings: false to load it)")
+                              : std::string()));
       }
       notes += "model.init_from: lm_head.weight equals " + embed +
                ": accepted as the tied head\n";
@@ -208,7 +235,9 @@ std::string check_safetensors(const std::string& path, const core::ModelSpec& sp
            " tensors to fp32\n";
   if (buffers > 0)
     out += "model.init_from: ignored " + std::to_string(buffers) +
-           " causal-mask buffers (attn.bias, attn.masked_bias), as transformers does\n";
+           (spec.llama() ? " rotary buffers (rotary_emb.inv_freq), recomputed from rope_theta\n"
+                         : " causal-mask buffers (attn.bias, attn.masked_bias), as transformers "
+                           "does\n");
   return out + notes;
 }
 
@@ -402,8 +431,61 @@ core::ModelSpec spec_from_hf_config(const std::string& path) {
     flag_must_be("enable_bias", true, "linear layers with biases");
     flag_must_be("layer_norm_elementwise_affine", true, "layernorms with weight and bias");
     flag_must_be("_remove_final_layer_norm", false, "the final layernorm");
+  } else if (type == "llama") {
+    s.arch = core::Arch::llama;
+    s.hidden = integer("hidden_size", 4096);
+    s.layers = integer("num_hidden_layers", 32);
+    s.heads = integer("num_attention_heads", 32);
+    s.kv_heads = integer("num_key_value_heads", s.heads);
+    s.ffn_hidden = integer("intermediate_size", 11008);
+    s.max_seq = integer("max_position_embeddings", 2048);
+    s.vocab = integer("vocab_size", 32000);
+    const auto number = [&](const std::string& key, double fallback) {
+      if (!c.contains(key) || c[key].is_null()) return fallback;
+      if (!c[key].is_number() || !(c[key].get<double>() > 0.0))
+        throw fail(key, "is " + c[key].dump() + ", not a positive number");
+      return c[key].get<double>();
+    };
+    s.rms_eps = number("rms_norm_eps", 1e-6);
+    s.rope_theta = number("rope_theta", 10000.0);
+    if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_null()) {
+      if (!c["tie_word_embeddings"].is_boolean())
+        throw fail("tie_word_embeddings", "is " + c["tie_word_embeddings"].dump() +
+                                              ", not true or false");
+      s.tie_embeddings = c["tie_word_embeddings"].get<bool>();
+    }
+    const std::string act = text("hidden_act", "silu");
+    if (act != "silu")
+      throw fail("hidden_act", "is '" + act + "'; our LLaMA MLP computes SwiGLU (silu)");
+    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
+      throw fail("rope_scaling", "is " + c["rope_scaling"].dump() +
+                                     "; our rotary embedding is unscaled (rope_scaling: null)");
+    // transformers 5 folds rope_theta into rope_parameters; only the default rope type runs.
+    if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+      const json& rp = c["rope_parameters"];
+      if (rp.contains("rope_type") && rp["rope_type"] != "default")
+        throw fail("rope_parameters", "is " + rp.dump() +
+                                          "; our rotary embedding supports rope_type default");
+      if (rp.contains("rope_theta") && rp["rope_theta"].is_number() &&
+          !c.contains("rope_theta"))
+        s.rope_theta = rp["rope_theta"].get<double>();
+    }
+    flag_must_be("attention_bias", false, "q/k/v/o projections without biases");
+    flag_must_be("mlp_bias", false, "gate/up/down projections without biases");
+    if (s.hidden % s.heads == 0) {
+      const int head_dim = integer("head_dim", s.hidden / s.heads);
+      if (head_dim != s.hidden / s.heads)
+        throw fail("head_dim", "is " + std::to_string(head_dim) + "; our LLaMA's head size is "
+                                   "hidden_size / num_attention_heads = " +
+                                   std::to_string(s.hidden / s.heads));
+    }
+    if (s.heads % s.kv_heads != 0)
+      throw fail("num_key_value_heads", "is " + std::to_string(s.kv_heads) +
+                                            ", which does not divide num_attention_heads " +
+                                            std::to_string(s.heads));
   } else {
-    throw fail("model_type", "is '" + type + "'; model.preset: from_weights reads gpt2 and opt");
+    throw fail("model_type",
+               "is '" + type + "'; model.preset: from_weights reads gpt2, opt and llama");
   }
   if (s.hidden % s.heads != 0)
     throw WeightsError(file + ": hidden size " + std::to_string(s.hidden) +

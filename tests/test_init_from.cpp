@@ -36,7 +36,8 @@ struct Layout {
 std::string model_yaml(const std::string& arch) {
   return "model: {arch: " + arch +
          ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200, max_seq: 16, "
-         "vocab_multiple: 16";
+         "vocab_multiple: 16" +
+         (arch == "llama" ? ", kv_heads: 2, rope_theta: 500.0, rms_eps: 1.0e-6" : "");
 }
 
 io::Config config(const std::string& arch, const std::string& data, const std::string& run,
@@ -72,7 +73,8 @@ void write_hf_dir(const std::string& dir, const core::ModelSpec& spec,
                   uint64_t shard_bytes = 0) {
   std::vector<io::StTensorOut> out;
   for (const auto& p : table) out.push_back({p.name, p.shape, values.data() + p.offset});
-  out.push_back({"lm_head.weight", table.front().shape, values.data() + table.front().offset});
+  if (spec.tied())  // transformers saves the tied head too; an untied llama's is in `table`
+    out.push_back({"lm_head.weight", table.front().shape, values.data() + table.front().offset});
   std::vector<float> mask(std::size_t(spec.max_seq) * spec.max_seq, 1.0f);
   if (spec.arch == core::Arch::gpt2)
     for (int l = 0; l < spec.layers; ++l)
@@ -85,6 +87,13 @@ void write_hf_dir(const std::string& dir, const core::ModelSpec& spec,
          {"n_head", spec.heads}, {"n_inner", spec.ffn_hidden}, {"n_positions", spec.max_seq},
          {"vocab_size", spec.vocab}, {"activation_function", "gelu_new"},
          {"layer_norm_epsilon", 1e-5}};
+  else if (spec.llama())
+    c = {{"model_type", "llama"}, {"hidden_size", spec.hidden},
+         {"num_hidden_layers", spec.layers}, {"num_attention_heads", spec.heads},
+         {"num_key_value_heads", spec.key_value_heads()}, {"intermediate_size", spec.ffn_hidden},
+         {"max_position_embeddings", spec.max_seq}, {"vocab_size", spec.vocab},
+         {"rms_norm_eps", spec.rms_eps}, {"rope_theta", spec.rope_theta},
+         {"tie_word_embeddings", spec.tie_embeddings}, {"hidden_act", "silu"}};
   else
     c = {{"model_type", "opt"}, {"hidden_size", spec.hidden}, {"num_hidden_layers", spec.layers},
          {"num_attention_heads", spec.heads}, {"ffn_dim", spec.ffn_hidden},
@@ -108,7 +117,7 @@ double first_loss(const io::Config& c, parallel::Communicator* world) {
 TEST(InitFrom, EveryLayoutStartsFromTheFileWithTheSameLoss) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const std::string data = test::shared_training_text(world, "colossal_if_data.txt", 77);
-  for (const std::string arch : {"gpt2", "opt"}) {
+  for (const std::string arch : {"gpt2", "opt", "llama"}) {
     const std::string dir = fresh_dir(world, arch + std::to_string(world.size()));
     apps::Trainer reference(config(arch, data, "ref" + std::to_string(world.rank()), {}, ""),
                             nullptr);
@@ -116,8 +125,10 @@ TEST(InitFrom, EveryLayoutStartsFromTheFileWithTheSameLoss) {
     // Weights the seeded initialisation does not give: a model that ignored init_from would
     // start elsewhere. (The seed also orders the data, so every run keeps it.)
     std::vector<float> values = reference.logical_parameters();
+    // (RMSNorm undoes much of a uniform scale: llama's weights get a larger wobble.)
+    const float wobble = arch == "llama" ? 0.1f : 0.01f;
     for (std::size_t i = 0; i < values.size(); ++i)
-      values[i] = 1.25f * values[i] + 0.01f * std::sin(float(i));
+      values[i] = 1.25f * values[i] + wobble * std::sin(float(i));
     const double unrelated = reference.evaluate();
     reference.set_local_parameters(reference.from_logical(values));
     ASSERT_GT(std::abs(reference.evaluate() - unrelated), 1e-3 * unrelated);
@@ -151,6 +162,7 @@ TEST(InitFrom, EveryLayoutStartsFromTheFileWithTheSameLoss) {
     for (const Layout& l : layouts) {
       for (const std::string& source : {dir + "/hf", dir + "/model.h5"}) {
         if (l.mode == "2d" && arch == "opt" && source != dir + "/hf") continue;
+        if (l.mode == "2d" && arch == "llama") continue;  // llama runs the 1D layouts
         const uint64_t before = io::weights_elements_read();
         const double loss = first_loss(config(arch, data, "l" + l.name(), l, source), &world);
         const uint64_t read = io::weights_elements_read() - before;
@@ -285,6 +297,54 @@ TEST(InitFrom, RefusesMismatchesNamingTheTensorAndTheKey) {
                      {{3, 0, got.size(), got.data()}});
     for (float x : got) ASSERT_EQ(x, 1.0f);
   }
+  // LLaMA: an untied head is a tensor of its own; k/v and MLP shapes name their keys; a tied
+  // model accepts an lm_head equal to the embedding.
+  {
+    const io::Config lc = config("llama", "unused", "bad", {}, "");
+    ASSERT_FALSE(lc.model.tied());
+    const auto lt = core::parameter_table(lc.model);
+    std::vector<float> v(core::parameter_units(lt, 16).back().end);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = float(i % 89) * 0.01f;
+    write_hf_dir(dir + "/llama", lc.model, lt, v);
+    e = check(dir + "/llama", lc.model);
+    EXPECT_TRUE(has(e, "accepted: model.init_from: " + std::to_string(lt.size()) + " tensors"))
+        << e;
+    EXPECT_EQ(lt.back().name, "lm_head.weight");
+    core::ModelSpec o = lc.model;
+    o.kv_heads = 4;
+    e = check(dir + "/llama", o);
+    EXPECT_TRUE(has(e, "tensor 'model.layers.0.self_attn.k_proj.weight' has shape [16, 32] but "
+                       "the model expects [32, 32]; set model.kv_heads: 2")) << e;
+    o = lc.model;
+    o.ffn_hidden = 96;
+    e = check(dir + "/llama", o);
+    EXPECT_TRUE(has(e, "tensor 'model.layers.0.mlp.gate_proj.weight' has shape [64, 32] but the "
+                       "model expects [96, 32]; set model.ffn_hidden: 64")) << e;
+    o = lc.model;
+    o.vocab = 256;
+    e = check(dir + "/llama", o);
+    EXPECT_TRUE(has(e, "set model.vocab: 200")) << e;
+    // The untied file into a tied model: lm_head differs from the embedding.
+    o = lc.model;
+    o.tie_embeddings = true;
+    e = check(dir + "/llama", o);
+    EXPECT_TRUE(has(e, "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight'")) << e;
+    EXPECT_TRUE(has(e, "set model.tie_embeddings: false")) << e;
+    // A tied file (lm_head equal to the embedding, as save_pretrained writes it).
+    const auto tt = core::parameter_table(o);
+    std::vector<float> tv(core::parameter_units(tt, 16).back().end, 0.25f);
+    write_hf_dir(dir + "/llama_tied", o, tt, tv);
+    e = check(dir + "/llama_tied", o);
+    EXPECT_TRUE(has(e, "lm_head.weight equals model.embed_tokens.weight: accepted as the tied "
+                       "head")) << e;
+    // A tied file without lm_head.weight into the untied model: missing, with the key.
+    std::vector<io::StTensorOut> out;
+    for (const auto& p : tt) out.push_back({p.name, p.shape, tv.data() + p.offset});
+    io::write_safetensors_dir(dir + "/llama_nohead", out, 0);
+    e = check(dir + "/llama_nohead", lc.model);
+    EXPECT_TRUE(has(e, "tensor 'lm_head.weight' is missing")) << e;
+    EXPECT_TRUE(has(e, "set model.tie_embeddings: true")) << e;
+  }
   e = check(dir + "/nowhere", c.model);
   EXPECT_TRUE(has(e, "does not exist")) << e;
 }
@@ -344,8 +404,61 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
       << error("");
   write({{"model_type", "opt"}, {"do_layer_norm_before", false}});
   EXPECT_NE(error("").find("do_layer_norm_before: is false"), std::string::npos) << error("");
-  write({{"model_type", "llama"}});
-  EXPECT_NE(error("").find("model_type: is 'llama'"), std::string::npos) << error("");
+  // LlamaConfig: the sizes, GQA, eps, theta and tying; what we do not run is refused by key.
+  const nlohmann::json llama = {
+      {"model_type", "llama"},       {"hidden_size", 64},           {"num_hidden_layers", 3},
+      {"num_attention_heads", 8},    {"num_key_value_heads", 2},    {"intermediate_size", 160},
+      {"max_position_embeddings", 96}, {"vocab_size", 256},         {"rms_norm_eps", 1e-6},
+      {"rope_theta", 500000.0},      {"tie_word_embeddings", false}, {"hidden_act", "silu"},
+      {"rope_scaling", nullptr},     {"attention_bias", false},     {"mlp_bias", false},
+      {"head_dim", 8}};
+  write(llama);
+  c = parse("");
+  EXPECT_EQ(c.model.arch, core::Arch::llama);
+  EXPECT_EQ(c.model.hidden, 64);
+  EXPECT_EQ(c.model.layers, 3);
+  EXPECT_EQ(c.model.heads, 8);
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.model.ffn_hidden, 160);
+  EXPECT_EQ(c.model.max_seq, 96);
+  EXPECT_EQ(c.model.vocab, 256);
+  EXPECT_EQ(c.model.rms_eps, 1e-6);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_EQ(io::parse_config(c.text, "again").model.kv_heads, 2);
+  EXPECT_EQ(io::parse_config(c.text, "again").model.rope_theta, 500000.0);
+  {
+    nlohmann::json j = llama;
+    j["tie_word_embeddings"] = true;
+    j.erase("num_key_value_heads");
+    j.erase("rope_theta");  // transformers 5 writes it in rope_parameters
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 2500.0}};
+    write(j);
+    c = parse("");
+    EXPECT_TRUE(c.model.tie_embeddings);
+    EXPECT_EQ(c.model.key_value_heads(), 8);
+    EXPECT_EQ(c.model.rope_theta, 2500.0);
+  }
+  const std::vector<std::pair<std::pair<std::string, nlohmann::json>, std::string>> refused = {
+      {{"hidden_act", "gelu"}, "config.json: hidden_act: is 'gelu'"},
+      {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}, "config.json: rope_scaling: is"},
+      {{"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}}},
+       "config.json: rope_parameters: is"},
+      {{"attention_bias", true}, "config.json: attention_bias: is true"},
+      {{"mlp_bias", true}, "config.json: mlp_bias: is true"},
+      {{"head_dim", 16}, "config.json: head_dim: is 16"},
+      {{"num_key_value_heads", 3}, "config.json: num_key_value_heads: is 3"},
+      {{"rms_norm_eps", -1.0}, "config.json: rms_norm_eps: is -1"},
+  };
+  for (const auto& [edit, want] : refused) {
+    nlohmann::json j = llama;
+    j[edit.first] = edit.second;
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find(want), std::string::npos) << edit.first << ": " << e;
+  }
+  write({{"model_type", "mistral"}});
+  EXPECT_NE(error("").find("model_type: is 'mistral'"), std::string::npos) << error("");
 
   try {
     io::parse_config("model: {preset: from_weights}\ndata: {path: x}\n", "test");

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """The Hugging Face export, read back by the reference packages (no network, nothing downloaded).
 
-For GPT-2 and OPT: a tiny model trained by colossal_train with log.export_hf: true; every tensor
+For GPT-2, OPT and LLaMA (grouped-query, untied head): a tiny model trained by colossal_train with log.export_hf: true; every tensor
 of log.dir/hf/model.safetensors, read by the `safetensors` package (numpy), bitwise equal to
 model.h5's (h5py); colossal_export of the same model.h5 with a small --max-shard-size writes
 shards and an index whose tensors are bitwise the same; its bad inputs are named. With torch and
-transformers importable: GPT2LMHeadModel / OPTForCausalLM.from_pretrained(DIR) loads it with no
+transformers importable: GPT2LMHeadModel / OPTForCausalLM / LlamaForCausalLM.from_pretrained(DIR)
+loads it with no
 missing or unexpected weight, and its validation loss on colossal's windows equals
 colossal_eval's to 1e-5 relative.
 
@@ -74,12 +75,13 @@ with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "data.txt")
     with open(data, "w") as f:
         f.write("Colossal exports to Hugging Face; from_pretrained loads it. " * 80)
-    for arch in ["gpt2", "opt"]:
+    for arch in ["gpt2", "opt", "llama"]:
         run_dir = os.path.join(tmp, arch)
         config = os.path.join(tmp, arch + ".yaml")
         with open(config, "w") as f:
             f.write(f"model: {{arch: {arch}, layers: 2, hidden: 32, heads: 4, ffn_hidden: 48, "
-                    f"vocab: 256, max_seq: 16}}\n"
+                    f"vocab: 256, max_seq: 16"
+                    f"{', kv_heads: 2, rope_theta: 500.0' if arch == 'llama' else ''}}}\n"
                     f"data: {{path: {data}, val_path: {data}, val_windows: 8}}\n"
                     "train: {steps: 3, seq_len: 16, global_batch: 4, micro_batch: 2,\n"
                     "        optimizer: {lr: 1.0e-2, warmup: 1}}\n"
@@ -103,6 +105,16 @@ with tempfile.TemporaryDirectory() as tmp:
         if arch == "gpt2":
             check(ours["transformer.h.0.attn.c_attn.weight"].shape == (32, 96), "Conv1D layout")
             check(cfg["n_inner"] == 48 and cfg["n_positions"] == 16, f"gpt2 config {cfg}")
+        elif arch == "llama":
+            check(ours["model.layers.0.self_attn.k_proj.weight"].shape == (16, 32), "GQA k")
+            check(ours["lm_head.weight"].shape == (256, 32), "untied head")
+            check(not bitwise_equal(ours["lm_head.weight"], ours["model.embed_tokens.weight"]),
+                  "llama: lm_head equals the embedding")
+            check(cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_act"] == "silu" and
+                  cfg["num_key_value_heads"] == 2 and cfg["num_attention_heads"] == 4 and
+                  cfg["intermediate_size"] == 48 and cfg["tie_word_embeddings"] is False and
+                  cfg["rope_theta"] == 500.0 and cfg["max_position_embeddings"] == 16 and
+                  cfg["torch_dtype"] == "float32", f"llama config {cfg}")
         else:
             check(ours["model.decoder.embed_positions.weight"].shape == (18, 32), "offset 2")
             check(ours["model.decoder.layers.0.fc1.weight"].shape == (48, 32), "Linear layout")
@@ -127,13 +139,16 @@ with tempfile.TemporaryDirectory() as tmp:
             check(json.load(f) == cfg, f"{arch}: colossal_export's config.json differs")
 
         if have_torch:
-            cls = (transformers.GPT2LMHeadModel if arch == "gpt2"
-                   else transformers.OPTForCausalLM)
+            cls = {"gpt2": transformers.GPT2LMHeadModel, "opt": transformers.OPTForCausalLM,
+                   "llama": transformers.LlamaForCausalLM}[arch]
             for directory in [hf_dir, out]:
                 model, info = cls.from_pretrained(directory, output_loading_info=True)
                 model.eval()
                 check(not info["unexpected_keys"], f"{arch}: unexpected {info['unexpected_keys']}")
-                missing = set(info["missing_keys"]) - {"lm_head.weight"}
+                # A tied head is the embedding (transformers reports it missing, then ties);
+                # the untied llama's lm_head.weight must be in the file.
+                missing = set(info["missing_keys"]) - ({"lm_head.weight"} if arch != "llama"
+                                                       else set())
                 check(not missing, f"{arch}: missing {missing}")
                 check(not info.get("mismatched_keys"), f"{arch}: mismatched shapes")
                 tokens = np.frombuffer(open(data, "rb").read(), dtype=np.uint8).astype(np.int64)
@@ -149,7 +164,8 @@ with tempfile.TemporaryDirectory() as tmp:
                 r = run([os.path.join(BIN, "colossal_eval"), config, "--weights", model_h5])
                 check(r.returncode == 0, f"{arch}: colossal_eval failed: {r.stderr}")
                 line = [l for l in r.stdout.splitlines() if l.startswith("val loss ")]
-                mine = float(line[-1].split()[-1]) if line else float("nan")
+                # "val loss X (X to 9 digits)": the 9-digit figure
+                mine = float(line[-1].split()[-1].strip("()")) if line else float("nan")
                 rel = abs(mine - theirs) / abs(theirs)
                 print(f"{arch}: from_pretrained({os.path.basename(directory)}) val loss "
                       f"{theirs:.7f}, colossal_eval {mine:.7f}, relative difference {rel:.2e}")

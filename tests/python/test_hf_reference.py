@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """model.init_from against Hugging Face transformers (docs/init-from.md).
 
-For GPT-2 and OPT: builds GPT2LMHeadModel / OPTForCausalLM from a small config with random
-weights, save_pretrained()s it to a temporary directory (OPT sharded with an index), then runs
+For GPT-2, OPT and LLaMA: builds GPT2LMHeadModel / OPTForCausalLM / LlamaForCausalLM (grouped-
+query attention, untied head) from a small config with random weights, save_pretrained()s it to a temporary directory (OPT sharded with an index), then runs
   colossal_eval     with model: {preset: from_weights, init_from: DIR}
   colossal_generate with the same config, --temperature 0
 and checks that our validation loss over the quickstart validation text equals transformers'
@@ -63,6 +63,11 @@ def main():
             num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=64,
             do_layer_norm_before=True, activation_function="relu", dropout=0.0,
             attention_dropout=0.0, init_std=0.1)),
+        "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=160, max_position_embeddings=128,
+            rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=False, hidden_act="silu",
+            attention_bias=False, mlp_bias=False, initializer_range=0.1)),
     }
     failed = False
     with tempfile.TemporaryDirectory(prefix="colossal_hf_") as tmp:
