@@ -622,7 +622,8 @@ TrainSummary Trainer::train() {
   double validation_tensor_bytes = 0.0;
   // A checkpoint after `done` steps; skipped steps applied no AdamW update.
   const auto save = [&](int64_t done) {
-    save_checkpoint(done, done - summary.skipped_steps + start.optimizer_base);
+    save_checkpoint(done, done - summary.skipped_steps + start.optimizer_base,
+                    done + start.schedule_base);
   };
   run_log.start();
   for (int64_t step = first_step; step < t.steps; ++step) {
@@ -941,7 +942,7 @@ void set_store_parameters(core::ParameterStore& store, const std::vector<float>&
   }
 }
 
-void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
+void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step, int64_t schedule_step) {
   std::vector<ChunkState> held(chunks_.size());
   io::CheckpointShard mine;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
@@ -950,7 +951,7 @@ void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step) {
   }
   io::CheckpointState state{step, optimizer_step,
                             step * int64_t(config_.train.global_batch) * config_.train.seq_len,
-                            int64_t(config_.train.seed), config_.text, plan_};
+                            int64_t(config_.train.seed), config_.text, plan_, schedule_step};
   write_checkpoint_over(*world_, config_, logical_table(), mine, state);
   if (watchdog_ != nullptr) watchdog_->progress(step, "after a checkpoint");
 }
@@ -1126,6 +1127,8 @@ RunStart run_start(const io::Config& config, const io::CheckpointState& state) {
     // A checkpoint of a fine-tune counts AdamW updates from before its own step 0.
     start.skipped_steps = std::max<int64_t>(state.step - state.optimizer_step, 0);
     start.optimizer_base = std::max<int64_t>(state.optimizer_step - state.step, 0);
+    // ... and where its LR schedule stood (a fine-tune that continued the schedule).
+    start.schedule_base = std::max<int64_t>(state.schedule_step - state.step, 0);
     return start;
   }
   start.restore_moments = !reset.reset_optimizer;

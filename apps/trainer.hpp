@@ -184,7 +184,7 @@ class Trainer {
 
   // Checkpoints (io/checkpoint.hpp) of the model and AdamW state after `step` steps, written by
   // rank 0; collective. A failure to write is reported on every rank.
-  void save_checkpoint(int64_t step, int64_t optimizer_step);
+  void save_checkpoint(int64_t step, int64_t optimizer_step, int64_t schedule_step);
   // checkpoint.resume: auto: restores the newest intact checkpoint of checkpoint.dir and returns
   // its state (step 0 when there is none); collective.
   io::CheckpointState resume();

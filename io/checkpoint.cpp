@@ -655,6 +655,8 @@ void write_file(const Group& group, const std::string& tmp,
     detail::write_int_attribute(file.get(), "format_version", kCheckpointFormatVersion);
     detail::write_int_attribute(file.get(), "step", state.step);
     detail::write_int_attribute(file.get(), "optimizer_step", state.optimizer_step);
+    detail::write_int_attribute(file.get(), "schedule_step",
+                                state.schedule_step < 0 ? state.step : state.schedule_step);
     detail::write_int_attribute(file.get(), "tokens", state.tokens);
     detail::write_int_attribute(file.get(), "seed", state.seed);
     detail::write_string_attribute(file.get(), "config", state.config);
@@ -808,13 +810,18 @@ CheckpointState read_checkpoint(const std::string& path, const std::vector<core:
     together(group, [&] {
       state.step = detail::read_int_attribute(file.get(), "step");
       state.optimizer_step = detail::read_int_attribute(file.get(), "optimizer_step");
+      state.schedule_step = H5Aexists(file.get(), "schedule_step") > 0
+                                ? detail::read_int_attribute(file.get(), "schedule_step")
+                                : state.step;
       state.tokens = detail::read_int_attribute(file.get(), "tokens");
       state.seed = detail::read_int_attribute(file.get(), "seed");
       state.config = checked_config(file.get(), path);
       state.plan = detail::read_string_attribute(file.get(), "plan");
-      // Counters that are not counts would send the resumed run to a nonsensical step.
-      if (state.step < 0 || state.optimizer_step < 0 || state.optimizer_step > state.step ||
-          state.tokens < 0) {
+      // Counters that are not counts would send the resumed run to a nonsensical step. (A
+      // fine-tune that keeps its moments counts AdamW updates from before its step 0, so
+      // optimizer_step may exceed step; the schedule likewise.)
+      if (state.step < 0 || state.optimizer_step < 0 || state.tokens < 0 ||
+          state.schedule_step < state.step) {
         throw H5Error("checkpoint '" + path + "': step " + std::to_string(state.step) +
                       ", optimizer_step " + std::to_string(state.optimizer_step) + ", tokens " +
                       std::to_string(state.tokens) +

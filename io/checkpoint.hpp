@@ -45,6 +45,10 @@ struct CheckpointState {
   int64_t tokens = 0;
   int64_t seed = 0;
   std::string config, plan;
+  // Where the learning-rate schedule stands after `step`: step itself, plus the steps a fine-tune
+  // continued from (train.reset_schedule: false), so an interrupted fine-tune resumes on its LR
+  // curve. -1 when writing means `step`; files written before it existed read as `step`.
+  int64_t schedule_step = -1;
 };
 
 // CRC-32 (IEEE 802.3) of `bytes` bytes.

@@ -249,6 +249,33 @@ TEST(Checkpoint, ResumesFromAFileAndFineTunesWithResets) {
     }
     EXPECT_LT(schedule[0], schedule[1]);  // warm-up again
   }
+  // An interrupted fine-tune continues on its own curve: each single-reset fine-tune again, with
+  // checkpoints, then continued from its own ckpt-2 (no reset keys: that file's run goes on)
+  // equals the uninterrupted one bitwise, LR included (the continued schedule's offset and the
+  // AdamW updates from before the fine-tune's step 0 are in its checkpoints).
+  for (const std::string reset : {"optimizer", "schedule"}) {
+    SCOPED_TRACE(reset);
+    const apps::TrainSummary& whole = reset == "optimizer" ? moments_reset : schedule_reset;
+    const std::string name = reset + "_ck";
+    const apps::TrainSummary again =
+        run(name, "checkpoint: {resume: " + ckpt4 + ", every: 2, keep: 5}\n", 6,
+            {"train.reset_" + reset + "=true"});
+    ASSERT_EQ(again.losses.size(), 6u);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(again.losses[i], whole.losses[i]) << i;
+    const std::string ckpt2 = dir + "/" + name + "/checkpoints/ckpt-2.h5";
+    const apps::TrainSummary rest2 =
+        run(name + "_rest", "checkpoint: {resume: " + ckpt2 + "}\n", 6);
+    EXPECT_EQ(rest2.first_step, 2);
+    ASSERT_EQ(rest2.losses.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(rest2.losses[i], whole.losses[2 + i]) << "fine-tune step " << 3 + i;
+    }
+    if (world.rank() == 0) {
+      const std::vector<double> a = lrs(reset), b = lrs(name + "_rest");
+      ASSERT_EQ(b.size(), 4u);
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(b[i], a[2 + i]) << "lr, fine-tune step " << 3 + i;
+    }
+  }
 
   // A missing file and a damaged one are errors naming the key and the path.
   const auto error_of = [&](const std::string& name, const std::string& extra) {
