@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -90,6 +91,44 @@ inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
   double s = 0;
   for (std::size_t i = 0; i < a.size(); ++i) s += double(a[i]) * b[i];
   return s;
+}
+
+// A whole model's backward against finite differences of its summed token loss, tensor by tensor
+// (every `count / 20 + 1`-th element of tensors over 40 elements). `model` is a core::Model with
+// its parameters set; tokens/targets hold B x T. Returns the mismatches; with `every_tensor_moves`
+// each tensor must also have a non-zero gradient (a tensor the backward never reaches).
+template <class ModelT>
+int check_model_gradient(ModelT& model, const std::vector<int32_t>& tokens,
+                         const std::vector<int32_t>& targets, int B, int T,
+                         bool every_tensor_moves = false) {
+  model.zero_grad();
+  const double mean = model.forward(tokens.data(), targets.data(), B, 1.0f);  // grad_scale 1
+  model.backward(tokens.data(), B);
+  EXPECT_GT(mean, 0.5);
+  std::vector<float> analytic(model.grads(), model.grads() + model.flat_size());
+  std::vector<float> params(model.params(), model.params() + model.flat_size());
+  auto f = [&] {  // the sum of token losses
+    std::copy(params.begin(), params.end(), model.params());
+    return model.forward(tokens.data(), targets.data(), B, 0.0f) * B * T;
+  };
+  int bad = 0;
+  for (const auto& p : model.parameters()) {
+    std::vector<float> x(params.begin() + p.offset, params.begin() + p.offset + p.count);
+    std::vector<float> g(analytic.begin() + p.offset, analytic.begin() + p.offset + p.count);
+    if (every_tensor_moves) {
+      double norm = 0;
+      for (float v : g) norm += double(v) * v;
+      EXPECT_GT(norm, 0.0) << p.name << " has no gradient";
+    }
+    auto f_tensor = [&] {
+      std::copy(x.begin(), x.end(), params.begin() + p.offset);
+      return f();
+    };
+    const std::size_t stride = p.count > 40 ? p.count / 20 + 1 : 1;
+    bad += check_gradient(p.name, f_tensor, x, g, stride, 1e-2, 3e-3, 3e-2);
+    std::copy(x.begin(), x.end(), params.begin() + p.offset);
+  }
+  return bad;
 }
 
 }  // namespace colossal::test

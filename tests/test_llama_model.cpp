@@ -123,32 +123,9 @@ TEST_P(LlamaGradient, EveryTensorMatchesFiniteDifferences) {
   Model model(spec, B, T, tracker, *gemm);
   const auto values = test::random_vector(model.flat_size(), 7, 0.5f);
   std::copy(values.begin(), values.end(), model.params());
-  model.zero_grad();
-  const double mean = model.forward(kTokens.data(), kTargets.data(), B, 1.0f);
-  model.backward(kTokens.data(), B);
-  EXPECT_GT(mean, 0.5);
-  std::vector<float> analytic(model.grads(), model.grads() + model.flat_size());
-  std::vector<float> params(model.params(), model.params() + model.flat_size());
-  auto f = [&] {
-    std::copy(params.begin(), params.end(), model.params());
-    return model.forward(kTokens.data(), kTargets.data(), B, 0.0f) * B * T;
-  };
-  int bad = 0;
-  for (const ParamSpec& p : model.parameters()) {
-    std::vector<float> x(params.begin() + p.offset, params.begin() + p.offset + p.count);
-    std::vector<float> g(analytic.begin() + p.offset, analytic.begin() + p.offset + p.count);
-    double norm = 0;
-    for (float v : g) norm += double(v) * v;
-    EXPECT_GT(norm, 0.0) << p.name << " has no gradient";
-    auto f_tensor = [&] {
-      std::copy(x.begin(), x.end(), params.begin() + p.offset);
-      return f();
-    };
-    const std::size_t stride = p.count > 40 ? p.count / 20 + 1 : 1;
-    bad += test::check_gradient(p.name, f_tensor, x, g, stride, 1e-2, 3e-3, 3e-2);
-    std::copy(x.begin(), x.end(), params.begin() + p.offset);
-  }
-  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(test::check_model_gradient(model, kTokens, kTargets, B, T,
+                                       /*every_tensor_moves=*/true),
+            0);
 }
 
 // Full recompute (every op but the first drops its activations) gives the stored gradient.

@@ -32,30 +32,7 @@ TEST_P(ModelGradient, EveryTensorMatchesFiniteDifferences) {
   std::copy(values.begin(), values.end(), model.params());
   std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
   std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
-  // f = sum of token losses: grad_scale 1.
-  model.zero_grad();
-  const double mean = model.forward(tokens.data(), targets.data(), B, 1.0f);
-  model.backward(tokens.data(), B);
-  EXPECT_GT(mean, 0.5);
-  std::vector<float> analytic(model.grads(), model.grads() + model.flat_size());
-  std::vector<float> params(model.params(), model.params() + model.flat_size());
-  auto f = [&] {
-    std::copy(params.begin(), params.end(), model.params());
-    return model.forward(tokens.data(), targets.data(), B, 0.0f) * B * T;
-  };
-  int bad = 0;
-  for (const ParamSpec& p : model.parameters()) {
-    std::vector<float> x(params.begin() + p.offset, params.begin() + p.offset + p.count);
-    std::vector<float> g(analytic.begin() + p.offset, analytic.begin() + p.offset + p.count);
-    auto f_tensor = [&] {
-      std::copy(x.begin(), x.end(), params.begin() + p.offset);
-      return f();
-    };
-    const std::size_t stride = p.count > 40 ? p.count / 20 + 1 : 1;
-    bad += test::check_gradient(p.name, f_tensor, x, g, stride, 1e-2, 3e-3, 3e-2);
-    std::copy(x.begin(), x.end(), params.begin() + p.offset);
-  }
-  EXPECT_EQ(bad, 0);
+  EXPECT_EQ(test::check_model_gradient(model, tokens, targets, B, T), 0);
 }
 
 TEST_P(ModelGradient, MicroBatchesAccumulateToTheFullBatchGradient) {
