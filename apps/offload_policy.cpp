@@ -70,7 +70,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   const int stage = config.parallel.zero_stage;
   // The candidates in order: nothing, optimizer states (ZeRO >= 1), also parameters (ZeRO 3).
   std::vector<std::pair<bool, bool>> steps{{false, false}};
-  if (d1 && stage >= 1) steps.emplace_back(true, false);
+  if (stage >= 1) steps.emplace_back(true, false);  // 2d / 2.5d / 3d too (ZeRO 1-2)
   if (d1 && stage == 3) steps.emplace_back(true, true);
   Need need;
   for (auto [opt, params] : steps) {
@@ -85,11 +85,14 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
     }
   }
   std::string more;
-  if (!d1) {
+  if (stage == 0) {
+    more = d1 ? "; parallel.zero.stage >= 1 would let the optimizer states move, 3 the "
+                "parameters too"
+              : "; parallel.zero.stage >= 1 would let the optimizer states move";
+  } else if (!d1) {
     more = "; parallel.tensor.mode " +
-           std::string(core::tensor_mode_name(config.parallel.tensor_mode)) + " cannot offload";
-  } else if (stage == 0) {
-    more = "; parallel.zero.stage >= 1 would let the optimizer states move, 3 the parameters too";
+           std::string(core::tensor_mode_name(config.parallel.tensor_mode)) +
+           " cannot offload parameters (ZeRO 3 runs in 1d only)";
   } else if (stage < 3) {
     more = "; parallel.zero.stage: 3 would let the parameters move too";
   }

@@ -354,7 +354,8 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   chunk.model->set_profiler(&profiler_);
   chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
       model.parameters(), model.full_store(), *grad_, tracker_,
-      zero::OptimizerOptions{.stage = par.zero_stage});
+      zero::OptimizerOptions{.stage = par.zero_stage,
+                             .offload_optimizer = par.offload_optimizer});
   chunk.gradients = std::make_unique<zero::GradientSync>(
       model.parameters(), model.full_store(), *grad_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,

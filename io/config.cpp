@@ -1429,7 +1429,6 @@ class Resolver {
     refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");
     refuse(p.zero_stage > 1, "parallel.zero.stage", std::to_string(p.zero_stage),
            "set it to 0 or 1 (ZeRO 1 shards AdamW's moments over the data ranks)");
-    refuse(p.offload_optimizer, "parallel.zero.offload.optimizer", "true", "set it to false");
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     // Whole-block recompute runs (full, every_k, sqrt, manual); rotor's schedules split blocks
     // and are costed with the 1d model's sizes, selective drops attention probabilities only.

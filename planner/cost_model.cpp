@@ -470,8 +470,13 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLay
   const double padded = std::ceil(params / unit) * unit;
   m[MemCategory::parameters] = padded * kF;
   m[MemCategory::gradients] = padded * kF;
-  m[MemCategory::optimizer] =
-      2 * (l.zero_stage == 1 ? padded / l.data : padded) * kF;  // AdamW's m and v
+  const double shard = l.zero_stage == 1 ? padded / l.data : padded;
+  // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
+  if (l.offload_optimizer) {
+    m[MemCategory::offloaded] = 4 * shard * kF;
+  } else {
+    m[MemCategory::optimizer] = 2 * shard * kF;
+  }
   m[MemCategory::activations] =
       kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, l.q)
                        : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, l.q));
@@ -537,7 +542,19 @@ TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout&
                                     : core::Model2D::parameter_floats(spec, q));
   const int replicas = l.data * (cube ? 1 : l.depth);
   t.data_comm = all_reduce_time(params * kF, replicas, link_for(l.tensor() * l.data, hw));
-  t.optimizer = params * 28.0 / hw.optimizer_bandwidth;
+  // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
+  const double updated = l.zero_stage == 1 ? params / l.data : params;
+  if (l.zero_stage == 1 && l.data > 1) {
+    t.data_comm += gather_time(params * kF, l.data, link_for(l.tensor() * l.data, hw));
+  }
+  if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
+    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
+                                                         : hw.optimizer_bandwidth;
+    t.optimizer = updated * 28.0 / host;
+    if (hw.host_link_bandwidth > 0) t.optimizer += updated * 2 * kF / hw.host_link_bandwidth;
+  } else {
+    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
+  }
   t.step = t.compute + t.tensor_comm + t.data_comm + t.optimizer;
   return t;
 }

@@ -142,6 +142,7 @@ struct TensorModeLayout {
   int q = 2, depth = 1, data = 1;
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
   int zero_stage = 0;  // 0 or 1: AdamW's moments over this data rank's 1/data of the buffer
+  bool offload_optimizer = false;  // ZeRO 1: the moments and the update on the host
   int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
 };
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);

@@ -76,9 +76,9 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
       r.micro_batch % width != 0) {
     return mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
   }
-  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 0 ||
-      r.offload_optimizer || r.bf16 || spec.fused_attention) {
-    return mode + " runs without pipeline, sequence, ZeRO, offload, bf16 and fused attention";
+  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 1 || r.bf16 ||
+      spec.fused_attention) {
+    return mode + " runs without pipeline, sequence, ZeRO 2-3, bf16 and fused attention";
   }
   const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
@@ -105,6 +105,7 @@ TensorModeLayout tensor_mode_layout(const RunLayout& r) {
   l.micro_batches = r.micro_batches();
   l.seq_len = r.seq_len;
   l.zero_stage = r.zero_stage;
+  l.offload_optimizer = r.offload_optimizer;
   return l;
 }
 

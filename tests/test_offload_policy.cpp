@@ -1,6 +1,7 @@
 // parallel.zero.offload.policy: auto: the decisions from the memory plan for made-up device
 // sizes (fits: nothing; a little short: optimizer states; more: parameters too; impossible: an
-// error naming the categories), the static policy untouched, and the keys' validation.
+// error naming the categories), the 2d grid's optimizer offload, the static policy untouched, and
+// the keys' validation.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -102,6 +103,25 @@ TEST(OffloadPolicy, TheZeroStageBoundsWhatCanMove) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("without offload"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("parallel.zero.stage >= 1"), std::string::npos);
+  }
+}
+
+// 2d (and 2.5d / 3d) run ZeRO 1 on the model's own store: the moments can move, the parameters
+// cannot (ZeRO 3 runs in 1d only). The planner's grid closed forms price both.
+TEST(OffloadPolicy, GridModesOffloadTheOptimizerStatesOnly) {
+  const io::Config grid = config(1, ", tensor: {size: 4, mode: 2d}");
+  const double none = need(grid, false, false), opt = need(grid, true, false);
+  ASSERT_GT(none, opt);
+  const OffloadDecision d = decide_offload(grid, none - 1);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_FALSE(d.params);
+  EXPECT_EQ(d.device_bytes, opt);
+  try {
+    decide_offload(grid, opt - 1);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("2d cannot offload parameters"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -2,8 +2,9 @@
 // 10 steps of per-step losses within 1e-5 relative and final logical weights (worst below 1e-4,
 // mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
 // apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
-// 2d x dp2 (also with ZeRO 1) on 8. Also the model file holds the logical tensors and the tensor group's per-rank
-// parameters are the mode's fraction; and training checkpoints resume, also across layouts.
+// 2d x dp2 (also with ZeRO 1, and ZeRO 1 with the optimizer offloaded) on 8. Also the model
+// file holds the logical tensors and the tensor group's per-rank parameters are the mode's
+// fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -27,7 +28,8 @@ namespace {
 struct Layout {
   std::string arch, mode;
   int tensor, depth = 1, data = 1;
-  int zero = 0;  // ZeRO stage (0 or 1)
+  int zero = 0;  // ZeRO stage (0, 1 or 2)
+  bool offload = false;  // parallel.zero.offload.optimizer (ZeRO 1-2)
 };
 
 io::Config config(const std::string& data, const Layout& l, bool sharded, const std::string& run) {
@@ -40,7 +42,8 @@ io::Config config(const std::string& data, const Layout& l, bool sharded, const 
       (sharded ? "parallel: {data: " + std::to_string(l.data) + ", tensor: {size: " +
                      std::to_string(l.tensor) + ", mode: " + l.mode +
                      ", depth: " + std::to_string(l.depth) + "}, zero: {stage: " +
-                     std::to_string(l.zero) + "}}\n"
+                     std::to_string(l.zero) + ", offload: {optimizer: " +
+                     (l.offload ? "true" : "false") + "}}}\n"
                : std::string()) +
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -94,6 +97,7 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   l.micro_batches = c.accumulation_steps();
   l.seq_len = c.train.seq_len;
   l.zero_stage = layout.zero;
+  l.offload_optimizer = layout.offload;
   const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
   for (int k = 0; k < int(core::MemCategory::count); ++k) {
     EXPECT_EQ(predicted.bytes[std::size_t(k)],
@@ -113,7 +117,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
   const std::string name = "md_ck_" + layout.arch + "_" + std::to_string(layout.tensor) + "_" +
                            std::to_string(layout.data) + "_" + std::to_string(layout.depth) +
-                           "_z" + std::to_string(layout.zero);
+                           "_z" + std::to_string(layout.zero) + (layout.offload ? "o" : "");
   const std::string rank = std::to_string(world.rank());
   // Steps 1-10 with checkpoints after 4, 8 and 10; then only the one after 4 is left.
   io::Config full = config(data, layout, true, name);
@@ -296,11 +300,13 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{"gpt2", "2d", 4}, Layout{"opt", "2d", 4},
                       Layout{"gpt2", "2.5d", 8, 2}, Layout{"opt", "2.5d", 8, 2},
                       Layout{"gpt2", "3d", 8}, Layout{"opt", "3d", 8},
-                      Layout{"gpt2", "2d", 4, 1, 2}, Layout{"opt", "2d", 4, 1, 2, 1}),
+                      Layout{"gpt2", "2d", 4, 1, 2}, Layout{"opt", "2d", 4, 1, 2, 1},
+                      Layout{"gpt2", "2d", 4, 1, 2, 1, true}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
-             (info.param.zero > 0 ? "_zero1" : "");
+             (info.param.zero > 0 ? "_zero" + std::to_string(info.param.zero) : "") +
+             (info.param.offload ? "_offload" : "");
     });
 
 }  // namespace
