@@ -54,7 +54,9 @@ void predict_rank(const io::Config& config, int pipeline_rank, const ActivationP
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
                   planner::TimePrediction& time) {
   if (config.parallel.tensor_mode != core::TensorMode::d1) {
-    const planner::TensorModeLayout layout = planner::tensor_mode_layout(run_layout(config));
+    planner::TensorModeLayout layout = planner::tensor_mode_layout(run_layout(config));
+    layout.keep = plan.keep;
+    layout.selective = plan.selective;
     memory = planner::predict_memory(config.model, layout);
     time = planner::predict_time(config.model, layout, hw);
     return;
@@ -75,13 +77,22 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw) {
   const auto& c = config.checkpointing;
   const double budget = c.memory_budget * 1024.0 * 1024.0 * 1024.0;
-  const planner::CheckpointPlan plan = planner::plan_checkpointing(
-      config.model, rank_layout(config, pipeline_rank), hw, c.policy, budget, c.every, c.blocks);
+  const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
+  // 2d / 2.5d / 3d: one op a block (their models recompute whole blocks), the grid's own sizes.
+  const planner::CheckpointPlan plan =
+      grid ? planner::plan_grid_checkpointing(config.model,
+                                              planner::tensor_mode_layout(run_layout(config)), hw,
+                                              c.policy, budget, c.every, c.blocks)
+           : planner::plan_checkpointing(config.model, rank_layout(config, pipeline_rank), hw,
+                                         c.policy, budget, c.every, c.blocks);
   if (!plan.feasible) {
+    const std::string who = grid ? std::string("every rank of the ") +
+                                       core::tensor_mode_name(config.parallel.tensor_mode) + " grid"
+                                 : "pipeline stage " + std::to_string(pipeline_rank);
     throw std::runtime_error(
         "checkpointing.memory_budget " + core::format_bytes(budget) + " is below the " +
-        core::format_bytes(plan.minimum_bytes) + " that pipeline stage " +
-        std::to_string(pipeline_rank) + " needs with the least memory any schedule can use (" +
+        core::format_bytes(plan.minimum_bytes) + " that " + who +
+        " needs with the least memory any schedule can use (" +
         core::format_bytes(plan.rest_bytes) + " without activations); raise "
         "checkpointing.memory_budget, or shard more (ZeRO, tensor or pipeline parallelism)");
   }

@@ -42,12 +42,13 @@ struct ActivationPlan {
 // checkpointing.policy for the ranks of `pipeline_rank`. rotor solves each chunk's chain (two ops
 // per block, costs from the step graph and `hw`) under checkpointing.memory_budget minus what the
 // rest of the rank needs; a budget below the minimum throws std::runtime_error with the numbers.
+// 2d / 2.5d / 3d: planner::plan_grid_checkpointing (whole blocks, the grid's sizes).
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
 
 // What the cost model predicts for the ranks of `pipeline_rank` under `plan`: the per-op step
 // graph of rank_layout in 1d, the closed forms of planner::TensorModeLayout in 2d / 2.5d / 3d
-// (equal to the tracker's bytes; no per-micro-batch times).
+// (equal to the tracker's bytes, the plan's dropped blocks included; no per-micro-batch times).
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
                   planner::TimePrediction& time);

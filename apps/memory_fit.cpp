@@ -27,7 +27,11 @@ namespace colossal::apps {
 planner::MemoryPrediction rank_memory(const io::Config& config, int rank) {
   if (config.parallel.tensor_mode != core::TensorMode::d1) {
     // Every rank of a 2d / 2.5d / 3d grid holds the same bytes (tests/test_tensor_md.cpp).
-    return planner::predict_memory(config.model, planner::tensor_mode_layout(run_layout(config)));
+    planner::TensorModeLayout layout = planner::tensor_mode_layout(run_layout(config));
+    const ActivationPlan plan = activation_plan(config, 0, hardware_spec(config, 0));
+    layout.keep = plan.keep;
+    layout.selective = plan.selective;
+    return planner::predict_memory(config.model, layout);
   }
   const auto& p = config.parallel;
   const parallel::DeviceMesh mesh(parallel::MeshShape{

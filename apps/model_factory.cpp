@@ -30,14 +30,16 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
     built.cube = std::make_unique<core::Cube3DGroups>(core::Cube3DGroups{
         g[G::input], g[G::weight], g[G::output], g[G::plane_l], g[G::plane_j]});
     built.model = std::make_unique<core::Model3D>(spec, batch, seq_len, *built.cube, gemm,
-                                                  tracker, options.unit_multiple, options.keep);
+                                                  tracker, options.unit_multiple, options.keep,
+                                                  options.selective);
     built.grid_text = q + " x " + q + " x " + q + " cube";
     return built;
   }
   built.grid = std::make_unique<core::Grid2D>(core::Grid2D{g[G::row], g[G::col]});
   core::TensorGroup* depth = g.has(G::depth) ? &g[G::depth] : nullptr;
   built.model = std::make_unique<core::Model2D>(spec, batch, seq_len, *built.grid, gemm, tracker,
-                                                depth, options.unit_multiple, options.keep);
+                                                depth, options.unit_multiple, options.keep,
+                                                options.selective);
   built.grid_text = q + " x " + q + " grid" +
                     (sub_grid.depth() > 1
                          ? " x " + std::to_string(sub_grid.depth()) + " depth layers"

@@ -198,15 +198,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // Activation checkpointing as checkpointing.policy decides for this pipeline rank: from the
   // hardware spec as written (not scaled to this rank's threads), so that every rank of a stage
   // derives the same schedule from the same config.
-  // 2d / 2.5d / 3d take whole-block schedules (full, every_k, sqrt, manual), which depend on the
-  // block count only: planned on the model unsplit (the 1d sizes do not divide by these grids).
-  io::Config schedule_config = config_;
-  if (par.tensor_mode != core::TensorMode::d1) {
-    schedule_config.parallel.tensor = 1;
-    schedule_config.parallel.tensor_depth = 1;
-    schedule_config.parallel.tensor_mode = core::TensorMode::d1;
-  }
-  activation_plan_ = activation_plan(schedule_config, stage, hardware_spec(config_, 0));
+  // 2d / 2.5d / 3d take whole-block schedules, costed with the grid's own block sizes.
+  activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
   const planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
   if (par.tensor_mode != core::TensorMode::d1) {
     // 2d / 2.5d / 3d: the tensor group's sub-grid and the sub-groups its model needs.
@@ -345,7 +338,8 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   const std::size_t unit_multiple = par.zero_stage == 1 ? std::size_t(grad_->size()) * 16 : 16;
   chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
                                  core::ModelOptions{.unit_multiple = unit_multiple,
-                                                    .keep = activation_plan_.keep},
+                                                    .keep = activation_plan_.keep,
+                                                    .selective = activation_plan_.selective},
                                  &tensor_grid_groups_);
   chunk.model = chunk.built.model.get();
   chunk.dense = nullptr;

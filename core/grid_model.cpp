@@ -8,6 +8,15 @@
 
 namespace colossal::core {
 
+GridBlockFloats grid_block_floats(const ModelSpec& spec, TensorMode mode, int batch, int seq_len,
+                                  int q) {
+  const int64_t row_split = mode == TensorMode::d3 ? int64_t(q) * q : q;
+  const int64_t T = seq_len, R = int64_t(batch) * T / row_split;
+  const int64_t c = spec.hidden / q, f = spec.ffn_hidden / q;
+  const int64_t att = int64_t(batch) / row_split * (spec.heads / q) * T * T;
+  return {sharded::layer_act_floats(R, c, f, att), R * c, att};
+}
+
 void GridModel::no_stages() const {
   throw std::logic_error("the 2d / 2.5d / 3d tensor-parallel models run the whole model on one "
                          "pipeline stage: they have no stage boundary buffers");

@@ -14,8 +14,21 @@
 #include "core/model_spec.hpp"
 #include "core/parameter_store.hpp"
 #include "core/stage_model.hpp"
+#include "core/tensor_mode.hpp"
 
 namespace colossal::core {
+
+// One transformer block's activations on each rank of a 2d / 2.5d grid or a 3d cube, in floats
+// (sharded::layer_act_floats: R token rows of c = C/q columns, R = B*T/q in 2d and 2.5d, B*T/q^2
+// in 3d): `set`, what a kept block holds; `input`, its input x (R x c), all that the first block
+// of a recomputed segment keeps; `att`, its attention probabilities (in the set), which selective
+// checkpointing keeps for one block only. What Model2D / Model3D allocate from and the planner
+// costs from.
+struct GridBlockFloats {
+  int64_t set = 0, input = 0, att = 0;
+};
+GridBlockFloats grid_block_floats(const ModelSpec& spec, TensorMode mode, int batch, int seq_len,
+                                  int q);
 
 class GridModel : public StageModel {
  public:

@@ -25,9 +25,9 @@
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), rotor and selective checkpointing (whole blocks
-// are recomputed: `keep`), fused attention, sequence
-// parallelism (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
+// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), fused
+// attention, sequence parallelism
+// (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
 
@@ -52,9 +52,11 @@ class Model2D final : public GridModel {
   // `depth` (2.5D): the ranks at this grid position in the other depth layers; null for 2D.
   // `keep`: activation checkpointing at block granularity (sharded::BlockRecompute): a dropped
   // block's activations live in a recompute arena (temporaries) and are rebuilt in backward.
+  // `selective`: the kept blocks' attention probabilities share one block's buffer
+  // (temporaries) and are rebuilt from q|k|v before each block's attention backward.
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
           MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16,
-          const std::vector<Keep>& keep = {});
+          const std::vector<Keep>& keep = {}, bool selective = false);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -146,6 +148,7 @@ class Model2D final : public GridModel {
   DeviceArray<float> acts_, scratch_;
   DeviceArray<float> recompute_;  // the activations of the segment being recomputed
   sharded::BlockRecompute recompute_plan_;
+  DeviceArray<float> selective_att_;  // selective: one kept block's attention probabilities
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

@@ -20,7 +20,7 @@ namespace k = kernels;
 
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
                  MemoryTracker& tracker, std::size_t unit_multiple,
-                 const std::vector<Keep>& keep)
+                 const std::vector<Keep>& keep, bool selective)
     : GridModel(spec, batch), seq_len_(seq_len), q_(groups.input.size()),
       i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
       groups_(groups), first_{groups.input, groups.weight, groups.output},
@@ -77,15 +77,21 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
 
   const int64_t R = rows_, T = seq_len;
   const int64_t att = int64_t(batch / q2) * (spec.heads / q) * T * T;
-  const int64_t per_layer = sharded::layer_act_floats(R, c, f, att);
+  const GridBlockFloats block = grid_block_floats(spec, TensorMode::d3, batch, seq_len, q);
+  const int64_t per_layer = block.set;
   const int64_t logits = R * (Vp / q);
-  recompute_plan_ = sharded::block_recompute(keep, int(L));
+  recompute_plan_ = sharded::block_recompute(keep, int(L), selective);
   acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             std::size_t(sharded::kept_block_floats(recompute_plan_, per_layer, R, c) +
+                             std::size_t(sharded::kept_block_floats(recompute_plan_, per_layer, block.input,
+                                                                    block.att) +
                                          2 * R * c + 3 * R + logits));
   if (recompute_plan_.longest > 0) {
     recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries,
                                     std::size_t(recompute_plan_.longest * per_layer));
+  }
+  // selective: one block's probabilities, rebuilt in backward for each kept block.
+  if (selective && recompute_plan_.any_kept()) {
+    selective_att_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(block.att));
   }
   float* cursor = acts_.data();
   auto carve = [&cursor](int64_t n) {
@@ -94,7 +100,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
     return p;
   };
   cursor = sharded::carve_blocks(layer_acts_, recompute_plan_, cursor, recompute_.data(), R, c, f,
-                                 att);
+                                 att, selective_att_.data());
   x_final_ = carve(R * c);
   lnf_ = carve(R * c);
   lnf_mean_ = carve(R);
@@ -423,6 +429,10 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
     layernorm_split_backward(x_columns, s_.dx, G + b.ln2_w, G + b.ln2_b, s_.dln, A.xmid,
                              P + b.ln2_w, A.ln2_mean, A.ln2_rstd, R, c, C, s_.ln_work);
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
+    if (recompute_plan_.selective && !recompute_plan_.dropped(l)) {
+      // selective: the probabilities again from the kept q|k|v (atty rewritten with its bits).
+      attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+    }
     attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
     linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
     layernorm_split_backward(x_columns, s_.dx, G + b.ln1_w, G + b.ln1_b, s_.dln, A.x, P + b.ln1_w,

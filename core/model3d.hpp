@@ -17,9 +17,9 @@
 // over the plane sharing l; reduce_gradients sums them there.
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), rotor and selective checkpointing (whole blocks
-// are recomputed: `keep`), fused attention, sequence
-// parallelism (the config refuses them with mode 3d). colossal_train builds this model for
+// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), fused
+// attention, sequence parallelism
+// (the config refuses them with mode 3d). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
 
@@ -52,10 +52,11 @@ struct Cube3DGroups {
 class Model3D final : public GridModel {
  public:
   // batch % q^2 == 0, hidden and ffn_hidden multiples of q^2, heads of q (throws naming the
-  // value and the nearest valid ones otherwise).
+  // value and the nearest valid ones otherwise). `keep` and `selective`: activation checkpointing
+  // as in Model2D.
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
           MemoryTracker& tracker, std::size_t unit_multiple = 16,
-          const std::vector<Keep>& keep = {});
+          const std::vector<Keep>& keep = {}, bool selective = false);
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -129,6 +130,7 @@ class Model3D final : public GridModel {
   DeviceArray<float> acts_, scratch_;
   DeviceArray<float> recompute_;  // the activations of the segment being recomputed
   sharded::BlockRecompute recompute_plan_;
+  DeviceArray<float> selective_att_;  // selective: one kept block's attention probabilities
   std::vector<sharded::LayerActs> layer_acts_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;

@@ -120,8 +120,9 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
   copy_to_device(params, host.data(), host.size() * sizeof(float));
 }
 
-BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers) {
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective) {
   BlockRecompute plan;
+  plan.selective = selective;
   plan.start.assign(std::size_t(layers), -1);
   if (keep.empty()) return plan;
   if (keep.size() != std::size_t(layers) * kOpsPerBlock) {
@@ -146,26 +147,29 @@ BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers) {
   return plan;
 }
 
-int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t R, int64_t c) {
+int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t input,
+                          int64_t att) {
   int64_t n = 0;
   for (int b = 0; b < int(plan.start.size()); ++b) {
     if (!plan.dropped(b)) {
-      n += per_layer;
+      n += per_layer - (plan.selective ? att : 0);
     } else if (plan.start[std::size_t(b)] == b) {
-      n += R * c;
+      n += input;
     }
   }
   return n;
 }
 
 float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
-                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att) {
+                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att,
+                    float* selective_att) {
   const int64_t per_layer = layer_act_floats(R, c, f, att);
   acts.resize(plan.start.size());
   for (int b = 0; b < int(plan.start.size()); ++b) {
     LayerActs& a = acts[std::size_t(b)];
     if (!plan.dropped(b)) {
-      kept = carve_layer(a, kept, R, c, f, att);
+      kept = carve_layer(a, kept, R, c, f, plan.selective ? 0 : att);
+      if (plan.selective) a.att = selective_att;
       continue;
     }
     const int start = plan.start[std::size_t(b)];

@@ -61,22 +61,35 @@ float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f,
 // keeps only its first block's input; backward runs the segment's forward again, into an arena
 // of `longest` block sets, before its blocks' backward. Throws invalid_argument naming
 // checkpointing.policy for a schedule that splits a block (these models recompute whole blocks).
+// `selective` (checkpointing.policy: selective): the kept blocks' attention probabilities share
+// one block's buffer (a temporary) and backward recomputes each from the kept q|k|v.
 struct BlockRecompute {
   std::vector<int> start;
   int longest = 0;
+  bool selective = false;
   bool dropped(int b) const { return start[std::size_t(b)] >= 0; }
+  bool any_kept() const {
+    for (int s : start) {
+      if (s < 0) return true;
+    }
+    return false;
+  }
   // The segment's last block: backward recomputes the segment on reaching it.
   bool segment_end(int b) const {
     return dropped(b) && (b + 1 == int(start.size()) || start[std::size_t(b) + 1] != start[std::size_t(b)]);
   }
 };
-BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers);
-// Floats the blocks keep in the activations buffer: a kept block's set, a segment's input.
-int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t R, int64_t c);
-// Points every block's activations: kept blocks at `kept` (advanced past them and returned),
-// dropped ones at their slot of `arena`, segment starts with their input x at `kept`.
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false);
+// Floats the blocks keep in the activations buffer: a kept block's set (`per_layer`, less its
+// `att` probabilities when selective), a segment's `input` (R x c).
+int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t input,
+                          int64_t att);
+// Points every block's activations: kept blocks at `kept` (advanced past them and returned; when
+// selective, their probabilities at `selective_att`), dropped ones at their slot of `arena`,
+// segment starts with their input x at `kept`.
 float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
-                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att);
+                    float* arena, int64_t R, int64_t c, int64_t f, int64_t att,
+                    float* selective_att = nullptr);
 
 // Temporaries of a step: the products' work (`work` floats), the embedding's whole-batch columns
 // (BT x c), gradient buffers (R x c three times, R x 3c, R x f), one batch row of attention-score

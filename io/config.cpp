@@ -419,7 +419,8 @@ const std::vector<KeySpec>& schema() {
        .doc = "activation checkpointing: none keeps every activation; full keeps only block "
               "inputs; every_k keeps the input of every k-th block; sqrt is every_k with "
               "k = ceil(sqrt(layers)) (Chen et al. 2016); rotor is the fastest schedule at "
-              "attention/MLP granularity under memory_budget (dynamic program); selective "
+              "attention/MLP granularity under memory_budget (dynamic program; whole blocks "
+              "under tensor modes 2d/2.5d/3d); selective "
               "recomputes only the attention probabilities (Korthikanti et al. 2022); manual "
               "recomputes the listed blocks",
        .choices = {"none", "full", "every_k", "sqrt", "rotor", "selective", "manual"}},
@@ -1430,12 +1431,6 @@ class Resolver {
     refuse(p.zero_stage > 1, "parallel.zero.stage", std::to_string(p.zero_stage),
            "set it to 0 or 1 (ZeRO 1 shards AdamW's moments over the data ranks)");
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
-    // Whole-block recompute runs (full, every_k, sqrt, manual); rotor's schedules split blocks
-    // and are costed with the 1d model's sizes, selective drops attention probabilities only.
-    const core::CheckpointPolicy policy = config.checkpointing.policy;
-    refuse(policy == core::CheckpointPolicy::rotor || policy == core::CheckpointPolicy::selective,
-           "checkpointing.policy", core::checkpoint_policy_name(policy),
-           "set it to none, full, every_k, sqrt or manual (whole blocks recomputed)");
     refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;

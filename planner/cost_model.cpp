@@ -1,7 +1,9 @@
 #include "planner/cost_model.hpp"
 
+#include "core/grid_model.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
+#include "core/sharded_detail.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
@@ -483,6 +485,20 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLay
   m[MemCategory::temporaries] =
       kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q)
                        : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q));
+  if (!l.keep.empty() || l.selective) {
+    // As the models carve it: kept blocks (less their probabilities when selective) and the
+    // segments' first inputs stay in the activations; the longest segment's block sets are the
+    // recompute arena and selective's one block of probabilities (temporaries).
+    const core::sharded::BlockRecompute plan =
+        core::sharded::block_recompute(l.keep, spec.layers, l.selective);
+    const core::GridBlockFloats block =
+        core::grid_block_floats(spec, l.mode, l.micro_batch, l.seq_len, l.q);
+    const double kept =
+        double(core::sharded::kept_block_floats(plan, block.set, block.input, block.att));
+    m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - kept);
+    m[MemCategory::temporaries] += kF * double(plan.longest) * double(block.set);
+    if (l.selective && plan.any_kept()) m[MemCategory::temporaries] += kF * double(block.att);
+  }
   m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
   return m;
 }
@@ -536,6 +552,30 @@ TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout&
             wire(CollectiveKind::all_reduce, c2.row_all_reduce + c2.col_all_reduce, q);
   }
   t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
+  if (!l.keep.empty() || l.selective) {
+    // Each dropped block's forward runs again in backward: a third of a block's products,
+    // attention and elementwise passes, and of its share of the tensor group's traffic; under
+    // selective each kept block's attention forward (a third of its attention work).
+    const core::sharded::BlockRecompute plan = core::sharded::block_recompute(l.keep, spec.layers);
+    int dropped = 0;
+    for (int b = 0; b < spec.layers; ++b) dropped += plan.dropped(b) ? 1 : 0;
+    if (l.selective) {
+      const double again = m * (spec.layers - dropped) * 12.0 * T * C * tokens / ranks / 3.0 /
+                           hw.attention_flops;
+      t.recompute += again;
+      t.compute += again;
+    }
+    const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
+    const double block_attention = 12.0 * T * C * tokens / ranks;
+    const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
+    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) +
+                                  block_attention / hw.attention_flops +
+                                  block_elementwise / hw.memory_bandwidth) / 3.0;
+    const double again = t.tensor_comm * dropped / (3.0 * L);
+    t.recompute += m * dropped * block_forward + again;
+    t.compute += m * dropped * block_forward;
+    t.tensor_comm += again;
+  }
   // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
   // their column or plane (small, counted with the rest).
   const double params = double(cube ? core::Model3D::parameter_floats(spec, q)

@@ -128,8 +128,9 @@ double pinned_step(const SharedCoresLayout& layout, const std::vector<TimePredic
 void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
                       const std::vector<TimePrediction>& stages);
 
-// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::Trainer; no pipeline,
-// sequence, ZeRO or checkpointing): `q` the grid side, `depth` the 2.5D layers, `data` the data
+// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::Trainer; no pipeline or
+// sequence parallelism; ZeRO 0-1, the optimizer offloaded or not; whole-block activation
+// checkpointing, `keep`): `q` the grid side, `depth` the 2.5D layers, `data` the data
 // ranks, `micro_batch` sequences per forward (per depth layer), `micro_batches` per step. Memory
 // by category exactly as they allocate it (the closed forms next to the models, AdamW's two
 // states, the token buffers). Time: the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at
@@ -143,6 +144,13 @@ struct TensorModeLayout {
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
   int zero_stage = 0;  // 0 or 1: AdamW's moments over this data rank's 1/data of the buffer
   bool offload_optimizer = false;  // ZeRO 1: the moments and the update on the host
+  // Activation checkpointing, per op of the model (two a block, read at block granularity:
+  // sharded::block_recompute); empty keeps all. Dropped blocks leave the activations, their
+  // segment's arena joins the temporaries, and their forward runs again in backward.
+  std::vector<core::Keep> keep;
+  // checkpointing.policy: selective: the kept blocks' attention probabilities in one block's
+  // buffer (a temporary), recomputed in backward.
+  bool selective = false;
   int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
 };
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);

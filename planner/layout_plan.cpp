@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <stdexcept>
 
 #include "checkpoint_sched/solvers.hpp"
+#include "core/grid_model.hpp"
 #include "parallel/pipeline_schedule.hpp"
 
 namespace colossal::planner {
@@ -135,6 +137,79 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
               plan.keep.begin() + std::ptrdiff_t(stage.layer_begin) * checkpoint_sched::kOpsPerBlock);
     plan.description += (i ? "; " : ": ") + checkpoint_sched::describe(s.keep, chain.ops_per_block);
   }
+  return plan;
+}
+
+CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const TensorModeLayout& layout,
+                                       const HardwareSpec& hw, core::CheckpointPolicy policy,
+                                       double budget_bytes, int every,
+                                       const std::vector<int>& blocks, int memory_slots) {
+  using core::CheckpointPolicy;
+  const int layers = spec.layers;
+  CheckpointPlan plan;
+  plan.description = core::checkpoint_policy_name(policy);
+  if (policy == CheckpointPolicy::none) return plan;
+  if (policy == CheckpointPolicy::selective) {
+    plan.selective = true;
+    return plan;
+  }
+  if (policy == CheckpointPolicy::manual) {
+    plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
+    plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
+    return plan;
+  }
+  TensorModeLayout all = layout;
+  all.keep.clear();
+  all.selective = false;
+  const core::GridBlockFloats block =
+      core::grid_block_floats(spec, layout.mode, layout.micro_batch, layout.seq_len, layout.q);
+  // A block's forward: what recomputing every block adds to the step, per block and micro-batch.
+  TensorModeLayout every_block = all;
+  std::vector<int> each(static_cast<std::size_t>(layers));
+  std::iota(each.begin(), each.end(), 0);
+  every_block.keep = checkpoint_sched::keep_blocks(layers, each);
+  const double forward = predict_time(spec, every_block, hw).recompute /
+                         (double(layers) * std::max(1, layout.micro_batches));
+  checkpoint_sched::Chain chain;
+  chain.ops_per_block = 1;
+  for (int b = 0; b < layers; ++b) {
+    checkpoint_sched::ChainOp op;
+    op.input_bytes = std::size_t(block.input) * sizeof(float);
+    op.saved_bytes = std::size_t(block.set - block.input) * sizeof(float);
+    op.forward_time = forward;
+    op.backward_time = 2.0 * forward;
+    chain.ops.push_back(op);
+  }
+  const double kept_all = double(layers) * double(block.set) * sizeof(float);
+  plan.rest_bytes = predict_memory(spec, all).total() - kept_all;
+  checkpoint_sched::Schedule s;
+  if (policy == CheckpointPolicy::rotor) {
+    // The arena of a segment of n blocks is n whole sets (the first block's x slot unused), one
+    // input more than the chain's cost counts: leave it out of the chain's budget.
+    const double slack = double(block.input) * sizeof(float);
+    if (plan.rest_bytes + kept_all <= budget_bytes) {
+      s = checkpoint_sched::solve_none(chain);
+    } else {
+      const double chain_budget = std::max(0.0, budget_bytes - plan.rest_bytes - slack);
+      s = checkpoint_sched::solve_rotor(chain, std::size_t(chain_budget), memory_slots);
+      if (!s.feasible) {
+        plan.feasible = false;
+        plan.minimum_bytes = plan.rest_bytes + double(s.cost.memory) + slack;
+      }
+    }
+  } else {
+    s = checkpoint_sched::solve(policy, chain, 0, every, memory_slots);
+  }
+  plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
+  for (int b = 0; b < layers; ++b) {
+    const Keep k = s.keep[std::size_t(b)];
+    plan.keep[std::size_t(b) * checkpoint_sched::kOpsPerBlock] = k;
+    for (int op = 1; op < checkpoint_sched::kOpsPerBlock; ++op) {
+      plan.keep[std::size_t(b) * checkpoint_sched::kOpsPerBlock + op] =
+          k == Keep::all ? Keep::all : Keep::none;
+    }
+  }
+  plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
   return plan;
 }
 

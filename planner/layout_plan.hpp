@@ -65,4 +65,17 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
                                   double budget_bytes, int every, const std::vector<int>& blocks,
                                   int memory_slots = 500);
 
+// The same for a 2d / 2.5d / 3d layout, whose models recompute whole blocks: the chain has one
+// op per block (x its input, a the rest of its set: core::grid_block_floats; forward time the
+// block's recompute in predict_time, backward twice it), and the schedule is read back two ops a
+// block. none, full, every_k, sqrt and manual give the schedules they give in 1d; rotor the
+// fewest recomputed blocks under budget_bytes minus everything else the rank allocates
+// (predict_memory of `layout` with all kept, less the blocks), where the models' arena also
+// holds its first block's unused input slot. selective: every block kept but its attention
+// probabilities (CheckpointPlan::selective).
+CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const TensorModeLayout& layout,
+                                       const HardwareSpec& hw, core::CheckpointPolicy policy,
+                                       double budget_bytes, int every,
+                                       const std::vector<int>& blocks, int memory_slots = 500);
+
 }  // namespace colossal::planner

@@ -128,21 +128,33 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     return plan;
   }
   if (run.tensor_mode != core::TensorMode::d1) {
-    // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction, everything kept.
-    const TensorModeLayout l = tensor_mode_layout(run);
+    // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction. Checkpointing
+    // as in 1d (auto: rotor when keeping everything does not fit), over whole blocks.
+    using core::CheckpointPolicy;
+    TensorModeLayout l = tensor_mode_layout(run);
+    plan.policy = policy.value_or(predict_memory(spec, l).total() <= hw.memory_bytes
+                                      ? CheckpointPolicy::none
+                                      : CheckpointPolicy::rotor);
+    plan.budget_bytes = budget_bytes > 0 ? budget_bytes : hw.memory_bytes;
+    const CheckpointPlan cp = plan_grid_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
+                                                      every, blocks, memory_slots);
+    l.keep = cp.keep;
+    l.selective = cp.selective;
     plan.memory = predict_memory(spec, l);
     plan.time = predict_time(spec, l, hw);
     if (cluster.oversubscribed()) {
       share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * cluster.threads(),
                   cluster.cores);
     }
-    plan.policy = core::CheckpointPolicy::none;
-    plan.schedules = {"every rank: keep everything"};
-    plan.fits = on_device(plan.memory, hw) <= hw.memory_bytes;
+    plan.schedules = {plan.policy == CheckpointPolicy::none ? std::string("every rank: keep everything")
+                                                            : "every rank: " + cp.description};
+    plan.fits = cp.feasible && on_device(plan.memory, hw) <= hw.memory_bytes;
     if (!plan.fits) {
-      plan.why = "needs " + bytes_text(on_device(plan.memory, hw)) + " of " +
-                 bytes_text(hw.memory_bytes);
+      plan.why = "needs " +
+                 bytes_text(cp.feasible ? on_device(plan.memory, hw) : cp.minimum_bytes) +
+                 " of " + bytes_text(hw.memory_bytes);
     }
+    if (plan.policy != CheckpointPolicy::rotor) plan.budget_bytes = 0.0;
     plan.step_time = plan.time.step;
     const double tokens = double(run.global_batch) * run.seq_len;
     plan.tokens_per_s = tokens / plan.step_time;

@@ -51,7 +51,9 @@ struct Plan {
 };
 
 // Predicts a fixed layout. `policy` is a checkpointing policy, or nullopt (auto): none when
-// everything fits, else rotor under the device memory. run.layers empty: parallel::balanced_stage_layers (the trainer's default).
+// everything fits, else rotor under the device memory (2d / 2.5d / 3d: over whole blocks,
+// plan_grid_checkpointing). run.layers empty: parallel::balanced_stage_layers (the trainer's
+// default).
 // budget_bytes: rotor's budget (0: the device memory).
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
                    std::optional<core::CheckpointPolicy> policy = std::nullopt, int every = 0,

@@ -244,8 +244,10 @@ TEST(Config, GridTensorModesAcceptOnNonfiniteSkip) {
                                   grid + "}\n", "t.yaml");
     EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::skip) << grid;
     EXPECT_NE(c.parallel.tensor_mode, core::TensorMode::d1) << grid;
-    // Whole-block activation checkpointing runs in these modes too.
-    for (const char* policy : {"full", "sqrt", "every_k, every: 2", "manual, blocks: [1]"}) {
+    // Activation checkpointing runs in these modes too: every policy (whole blocks; selective
+    // the attention probabilities).
+    for (const char* policy : {"full", "sqrt", "every_k, every: 2", "manual, blocks: [1]",
+                               "rotor, memory_budget: 4", "selective"}) {
       const Config k = parse_config(std::string(kMinimal) + "checkpointing: {policy: " + policy +
                                     "}\ntrain: {micro_batch: 4, global_batch: 16}\n"
                                     "parallel: {tensor: " + grid + "}\n", "t.yaml");
@@ -391,13 +393,6 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
        {"parallel.pipeline.size: 2 with tensor mode 3d", "set it to 1"}},
       {std::string(kMinimal) + "parallel: {data: 2, tensor: {size: 4, mode: 2d}, zero: {stage: 2}}\n",
        {"parallel.zero.stage: 2 with tensor mode 2d", "set it to 0 or 1"}},
-      {std::string(kMinimal) + "checkpointing: {policy: selective}\n"
-                               "parallel: {tensor: {size: 4, mode: 2d}}\n",
-       {"checkpointing.policy: selective with tensor mode 2d", "full, every_k, sqrt or manual"}},
-      {std::string(kMinimal) + "checkpointing: {policy: rotor, memory_budget: 4}\n"
-                               "train: {micro_batch: 4, global_batch: 16}\n"
-                               "parallel: {tensor: {size: 8, mode: 3d}}\n",
-       {"checkpointing.policy: rotor with tensor mode 3d", "whole blocks recomputed"}},
       {std::string(kMinimal) + "train: {micro_batch: 2}\nparallel: {tensor: {size: 8, mode: 3d}}\n",
        {"train.micro_batch: 2 is not a multiple of 4 (mode 3d, q = 2)", "set train.micro_batch to 4"}},
       {std::string(kMinimal) + "parallel: {tensor: {size: 4, depth: 2}}\n",

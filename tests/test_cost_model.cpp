@@ -1,6 +1,7 @@
 // The cost model without MPI: hardware specs (interpolation, YAML round trip, bad files), the
-// roofline and alpha-beta arithmetic of op_time, and the symbolic parameter count of every preset
-// against a built (dry-run) model.
+// roofline and alpha-beta arithmetic of op_time, the symbolic parameter count of every preset
+// against a built (dry-run) model, and rotor over the whole blocks of a 2d / 3d grid against brute
+// force.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "core/model.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
+#include "planner/layout_plan.hpp"
 
 namespace colossal {
 namespace {
@@ -257,6 +259,91 @@ TEST(CostModel, Opt175bStepGraphAndPredictionAreFast) {
               t.step, m.format().c_str(), ms);
   EXPECT_GT(t.step, 0.0);
   EXPECT_GT(m.total(), 0.0);
+}
+
+// rotor on a 2d / 3d grid (planner::plan_grid_checkpointing, one op a block): under every budget
+// from the least memory any schedule needs to keeping everything, its schedule fits the budget in
+// the models' own bytes (predict_memory with the schedule, which test_tensor_md checks against the
+// tracker) and recomputes as few blocks as the best of every valid whole-block schedule does
+// (brute force over 3^6 block schedules; the blocks are equal, so time is the dropped count).
+TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
+  core::ModelSpec spec;
+  spec.layers = 6;
+  spec.hidden = 32;
+  spec.heads = 4;
+  spec.ffn_hidden = 64;
+  spec.vocab = 201;
+  spec.max_seq = 16;
+  const planner::HardwareSpec hw = planner::hardware_preset("a100-80g");
+  using core::Keep;
+  for (core::TensorMode mode : {core::TensorMode::d2, core::TensorMode::d3}) {
+    planner::TensorModeLayout l;
+    l.mode = mode;
+    l.q = 2;
+    l.micro_batch = 4;
+    l.micro_batches = 2;
+    l.seq_len = 16;
+    // Every valid whole-block schedule: its memory and its dropped blocks.
+    std::vector<std::pair<double, int>> all;
+    std::vector<int> code(std::size_t(spec.layers), 0);  // 0 all, 1 input, 2 none
+    for (int n = 0; n < 729; ++n) {
+      int v = n;
+      bool valid = true;
+      std::vector<Keep> keep;
+      int dropped = 0;
+      for (int b = 0; b < spec.layers; ++b, v /= 3) {
+        code[std::size_t(b)] = v % 3;
+        const int prev = b == 0 ? 0 : code[std::size_t(b) - 1];
+        if (code[std::size_t(b)] == 2 && prev == 0) valid = false;
+        keep.push_back(code[std::size_t(b)] == 0 ? Keep::all
+                       : code[std::size_t(b)] == 1 ? Keep::input : Keep::none);
+        keep.push_back(code[std::size_t(b)] == 0 ? Keep::all : Keep::none);
+        dropped += code[std::size_t(b)] != 0;
+      }
+      if (!valid) continue;
+      planner::TensorModeLayout k = l;
+      k.keep = keep;
+      all.emplace_back(planner::predict_memory(spec, k).total(), dropped);
+    }
+    double least = all.front().first, most = least;
+    for (const auto& [memory, dropped] : all) {
+      least = std::min(least, memory);
+      most = std::max(most, memory);
+    }
+    for (int step = 0; step <= 40; ++step) {
+      const double budget = least + (most - least) * step / 40.0;
+      int fewest = spec.layers + 1;
+      for (const auto& [memory, dropped] : all) {
+        if (memory <= budget) fewest = std::min(fewest, dropped);
+      }
+      const planner::CheckpointPlan plan = planner::plan_grid_checkpointing(
+          spec, l, hw, core::CheckpointPolicy::rotor, budget, 0, {}, int(budget) + 1);
+      ASSERT_TRUE(plan.feasible) << budget;
+      planner::TensorModeLayout k = l;
+      k.keep = plan.keep;
+      EXPECT_LE(planner::predict_memory(spec, k).total(), budget) << plan.description;
+      int dropped = 0;
+      for (int b = 0; b < spec.layers; ++b) dropped += plan.keep[std::size_t(b) * 2] != Keep::all;
+      EXPECT_EQ(dropped, fewest) << core::tensor_mode_name(mode) << " budget " << budget << ": "
+                                 << plan.description;
+    }
+    // Below the least: infeasible, with the least as the minimum.
+    const planner::CheckpointPlan tight = planner::plan_grid_checkpointing(
+        spec, l, hw, core::CheckpointPolicy::rotor, least - 1, 0, {}, int(least));
+    EXPECT_FALSE(tight.feasible);
+    EXPECT_EQ(tight.minimum_bytes, least);
+    // full and sqrt: the 1d schedules, two ops a block.
+    const planner::CheckpointPlan full =
+        planner::plan_grid_checkpointing(spec, l, hw, core::CheckpointPolicy::full, 0, 0, {});
+    EXPECT_EQ(full.description, "full: I.|I.|I.|I.|I.|I.");
+    const planner::CheckpointPlan sqrt =
+        planner::plan_grid_checkpointing(spec, l, hw, core::CheckpointPolicy::sqrt, 0, 0, {});
+    EXPECT_EQ(sqrt.description, "sqrt: I.|..|..|I.|..|..");
+    // Recomputing a block costs time.
+    planner::TensorModeLayout k = l;
+    k.keep = full.keep;
+    EXPECT_GT(planner::predict_time(spec, k, hw).step, planner::predict_time(spec, l, hw).step);
+  }
 }
 
 }  // namespace

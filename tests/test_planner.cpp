@@ -423,6 +423,36 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   EXPECT_EQ(c.parallel.tensor, 8);
   EXPECT_EQ(c.train.micro_batch, 4);
   EXPECT_NE(planner::plan_json(p).find("\"tensor_mode\": \"3d\""), std::string::npos);
+  // Where keeping everything does not fit, auto checkpoints the grid's whole blocks with rotor
+  // under the device memory, and the overrides carry it to a config colossal_train accepts.
+  {
+    planner::Cluster small = cluster;
+    planner::TensorModeLayout l = planner::tensor_mode_layout(run);
+    const double kept = planner::predict_memory(spec, l).total();
+    l.keep = core::keep_blocks(spec.layers, {0, 1, 2, 3});
+    const double full = planner::predict_memory(spec, l).total();
+    ASSERT_LT(full, kept);
+    small.hw.memory_bytes = (full + kept) / 2;
+    const planner::Plan r = planner::evaluate_plan(spec, run, small);
+    ASSERT_TRUE(r.fits) << r.why;
+    EXPECT_EQ(r.policy, core::CheckpointPolicy::rotor);
+    EXPECT_LE(r.memory.total(), small.hw.memory_bytes);
+    EXPECT_GT(r.time.recompute, 0.0);
+    ASSERT_EQ(r.schedules.size(), 1u);
+    EXPECT_NE(r.schedules[0].find("every rank: rotor: I."), std::string::npos) << r.schedules[0];
+    const io::Config rc = io::parse_config(
+        "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
+        "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
+        "sample: {tokens: 0}\n",
+        "test", planner::plan_overrides(r));
+    EXPECT_EQ(rc.checkpointing.policy, core::CheckpointPolicy::rotor);
+    EXPECT_EQ(rc.parallel.tensor_mode, core::TensorMode::d3);
+    // Below what recomputing every block needs: refused, with the least it needs.
+    small.hw.memory_bytes = full / 2;
+    const planner::Plan none_fits = planner::evaluate_plan(spec, run, small);
+    EXPECT_FALSE(none_fits.fits);
+    EXPECT_NE(none_fits.why.find("needs"), std::string::npos) << none_fits.why;
+  }
   // A 2.5d layout that the grid cannot hold is refused with the reason.
   run.tensor_mode = core::TensorMode::d2_5;
   run.depth = 3;

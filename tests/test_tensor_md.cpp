@@ -8,17 +8,20 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 
+#include "apps/layout.hpp"
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "planner/cost_model.hpp"
+#include "planner/search.hpp"
 #include "train_parity.hpp"
 
 using namespace colossal;
@@ -195,7 +198,9 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
 // forward's operations in order, so the run is bitwise the one without checkpointing (and so
 // within the parity tolerance of one rank); the tracker shows what moved: a dropped block keeps
 // only its segment's input (R x c floats) in the activations, and the recompute arena
-// (temporaries) holds the longest segment's block sets.
+// (temporaries) holds the longest segment's block sets. rotor (a budget halfway between full and
+// keeping everything) and selective (the probabilities rebuilt from q|k|v) are bitwise the same
+// run too, and the planner's closed forms with each schedule equal the tracker.
 TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const Layout layout = GetParam();
@@ -204,20 +209,59 @@ TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
   apps::Trainer reference(config(data, layout, false, "md_ckref" + std::to_string(world.rank())),
                           nullptr);
   const apps::TrainSummary expected = reference.train();
-  auto run = [&](core::CheckpointPolicy policy, const std::string& name) {
+  auto checkpointed = [&](core::CheckpointPolicy policy, const std::string& name,
+                          double budget_gib) {
     io::Config c = config(data, layout, true, "md_ck" + name + layout.mode);
     c.checkpointing.policy = policy;
-    auto trainer = std::make_unique<apps::Trainer>(c, nullptr, &world);
+    c.checkpointing.memory_budget = budget_gib;
+    return c;
+  };
+  auto run = [&](core::CheckpointPolicy policy, const std::string& name, double budget_gib = 0) {
+    auto trainer = std::make_unique<apps::Trainer>(checkpointed(policy, name, budget_gib), nullptr,
+                                                   &world);
     const apps::TrainSummary s = trainer->train();
     return std::pair{std::move(trainer), s};
   };
   auto [plain, plain_summary] = run(core::CheckpointPolicy::none, "none");
   auto [full, full_summary] = run(core::CheckpointPolicy::full, "full");
   auto [sqrt, sqrt_summary] = run(core::CheckpointPolicy::sqrt, "sqrt");
+  // rotor under a budget halfway between full's peak and keeping everything: the grid's own
+  // block sizes (planner::plan_grid_checkpointing), so its peak is within the budget.
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double rotor_budget =
+      (double(full->memory().peak_total()) + double(plain->memory().peak_total())) / 2 / gib;
+  auto [rotor, rotor_summary] = run(core::CheckpointPolicy::rotor, "rotor", rotor_budget);
+  // selective: every block kept but its attention probabilities, rebuilt in backward.
+  auto [selective, selective_summary] = run(core::CheckpointPolicy::selective, "selective");
+  EXPECT_LE(double(rotor->memory().peak_total()), rotor_budget * gib);
+  EXPECT_LT(rotor->memory().peak_total(), plain->memory().peak_total());
+  // The planner's closed forms with each schedule are the tracker's, category by category.
+  for (auto [t, policy, name, budget] :
+       {std::tuple{full.get(), core::CheckpointPolicy::full, "full", 0.0},
+        std::tuple{sqrt.get(), core::CheckpointPolicy::sqrt, "sqrt", 0.0},
+        std::tuple{rotor.get(), core::CheckpointPolicy::rotor, "rotor", rotor_budget},
+        std::tuple{selective.get(), core::CheckpointPolicy::selective, "selective", 0.0}}) {
+    const io::Config c = checkpointed(policy, name, budget);
+    planner::TensorModeLayout l = planner::tensor_mode_layout(apps::run_layout(c));
+    const apps::ActivationPlan plan = apps::activation_plan(c, 0, apps::hardware_spec(c, 0));
+    EXPECT_TRUE(plan.selective ||
+                std::count(plan.keep.begin(), plan.keep.end(), core::Keep::input) != 0)
+        << plan.description;
+    l.keep = plan.keep;
+    l.selective = plan.selective;
+    const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
+    for (int k = 0; k < int(core::MemCategory::count); ++k) {
+      EXPECT_EQ(predicted.bytes[std::size_t(k)], double(t->memory().peak(core::MemCategory(k))))
+          << name << " " << core::category_name(core::MemCategory(k));
+    }
+  }
   test::expect_same_losses(full_summary, expected);
   const std::vector<float> want = plain->logical_parameters();
-  for (apps::Trainer* t : {full.get(), sqrt.get()}) {
-    const apps::TrainSummary& s = t == full.get() ? full_summary : sqrt_summary;
+  for (apps::Trainer* t : {full.get(), sqrt.get(), rotor.get(), selective.get()}) {
+    const apps::TrainSummary& s = t == full.get()    ? full_summary
+                                  : t == sqrt.get()  ? sqrt_summary
+                                  : t == rotor.get() ? rotor_summary
+                                                     : selective_summary;
     ASSERT_EQ(s.losses.size(), plain_summary.losses.size());
     for (std::size_t i = 0; i < s.losses.size(); ++i) {
       EXPECT_EQ(s.losses[i], plain_summary.losses[i]) << "step " << i + 1;
@@ -245,6 +289,15 @@ TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
             2 * (block - input));
   EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*sqrt, MemCategory::activations),
             2 * block - input);
+  // selective moves the two blocks' probabilities, (B/q) sequences x (H/q) heads x T x T each
+  // (3d: B/q^2), to one block's buffer among the temporaries.
+  const int64_t att = int64_t(c.train.micro_batch) / (layout.mode == "3d" ? 4 : 2) *
+                      (c.model.heads / 2) * c.train.seq_len * c.train.seq_len *
+                      int64_t(sizeof(float));
+  EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*selective, MemCategory::activations),
+            2 * att);
+  EXPECT_EQ(peak(*selective, MemCategory::temporaries) - peak(*plain, MemCategory::temporaries),
+            att);
   if (world.rank() == 0) {
     std::printf("[ memory ] %s: activations %lld B (none), %lld B (full), %lld B (sqrt); "
                 "recompute arena %lld B (full), %lld B (sqrt)\n",
