@@ -31,7 +31,7 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
         g[G::input], g[G::weight], g[G::output], g[G::plane_l], g[G::plane_j]});
     built.model = std::make_unique<core::Model3D>(spec, batch, seq_len, *built.cube, gemm,
                                                   tracker, options.unit_multiple, options.keep,
-                                                  options.selective);
+                                                  options.selective, options.grid_store);
     built.grid_text = q + " x " + q + " x " + q + " cube";
     return built;
   }
@@ -39,7 +39,7 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
   core::TensorGroup* depth = g.has(G::depth) ? &g[G::depth] : nullptr;
   built.model = std::make_unique<core::Model2D>(spec, batch, seq_len, *built.grid, gemm, tracker,
                                                 depth, options.unit_multiple, options.keep,
-                                                options.selective);
+                                                options.selective, options.grid_store);
   built.grid_text = q + " x " + q + " grid" +
                     (sub_grid.depth() > 1
                          ? " x " + std::to_string(sub_grid.depth()) + " depth layers"

@@ -63,7 +63,10 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
   }
   void before_backward(int micro) override {
     // On the last micro-batch, gradient buckets start reducing as soon as they are final.
-    chunk().gradients->set_overlap(micro + 1 == t_.config_.accumulation_steps());
+    // Not for 2d / 2.5d / 3d: their reduce_gradients sums the replicated vectors inside the
+    // tensor group after backward, which an all-reduce in flight over the same floats forbids.
+    chunk().gradients->set_overlap(micro + 1 == t_.config_.accumulation_steps() &&
+                                   t_.config_.parallel.tensor_mode == core::TensorMode::d1);
   }
   void backward(int /*micro*/, int slot) override {
     model().backward(t_.slot_inputs(slot, index_), t_.config_.train.micro_batch, slot);
@@ -335,11 +338,20 @@ Trainer::~Trainer() = default;
 // ranges the model counts once over the tensor group.
 void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   const auto& par = config_.parallel;
-  const std::size_t unit_multiple = par.zero_stage == 1 ? std::size_t(grad_->size()) * 16 : 16;
+  const std::size_t unit_multiple = par.zero_stage >= 1 ? std::size_t(grad_->size()) * 16 : 16;
+  core::StoreFactory store;
+  if (par.zero_stage == 2) {
+    // ZeRO 2: each unit's gradients reduce-scattered over the data ranks as backward finishes it.
+    store = [this](std::vector<core::ParamUnit> units, std::size_t flat) {
+      return std::make_unique<zero::ShardedParameterStore>(std::move(units), flat, 2, *grad_,
+                                                           tracker_);
+    };
+  }
   chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
                                  core::ModelOptions{.unit_multiple = unit_multiple,
                                                     .keep = activation_plan_.keep,
-                                                    .selective = activation_plan_.selective},
+                                                    .selective = activation_plan_.selective,
+                                                    .grid_store = store},
                                  &tensor_grid_groups_);
   chunk.model = chunk.built.model.get();
   chunk.dense = nullptr;
@@ -347,11 +359,11 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   if (!memory_plan) model.init_parameters(config_.train.seed);
   chunk.model->set_profiler(&profiler_);
   chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
-      model.parameters(), model.full_store(), *grad_, tracker_,
+      model.parameters(), model.store(), *grad_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage,
                              .offload_optimizer = par.offload_optimizer});
   chunk.gradients = std::make_unique<zero::GradientSync>(
-      model.parameters(), model.full_store(), *grad_, tracker_,
+      model.parameters(), model.store(), *grad_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
                                 .tensor = tp_,
                                 .counted_ranges = model.norm_ranges()});

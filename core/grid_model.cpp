@@ -1,5 +1,6 @@
 #include "core/grid_model.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -28,18 +29,83 @@ const float* GridModel::stage_output(int) { no_stages(); }
 float* GridModel::output_gradient() { no_stages(); }
 const float* GridModel::input_gradient() const { no_stages(); }
 
-void GridModel::make_store(MemoryTracker& tracker, std::size_t unit_multiple) {
+GridModel::GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple)
+    : spec_(spec), batch_(batch), unit_multiple_(unit_multiple) {
   if (unit_multiple == 0 || unit_multiple % 16 != 0) {
     throw std::invalid_argument("parameter padding of " + std::to_string(unit_multiple) +
                                 " floats is not a multiple of 16");
   }
+}
+
+std::size_t GridModel::append_param(const std::string& name, ParamRole role, std::size_t count) {
+  const std::size_t begin = unit_ends_.empty() ? 0 : unit_ends_.back();
+  return sharded::append_param(table_, name, role, count, begin, int(unit_ends_.size()));
+}
+
+void GridModel::end_unit() {
+  const std::size_t begin = unit_ends_.empty() ? 0 : unit_ends_.back();
+  const std::size_t end = std::max(begin, sharded::table_end(table_));
+  unit_ends_.push_back((end + unit_multiple_ - 1) / unit_multiple_ * unit_multiple_);
+}
+
+void GridModel::make_store(MemoryTracker& tracker, const StoreFactory& make_store) {
   params_end_ = sharded::table_end(table_);
-  const std::size_t flat = (params_end_ + unit_multiple - 1) / unit_multiple * unit_multiple;
-  store_ = std::make_unique<FullParameterStore>(std::vector<ParamUnit>{ParamUnit{0, flat}}, flat,
-                                                tracker);
+  if (unit_ends_.empty() || unit_ends_.back() < params_end_) end_unit();
+  std::vector<ParamUnit> units;
+  std::size_t begin = 0;
+  for (std::size_t end : unit_ends_) {
+    units.push_back(ParamUnit{begin, end});
+    begin = end;
+  }
+  const std::size_t flat = begin;
+  if (make_store) {
+    store_ = make_store(std::move(units), flat);
+  } else {
+    store_ = std::make_unique<FullParameterStore>(std::move(units), flat, tracker);
+  }
   if (tracker.dry_run()) return;  // counted, never allocated (a --memory-plan trainer)
   kernels::fill(store_->full_params(), int64_t(flat), 0.0f);
-  kernels::fill(store_->full_grads(), int64_t(flat), 0.0f);
+  store_->zero_gradients();
+  Kokkos::fence();
+}
+
+void GridModel::open_gradients(int unit) {
+  float* buffer = store_->gradients(unit);
+  if (unit == 0) {
+    open_[0] = buffer;
+    return;
+  }
+  if (open_unit_ != -1) {
+    throw std::logic_error("grid model: gradients of unit " + std::to_string(unit) +
+                           " opened while unit " + std::to_string(open_unit_) + " is open");
+  }
+  open_[1] = buffer;
+  open_unit_ = unit;
+}
+
+void GridModel::close_gradients(int unit) {
+  Kokkos::fence();  // the store may reduce what the kernels wrote
+  store_->gradients_done(unit);
+  if (unit == 0) {
+    open_[0] = nullptr;
+  } else {
+    open_[1] = nullptr;
+    open_unit_ = -1;
+  }
+}
+
+float* GridModel::grad(std::size_t offset) const {
+  const std::vector<ParamUnit>& units = store_->units();
+  if (offset < units[0].end) {
+    if (open_[0] == nullptr) throw std::logic_error("grid model: unit 0's gradients are not open");
+    return open_[0] + offset;
+  }
+  if (open_unit_ < 0 || offset < units[std::size_t(open_unit_)].begin ||
+      offset >= units[std::size_t(open_unit_)].end) {
+    throw std::logic_error("grid model: gradient element " + std::to_string(offset) +
+                           " is not in an open unit");
+  }
+  return open_[1] + (offset - units[std::size_t(open_unit_)].begin);
 }
 
 void GridModel::check_micro_batch(int batch, int slot) const {

@@ -1,11 +1,16 @@
 // What core::Model2D (2D, 2.5D) and core::Model3D (3D) share as StageModels: the whole model on
 // one stage with one activation slot, micro-batches of the one size the buffers were built for,
-// and their parameters and gradients in a FullParameterStore of their own (one unit: the local
-// flat buffer, whose tensors the constructor lays out; ZeRO's per-unit sharding does not apply).
+// and their parameters and gradients in a parameter store of their own over the units their
+// constructors lay out: unit 0 the embeddings and every vector replicated inside the tensor group
+// (biases, layernorms: the regions reduce_gradients sums), unit 1 + l block l's weight blocks,
+// each padded to `unit_multiple` floats. The store is a FullParameterStore, or what the
+// `make_store` factory returns (ZeRO 2: zero::ShardedParameterStore, which reduce-scatters each
+// unit's gradients over the data ranks as backward finishes it).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -47,18 +52,19 @@ class GridModel : public StageModel {
   const float* input_gradient() const override;
 
   ParameterStore& store() override { return *store_; }
-  FullParameterStore& full_store() { return *store_; }  // the same store, whole
   const std::vector<ParamSpec>& parameters() const override { return table_; }
   std::size_t flat_size() const override { return store_->flat_size(); }
   const std::vector<LogicalRun>& logical_runs() const override { return runs_; }
 
-  // The local flat buffers (whole: the store keeps them).
+  // The local flat buffers: parameters whole in every store; gradients whole in a
+  // FullParameterStore (nullptr when sharded).
   float* params() { return store_->full_params(); }
   float* grads() { return store_->full_grads(); }
   const float* params() const { return store_->full_params(); }
   const float* grads() const { return store_->full_grads(); }
   // This rank's part of the global sum of squared gradients: every element once per copy of the
   // model (one grid in 2D and 3D, one depth layer's grid in 2.5D). Sum it over the tensor group.
+  // Whole gradients only (a FullParameterStore).
   virtual double gradient_sum_squares() const = 0;
   // The [begin, end) ranges of the gradient buffer this rank counts in the global norm, so that
   // every element is counted once over the whole tensor group (2.5D: depth layer 0's grid):
@@ -66,10 +72,27 @@ class GridModel : public StageModel {
   virtual std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const = 0;
 
  protected:
-  GridModel(const ModelSpec& spec, int batch) : spec_(spec), batch_(batch) {}
-  // After the constructor has laid out table_: the store over [0, table end) padded to a multiple
-  // of `unit_multiple` floats (data x 16 under ZeRO 1), both buffers zero.
-  void make_store(MemoryTracker& tracker, std::size_t unit_multiple);
+  GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple);
+  // Lays out a local tensor in the current unit (table_) and returns its offset.
+  std::size_t append_param(const std::string& name, ParamRole role, std::size_t count);
+  // Ends the current unit: its end padded to unit_multiple floats; the next tensor starts there.
+  void end_unit();
+  // After the constructor has laid out table_ in units: the store over them (`make_store`, or
+  // a FullParameterStore), both buffers zero.
+  void make_store(MemoryTracker& tracker, const StoreFactory& make_store);
+  // Backward's gradients, unit by unit through the store: open_gradients(u) before writing unit
+  // u's, close_gradients(u) once backward has finished them for this micro-batch; grad(offset)
+  // is where flat element `offset` of an open unit accumulates (unit 0 and one block unit may be
+  // open at once, as ParameterStore allows).
+  void open_gradients(int unit);
+  void close_gradients(int unit);
+  float* grad(std::size_t offset) const;
+  // This rank's reduced gradients of the flat range [begin, end) (ParameterStore::
+  // gradient_pieces): what reduce_gradients sums over the grid's sub-groups.
+  std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
+                                                              std::size_t end) {
+    return store_->gradient_pieces(begin, end);
+  }
   // Where the tensors end (the store's padding follows): what the reductions cover.
   std::size_t params_end() const { return params_end_; }
   // Throws std::invalid_argument unless `batch` is the built micro-batch and `slot` is 0.
@@ -84,7 +107,11 @@ class GridModel : public StageModel {
   [[noreturn]] void no_stages() const;
   StageRange whole_{};
   std::size_t params_end_ = 0;
-  std::unique_ptr<FullParameterStore> store_;
+  std::size_t unit_multiple_;
+  std::vector<std::size_t> unit_ends_;  // where each unit ends, padding included
+  std::unique_ptr<ParameterStore> store_;
+  float* open_[2] = {nullptr, nullptr};  // open gradient buffers: unit 0, one block unit
+  int open_unit_ = -1;                   // the open block unit
 };
 
 }  // namespace colossal::core

@@ -53,6 +53,9 @@ struct ModelOptions {
   // are not saved but recomputed from q, k, v in backward. Nothing to drop with fused
   // attention, which never stores them.
   bool selective = false;
+  // 2d / 2.5d / 3d (core::GridModel, which lays out its own units): makes the store over them
+  // (ZeRO 2: a zero::ShardedParameterStore); unset, a FullParameterStore. Model ignores it.
+  StoreFactory grid_store{};
 };
 
 class Model final : public StageModel {

@@ -20,8 +20,9 @@ namespace k = kernels;
 
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
                  MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple,
-                 const std::vector<Keep>& keep, bool selective)
-    : GridModel(spec, batch), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
+                 const std::vector<Keep>& keep, bool selective,
+                 const StoreFactory& make_store_factory)
+    : GridModel(spec, batch, unit_multiple), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
       grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
   const int q = q_;
   sharded::require_grid_shape(spec, batch, seq_len, TensorMode::d2, q);
@@ -32,41 +33,51 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   vocab_block_ = (spec.vocab + q - 1) / q;
   position_block_ = (spec.position_rows() + q - 1) / q;
 
-  // Matrices first, then everything replicated down the grid column (biases, layernorms) as one
-  // contiguous region, summed over the column in one all-reduce.
+  // Unit 0: the embeddings, then everything replicated down the grid column (biases,
+  // layernorms) as one contiguous region, summed over the column in one all-reduce; unit 1 + l:
+  // block l's weight blocks.
   const int64_t L = spec.layers;
   blocks_.resize(L);
   const bool gpt2 = spec.arch == Arch::gpt2;
   const std::string emb = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
   const std::string pos = gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight";
-  wte_ = sharded::append_param(table_, emb, ParamRole::token_embedding, vocab_block_ * c_);
-  wpe_ = sharded::append_param(table_, pos, ParamRole::position_embedding, position_block_ * c_);
-  for (int64_t l = 0; l < L; ++l) {
-    Block& b = blocks_[l];
-    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
-    b.qkv = {sharded::append_param(table_, h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_), 0, C, 3 * C};
-    b.proj = {sharded::append_param(table_, h + ".proj.weight", ParamRole::residual_out_weight, c_ * c_), 0, C,
-              C};
-    b.fc = {sharded::append_param(table_, h + ".fc.weight", ParamRole::weight, c_ * f_), 0, C, F};
-    b.fc2 = {sharded::append_param(table_, h + ".fc2.weight", ParamRole::residual_out_weight, f_ * c_), 0, F,
-             C};
-  }
+  wte_ = append_param(emb, ParamRole::token_embedding, vocab_block_ * c_);
+  wpe_ = append_param(pos, ParamRole::position_embedding, position_block_ * c_);
   replicated_begin_ = sharded::table_end(table_);
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
-    b.ln1_w = sharded::append_param(table_, h + ".ln1.weight", ParamRole::layernorm_weight, c_);
-    b.ln1_b = sharded::append_param(table_, h + ".ln1.bias", ParamRole::layernorm_bias, c_);
-    b.qkv.b = sharded::append_param(table_, h + ".qkv.bias", ParamRole::bias, 3 * c_);
-    b.proj.b = sharded::append_param(table_, h + ".proj.bias", ParamRole::bias, c_);
-    b.ln2_w = sharded::append_param(table_, h + ".ln2.weight", ParamRole::layernorm_weight, c_);
-    b.ln2_b = sharded::append_param(table_, h + ".ln2.bias", ParamRole::layernorm_bias, c_);
-    b.fc.b = sharded::append_param(table_, h + ".fc.bias", ParamRole::bias, f_);
-    b.fc2.b = sharded::append_param(table_, h + ".fc2.bias", ParamRole::bias, c_);
+    b.ln1_w = append_param(h + ".ln1.weight", ParamRole::layernorm_weight, c_);
+    b.ln1_b = append_param(h + ".ln1.bias", ParamRole::layernorm_bias, c_);
+    b.qkv.b = append_param(h + ".qkv.bias", ParamRole::bias, 3 * c_);
+    b.proj.b = append_param(h + ".proj.bias", ParamRole::bias, c_);
+    b.ln2_w = append_param(h + ".ln2.weight", ParamRole::layernorm_weight, c_);
+    b.ln2_b = append_param(h + ".ln2.bias", ParamRole::layernorm_bias, c_);
+    b.fc.b = append_param(h + ".fc.bias", ParamRole::bias, f_);
+    b.fc2.b = append_param(h + ".fc2.bias", ParamRole::bias, c_);
   }
-  lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c_);
-  lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c_);
-  make_store(tracker, unit_multiple);
+  lnf_w_ = append_param("ln_f.weight", ParamRole::layernorm_weight, c_);
+  lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c_);
+  replicated_end_ = sharded::table_end(table_);
+  end_unit();
+  for (int64_t l = 0; l < L; ++l) {
+    Block& b = blocks_[l];
+    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
+    b.qkv.w = append_param(h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_);
+    b.qkv.in = C;
+    b.qkv.out = 3 * C;
+    b.proj.w = append_param(h + ".proj.weight", ParamRole::residual_out_weight, c_ * c_);
+    b.proj.in = C;
+    b.proj.out = C;
+    b.fc.w = append_param(h + ".fc.weight", ParamRole::weight, c_ * f_);
+    b.fc.in = C;
+    b.fc.out = F;
+    b.fc2.w = append_param(h + ".fc2.weight", ParamRole::residual_out_weight, f_ * c_);
+    b.fc2.in = F;
+    b.fc2.out = C;
+    end_unit();
+  }
+  make_store(tracker, make_store_factory);
   map_runs();
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
@@ -135,15 +146,25 @@ std::size_t Model2D::temporary_floats(const ModelSpec& spec, int batch, int seq_
   return std::size_t(scratch_sizes(spec, batch, seq_len, q).total);
 }
 
-std::size_t Model2D::parameter_floats(const ModelSpec& s, int q) {
+std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q,
+                                              std::size_t unit_multiple) {
   using sharded::aligned16;
   const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
   const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
-  const std::size_t blocks = aligned16(vb * c) + aligned16(pb * c) +
-                             L * (aligned16(3 * c * c) + aligned16(c * c) + 2 * aligned16(c * f));
+  auto padded = [&](std::size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
   const std::size_t replicated =
       L * (5 * aligned16(c) + aligned16(3 * c) + aligned16(f) + aligned16(c)) + 2 * aligned16(c);
-  return aligned16(blocks) + replicated;
+  std::vector<std::size_t> units{padded(aligned16(vb * c) + aligned16(pb * c) + replicated)};
+  for (std::size_t l = 0; l < L; ++l) {
+    units.push_back(padded(aligned16(3 * c * c) + aligned16(c * c) + 2 * aligned16(c * f)));
+  }
+  return units;
+}
+
+std::size_t Model2D::parameter_floats(const ModelSpec& s, int q, std::size_t unit_multiple) {
+  std::size_t n = 0;
+  for (std::size_t u : unit_floats(s, q, unit_multiple)) n += u;
+  return n;
 }
 
 std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
@@ -307,11 +328,10 @@ void Model2D::linear_forward(const Linear& lin, const float* in, float* out) {
 // din = dout W^T (assigned); dW += in^T dout; db += column sums of dout.
 void Model2D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
-  float* G = grads();
-  k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
+  k::bias_backward(grad(lin.b), dout, rows_, int(out_local), int(out_local));
   summa_abt(gemm_, grid_, dout, params() + lin.w, din, BT, lin.in, lin.out, s_.work);
   summa_atb(gemm_, grid_, in, dout, s_.dweight, lin.in, lin.out, BT, s_.work);
-  k::add(G + lin.w, s_.dweight, lin.in / q_ * out_local);
+  k::add(grad(lin.w), s_.dweight, lin.in / q_ * out_local);
 }
 
 void Model2D::activation_forward(float* out, const float* in, int64_t n) {
@@ -410,14 +430,14 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
   const float* P = params();
-  float* G = grads();
+  open_gradients(0);
   const int64_t Vp = vocab_block_ * q;
   // LM head: the logits hold their gradient.
   summa_ab(gemm_, grid_, logits_, P + wte_, s_.dln, BT, C, Vp, s_.work);
   summa_atb(gemm_, grid_, logits_, lnf_, s_.dweight, Vp, C, BT, s_.work);
-  k::add(G + wte_, s_.dweight, vocab_block_ * c);
+  k::add(grad(wte_), s_.dweight, vocab_block_ * c);
   k::fill(s_.dx, R * c, 0.0f);
-  layernorm2d_backward(grid_, s_.dx, G + lnf_w_, G + lnf_b_, s_.dln, x_final_, P + lnf_w_,
+  layernorm2d_backward(grid_, s_.dx, grad(lnf_w_), grad(lnf_b_), s_.dln, x_final_, P + lnf_w_,
                        lnf_mean_, lnf_rstd_, BT, C, s_.ln_work);
   const int Bl = batch_ / q, Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
@@ -429,11 +449,12 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
     }
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
+    open_gradients(1 + l);
     // dx holds the gradient of the block's output; the residual passes it to xmid unchanged.
     linear_backward(b.fc2, A.a, s_.dx, s_.dh);
     activation_backward(s_.dh, A.h, s_.dh, R * f_);
     linear_backward(b.fc, A.ln2, s_.dh, s_.dln);
-    layernorm2d_backward(grid_, s_.dx, G + b.ln2_w, G + b.ln2_b, s_.dln, A.xmid, P + b.ln2_w,
+    layernorm2d_backward(grid_, s_.dx, grad(b.ln2_w), grad(b.ln2_b), s_.dln, A.xmid, P + b.ln2_w,
                          A.ln2_mean, A.ln2_rstd, BT, C, s_.ln_work);
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
     if (recompute_plan_.selective && !recompute_plan_.dropped(l)) {
@@ -442,16 +463,17 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
     }
     attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
     linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
-    layernorm2d_backward(grid_, s_.dx, G + b.ln1_w, G + b.ln1_b, s_.dln, A.x, P + b.ln1_w,
+    layernorm2d_backward(grid_, s_.dx, grad(b.ln1_w), grad(b.ln1_b), s_.dln, A.x, P + b.ln1_w,
                          A.ln1_mean, A.ln1_rstd, BT, C, s_.ln_work);
+    close_gradients(1 + l);
   }
   // Embedding: every token row's gradient (columns j), gathered down the column, added into this
   // rank's vocabulary and position rows; one work item per column, so no two write one element.
   Kokkos::fence();
   grid_.col.all_gather(s_.dx, std::size_t(R * c), s_.embed);
   const float* d = s_.embed;
-  float* dwte = G + wte_;
-  float* dwpe = G + wpe_;
+  float* dwte = grad(wte_);
+  float* dwpe = grad(wpe_);
   const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
   const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
   Kokkos::parallel_for(
@@ -463,7 +485,7 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
           if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
         }
       });
-  Kokkos::fence();
+  close_gradients(0);
 }
 
 int Model2D::batch_replicas() const { return depth_ != nullptr ? depth_->size() : 1; }
@@ -471,30 +493,38 @@ int Model2D::batch_replica() const { return depth_ != nullptr ? depth_->rank() :
 
 void Model2D::reduce_gradients() {
   Kokkos::fence();
-  if (depth_ != nullptr) depth_->all_reduce_sum(grads(), params_end());
-  grid_.col.all_reduce_sum(grads() + replicated_begin_, params_end() - replicated_begin_);
+  if (depth_ != nullptr) {
+    for (const auto& [p, n] : gradient_pieces(0, params_end())) depth_->all_reduce_sum(p, n);
+  }
+  for (const auto& [p, n] : gradient_pieces(replicated_begin_, replicated_end_)) {
+    grid_.col.all_reduce_sum(p, n);
+  }
 }
 
 bool Model2D::owns(std::size_t local) const {
   // Depth layer 0 writes (the layers hold equal copies); replicated parameters grid row 0.
   if (depth_ != nullptr && depth_->rank() != 0) return false;
-  return local < replicated_begin_ || i_ == 0;
+  return local < replicated_begin_ || local >= replicated_end_ || i_ == 0;
+}
+
+std::vector<std::pair<std::size_t, std::size_t>> Model2D::grid_ranges() const {
+  // The embeddings and the weight blocks everywhere; the replicated vectors on grid row 0.
+  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, replicated_begin_},
+                                                          {replicated_end_, params_end()}};
+  if (i_ == 0) ranges.emplace_back(replicated_begin_, replicated_end_);
+  return ranges;
 }
 
 std::vector<std::pair<std::size_t, std::size_t>> Model2D::norm_ranges() const {
-  // One grid counts (2.5D: depth layer 0's); replicated parameters on its grid row 0.
+  // One grid counts (2.5D: depth layer 0's).
   if (depth_ != nullptr && depth_->rank() != 0) return {};
-  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, replicated_begin_}};
-  if (i_ == 0) ranges.emplace_back(replicated_begin_, params_end());
-  return ranges;
+  return grid_ranges();
 }
 
 double Model2D::gradient_sum_squares() const {
   // Every element once over this rank's grid (whatever its depth layer).
-  double s = sum_of_squares(grads(), replicated_begin_);
-  if (i_ == 0) {
-    s += sum_of_squares(grads() + replicated_begin_, params_end() - replicated_begin_);
-  }
+  double s = 0.0;
+  for (const auto& [begin, end] : grid_ranges()) s += sum_of_squares(grads() + begin, end - begin);
   return s;
 }
 

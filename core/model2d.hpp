@@ -25,8 +25,8 @@
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), fused
-// attention, sequence parallelism
+// Not here (yet): pipeline stages, ZeRO 3 (parameters are never gathered), fused attention,
+// sequence parallelism
 // (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
@@ -56,7 +56,8 @@ class Model2D final : public GridModel {
   // (temporaries) and are rebuilt from q|k|v before each block's attention backward.
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
           MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16,
-          const std::vector<Keep>& keep = {}, bool selective = false);
+          const std::vector<Keep>& keep = {}, bool selective = false,
+          const StoreFactory& make_store = {});
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -89,7 +90,13 @@ class Model2D final : public GridModel {
   // Closed forms, per rank, in floats. Parameters: Vp/q c + Pp/q c + L (3c^2 + c^2 + 2 c f) in
   // weight blocks and L (4c + 3c + c + f + c) + 2c replicated, each tensor 16-float aligned.
   // Activations kept: L (8 R c + 4 R + (B/q)(H/q) T^2 + 2 R f) + 2 R c + 3 R + R Vp/q.
-  static std::size_t parameter_floats(const ModelSpec& spec, int q);
+  // Per parameter unit (unit 0 the embeddings and replicated vectors, 1 + l block l's weight
+  // blocks), each padded to `unit_multiple` floats; parameter_floats is their sum, the store's
+  // flat size.
+  static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
+                                              std::size_t unit_multiple = 16);
+  static std::size_t parameter_floats(const ModelSpec& spec, int q,
+                                      std::size_t unit_multiple = 16);
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
   // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
   // gradient buffers, one batch row of score gradients, one weight block's gradient).
@@ -113,6 +120,8 @@ class Model2D final : public GridModel {
 
  private:
   bool owns(std::size_t local) const;  // sets LogicalRun::owned
+  // The ranges each element of one grid is counted in once (replicated vectors on row 0).
+  std::vector<std::pair<std::size_t, std::size_t>> grid_ranges() const;
   struct Linear {
     std::size_t w = 0, b = 0;  // offsets of the weight block (in x out) and the bias block
     int64_t in = 0, out = 0;   // logical sizes
@@ -142,7 +151,7 @@ class Model2D final : public GridModel {
   Grid2D& grid_;
   TensorGroup* depth_;
   Gemm& gemm_;
-  std::size_t replicated_begin_ = 0;
+  std::size_t replicated_begin_ = 0, replicated_end_ = 0;  // unit 0's column-replicated region
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> acts_, scratch_;

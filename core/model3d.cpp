@@ -20,8 +20,9 @@ namespace k = kernels;
 
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
                  MemoryTracker& tracker, std::size_t unit_multiple,
-                 const std::vector<Keep>& keep, bool selective)
-    : GridModel(spec, batch), seq_len_(seq_len), q_(groups.input.size()),
+                 const std::vector<Keep>& keep, bool selective,
+                 const StoreFactory& make_store_factory)
+    : GridModel(spec, batch, unit_multiple), seq_len_(seq_len), q_(groups.input.size()),
       i_(groups.weight.rank()), j_(groups.input.rank()), l_(groups.output.rank()),
       groups_(groups), first_{groups.input, groups.weight, groups.output},
       second_{groups.output, groups.weight, groups.input}, gemm_(gemm) {
@@ -37,41 +38,51 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   const bool gpt2 = spec.arch == Arch::gpt2;
   const int L = spec.layers;
   blocks_.resize(L);
-  wte_ = sharded::append_param(table_, "wte", ParamRole::token_embedding, c * vocab_block_);
-  wpe_ = sharded::append_param(table_, "wpe", ParamRole::position_embedding, position_block_ * c);
-  for (int l = 0; l < L; ++l) {
-    Block& b = blocks_[l];
-    const std::string h = "layer" + std::to_string(l);
-    b.qkv = {sharded::append_param(table_, h + ".qkv", ParamRole::weight, c * (3 * c / q)), 0, C,
-             3 * C, true};
-    b.proj = {sharded::append_param(table_, h + ".proj", ParamRole::residual_out_weight, c * cq), 0, C,
-              C, false};
-    b.fc = {sharded::append_param(table_, h + ".fc", ParamRole::weight, c * fq), 0, C, F, true};
-    b.fc2 = {sharded::append_param(table_, h + ".fc2", ParamRole::residual_out_weight, f * cq), 0, F, C,
-             false};
-  }
+  // Unit 0: the embeddings, then the vectors replicated over the plane sharing j and those
+  // replicated over the plane sharing l (two contiguous regions, each summed over its plane in
+  // one all-reduce); unit 1 + l: block l's weight blocks.
+  wte_ = append_param("wte", ParamRole::token_embedding, c * vocab_block_);
+  wpe_ = append_param("wpe", ParamRole::position_embedding, position_block_ * c);
   plane_j_begin_ = sharded::table_end(table_);
   for (int l = 0; l < L; ++l) {  // outputs in the Y layout: replicated over the plane sharing j
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l);
-    b.qkv.b = sharded::append_param(table_, h + ".qkv.bias", ParamRole::bias, 3 * c);
-    b.fc.b = sharded::append_param(table_, h + ".fc.bias", ParamRole::bias, f);
+    b.qkv.b = append_param(h + ".qkv.bias", ParamRole::bias, 3 * c);
+    b.fc.b = append_param(h + ".fc.bias", ParamRole::bias, f);
   }
   plane_l_begin_ = sharded::table_end(table_);
   for (int l = 0; l < L; ++l) {  // X layout: replicated over the plane sharing l
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l);
-    b.ln1_w = sharded::append_param(table_, h + ".ln1.weight", ParamRole::layernorm_weight, c);
-    b.ln1_b = sharded::append_param(table_, h + ".ln1.bias", ParamRole::layernorm_bias, c);
-    b.proj.b = sharded::append_param(table_, h + ".proj.bias", ParamRole::bias, c);
-    b.ln2_w = sharded::append_param(table_, h + ".ln2.weight", ParamRole::layernorm_weight, c);
-    b.ln2_b = sharded::append_param(table_, h + ".ln2.bias", ParamRole::layernorm_bias, c);
-    b.fc2.b = sharded::append_param(table_, h + ".fc2.bias", ParamRole::bias, c);
+    b.ln1_w = append_param(h + ".ln1.weight", ParamRole::layernorm_weight, c);
+    b.ln1_b = append_param(h + ".ln1.bias", ParamRole::layernorm_bias, c);
+    b.proj.b = append_param(h + ".proj.bias", ParamRole::bias, c);
+    b.ln2_w = append_param(h + ".ln2.weight", ParamRole::layernorm_weight, c);
+    b.ln2_b = append_param(h + ".ln2.bias", ParamRole::layernorm_bias, c);
+    b.fc2.b = append_param(h + ".fc2.bias", ParamRole::bias, c);
   }
-  lnf_w_ = sharded::append_param(table_, "ln_f.weight", ParamRole::layernorm_weight, c);
-  lnf_b_ = sharded::append_param(table_, "ln_f.bias", ParamRole::layernorm_bias, c);
+  lnf_w_ = append_param("ln_f.weight", ParamRole::layernorm_weight, c);
+  lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c);
+  plane_l_end_ = sharded::table_end(table_);
+  end_unit();
+  for (int l = 0; l < L; ++l) {
+    Block& b = blocks_[l];
+    const std::string h = "layer" + std::to_string(l);
+    auto linear = [&](Linear& lin, const std::string& name, ParamRole role, std::size_t count,
+                      int64_t in, int64_t out, bool to_y) {
+      lin.w = append_param(name, role, count);
+      lin.in = in;
+      lin.out = out;
+      lin.to_y = to_y;
+    };
+    linear(b.qkv, h + ".qkv", ParamRole::weight, c * (3 * c / q), C, 3 * C, true);
+    linear(b.proj, h + ".proj", ParamRole::residual_out_weight, c * cq, C, C, false);
+    linear(b.fc, h + ".fc", ParamRole::weight, c * fq, C, F, true);
+    linear(b.fc2, h + ".fc2", ParamRole::residual_out_weight, f * cq, F, C, false);
+    end_unit();
+  }
   (void)gpt2;
-  make_store(tracker, unit_multiple);
+  make_store(tracker, make_store_factory);
   map_runs();
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
@@ -134,16 +145,26 @@ std::size_t Model3D::temporary_floats(const ModelSpec& spec, int batch, int seq_
   return std::size_t(scratch_sizes(spec, batch, seq_len, q).total);
 }
 
-std::size_t Model3D::parameter_floats(const ModelSpec& s, int q) {
+std::vector<std::size_t> Model3D::unit_floats(const ModelSpec& s, int q,
+                                              std::size_t unit_multiple) {
   using sharded::aligned16;
   const std::size_t q2 = std::size_t(q) * q, c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
   const std::size_t vb = (s.vocab + q2 - 1) / q2, pb = (s.position_rows() + q2 - 1) / q2;
-  const std::size_t weights = aligned16(c * vb) + aligned16(pb * c) +
-                              L * (aligned16(c * (3 * c / q)) + aligned16(c * (c / q)) +
-                                   aligned16(c * (f / q)) + aligned16(f * (c / q)));
+  auto padded = [&](std::size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
   const std::size_t plane_j = L * (aligned16(3 * c) + aligned16(f));
   const std::size_t plane_l = L * 6 * aligned16(c) + 2 * aligned16(c);
-  return weights + plane_j + plane_l;
+  std::vector<std::size_t> units{padded(aligned16(c * vb) + aligned16(pb * c) + plane_j + plane_l)};
+  for (std::size_t l = 0; l < L; ++l) {
+    units.push_back(padded(aligned16(c * (3 * c / q)) + aligned16(c * (c / q)) +
+                           aligned16(c * (f / q)) + aligned16(f * (c / q))));
+  }
+  return units;
+}
+
+std::size_t Model3D::parameter_floats(const ModelSpec& s, int q, std::size_t unit_multiple) {
+  std::size_t n = 0;
+  for (std::size_t u : unit_floats(s, q, unit_multiple)) n += u;
+  return n;
 }
 
 std::size_t Model3D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
@@ -313,11 +334,10 @@ void Model3D::linear_forward(const Linear& lin, const float* in, float* out) {
 
 void Model3D::linear_backward(const Linear& lin, const float* in, const float* dout, float* din) {
   const int64_t BT = int64_t(batch_) * seq_len_, out_local = lin.out / q_;
-  float* G = grads();
-  k::bias_backward(G + lin.b, dout, rows_, int(out_local), int(out_local));
+  k::bias_backward(grad(lin.b), dout, rows_, int(out_local), int(out_local));
   linear3d_backward(gemm_, cube(lin), dout, in, params() + lin.w, din, s_.dweight, BT,
                     lin.out, lin.in, s_.work);
-  k::add(G + lin.w, s_.dweight, lin.in / q_ * (lin.out / (q_ * q_)));
+  k::add(grad(lin.w), s_.dweight, lin.in / q_ * (lin.out / (q_ * q_)));
 }
 
 // Block l's forward: its activations (kept, or the recompute arena's) from its input x; the
@@ -402,13 +422,13 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
   const float* P = params();
-  float* G = grads();
+  open_gradients(0);
   const int64_t Vp = vocab_block_ * q * q;
   linear3d_backward(gemm_, first_, logits_, lnf_, P + wte_, s_.dln, s_.dweight, BT, Vp, C, s_.work);
-  k::add(G + wte_, s_.dweight, c * vocab_block_);
+  k::add(grad(wte_), s_.dweight, c * vocab_block_);
   k::fill(s_.dx, R * c, 0.0f);
   TensorGroup& x_columns = groups_.output;
-  layernorm_split_backward(x_columns, s_.dx, G + lnf_w_, G + lnf_b_, s_.dln, x_final_, P + lnf_w_,
+  layernorm_split_backward(x_columns, s_.dx, grad(lnf_w_), grad(lnf_b_), s_.dln, x_final_, P + lnf_w_,
                            lnf_mean_, lnf_rstd_, R, c, C, s_.ln_work);
   const int Bl = batch_ / (q * q), Hl = spec_.heads / q;
   for (int l = spec_.layers - 1; l >= 0; --l) {
@@ -419,6 +439,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
     }
     sharded::LayerActs& A = layer_acts_[l];
     const Block& b = blocks_[l];
+    open_gradients(1 + l);
     linear_backward(b.fc2, A.a, s_.dx, s_.dh);
     if (spec_.arch == Arch::gpt2) {
       k::gelu_backward(s_.dh, A.h, s_.dh, R * f_);
@@ -426,7 +447,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
       k::relu_backward(s_.dh, A.h, s_.dh, R * f_);
     }
     linear_backward(b.fc, A.ln2, s_.dh, s_.dln);
-    layernorm_split_backward(x_columns, s_.dx, G + b.ln2_w, G + b.ln2_b, s_.dln, A.xmid,
+    layernorm_split_backward(x_columns, s_.dx, grad(b.ln2_w), grad(b.ln2_b), s_.dln, A.xmid,
                              P + b.ln2_w, A.ln2_mean, A.ln2_rstd, R, c, C, s_.ln_work);
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
     if (recompute_plan_.selective && !recompute_plan_.dropped(l)) {
@@ -435,14 +456,15 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
     }
     attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
     linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
-    layernorm_split_backward(x_columns, s_.dx, G + b.ln1_w, G + b.ln1_b, s_.dln, A.x, P + b.ln1_w,
+    layernorm_split_backward(x_columns, s_.dx, grad(b.ln1_w), grad(b.ln1_b), s_.dln, A.x, P + b.ln1_w,
                              A.ln1_mean, A.ln1_rstd, R, c, C, s_.ln_work);
+    close_gradients(1 + l);
   }
   Kokkos::fence();
   groups_.plane_l.all_gather(s_.dx, std::size_t(R * c), s_.embed);
   const float* d = s_.embed;
-  float* dwte = G + wte_;
-  float* dwpe = G + wpe_;
+  float* dwte = grad(wte_);
+  float* dwpe = grad(wpe_);
   const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
   const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
   Kokkos::parallel_for(
@@ -454,26 +476,30 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
           if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
         }
       });
-  Kokkos::fence();
+  close_gradients(0);
 }
 
 void Model3D::reduce_gradients() {
   Kokkos::fence();
-  float* G = grads();
-  groups_.plane_j.all_reduce_sum(G + plane_j_begin_, plane_l_begin_ - plane_j_begin_);
-  groups_.plane_l.all_reduce_sum(G + plane_l_begin_, params_end() - plane_l_begin_);
+  for (const auto& [p, n] : gradient_pieces(plane_j_begin_, plane_l_begin_)) {
+    groups_.plane_j.all_reduce_sum(p, n);
+  }
+  for (const auto& [p, n] : gradient_pieces(plane_l_begin_, plane_l_end_)) {
+    groups_.plane_l.all_reduce_sum(p, n);
+  }
 }
 
 bool Model3D::owns(std::size_t local) const {
-  if (local < plane_j_begin_) return true;
+  if (local < plane_j_begin_ || local >= plane_l_end_) return true;
   if (local < plane_l_begin_) return i_ == 0 && l_ == 0;
   return i_ == 0 && j_ == 0;
 }
 
 std::vector<std::pair<std::size_t, std::size_t>> Model3D::norm_ranges() const {
-  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, plane_j_begin_}};
+  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, plane_j_begin_},
+                                                          {plane_l_end_, params_end()}};
   if (i_ == 0 && l_ == 0) ranges.emplace_back(plane_j_begin_, plane_l_begin_);
-  if (i_ == 0 && j_ == 0) ranges.emplace_back(plane_l_begin_, params_end());
+  if (i_ == 0 && j_ == 0) ranges.emplace_back(plane_l_begin_, plane_l_end_);
   return ranges;
 }
 

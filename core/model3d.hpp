@@ -17,8 +17,8 @@
 // over the plane sharing l; reduce_gradients sums them there.
 //
 // A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 2-3 (ZeRO 1 shards only the optimizer), fused
-// attention, sequence parallelism
+// Not here (yet): pipeline stages, ZeRO 3 (parameters are never gathered), fused attention,
+// sequence parallelism
 // (the config refuses them with mode 3d). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
@@ -56,7 +56,8 @@ class Model3D final : public GridModel {
   // as in Model2D.
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
           MemoryTracker& tracker, std::size_t unit_multiple = 16,
-          const std::vector<Keep>& keep = {}, bool selective = false);
+          const std::vector<Keep>& keep = {}, bool selective = false,
+          const StoreFactory& make_store = {});
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -75,7 +76,13 @@ class Model3D final : public GridModel {
   // L (3c + f) replicated over the plane sharing j, L 6c + 2c over the plane sharing l, each
   // tensor 16-float aligned. Activations kept: L (8 R c + 4 R + (B/q^2)(H/q) T^2 + 2 R f) +
   // 2 R c + 3 R + R Vp/q.
-  static std::size_t parameter_floats(const ModelSpec& spec, int q);
+  // Per parameter unit (unit 0 the embeddings and replicated vectors, 1 + l block l's weight
+  // blocks), each padded to `unit_multiple` floats; parameter_floats is their sum, the store's
+  // flat size.
+  static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
+                                              std::size_t unit_multiple = 16);
+  static std::size_t parameter_floats(const ModelSpec& spec, int q,
+                                      std::size_t unit_multiple = 16);
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
   // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
   // gradient buffers, one batch row of score gradients, one weight block's gradient).
@@ -124,7 +131,9 @@ class Model3D final : public GridModel {
   Cube3DGroups& groups_;
   Cube3D first_, second_;
   Gemm& gemm_;
-  std::size_t plane_j_begin_ = 0, plane_l_begin_ = 0;  // replicated regions, in this order
+  // Unit 0's replicated regions, in this order: [plane_j_begin_, plane_l_begin_) over the plane
+  // sharing j, [plane_l_begin_, plane_l_end_) over the plane sharing l.
+  std::size_t plane_j_begin_ = 0, plane_l_begin_ = 0, plane_l_end_ = 0;
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> acts_, scratch_;

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,12 @@ class ParameterStore {
   // The whole flat buffers when this store keeps them; nullptr when they are sharded.
   virtual float* full_params() { return nullptr; }
   virtual float* full_grads() { return nullptr; }
+  // After the step's backward, where this rank holds the (data-reduced, when sharded) gradients
+  // of the flat range [begin, end): (pointer, count) pieces in flat order. A whole buffer gives
+  // the range itself; a sharded store its intersections with this rank's slices, in its shard,
+  // the same pieces on every rank of one data index.
+  virtual std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
+                                                                      std::size_t end) = 0;
   // True when gather()/gradients_done() communicate (every rank must run the same forwards).
   virtual bool collective() const { return false; }
 
@@ -61,6 +68,11 @@ class ParameterStore {
   std::vector<ParamUnit> units_;
   std::size_t flat_size_;
 };
+
+// Makes a store over a model's parameter units (their flat end `flat`): how a model that lays
+// out its own units (core::GridModel) is given a sharded one (zero::ShardedParameterStore).
+using StoreFactory = std::function<std::unique_ptr<ParameterStore>(std::vector<ParamUnit> units,
+                                                                   std::size_t flat)>;
 
 // Both flat buffers whole on this rank (one rank, data parallelism, ZeRO 1).
 class FullParameterStore : public ParameterStore {
@@ -76,6 +88,11 @@ class FullParameterStore : public ParameterStore {
   void zero_gradients() override;
   float* full_params() override { return params_.data(); }
   float* full_grads() override { return grads_.data(); }
+  std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
+                                                              std::size_t end) override {
+    if (begin >= end) return {};
+    return {{grads_.data() + begin, end - begin}};
+  }
 
   // Called from gradients_done() (empty: not called): lets data-parallel all-reduces of finished
   // buckets start while backward continues.

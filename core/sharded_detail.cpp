@@ -68,14 +68,15 @@ std::size_t table_end(const std::vector<ParamSpec>& table) {
 }
 
 std::size_t append_param(std::vector<ParamSpec>& table, const std::string& name, ParamRole role,
-                         std::size_t count) {
+                         std::size_t count, std::size_t at_least, int unit) {
   ParamSpec p;
+  p.unit = unit;
   p.name = name;
   p.role = role;
   p.count = count;
   p.shape = {int64_t(count)};
   p.local_shape = p.shape;
-  p.offset = table_end(table);
+  p.offset = std::max(table_end(table), at_least);
   table.push_back(p);
   return p.offset;
 }

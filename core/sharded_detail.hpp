@@ -24,9 +24,10 @@ void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMod
 constexpr std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
 // The end of a local table's flat layout (16-float aligned), where the next tensor starts.
 std::size_t table_end(const std::vector<ParamSpec>& table);
-// Appends a local tensor of `count` floats at table_end and returns its offset.
+// Appends a local tensor of `count` floats at table_end (or `at_least`, where a parameter unit
+// starts) in parameter unit `unit`, and returns its offset.
 std::size_t append_param(std::vector<ParamSpec>& table, const std::string& name, ParamRole role,
-                         std::size_t count);
+                         std::size_t count, std::size_t at_least = 0, int unit = 0);
 
 // out[n, e] += bias[e] over `rows` rows of `cols`.
 void add_bias_rows(float* out, const float* bias, int64_t rows, int64_t cols);

@@ -364,7 +364,7 @@ const std::vector<KeySpec>& schema() {
               "q x q grid: size = q^2), 2.5d (Tesseract: size = q^2 x depth), 3d (q^3 cube)",
        .choices = {"1d", "2d", "2.5d", "3d"},
        .cross_check = "2d/2.5d/3d: size a square / square x depth / cube; no pipeline, "
-                      "sequence, ZeRO 2-3, offload, fused attention or checkpointing"},
+                      "sequence, ZeRO 3, parameter offload or fused attention"},
       {.key = "parallel.tensor.depth", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.tensor_depth; },
        .doc = "2.5d: depth layers d of q x q grids (the batch is split across them)",
@@ -1428,8 +1428,9 @@ class Resolver {
     refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence),
            "set it to 1, or parallel.tensor.mode: 1d");
     refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");
-    refuse(p.zero_stage > 1, "parallel.zero.stage", std::to_string(p.zero_stage),
-           "set it to 0 or 1 (ZeRO 1 shards AdamW's moments over the data ranks)");
+    refuse(p.zero_stage > 2, "parallel.zero.stage", std::to_string(p.zero_stage),
+           "set it to 0, 1 or 2 (ZeRO 2 shards the gradients and AdamW's moments over the data "
+           "ranks; these models never gather parameters)");
     refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");

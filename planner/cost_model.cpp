@@ -465,14 +465,22 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLay
   using core::MemCategory;
   MemoryPrediction m;
   const bool cube = l.mode == core::TensorMode::d3;
-  const double params = double(cube ? core::Model3D::parameter_floats(spec, l.q)
-                                    : core::Model2D::parameter_floats(spec, l.q));
-  // ZeRO 1 pads the flat buffer to data x 16 floats and keeps the moments of one shard.
-  const double unit = l.zero_stage == 1 ? 16.0 * l.data : 16.0;
-  const double padded = std::ceil(params / unit) * unit;
+  // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
+  // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
+  // the widest block unit, which backward fills before their reduce-scatter.
+  const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
+  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, l.q, unit)
+                                              : core::Model2D::unit_floats(spec, l.q, unit);
+  double padded = 0.0, widest = 0.0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    padded += double(units[u]);
+    if (u > 0) widest = std::max(widest, double(units[u]));
+  }
   m[MemCategory::parameters] = padded * kF;
-  m[MemCategory::gradients] = padded * kF;
-  const double shard = l.zero_stage == 1 ? padded / l.data : padded;
+  const double shard = l.zero_stage >= 1 ? padded / l.data : padded;
+  m[MemCategory::gradients] =
+      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + widest : 0.0)) * kF
+                        : padded * kF;
   // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
   if (l.offload_optimizer) {
     m[MemCategory::offloaded] = 4 * shard * kF;
@@ -581,12 +589,19 @@ TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout&
   const double params = double(cube ? core::Model3D::parameter_floats(spec, q)
                                     : core::Model2D::parameter_floats(spec, q));
   const int replicas = l.data * (cube ? 1 : l.depth);
-  t.data_comm = all_reduce_time(params * kF, replicas, link_for(l.tensor() * l.data, hw));
-  // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
-  const double updated = l.zero_stage == 1 ? params / l.data : params;
-  if (l.zero_stage == 1 && l.data > 1) {
-    t.data_comm += gather_time(params * kF, l.data, link_for(l.tensor() * l.data, hw));
+  const LinkSpec& data_link = link_for(l.tensor() * l.data, hw);
+  if (l.zero_stage == 2) {
+    // Every micro-batch's gradients reduce-scattered over the data ranks, the shard summed over
+    // the 2.5D depth, the updated parameters all-gathered.
+    t.data_comm = m * gather_time(params * kF, l.data, data_link) +
+                  all_reduce_time(params / l.data * kF, cube ? 1 : l.depth, data_link) +
+                  gather_time(params * kF, l.data, data_link);
+  } else {
+    t.data_comm = all_reduce_time(params * kF, replicas, data_link);
   }
+  // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
+  const double updated = l.zero_stage >= 1 ? params / l.data : params;
+  if (l.zero_stage == 1 && l.data > 1) t.data_comm += gather_time(params * kF, l.data, data_link);
   if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
     const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
                                                          : hw.optimizer_bandwidth;

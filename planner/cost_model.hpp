@@ -129,7 +129,7 @@ void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
                       const std::vector<TimePrediction>& stages);
 
 // Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::Trainer; no pipeline or
-// sequence parallelism; ZeRO 0-1, the optimizer offloaded or not; whole-block activation
+// sequence parallelism; ZeRO 0-2, the optimizer offloaded or not; whole-block activation
 // checkpointing, `keep`): `q` the grid side, `depth` the 2.5D layers, `data` the data
 // ranks, `micro_batch` sequences per forward (per depth layer), `micro_batches` per step. Memory
 // by category exactly as they allocate it (the closed forms next to the models, AdamW's two
@@ -142,8 +142,10 @@ struct TensorModeLayout {
   core::TensorMode mode = core::TensorMode::d2;  // 2d | 2.5d | 3d
   int q = 2, depth = 1, data = 1;
   int micro_batch = 1, micro_batches = 1, seq_len = 1024;
-  int zero_stage = 0;  // 0 or 1: AdamW's moments over this data rank's 1/data of the buffer
-  bool offload_optimizer = false;  // ZeRO 1: the moments and the update on the host
+  // 0-2: ZeRO 1 keeps AdamW's moments of this data rank's 1/data of the buffer, 2 its gradients
+  // too (reduce-scattered unit by unit during backward)
+  int zero_stage = 0;
+  bool offload_optimizer = false;  // ZeRO 1-2: the moments and the update on the host
   // Activation checkpointing, per op of the model (two a block, read at block granularity:
   // sharded::block_recompute); empty keeps all. Dropped blocks leave the activations, their
   // segment's arena joins the temporaries, and their forward runs again in backward.

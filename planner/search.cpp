@@ -76,9 +76,9 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
       r.micro_batch % width != 0) {
     return mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
   }
-  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 1 || r.bf16 ||
+  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 ||
       spec.fused_attention) {
-    return mode + " runs without pipeline, sequence, ZeRO 2-3, bf16 and fused attention";
+    return mode + " runs without pipeline, sequence, ZeRO 3, bf16 and fused attention";
   }
   const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {

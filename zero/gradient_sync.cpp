@@ -44,12 +44,17 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
     buckets_ = bucket_ranges(flat_size, bucket_floats);
   }
   if (options.counted_ranges) {
-    if (sharded_ != nullptr) {
-      throw std::invalid_argument("a model's own norm ranges need its whole flat buffers "
-                                  "(ZeRO stages 0-1)");
-    }
-    for (const auto& [begin, end] : *options.counted_ranges) {
-      norm_runs_.push_back({begin, end - begin, false, false});
+    // The model's ranges of the flat buffer; in a shard (ZeRO 2), their intersections with this
+    // rank's slices, at the slices' places in the shard (the norm then sums over the data ranks).
+    std::vector<std::pair<std::size_t, std::size_t>> pieces{{0, flat_size}};
+    if (sharded_ != nullptr) pieces = sharded_->owned_ranges();
+    std::size_t at = 0;
+    for (const auto& [lo, hi] : pieces) {
+      for (const auto& [begin, end] : *options.counted_ranges) {
+        const std::size_t b = std::max(lo, begin), e = std::min(hi, end);
+        if (b < e) norm_runs_.push_back({at + (b - lo), e - b, false, false});
+      }
+      at += hi - lo;
     }
     distributed_ = true;
     return;

@@ -50,8 +50,9 @@ struct GradientSyncOptions {
   PipelineLinks pipeline{};
   // A model that says which gradients this rank counts in the global norm
   // (core::GridModel::norm_ranges: every element once over the tensor group): their squares are
-  // summed over it. Unset: derived from `table` (1D: split tensors summed over the tensor group,
-  // replicated ones counted once).
+  // summed over it (and, in a stage 2 shard, over the data ranks, each counting its slices).
+  // Unset: derived from `table` (1D: split tensors summed over the tensor group, replicated
+  // ones counted once).
   std::optional<std::vector<std::pair<std::size_t, std::size_t>>> counted_ranges{};
 };
 

@@ -24,28 +24,38 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
     full_ = own_full_.get();
     store_ = full_;
   } else {
-    sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage_, dp,
-                                                       tracker, options.offload_params);
-    store_ = sharded_.get();
+    own_sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage_, dp,
+                                                           tracker, options.offload_params);
+    sharded_ = own_sharded_.get();
+    store_ = sharded_;
   }
   make_adamw(table, tracker, options);
 }
 
-ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
-                           core::FullParameterStore& store, parallel::Communicator& dp,
-                           core::MemoryTracker& tracker, OptimizerOptions options)
+ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, core::ParameterStore& store,
+                           parallel::Communicator& dp, core::MemoryTracker& tracker,
+                           OptimizerOptions options)
     : stage_(options.stage),
       padded_(store.flat_size()),
       dp_(dp),
-      full_(&store),
+      full_(dynamic_cast<core::FullParameterStore*>(&store)),
+      sharded_(dynamic_cast<ShardedParameterStore*>(&store)),
       store_(&store),
       offload_(options.offload_optimizer) {
-  if (options.stage > 1) {
+  if (options.stage > 2) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(options.stage) +
-                                " shards parameters unit by unit, which the 2d / 2.5d / 3d "
-                                "models do not run; use stage 0 or 1");
+                                " gathers parameters unit by unit, which the 2d / 2.5d / 3d "
+                                "models do not run; use stage 0, 1 or 2");
   }
-  check_options(options, padded_, /*sharded=*/options.stage == 1);
+  const bool fits = options.stage < 2 ? full_ != nullptr
+                                      : sharded_ != nullptr && sharded_->stage() == 2;
+  if (!fits) {
+    throw std::invalid_argument("parallel.zero.stage " + std::to_string(options.stage) +
+                                " needs the model's store " +
+                                (options.stage < 2 ? "whole (core::FullParameterStore)"
+                                                   : "sharded for stage 2 over the data ranks"));
+  }
+  check_options(options, padded_, /*sharded=*/options.stage >= 1);
   make_adamw(table, tracker, options);
 }
 

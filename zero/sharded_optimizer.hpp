@@ -49,10 +49,11 @@ class ShardedAdamW {
   ShardedAdamW(const std::vector<core::ParamSpec>& table, std::vector<core::ParamUnit> units,
                std::size_t flat_size, parallel::Communicator& dp, core::MemoryTracker& tracker,
                OptimizerOptions options);
-  // Stages 0-1 over a store the model owns (core::GridModel: 2D, 2.5D, 3D): its whole flat
-  // buffers, padded to a multiple of dp*16 floats. Throws std::invalid_argument for stages 2-3
-  // (which shard the store unit by unit) naming parallel.zero.stage.
-  ShardedAdamW(const std::vector<core::ParamSpec>& table, core::FullParameterStore& store,
+  // Over a store the model owns (core::GridModel: 2D, 2.5D, 3D), its units padded to a multiple
+  // of dp*16 floats: stages 0-1 a core::FullParameterStore, stage 2 a ShardedParameterStore of
+  // stage 2 over `dp`. Throws std::invalid_argument naming parallel.zero.stage for stage 3 (the
+  // grid models never gather parameters) or a store of the wrong kind.
+  ShardedAdamW(const std::vector<core::ParamSpec>& table, core::ParameterStore& store,
                parallel::Communicator& dp, core::MemoryTracker& tracker, OptimizerOptions options);
   ShardedAdamW(const ShardedAdamW&) = delete;
   ShardedAdamW& operator=(const ShardedAdamW&) = delete;
@@ -101,7 +102,8 @@ class ShardedAdamW {
 
   std::unique_ptr<core::FullParameterStore> own_full_;   // stages 0-1 (unless the model's)
   core::FullParameterStore* full_ = nullptr;
-  std::unique_ptr<ShardedParameterStore> sharded_;       // stages 2-3
+  std::unique_ptr<ShardedParameterStore> own_sharded_;   // stages 2-3 (unless the model's)
+  ShardedParameterStore* sharded_ = nullptr;
   core::ParameterStore* store_;
   std::unique_ptr<core::AdamW> adamw_;
   bool offload_;

@@ -146,6 +146,18 @@ void ShardedParameterStore::gradients_done(int unit) {
   Kokkos::fence();
 }
 
+std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_pieces(
+    std::size_t begin, std::size_t end) {
+  std::vector<std::pair<float*, std::size_t>> pieces;
+  std::size_t at = 0;  // where the slice starts in the shard
+  for (const auto& [lo, hi] : owned_ranges()) {
+    const std::size_t b = std::max(lo, begin), e = std::min(hi, end);
+    if (b < e) pieces.emplace_back(grad_shard_.data() + at + (b - lo), e - b);
+    at += hi - lo;
+  }
+  return pieces;
+}
+
 void ShardedParameterStore::zero_gradients() { core::zero(grad_shard_.data(), grad_shard_.size()); }
 
 void ShardedParameterStore::all_gather_params() {
