@@ -126,13 +126,14 @@ int main(int argc, char** argv) {
     if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d run on the same trainer as 1d (below).
-      if (inv.has("--memory-plan") &&
-          inv.config.checkpointing.policy == core::CheckpointPolicy::none) {
-        // Every rank of a grid holds the same bytes; the closed forms equal the tracker
-        // (tests/test_tensor_md.cpp), so nothing is allocated. (With activation checkpointing
-        // the dry-run trainer below counts the recompute arena and the kept block inputs.)
+      if (inv.has("--memory-plan")) {
+        // Every rank of a grid holds the same bytes; the closed forms, with the checkpoint
+        // schedule's dropped blocks and arena, equal the tracker (tests/test_tensor_md.cpp), so
+        // nothing is allocated.
+        const apps::ActivationPlan plan =
+            apps::activation_plan(inv.config, 0, apps::hardware_spec(inv.config, 0));
         const planner::MemoryPrediction m = planner::predict_memory(
-            inv.config.model, planner::tensor_mode_layout(apps::run_layout(inv.config)));
+            inv.config.model, apps::rank_layout(inv.config, 0, plan.keep, plan.selective));
         if (log) {
           print_memory_plan(log,
                             std::string("every rank, ") +

@@ -54,9 +54,7 @@ void predict_rank(const io::Config& config, int pipeline_rank, const ActivationP
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
                   planner::TimePrediction& time) {
   if (config.parallel.tensor_mode != core::TensorMode::d1) {
-    planner::TensorModeLayout layout = planner::tensor_mode_layout(run_layout(config));
-    layout.keep = plan.keep;
-    layout.selective = plan.selective;
+    const planner::RankLayout layout = rank_layout(config, 0, plan.keep, plan.selective);
     memory = planner::predict_memory(config.model, layout);
     time = planner::predict_time(config.model, layout, hw);
     return;
@@ -80,9 +78,8 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
   const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
   // 2d / 2.5d / 3d: one op a block (their models recompute whole blocks), the grid's own sizes.
   const planner::CheckpointPlan plan =
-      grid ? planner::plan_grid_checkpointing(config.model,
-                                              planner::tensor_mode_layout(run_layout(config)), hw,
-                                              c.policy, budget, c.every, c.blocks)
+      grid ? planner::plan_grid_checkpointing(config.model, rank_layout(config, 0), hw, c.policy,
+                                              budget, c.every, c.blocks)
            : planner::plan_checkpointing(config.model, rank_layout(config, pipeline_rank), hw,
                                          c.policy, budget, c.every, c.blocks);
   if (!plan.feasible) {

@@ -47,7 +47,7 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
 
 // What the cost model predicts for the ranks of `pipeline_rank` under `plan`: the per-op step
-// graph of rank_layout in 1d, the closed forms of planner::TensorModeLayout in 2d / 2.5d / 3d
+// graph of rank_layout in 1d, the grid closed forms of planner::predict_* in 2d / 2.5d / 3d
 // (equal to the tracker's bytes, the plan's dropped blocks included; no per-micro-batch times).
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,

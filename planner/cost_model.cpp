@@ -118,7 +118,167 @@ const LinkSpec& link_for(int ranks_inside, const HardwareSpec& hw) {
 }
 }  // namespace
 
+namespace {
+
+// Tensor modes 2d, 2.5d and 3d: the closed forms of core::Model2D / Model3D (see RankLayout).
+MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
+  const int q = l.grid_side();
+  using core::MemCategory;
+  MemoryPrediction m;
+  const bool cube = l.tensor_mode == core::TensorMode::d3;
+  // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
+  // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
+  // the widest block unit, which backward fills before their reduce-scatter.
+  const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
+  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, q, unit)
+                                              : core::Model2D::unit_floats(spec, q, unit);
+  double padded = 0.0, widest = 0.0;
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    padded += double(units[u]);
+    if (u > 0) widest = std::max(widest, double(units[u]));
+  }
+  m[MemCategory::parameters] = padded * kF;
+  const double shard = l.zero_stage >= 1 ? padded / l.data : padded;
+  m[MemCategory::gradients] =
+      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + widest : 0.0)) * kF
+                        : padded * kF;
+  // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
+  if (l.offload_optimizer) {
+    m[MemCategory::offloaded] = 4 * shard * kF;
+  } else {
+    m[MemCategory::optimizer] = 2 * shard * kF;
+  }
+  m[MemCategory::activations] =
+      kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, q)
+                       : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, q));
+  m[MemCategory::temporaries] =
+      kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, q)
+                       : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, q));
+  if (!l.keep.empty() || l.selective) {
+    // As the models carve it: kept blocks (less their probabilities when selective) and the
+    // segments' first inputs stay in the activations; the longest segment's block sets are the
+    // recompute arena and selective's one block of probabilities (temporaries).
+    const core::sharded::BlockRecompute plan =
+        core::sharded::block_recompute(l.keep, spec.layers, l.selective);
+    const core::GridBlockFloats block =
+        core::grid_block_floats(spec, l.tensor_mode, l.micro_batch, l.seq_len, q);
+    const double kept =
+        double(core::sharded::kept_block_floats(plan, block.set, block.input, block.att));
+    m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - kept);
+    m[MemCategory::temporaries] += kF * double(plan.longest) * double(block.set);
+    if (l.selective && plan.any_kept()) m[MemCategory::temporaries] += kF * double(block.att);
+  }
+  m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
+  return m;
+}
+
+TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
+                         const HardwareSpec& hw) {
+  TimePrediction t;
+  const bool cube = l.tensor_mode == core::TensorMode::d3;
+  const int q = l.grid_side(), ranks = cube ? q * q * q : q * q;  // one copy of the model
+  const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
+  const double C = spec.hidden, F = spec.ffn_hidden, L = spec.layers, T = l.seq_len;
+  // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
+  // (12 L T C per token) at the attention rate, both over the grid's ranks.
+  const double n = core::flops_per_token(spec, l.seq_len) / 6.0 - 2.0 * L * T * C;
+  const double matmul = 6.0 * n * tokens / ranks, attention = 12.0 * L * T * C * tokens / ranks;
+  const double local_mlp = cube ? 2.0 * (tokens / q) * (C / q) * (F / (q * q))
+                                : 2.0 * (tokens / q) * (C / q) * (F / q);
+  const double rows = tokens / (cube ? q * q : q), c = C / q, f = F / q;
+  // Memory-bound kernels per layer and micro-batch, forward and backward: layernorms, residual
+  // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
+  const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
+  t.compute = m * (matmul / hw.gemm_rate(local_mlp) + attention / hw.attention_flops +
+                   elementwise / hw.memory_bandwidth);
+  t.flops = m * (matmul + attention);
+  // Collectives: the closed forms of one forward + backward, each group a ring on the link that
+  // spans the tensor group; about six collectives per linear and three per layernorm for latency.
+  const LinkSpec& link = link_for(l.tensor, hw);
+  const double collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
+  // Wire bytes of a payload (floats) as the communicators count them (parallel::ring_wire_bytes).
+  using parallel::CollectiveKind;
+  auto wire = [](CollectiveKind kind, double floats, int ranks) {
+    return parallel::ring_wire_bytes(kind, kF * floats, ranks);
+  };
+  double bytes = 0.0;
+  if (cube) {
+    const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    bytes = wire(CollectiveKind::all_gather,
+                 c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather, q) +
+            wire(CollectiveKind::reduce_scatter,
+                 c3.input_reduce_scatter + c3.weight_reduce_scatter + c3.output_reduce_scatter, q) +
+            wire(CollectiveKind::all_reduce,
+                 c3.input_all_reduce + c3.weight_all_reduce + c3.output_all_reduce, q) +
+            // The embedding's reduce-scatter and all-gather over the q^2 plane.
+            wire(CollectiveKind::all_gather, c3.plane_all_gather, q * q) +
+            wire(CollectiveKind::reduce_scatter, c3.plane_reduce_scatter, q * q);
+  } else {
+    const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    bytes = wire(CollectiveKind::all_gather, c2.row_all_gather + c2.col_all_gather, q) +
+            wire(CollectiveKind::reduce_scatter, c2.row_reduce_scatter + c2.col_reduce_scatter, q) +
+            wire(CollectiveKind::broadcast, c2.row_broadcast + c2.col_broadcast, q) +
+            wire(CollectiveKind::all_reduce, c2.row_all_reduce + c2.col_all_reduce, q);
+  }
+  t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
+  if (!l.keep.empty() || l.selective) {
+    // Each dropped block's forward runs again in backward: a third of a block's products,
+    // attention and elementwise passes, and of its share of the tensor group's traffic; under
+    // selective each kept block's attention forward (a third of its attention work).
+    const core::sharded::BlockRecompute plan = core::sharded::block_recompute(l.keep, spec.layers);
+    int dropped = 0;
+    for (int b = 0; b < spec.layers; ++b) dropped += plan.dropped(b) ? 1 : 0;
+    if (l.selective) {
+      const double again = m * (spec.layers - dropped) * 12.0 * T * C * tokens / ranks / 3.0 /
+                           hw.attention_flops;
+      t.recompute += again;
+      t.compute += again;
+    }
+    const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
+    const double block_attention = 12.0 * T * C * tokens / ranks;
+    const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
+    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) +
+                                  block_attention / hw.attention_flops +
+                                  block_elementwise / hw.memory_bandwidth) / 3.0;
+    const double again = t.tensor_comm * dropped / (3.0 * L);
+    t.recompute += m * dropped * block_forward + again;
+    t.compute += m * dropped * block_forward;
+    t.tensor_comm += again;
+  }
+  // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
+  // their column or plane (small, counted with the rest).
+  const double params = double(cube ? core::Model3D::parameter_floats(spec, q)
+                                    : core::Model2D::parameter_floats(spec, q));
+  const int replicas = l.data * (cube ? 1 : l.depth);
+  const LinkSpec& data_link = link_for(l.tensor * l.data, hw);
+  if (l.zero_stage == 2) {
+    // Every micro-batch's gradients reduce-scattered over the data ranks, the shard summed over
+    // the 2.5D depth, the updated parameters all-gathered.
+    t.data_comm = m * gather_time(params * kF, l.data, data_link) +
+                  all_reduce_time(params / l.data * kF, cube ? 1 : l.depth, data_link) +
+                  gather_time(params * kF, l.data, data_link);
+  } else {
+    t.data_comm = all_reduce_time(params * kF, replicas, data_link);
+  }
+  // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
+  const double updated = l.zero_stage >= 1 ? params / l.data : params;
+  if (l.zero_stage == 1 && l.data > 1) t.data_comm += gather_time(params * kF, l.data, data_link);
+  if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
+    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
+                                                         : hw.optimizer_bandwidth;
+    t.optimizer = updated * 28.0 / host;
+    if (hw.host_link_bandwidth > 0) t.optimizer += updated * 2 * kF / hw.host_link_bandwidth;
+  } else {
+    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
+  }
+  t.step = t.compute + t.tensor_comm + t.data_comm + t.optimizer;
+  return t;
+}
+
+}  // namespace
+
 MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l) {
+  if (l.tensor_mode != core::TensorMode::d1) return grid_memory(spec, l);
   using core::MemCategory;
   MemoryPrediction m;
   const double D = double(l.data) * l.sequence;  // ZeRO shards over data x sequence
@@ -375,6 +535,7 @@ double pinned_step(const SharedCoresLayout& l, const std::vector<TimePrediction>
 
 TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                             const HardwareSpec& hw) {
+  if (l.tensor_mode != core::TensorMode::d1) return grid_time(spec, l, hw);
   TimePrediction t;
   const double m = l.micro_batches;
   const int chunk_len = l.seq_len / l.sequence;
@@ -461,158 +622,6 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   return t;
 }
 
-MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& l) {
-  using core::MemCategory;
-  MemoryPrediction m;
-  const bool cube = l.mode == core::TensorMode::d3;
-  // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
-  // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
-  // the widest block unit, which backward fills before their reduce-scatter.
-  const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
-  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, l.q, unit)
-                                              : core::Model2D::unit_floats(spec, l.q, unit);
-  double padded = 0.0, widest = 0.0;
-  for (std::size_t u = 0; u < units.size(); ++u) {
-    padded += double(units[u]);
-    if (u > 0) widest = std::max(widest, double(units[u]));
-  }
-  m[MemCategory::parameters] = padded * kF;
-  const double shard = l.zero_stage >= 1 ? padded / l.data : padded;
-  m[MemCategory::gradients] =
-      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + widest : 0.0)) * kF
-                        : padded * kF;
-  // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
-  if (l.offload_optimizer) {
-    m[MemCategory::offloaded] = 4 * shard * kF;
-  } else {
-    m[MemCategory::optimizer] = 2 * shard * kF;
-  }
-  m[MemCategory::activations] =
-      kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, l.q)
-                       : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, l.q));
-  m[MemCategory::temporaries] =
-      kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q)
-                       : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, l.q));
-  if (!l.keep.empty() || l.selective) {
-    // As the models carve it: kept blocks (less their probabilities when selective) and the
-    // segments' first inputs stay in the activations; the longest segment's block sets are the
-    // recompute arena and selective's one block of probabilities (temporaries).
-    const core::sharded::BlockRecompute plan =
-        core::sharded::block_recompute(l.keep, spec.layers, l.selective);
-    const core::GridBlockFloats block =
-        core::grid_block_floats(spec, l.mode, l.micro_batch, l.seq_len, l.q);
-    const double kept =
-        double(core::sharded::kept_block_floats(plan, block.set, block.input, block.att));
-    m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - kept);
-    m[MemCategory::temporaries] += kF * double(plan.longest) * double(block.set);
-    if (l.selective && plan.any_kept()) m[MemCategory::temporaries] += kF * double(block.att);
-  }
-  m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
-  return m;
-}
-
-TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& l,
-                            const HardwareSpec& hw) {
-  TimePrediction t;
-  const bool cube = l.mode == core::TensorMode::d3;
-  const int q = l.q, ranks = cube ? q * q * q : q * q;  // one copy of the model
-  const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
-  const double C = spec.hidden, F = spec.ffn_hidden, L = spec.layers, T = l.seq_len;
-  // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
-  // (12 L T C per token) at the attention rate, both over the grid's ranks.
-  const double n = core::flops_per_token(spec, l.seq_len) / 6.0 - 2.0 * L * T * C;
-  const double matmul = 6.0 * n * tokens / ranks, attention = 12.0 * L * T * C * tokens / ranks;
-  const double local_mlp = cube ? 2.0 * (tokens / q) * (C / q) * (F / (q * q))
-                                : 2.0 * (tokens / q) * (C / q) * (F / q);
-  const double rows = tokens / (cube ? q * q : q), c = C / q, f = F / q;
-  // Memory-bound kernels per layer and micro-batch, forward and backward: layernorms, residual
-  // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
-  const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
-  t.compute = m * (matmul / hw.gemm_rate(local_mlp) + attention / hw.attention_flops +
-                   elementwise / hw.memory_bandwidth);
-  t.flops = m * (matmul + attention);
-  // Collectives: the closed forms of one forward + backward, each group a ring on the link that
-  // spans the tensor group; about six collectives per linear and three per layernorm for latency.
-  const LinkSpec& link = link_for(l.tensor(), hw);
-  const double collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
-  // Wire bytes of a payload (floats) as the communicators count them (parallel::ring_wire_bytes).
-  using parallel::CollectiveKind;
-  auto wire = [](CollectiveKind kind, double floats, int ranks) {
-    return parallel::ring_wire_bytes(kind, kF * floats, ranks);
-  };
-  double bytes = 0.0;
-  if (cube) {
-    const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q);
-    bytes = wire(CollectiveKind::all_gather,
-                 c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather, q) +
-            wire(CollectiveKind::reduce_scatter,
-                 c3.input_reduce_scatter + c3.weight_reduce_scatter + c3.output_reduce_scatter, q) +
-            wire(CollectiveKind::all_reduce,
-                 c3.input_all_reduce + c3.weight_all_reduce + c3.output_all_reduce, q) +
-            // The embedding's reduce-scatter and all-gather over the q^2 plane.
-            wire(CollectiveKind::all_gather, c3.plane_all_gather, q * q) +
-            wire(CollectiveKind::reduce_scatter, c3.plane_reduce_scatter, q * q);
-  } else {
-    const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q);
-    bytes = wire(CollectiveKind::all_gather, c2.row_all_gather + c2.col_all_gather, q) +
-            wire(CollectiveKind::reduce_scatter, c2.row_reduce_scatter + c2.col_reduce_scatter, q) +
-            wire(CollectiveKind::broadcast, c2.row_broadcast + c2.col_broadcast, q) +
-            wire(CollectiveKind::all_reduce, c2.row_all_reduce + c2.col_all_reduce, q);
-  }
-  t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
-  if (!l.keep.empty() || l.selective) {
-    // Each dropped block's forward runs again in backward: a third of a block's products,
-    // attention and elementwise passes, and of its share of the tensor group's traffic; under
-    // selective each kept block's attention forward (a third of its attention work).
-    const core::sharded::BlockRecompute plan = core::sharded::block_recompute(l.keep, spec.layers);
-    int dropped = 0;
-    for (int b = 0; b < spec.layers; ++b) dropped += plan.dropped(b) ? 1 : 0;
-    if (l.selective) {
-      const double again = m * (spec.layers - dropped) * 12.0 * T * C * tokens / ranks / 3.0 /
-                           hw.attention_flops;
-      t.recompute += again;
-      t.compute += again;
-    }
-    const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
-    const double block_attention = 12.0 * T * C * tokens / ranks;
-    const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
-    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) +
-                                  block_attention / hw.attention_flops +
-                                  block_elementwise / hw.memory_bandwidth) / 3.0;
-    const double again = t.tensor_comm * dropped / (3.0 * L);
-    t.recompute += m * dropped * block_forward + again;
-    t.compute += m * dropped * block_forward;
-    t.tensor_comm += again;
-  }
-  // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
-  // their column or plane (small, counted with the rest).
-  const double params = double(cube ? core::Model3D::parameter_floats(spec, q)
-                                    : core::Model2D::parameter_floats(spec, q));
-  const int replicas = l.data * (cube ? 1 : l.depth);
-  const LinkSpec& data_link = link_for(l.tensor() * l.data, hw);
-  if (l.zero_stage == 2) {
-    // Every micro-batch's gradients reduce-scattered over the data ranks, the shard summed over
-    // the 2.5D depth, the updated parameters all-gathered.
-    t.data_comm = m * gather_time(params * kF, l.data, data_link) +
-                  all_reduce_time(params / l.data * kF, cube ? 1 : l.depth, data_link) +
-                  gather_time(params * kF, l.data, data_link);
-  } else {
-    t.data_comm = all_reduce_time(params * kF, replicas, data_link);
-  }
-  // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
-  const double updated = l.zero_stage >= 1 ? params / l.data : params;
-  if (l.zero_stage == 1 && l.data > 1) t.data_comm += gather_time(params * kF, l.data, data_link);
-  if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
-    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
-                                                         : hw.optimizer_bandwidth;
-    t.optimizer = updated * 28.0 / host;
-    if (hw.host_link_bandwidth > 0) t.optimizer += updated * 2 * kF / hw.host_link_bandwidth;
-  } else {
-    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
-  }
-  t.step = t.compute + t.tensor_comm + t.data_comm + t.optimizer;
-  return t;
-}
 
 std::string format_profile(const StepGraph& g, const RankLayout& l, const HardwareSpec& hw,
                            bool fused_attention) {
@@ -651,6 +660,16 @@ std::string format_profile(const StepGraph& g, const RankLayout& l, const Hardwa
                 (g.arena_bytes + g.selective_bytes) / 1048576.0);
   out += line;
   return out;
+}
+
+}  // namespace colossal::planner
+
+namespace colossal::planner {
+
+int RankLayout::grid_side() const {
+  if (tensor_mode == core::TensorMode::d1) return 1;
+  const core::TensorGrid g = core::tensor_grid(tensor_mode, tensor, depth);
+  return g.exact ? g.q : 0;
 }
 
 }  // namespace colossal::planner

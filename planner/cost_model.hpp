@@ -33,6 +33,20 @@ struct RankLayout {
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
   std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
+  // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /
+  // Model3D under apps::Trainer (one pipeline stage, no sequence parallelism; ZeRO 0-2, the
+  // optimizer offloaded or not; activation checkpointing read at block granularity:
+  // sharded::block_recompute). predict_memory and predict_time then take the grid's closed
+  // forms: memory by category exactly as the models allocate it (next to the models; dropped
+  // blocks leave the activations, the arena and selective's buffer join the temporaries), time
+  // the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at the GEMM rate of one local MLP
+  // product and the attention rate, the memory-bound kernels at the memory bandwidth, every
+  // collective of the models' closed forms as a ring (broadcasts as pipelined trees) on the link
+  // that spans the tensor group, the gradient reduction over the data ranks (and the depth),
+  // recomputation and AdamW. micro_batch is per depth layer, micro_batches per step.
+  core::TensorMode tensor_mode = core::TensorMode::d1;
+  int depth = 1;
+  int grid_side() const;  // q of the grid (1 in 1d; 0 when `tensor` is not such a grid)
   // The model chunks this rank runs (one, or several under the interleaved schedule).
   struct Chunk {
     core::StageRange stage{};
@@ -127,37 +141,6 @@ double pinned_step(const SharedCoresLayout& layout, const std::vector<TimePredic
 // p's own prediction.
 void share_node_cores(TimePrediction& t, const SharedCoresLayout& layout,
                       const std::vector<TimePrediction>& stages);
-
-// Tensor modes 2d, 2.5d and 3d (core::Model2D / core::Model3D under apps::Trainer; no pipeline or
-// sequence parallelism; ZeRO 0-2, the optimizer offloaded or not; whole-block activation
-// checkpointing, `keep`): `q` the grid side, `depth` the 2.5D layers, `data` the data
-// ranks, `micro_batch` sequences per forward (per depth layer), `micro_batches` per step. Memory
-// by category exactly as they allocate it (the closed forms next to the models, AdamW's two
-// states, the token buffers). Time: the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at
-// the GEMM rate of one local MLP product and the attention rate, the memory-bound kernels at
-// the memory bandwidth, every collective of the models' closed forms as a ring (broadcasts as
-// pipelined trees) on the link that spans the tensor group, the gradient all-reduce over the
-// data ranks (and the depth), and AdamW.
-struct TensorModeLayout {
-  core::TensorMode mode = core::TensorMode::d2;  // 2d | 2.5d | 3d
-  int q = 2, depth = 1, data = 1;
-  int micro_batch = 1, micro_batches = 1, seq_len = 1024;
-  // 0-2: ZeRO 1 keeps AdamW's moments of this data rank's 1/data of the buffer, 2 its gradients
-  // too (reduce-scattered unit by unit during backward)
-  int zero_stage = 0;
-  bool offload_optimizer = false;  // ZeRO 1-2: the moments and the update on the host
-  // Activation checkpointing, per op of the model (two a block, read at block granularity:
-  // sharded::block_recompute); empty keeps all. Dropped blocks leave the activations, their
-  // segment's arena joins the temporaries, and their forward runs again in backward.
-  std::vector<core::Keep> keep;
-  // checkpointing.policy: selective: the kept blocks' attention probabilities in one block's
-  // buffer (a temporary), recomputed in backward.
-  bool selective = false;
-  int tensor() const { return mode == core::TensorMode::d3 ? q * q * q : q * q * depth; }
-};
-MemoryPrediction predict_memory(const core::ModelSpec& spec, const TensorModeLayout& layout);
-TimePrediction predict_time(const core::ModelSpec& spec, const TensorModeLayout& layout,
-                            const HardwareSpec& hw);
 
 // The per-op table colossal_plan --profile prints (op, kind, GFLOP forward and backward with
 // recomputation, MB moved, MiB saved, predicted ms forward and backward, collective) and totals.

@@ -31,6 +31,8 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.bucket_mb = run.bucket_mb;
   l.keep = keep;
   l.selective = selective;
+  l.tensor_mode = run.tensor_mode;
+  l.depth = core::tensor_depth(run.tensor_mode, run.depth);
   const int stages = run.pipeline, chunks = run.chunks, virtual_stages = stages * chunks;
   if (int(run.layers.size()) != virtual_stages) {
     throw std::invalid_argument("rank_layout: " + std::to_string(run.layers.size()) +
@@ -140,7 +142,7 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
   return plan;
 }
 
-CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const TensorModeLayout& layout,
+CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLayout& layout,
                                        const HardwareSpec& hw, core::CheckpointPolicy policy,
                                        double budget_bytes, int every,
                                        const std::vector<int>& blocks, int memory_slots) {
@@ -158,13 +160,14 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const Tensor
     plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
     return plan;
   }
-  TensorModeLayout all = layout;
+  RankLayout all = layout;
   all.keep.clear();
   all.selective = false;
   const core::GridBlockFloats block =
-      core::grid_block_floats(spec, layout.mode, layout.micro_batch, layout.seq_len, layout.q);
+      core::grid_block_floats(spec, layout.tensor_mode, layout.micro_batch, layout.seq_len,
+                              layout.grid_side());
   // A block's forward: what recomputing every block adds to the step, per block and micro-batch.
-  TensorModeLayout every_block = all;
+  RankLayout every_block = all;
   std::vector<int> each(static_cast<std::size_t>(layers));
   std::iota(each.begin(), each.end(), 0);
   every_block.keep = checkpoint_sched::keep_blocks(layers, each);

@@ -30,7 +30,7 @@ struct RunLayout {
   // Stages 0-1: the gradient all-reduce's bucket size, MiB (parallel.bucket_mb); infinity: the
   // whole buffer in one call after backward, as Megatron-LM (2021) did.
   double bucket_mb = 25.0;
-  // 1d | 2d | 2.5d | 3d (the last three: predict_*(TensorModeLayout))
+  // 1d | 2d | 2.5d | 3d (the last three: the grid closed forms of predict_*, RankLayout)
   core::TensorMode tensor_mode = core::TensorMode::d1;
   int depth = 1;  // 2.5d layers (tensor = q^2 x depth)
   int world() const { return data * tensor * sequence * pipeline; }
@@ -73,7 +73,7 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
 // (predict_memory of `layout` with all kept, less the blocks), where the models' arena also
 // holds its first block's unused input slot. selective: every block kept but its attention
 // probabilities (CheckpointPlan::selective).
-CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const TensorModeLayout& layout,
+CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLayout& layout,
                                        const HardwareSpec& hw, core::CheckpointPolicy policy,
                                        double budget_bytes, int every,
                                        const std::vector<int>& blocks, int memory_slots = 500);

@@ -93,21 +93,13 @@ double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
   return hw.host_link_bandwidth > 0 ? m.device() : m.total();
 }
 
-}  // namespace
-
-TensorModeLayout tensor_mode_layout(const RunLayout& r) {
-  TensorModeLayout l;
-  l.mode = r.tensor_mode;
-  l.q = grid_side(r);
-  l.depth = core::tensor_depth(r.tensor_mode, r.depth);
-  l.data = r.data;
-  l.micro_batch = r.micro_batch;
-  l.micro_batches = r.micro_batches();
-  l.seq_len = r.seq_len;
-  l.zero_stage = r.zero_stage;
-  l.offload_optimizer = r.offload_optimizer;
-  return l;
+// The rank layout of a 2d / 2.5d / 3d run (every rank of the grid holds the same share).
+RankLayout grid_rank_layout(const core::ModelSpec& spec, RunLayout r) {
+  if (r.layers.empty()) r.layers = {spec.layers};
+  return rank_layout(r, 0);
 }
+
+}  // namespace
 
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
                    std::optional<core::CheckpointPolicy> policy, int every,
@@ -131,7 +123,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction. Checkpointing
     // as in 1d (auto: rotor when keeping everything does not fit), over whole blocks.
     using core::CheckpointPolicy;
-    TensorModeLayout l = tensor_mode_layout(run);
+    RankLayout l = grid_rank_layout(spec, run);
     plan.policy = policy.value_or(predict_memory(spec, l).total() <= hw.memory_bytes
                                       ? CheckpointPolicy::none
                                       : CheckpointPolicy::rotor);
@@ -326,7 +318,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           run.tensor_mode = mode;
           run.depth = depth;
           if (!invalid_tensor_mode(spec, run).empty()) continue;
-          const TimePrediction tp = predict_time(spec, tensor_mode_layout(run), cluster.hw);
+          const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run), cluster.hw);
           shapes.push_back(Shape{run, tp.compute + tp.tensor_comm});
         }
       }

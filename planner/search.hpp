@@ -83,9 +83,6 @@ struct SearchResult {
   double seconds = 0.0;
 };
 
-// A 2d / 2.5d / 3d run layout as the tensor-mode cost functions take it.
-TensorModeLayout tensor_mode_layout(const RunLayout& r);
-
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options = {});
 

@@ -277,9 +277,9 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
   const planner::HardwareSpec hw = planner::hardware_preset("a100-80g");
   using core::Keep;
   for (core::TensorMode mode : {core::TensorMode::d2, core::TensorMode::d3}) {
-    planner::TensorModeLayout l;
-    l.mode = mode;
-    l.q = 2;
+    planner::RankLayout l;
+    l.tensor_mode = mode;
+    l.tensor = mode == core::TensorMode::d3 ? 8 : 4;  // q = 2
     l.micro_batch = 4;
     l.micro_batches = 2;
     l.seq_len = 16;
@@ -301,7 +301,7 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
         dropped += code[std::size_t(b)] != 0;
       }
       if (!valid) continue;
-      planner::TensorModeLayout k = l;
+      planner::RankLayout k = l;
       k.keep = keep;
       all.emplace_back(planner::predict_memory(spec, k).total(), dropped);
     }
@@ -319,7 +319,7 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
       const planner::CheckpointPlan plan = planner::plan_grid_checkpointing(
           spec, l, hw, core::CheckpointPolicy::rotor, budget, 0, {}, int(budget) + 1);
       ASSERT_TRUE(plan.feasible) << budget;
-      planner::TensorModeLayout k = l;
+      planner::RankLayout k = l;
       k.keep = plan.keep;
       EXPECT_LE(planner::predict_memory(spec, k).total(), budget) << plan.description;
       int dropped = 0;
@@ -340,7 +340,7 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
         planner::plan_grid_checkpointing(spec, l, hw, core::CheckpointPolicy::sqrt, 0, 0, {});
     EXPECT_EQ(sqrt.description, "sqrt: I.|..|..|I.|..|..");
     // Recomputing a block costs time.
-    planner::TensorModeLayout k = l;
+    planner::RankLayout k = l;
     k.keep = full.keep;
     EXPECT_GT(planner::predict_time(spec, k, hw).step, planner::predict_time(spec, l, hw).step);
   }
@@ -354,9 +354,9 @@ TEST(CostModel, GridZero2KeepsAShardOfTheGradients) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   double previous = 0.0;
   for (int data : {2, 4, 8}) {
-    planner::TensorModeLayout l;
-    l.mode = core::TensorMode::d2;
-    l.q = 2;
+    planner::RankLayout l;
+    l.tensor_mode = core::TensorMode::d2;
+    l.tensor = 4;
     l.data = data;
     l.micro_batch = 4;
     l.seq_len = 1024;

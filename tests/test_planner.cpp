@@ -427,7 +427,8 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   // under the device memory, and the overrides carry it to a config colossal_train accepts.
   {
     planner::Cluster small = cluster;
-    planner::TensorModeLayout l = planner::tensor_mode_layout(run);
+    run.layers = {spec.layers};
+    planner::RankLayout l = planner::rank_layout(run, 0);
     const double kept = planner::predict_memory(spec, l).total();
     l.keep = core::keep_blocks(spec.layers, {0, 1, 2, 3});
     const double full = planner::predict_memory(spec, l).total();

@@ -22,7 +22,6 @@
 #include "io/hdf5_file.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "planner/cost_model.hpp"
-#include "planner/search.hpp"
 #include "train_parity.hpp"
 
 using namespace colossal;
@@ -92,9 +91,9 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   EXPECT_LT(share, blocks + 0.15);
   // The planner's prediction for this layout is the tracker's, category by category.
   const io::Config c = config(data, layout, true, "md_" + layout.mode);
-  planner::TensorModeLayout l;
-  l.mode = *core::parse_tensor_mode(layout.mode);
-  l.q = 2;
+  planner::RankLayout l;
+  l.tensor_mode = *core::parse_tensor_mode(layout.mode);
+  l.tensor = layout.tensor;  // q = 2
   l.depth = layout.depth;
   l.data = layout.data;
   l.micro_batch = c.train.micro_batch;
@@ -243,13 +242,11 @@ TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
         std::tuple{rotor.get(), core::CheckpointPolicy::rotor, "rotor", rotor_budget},
         std::tuple{selective.get(), core::CheckpointPolicy::selective, "selective", 0.0}}) {
     const io::Config c = checkpointed(policy, name, budget);
-    planner::TensorModeLayout l = planner::tensor_mode_layout(apps::run_layout(c));
     const apps::ActivationPlan plan = apps::activation_plan(c, 0, apps::hardware_spec(c, 0));
     EXPECT_TRUE(plan.selective ||
                 std::count(plan.keep.begin(), plan.keep.end(), core::Keep::input) != 0)
         << plan.description;
-    l.keep = plan.keep;
-    l.selective = plan.selective;
+    const planner::RankLayout l = apps::rank_layout(c, 0, plan.keep, plan.selective);
     const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
     for (int k = 0; k < int(core::MemCategory::count); ++k) {
       EXPECT_EQ(predicted.bytes[std::size_t(k)], double(t->memory().peak(core::MemCategory(k))))
