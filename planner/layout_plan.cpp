@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "checkpoint_sched/solvers.hpp"
@@ -88,26 +89,39 @@ checkpoint_sched::Chain chunk_chain(const core::ModelSpec& spec, const RankLayou
   chain.stored_multiplier = chunk.slots;
   return chain;
 }
+// The policies that need no solver: none, selective (kept blocks drop their probabilities) and
+// manual (the listed blocks whole); nullopt for the others.
+std::optional<CheckpointPlan> unsolved_plan(int layers, core::CheckpointPolicy policy,
+                                            const std::vector<int>& blocks) {
+  using core::CheckpointPolicy;
+  CheckpointPlan plan;
+  plan.description = core::checkpoint_policy_name(policy);
+  switch (policy) {
+    case CheckpointPolicy::none:
+      return plan;
+    case CheckpointPolicy::selective:
+      plan.selective = true;
+      return plan;
+    case CheckpointPolicy::manual:
+      plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
+      plan.description +=
+          ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
+      return plan;
+    default:
+      return std::nullopt;
+  }
+}
 }  // namespace
+
 
 CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
                                   const HardwareSpec& hw, core::CheckpointPolicy policy,
                                   double budget_bytes, int every, const std::vector<int>& blocks,
                                   int memory_slots) {
   const int layers = spec.layers;
+  if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;
   plan.description = core::checkpoint_policy_name(policy);
-  using core::CheckpointPolicy;
-  if (policy == CheckpointPolicy::none) return plan;
-  if (policy == CheckpointPolicy::selective) {
-    plan.selective = true;
-    return plan;
-  }
-  if (policy == CheckpointPolicy::manual) {
-    plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
-    plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
-    return plan;
-  }
   // The other policies solve each chunk of this pipeline rank on its own chain.
   plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
   RankLayout l = rank;
@@ -148,18 +162,9 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
                                        const std::vector<int>& blocks, int memory_slots) {
   using core::CheckpointPolicy;
   const int layers = spec.layers;
+  if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;
   plan.description = core::checkpoint_policy_name(policy);
-  if (policy == CheckpointPolicy::none) return plan;
-  if (policy == CheckpointPolicy::selective) {
-    plan.selective = true;
-    return plan;
-  }
-  if (policy == CheckpointPolicy::manual) {
-    plan.keep = checkpoint_sched::keep_blocks(layers, blocks);
-    plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
-    return plan;
-  }
   RankLayout all = layout;
   all.keep.clear();
   all.selective = false;

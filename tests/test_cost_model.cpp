@@ -267,13 +267,7 @@ TEST(CostModel, Opt175bStepGraphAndPredictionAreFast) {
 // tracker) and recomputes as few blocks as the best of every valid whole-block schedule does
 // (brute force over 3^6 block schedules; the blocks are equal, so time is the dropped count).
 TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
-  core::ModelSpec spec;
-  spec.layers = 6;
-  spec.hidden = 32;
-  spec.heads = 4;
-  spec.ffn_hidden = 64;
-  spec.vocab = 201;
-  spec.max_seq = 16;
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 6, 32, 4, 64, 201, 16);
   const planner::HardwareSpec hw = planner::hardware_preset("a100-80g");
   using core::Keep;
   for (core::TensorMode mode : {core::TensorMode::d2, core::TensorMode::d3}) {
