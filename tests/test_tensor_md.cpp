@@ -3,7 +3,8 @@
 // mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
 // apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
 // 2d x dp2 (also with ZeRO 1, ZeRO 1 with the optimizer offloaded, ZeRO 2, and ZeRO 2 with the
-// optimizer offloaded) on 8. Also the model
+// optimizer offloaded), and 3d under ZeRO 2 (one data rank: the sharded store's slices are whole
+// units) on 8. Also the model
 // file holds the logical tensors and the tensor group's per-rank parameters are the mode's
 // fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
@@ -353,7 +354,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "3d", 8}, Layout{"opt", "3d", 8},
                       Layout{"gpt2", "2d", 4, 1, 2}, Layout{"opt", "2d", 4, 1, 2, 1},
                       Layout{"gpt2", "2d", 4, 1, 2, 1, true}, Layout{"gpt2", "2d", 4, 1, 2, 2},
-                      Layout{"opt", "2d", 4, 1, 2, 2, true}),
+                      Layout{"opt", "2d", 4, 1, 2, 2, true}, Layout{"gpt2", "3d", 8, 1, 1, 2}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
