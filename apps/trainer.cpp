@@ -266,8 +266,18 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
   hardware_name_ = hw.name;
   agree_on_plan();
-  // A host spec (the same on every rank: the gather is collective); the 2d / 3d closed forms
-  // predict no per-micro-batch times to stretch.
+  // A host spec (the same on every rank: the gather is collective). The 2d / 3d closed forms
+  // predict no per-micro-batch times to simulate: every rank of the grid does the same work, so
+  // the step lasts the node's thread-seconds over its cores, as the planner's search takes it.
+  if (hw.threads > 0 && predicted_time_.micro_forward.empty()) {
+    const core::ThreadPlan threads = core::current_thread_plan();
+    if (threads.oversubscribed()) {
+      planner::share_cores(predicted_time_,
+                           planner::busy_seconds(predicted_time_) * threads.local_ranks *
+                               threads.threads,
+                           threads.node_cores);
+    }
+  }
   if (hw.threads > 0 && !predicted_time_.micro_forward.empty()) {
     // Ranks taking turns on a node's cores (mpirun --oversubscribe) stretch the step as the
     // planner predicts it (planner::share_node_cores), from every pipeline stage's prediction.

@@ -203,6 +203,8 @@ class Trainer {
   // The parallel plan every rank runs (YAML): mesh, ZeRO stage, shards and buckets. Rank 0's is
   // broadcast at construction and every rank checks that it derived the same one.
   const std::string& plan() const { return plan_; }
+  // The cost model's prediction of this rank's step (shared cores included), as printed.
+  const planner::TimePrediction& predicted_time() const { return predicted_time_; }
   parallel::Communicator& data_parallel() { return *dp_; }
   parallel::Communicator& tensor_parallel() { return *tp_; }
   parallel::Communicator& pipeline_parallel() { return *pp_; }

@@ -19,6 +19,7 @@
 
 #include "apps/layout.hpp"
 #include "apps/trainer.hpp"
+#include "core/host_threads.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -107,6 +108,18 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
     EXPECT_EQ(predicted.bytes[std::size_t(k)],
               double(trainer.memory().peak(core::MemCategory(k))))
         << core::category_name(core::MemCategory(k));
+  }
+  // Ranks taking turns on the cores (mpirun --oversubscribe): every rank of the grid does the
+  // same work, so the predicted step is the node's thread-seconds over its cores.
+  const core::ThreadPlan threads = core::current_thread_plan();
+  const planner::TimePrediction& time = trainer.predicted_time();
+  if (threads.oversubscribed()) {
+    const double busy = time.step - time.shared_cores;
+    EXPECT_GT(time.shared_cores, 0.0);
+    EXPECT_NEAR(time.step, busy * threads.local_ranks * threads.threads / threads.node_cores,
+                1e-9 * time.step);
+  } else {
+    EXPECT_EQ(time.shared_cores, 0.0);
   }
 }
 
