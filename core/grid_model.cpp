@@ -18,6 +18,40 @@ GridBlockFloats grid_block_floats(const ModelSpec& spec, TensorMode mode, int ba
   return {sharded::layer_act_floats(R, c, f, att), R * c, att};
 }
 
+GridActivationFloats grid_activation_floats(const sharded::BlockRecompute& plan,
+                                            const GridBlockFloats& block) {
+  GridActivationFloats a;
+  const int blocks = int(plan.start.size());
+  for (int b = 0; b < blocks; ++b) {
+    if (!plan.dropped(b)) {
+      a.kept += block.set - (plan.selective ? block.att : 0);
+    } else if (plan.start[std::size_t(b)] == b) {
+      a.kept += block.input;
+    }
+  }
+  a.arena = plan.longest * block.set;
+  if (plan.selective && plan.dropped_blocks() < blocks) a.selective = block.att;
+  return a;
+}
+
+float* GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
+                                       const std::vector<Keep>& keep, bool selective, int64_t R,
+                                       int64_t c, int64_t f, int64_t head_floats) {
+  recompute_plan_ = sharded::block_recompute(keep, spec_.layers, selective);
+  const GridActivationFloats sizes = grid_activation_floats(recompute_plan_, block);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
+                             std::size_t(sizes.kept + head_floats));
+  if (sizes.arena > 0) {
+    recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.arena));
+  }
+  if (sizes.selective > 0) {
+    selective_att_ =
+        DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.selective));
+  }
+  return sharded::carve_blocks(layer_acts_, recompute_plan_, acts_.data(), recompute_.data(), R,
+                               c, f, block.att, selective_att_.data());
+}
+
 void GridModel::no_stages() const {
   throw std::logic_error("the 2d / 2.5d / 3d tensor-parallel models run the whole model on one "
                          "pipeline stage: they have no stage boundary buffers");
@@ -45,7 +79,7 @@ std::size_t GridModel::append_param(const std::string& name, ParamRole role, std
 void GridModel::end_unit() {
   const std::size_t begin = unit_ends_.empty() ? 0 : unit_ends_.back();
   const std::size_t end = std::max(begin, sharded::table_end(table_));
-  unit_ends_.push_back((end + unit_multiple_ - 1) / unit_multiple_ * unit_multiple_);
+  unit_ends_.push_back(sharded::round_up(end, unit_multiple_));
 }
 
 void GridModel::make_store(MemoryTracker& tracker, const StoreFactory& make_store) {

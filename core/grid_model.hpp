@@ -18,6 +18,7 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/parameter_store.hpp"
+#include "core/sharded_detail.hpp"
 #include "core/stage_model.hpp"
 #include "core/tensor_mode.hpp"
 
@@ -34,6 +35,15 @@ struct GridBlockFloats {
 };
 GridBlockFloats grid_block_floats(const ModelSpec& spec, TensorMode mode, int batch, int seq_len,
                                   int q);
+// What a checkpoint schedule makes of the blocks, in floats: `kept` in the activations buffer
+// (a kept block's set, less its probabilities when selective; a segment's first input), and
+// among the temporaries the recompute `arena` (the longest segment's sets) and `selective`'s one
+// block of probabilities (when some block is kept). The models allocate it; the planner costs it.
+struct GridActivationFloats {
+  int64_t kept = 0, arena = 0, selective = 0;
+};
+GridActivationFloats grid_activation_floats(const sharded::BlockRecompute& plan,
+                                            const GridBlockFloats& block);
 
 class GridModel : public StageModel {
  public:
@@ -93,6 +103,14 @@ class GridModel : public StageModel {
                                                               std::size_t end) {
     return store_->gradient_pieces(begin, end);
   }
+  // Activation checkpointing's block activations (`keep`, `selective`: sharded::BlockRecompute):
+  // the activations buffer holds the kept sets (grid_activation_floats) and then `head_floats`
+  // for the model's head, the temporaries the recompute arena and selective's probabilities;
+  // recompute_plan_ and layer_acts_ (R x c, f local columns) point into them. Returns where the
+  // head's floats start.
+  float* allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
+                              const std::vector<Keep>& keep, bool selective, int64_t R, int64_t c,
+                              int64_t f, int64_t head_floats);
   // Where the tensors end (the store's padding follows): what the reductions cover.
   std::size_t params_end() const { return params_end_; }
   // Throws std::invalid_argument unless `batch` is the built micro-batch and `slot` is 0.
@@ -102,6 +120,8 @@ class GridModel : public StageModel {
   int batch_;
   std::vector<ParamSpec> table_;
   std::vector<LogicalRun> runs_;
+  sharded::BlockRecompute recompute_plan_;
+  std::vector<sharded::LayerActs> layer_acts_;
 
  private:
   [[noreturn]] void no_stages() const;
@@ -110,6 +130,9 @@ class GridModel : public StageModel {
   std::size_t unit_multiple_;
   std::vector<std::size_t> unit_ends_;  // where each unit ends, padding included
   std::unique_ptr<ParameterStore> store_;
+  DeviceArray<float> acts_;           // kept block activations, then the head's
+  DeviceArray<float> recompute_;      // the activations of the segment being recomputed
+  DeviceArray<float> selective_att_;  // selective: one kept block's attention probabilities
   float* open_[2] = {nullptr, nullptr};  // open gradient buffers: unit 0, one block unit
   int open_unit_ = -1;                   // the open block unit
 };

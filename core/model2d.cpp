@@ -82,33 +82,17 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
   // Activations kept for backward, per layer, then the head's.
-  const int64_t R = rows_, c = c_, f = f_, T = seq_len;
-  const int64_t att = int64_t(batch / q) * (spec.heads / q) * T * T;
   // x, ln1, atty, xmid, ln2 (R x c each), qkv (R x 3c), four row statistics, the probabilities,
-  // and the MLP's pre- and post-activation (R x f each).
-  const GridBlockFloats block = grid_block_floats(spec, TensorMode::d2, batch, seq_len, q);
-  const int64_t per_layer = block.set;
-  recompute_plan_ = sharded::block_recompute(keep, int(L), selective);
-  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             std::size_t(sharded::kept_block_floats(recompute_plan_, per_layer, block.input,
-                                                                    block.att) +
-                                         2 * R * c + 3 * R + R * vocab_block_));
-  if (recompute_plan_.longest > 0) {
-    recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries,
-                                    std::size_t(recompute_plan_.longest * per_layer));
-  }
-  // selective: one block's probabilities, rebuilt in backward for each kept block.
-  if (selective && recompute_plan_.any_kept()) {
-    selective_att_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(block.att));
-  }
-  float* cursor = acts_.data();
+  // and the MLP's pre- and post-activation (R x f each) per kept block; then the head's.
+  const int64_t R = rows_, c = c_, f = f_;
+  float* cursor = allocate_activations(
+      tracker, grid_block_floats(spec, TensorMode::d2, batch, seq_len, q), keep, selective, R, c,
+      f, 2 * R * c + 3 * R + R * vocab_block_);
   auto carve = [&cursor](int64_t n) {
     float* p = cursor;
     cursor += n;
     return p;
   };
-  cursor = sharded::carve_blocks(layer_acts_, recompute_plan_, cursor, recompute_.data(), R, c, f,
-                                 att, selective_att_.data());
   x_final_ = carve(R * c);
   lnf_ = carve(R * c);
   lnf_mean_ = carve(R);
@@ -151,7 +135,7 @@ std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q,
   using sharded::aligned16;
   const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
   const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
-  auto padded = [&](std::size_t n) { return (n + unit_multiple - 1) / unit_multiple * unit_multiple; };
+  auto padded = [&](std::size_t n) { return sharded::round_up(n, unit_multiple); };
   const std::size_t replicated =
       L * (5 * aligned16(c) + aligned16(3 * c) + aligned16(f) + aligned16(c)) + 2 * aligned16(c);
   std::vector<std::size_t> units{padded(aligned16(vb * c) + aligned16(pb * c) + replicated)};
@@ -457,7 +441,7 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
     layernorm2d_backward(grid_, s_.dx, grad(b.ln2_w), grad(b.ln2_b), s_.dln, A.xmid, P + b.ln2_w,
                          A.ln2_mean, A.ln2_rstd, BT, C, s_.ln_work);
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
-    if (recompute_plan_.selective && !recompute_plan_.dropped(l)) {
+    if (recompute_plan_.rebuilds_probabilities(l)) {
       // selective: the probabilities again from the kept q|k|v (atty rewritten with its bits).
       attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
     }

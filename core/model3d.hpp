@@ -136,11 +136,7 @@ class Model3D final : public GridModel {
   std::size_t plane_j_begin_ = 0, plane_l_begin_ = 0, plane_l_end_ = 0;
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
-  DeviceArray<float> acts_, scratch_;
-  DeviceArray<float> recompute_;  // the activations of the segment being recomputed
-  sharded::BlockRecompute recompute_plan_;
-  DeviceArray<float> selective_att_;  // selective: one kept block's attention probabilities
-  std::vector<sharded::LayerActs> layer_acts_;
+  DeviceArray<float> scratch_;
   float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
         *logits_ = nullptr, *losses_ = nullptr;
   sharded::Scratch s_{};  // the step's temporaries (core/sharded_detail.hpp)

@@ -148,19 +148,6 @@ BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool s
   return plan;
 }
 
-int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t input,
-                          int64_t att) {
-  int64_t n = 0;
-  for (int b = 0; b < int(plan.start.size()); ++b) {
-    if (!plan.dropped(b)) {
-      n += per_layer - (plan.selective ? att : 0);
-    } else if (plan.start[std::size_t(b)] == b) {
-      n += input;
-    }
-  }
-  return n;
-}
-
 float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
                     float* arena, int64_t R, int64_t c, int64_t f, int64_t att,
                     float* selective_att) {

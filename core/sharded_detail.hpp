@@ -22,6 +22,8 @@ void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMod
 
 // n rounded up to 16 floats (every local tensor starts 64-byte aligned).
 constexpr std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
+// n rounded up to a multiple of m (a parameter unit's padding).
+constexpr std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
 // The end of a local table's flat layout (16-float aligned), where the next tensor starts.
 std::size_t table_end(const std::vector<ParamSpec>& table);
 // Appends a local tensor of `count` floats at table_end (or `at_least`, where a parameter unit
@@ -69,22 +71,20 @@ struct BlockRecompute {
   int longest = 0;
   bool selective = false;
   bool dropped(int b) const { return start[std::size_t(b)] >= 0; }
-  bool any_kept() const {
-    for (int s : start) {
-      if (s < 0) return true;
-    }
-    return false;
+  int dropped_blocks() const {
+    int n = 0;
+    for (int s : start) n += s >= 0 ? 1 : 0;
+    return n;
   }
+  // selective: backward rebuilds block b's probabilities (a kept block; a dropped one's come
+  // back with its segment).
+  bool rebuilds_probabilities(int b) const { return selective && !dropped(b); }
   // The segment's last block: backward recomputes the segment on reaching it.
   bool segment_end(int b) const {
     return dropped(b) && (b + 1 == int(start.size()) || start[std::size_t(b) + 1] != start[std::size_t(b)]);
   }
 };
 BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false);
-// Floats the blocks keep in the activations buffer: a kept block's set (`per_layer`, less its
-// `att` probabilities when selective), a segment's `input` (R x c).
-int64_t kept_block_floats(const BlockRecompute& plan, int64_t per_layer, int64_t input,
-                          int64_t att);
 // Points every block's activations: kept blocks at `kept` (advanced past them and returned; when
 // selective, their probabilities at `selective_att`), dropped ones at their slot of `arena`,
 // segment starts with their input x at `kept`.

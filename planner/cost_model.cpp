@@ -154,20 +154,14 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   m[MemCategory::temporaries] =
       kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, q)
                        : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, q));
-  if (!l.keep.empty() || l.selective) {
-    // As the models carve it: kept blocks (less their probabilities when selective) and the
-    // segments' first inputs stay in the activations; the longest segment's block sets are the
-    // recompute arena and selective's one block of probabilities (temporaries).
-    const core::sharded::BlockRecompute plan =
-        core::sharded::block_recompute(l.keep, spec.layers, l.selective);
-    const core::GridBlockFloats block =
-        core::grid_block_floats(spec, l.tensor_mode, l.micro_batch, l.seq_len, q);
-    const double kept =
-        double(core::sharded::kept_block_floats(plan, block.set, block.input, block.att));
-    m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - kept);
-    m[MemCategory::temporaries] += kF * double(plan.longest) * double(block.set);
-    if (l.selective && plan.any_kept()) m[MemCategory::temporaries] += kF * double(block.att);
-  }
+  // The blocks as the checkpoint schedule leaves them (core::grid_activation_floats, what the
+  // models allocate): activation_floats counts every block's whole set.
+  const core::GridBlockFloats block =
+      core::grid_block_floats(spec, l.tensor_mode, l.micro_batch, l.seq_len, q);
+  const core::GridActivationFloats blocks = core::grid_activation_floats(
+      core::sharded::block_recompute(l.keep, spec.layers, l.selective), block);
+  m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - double(blocks.kept));
+  m[MemCategory::temporaries] += kF * double(blocks.arena + blocks.selective);
   m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
   return m;
 }
@@ -225,24 +219,16 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     // Each dropped block's forward runs again in backward: a third of a block's products,
     // attention and elementwise passes, and of its share of the tensor group's traffic; under
     // selective each kept block's attention forward (a third of its attention work).
-    const core::sharded::BlockRecompute plan = core::sharded::block_recompute(l.keep, spec.layers);
-    int dropped = 0;
-    for (int b = 0; b < spec.layers; ++b) dropped += plan.dropped(b) ? 1 : 0;
-    if (l.selective) {
-      const double again = m * (spec.layers - dropped) * 12.0 * T * C * tokens / ranks / 3.0 /
-                           hw.attention_flops;
-      t.recompute += again;
-      t.compute += again;
-    }
+    const int dropped = core::sharded::block_recompute(l.keep, spec.layers).dropped_blocks();
     const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
-    const double block_attention = 12.0 * T * C * tokens / ranks;
+    const double block_attention = 12.0 * T * C * tokens / ranks / hw.attention_flops;
     const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
-    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) +
-                                  block_attention / hw.attention_flops +
+    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) + block_attention +
                                   block_elementwise / hw.memory_bandwidth) / 3.0;
+    const double probabilities = l.selective ? (L - dropped) * block_attention / 3.0 : 0.0;
     const double again = t.tensor_comm * dropped / (3.0 * L);
-    t.recompute += m * dropped * block_forward + again;
-    t.compute += m * dropped * block_forward;
+    t.recompute = m * (dropped * block_forward + probabilities) + again;
+    t.compute += m * (dropped * block_forward + probabilities);
     t.tensor_comm += again;
   }
   // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
