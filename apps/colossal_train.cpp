@@ -130,10 +130,7 @@ int main(int argc, char** argv) {
         // Every rank of a grid holds the same bytes; the closed forms, with the checkpoint
         // schedule's dropped blocks and arena, equal the tracker (tests/test_tensor_md.cpp), so
         // nothing is allocated.
-        const apps::ActivationPlan plan =
-            apps::activation_plan(inv.config, 0, apps::hardware_spec(inv.config, 0));
-        const planner::MemoryPrediction m = planner::predict_memory(
-            inv.config.model, apps::rank_layout(inv.config, 0, plan.keep, plan.selective));
+        const planner::MemoryPrediction m = apps::rank_memory(inv.config, 0);
         if (log) {
           print_memory_plan(log,
                             std::string("every rank, ") +

@@ -53,12 +53,7 @@ planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
                   planner::TimePrediction& time) {
-  if (config.parallel.tensor_mode != core::TensorMode::d1) {
-    const planner::RankLayout layout = rank_layout(config, 0, plan.keep, plan.selective);
-    memory = planner::predict_memory(config.model, layout);
-    time = planner::predict_time(config.model, layout, hw);
-    return;
-  }
+  // 2d / 2.5d / 3d too: the layout carries the tensor mode, predict_* take the grid forms.
   const planner::RankLayout layout = rank_layout(config, pipeline_rank, plan.keep, plan.selective);
   memory = planner::predict_memory(config.model, layout);
   time = planner::predict_time(config.model, layout, hw);
@@ -75,14 +70,10 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw) {
   const auto& c = config.checkpointing;
   const double budget = c.memory_budget * 1024.0 * 1024.0 * 1024.0;
-  const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
-  // 2d / 2.5d / 3d: one op a block (their models recompute whole blocks), the grid's own sizes.
-  const planner::CheckpointPlan plan =
-      grid ? planner::plan_grid_checkpointing(config.model, rank_layout(config, 0), hw, c.policy,
-                                              budget, c.every, c.blocks)
-           : planner::plan_checkpointing(config.model, rank_layout(config, pipeline_rank), hw,
-                                         c.policy, budget, c.every, c.blocks);
+  const planner::CheckpointPlan plan = planner::plan_checkpointing(
+      config.model, rank_layout(config, pipeline_rank), hw, c.policy, budget, c.every, c.blocks);
   if (!plan.feasible) {
+    const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
     const std::string who = grid ? std::string("every rank of the ") +
                                        core::tensor_mode_name(config.parallel.tensor_mode) + " grid"
                                  : "pipeline stage " + std::to_string(pipeline_rank);

@@ -42,7 +42,7 @@ struct ActivationPlan {
 // checkpointing.policy for the ranks of `pipeline_rank`. rotor solves each chunk's chain (two ops
 // per block, costs from the step graph and `hw`) under checkpointing.memory_budget minus what the
 // rest of the rank needs; a budget below the minimum throws std::runtime_error with the numbers.
-// 2d / 2.5d / 3d: planner::plan_grid_checkpointing (whole blocks, the grid's sizes).
+// 2d / 2.5d / 3d: whole blocks with the grid's sizes (planner::plan_checkpointing dispatches).
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
 

@@ -25,12 +25,6 @@
 namespace colossal::apps {
 
 planner::MemoryPrediction rank_memory(const io::Config& config, int rank) {
-  if (config.parallel.tensor_mode != core::TensorMode::d1) {
-    // Every rank of a 2d / 2.5d / 3d grid holds the same bytes (tests/test_tensor_md.cpp).
-    const ActivationPlan plan = activation_plan(config, 0, hardware_spec(config, 0));
-    return planner::predict_memory(config.model,
-                                   rank_layout(config, 0, plan.keep, plan.selective));
-  }
   const auto& p = config.parallel;
   const parallel::DeviceMesh mesh(parallel::MeshShape{
       .data = p.data, .pipeline = p.pipeline, .tensor = p.tensor, .sequence = p.sequence});

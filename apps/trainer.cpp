@@ -269,16 +269,13 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // A host spec (the same on every rank: the gather is collective). The 2d / 3d closed forms
   // predict no per-micro-batch times to simulate: every rank of the grid does the same work, so
   // the step lasts the node's thread-seconds over its cores, as the planner's search takes it.
-  if (hw.threads > 0 && predicted_time_.micro_forward.empty()) {
-    const core::ThreadPlan threads = core::current_thread_plan();
-    if (threads.oversubscribed()) {
-      planner::share_cores(predicted_time_,
-                           planner::busy_seconds(predicted_time_) * threads.local_ranks *
-                               threads.threads,
-                           threads.node_cores);
-    }
-  }
-  if (hw.threads > 0 && !predicted_time_.micro_forward.empty()) {
+  const core::ThreadPlan threads = core::current_thread_plan();
+  if (hw.threads > 0 && predicted_time_.micro_forward.empty() && threads.oversubscribed()) {
+    planner::share_cores(predicted_time_,
+                         planner::busy_seconds(predicted_time_) * threads.local_ranks *
+                             threads.threads,
+                         threads.node_cores);
+  } else if (hw.threads > 0 && !predicted_time_.micro_forward.empty()) {
     // Ranks taking turns on a node's cores (mpirun --oversubscribe) stretch the step as the
     // planner predicts it (planner::share_node_cores), from every pipeline stage's prediction.
     const std::size_t chunks = predicted_time_.micro_forward.size();
@@ -290,7 +287,6 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                              float(predicted_time_.step)});
     std::vector<float> all(std::size_t(pp_->size()) * mine.size());
     pp_->all_gather(mine, all);
-    const core::ThreadPlan threads = core::current_thread_plan();
     if (threads.oversubscribed()) {
       std::vector<planner::TimePrediction> stages(std::size_t(pp_->size()));
       for (std::size_t p = 0; p < stages.size(); ++p) {

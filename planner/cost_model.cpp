@@ -652,10 +652,13 @@ std::string format_profile(const StepGraph& g, const RankLayout& l, const Hardwa
 
 namespace colossal::planner {
 
-int RankLayout::grid_side() const {
-  if (tensor_mode == core::TensorMode::d1) return 1;
-  const core::TensorGrid g = core::tensor_grid(tensor_mode, tensor, depth);
+int grid_side(core::TensorMode mode, int tensor, int depth) {
+  const core::TensorGrid g = core::tensor_grid(mode, tensor, depth);
   return g.exact ? g.q : 0;
+}
+
+int RankLayout::grid_side() const {
+  return tensor_mode == core::TensorMode::d1 ? 1 : planner::grid_side(tensor_mode, tensor, depth);
 }
 
 }  // namespace colossal::planner

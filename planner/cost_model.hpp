@@ -58,6 +58,10 @@ struct RankLayout {
   Layout graph_layout(const Chunk& chunk) const;
 };
 
+// The side q of a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers); 0 when `tensor`
+// has no such shape.
+int grid_side(core::TensorMode mode, int tensor, int depth);
+
 struct MemoryPrediction {
   std::array<double, int(core::MemCategory::count)> bytes{};
   double total() const;

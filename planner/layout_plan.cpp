@@ -118,6 +118,10 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
                                   const HardwareSpec& hw, core::CheckpointPolicy policy,
                                   double budget_bytes, int every, const std::vector<int>& blocks,
                                   int memory_slots) {
+  if (rank.tensor_mode != core::TensorMode::d1) {
+    return plan_grid_checkpointing(spec, rank, hw, policy, budget_bytes, every, blocks,
+                                   memory_slots);
+  }
   const int layers = spec.layers;
   if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;

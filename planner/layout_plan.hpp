@@ -59,7 +59,7 @@ struct CheckpointPlan {
 // block, costs from the step graph and `hw`, k = the chunk's micro-batches in flight) under
 // budget_bytes minus everything else the rank allocates; chunks share the rest in proportion to
 // what they would keep. feasible = false (and minimum_bytes) when even the least-memory schedule
-// does not fit.
+// does not fit. A 2d / 2.5d / 3d rank (rank.tensor_mode) goes to plan_grid_checkpointing.
 CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout& rank,
                                   const HardwareSpec& hw, core::CheckpointPolicy policy,
                                   double budget_bytes, int every, const std::vector<int>& blocks,

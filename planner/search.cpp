@@ -60,10 +60,7 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
 std::string bytes_text(double b) { return core::format_bytes(b); }
 
 // The grid side of a 2d / 2.5d / 3d layout (0 when the tensor size has no such shape).
-int grid_side(const RunLayout& r) {
-  const core::TensorGrid g = core::tensor_grid(r.tensor_mode, r.tensor, r.depth);
-  return g.exact ? g.q : 0;
-}
+int grid_side(const RunLayout& r) { return planner::grid_side(r.tensor_mode, r.tensor, r.depth); }
 
 // What makes a 2d / 2.5d / 3d layout impossible (the checks of io/config.cpp); empty if none.
 std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r) {
@@ -128,8 +125,8 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                       ? CheckpointPolicy::none
                                       : CheckpointPolicy::rotor);
     plan.budget_bytes = budget_bytes > 0 ? budget_bytes : hw.memory_bytes;
-    const CheckpointPlan cp = plan_grid_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
-                                                      every, blocks, memory_slots);
+    const CheckpointPlan cp = plan_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
+                                                 every, blocks, memory_slots);
     l.keep = cp.keep;
     l.selective = cp.selective;
     plan.memory = predict_memory(spec, l);
