@@ -127,16 +127,23 @@ int main(int argc, char** argv) {
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d run on the same trainer as 1d (below).
       if (inv.has("--memory-plan")) {
-        // Every rank of a grid holds the same bytes; the closed forms, with the checkpoint
-        // schedule's dropped blocks and arena, equal the tracker (tests/test_tensor_md.cpp), so
-        // nothing is allocated.
-        const planner::MemoryPrediction m = apps::rank_memory(inv.config, 0);
+        // Every rank of a grid (of one pipeline stage) holds the same bytes; the closed forms,
+        // with the checkpoint schedule's dropped blocks and arena, equal the tracker
+        // (tests/test_tensor_md.cpp), so nothing is allocated.
+        const int stages = inv.config.parallel.pipeline;
+        const std::string mode = core::tensor_mode_name(inv.config.parallel.tensor_mode);
+        double largest = 0.0;
+        for (int stage = 0; stage < stages && log != nullptr; ++stage) {
+          const int first_rank = inv.world_size / stages * stage;  // the mesh: stage outermost
+          const planner::MemoryPrediction m = apps::rank_memory(inv.config, first_rank);
+          largest = std::max(largest, m.total());
+          std::fprintf(log, "memory plan (every rank%s, %s): %s\n",
+                       stages > 1 ? (" of pipeline stage " + std::to_string(stage)).c_str() : "",
+                       mode.c_str(), m.format().c_str());
+        }
         if (log) {
-          print_memory_plan(log,
-                            std::string("every rank, ") +
-                                core::tensor_mode_name(inv.config.parallel.tensor_mode),
-                            m.format(),
-                            m.total());
+          std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
+                       core::format_bytes(largest).c_str(), largest);
         }
         return 0;
       }

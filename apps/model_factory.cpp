@@ -31,7 +31,8 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
         g[G::input], g[G::weight], g[G::output], g[G::plane_l], g[G::plane_j]});
     built.model = std::make_unique<core::Model3D>(spec, batch, seq_len, *built.cube, gemm,
                                                   tracker, options.unit_multiple, options.keep,
-                                                  options.selective, options.grid_store);
+                                                  options.selective, options.grid_store,
+                                                  options.stage, options.slots);
     built.grid_text = q + " x " + q + " x " + q + " cube";
     return built;
   }
@@ -39,7 +40,8 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
   core::TensorGroup* depth = g.has(G::depth) ? &g[G::depth] : nullptr;
   built.model = std::make_unique<core::Model2D>(spec, batch, seq_len, *built.grid, gemm, tracker,
                                                 depth, options.unit_multiple, options.keep,
-                                                options.selective, options.grid_store);
+                                                options.selective, options.grid_store,
+                                                options.stage, options.slots);
   built.grid_text = q + " x " + q + " grid" +
                     (sub_grid.depth() > 1
                          ? " x " + std::to_string(sub_grid.depth()) + " depth layers"

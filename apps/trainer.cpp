@@ -321,7 +321,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     chunk.link = std::make_unique<parallel::StageLink>(
         parallel::StageLinkOptions{
             .pipeline = pp_,
-            .tensor = par.sequence_split ? nullptr : tp_,
+            .tensor = par.sequence_split || par.tensor_mode != core::TensorMode::d1 ? nullptr : tp_,
             .virtual_stage = chunk.virtual_stage,
             .virtual_stages = virtual_stages_,
             .floats = virtual_stages_ == 1
@@ -355,6 +355,8 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   }
   chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
                                  core::ModelOptions{.unit_multiple = unit_multiple,
+                                                    .stage = chunk.range,
+                                                    .slots = chunk.slots,
                                                     .keep = activation_plan_.keep,
                                                     .selective = activation_plan_.selective,
                                                     .grid_store = store},
@@ -368,10 +370,19 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
       model.parameters(), model.store(), *grad_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage,
                              .offload_optimizer = par.offload_optimizer});
+  // Pipeline stages: the first and the last sum the tied token embedding (the first floats of
+  // unit 0 on both); the norm, over the ranges each stage counts, is summed over the stages.
+  zero::PipelineLinks links;
+  if (pp_->size() > 1) {
+    links = zero::PipelineLinks{.stages = pp_,
+                                .tied = model.tied_floats() > 0 ? tied_owner_.get() : nullptr,
+                                .tied_floats = model.tied_floats()};
+  }
   chunk.gradients = std::make_unique<zero::GradientSync>(
       model.parameters(), model.store(), *grad_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
                                 .tensor = tp_,
+                                .pipeline = links,
                                 .counted_ranges = model.norm_ranges()});
 }
 

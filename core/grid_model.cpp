@@ -34,13 +34,13 @@ GridActivationFloats grid_activation_floats(const sharded::BlockRecompute& plan,
   return a;
 }
 
-float* GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
-                                       const std::vector<Keep>& keep, bool selective, int64_t R,
-                                       int64_t c, int64_t f, int64_t head_floats) {
-  recompute_plan_ = sharded::block_recompute(keep, spec_.layers, selective);
+void GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
+                                     const std::vector<Keep>& keep, bool selective, int64_t R,
+                                     int64_t c, int64_t f, int64_t logits) {
+  recompute_plan_ = sharded::stage_recompute(keep, spec_, stage_, selective);
   const GridActivationFloats sizes = grid_activation_floats(recompute_plan_, block);
-  acts_ = DeviceArray<float>(tracker, MemCategory::activations,
-                             std::size_t(sizes.kept + head_floats));
+  const int64_t per_slot = sizes.kept + sharded::head_act_floats(R, c, logits, stage_.head);
+  acts_ = DeviceArray<float>(tracker, MemCategory::activations, std::size_t(per_slot * slots_));
   if (sizes.arena > 0) {
     recompute_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.arena));
   }
@@ -48,26 +48,66 @@ float* GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFl
     selective_att_ =
         DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.selective));
   }
-  return sharded::carve_blocks(layer_acts_, recompute_plan_, acts_.data(), recompute_.data(), R,
-                               c, f, block.att, selective_att_.data());
+  slot_acts_.resize(std::size_t(slots_));
+  heads_.resize(std::size_t(slots_));
+  for (int s = 0; s < slots_; ++s) {
+    float* head = sharded::carve_blocks(slot_acts_[std::size_t(s)], recompute_plan_,
+                                        acts_.data() + s * per_slot, recompute_.data(), R, c, f,
+                                        block.att, selective_att_.data());
+    sharded::carve_head(heads_[std::size_t(s)], head, R, c, logits, stage_.head);
+  }
+  boundary_floats_ = R * c;
+  use_slot(0);
+}
+
+void GridModel::set_boundary(float* gradient) {
+  if (stage_.embeds && stage_.head) boundary_floats_ = 0;  // one stage: no boundary
+  gradient_ = gradient;
 }
 
 void GridModel::no_stages() const {
-  throw std::logic_error("the 2d / 2.5d / 3d tensor-parallel models run the whole model on one "
-                         "pipeline stage: they have no stage boundary buffers");
+  throw std::logic_error("this 2d / 2.5d / 3d model runs the whole model on one pipeline stage: "
+                         "it has no stage boundary buffers");
 }
 
-int64_t GridModel::stage_floats(int) const { no_stages(); }
-float* GridModel::stage_input(int) { no_stages(); }
-const float* GridModel::stage_output(int) { no_stages(); }
-float* GridModel::output_gradient() { no_stages(); }
-const float* GridModel::input_gradient() const { no_stages(); }
+int64_t GridModel::stage_floats(int batch) const {
+  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  check_micro_batch(batch, 0);
+  return boundary_floats_;
+}
+float* GridModel::stage_input(int slot) {
+  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  check_micro_batch(batch_, slot);
+  return slot_acts_[std::size_t(slot)].front().x;
+}
+const float* GridModel::stage_output(int slot) {
+  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  check_micro_batch(batch_, slot);
+  return heads_[std::size_t(slot)].x_final;
+}
+float* GridModel::output_gradient() {
+  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  return gradient_;
+}
+const float* GridModel::input_gradient() const {
+  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  return gradient_;
+}
 
-GridModel::GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple)
-    : spec_(spec), batch_(batch), unit_multiple_(unit_multiple) {
+GridModel::GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple,
+                     StageRange stage, int slots)
+    : spec_(spec), batch_(batch), stage_(stage), slots_(slots), unit_multiple_(unit_multiple) {
   if (unit_multiple == 0 || unit_multiple % 16 != 0) {
     throw std::invalid_argument("parameter padding of " + std::to_string(unit_multiple) +
                                 " floats is not a multiple of 16");
+  }
+  const int end = stage.layer_end < 0 ? spec.layers : stage.layer_end;
+  if (stage.layer_begin < 0 || stage.layer_begin >= end || end > spec.layers || slots < 1) {
+    throw std::invalid_argument("a 2d / 2.5d / 3d pipeline stage needs at least one of the " +
+                                std::to_string(spec.layers) + " blocks and one slot; got blocks [" +
+                                std::to_string(stage.layer_begin) + ", " +
+                                std::to_string(end) + ") and " +
+                                std::to_string(slots) + " slots");
   }
 }
 
@@ -143,9 +183,10 @@ float* GridModel::grad(std::size_t offset) const {
 }
 
 void GridModel::check_micro_batch(int batch, int slot) const {
-  if (batch != batch_ || slot != 0) {
+  if (batch != batch_ || slot < 0 || slot >= slots_) {
     throw std::invalid_argument("this 2d / 2.5d / 3d model was built for micro-batches of " +
-                                std::to_string(batch_) + " sequences in one activation slot; " +
+                                std::to_string(batch_) + " sequences in " +
+                                std::to_string(slots_) + " activation slots; " +
                                 "got " + std::to_string(batch) + " sequences in slot " +
                                 std::to_string(slot));
   }

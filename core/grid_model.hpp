@@ -1,11 +1,15 @@
-// What core::Model2D (2D, 2.5D) and core::Model3D (3D) share as StageModels: the whole model on
-// one stage with one activation slot, micro-batches of the one size the buffers were built for,
-// and their parameters and gradients in a parameter store of their own over the units their
-// constructors lay out: unit 0 the embeddings and every vector replicated inside the tensor group
-// (biases, layernorms: the regions reduce_gradients sums), unit 1 + l block l's weight blocks,
-// each padded to `unit_multiple` floats. The store is a FullParameterStore, or what the
-// `make_store` factory returns (ZeRO 2: zero::ShardedParameterStore, which reduce-scatters each
-// unit's gradients over the data ranks as backward finishes it).
+// What core::Model2D (2D, 2.5D) and core::Model3D (3D) share as StageModels: a pipeline stage's
+// blocks (the whole model, or a part of it) with `slots` activation sets, micro-batches of the
+// one size the buffers were built for, and their parameters and gradients in a parameter store
+// of their own over the units their constructors lay out: unit 0 the stage's embeddings (the
+// token embedding first, on the first and the last stage: the tied LM head) and every vector
+// replicated inside the tensor group (biases, layernorms: the regions reduce_gradients sums),
+// unit 1 + b the stage's block b's weight blocks, each padded to `unit_multiple` floats. The
+// store is a FullParameterStore, or what the `make_store` factory returns (ZeRO 2:
+// zero::ShardedParameterStore, which reduce-scatters each unit's gradients over the data ranks
+// as backward finishes it). A stage's boundary (what the pipeline sends between stages) is this
+// rank's block of the residual stream, R x c: the same tensor rank of the next stage holds the
+// same block.
 #pragma once
 
 #include <cstddef>
@@ -52,9 +56,9 @@ class GridModel : public StageModel {
 
   bool fixed_batch() const override { return true; }
 
-  // One stage (the whole model), one slot: the boundary buffers do not exist (std::logic_error).
-  const StageRange& stage() const override { return whole_; }
-  int slots() const override { return 1; }
+  // The stage's boundary buffers (std::logic_error when the model is one whole stage).
+  const StageRange& stage() const override { return stage_; }
+  int slots() const override { return slots_; }
   int64_t stage_floats(int batch) const override;
   float* stage_input(int slot) override;
   const float* stage_output(int slot) override;
@@ -80,9 +84,21 @@ class GridModel : public StageModel {
   // every element is counted once over the whole tensor group (2.5D: depth layer 0's grid):
   // zero::GradientSync sums their squares over the tensor group.
   virtual std::vector<std::pair<std::size_t, std::size_t>> norm_ranges() const = 0;
+  // The floats at the start of unit 0 that hold the token embedding on the first and the last
+  // stage of a pipeline (the tied LM head): what zero::GradientSync sums over the two; 0 on a
+  // stage without it.
+  std::size_t tied_floats() const { return tied_floats_; }
 
  protected:
-  GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple);
+  // `stage`: this pipeline stage's blocks (layer_end -1: through the last), whether it embeds
+  // and whether it holds the head; `slots` activation sets (micro-batches in flight).
+  GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple, StageRange stage = {},
+            int slots = 1);
+  // The stage's blocks [first_block(), first_block() + blocks()) of the whole model.
+  int first_block() const { return stage_.layer_begin; }
+  int blocks() const {
+    return (stage_.layer_end < 0 ? spec_.layers : stage_.layer_end) - stage_.layer_begin;
+  }
   // Lays out a local tensor in the current unit (table_) and returns its offset.
   std::size_t append_param(const std::string& name, ParamRole role, std::size_t count);
   // Ends the current unit: its end padded to unit_multiple floats; the next tensor starts there.
@@ -103,17 +119,30 @@ class GridModel : public StageModel {
                                                               std::size_t end) {
     return store_->gradient_pieces(begin, end);
   }
-  // Activation checkpointing's block activations (`keep`, `selective`: sharded::BlockRecompute):
-  // the activations buffer holds the kept sets (grid_activation_floats) and then `head_floats`
-  // for the model's head, the temporaries the recompute arena and selective's probabilities;
-  // recompute_plan_ and layer_acts_ (R x c, f local columns) point into them. Returns where the
-  // head's floats start.
-  float* allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
-                              const std::vector<Keep>& keep, bool selective, int64_t R, int64_t c,
-                              int64_t f, int64_t head_floats);
+  // Activation checkpointing's block activations (`keep`, per op of the whole model; `selective`:
+  // sharded::BlockRecompute over the stage's blocks): the activations buffer holds, for each
+  // slot, the kept sets (grid_activation_floats) and then the stage's output and head
+  // (sharded::head_act_floats with this rank's `logits` floats); the temporaries the recompute
+  // arena and selective's probabilities (shared by the slots: one backward runs at a time).
+  // recompute_plan_, the slots' block activations (R x c, f local columns) and heads point into
+  // them; use_slot(0) is selected.
+  void allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
+                            const std::vector<Keep>& keep, bool selective, int64_t R, int64_t c,
+                            int64_t f, int64_t logits);
+  // Makes layer_acts_ and head_ slot `slot`'s (after check_micro_batch).
+  void use_slot(int slot) {
+    layer_acts_ = slot_acts_[std::size_t(slot)];
+    head_ = heads_[std::size_t(slot)];
+  }
+  // A model of a pipeline stage (not the whole model): its boundary is each slot's R x c output
+  // (head_.x_final) and `gradient`, the running gradient of the residual stream (what backward
+  // starts from on a stage without the head and ends with on one without embeddings).
+  void set_boundary(float* gradient);
+  void set_tied_floats(std::size_t n) { tied_floats_ = n; }
   // Where the tensors end (the store's padding follows): what the reductions cover.
   std::size_t params_end() const { return params_end_; }
-  // Throws std::invalid_argument unless `batch` is the built micro-batch and `slot` is 0.
+  // Throws std::invalid_argument unless `batch` is the built micro-batch and `slot` one of the
+  // model's slots.
   void check_micro_batch(int batch, int slot) const;
 
   ModelSpec spec_;
@@ -121,11 +150,18 @@ class GridModel : public StageModel {
   std::vector<ParamSpec> table_;
   std::vector<LogicalRun> runs_;
   sharded::BlockRecompute recompute_plan_;
-  std::vector<sharded::LayerActs> layer_acts_;
+  std::vector<sharded::LayerActs> layer_acts_;  // the current slot's (use_slot)
+  sharded::HeadActs head_;                      // the current slot's
 
  private:
   [[noreturn]] void no_stages() const;
-  StageRange whole_{};
+  StageRange stage_{};
+  int slots_ = 1;
+  std::vector<std::vector<sharded::LayerActs>> slot_acts_;
+  std::vector<sharded::HeadActs> heads_;
+  int64_t boundary_floats_ = 0;  // 0: one whole stage, no boundary
+  float* gradient_ = nullptr;
+  std::size_t tied_floats_ = 0;
   std::size_t params_end_ = 0;
   std::size_t unit_multiple_;
   std::vector<std::size_t> unit_ends_;  // where each unit ends, padding included

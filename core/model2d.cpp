@@ -17,13 +17,18 @@ namespace colossal::core {
 
 namespace k = kernels;
 
-
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
                  MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple,
                  const std::vector<Keep>& keep, bool selective,
-                 const StoreFactory& make_store_factory)
-    : GridModel(spec, batch, unit_multiple), seq_len_(seq_len), q_(grid.q()), i_(grid.i()), j_(grid.j()),
-      grid_(grid), depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr), gemm_(gemm) {
+                 const StoreFactory& make_store_factory, StageRange stage, int slots)
+    : GridModel(spec, batch, unit_multiple, stage, slots),
+      seq_len_(seq_len),
+      q_(grid.q()),
+      i_(grid.i()),
+      j_(grid.j()),
+      grid_(grid),
+      depth_(depth != nullptr && depth->size() > 1 ? depth : nullptr),
+      gemm_(gemm) {
   const int q = q_;
   sharded::require_grid_shape(spec, batch, seq_len, TensorMode::d2, q);
   const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
@@ -33,20 +38,24 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   vocab_block_ = (spec.vocab + q - 1) / q;
   position_block_ = (spec.position_rows() + q - 1) / q;
 
-  // Unit 0: the embeddings, then everything replicated down the grid column (biases,
-  // layernorms) as one contiguous region, summed over the column in one all-reduce; unit 1 + l:
-  // block l's weight blocks.
-  const int64_t L = spec.layers;
+  // Unit 0: the stage's embeddings (the token embedding on the first and the last stage, the
+  // positions on the first), then everything replicated down the grid column (biases,
+  // layernorms) as one contiguous region, summed over the column in one all-reduce; unit 1 + b:
+  // the stage's block b's weight blocks.
+  const int64_t L = blocks(), l0 = first_block();
+  const bool embeds = this->stage().embeds, head = this->stage().head;
   blocks_.resize(L);
   const bool gpt2 = spec.arch == Arch::gpt2;
   const std::string emb = gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight";
   const std::string pos = gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight";
-  wte_ = append_param(emb, ParamRole::token_embedding, vocab_block_ * c_);
-  wpe_ = append_param(pos, ParamRole::position_embedding, position_block_ * c_);
+  if (embeds || head) wte_ = append_param(emb, ParamRole::token_embedding, vocab_block_ * c_);
+  if (embeds != head) set_tied_floats(std::size_t(vocab_block_ * c_));
+  if (embeds) wpe_ = append_param(pos, ParamRole::position_embedding, position_block_ * c_);
   replicated_begin_ = sharded::table_end(table_);
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
-    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
+    const std::string h =
+        (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l0 + l);
     b.ln1_w = append_param(h + ".ln1.weight", ParamRole::layernorm_weight, c_);
     b.ln1_b = append_param(h + ".ln1.bias", ParamRole::layernorm_bias, c_);
     b.qkv.b = append_param(h + ".qkv.bias", ParamRole::bias, 3 * c_);
@@ -56,13 +65,16 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
     b.fc.b = append_param(h + ".fc.bias", ParamRole::bias, f_);
     b.fc2.b = append_param(h + ".fc2.bias", ParamRole::bias, c_);
   }
-  lnf_w_ = append_param("ln_f.weight", ParamRole::layernorm_weight, c_);
-  lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c_);
+  if (head) {
+    lnf_w_ = append_param("ln_f.weight", ParamRole::layernorm_weight, c_);
+    lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c_);
+  }
   replicated_end_ = sharded::table_end(table_);
   end_unit();
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
-    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l);
+    const std::string h =
+        (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l0 + l);
     b.qkv.w = append_param(h + ".qkv.weight", ParamRole::weight, c_ * 3 * c_);
     b.qkv.in = C;
     b.qkv.out = 3 * C;
@@ -81,29 +93,19 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   map_runs();
   for (LogicalRun& run : runs_) run.owned = owns(run.local);
 
-  // Activations kept for backward, per layer, then the head's.
+  // Activations kept for backward, per slot: per block, then the stage's output and the head's.
   // x, ln1, atty, xmid, ln2 (R x c each), qkv (R x 3c), four row statistics, the probabilities,
-  // and the MLP's pre- and post-activation (R x f each) per kept block; then the head's.
+  // and the MLP's pre- and post-activation (R x f each) per kept block; then the stage's output
+  // (R x c) and on the last stage the head's.
   const int64_t R = rows_, c = c_, f = f_;
-  float* cursor = allocate_activations(
-      tracker, grid_block_floats(spec, TensorMode::d2, batch, seq_len, q), keep, selective, R, c,
-      f, 2 * R * c + 3 * R + R * vocab_block_);
-  auto carve = [&cursor](int64_t n) {
-    float* p = cursor;
-    cursor += n;
-    return p;
-  };
-  x_final_ = carve(R * c);
-  lnf_ = carve(R * c);
-  lnf_mean_ = carve(R);
-  lnf_rstd_ = carve(R);
-  logits_ = carve(R * vocab_block_);
-  losses_ = carve(R);
+  allocate_activations(tracker, grid_block_floats(spec, TensorMode::d2, batch, seq_len, q), keep,
+                       selective, R, c, f, R * vocab_block_);
 
   const sharded::ScratchSizes sizes = scratch_sizes(spec, batch, seq_len, q);
   const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.total));
   s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
+  set_boundary(s_.dx);
 }
 
 // Temporaries: the products' work (the largest of every SUMMA call), the embedding's whole-batch
@@ -130,36 +132,42 @@ std::size_t Model2D::temporary_floats(const ModelSpec& spec, int batch, int seq_
   return std::size_t(scratch_sizes(spec, batch, seq_len, q).total);
 }
 
-std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q,
-                                              std::size_t unit_multiple) {
+std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q, std::size_t unit_multiple,
+                                              StageRange stage) {
   using sharded::aligned16;
-  const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = s.layers;
+  const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = sharded::stage_blocks(s, stage);
   const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
   auto padded = [&](std::size_t n) { return sharded::round_up(n, unit_multiple); };
   const std::size_t replicated =
-      L * (5 * aligned16(c) + aligned16(3 * c) + aligned16(f) + aligned16(c)) + 2 * aligned16(c);
-  std::vector<std::size_t> units{padded(aligned16(vb * c) + aligned16(pb * c) + replicated)};
+      L * (5 * aligned16(c) + aligned16(3 * c) + aligned16(f) + aligned16(c)) +
+      (stage.head ? 2 * aligned16(c) : 0);
+  const std::size_t embeddings = (stage.embeds || stage.head ? aligned16(vb * c) : 0) +
+                                 (stage.embeds ? aligned16(pb * c) : 0);
+  std::vector<std::size_t> units{padded(embeddings + replicated)};
   for (std::size_t l = 0; l < L; ++l) {
     units.push_back(padded(aligned16(3 * c * c) + aligned16(c * c) + 2 * aligned16(c * f)));
   }
   return units;
 }
 
-std::size_t Model2D::parameter_floats(const ModelSpec& s, int q, std::size_t unit_multiple) {
+std::size_t Model2D::parameter_floats(const ModelSpec& s, int q, std::size_t unit_multiple,
+                                      StageRange stage) {
   std::size_t n = 0;
-  for (std::size_t u : unit_floats(s, q, unit_multiple)) n += u;
+  for (std::size_t u : unit_floats(s, q, unit_multiple, stage)) n += u;
   return n;
 }
 
-std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q) {
+std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q,
+                                       StageRange stage) {
   const std::size_t R = std::size_t(batch) * seq_len / q, c = s.hidden / q, f = s.ffn_hidden / q;
   const std::size_t att = std::size_t(batch / q) * (s.heads / q) * seq_len * seq_len;
   const std::size_t vb = (s.vocab + q - 1) / q;
-  return s.layers * (8 * R * c + 4 * R + att + 2 * R * f) + 2 * R * c + 3 * R + R * vb;
+  return sharded::stage_blocks(s, stage) * (8 * R * c + 4 * R + att + 2 * R * f) +
+         std::size_t(sharded::head_act_floats(int64_t(R), int64_t(c), int64_t(R * vb), stage.head));
 }
 
 Model2D::Communication Model2D::step_communication(const ModelSpec& s, int batch, int seq_len,
-                                                   int q) {
+                                                   int q, StageRange stage) {
   const double BT = double(batch) * seq_len, R = BT / q, C = s.hidden, F = s.ffn_hidden;
   const double Vp = double((s.vocab + q - 1) / q) * q;
   Communication m;
@@ -171,25 +179,30 @@ Model2D::Communication Model2D::step_communication(const ModelSpec& s, int batch
     m.row_all_gather += BT * in / q;        // weight gradient: the input's row of blocks
     m.col_reduce_scatter += in * out / q;   // weight gradient: q partial blocks
   };
-  for (int l = 0; l < s.layers; ++l) {
+  const int blocks = sharded::stage_blocks(s, stage);
+  for (int l = 0; l < blocks; ++l) {
     linear(C, 3 * C);
     linear(C, C);
     linear(C, F);
     linear(F, C);
   }
-  const double layernorms = 2.0 * s.layers + 1;
-  m.row_all_reduce += layernorms * (2 * R + 2 * R) + 3 * R;  // forward + backward; cross-entropy
-  // Tied head: forward A B^T, backward A B and A^T B.
-  m.col_all_gather += Vp * C / q;
-  m.row_reduce_scatter += BT * Vp / q;
-  m.row_broadcast += BT * Vp / q;
-  m.col_broadcast += Vp * C / q;
-  m.row_all_gather += BT * Vp / q;
-  m.col_reduce_scatter += Vp * C / q;
-  // Embedding and loss.
-  m.col_reduce_scatter += BT * C / q;
-  m.col_all_gather += BT * C / q;
-  m.col_all_reduce += 1;
+  const double layernorms = 2.0 * blocks + (stage.head ? 1 : 0);
+  m.row_all_reduce += layernorms * (2 * R + 2 * R);  // forward + backward
+  if (stage.head) {
+    m.row_all_reduce += 3 * R;  // cross-entropy
+    // Tied head: forward A B^T, backward A B and A^T B.
+    m.col_all_gather += Vp * C / q;
+    m.row_reduce_scatter += BT * Vp / q;
+    m.row_broadcast += BT * Vp / q;
+    m.col_broadcast += Vp * C / q;
+    m.row_all_gather += BT * Vp / q;
+    m.col_reduce_scatter += Vp * C / q;
+    m.col_all_reduce += 1;  // loss
+  }
+  if (stage.embeds) {  // embedding
+    m.col_reduce_scatter += BT * C / q;
+    m.col_all_gather += BT * C / q;
+  }
   return m;
 }
 
@@ -225,15 +238,24 @@ void Model2D::map_runs() {
       }
     }
   };
-  table_block(wte_, tensor(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight"),
-              vocab_block_, spec_.vocab);
-  table_block(wpe_,
-              tensor(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight"),
-              position_block_, spec_.position_rows());
-  for (int l = 0; l < spec_.layers; ++l) {
+  const bool embeds = stage().embeds, head = stage().head;
+  if (embeds || head) {
+    table_block(wte_,
+                tensor(gpt2 ? "transformer.wte.weight" : "model.decoder.embed_tokens.weight"),
+                vocab_block_, spec_.vocab);
+  }
+  if (embeds) {
+    table_block(wpe_,
+                tensor(gpt2 ? "transformer.wpe.weight" : "model.decoder.embed_positions.weight"),
+                position_block_, spec_.position_rows());
+  }
+  auto prefix = [&](int l) {
+    return (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(first_block() + l) +
+           ".";
+  };
+  for (int l = 0; l < blocks(); ++l) {
     const Block& b = blocks_[l];
-    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
-                          ".";
+    const std::string h = prefix(l);
     // q|k|v: local column s is part s / c (q, k, v), logical column j c + s % c of that part.
     const char* parts[3] = {"q_proj", "k_proj", "v_proj"};
     matrix_block(b.qkv.w, c, 3 * c, [&](int64_t in, int64_t s) {
@@ -264,10 +286,9 @@ void Model2D::map_runs() {
       linear(b.fc2, f, c, h + "fc2.weight", true);
     }
   }
-  for (int l = 0; l < spec_.layers; ++l) {
+  for (int l = 0; l < blocks(); ++l) {
     const Block& b = blocks_[l];
-    const std::string h = (gpt2 ? "transformer.h." : "model.decoder.layers.") + std::to_string(l) +
-                          ".";
+    const std::string h = prefix(l);
     vector_block(b.ln1_w, tensor(h + (gpt2 ? "ln_1.weight" : "self_attn_layer_norm.weight")), c);
     vector_block(b.ln1_b, tensor(h + (gpt2 ? "ln_1.bias" : "self_attn_layer_norm.bias")), c);
     if (gpt2) {
@@ -286,11 +307,14 @@ void Model2D::map_runs() {
     vector_block(b.fc.b, tensor(h + (gpt2 ? "mlp.c_fc.bias" : "fc1.bias")), f);
     vector_block(b.fc2.b, tensor(h + (gpt2 ? "mlp.c_proj.bias" : "fc2.bias")), c);
   }
-  vector_block(
-      lnf_w_, tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"),
-      c);
-  vector_block(lnf_b_,
-               tensor(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias"), c);
+  if (head) {
+    vector_block(
+        lnf_w_, tensor(gpt2 ? "transformer.ln_f.weight" : "model.decoder.final_layer_norm.weight"),
+        c);
+    vector_block(lnf_b_,
+                 tensor(gpt2 ? "transformer.ln_f.bias" : "model.decoder.final_layer_norm.bias"),
+                 c);
+  }
   (void)F;
 }
 
@@ -341,10 +365,10 @@ void Model2D::block_forward(int l) {
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
   const float* P = params();
   const float eps = spec_.layernorm_eps();
-  const int L = spec_.layers, Bl = batch_ / q, Hl = spec_.heads / q;
+  const int L = blocks(), Bl = batch_ / q, Hl = spec_.heads / q;
   sharded::LayerActs& A = layer_acts_[l];
   const Block& b = blocks_[l];
-  float* next = l + 1 < L ? layer_acts_[l + 1].x : x_final_;
+  float* next = l + 1 < L ? layer_acts_[l + 1].x : head_.x_final;
   layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
                       C, eps, s_.ln_work);
   linear_forward(b.qkv, A.ln1, A.qkv);
@@ -362,13 +386,15 @@ void Model2D::block_forward(int l) {
 double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch,
                         float grad_scale, int slot) {
   check_micro_batch(batch, slot);
+  use_slot(slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
   const float* P = params();
   const float eps = spec_.layernorm_eps();
-  // Embedding: every token row's part from this rank's vocabulary and position rows (block i),
-  // columns j; the reduce-scatter down the column sums the parts and leaves row block i here.
-  {
+  // Embedding (the first stage; later ones find their input in stage_input(slot)): every token
+  // row's part from this rank's vocabulary and position rows (block i), columns j; the
+  // reduce-scatter down the column sums the parts and leaves row block i here.
+  if (stage().embeds) {
     float* part = s_.embed;
     const float* wte = P + wte_;
     const float* wpe = P + wpe_;
@@ -390,19 +416,23 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
     Kokkos::fence();
     grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
-  for (int l = 0; l < spec_.layers; ++l) block_forward(l);
-  layernorm2d_forward(grid_, lnf_, lnf_mean_, lnf_rstd_, x_final_, P + lnf_w_, P + lnf_b_, BT, C,
-                      eps, s_.ln_work);
+  for (int l = 0; l < blocks(); ++l) block_forward(l);
+  if (!stage().head) {
+    Kokkos::fence();  // the output goes to the next stage
+    return 0.0;
+  }
+  layernorm2d_forward(grid_, head_.lnf, head_.lnf_mean, head_.lnf_rstd, head_.x_final, P + lnf_w_,
+                      P + lnf_b_, BT, C, eps, s_.ln_work);
   // Logits block (i, j): this rank's rows against vocabulary block j (tied LM head).
   const int64_t Vp = vocab_block_ * q;
-  summa_abt(gemm_, grid_, lnf_, P + wte_, logits_, BT, Vp, C, s_.work);
+  summa_abt(gemm_, grid_, head_.lnf, P + wte_, head_.logits, BT, Vp, C, s_.work);
   const int64_t v0 = j_ * vocab_block_;
   const int valid = int(std::clamp<int64_t>(spec_.vocab - v0, 0, vocab_block_));
-  vocab_parallel_cross_entropy(grid_.row, logits_, losses_, targets + i_ * R, R,
+  vocab_parallel_cross_entropy(grid_.row, head_.logits, head_.losses, targets + i_ * R, R,
                                int(vocab_block_), valid, v0, grad_scale, s_.ln_work);
   // Every rank of grid row i has the same losses of row block i: sum the row blocks down the
   // column (and the layers over the depth).
-  float total = float(k::sum(losses_, R));
+  float total = float(k::sum(head_.losses, R));
   grid_.col.all_reduce_sum(&total, 1);
   const int layers = depth_ != nullptr ? depth_->size() : 1;
   if (depth_ != nullptr) depth_->all_reduce_sum(&total, 1);
@@ -411,20 +441,23 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
 
 void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   check_micro_batch(batch, slot);
+  use_slot(slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;
   const float* P = params();
   open_gradients(0);
-  const int64_t Vp = vocab_block_ * q;
-  // LM head: the logits hold their gradient.
-  summa_ab(gemm_, grid_, logits_, P + wte_, s_.dln, BT, C, Vp, s_.work);
-  summa_atb(gemm_, grid_, logits_, lnf_, s_.dweight, Vp, C, BT, s_.work);
-  k::add(grad(wte_), s_.dweight, vocab_block_ * c);
-  k::fill(s_.dx, R * c, 0.0f);
-  layernorm2d_backward(grid_, s_.dx, grad(lnf_w_), grad(lnf_b_), s_.dln, x_final_, P + lnf_w_,
-                       lnf_mean_, lnf_rstd_, BT, C, s_.ln_work);
+  if (stage().head) {
+    const int64_t Vp = vocab_block_ * q;
+    // LM head: the logits hold their gradient.
+    summa_ab(gemm_, grid_, head_.logits, P + wte_, s_.dln, BT, C, Vp, s_.work);
+    summa_atb(gemm_, grid_, head_.logits, head_.lnf, s_.dweight, Vp, C, BT, s_.work);
+    k::add(grad(wte_), s_.dweight, vocab_block_ * c);
+    k::fill(s_.dx, R * c, 0.0f);
+    layernorm2d_backward(grid_, s_.dx, grad(lnf_w_), grad(lnf_b_), s_.dln, head_.x_final,
+                         P + lnf_w_, head_.lnf_mean, head_.lnf_rstd, BT, C, s_.ln_work);
+  }  // else the next stage's gradient of this stage's output is in s_.dx (output_gradient())
   const int Bl = batch_ / q, Hl = spec_.heads / q;
-  for (int l = spec_.layers - 1; l >= 0; --l) {
+  for (int l = blocks() - 1; l >= 0; --l) {
     // A recomputed segment's forward again, from its kept input, before its last block's
     // backward (the same operations in the same order: the same bits; the rewritten output is
     // the next block's input as forward left it).
@@ -451,9 +484,13 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
                          A.ln1_mean, A.ln1_rstd, BT, C, s_.ln_work);
     close_gradients(1 + l);
   }
+  Kokkos::fence();
+  if (!stage().embeds) {  // s_.dx: the gradient of the stage's input, for the previous stage
+    close_gradients(0);
+    return;
+  }
   // Embedding: every token row's gradient (columns j), gathered down the column, added into this
   // rank's vocabulary and position rows; one work item per column, so no two write one element.
-  Kokkos::fence();
   grid_.col.all_gather(s_.dx, std::size_t(R * c), s_.embed);
   const float* d = s_.embed;
   float* dwte = grad(wte_);
@@ -488,13 +525,17 @@ void Model2D::reduce_gradients() {
 bool Model2D::owns(std::size_t local) const {
   // Depth layer 0 writes (the layers hold equal copies); replicated parameters grid row 0.
   if (depth_ != nullptr && depth_->rank() != 0) return false;
+  // The last stage's copy of the tied token embedding: the first stage writes it.
+  if (!stage().embeds && local < replicated_begin_) return false;
   return local < replicated_begin_ || local >= replicated_end_ || i_ == 0;
 }
 
 std::vector<std::pair<std::size_t, std::size_t>> Model2D::grid_ranges() const {
-  // The embeddings and the weight blocks everywhere; the replicated vectors on grid row 0.
-  std::vector<std::pair<std::size_t, std::size_t>> ranges{{0, replicated_begin_},
-                                                          {replicated_end_, params_end()}};
+  // The embeddings and the weight blocks everywhere; the replicated vectors on grid row 0. The
+  // last stage's tied token embedding is counted on the first stage.
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  if (stage().embeds) ranges.emplace_back(0, replicated_begin_);
+  ranges.emplace_back(replicated_end_, params_end());
   if (i_ == 0) ranges.emplace_back(replicated_begin_, replicated_end_);
   return ranges;
 }

@@ -24,9 +24,10 @@
 // products, layernorms and cross-entropy are the 2D ones; as the weights are the same in every
 // layer, this is also what 2D x data parallelism computes (the depth group is the data group).
 //
-// A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 3 (parameters are never gathered), fused attention,
-// sequence parallelism
+// A core::StageModel through core::GridModel (a pipeline stage's blocks in `slots` activation
+// sets, its own parameter store); the stage boundary is this rank's R x c block of the residual
+// stream, which the same grid position of the neighbouring stage holds.
+// Not here (yet): ZeRO 3 (parameters are never gathered), fused attention, sequence parallelism
 // (the config refuses them with mode 2d/2.5d). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
@@ -57,7 +58,7 @@ class Model2D final : public GridModel {
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
           MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16,
           const std::vector<Keep>& keep = {}, bool selective = false,
-          const StoreFactory& make_store = {});
+          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -93,11 +94,16 @@ class Model2D final : public GridModel {
   // Per parameter unit (unit 0 the embeddings and replicated vectors, 1 + l block l's weight
   // blocks), each padded to `unit_multiple` floats; parameter_floats is their sum, the store's
   // flat size.
+  // A pipeline `stage` holds its blocks, the token embedding when it embeds or has the (tied)
+  // head, the positions when it embeds, the final layernorm with the head; activation_floats
+  // are one slot's (a stage without the head keeps its R x c output in place of the head's).
   static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
-                                              std::size_t unit_multiple = 16);
+                                              std::size_t unit_multiple = 16,
+                                              StageRange stage = {});
   static std::size_t parameter_floats(const ModelSpec& spec, int q,
-                                      std::size_t unit_multiple = 16);
-  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+                                      std::size_t unit_multiple = 16, StageRange stage = {});
+  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q,
+                                       StageRange stage = {});
   // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
   // gradient buffers, one batch row of score gradients, one weight block's gradient).
   static std::size_t temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q);
@@ -116,7 +122,8 @@ class Model2D final : public GridModel {
     double row_broadcast = 0, row_all_gather = 0, row_reduce_scatter = 0, row_all_reduce = 0;
     double col_broadcast = 0, col_all_gather = 0, col_reduce_scatter = 0, col_all_reduce = 0;
   };
-  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
+  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q,
+                                          StageRange stage = {});
 
  private:
   bool owns(std::size_t local) const;  // sets LogicalRun::owned
@@ -155,8 +162,6 @@ class Model2D final : public GridModel {
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> scratch_;
-  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
-        *logits_ = nullptr, *losses_ = nullptr;
   sharded::Scratch s_{};  // the step's temporaries (core/sharded_detail.hpp)
 };
 

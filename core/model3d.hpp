@@ -16,9 +16,10 @@
 // outputs are replicated over the plane sharing j, those of X-layout outputs and the layernorms
 // over the plane sharing l; reduce_gradients sums them there.
 //
-// A core::StageModel through core::GridModel (one stage, one slot, its own parameter store).
-// Not here (yet): pipeline stages, ZeRO 3 (parameters are never gathered), fused attention,
-// sequence parallelism
+// A core::StageModel through core::GridModel (a pipeline stage's blocks in `slots` activation
+// sets, its own parameter store); the stage boundary is this rank's R x c block of the residual
+// stream (X layout), which the same cube position of the neighbouring stage holds.
+// Not here (yet): ZeRO 3 (parameters are never gathered), fused attention, sequence parallelism
 // (the config refuses them with mode 3d). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
@@ -57,7 +58,7 @@ class Model3D final : public GridModel {
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
           MemoryTracker& tracker, std::size_t unit_multiple = 16,
           const std::vector<Keep>& keep = {}, bool selective = false,
-          const StoreFactory& make_store = {});
+          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1);
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -78,12 +79,16 @@ class Model3D final : public GridModel {
   // 2 R c + 3 R + R Vp/q.
   // Per parameter unit (unit 0 the embeddings and replicated vectors, 1 + l block l's weight
   // blocks), each padded to `unit_multiple` floats; parameter_floats is their sum, the store's
-  // flat size.
+  // flat size. A pipeline `stage` as in Model2D (its blocks; the token embedding on the first
+  // and last stage, positions on the first, the final layernorm on the last; activation_floats
+  // are one slot's, a stage without the head keeping its R x c output).
   static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
-                                              std::size_t unit_multiple = 16);
+                                              std::size_t unit_multiple = 16,
+                                              StageRange stage = {});
   static std::size_t parameter_floats(const ModelSpec& spec, int q,
-                                      std::size_t unit_multiple = 16);
-  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q);
+                                      std::size_t unit_multiple = 16, StageRange stage = {});
+  static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q,
+                                       StageRange stage = {});
   // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
   // gradient buffers, one batch row of score gradients, one weight block's gradient).
   static std::size_t temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q);
@@ -104,7 +109,8 @@ class Model3D final : public GridModel {
     double output_all_gather = 0, output_reduce_scatter = 0, output_all_reduce = 0;
     double plane_all_gather = 0, plane_reduce_scatter = 0;
   };
-  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q);
+  static Communication step_communication(const ModelSpec& spec, int batch, int seq_len, int q,
+                                          StageRange stage = {});
 
  private:
   bool owns(std::size_t local) const;  // sets LogicalRun::owned
@@ -137,8 +143,6 @@ class Model3D final : public GridModel {
   std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::vector<Block> blocks_;
   DeviceArray<float> scratch_;
-  float *x_final_ = nullptr, *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr,
-        *logits_ = nullptr, *losses_ = nullptr;
   sharded::Scratch s_{};  // the step's temporaries (core/sharded_detail.hpp)
 };
 

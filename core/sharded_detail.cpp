@@ -121,6 +121,20 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
   copy_to_device(params, host.data(), host.size() * sizeof(float));
 }
 
+BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,
+                               const StageRange& stage, bool selective) {
+  const int blocks = stage_blocks(spec, stage);
+  if (keep.empty()) return block_recompute(keep, blocks, selective);
+  if (keep.size() != std::size_t(spec.layers) * kOpsPerBlock) {
+    throw std::invalid_argument("checkpointing.policy: a schedule of " +
+                                std::to_string(keep.size()) + " ops for " +
+                                std::to_string(spec.layers) + " blocks");
+  }
+  const auto first = keep.begin() + std::ptrdiff_t(stage.layer_begin) * kOpsPerBlock;
+  return block_recompute(std::vector<Keep>(first, first + std::ptrdiff_t(blocks) * kOpsPerBlock),
+                         blocks, selective);
+}
+
 BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective) {
   BlockRecompute plan;
   plan.selective = selective;
@@ -168,6 +182,22 @@ float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, fl
     }
   }
   return kept;
+}
+
+float* carve_head(HeadActs& h, float* cursor, int64_t R, int64_t c, int64_t logits, bool head) {
+  auto carve = [&cursor](int64_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  h.x_final = carve(R * c);
+  if (!head) return cursor;
+  h.lnf = carve(R * c);
+  h.lnf_mean = carve(R);
+  h.lnf_rstd = carve(R);
+  h.logits = carve(logits);
+  h.losses = carve(R);
+  return cursor;
 }
 
 float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att) {

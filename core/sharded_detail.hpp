@@ -24,6 +24,10 @@ void require_grid_shape(const ModelSpec& spec, int batch, int seq_len, TensorMod
 constexpr std::size_t aligned16(std::size_t n) { return (n + 15) / 16 * 16; }
 // n rounded up to a multiple of m (a parameter unit's padding).
 constexpr std::size_t round_up(std::size_t n, std::size_t m) { return (n + m - 1) / m * m; }
+// The blocks of a pipeline stage (layer_end -1: through the last).
+inline int stage_blocks(const ModelSpec& spec, const StageRange& stage) {
+  return (stage.layer_end < 0 ? spec.layers : stage.layer_end) - stage.layer_begin;
+}
 // The end of a local table's flat layout (16-float aligned), where the next tensor starts.
 std::size_t table_end(const std::vector<ParamSpec>& table);
 // Appends a local tensor of `count` floats at table_end (or `at_least`, where a parameter unit
@@ -85,12 +89,28 @@ struct BlockRecompute {
   }
 };
 BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false);
+// The same for a pipeline stage's blocks, from `keep` over the whole model's ops (empty: keep
+// all); the stage's first block starts a segment.
+BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,
+                               const StageRange& stage, bool selective = false);
 // Points every block's activations: kept blocks at `kept` (advanced past them and returned; when
 // selective, their probabilities at `selective_att`), dropped ones at their slot of `arena`,
 // segment starts with their input x at `kept`.
 float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, float* kept,
                     float* arena, int64_t R, int64_t c, int64_t f, int64_t att,
                     float* selective_att = nullptr);
+
+// One activation slot's floats after a grid model's blocks (R x c rows and columns of the
+// residual stream): the stage's output x_final and, on the stage with the head, the final
+// layernorm, its row statistics, this rank's `logits` floats and the token losses.
+struct HeadActs {
+  float *x_final = nullptr, *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr,
+        *logits = nullptr, *losses = nullptr;
+};
+constexpr int64_t head_act_floats(int64_t R, int64_t c, int64_t logits, bool head) {
+  return head ? 2 * R * c + 3 * R + logits : R * c;
+}
+float* carve_head(HeadActs& h, float* cursor, int64_t R, int64_t c, int64_t logits, bool head);
 
 // Temporaries of a step: the products' work (`work` floats), the embedding's whole-batch columns
 // (BT x c), gradient buffers (R x c three times, R x 3c, R x f), one batch row of attention-score

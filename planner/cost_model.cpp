@@ -129,9 +129,12 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
   // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
   // the widest block unit, which backward fills before their reduce-scatter.
+  // A pipeline stage (2d, 2.5d) holds its blocks in `slots` activation sets.
+  const core::StageRange stage = l.chunks.front().stage;
+  const int slots = l.chunks.front().slots;
   const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
-  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, q, unit)
-                                              : core::Model2D::unit_floats(spec, q, unit);
+  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, q, unit, stage)
+                                              : core::Model2D::unit_floats(spec, q, unit, stage);
   double padded = 0.0, widest = 0.0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     padded += double(units[u]);
@@ -148,9 +151,9 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   } else {
     m[MemCategory::optimizer] = 2 * shard * kF;
   }
-  m[MemCategory::activations] =
-      kF * double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, q)
-                       : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, q));
+  const double one_slot =
+      double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, q, stage)
+                  : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, q, stage));
   m[MemCategory::temporaries] =
       kF * double(cube ? core::Model3D::temporary_floats(spec, l.micro_batch, l.seq_len, q)
                        : core::Model2D::temporary_floats(spec, l.micro_batch, l.seq_len, q));
@@ -159,10 +162,15 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   const core::GridBlockFloats block =
       core::grid_block_floats(spec, l.tensor_mode, l.micro_batch, l.seq_len, q);
   const core::GridActivationFloats blocks = core::grid_activation_floats(
-      core::sharded::block_recompute(l.keep, spec.layers, l.selective), block);
-  m[MemCategory::activations] -= kF * (double(spec.layers) * double(block.set) - double(blocks.kept));
+      core::sharded::stage_recompute(l.keep, spec, stage, l.selective), block);
+  const double stage_blocks = core::sharded::stage_blocks(spec, stage);
+  m[MemCategory::activations] =
+      kF * slots * (one_slot - (stage_blocks * double(block.set) - double(blocks.kept)));
   m[MemCategory::temporaries] += kF * double(blocks.arena + blocks.selective);
-  m[MemCategory::data] = 2.0 * l.micro_batch * l.seq_len * 4;  // token ids and targets
+  // A stage after the first: the stage link's input-gradient send buffers, one per slot.
+  if (l.pipeline > 1 && !stage.embeds)
+    m[MemCategory::temporaries] += kF * slots * double(block.input);
+  m[MemCategory::data] = 2.0 * slots * l.micro_batch * l.seq_len * 4;  // token ids and targets
   return m;
 }
 
@@ -172,10 +180,16 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   const bool cube = l.tensor_mode == core::TensorMode::d3;
   const int q = l.grid_side(), ranks = cube ? q * q * q : q * q;  // one copy of the model
   const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
-  const double C = spec.hidden, F = spec.ffn_hidden, L = spec.layers, T = l.seq_len;
+  // A pipeline stage (2d, 2.5d): its blocks, and the head on the last.
+  const core::StageRange stage = l.chunks.front().stage;
+  const double C = spec.hidden, F = spec.ffn_hidden, T = l.seq_len;
+  const double L = core::sharded::stage_blocks(spec, stage), head = stage.head ? 1.0 : 0.0;
   // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
   // (12 L T C per token) at the attention rate, both over the grid's ranks.
-  const double n = core::flops_per_token(spec, l.seq_len) / 6.0 - 2.0 * L * T * C;
+  const double block_n = 4.0 * C * C + 2.0 * C * F;
+  const double head_n = core::flops_per_token(spec, l.seq_len) / 6.0 -
+                        2.0 * spec.layers * T * C - spec.layers * block_n;
+  const double n = L * block_n + head * head_n;
   const double matmul = 6.0 * n * tokens / ranks, attention = 12.0 * L * T * C * tokens / ranks;
   const double local_mlp = cube ? 2.0 * (tokens / q) * (C / q) * (F / (q * q))
                                 : 2.0 * (tokens / q) * (C / q) * (F / q);
@@ -189,7 +203,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   // Collectives: the closed forms of one forward + backward, each group a ring on the link that
   // spans the tensor group; about six collectives per linear and three per layernorm for latency.
   const LinkSpec& link = link_for(l.tensor, hw);
-  const double collectives = (4 * L + 1) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + 1) * 3;
+  const double collectives = (4 * L + head) * (cube ? 9.0 : 2.0 * q + 4.0) + (2 * L + head) * 3;
   // Wire bytes of a payload (floats) as the communicators count them (parallel::ring_wire_bytes).
   using parallel::CollectiveKind;
   auto wire = [](CollectiveKind kind, double floats, int ranks) {
@@ -197,7 +211,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   };
   double bytes = 0.0;
   if (cube) {
-    const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    const auto c3 = core::Model3D::step_communication(spec, l.micro_batch, l.seq_len, q, stage);
     bytes = wire(CollectiveKind::all_gather,
                  c3.input_all_gather + c3.weight_all_gather + c3.output_all_gather, q) +
             wire(CollectiveKind::reduce_scatter,
@@ -208,7 +222,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
             wire(CollectiveKind::all_gather, c3.plane_all_gather, q * q) +
             wire(CollectiveKind::reduce_scatter, c3.plane_reduce_scatter, q * q);
   } else {
-    const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q);
+    const auto c2 = core::Model2D::step_communication(spec, l.micro_batch, l.seq_len, q, stage);
     bytes = wire(CollectiveKind::all_gather, c2.row_all_gather + c2.col_all_gather, q) +
             wire(CollectiveKind::reduce_scatter, c2.row_reduce_scatter + c2.col_reduce_scatter, q) +
             wire(CollectiveKind::broadcast, c2.row_broadcast + c2.col_broadcast, q) +
@@ -219,7 +233,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     // Each dropped block's forward runs again in backward: a third of a block's products,
     // attention and elementwise passes, and of its share of the tensor group's traffic; under
     // selective each kept block's attention forward (a third of its attention work).
-    const int dropped = core::sharded::block_recompute(l.keep, spec.layers).dropped_blocks();
+    const int dropped = core::sharded::stage_recompute(l.keep, spec, stage).dropped_blocks();
     const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
     const double block_attention = 12.0 * T * C * tokens / ranks / hw.attention_flops;
     const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
@@ -233,8 +247,8 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
   // their column or plane (small, counted with the rest).
-  const double params = double(cube ? core::Model3D::parameter_floats(spec, q)
-                                    : core::Model2D::parameter_floats(spec, q));
+  const double params = double(cube ? core::Model3D::parameter_floats(spec, q, 16, stage)
+                                    : core::Model2D::parameter_floats(spec, q, 16, stage));
   const int replicas = l.data * (cube ? 1 : l.depth);
   const LinkSpec& data_link = link_for(l.tensor * l.data, hw);
   if (l.zero_stage == 2) {
@@ -257,7 +271,21 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   } else {
     t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
   }
-  t.step = t.compute + t.tensor_comm + t.data_comm + t.optimizer;
+  if (l.pipeline > 1) {
+    // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
+    // between stages; fill and drain idle (P - 1) micro-batches of this stage's work (GPipe and
+    // 1F1B, equal stages); the tied embedding summed over the first and the last stage.
+    const LinkSpec& stage_link = link_for(l.tensor * l.data * l.pipeline, hw);
+    const double boundary = kF * tokens / (cube ? q * q : q) * (C / q);
+    const int sends = int(!stage.embeds) + int(!stage.head);
+    t.pipeline_comm = m * sends * (boundary / stage_link.bandwidth_Bps + stage_link.latency_s);
+    t.bubble = (l.pipeline - 1) * (t.compute + t.tensor_comm + t.pipeline_comm) / m;
+    if (stage.embeds != stage.head) {
+      const double vb = double((spec.vocab + q - 1) / q);
+      t.data_comm += all_reduce_time(vb * (C / q) * kF, 2, stage_link);
+    }
+  }
+  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
   return t;
 }
 

@@ -169,6 +169,10 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
   if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;
   plan.description = core::checkpoint_policy_name(policy);
+  // This pipeline stage's blocks (2d, 2.5d: one chunk per rank), each kept in `slots` sets.
+  const core::StageRange stage = layout.chunks.front().stage;
+  const int slots = layout.chunks.front().slots;
+  const int first = stage.layer_begin, count = core::sharded::stage_blocks(spec, stage);
   RankLayout all = layout;
   all.keep.clear();
   all.selective = false;
@@ -181,10 +185,11 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
   std::iota(each.begin(), each.end(), 0);
   every_block.keep = checkpoint_sched::keep_blocks(layers, each);
   const double forward = predict_time(spec, every_block, hw).recompute /
-                         (double(layers) * std::max(1, layout.micro_batches));
+                         (double(count) * std::max(1, layout.micro_batches));
   checkpoint_sched::Chain chain;
   chain.ops_per_block = 1;
-  for (int b = 0; b < layers; ++b) {
+  chain.stored_multiplier = slots;
+  for (int b = 0; b < count; ++b) {
     checkpoint_sched::ChainOp op;
     op.input_bytes = std::size_t(block.input) * sizeof(float);
     op.saved_bytes = std::size_t(block.set - block.input) * sizeof(float);
@@ -192,7 +197,7 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
     op.backward_time = 2.0 * forward;
     chain.ops.push_back(op);
   }
-  const double kept_all = double(layers) * double(block.set) * sizeof(float);
+  const double kept_all = double(slots) * count * double(block.set) * sizeof(float);
   plan.rest_bytes = predict_memory(spec, all).total() - kept_all;
   checkpoint_sched::Schedule s;
   if (policy == CheckpointPolicy::rotor) {
@@ -213,12 +218,12 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
     s = checkpoint_sched::solve(policy, chain, 0, every, memory_slots);
   }
   plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
-  for (int b = 0; b < layers; ++b) {
+  for (int b = 0; b < count; ++b) {
     const Keep k = s.keep[std::size_t(b)];
-    plan.keep[std::size_t(b) * checkpoint_sched::kOpsPerBlock] = k;
+    const std::size_t at = std::size_t(first + b) * checkpoint_sched::kOpsPerBlock;
+    plan.keep[at] = k;
     for (int op = 1; op < checkpoint_sched::kOpsPerBlock; ++op) {
-      plan.keep[std::size_t(b) * checkpoint_sched::kOpsPerBlock + op] =
-          k == Keep::all ? Keep::all : Keep::none;
+      plan.keep[at + op] = k == Keep::all ? Keep::all : Keep::none;
     }
   }
   plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);

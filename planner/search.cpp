@@ -73,9 +73,16 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
       r.micro_batch % width != 0) {
     return mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
   }
-  if (r.pipeline > 1 || r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 ||
-      spec.fused_attention) {
-    return mode + " runs without pipeline, sequence, ZeRO 3, bf16 and fused attention";
+  if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 || spec.fused_attention) {
+    return mode + " runs without sequence, ZeRO 3, bf16 and fused attention";
+  }
+  if (r.pipeline > 1 && (r.chunks > 1 || r.zero_stage > 1)) {
+    return mode + " pipelines run one chunk per rank under ZeRO 0-1";
+  }
+  if (r.pipeline > spec.layers) return "more pipeline stages than layers";
+  if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
+      r.micro_batches() < r.pipeline) {
+    return "1f1b needs at least one micro-batch per stage";
   }
   const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
@@ -90,10 +97,12 @@ double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
   return hw.host_link_bandwidth > 0 ? m.device() : m.total();
 }
 
-// The rank layout of a 2d / 2.5d / 3d run (every rank of the grid holds the same share).
-RankLayout grid_rank_layout(const core::ModelSpec& spec, RunLayout r) {
-  if (r.layers.empty()) r.layers = {spec.layers};
-  return rank_layout(r, 0);
+// The rank layout of a 2d / 2.5d / 3d run on pipeline stage `stage` (every rank of a stage's
+// grid holds the same share).
+RankLayout grid_rank_layout(const core::ModelSpec& spec, RunLayout r, int stage = 0) {
+  if (r.layers.empty()) r.layers = r.pipeline == 1 ? std::vector<int>{spec.layers}
+                                                   : balanced_layers(spec, r);
+  return rank_layout(r, stage);
 }
 
 }  // namespace
@@ -117,30 +126,48 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     return plan;
   }
   if (run.tensor_mode != core::TensorMode::d1) {
-    // Every rank of a 2d / 2.5d / 3d layout holds the same share: one prediction. Checkpointing
-    // as in 1d (auto: rotor when keeping everything does not fit), over whole blocks.
+    // Every rank of a 2d / 2.5d / 3d layout (of one pipeline stage) holds the same share: one
+    // prediction per stage; the plan takes the largest memory and the longest step. Checkpointing
+    // as in 1d (auto: rotor when keeping everything does not fit on some stage), over whole
+    // blocks.
     using core::CheckpointPolicy;
-    RankLayout l = grid_rank_layout(spec, run);
-    plan.policy = policy.value_or(predict_memory(spec, l).total() <= hw.memory_bytes
-                                      ? CheckpointPolicy::none
-                                      : CheckpointPolicy::rotor);
+    std::vector<RankLayout> stages;
+    double largest = 0.0;
+    for (int stage = 0; stage < run.pipeline; ++stage) {
+      stages.push_back(grid_rank_layout(spec, run, stage));
+      largest = std::max(largest, predict_memory(spec, stages.back()).total());
+    }
+    plan.policy = policy.value_or(largest <= hw.memory_bytes ? CheckpointPolicy::none
+                                                             : CheckpointPolicy::rotor);
     plan.budget_bytes = budget_bytes > 0 ? budget_bytes : hw.memory_bytes;
-    const CheckpointPlan cp = plan_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
-                                                 every, blocks, memory_slots);
-    l.keep = cp.keep;
-    l.selective = cp.selective;
-    plan.memory = predict_memory(spec, l);
-    plan.time = predict_time(spec, l, hw);
-    if (cluster.oversubscribed()) {
-      share_cores(plan.time, busy_seconds(plan.time) * cluster.devices * cluster.threads(),
+    plan.fits = true;
+    double busy = 0.0, minimum = 0.0;
+    for (std::size_t stage = 0; stage < stages.size(); ++stage) {
+      RankLayout& l = stages[stage];
+      const CheckpointPlan cp = plan_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
+                                                   every, blocks, memory_slots);
+      l.keep = cp.keep;
+      l.selective = cp.selective;
+      const MemoryPrediction m = predict_memory(spec, l);
+      const TimePrediction t = predict_time(spec, l, hw);
+      if (stage == 0 || on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
+      if (stage == 0 || t.step > plan.time.step) plan.time = t;
+      busy += busy_seconds(t);
+      const std::string who = run.pipeline > 1 ? "stage " + std::to_string(stage) : "every rank";
+      plan.schedules.push_back(plan.policy == CheckpointPolicy::none
+                                   ? who + ": keep everything"
+                                   : who + ": " + cp.description);
+      if (!cp.feasible) minimum = std::max(minimum, cp.minimum_bytes);
+      plan.fits = plan.fits && cp.feasible && on_device(m, hw) <= hw.memory_bytes;
+    }
+    if (cluster.oversubscribed()) {  // each stage's ranks take turns with the others' on the cores
+      share_cores(plan.time, busy / run.pipeline * cluster.devices * cluster.threads(),
                   cluster.cores);
     }
-    plan.schedules = {plan.policy == CheckpointPolicy::none ? std::string("every rank: keep everything")
-                                                            : "every rank: " + cp.description};
-    plan.fits = cp.feasible && on_device(plan.memory, hw) <= hw.memory_bytes;
     if (!plan.fits) {
       plan.why = "needs " +
-                 bytes_text(cp.feasible ? on_device(plan.memory, hw) : cp.minimum_bytes) +
+                 bytes_text(minimum > 0 ? std::max(minimum, on_device(plan.memory, hw))
+                                        : on_device(plan.memory, hw)) +
                  " of " + bytes_text(hw.memory_bytes);
     }
     if (plan.policy != CheckpointPolicy::rotor) plan.budget_bytes = 0.0;
@@ -299,8 +326,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       }
     }
   }
-  // 2d, 2.5d and 3d grids inside a node: data parallelism only on top (their models run no
-  // pipeline, sequence or ZeRO yet).
+  // 2d, 2.5d and 3d grids inside a node: data parallelism and pipeline stages (one chunk per
+  // rank) on top (their models run no sequence parallelism or ZeRO 3 yet).
   if (options.tensor_modes && !bf16 && !spec.fused_attention && !spec.llama()) {
     for (int t : divisors(G)) {
       if (t < 4 || t > cluster.hw.devices_per_node) continue;
@@ -310,13 +337,22 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         if (depth > 1 && depth < t) grids.emplace_back(TensorMode::d2_5, depth);
       }
       for (const auto& [mode, depth] : grids) {
-        for (int b : options.micro_batches) {
-          RunLayout run = layout(b, G / t, t);
-          run.tensor_mode = mode;
-          run.depth = depth;
-          if (!invalid_tensor_mode(spec, run).empty()) continue;
-          const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run), cluster.hw);
-          shapes.push_back(Shape{run, tp.compute + tp.tensor_comm});
+        for (int p : divisors(G / t)) {
+          for (int b : options.micro_batches) {
+            RunLayout run = layout(b, G / (t * p), t);
+            run.tensor_mode = mode;
+            run.depth = depth;
+            run.pipeline = p;
+            if (!invalid_tensor_mode(spec, run).empty()) continue;
+            run.layers = balanced_layers(spec, run);
+            double bound = 0.0;  // the slower of the first and the last stage
+            for (int r : {0, p - 1}) {
+              const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run, r),
+                                                     cluster.hw);
+              bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+            }
+            shapes.push_back(Shape{run, bound});
+          }
         }
       }
     }

@@ -382,8 +382,9 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
 }  // namespace
 
 namespace colossal {
-// 2d, 2.5d and 3d grids join the search (data parallelism on top), are costed with their own
-// prediction, and a chosen one round-trips through the config as colossal_train runs it.
+// 2d, 2.5d and 3d grids join the search (data parallelism and pipeline stages on top), are
+// costed with their own prediction (a pipelined grid by its largest and slowest stage), and a
+// chosen one round-trips through the config as colossal_train runs it.
 TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 1024);
   planner::Cluster cluster{planner::hardware_preset("a100-80g"), 8};
@@ -394,16 +395,30 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   const auto a = planner::search_plans(spec, 32, 1024, false, cluster, with);
   const auto b = planner::search_plans(spec, 32, 1024, false, cluster, without);
   EXPECT_GT(a.candidates, b.candidates);
-  int grids = 0;
+  int grids = 0, pipelined = 0;
   for (const planner::Plan& p : a.best) {
     if (p.run.tensor_mode == core::TensorMode::d1) continue;
     ++grids;
     EXPECT_TRUE(p.fits);
     EXPECT_GT(p.step_time, 0.0);
-    EXPECT_EQ(p.run.pipeline, 1);
+    EXPECT_EQ(p.run.chunks, 1);
     EXPECT_EQ(p.run.zero_stage, 0);
+    if (p.run.pipeline == 1) continue;
+    ++pipelined;
+    // The plan holds its largest stage's memory and its slowest stage's step.
+    double largest = 0.0, slowest = 0.0;
+    for (int stage = 0; stage < p.run.pipeline; ++stage) {
+      const planner::RankLayout l = planner::rank_layout(p.run, stage);
+      largest = std::max(largest, planner::predict_memory(spec, l).total());
+      slowest = std::max(slowest, planner::predict_time(spec, l, cluster.hw).step);
+      EXPECT_GT(planner::predict_time(spec, l, cluster.hw).bubble, 0.0);
+    }
+    EXPECT_DOUBLE_EQ(p.memory.total(), largest);
+    EXPECT_DOUBLE_EQ(p.time.step, slowest);
+    EXPECT_EQ(p.schedules.size(), std::size_t(p.run.pipeline));
   }
   EXPECT_GT(grids, 0) << "2d/2.5d/3d plans are costed and kept";
+  EXPECT_GT(pipelined, 0) << "grids with pipeline stages are costed and kept";
   // An explicit 3d layout: its overrides give a config colossal_train accepts and runs as 3d.
   planner::RunLayout run;
   run.global_batch = 32;
@@ -422,6 +437,23 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   EXPECT_EQ(c.parallel.tensor_mode, core::TensorMode::d3);
   EXPECT_EQ(c.parallel.tensor, 8);
   EXPECT_EQ(c.train.micro_batch, 4);
+  // A 2d grid on two pipeline stages: its overrides carry the stages and their blocks.
+  {
+    planner::RunLayout staged = run;
+    staged.tensor = 4;
+    staged.tensor_mode = core::TensorMode::d2;
+    staged.pipeline = 2;
+    const planner::Plan sp = planner::evaluate_plan(spec, staged, cluster);
+    ASSERT_TRUE(sp.fits) << sp.why;
+    const io::Config sc = io::parse_config(
+        "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
+        "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
+        "sample: {tokens: 0}\n",
+        "test", planner::plan_overrides(sp));
+    EXPECT_EQ(sc.parallel.tensor_mode, core::TensorMode::d2);
+    EXPECT_EQ(sc.parallel.pipeline, 2);
+    EXPECT_EQ(sc.parallel.pipeline_layers, (std::vector<int>{2, 2}));
+  }
   EXPECT_NE(planner::plan_json(p).find("\"tensor_mode\": \"3d\""), std::string::npos);
   // Where keeping everything does not fit, auto checkpoints the grid's whole blocks with rotor
   // under the device memory, and the overrides carry it to a config colossal_train accepts.

@@ -41,6 +41,10 @@ struct PipelineLinks {
   parallel::Communicator* tied = nullptr;    // the first and last stage (null elsewhere)
   bool count_embedding = true;               // false on the last stage: the first counts it
   bool sum_over_stages = true;  // false: the caller sums the squared norm over stages (chunks)
+  // The floats at the start of unit 0 that hold the tied embedding (0: the whole unit, as
+  // core::Model lays it out; core::GridModel::tied_floats for the 2d models, whose unit 0 also
+  // holds the stage's replicated vectors). Whole gradient buffers only (ZeRO 0-1).
+  std::size_t tied_floats = 0;
 };
 
 struct GradientSyncOptions {
