@@ -184,12 +184,20 @@ float* carve_blocks(std::vector<LayerActs>& acts, const BlockRecompute& plan, fl
   return kept;
 }
 
-float* carve_head(HeadActs& h, float* cursor, int64_t R, int64_t c, int64_t logits, bool head) {
-  auto carve = [&cursor](int64_t n) {
+namespace {
+// Hands out consecutive pieces of a buffer.
+struct Carver {
+  float*& cursor;
+  float* operator()(int64_t n) const {
     float* p = cursor;
     cursor += n;
     return p;
-  };
+  }
+};
+}  // namespace
+
+float* carve_head(HeadActs& h, float* cursor, int64_t R, int64_t c, int64_t logits, bool head) {
+  const Carver carve{cursor};
   h.x_final = carve(R * c);
   if (!head) return cursor;
   h.lnf = carve(R * c);
@@ -201,11 +209,7 @@ float* carve_head(HeadActs& h, float* cursor, int64_t R, int64_t c, int64_t logi
 }
 
 float* carve_layer(LayerActs& a, float* cursor, int64_t R, int64_t c, int64_t f, int64_t att) {
-  auto carve = [&cursor](int64_t n) {
-    float* p = cursor;
-    cursor += n;
-    return p;
-  };
+  const Carver carve{cursor};
   a.x = carve(R * c);
   a.ln1 = carve(R * c);
   a.ln1_mean = carve(R);

@@ -428,12 +428,15 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   run.tensor_mode = core::TensorMode::d3;
   const planner::Plan p = planner::evaluate_plan(spec, run, cluster);
   ASSERT_TRUE(p.fits) << p.why;
-  std::vector<std::string> sets = planner::plan_overrides(p);
-  const io::Config c = io::parse_config(
-      "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
-      "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
-      "sample: {tokens: 0}\n",
-      "test", sets);
+  // The model above as a config, with a plan's overrides.
+  auto config_with = [](const std::vector<std::string>& sets) {
+    return io::parse_config(
+        "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
+        "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
+        "sample: {tokens: 0}\n",
+        "test", sets);
+  };
+  const io::Config c = config_with(planner::plan_overrides(p));
   EXPECT_EQ(c.parallel.tensor_mode, core::TensorMode::d3);
   EXPECT_EQ(c.parallel.tensor, 8);
   EXPECT_EQ(c.train.micro_batch, 4);
@@ -445,11 +448,7 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
     staged.pipeline = 2;
     const planner::Plan sp = planner::evaluate_plan(spec, staged, cluster);
     ASSERT_TRUE(sp.fits) << sp.why;
-    const io::Config sc = io::parse_config(
-        "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
-        "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
-        "sample: {tokens: 0}\n",
-        "test", planner::plan_overrides(sp));
+    const io::Config sc = config_with(planner::plan_overrides(sp));
     EXPECT_EQ(sc.parallel.tensor_mode, core::TensorMode::d2);
     EXPECT_EQ(sc.parallel.pipeline, 2);
     EXPECT_EQ(sc.parallel.pipeline_layers, (std::vector<int>{2, 2}));
@@ -473,11 +472,7 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
     EXPECT_GT(r.time.recompute, 0.0);
     ASSERT_EQ(r.schedules.size(), 1u);
     EXPECT_NE(r.schedules[0].find("every rank: rotor: I."), std::string::npos) << r.schedules[0];
-    const io::Config rc = io::parse_config(
-        "model: {arch: gpt2, layers: 4, hidden: 256, heads: 8, ffn_hidden: 1024, vocab: 256, "
-        "max_seq: 1024}\ndata: {path: d}\ntrain: {seq_len: 1024, global_batch: 32}\n"
-        "sample: {tokens: 0}\n",
-        "test", planner::plan_overrides(r));
+    const io::Config rc = config_with(planner::plan_overrides(r));
     EXPECT_EQ(rc.checkpointing.policy, core::CheckpointPolicy::rotor);
     EXPECT_EQ(rc.parallel.tensor_mode, core::TensorMode::d3);
     // Below what recomputing every block needs: refused, with the least it needs.
