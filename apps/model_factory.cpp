@@ -32,7 +32,8 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
     built.model = std::make_unique<core::Model3D>(spec, batch, seq_len, *built.cube, gemm,
                                                   tracker, options.unit_multiple, options.keep,
                                                   options.selective, options.grid_store,
-                                                  options.stage, options.slots);
+                                                  options.stage, options.slots,
+                                                  options.grid_first_unit_floats);
     built.grid_text = q + " x " + q + " x " + q + " cube";
     return built;
   }
@@ -41,7 +42,8 @@ BuiltModel make_stage_model(const io::Config& config, int seq_len, core::MemoryT
   built.model = std::make_unique<core::Model2D>(spec, batch, seq_len, *built.grid, gemm, tracker,
                                                 depth, options.unit_multiple, options.keep,
                                                 options.selective, options.grid_store,
-                                                options.stage, options.slots);
+                                                options.stage, options.slots,
+                                                options.grid_first_unit_floats);
   built.grid_text = q + " x " + q + " grid" +
                     (sub_grid.depth() > 1
                          ? " x " + std::to_string(sub_grid.depth()) + " depth layers"

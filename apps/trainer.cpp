@@ -353,13 +353,20 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
                                                            tracker_);
     };
   }
+  const int grid_side =
+      parallel::TensorSubGrid(par.tensor_mode, par.tensor, par.tensor_depth).q();
   chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
                                  core::ModelOptions{.unit_multiple = unit_multiple,
                                                     .stage = chunk.range,
                                                     .slots = chunk.slots,
                                                     .keep = activation_plan_.keep,
                                                     .selective = activation_plan_.selective,
-                                                    .grid_store = store},
+                                                    .grid_store = store,
+                                                    .grid_first_unit_floats =
+                                                        core::grid_first_unit_floats(
+                                                            config_.model, par.tensor_mode,
+                                                            grid_side, unit_multiple,
+                                                            chunk.range, par.zero_stage)},
                                  &tensor_grid_groups_);
   chunk.model = chunk.built.model.get();
   chunk.dense = nullptr;

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "core/kernels.hpp"
+#include "core/model2d.hpp"
+#include "core/model3d.hpp"
 #include "core/sharded_detail.hpp"
 
 namespace colossal::core {
@@ -65,6 +67,14 @@ void GridModel::set_boundary(float* gradient) {
   gradient_ = gradient;
 }
 
+std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q,
+                                   std::size_t unit_multiple, const StageRange& stage,
+                                   int zero_stage) {
+  if (zero_stage != 2 || stage.embeds == stage.head) return 0;
+  return mode == TensorMode::d3 ? Model3D::unit_floats(spec, q, unit_multiple).front()
+                                : Model2D::unit_floats(spec, q, unit_multiple).front();
+}
+
 void GridModel::no_stages() const {
   throw std::logic_error("this 2d / 2.5d / 3d model runs the whole model on one pipeline stage: "
                          "it has no stage boundary buffers");
@@ -116,9 +126,9 @@ std::size_t GridModel::append_param(const std::string& name, ParamRole role, std
   return sharded::append_param(table_, name, role, count, begin, int(unit_ends_.size()));
 }
 
-void GridModel::end_unit() {
+void GridModel::end_unit(std::size_t at_least) {
   const std::size_t begin = unit_ends_.empty() ? 0 : unit_ends_.back();
-  const std::size_t end = std::max(begin, sharded::table_end(table_));
+  const std::size_t end = std::max({begin, sharded::table_end(table_), begin + at_least});
   unit_ends_.push_back(sharded::round_up(end, unit_multiple_));
 }
 

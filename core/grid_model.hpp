@@ -48,6 +48,15 @@ struct GridActivationFloats {
 };
 GridActivationFloats grid_activation_floats(const sharded::BlockRecompute& plan,
                                             const GridBlockFloats& block);
+// The floor on unit 0 of `stage` (ModelOptions::grid_first_unit_floats): under ZeRO 2, on a
+// stage of several that holds the tied token embedding (the first or the last), the whole
+// model's unit 0 (every stage's is smaller), so that the first and the last stage's unit 0 have
+// one size, their data ranks' slices cover the same floats, and the token embedding's gradients
+// (the first floats on both) are summed slice by slice. A few MiB at most (the position
+// embedding and the replicated vectors of the other stages' blocks); 0 elsewhere.
+std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q,
+                                   std::size_t unit_multiple, const StageRange& stage,
+                                   int zero_stage);
 
 class GridModel : public StageModel {
  public:
@@ -102,7 +111,8 @@ class GridModel : public StageModel {
   // Lays out a local tensor in the current unit (table_) and returns its offset.
   std::size_t append_param(const std::string& name, ParamRole role, std::size_t count);
   // Ends the current unit: its end padded to unit_multiple floats; the next tensor starts there.
-  void end_unit();
+  // `at_least`: the unit's floats before the padding (a floor; 0: none).
+  void end_unit(std::size_t at_least = 0);
   // After the constructor has laid out table_ in units: the store over them (`make_store`, or
   // a FullParameterStore), both buffers zero.
   void make_store(MemoryTracker& tracker, const StoreFactory& make_store);

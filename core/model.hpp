@@ -56,6 +56,10 @@ struct ModelOptions {
   // 2d / 2.5d / 3d (core::GridModel, which lays out its own units): makes the store over them
   // (ZeRO 2: a zero::ShardedParameterStore); unset, a FullParameterStore. Model ignores it.
   StoreFactory grid_store{};
+  // 2d / 2.5d / 3d: unit 0 padded to at least this many floats (core::grid_first_unit_floats),
+  // so that the first and the last pipeline stage slice their tied token embedding alike under
+  // ZeRO 2; 0: no floor. Model ignores it.
+  std::size_t grid_first_unit_floats = 0;
 };
 
 class Model final : public StageModel {

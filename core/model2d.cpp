@@ -20,7 +20,8 @@ namespace k = kernels;
 Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
                  MemoryTracker& tracker, TensorGroup* depth, std::size_t unit_multiple,
                  const std::vector<Keep>& keep, bool selective,
-                 const StoreFactory& make_store_factory, StageRange stage, int slots)
+                 const StoreFactory& make_store_factory, StageRange stage, int slots,
+                 std::size_t first_unit_floats)
     : GridModel(spec, batch, unit_multiple, stage, slots),
       seq_len_(seq_len),
       q_(grid.q()),
@@ -70,7 +71,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
     lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c_);
   }
   replicated_end_ = sharded::table_end(table_);
-  end_unit();
+  end_unit(first_unit_floats);
   for (int64_t l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h =
@@ -133,7 +134,8 @@ std::size_t Model2D::temporary_floats(const ModelSpec& spec, int batch, int seq_
 }
 
 std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q, std::size_t unit_multiple,
-                                              StageRange stage) {
+                                              StageRange stage,
+                                              std::size_t first_unit_floats) {
   using sharded::aligned16;
   const std::size_t c = s.hidden / q, f = s.ffn_hidden / q, L = sharded::stage_blocks(s, stage);
   const std::size_t vb = (s.vocab + q - 1) / q, pb = (s.position_rows() + q - 1) / q;
@@ -143,7 +145,7 @@ std::vector<std::size_t> Model2D::unit_floats(const ModelSpec& s, int q, std::si
       (stage.head ? 2 * aligned16(c) : 0);
   const std::size_t embeddings = (stage.embeds || stage.head ? aligned16(vb * c) : 0) +
                                  (stage.embeds ? aligned16(pb * c) : 0);
-  std::vector<std::size_t> units{padded(embeddings + replicated)};
+  std::vector<std::size_t> units{padded(std::max(embeddings + replicated, first_unit_floats))};
   for (std::size_t l = 0; l < L; ++l) {
     units.push_back(padded(aligned16(3 * c * c) + aligned16(c * c) + 2 * aligned16(c * f)));
   }

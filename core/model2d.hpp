@@ -58,7 +58,8 @@ class Model2D final : public GridModel {
   Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Gemm& gemm,
           MemoryTracker& tracker, TensorGroup* depth = nullptr, std::size_t unit_multiple = 16,
           const std::vector<Keep>& keep = {}, bool selective = false,
-          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1);
+          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1,
+          std::size_t first_unit_floats = 0);
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;
@@ -99,7 +100,8 @@ class Model2D final : public GridModel {
   // are one slot's (a stage without the head keeps its R x c output in place of the head's).
   static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
                                               std::size_t unit_multiple = 16,
-                                              StageRange stage = {});
+                                              StageRange stage = {},
+                                              std::size_t first_unit_floats = 0);
   static std::size_t parameter_floats(const ModelSpec& spec, int q,
                                       std::size_t unit_multiple = 16, StageRange stage = {});
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q,

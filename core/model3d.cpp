@@ -20,7 +20,7 @@ namespace k = kernels;
 Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
                  MemoryTracker& tracker, std::size_t unit_multiple, const std::vector<Keep>& keep,
                  bool selective, const StoreFactory& make_store_factory, StageRange stage,
-                 int slots)
+                 int slots, std::size_t first_unit_floats)
     : GridModel(spec, batch, unit_multiple, stage, slots),
       seq_len_(seq_len),
       q_(groups.input.size()),
@@ -74,7 +74,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
     lnf_b_ = append_param("ln_f.bias", ParamRole::layernorm_bias, c);
   }
   plane_l_end_ = sharded::table_end(table_);
-  end_unit();
+  end_unit(first_unit_floats);
   for (int l = 0; l < L; ++l) {
     Block& b = blocks_[l];
     const std::string h = "layer" + std::to_string(l0 + l);
@@ -131,7 +131,8 @@ std::size_t Model3D::temporary_floats(const ModelSpec& spec, int batch, int seq_
 }
 
 std::vector<std::size_t> Model3D::unit_floats(const ModelSpec& s, int q, std::size_t unit_multiple,
-                                              StageRange stage) {
+                                              StageRange stage,
+                                              std::size_t first_unit_floats) {
   using sharded::aligned16;
   const std::size_t q2 = std::size_t(q) * q, c = s.hidden / q, f = s.ffn_hidden / q,
                     L = sharded::stage_blocks(s, stage);
@@ -141,7 +142,8 @@ std::vector<std::size_t> Model3D::unit_floats(const ModelSpec& s, int q, std::si
   const std::size_t plane_l = L * 6 * aligned16(c) + (stage.head ? 2 * aligned16(c) : 0);
   const std::size_t embeddings = (stage.embeds || stage.head ? aligned16(c * vb) : 0) +
                                  (stage.embeds ? aligned16(pb * c) : 0);
-  std::vector<std::size_t> units{padded(embeddings + plane_j + plane_l)};
+  std::vector<std::size_t> units{
+      padded(std::max(embeddings + plane_j + plane_l, first_unit_floats))};
   for (std::size_t l = 0; l < L; ++l) {
     units.push_back(padded(aligned16(c * (3 * c / q)) + aligned16(c * (c / q)) +
                            aligned16(c * (f / q)) + aligned16(f * (c / q))));

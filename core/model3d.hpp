@@ -58,7 +58,8 @@ class Model3D final : public GridModel {
   Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& groups, Gemm& gemm,
           MemoryTracker& tracker, std::size_t unit_multiple = 16,
           const std::vector<Keep>& keep = {}, bool selective = false,
-          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1);
+          const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1,
+          std::size_t first_unit_floats = 0);
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.
@@ -84,7 +85,8 @@ class Model3D final : public GridModel {
   // are one slot's, a stage without the head keeping its R x c output).
   static std::vector<std::size_t> unit_floats(const ModelSpec& spec, int q,
                                               std::size_t unit_multiple = 16,
-                                              StageRange stage = {});
+                                              StageRange stage = {},
+                                              std::size_t first_unit_floats = 0);
   static std::size_t parameter_floats(const ModelSpec& spec, int q,
                                       std::size_t unit_multiple = 16, StageRange stage = {});
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q,

@@ -365,7 +365,7 @@ const std::vector<KeySpec>& schema() {
        .choices = {"1d", "2d", "2.5d", "3d"},
        .cross_check = "2d/2.5d/3d: size a square / square x depth / cube; no sequence, "
                       "ZeRO 3, parameter offload or fused attention; pipeline stages with "
-                      "chunks 1 and ZeRO 0-1"},
+                      "chunks 1"},
       {.key = "parallel.tensor.depth", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.tensor_depth; },
        .doc = "2.5d: depth layers d of q x q grids (the batch is split across them)",
@@ -1427,11 +1427,6 @@ class Resolver {
     refuse(p.pipeline > 1 && p.pipeline_chunks > 1, "parallel.pipeline.chunks",
            std::to_string(p.pipeline_chunks),
            "set it to 1 (schedule gpipe or 1f1b), or parallel.tensor.mode: 1d");
-    refuse(p.pipeline > 1 && p.zero_stage > 1, "parallel.zero.stage",
-           std::to_string(p.zero_stage) + " with parallel.pipeline.size " +
-               std::to_string(p.pipeline),
-           "set it to 0 or 1 (the tied embedding of the first and last stage is summed in whole "
-           "gradient buffers), or parallel.pipeline.size: 1");
     refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence),
            "set it to 1, or parallel.tensor.mode: 1d");
     refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");

@@ -133,8 +133,11 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   const core::StageRange stage = l.chunks.front().stage;
   const int slots = l.chunks.front().slots;
   const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
-  const std::vector<std::size_t> units = cube ? core::Model3D::unit_floats(spec, q, unit, stage)
-                                              : core::Model2D::unit_floats(spec, q, unit, stage);
+  const std::size_t floor =
+      core::grid_first_unit_floats(spec, l.tensor_mode, q, unit, stage, l.zero_stage);
+  const std::vector<std::size_t> units =
+      cube ? core::Model3D::unit_floats(spec, q, unit, stage, floor)
+           : core::Model2D::unit_floats(spec, q, unit, stage, floor);
   double padded = 0.0, widest = 0.0;
   for (std::size_t u = 0; u < units.size(); ++u) {
     padded += double(units[u]);

@@ -76,9 +76,7 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 || spec.fused_attention) {
     return mode + " runs without sequence, ZeRO 3, bf16 and fused attention";
   }
-  if (r.pipeline > 1 && (r.chunks > 1 || r.zero_stage > 1)) {
-    return mode + " pipelines run one chunk per rank under ZeRO 0-1";
-  }
+  if (r.pipeline > 1 && r.chunks > 1) return mode + " pipelines run one chunk per rank";
   if (r.pipeline > spec.layers) return "more pipeline stages than layers";
   if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
       r.micro_batches() < r.pipeline) {

@@ -395,9 +395,8 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
            "schedule: interleaved}}\n",
        {"parallel.pipeline.chunks: 2 with tensor mode 2d", "set it to 1 (schedule gpipe or 1f1b)"}},
       {std::string(kMinimal) +
-           "parallel: {data: 2, tensor: {size: 8, mode: 3d}, pipeline: {size: 2}, zero: {stage: 2}}\n",
-       {"parallel.zero.stage: 2 with parallel.pipeline.size 2 with tensor mode 3d",
-        "set it to 0 or 1"}},
+           "parallel: {data: 2, tensor: {size: 8, mode: 3d}, pipeline: {size: 2}, zero: {stage: 3}}\n",
+       {"parallel.zero.stage: 3 with tensor mode 3d", "set it to 0, 1 or 2"}},
       {std::string(kMinimal) + "parallel: {data: 2, tensor: {size: 4, mode: 2d}, zero: {stage: 3}}\n",
        {"parallel.zero.stage: 3 with tensor mode 2d", "set it to 0, 1 or 2"}},
       {std::string(kMinimal) + "train: {micro_batch: 2}\nparallel: {tensor: {size: 8, mode: 3d}}\n",

@@ -5,7 +5,8 @@
 // 2d x dp2 (also with ZeRO 1, ZeRO 1 with the optimizer offloaded, ZeRO 2, and ZeRO 2 with the
 // optimizer offloaded), and 3d under ZeRO 2 (one data rank: the sharded store's slices are whole
 // units) on 8; with two pipeline stages (1F1B, and GPipe under ZeRO 1), 2d on 8 and 2.5d, 3d and
-// 2d x dp2 on 16. Also the model
+// 2d x dp2 on 16, also 2d x dp2 and 3d under ZeRO 2 (the tied embedding summed between the
+// first and the last stage's shards). Also the model
 // file holds the logical tensors and the tensor group's per-rank parameters are the mode's
 // fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
@@ -389,7 +390,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "2.5d", 8, 2, 1, 0, false, 2},
                       Layout{"opt", "2d", 4, 1, 2, 1, false, 2},
                       Layout{"gpt2", "3d", 8, 1, 1, 0, false, 2},
-                      Layout{"opt", "3d", 8, 1, 1, 1, false, 2, "gpipe"}),
+                      Layout{"opt", "3d", 8, 1, 1, 1, false, 2, "gpipe"},
+                      Layout{"gpt2", "2d", 4, 1, 2, 2, false, 2},
+                      Layout{"opt", "3d", 8, 1, 1, 2, false, 2}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +

@@ -147,15 +147,20 @@ void GradientSync::tie_embedding(float* grads) {
   // The embedding is unit 0 of both the first and the last stage: the same range of the whole
   // buffer (stages 0-1) or of the shard (stages 2-3; slice 0 starts the shard).
   const core::ParamUnit& unit = store_.units().front();
+  Kokkos::fence();
   if (pipeline_.tied_floats > 0 && sharded_ != nullptr) {
-    throw std::logic_error("gradient sync: a tied embedding in part of unit 0 needs whole "
-                           "gradient buffers (ZeRO 0-1)");
+    // The first floats of unit 0, of the same size on both stages (core::GridModel's floor), so
+    // this data rank's pieces of them are the same floats on the first and the last stage.
+    for (const auto& [piece, count] :
+         sharded_->gradient_pieces(unit.begin, unit.begin + pipeline_.tied_floats)) {
+      pipeline_.tied->all_reduce_sum({piece, count});
+    }
+    return;
   }
   const std::size_t begin = sharded_ != nullptr ? 0 : unit.begin;
   const std::size_t count = pipeline_.tied_floats > 0 ? pipeline_.tied_floats
                             : sharded_ != nullptr     ? unit.size() / dp_.size()
                                                       : unit.size();
-  Kokkos::fence();
   pipeline_.tied->all_reduce_sum({grads + begin, count});
 }
 

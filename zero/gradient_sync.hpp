@@ -43,7 +43,8 @@ struct PipelineLinks {
   bool sum_over_stages = true;  // false: the caller sums the squared norm over stages (chunks)
   // The floats at the start of unit 0 that hold the tied embedding (0: the whole unit, as
   // core::Model lays it out; core::GridModel::tied_floats for the 2d models, whose unit 0 also
-  // holds the stage's replicated vectors). Whole gradient buffers only (ZeRO 0-1).
+  // holds the stage's replicated vectors; under ZeRO 2 unit 0 has one size on both stages, so
+  // each data rank sums its pieces of these floats).
   std::size_t tied_floats = 0;
 };
 
