@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
         const std::string mode = core::tensor_mode_name(inv.config.parallel.tensor_mode);
         double largest = 0.0;
         for (int stage = 0; stage < stages && log != nullptr; ++stage) {
-          const int first_rank = inv.world_size / stages * stage;  // the mesh: stage outermost
+          const auto& p = inv.config.parallel;  // the mesh: the stage outermost
+          const int first_rank = p.data * p.tensor * p.sequence * stage;
           const planner::MemoryPrediction m = apps::rank_memory(inv.config, first_rank);
           largest = std::max(largest, m.total());
           std::fprintf(log, "memory plan (every rank%s, %s): %s\n",

@@ -74,9 +74,12 @@ ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
       config.model, rank_layout(config, pipeline_rank), hw, c.policy, budget, c.every, c.blocks);
   if (!plan.feasible) {
     const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
-    const std::string who = grid ? std::string("every rank of the ") +
-                                       core::tensor_mode_name(config.parallel.tensor_mode) + " grid"
-                                 : "pipeline stage " + std::to_string(pipeline_rank);
+    const std::string stage = "pipeline stage " + std::to_string(pipeline_rank);
+    const std::string who =
+        grid ? std::string("every rank of the ") +
+                   core::tensor_mode_name(config.parallel.tensor_mode) + " grid" +
+                   (config.parallel.pipeline > 1 ? " of " + stage : std::string())
+             : stage;
     throw std::runtime_error(
         "checkpointing.memory_budget " + core::format_bytes(budget) + " is below the " +
         core::format_bytes(plan.minimum_bytes) + " that " + who +

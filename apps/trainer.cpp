@@ -267,13 +267,14 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   hardware_name_ = hw.name;
   agree_on_plan();
   // A host spec (the same on every rank: the gather is collective). The 2d / 3d closed forms
-  // predict no per-micro-batch times to simulate: every rank of the grid does the same work, so
-  // the step lasts the node's thread-seconds over its cores, as the planner's search takes it.
+  // predict no per-micro-batch times to simulate: every rank of a stage's grid does the same
+  // work, so the step lasts the node's thread-seconds (each stage's busy time, averaged over
+  // the stages, which have equal ranks) over its cores, as the planner's search takes it.
   const core::ThreadPlan threads = core::current_thread_plan();
   if (hw.threads > 0 && predicted_time_.micro_forward.empty() && threads.oversubscribed()) {
-    planner::share_cores(predicted_time_,
-                         planner::busy_seconds(predicted_time_) * threads.local_ranks *
-                             threads.threads,
+    const double busy =
+        pp_->all_reduce_sum_value(planner::busy_seconds(predicted_time_)) / pp_->size();
+    planner::share_cores(predicted_time_, busy * threads.local_ranks * threads.threads,
                          threads.node_cores);
   } else if (hw.threads > 0 && !predicted_time_.micro_forward.empty()) {
     // Ranks taking turns on a node's cores (mpirun --oversubscribe) stretch the step as the
@@ -339,9 +340,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
 
 Trainer::~Trainer() = default;
 
-// 2d / 2.5d / 3d: the model lays out and owns its store (one unit, padded for ZeRO 1's equal
+// 2d / 2.5d / 3d: the model lays out and owns its store (its units padded for ZeRO 1-2's equal
 // data-rank shards); the optimizer and the gradient sync run on that store, the norm over the
-// ranges the model counts once over the tensor group.
+// ranges the model counts once over the tensor group (and the pipeline stages).
 void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   const auto& par = config_.parallel;
   const std::size_t unit_multiple = par.zero_stage >= 1 ? std::size_t(grad_->size()) * 16 : 16;

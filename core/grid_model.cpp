@@ -76,7 +76,7 @@ std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q
 }
 
 void GridModel::no_stages() const {
-  throw std::logic_error("this 2d / 2.5d / 3d model runs the whole model on one pipeline stage: "
+  throw std::logic_error("this 2d / 2.5d / 3d model was built as the whole model, not a stage: "
                          "it has no stage boundary buffers");
 }
 
@@ -112,9 +112,12 @@ GridModel::GridModel(const ModelSpec& spec, int batch, std::size_t unit_multiple
                                 " floats is not a multiple of 16");
   }
   const int end = stage.layer_end < 0 ? spec.layers : stage.layer_end;
-  if (stage.layer_begin < 0 || stage.layer_begin >= end || end > spec.layers || slots < 1) {
+  if (stage.layer_begin < 0 || stage.layer_begin >= end || end > spec.layers || slots < 1 ||
+      stage.embeds != (stage.layer_begin == 0) || stage.head != (end == spec.layers)) {
     throw std::invalid_argument("a 2d / 2.5d / 3d pipeline stage needs at least one of the " +
-                                std::to_string(spec.layers) + " blocks and one slot; got blocks [" +
+                                std::to_string(spec.layers) + " blocks and one slot, the "
+                                "embeddings exactly when it starts at block 0 and the head "
+                                "exactly when it ends at the last; got blocks [" +
                                 std::to_string(stage.layer_begin) + ", " +
                                 std::to_string(end) + ") and " +
                                 std::to_string(slots) + " slots");

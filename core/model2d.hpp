@@ -85,7 +85,8 @@ class Model2D final : public GridModel {
 
   // logical_runs(): padding (vocabulary and position rows past the logical ones) has no run;
   // replicated parameters have runs on every grid row and depth layer. The owner of an element is
-  // depth layer 0, and for a replicated parameter grid row 0 of it.
+  // depth layer 0, and for a replicated parameter grid row 0 of it; of the tied token
+  // embedding, the first pipeline stage (the last stage's copy has runs, not owned).
 
   int local_rows() const { return rows_; }
 

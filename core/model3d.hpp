@@ -115,7 +115,9 @@ class Model3D final : public GridModel {
                                           StageRange stage = {});
 
  private:
-  bool owns(std::size_t local) const;  // sets LogicalRun::owned
+  // Sets LogicalRun::owned: replicated vectors on the plane's rank 0, the tied token embedding
+  // on the first pipeline stage.
+  bool owns(std::size_t local) const;
   struct Linear {
     std::size_t w = 0, b = 0;
     int64_t in = 0, out = 0;

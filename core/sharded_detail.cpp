@@ -132,10 +132,11 @@ BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& s
   }
   const auto first = keep.begin() + std::ptrdiff_t(stage.layer_begin) * kOpsPerBlock;
   return block_recompute(std::vector<Keep>(first, first + std::ptrdiff_t(blocks) * kOpsPerBlock),
-                         blocks, selective);
+                         blocks, selective, stage.layer_begin);
 }
 
-BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective) {
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective,
+                               int block0) {
   BlockRecompute plan;
   plan.selective = selective;
   plan.start.assign(std::size_t(layers), -1);
@@ -151,7 +152,8 @@ BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool s
     if (first == Keep::all && second == Keep::all) continue;
     if (second != Keep::none || first == Keep::all) {
       throw std::invalid_argument(
-          "checkpointing.policy: the schedule recomputes part of block " + std::to_string(b) +
+          "checkpointing.policy: the schedule recomputes part of block " +
+          std::to_string(block0 + b) +
           "; the 2d/2.5d/3d models recompute whole blocks only (use full, every_k, sqrt or "
           "manual)");
     }

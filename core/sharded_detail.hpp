@@ -88,7 +88,9 @@ struct BlockRecompute {
     return dropped(b) && (b + 1 == int(start.size()) || start[std::size_t(b) + 1] != start[std::size_t(b)]);
   }
 };
-BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false);
+// `block0`: the model's index of block 0 (for messages).
+BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false,
+                               int block0 = 0);
 // The same for a pipeline stage's blocks, from `keep` over the whole model's ops (empty: keep
 // all); the stage's first block starts a segment.
 BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,

@@ -5,8 +5,9 @@
 // into an activation slot, the stage's boundary buffers, where its parameters and gradients live
 // (a ParameterStore) and how its local flat layout maps into the logical (Hugging Face) tensors.
 //
-// What a model cannot do (the 2D/3D models run no pipeline stages and keep one slot) it refuses
-// with std::logic_error; the factory (apps/model_factory.hpp) never builds such a combination.
+// What a model cannot do (a 2D/3D model built as the whole model has no stage boundary) it
+// refuses with std::logic_error; the factory (apps/model_factory.hpp) never builds such a
+// combination.
 #pragma once
 
 #include <cstddef>

@@ -129,7 +129,7 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
   // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
   // the widest block unit, which backward fills before their reduce-scatter.
-  // A pipeline stage (2d, 2.5d) holds its blocks in `slots` activation sets.
+  // A pipeline stage holds its blocks in `slots` activation sets.
   const core::StageRange stage = l.chunks.front().stage;
   const int slots = l.chunks.front().slots;
   const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
@@ -183,13 +183,17 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   const bool cube = l.tensor_mode == core::TensorMode::d3;
   const int q = l.grid_side(), ranks = cube ? q * q * q : q * q;  // one copy of the model
   const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
-  // A pipeline stage (2d, 2.5d): its blocks, and the head on the last.
+  // A pipeline stage: its blocks, and the head on the last.
   const core::StageRange stage = l.chunks.front().stage;
   const double C = spec.hidden, F = spec.ffn_hidden, T = l.seq_len;
   const double L = core::sharded::stage_blocks(spec, stage), head = stage.head ? 1.0 : 0.0;
   // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
-  // (12 L T C per token) at the attention rate, both over the grid's ranks.
-  const double block_n = 4.0 * C * C + 2.0 * C * F;
+  // (12 L T C per token) at the attention rate, both over the grid's ranks. N per block (its
+  // vectors included) is what one block adds to the model's count; the rest is the head's.
+  core::ModelSpec fewer = spec;
+  fewer.layers -= 1;
+  const double block_n = (core::flops_per_token(spec, l.seq_len) -
+                          core::flops_per_token(fewer, l.seq_len)) / 6.0 - 2.0 * T * C;
   const double head_n = core::flops_per_token(spec, l.seq_len) / 6.0 -
                         2.0 * spec.layers * T * C - spec.layers * block_n;
   const double n = L * block_n + head * head_n;
@@ -249,9 +253,15 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     t.tensor_comm += again;
   }
   // Gradients: every element over the data ranks (and the 2.5D depth), replicated vectors down
-  // their column or plane (small, counted with the rest).
-  const double params = double(cube ? core::Model3D::parameter_floats(spec, q, 16, stage)
-                                    : core::Model2D::parameter_floats(spec, q, 16, stage));
+  // their column or plane (small, counted with the rest): the units as the models pad them.
+  const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
+  const std::size_t floor =
+      core::grid_first_unit_floats(spec, l.tensor_mode, q, unit, stage, l.zero_stage);
+  double params = 0.0;
+  for (std::size_t u : cube ? core::Model3D::unit_floats(spec, q, unit, stage, floor)
+                            : core::Model2D::unit_floats(spec, q, unit, stage, floor)) {
+    params += double(u);
+  }
   const int replicas = l.data * (cube ? 1 : l.depth);
   const LinkSpec& data_link = link_for(l.tensor * l.data, hw);
   if (l.zero_stage == 2) {
@@ -283,8 +293,9 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     const int sends = int(!stage.embeds) + int(!stage.head);
     t.pipeline_comm = m * sends * (boundary / stage_link.bandwidth_Bps + stage_link.latency_s);
     t.bubble = (l.pipeline - 1) * (t.compute + t.tensor_comm + t.pipeline_comm) / m;
-    if (stage.embeds != stage.head) {
-      const double vb = double((spec.vocab + q - 1) / q);
+    if (stage.embeds != stage.head) {  // this rank's token embedding block
+      const int rows = cube ? q * q : q;
+      const double vb = double((spec.vocab + rows - 1) / rows);
       t.data_comm += all_reduce_time(vb * (C / q) * kF, 2, stage_link);
     }
   }

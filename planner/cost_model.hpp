@@ -34,16 +34,19 @@ struct RankLayout {
   std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /
-  // Model3D under apps::Trainer (one pipeline stage, no sequence parallelism; ZeRO 0-2, the
-  // optimizer offloaded or not; activation checkpointing read at block granularity:
-  // sharded::block_recompute). predict_memory and predict_time then take the grid's closed
+  // Model3D under apps::Trainer (pipeline stages with one chunk a rank, no sequence
+  // parallelism; ZeRO 0-2, the optimizer offloaded or not; activation checkpointing read at
+  // block granularity over the stage's blocks: sharded::stage_recompute), the stage and its
+  // slots from `chunks`. predict_memory and predict_time then take the grid's closed
   // forms: memory by category exactly as the models allocate it (next to the models; dropped
   // blocks leave the activations, the arena and selective's buffer join the temporaries), time
   // the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at the GEMM rate of one local MLP
   // product and the attention rate, the memory-bound kernels at the memory bandwidth, every
   // collective of the models' closed forms as a ring (broadcasts as pipelined trees) on the link
   // that spans the tensor group, the gradient reduction over the data ranks (and the depth),
-  // recomputation and AdamW. micro_batch is per depth layer, micro_batches per step.
+  // recomputation and AdamW; with stages, the stage's blocks (the head on the last), the
+  // boundary sends, the fill-and-drain bubble and the tied embedding's sum. micro_batch is per
+  // depth layer, micro_batches per step.
   core::TensorMode tensor_mode = core::TensorMode::d1;
   int depth = 1;
   int grid_side() const;  // q of the grid (1 in 1d; 0 when `tensor` is not such a grid)

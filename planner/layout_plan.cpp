@@ -169,7 +169,7 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
   if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;
   plan.description = core::checkpoint_policy_name(policy);
-  // This pipeline stage's blocks (2d, 2.5d: one chunk per rank), each kept in `slots` sets.
+  // This pipeline stage's blocks (one chunk per rank), each kept in `slots` sets.
   const core::StageRange stage = layout.chunks.front().stage;
   const int slots = layout.chunks.front().slots;
   const int first = stage.layer_begin, count = core::sharded::stage_blocks(spec, stage);
@@ -218,6 +218,7 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
     s = checkpoint_sched::solve(policy, chain, 0, every, memory_slots);
   }
   plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
+  std::vector<Keep> mine;  // the stage's ops, for the description
   for (int b = 0; b < count; ++b) {
     const Keep k = s.keep[std::size_t(b)];
     const std::size_t at = std::size_t(first + b) * checkpoint_sched::kOpsPerBlock;
@@ -225,8 +226,10 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
     for (int op = 1; op < checkpoint_sched::kOpsPerBlock; ++op) {
       plan.keep[at + op] = k == Keep::all ? Keep::all : Keep::none;
     }
+    mine.insert(mine.end(), plan.keep.begin() + std::ptrdiff_t(at),
+                plan.keep.begin() + std::ptrdiff_t(at + checkpoint_sched::kOpsPerBlock));
   }
-  plan.description += ": " + checkpoint_sched::describe(plan.keep, checkpoint_sched::kOpsPerBlock);
+  plan.description += ": " + checkpoint_sched::describe(mine, checkpoint_sched::kOpsPerBlock);
   return plan;
 }
 

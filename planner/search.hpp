@@ -69,7 +69,7 @@ struct SearchOptions {
   bool offload = true;                   // try optimizer offload with ZeRO
   int memory_slots = 100;                // rotor's memory discretisation while searching
   bool prune = true;                     // skip shapes whose lower bound cannot win (tests: off)
-  bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data parallel on top)
+  bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data, pipeline on top)
   double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
 };
 
