@@ -382,8 +382,10 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   // unit 0 on both); the norm, over the ranges each stage counts, is summed over the stages.
   zero::PipelineLinks links;
   if (pp_->size() > 1) {
+    // Several chunks (interleaved): the trainer sums their norms over the stages.
     links = zero::PipelineLinks{.stages = pp_,
                                 .tied = model.tied_floats() > 0 ? tied_owner_.get() : nullptr,
+                                .sum_over_stages = chunks_.size() == 1,
                                 .tied_floats = model.tied_floats()};
   }
   chunk.gradients = std::make_unique<zero::GradientSync>(

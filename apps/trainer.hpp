@@ -1,8 +1,7 @@
 // The training loop shared by colossal_train, colossal_eval and colossal_generate, for every
 // layout (1d, 2d, 2.5d and 3d tensor modes; data, sequence and pipeline parallelism; ZeRO): the
-// sampler -> the pipeline executor over the chunks' core::StageModels (a 2d / 3d rank runs one
-// chunk of its stage) -> the model's own reduce over its replicas -> zero::GradientSync -> clip ->
-// zero::ShardedAdamW -> validation -> the run log (apps/run_log.hpp: metrics files, progress
+// sampler -> the pipeline executor over the chunks' core::StageModels -> the model's own reduce
+// over its replicas -> zero::GradientSync -> clip -> zero::ShardedAdamW -> validation -> the run log (apps/run_log.hpp: metrics files, progress
 // line, summary) -> checkpoints, model file. docs/training-step.md walks through it.
 #pragma once
 

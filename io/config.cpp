@@ -364,8 +364,7 @@ const std::vector<KeySpec>& schema() {
               "q x q grid: size = q^2), 2.5d (Tesseract: size = q^2 x depth), 3d (q^3 cube)",
        .choices = {"1d", "2d", "2.5d", "3d"},
        .cross_check = "2d/2.5d/3d: size a square / square x depth / cube; no sequence, "
-                      "ZeRO 3, parameter offload or fused attention; pipeline stages with "
-                      "chunks 1"},
+                      "ZeRO 3, parameter offload or fused attention"},
       {.key = "parallel.tensor.depth", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.tensor_depth; },
        .doc = "2.5d: depth layers d of q x q grids (the batch is split across them)",
@@ -1424,9 +1423,6 @@ class Resolver {
               value + " with tensor mode " + mode, why, todo);
       }
     };
-    refuse(p.pipeline > 1 && p.pipeline_chunks > 1, "parallel.pipeline.chunks",
-           std::to_string(p.pipeline_chunks),
-           "set it to 1 (schedule gpipe or 1f1b), or parallel.tensor.mode: 1d");
     refuse(p.sequence > 1, "parallel.sequence", std::to_string(p.sequence),
            "set it to 1, or parallel.tensor.mode: 1d");
     refuse(p.sequence_split, "parallel.tensor.sequence_split", "true", "set it to false");

@@ -121,7 +121,9 @@ const LinkSpec& link_for(int ranks_inside, const HardwareSpec& hw) {
 namespace {
 
 // Tensor modes 2d, 2.5d and 3d: the closed forms of core::Model2D / Model3D (see RankLayout).
-MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
+// One model chunk's allocation (its store, activation slots, scratch and link buffers).
+MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout& l,
+                                   const RankLayout::Chunk& chunk) {
   const int q = l.grid_side();
   using core::MemCategory;
   MemoryPrediction m;
@@ -130,8 +132,8 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
   // the widest block unit, which backward fills before their reduce-scatter.
   // A pipeline stage holds its blocks in `slots` activation sets.
-  const core::StageRange stage = l.chunks.front().stage;
-  const int slots = l.chunks.front().slots;
+  const core::StageRange stage = chunk.stage;
+  const int slots = chunk.slots;
   const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
   const std::size_t floor =
       core::grid_first_unit_floats(spec, l.tensor_mode, q, unit, stage, l.zero_stage);
@@ -177,14 +179,25 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   return m;
 }
 
-TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
-                         const HardwareSpec& hw) {
+// Every chunk of the rank (one, or several interleaved: each a model of its own).
+MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
+  MemoryPrediction m;
+  for (const auto& chunk : l.chunks) {
+    const MemoryPrediction c = grid_chunk_memory(spec, l, chunk);
+    for (std::size_t k = 0; k < m.bytes.size(); ++k) m.bytes[k] += c.bytes[k];
+  }
+  return m;
+}
+
+// One model chunk's share of the step, without the pipeline bubble.
+TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
+                               const RankLayout::Chunk& chunk, const HardwareSpec& hw) {
   TimePrediction t;
   const bool cube = l.tensor_mode == core::TensorMode::d3;
   const int q = l.grid_side(), ranks = cube ? q * q * q : q * q;  // one copy of the model
   const double m = l.micro_batches, tokens = double(l.micro_batch) * l.seq_len;
   // A pipeline stage: its blocks, and the head on the last.
-  const core::StageRange stage = l.chunks.front().stage;
+  const core::StageRange stage = chunk.stage;
   const double C = spec.hidden, F = spec.ffn_hidden, T = l.seq_len;
   const double L = core::sharded::stage_blocks(spec, stage), head = stage.head ? 1.0 : 0.0;
   // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
@@ -286,18 +299,38 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   if (l.pipeline > 1) {
     // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
-    // between stages; fill and drain idle (P - 1) micro-batches of this stage's work (GPipe and
-    // 1F1B, equal stages); the tied embedding summed over the first and the last stage.
+    // between stages; the tied embedding summed over the first and the last stage.
     const LinkSpec& stage_link = link_for(l.tensor * l.data * l.pipeline, hw);
     const double boundary = kF * tokens / (cube ? q * q : q) * (C / q);
     const int sends = int(!stage.embeds) + int(!stage.head);
     t.pipeline_comm = m * sends * (boundary / stage_link.bandwidth_Bps + stage_link.latency_s);
-    t.bubble = (l.pipeline - 1) * (t.compute + t.tensor_comm + t.pipeline_comm) / m;
     if (stage.embeds != stage.head) {  // this rank's token embedding block
       const int rows = cube ? q * q : q;
       const double vb = double((spec.vocab + rows - 1) / rows);
       t.data_comm += all_reduce_time(vb * (C / q) * kF, 2, stage_link);
     }
+  }
+  return t;
+}
+
+// Every chunk of the rank; fill and drain idle (P - 1) micro-batches of this rank's work over
+// its v chunks (GPipe and 1F1B: v = 1; interleaved: the bubble shrinks v-fold), equal stages.
+TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
+                         const HardwareSpec& hw) {
+  TimePrediction t;
+  for (const auto& chunk : l.chunks) {
+    const TimePrediction c = grid_chunk_time(spec, l, chunk, hw);
+    t.compute += c.compute;
+    t.recompute += c.recompute;
+    t.tensor_comm += c.tensor_comm;
+    t.pipeline_comm += c.pipeline_comm;
+    t.data_comm += c.data_comm;
+    t.optimizer += c.optimizer;
+    t.flops += c.flops;
+  }
+  if (l.pipeline > 1) {
+    t.bubble = (l.pipeline - 1) * (t.compute + t.tensor_comm + t.pipeline_comm) /
+               (double(l.micro_batches) * double(l.chunks.size()));
   }
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
   return t;

@@ -34,11 +34,11 @@ struct RankLayout {
   std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /
-  // Model3D under apps::Trainer (pipeline stages with one chunk a rank, no sequence
+  // Model3D under apps::Trainer (pipeline stages, one chunk a rank or interleaved, no sequence
   // parallelism; ZeRO 0-2, the optimizer offloaded or not; activation checkpointing read at
-  // block granularity over the stage's blocks: sharded::stage_recompute), the stage and its
-  // slots from `chunks`. predict_memory and predict_time then take the grid's closed
-  // forms: memory by category exactly as the models allocate it (next to the models; dropped
+  // block granularity over the stage's blocks: sharded::stage_recompute), each chunk's stage
+  // and slots from `chunks` (a model each: their bytes and times add up). predict_memory and
+  // predict_time then take the grid's closed forms: memory by category exactly as the models allocate it (next to the models; dropped
   // blocks leave the activations, the arena and selective's buffer join the temporaries), time
   // the model FLOPs over the q^2 (q^3) ranks of a grid (cube) at the GEMM rate of one local MLP
   // product and the attention rate, the memory-bound kernels at the memory bandwidth, every

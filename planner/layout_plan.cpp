@@ -169,10 +169,6 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
   if (auto fixed = unsolved_plan(layers, policy, blocks)) return *fixed;
   CheckpointPlan plan;
   plan.description = core::checkpoint_policy_name(policy);
-  // This pipeline stage's blocks (one chunk per rank), each kept in `slots` sets.
-  const core::StageRange stage = layout.chunks.front().stage;
-  const int slots = layout.chunks.front().slots;
-  const int first = stage.layer_begin, count = core::sharded::stage_blocks(spec, stage);
   RankLayout all = layout;
   all.keep.clear();
   all.selective = false;
@@ -184,52 +180,85 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
   std::vector<int> each(static_cast<std::size_t>(layers));
   std::iota(each.begin(), each.end(), 0);
   every_block.keep = checkpoint_sched::keep_blocks(layers, each);
+  int rank_blocks = 0;
+  for (const auto& chunk : layout.chunks) {
+    rank_blocks += core::sharded::stage_blocks(spec, chunk.stage);
+  }
   const double forward = predict_time(spec, every_block, hw).recompute /
-                         (double(count) * std::max(1, layout.micro_batches));
-  checkpoint_sched::Chain chain;
-  chain.ops_per_block = 1;
-  chain.stored_multiplier = slots;
-  for (int b = 0; b < count; ++b) {
-    checkpoint_sched::ChainOp op;
-    op.input_bytes = std::size_t(block.input) * sizeof(float);
-    op.saved_bytes = std::size_t(block.set - block.input) * sizeof(float);
-    op.forward_time = forward;
-    op.backward_time = 2.0 * forward;
-    chain.ops.push_back(op);
+                         (double(rank_blocks) * std::max(1, layout.micro_batches));
+  // Each chunk of this pipeline rank (one, or several interleaved) is a chain of one op a block
+  // of its own (its model, its arena), each block kept in the chunk's `slots` sets.
+  std::vector<checkpoint_sched::Chain> chains;
+  double kept_all = 0.0;
+  for (const auto& chunk : layout.chunks) {
+    checkpoint_sched::Chain chain;
+    chain.ops_per_block = 1;
+    chain.stored_multiplier = chunk.slots;
+    for (int b = 0; b < core::sharded::stage_blocks(spec, chunk.stage); ++b) {
+      checkpoint_sched::ChainOp op;
+      op.input_bytes = std::size_t(block.input) * sizeof(float);
+      op.saved_bytes = std::size_t(block.set - block.input) * sizeof(float);
+      op.forward_time = forward;
+      op.backward_time = 2.0 * forward;
+      chain.ops.push_back(op);
+    }
+    kept_all += double(chunk.slots) * double(chain.ops.size()) * double(block.set) * sizeof(float);
+    chains.push_back(std::move(chain));
   }
-  const double kept_all = double(slots) * count * double(block.set) * sizeof(float);
   plan.rest_bytes = predict_memory(spec, all).total() - kept_all;
-  checkpoint_sched::Schedule s;
-  if (policy == CheckpointPolicy::rotor) {
-    // The arena of a segment of n blocks is n whole sets (the first block's x slot unused), one
-    // input more than the chain's cost counts: leave it out of the chain's budget.
-    const double slack = double(block.input) * sizeof(float);
-    if (plan.rest_bytes + kept_all <= budget_bytes) {
-      s = checkpoint_sched::solve_none(chain);
-    } else {
-      const double chain_budget = std::max(0.0, budget_bytes - plan.rest_bytes - slack);
-      s = checkpoint_sched::solve_rotor(chain, std::size_t(chain_budget), memory_slots);
-      if (!s.feasible) {
-        plan.feasible = false;
-        plan.minimum_bytes = plan.rest_bytes + double(s.cost.memory) + slack;
-      }
-    }
-  } else {
-    s = checkpoint_sched::solve(policy, chain, 0, every, memory_slots);
-  }
   plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
-  std::vector<Keep> mine;  // the stage's ops, for the description
-  for (int b = 0; b < count; ++b) {
-    const Keep k = s.keep[std::size_t(b)];
-    const std::size_t at = std::size_t(first + b) * checkpoint_sched::kOpsPerBlock;
-    plan.keep[at] = k;
-    for (int op = 1; op < checkpoint_sched::kOpsPerBlock; ++op) {
-      plan.keep[at + op] = k == Keep::all ? Keep::all : Keep::none;
-    }
-    mine.insert(mine.end(), plan.keep.begin() + std::ptrdiff_t(at),
-                plan.keep.begin() + std::ptrdiff_t(at + checkpoint_sched::kOpsPerBlock));
+  // The arena of a segment of n blocks is n whole sets (the first block's x slot unused), one
+  // input more than the chain's cost counts: leave it out of each chunk's budget.
+  const double slack = double(block.input) * sizeof(float);
+  const bool keep_all = plan.rest_bytes + kept_all <= budget_bytes;
+  // rotor: every chunk gets the least its chain can run in (and its arena's slack), then a share
+  // of what is left in proportion to what it keeps with everything.
+  double least = plan.rest_bytes;
+  std::vector<double> minimum(chains.size(), 0.0);
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    if (policy != CheckpointPolicy::rotor || keep_all) break;
+    minimum[c] = double(checkpoint_sched::solve_min_memory(chains[c]).cost.memory);
+    least += minimum[c] + slack;
   }
-  plan.description += ": " + checkpoint_sched::describe(mine, checkpoint_sched::kOpsPerBlock);
+  if (policy == CheckpointPolicy::rotor && !keep_all && least > budget_bytes) {
+    plan.feasible = false;
+    plan.minimum_bytes = least;
+  }
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    const checkpoint_sched::Chain& chain = chains[c];
+    checkpoint_sched::Schedule s;
+    if (policy == CheckpointPolicy::rotor) {
+      if (keep_all) {
+        s = checkpoint_sched::solve_none(chain);
+      } else {
+        const double none = double(checkpoint_sched::solve_none(chain).cost.memory);
+        const double share = kept_all > 0 ? none / kept_all : 1.0;
+        const double chain_budget =
+            minimum[c] + std::max(0.0, budget_bytes - least) * share;
+        s = checkpoint_sched::solve_rotor(chain, std::size_t(chain_budget), memory_slots);
+        if (!s.feasible && plan.feasible) {  // the discretised memory rounds up past it
+          plan.feasible = false;
+          plan.minimum_bytes = least + double(s.cost.memory) - minimum[c];
+        }
+      }
+    } else {
+      s = checkpoint_sched::solve(policy, chain, 0, every, memory_slots);
+    }
+    std::vector<Keep> mine;  // the chunk's ops, for the description
+    const int first = layout.chunks[c].stage.layer_begin;
+    for (std::size_t b = 0; b < chain.ops.size(); ++b) {
+      const Keep k = s.keep[b];
+      const std::size_t at = (std::size_t(first) + b) * checkpoint_sched::kOpsPerBlock;
+      plan.keep[at] = k;
+      for (int op = 1; op < checkpoint_sched::kOpsPerBlock; ++op) {
+        plan.keep[at + op] = k == Keep::all ? Keep::all : Keep::none;
+      }
+      mine.insert(mine.end(), plan.keep.begin() + std::ptrdiff_t(at),
+                  plan.keep.begin() + std::ptrdiff_t(at + checkpoint_sched::kOpsPerBlock));
+    }
+    plan.description += (c ? "; " : ": ") +
+                        checkpoint_sched::describe(mine, checkpoint_sched::kOpsPerBlock);
+  }
   return plan;
 }
 

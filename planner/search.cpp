@@ -27,6 +27,20 @@ std::vector<int> balanced_layers(const core::ModelSpec& spec, const RunLayout& r
   return parallel::balanced_stage_layers(spec, run.seq_len, run.pipeline * run.chunks);
 }
 
+// What makes a layout's pipeline impossible (as the config requires); empty when possible.
+std::string invalid_pipeline(const core::ModelSpec& spec, const RunLayout& r) {
+  if (r.pipeline * r.chunks > spec.layers) return "more virtual stages than layers";
+  if (r.schedule == parallel::PipelineSchedule::interleaved &&
+      r.micro_batches() % r.pipeline != 0) {
+    return "interleaved needs micro-batches per rank a multiple of the stages";
+  }
+  if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
+      r.micro_batches() < r.pipeline) {
+    return "1f1b needs at least one micro-batch per stage";
+  }
+  return "";
+}
+
 // What makes a layout impossible before costing it; empty when it is possible.
 std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
   if (spec.heads % r.tensor != 0 || spec.ffn_hidden % r.tensor != 0) {
@@ -43,15 +57,7 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
   if (r.global_batch % (r.micro_batch * r.data) != 0) {
     return "global batch not a multiple of data x micro-batch";
   }
-  if (r.pipeline * r.chunks > spec.layers) return "more virtual stages than layers";
-  if (r.schedule == parallel::PipelineSchedule::interleaved &&
-      r.micro_batches() % r.pipeline != 0) {
-    return "interleaved needs micro-batches per rank a multiple of the stages";
-  }
-  if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
-      r.micro_batches() < r.pipeline) {
-    return "1f1b needs at least one micro-batch per stage";  // as the config requires
-  }
+  if (std::string why = invalid_pipeline(spec, r); !why.empty()) return why;
   if (r.zero_stage > 0 && r.data * r.sequence == 1) return "ZeRO needs data or sequence ranks";
   if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
   return "";
@@ -76,12 +82,7 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 || spec.fused_attention) {
     return mode + " runs without sequence, ZeRO 3, bf16 and fused attention";
   }
-  if (r.pipeline > 1 && r.chunks > 1) return mode + " pipelines run one chunk per rank";
-  if (r.pipeline > spec.layers) return "more pipeline stages than layers";
-  if (r.pipeline > 1 && r.schedule == parallel::PipelineSchedule::one_f_one_b &&
-      r.micro_batches() < r.pipeline) {
-    return "1f1b needs at least one micro-batch per stage";
-  }
+  if (std::string why = invalid_pipeline(spec, r); !why.empty()) return why;
   const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
     return "global batch not a multiple of data x depth x micro-batch";
@@ -324,8 +325,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       }
     }
   }
-  // 2d, 2.5d and 3d grids inside a node: data parallelism and pipeline stages (one chunk per
-  // rank) on top (their models run no sequence parallelism or ZeRO 3 yet).
+  // 2d, 2.5d and 3d grids inside a node: data parallelism and pipeline stages (1F1B or
+  // interleaved) on top (their models run no sequence parallelism or ZeRO 3 yet).
   if (options.tensor_modes && !bf16 && !spec.fused_attention && !spec.llama()) {
     for (int t : divisors(G)) {
       if (t < 4 || t > cluster.hw.devices_per_node) continue;
@@ -337,19 +338,24 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       for (const auto& [mode, depth] : grids) {
         for (int p : divisors(G / t)) {
           for (int b : options.micro_batches) {
-            RunLayout run = layout(b, G / (t * p), t);
-            run.tensor_mode = mode;
-            run.depth = depth;
-            run.pipeline = p;
-            if (!invalid_tensor_mode(spec, run).empty()) continue;
-            run.layers = balanced_layers(spec, run);
-            double bound = 0.0;  // the slower of the first and the last stage
-            for (int r : {0, p - 1}) {
-              const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run, r),
-                                                     cluster.hw);
-              bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+            // 1F1B, and with stages the interleaved schedule over 2 .. max_chunks chunks a rank.
+            for (int v = 1; v <= (p > 1 ? options.max_chunks : 1); ++v) {
+              RunLayout run = layout(b, G / (t * p), t);
+              run.tensor_mode = mode;
+              run.depth = depth;
+              run.pipeline = p;
+              run.chunks = v;
+              if (v > 1) run.schedule = parallel::PipelineSchedule::interleaved;
+              if (!invalid_tensor_mode(spec, run).empty()) continue;
+              run.layers = balanced_layers(spec, run);
+              double bound = 0.0;  // the slower of the first and the last stage
+              for (int r : {0, p - 1}) {
+                const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run, r),
+                                                       cluster.hw);
+                bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+              }
+              shapes.push_back(Shape{run, bound});
             }
-            shapes.push_back(Shape{run, bound});
           }
         }
       }

@@ -390,11 +390,6 @@ TEST(ConfigError, InconsistentDimsNameBothKeys) {
        {"parallel.tensor.size: 12 is not q^2 x depth with q >= 2 (mode 2.5d, depth 2)",
         "to 8 or 18"}},
       {std::string(kMinimal) +
-           "train: {global_batch: 16, micro_batch: 4}\n"
-           "parallel: {tensor: {size: 4, mode: 2d}, pipeline: {size: 2, chunks: 2, "
-           "schedule: interleaved}}\n",
-       {"parallel.pipeline.chunks: 2 with tensor mode 2d", "set it to 1 (schedule gpipe or 1f1b)"}},
-      {std::string(kMinimal) +
            "parallel: {data: 2, tensor: {size: 8, mode: 3d}, pipeline: {size: 2}, zero: {stage: 3}}\n",
        {"parallel.zero.stage: 3 with tensor mode 3d", "set it to 0, 1 or 2"}},
       {std::string(kMinimal) + "parallel: {data: 2, tensor: {size: 4, mode: 2d}, zero: {stage: 3}}\n",

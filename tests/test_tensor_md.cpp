@@ -6,7 +6,8 @@
 // optimizer offloaded), and 3d under ZeRO 2 (one data rank: the sharded store's slices are whole
 // units) on 8; with two pipeline stages (1F1B, and GPipe under ZeRO 1), 2d on 8 and 2.5d, 3d and
 // 2d x dp2 on 16, also 2d x dp2 and 3d under ZeRO 2 (the tied embedding summed between the
-// first and the last stage's shards). Also the model
+// first and the last stage's shards); interleaved (2 chunks a rank, 4 blocks) 2d x pp2 on 8 and
+// 2d x dp2 x pp2 under ZeRO 2 on 16. Also the model
 // file holds the logical tensors and the tensor group's per-rank parameters are the mode's
 // fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
@@ -37,8 +38,10 @@ struct Layout {
   int tensor, depth = 1, data = 1;
   int zero = 0;  // ZeRO stage (0, 1 or 2)
   bool offload = false;  // parallel.zero.offload.optimizer (ZeRO 1-2)
-  int pipeline = 1;      // pipeline stages (2d, 2.5d)
+  int pipeline = 1;      // pipeline stages
   std::string schedule = "1f1b";
+  int chunks = 1;        // model chunks per rank (schedule interleaved)
+  int layers = 2;
   int ranks() const { return tensor * data * pipeline; }
   // This rank's pipeline stage (the mesh: tensor innermost, then data, then pipeline).
   int stage(int rank) const { return rank / (tensor * data); }
@@ -46,7 +49,8 @@ struct Layout {
 
 io::Config config(const std::string& data, const Layout& l, bool sharded, const std::string& run) {
   const std::string text =
-      "model: {arch: " + l.arch + ", layers: 2, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 201,"
+      "model: {arch: " + l.arch + ", layers: " + std::to_string(l.layers) +
+      ", hidden: 32, heads: 4, ffn_hidden: 64, vocab: 201,"
       " max_seq: 16}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 16, micro_batch: 4,\n"
@@ -56,7 +60,8 @@ io::Config config(const std::string& data, const Layout& l, bool sharded, const 
                      ", depth: " + std::to_string(l.depth) + "}, zero: {stage: " +
                      std::to_string(l.zero) + ", offload: {optimizer: " +
                      (l.offload ? "true" : "false") + "}}, pipeline: {size: " +
-                     std::to_string(l.pipeline) + ", schedule: " + l.schedule + "}}\n"
+                     std::to_string(l.pipeline) + ", schedule: " + l.schedule +
+                     ", chunks: " + std::to_string(l.chunks) + "}}\n"
                : std::string()) +
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -145,7 +150,9 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
   const std::string name = "md_ck_" + layout.arch + "_" + std::to_string(layout.tensor) + "_" +
                            std::to_string(layout.data) + "_" + std::to_string(layout.depth) +
-                           "_z" + std::to_string(layout.zero) + (layout.offload ? "o" : "");
+                           "_z" + std::to_string(layout.zero) + (layout.offload ? "o" : "") +
+                           "_pp" + std::to_string(layout.pipeline) + "x" +
+                           std::to_string(layout.chunks);
   const std::string rank = std::to_string(world.rank());
   // Steps 1-10 with checkpoints after 4, 8 and 10; then only the one after 4 is left.
   io::Config full = config(data, layout, true, name);
@@ -395,7 +402,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "3d", 8, 1, 1, 0, false, 2},
                       Layout{"opt", "3d", 8, 1, 1, 1, false, 2, "gpipe"},
                       Layout{"gpt2", "2d", 4, 1, 2, 2, false, 2},
-                      Layout{"opt", "3d", 8, 1, 1, 2, false, 2}),
+                      Layout{"opt", "3d", 8, 1, 1, 2, false, 2},
+                      Layout{"gpt2", "2d", 4, 1, 1, 0, false, 2, "interleaved", 2, 4},
+                      Layout{"opt", "2d", 4, 1, 2, 2, false, 2, "interleaved", 2, 4}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
@@ -403,7 +412,8 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.offload ? "_offload" : "") +
              (info.param.pipeline > 1 ? "_pp" + std::to_string(info.param.pipeline) + "_" +
                                             info.param.schedule
-                                      : "");
+                                      : "") +
+             (info.param.chunks > 1 ? "_v" + std::to_string(info.param.chunks) : "");
     });
 
 }  // namespace
