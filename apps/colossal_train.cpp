@@ -24,9 +24,13 @@ namespace {
 extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
 
 // --memory-plan's report (rank 0): whose memory `summary` is, and the largest rank's bytes.
-void print_memory_plan(std::FILE* log, const std::string& whose, const std::string& summary,
+// `rows`: whose memory (e.g. "rank 0") and its summary, one line each.
+void print_memory_plan(std::FILE* log,
+                       const std::vector<std::pair<std::string, std::string>>& rows,
                        double largest) {
-  std::fprintf(log, "memory plan (%s): %s\n", whose.c_str(), summary.c_str());
+  for (const auto& [whose, summary] : rows) {
+    std::fprintf(log, "memory plan (%s): %s\n", whose.c_str(), summary.c_str());
+  }
   std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
                colossal::core::format_bytes(largest).c_str(), largest);
 }
@@ -130,22 +134,22 @@ int main(int argc, char** argv) {
         // Every rank of a grid (of one pipeline stage) holds the same bytes; the closed forms,
         // with the checkpoint schedule's dropped blocks and arena, equal the tracker
         // (tests/test_tensor_md.cpp), so nothing is allocated.
-        const int stages = inv.config.parallel.pipeline;
-        const std::string mode = core::tensor_mode_name(inv.config.parallel.tensor_mode);
+        if (log == nullptr) return 0;
+        const auto& p = inv.config.parallel;
+        const std::string mode = core::tensor_mode_name(p.tensor_mode);
+        const int per_stage = p.data * p.tensor * p.sequence;  // the mesh: the stage outermost
+        std::vector<std::pair<std::string, std::string>> rows;
         double largest = 0.0;
-        for (int stage = 0; stage < stages && log != nullptr; ++stage) {
-          const auto& p = inv.config.parallel;  // the mesh: the stage outermost
-          const int first_rank = p.data * p.tensor * p.sequence * stage;
-          const planner::MemoryPrediction m = apps::rank_memory(inv.config, first_rank);
+        for (int stage = 0; stage < p.pipeline; ++stage) {
+          const planner::MemoryPrediction m = apps::rank_memory(inv.config, per_stage * stage);
           largest = std::max(largest, m.total());
-          std::fprintf(log, "memory plan (every rank%s, %s): %s\n",
-                       stages > 1 ? (" of pipeline stage " + std::to_string(stage)).c_str() : "",
-                       mode.c_str(), m.format().c_str());
+          rows.emplace_back("every rank" +
+                                (p.pipeline > 1 ? " of pipeline stage " + std::to_string(stage)
+                                                : std::string()) +
+                                ", " + mode,
+                            m.format());
         }
-        if (log) {
-          std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
-                       core::format_bytes(largest).c_str(), largest);
-        }
+        print_memory_plan(log, rows, largest);
         return 0;
       }
     }
@@ -157,7 +161,7 @@ int main(int argc, char** argv) {
       all[std::size_t(inv.rank)] = mine;
       for (double& v : all) v = inv.world->all_reduce_sum_value(v);
       if (log) {
-        print_memory_plan(log, "rank 0", plan.memory().summary(),
+        print_memory_plan(log, {{"rank 0", plan.memory().summary()}},
                           *std::max_element(all.begin(), all.end()));
       }
       return 0;

@@ -354,8 +354,7 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
                                                            tracker_);
     };
   }
-  const int grid_side =
-      parallel::TensorSubGrid(par.tensor_mode, par.tensor, par.tensor_depth).q();
+  const int grid_side = planner::grid_side(par.tensor_mode, par.tensor, par.tensor_depth);
   chunk.built = make_stage_model(config_, chunk_, tracker_, *gemm_,
                                  core::ModelOptions{.unit_multiple = unit_multiple,
                                                     .stage = chunk.range,

@@ -62,11 +62,6 @@ void GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFloa
   use_slot(0);
 }
 
-void GridModel::set_boundary(float* gradient) {
-  if (stage_.embeds && stage_.head) boundary_floats_ = 0;  // one stage: no boundary
-  gradient_ = gradient;
-}
-
 std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q,
                                    std::size_t unit_multiple, const StageRange& stage,
                                    int zero_stage) {
@@ -75,32 +70,34 @@ std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q
                                 : Model2D::unit_floats(spec, q, unit_multiple).front();
 }
 
-void GridModel::no_stages() const {
-  throw std::logic_error("this 2d / 2.5d / 3d model was built as the whole model, not a stage: "
-                         "it has no stage boundary buffers");
+void GridModel::require_boundary() const {
+  if (stage_.embeds && stage_.head) {
+    throw std::logic_error("this 2d / 2.5d / 3d model was built as the whole model, not a "
+                           "stage: it has no stage boundary buffers");
+  }
 }
 
 int64_t GridModel::stage_floats(int batch) const {
-  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  require_boundary();
   check_micro_batch(batch, 0);
   return boundary_floats_;
 }
 float* GridModel::stage_input(int slot) {
-  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  require_boundary();
   check_micro_batch(batch_, slot);
   return slot_acts_[std::size_t(slot)].front().x;
 }
 const float* GridModel::stage_output(int slot) {
-  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  require_boundary();
   check_micro_batch(batch_, slot);
   return heads_[std::size_t(slot)].x_final;
 }
 float* GridModel::output_gradient() {
-  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  require_boundary();
   return gradient_;
 }
 const float* GridModel::input_gradient() const {
-  if (gradient_ == nullptr || boundary_floats_ == 0) no_stages();
+  require_boundary();
   return gradient_;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -144,10 +145,10 @@ class GridModel : public StageModel {
     layer_acts_ = slot_acts_[std::size_t(slot)];
     head_ = heads_[std::size_t(slot)];
   }
-  // A model of a pipeline stage (not the whole model): its boundary is each slot's R x c output
-  // (head_.x_final) and `gradient`, the running gradient of the residual stream (what backward
-  // starts from on a stage without the head and ends with on one without embeddings).
-  void set_boundary(float* gradient);
+  // The running gradient of the residual stream (R x c): on a stage of a pipeline, what backward
+  // starts from without the head and ends with without embeddings (output_gradient(),
+  // input_gradient()); each slot's R x c output (head_.x_final) is the stage's output.
+  void set_stage_gradient(float* gradient) { gradient_ = gradient; }
   void set_tied_floats(std::size_t n) { tied_floats_ = n; }
   // Where the tensors end (the store's padding follows): what the reductions cover.
   std::size_t params_end() const { return params_end_; }
@@ -160,16 +161,17 @@ class GridModel : public StageModel {
   std::vector<ParamSpec> table_;
   std::vector<LogicalRun> runs_;
   sharded::BlockRecompute recompute_plan_;
-  std::vector<sharded::LayerActs> layer_acts_;  // the current slot's (use_slot)
+  std::span<sharded::LayerActs> layer_acts_;  // the current slot's (use_slot)
   sharded::HeadActs head_;                      // the current slot's
 
  private:
-  [[noreturn]] void no_stages() const;
+  // Throws std::logic_error on a model built as one whole stage (no boundary).
+  void require_boundary() const;
   StageRange stage_{};
   int slots_ = 1;
   std::vector<std::vector<sharded::LayerActs>> slot_acts_;
   std::vector<sharded::HeadActs> heads_;
-  int64_t boundary_floats_ = 0;  // 0: one whole stage, no boundary
+  int64_t boundary_floats_ = 0;  // R x c
   float* gradient_ = nullptr;
   std::size_t tied_floats_ = 0;
   std::size_t params_end_ = 0;

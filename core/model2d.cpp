@@ -106,7 +106,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
   const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.total));
   s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
-  set_boundary(s_.dx);
+  set_stage_gradient(s_.dx);
 }
 
 // Temporaries: the products' work (the largest of every SUMMA call), the embedding's whole-batch

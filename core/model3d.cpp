@@ -107,7 +107,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
   const int64_t work = sizes.work, dweight = sizes.dweight, datt = sizes.datt;
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, std::size_t(sizes.total));
   s_ = sharded::carve_scratch(scratch_.data(), work, BT, R, c, f, datt, dweight);
-  set_boundary(s_.dx);
+  set_stage_gradient(s_.dx);
 }
 
 sharded::ScratchSizes Model3D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {

@@ -200,16 +200,11 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   const core::StageRange stage = chunk.stage;
   const double C = spec.hidden, F = spec.ffn_hidden, T = l.seq_len;
   const double L = core::sharded::stage_blocks(spec, stage), head = stage.head ? 1.0 : 0.0;
-  // Compute: the matmuls (6 N per token) at the rate of one local MLP product, attention
-  // (12 L T C per token) at the attention rate, both over the grid's ranks. N per block (its
-  // vectors included) is what one block adds to the model's count; the rest is the head's.
-  core::ModelSpec fewer = spec;
-  fewer.layers -= 1;
-  const double block_n = (core::flops_per_token(spec, l.seq_len) -
-                          core::flops_per_token(fewer, l.seq_len)) / 6.0 - 2.0 * T * C;
-  const double head_n = core::flops_per_token(spec, l.seq_len) / 6.0 -
-                        2.0 * spec.layers * T * C - spec.layers * block_n;
-  const double n = L * block_n + head * head_n;
+  // Compute: the matmuls (6 N per token: a block's and the head's, as the pipeline partition
+  // counts them, core::block_forward_flops and head_forward_flops) at the rate of one local MLP
+  // product, attention (12 L T C per token) at the attention rate, both over the grid's ranks.
+  const double block_n = (core::block_forward_flops(spec, l.seq_len) - 4.0 * T * C) / 2.0;
+  const double n = L * block_n + head * core::head_forward_flops(spec) / 2.0;
   const double matmul = 6.0 * n * tokens / ranks, attention = 12.0 * L * T * C * tokens / ranks;
   const double local_mlp = cube ? 2.0 * (tokens / q) * (C / q) * (F / (q * q))
                                 : 2.0 * (tokens / q) * (C / q) * (F / q);

@@ -107,7 +107,7 @@ double GradientSync::reduce() {
       in_flight_.clear();
       next_bucket_ = 0;
     }
-    tie_embedding(grads);
+    tie_embedding();
     if (distributed_) {
       if (tp_ != nullptr) sum_sequence_partial_gradients(grads);
       return distributed_norm(grads, false);
@@ -116,7 +116,7 @@ double GradientSync::reduce() {
   }
   // Stages 2-3: every unit was reduce-scattered into the shard during backward.
   float* shard = sharded_->grad_shard();
-  tie_embedding(shard);
+  tie_embedding();
   if (distributed_) {
     if (tp_ != nullptr) sum_sequence_partial_gradients(shard);
     return distributed_norm(shard, true);
@@ -142,26 +142,18 @@ void GradientSync::sum_sequence_partial_gradients(float* grads) {
   Kokkos::fence();
 }
 
-void GradientSync::tie_embedding(float* grads) {
+void GradientSync::tie_embedding() {
   if (pipeline_.tied == nullptr) return;
-  // The embedding is unit 0 of both the first and the last stage: the same range of the whole
-  // buffer (stages 0-1) or of the shard (stages 2-3; slice 0 starts the shard).
+  // The embedding is the first floats of unit 0 on both the first and the last stage (the whole
+  // unit in 1d, tied_floats of it in 2d / 3d, whose unit 0 has one size on both under ZeRO 2):
+  // this rank's pieces of them (the range itself in whole buffers, its slices' part in a shard)
+  // are the same floats on the two stages.
   const core::ParamUnit& unit = store_.units().front();
+  const std::size_t count = pipeline_.tied_floats > 0 ? pipeline_.tied_floats : unit.size();
   Kokkos::fence();
-  if (pipeline_.tied_floats > 0 && sharded_ != nullptr) {
-    // The first floats of unit 0, of the same size on both stages (core::GridModel's floor), so
-    // this data rank's pieces of them are the same floats on the first and the last stage.
-    for (const auto& [piece, count] :
-         sharded_->gradient_pieces(unit.begin, unit.begin + pipeline_.tied_floats)) {
-      pipeline_.tied->all_reduce_sum({piece, count});
-    }
-    return;
+  for (const auto& [piece, n] : store_.gradient_pieces(unit.begin, unit.begin + count)) {
+    pipeline_.tied->all_reduce_sum({piece, n});
   }
-  const std::size_t begin = sharded_ != nullptr ? 0 : unit.begin;
-  const std::size_t count = pipeline_.tied_floats > 0 ? pipeline_.tied_floats
-                            : sharded_ != nullptr     ? unit.size() / dp_.size()
-                                                      : unit.size();
-  pipeline_.tied->all_reduce_sum({grads + begin, count});
 }
 
 // Squared norm = (sum over tensor ranks of their split tensors) + (replicated tensors, identical

@@ -95,7 +95,7 @@ class GradientSync {
     bool skip;  // counted on another stage (the tied embedding on the last)
   };
   double distributed_norm(const float* grads, bool reduce_over_data);
-  void tie_embedding(float* grads);
+  void tie_embedding();
   void sum_sequence_partial_gradients(float* grads);
 
   core::ParameterStore& store_;
