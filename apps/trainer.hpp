@@ -266,14 +266,16 @@ class Trainer {
     std::unique_ptr<parallel::StageLink> link;
     std::unique_ptr<ChunkStage> stage;
   };
+  // Before the chunks: their models track into tracker_ and multiply through gemm_ until they
+  // are destroyed (~Model lets go of its weights held in the GEMM).
+  core::MemoryTracker tracker_;
+  std::unique_ptr<core::Gemm> gemm_;
   std::vector<Chunk> chunks_;
   int virtual_stages_ = 1;
   // A chunk's flat parameters in host memory (collective under ZeRO-3).
   std::vector<float> chunk_parameters(Chunk& chunk);
   std::unique_ptr<parallel::PipelineExecutor> executor_;  // over chunks_
   int64_t step_ = 0;  // the step run_step runs (the chunks' load() samples from it)
-  core::MemoryTracker tracker_;
-  std::unique_ptr<core::Gemm> gemm_;
   core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
   zero::ShardedAdamW* optimizer_ = nullptr;
   zero::GradientSync* gradient_sync_ = nullptr;

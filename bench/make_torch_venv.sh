@@ -12,7 +12,14 @@ usage() {
 [ $# -eq 1 ] || { usage >&2; exit 2; }
 case "$1" in -h|--help) usage; exit 0 ;; esac
 dir="$(mkdir -p "$1" && cd "$1" && pwd)"
-py="${PYTHON:-$(command -v python3.12 || command -v python3.11 || command -v python3)}"
+# The first candidate that runs (a pyenv shim can exist for a version that is not selected).
+py="${PYTHON:-}"
+if [ -z "$py" ]; then
+  for c in python3.12 python3.11 python3; do
+    if command -v "$c" >/dev/null && "$c" -c 'import venv' >/dev/null 2>&1; then py="$c"; break; fi
+  done
+fi
+[ -n "$py" ] || { echo "make_torch_venv.sh: no Python >= 3.10 with venv found (set PYTHON)" >&2; exit 1; }
 "$py" -m venv "$dir"
 "$dir/bin/pip" install -q --upgrade pip
 "$dir/bin/pip" install -q --no-deps 'torch==2.*' 'nvidia-cusparselt-cu13' 'nvidia-nvshmem-cu13' \

@@ -32,6 +32,19 @@ class Gemm {
                                     const float* A, int lda, int64_t stride_a, const float* B,
                                     int ldb, int64_t stride_b, float beta, float* C, int ldc,
                                     int64_t stride_c, int batch) = 0;
+  // [begin, begin + n) does not change until the next hold_stable call (n = 0: nothing held).
+  // oneDNN's bf16 backend converts that range to bf16 once, on its first use, and serves every
+  // operand lying inside it from the copy (2 bytes per float, host memory outside the tracker:
+  // the bf16 weight copy of mixed precision) instead of converting each weight again in every
+  // product. The others ignore it (the emulation would need 4 bytes per float for its copy). The model holds its parameters at the
+  // start of each forward: between a forward and the backward after it they do not change; a
+  // model lets go (n = 0) when it is destroyed, before its parameters are freed.
+  virtual void hold_stable(const float* begin, std::size_t n) {
+    (void)begin;
+    (void)n;
+  }
+  // How many times a held range has been converted (tests; 0 for backends that do not convert).
+  virtual std::size_t stable_conversions() const { return 0; }
 };
 
 // A host GEMM backend (host memory): "openblas" (linked), "blis" or "onednn" (loaded at run time

@@ -21,6 +21,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "core/gemm.hpp"
+#include "core/gemm_stable.hpp"
 #include "core/host_threads.hpp"
 
 namespace colossal::core {
@@ -246,8 +247,10 @@ class OneDnnBf16Gemm final : public Gemm {
     if (stride_a < 0 || stride_b < 0) {
       throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
     }
-    const std::uint16_t* a = converted(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
-    const std::uint16_t* b = converted(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
+    const std::uint16_t* a =
+        stable_.get(a_, A, operand_span(ta, M, K, lda, stride_a, batch), to_bf16_bits);
+    const std::uint16_t* b =
+        stable_.get(b_, B, operand_span(tb, K, N, ldb, stride_b, batch), to_bf16_bits);
     run_batch(
         batch, 2.0 * M * N * K,
         [&](std::size_t i) {
@@ -262,19 +265,16 @@ class OneDnnBf16Gemm final : public Gemm {
         set_threads_);
   }
 
+  void hold_stable(const float* begin, std::size_t n) override { stable_.hold(begin, n); }
+  std::size_t stable_conversions() const override { return stable_.conversions(); }
+
  private:
-  // The bf16 bits of `n` floats from `from`, in `buffer` (grown once to the largest operand).
-  static const std::uint16_t* converted(std::vector<std::uint16_t>& buffer, const float* from,
-                                        std::size_t n) {
-    if (buffer.size() < n) buffer.resize(n);
-    to_bf16_bits(from, buffer.data(), n);
-    return buffer.data();
-  }
   Library lib_;
   DnnlGemmBf16 gemm_;
   Bf16Hardware hw_;
   OmpSetThreads set_threads_ = nullptr;
-  std::vector<std::uint16_t> a_, b_;
+  std::vector<std::uint16_t> a_, b_;  // the bf16 bits of other operands, grown to the largest
+  StableOperands<std::uint16_t> stable_;
 };
 
 // Per shape, the fastest of the available backends: the first product of each shape is run by

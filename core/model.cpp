@@ -587,6 +587,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const int T = seq_len_, C = spec_.hidden, V = int(local_vocab_);
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);  // rows of the residual stream on this rank
+  // The parameters do not change until the next forward: a converting (bf16) GEMM converts the
+  // weights once for this forward and the backward after it (nothing held under ZeRO-3).
+  float* whole = store_->full_params();
+  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size());
   const float eps = spec_.layernorm_eps();
 
   // The embeddings stay gathered from the token embedding to the tied LM head (one stage that

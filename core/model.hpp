@@ -96,6 +96,8 @@ class Model final : public StageModel {
   // from output_gradient(). `slots` sets of activations let several micro-batches be in flight.
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
         const ModelOptions& options = {});
+  // Lets go of the parameters held in the GEMM (Gemm::hold_stable) before they are freed.
+  ~Model() override { gemm_.hold_stable(nullptr, 0); }
 
   const ModelSpec& spec() const override { return spec_; }
   int max_batch() const { return max_batch_; }

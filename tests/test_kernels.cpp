@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/gemm.hpp"
+#include "core/gemm_stable.hpp"
 #include "core/host_threads.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -197,6 +198,71 @@ TEST(Bf16, NativeGemmEqualsTheEmulationUpToSummationOrder) {
       }
     }
   }
+}
+
+// StableOperands (Gemm::hold_stable's copy): operands inside the held range come from one
+// conversion of the whole range; one reaching past its end, or outside it, is converted on its
+// own; holding again converts the range's new values; holding nothing converts every operand.
+TEST(Bf16, HeldOperandsAreConvertedOnceAndFollowNewValuesWhenHeldAgain) {
+  std::vector<float> held(300);
+  for (int i = 0; i < 300; ++i) held[i] = float(i);
+  int converted = 0;  // floats converted
+  auto negate = [&](const float* in, float* out, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = -in[i];
+    converted += int(n);
+  };
+  StableOperands<float> stable;
+  std::vector<float> scratch;
+  stable.hold(held.data(), 200);
+  const float* a = stable.get(scratch, held.data() + 50, 99, negate);
+  EXPECT_EQ(converted, 200);  // the whole range, once
+  EXPECT_EQ(a[0], -50.0f);
+  EXPECT_EQ(a[98], -148.0f);
+  EXPECT_EQ(stable.get(scratch, held.data() + 101, 99, negate)[98], -199.0f);  // ends at 200
+  EXPECT_EQ(converted, 200);
+  const float* past = stable.get(scratch, held.data() + 150, 99, negate);  // to 249: past the end
+  EXPECT_EQ(past, scratch.data());
+  EXPECT_EQ(past[98], -248.0f);
+  EXPECT_EQ(converted, 299);
+  held[60] = 7.0f;
+  stable.hold(held.data(), 200);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -7.0f);
+  EXPECT_EQ(stable.conversions(), 2u);
+  stable.hold(nullptr, 0);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate), scratch.data());
+  EXPECT_EQ(stable.conversions(), 2u);
+}
+
+// The same through oneDNN's bf16 backend (where the CPU has it): products of held weights are
+// bitwise those of converting every product, and held again after a change they follow it.
+TEST(Bf16, NativeGemmOfHeldWeightsEqualsConvertingEachProduct) {
+  std::unique_ptr<Gemm> gemm;
+  try {
+    gemm = make_native_bf16_gemm();
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no native bf16 GEMM here: " << e.what();
+  }
+  const int M = 9, N = 7, K = 11;
+  auto weights = random_vector(200, 31);
+  const auto act = random_vector(K * N, 32);
+  auto product = [&] {
+    std::vector<float> C(M * N, 0.0f);
+    gemm->gemm(Trans::N, Trans::N, M, N, K, 1.0f, weights.data() + 50, K, act.data(), N, 0.0f,
+               C.data(), N);
+    return C;
+  };
+  const auto want = product();
+  gemm->hold_stable(weights.data(), weights.size());
+  EXPECT_EQ(product(), want);
+  EXPECT_EQ(product(), want);
+  EXPECT_EQ(gemm->stable_conversions(), 1u);
+  for (float& x : weights) x *= -0.5f;
+  gemm->hold_stable(nullptr, 0);
+  const auto fresh = product();
+  gemm->hold_stable(weights.data(), weights.size());
+  EXPECT_EQ(product(), fresh);
+  EXPECT_NE(fresh, want);
+  EXPECT_EQ(gemm->stable_conversions(), 2u);
 }
 
 TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {

@@ -2,6 +2,12 @@
 // tensor is probed, so a mistake in any layer, in the residual wiring or in the tied head shows.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "core/host_threads.hpp"
 #include "core/model.hpp"
 #include "core/rng.hpp"
@@ -117,6 +123,72 @@ TEST_P(ModelGradient, BitwiseTheSameOnAnyNumberOfHostThreads) {
     }
   }
   HostThreads::resize_shared(previous);
+}
+
+// oneDNN's bf16 GEMM converts the parameters once per forward (Gemm::hold_stable) instead of in
+// every product (the emulation ignores the hold). Against the same backend converting every operand every time (a wrapper that drops
+// hold_stable), steps whose weights change between them (an update after each backward, an
+// evaluation forward after the update) give bitwise the same losses and gradients: a stale copy
+// of the weights would differ from the first update on.
+class NoHold final : public Gemm {
+ public:
+  explicit NoHold(Gemm& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    inner_.gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, int64_t sa, const float* B, int ldb, int64_t sb, float beta,
+                            float* C, int ldc, int64_t sc, int batch) override {
+    inner_.gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc,
+                                batch);
+  }
+
+ private:
+  Gemm& inner_;
+};
+
+TEST_P(ModelGradient, Bf16HeldWeightsGiveTheStepsOfConvertingEveryProduct) {
+  if (!test::host_memory()) GTEST_SKIP() << "this test reads model buffers on the host";
+  const ModelSpec spec = tiny(GetParam());
+  const int B = 2, T = 5, steps = 3;
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  std::vector<std::pair<std::string, std::unique_ptr<Gemm>>> backends;
+  backends.emplace_back("emulated", make_bf16_gemm(make_host_gemm()));
+  try {
+    backends.emplace_back("native", make_native_bf16_gemm());
+  } catch (const std::exception& e) {
+    std::printf("no native bf16 GEMM here (%s): the emulation only\n", e.what());
+  }
+  for (auto& [name, backend] : backends) {
+    SCOPED_TRACE(name);
+    auto run = [&](Gemm& gemm) {
+      MemoryTracker tracker;
+      Model model(spec, B, T, tracker, gemm);
+      model.init_parameters(11);
+      std::vector<float> out;
+      for (int step = 0; step < steps; ++step) {
+        model.zero_grad();
+        out.push_back(float(model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T))));
+        model.backward(tokens.data(), B);
+        out.insert(out.end(), model.grads(), model.grads() + model.flat_size());
+        for (std::size_t i = 0; i < model.flat_size(); ++i) model.params()[i] -= model.grads()[i];
+        out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
+      }
+      return out;
+    };
+    const std::size_t before = backend->stable_conversions();
+    const auto held = run(*backend);
+    // One conversion a forward where the backend keeps a copy (native), none where it does not.
+    EXPECT_EQ(backend->stable_conversions() - before, name == "native" ? 2u * steps : 0u);
+    NoHold converting(*backend);
+    const auto each = run(converting);
+    ASSERT_EQ(held.size(), each.size());
+    for (std::size_t i = 0; i < held.size(); ++i) ASSERT_EQ(held[i], each[i]) << i;
+    EXPECT_NE(held[0], held[held.size() - 1]);  // the updates changed the loss
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,

@@ -1,0 +1,50 @@
+// The converted copy of a range of operands that does not change between conversions (the
+// model's parameters between a forward and the next), for the host backends that convert their
+// operands before multiplying (bf16: rounded floats or bf16 bits). See Gemm::hold_stable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace colossal::core {
+
+template <class T>
+class StableOperands {
+ public:
+  void hold(const float* begin, std::size_t n) {
+    begin_ = n == 0 ? nullptr : begin;
+    n_ = begin_ == nullptr ? 0 : n;
+    converted_ = false;
+  }
+  // The converted `span` floats from `from`: out of the held copy when they lie inside the held
+  // range (the whole range converted once, on its first use), else converted into `scratch`
+  // (grown once to the largest operand). convert(in, out, n) writes n converted values.
+  template <class Convert>
+  const T* get(std::vector<T>& scratch, const float* from, std::size_t span, Convert&& convert) {
+    const auto at = reinterpret_cast<std::uintptr_t>(from);
+    const auto lo = reinterpret_cast<std::uintptr_t>(begin_);
+    if (begin_ != nullptr && at >= lo && at + span * sizeof(float) <= lo + n_ * sizeof(float)) {
+      if (!converted_) {
+        if (copy_.size() < n_) copy_.resize(n_);
+        convert(begin_, copy_.data(), n_);
+        converted_ = true;
+        ++conversions_;
+      }
+      return copy_.data() + (from - begin_);
+    }
+    if (scratch.size() < span) scratch.resize(span);
+    convert(from, scratch.data(), span);
+    return scratch.data();
+  }
+  std::size_t conversions() const { return conversions_; }
+
+ private:
+  const float* begin_ = nullptr;
+  std::size_t n_ = 0;
+  bool converted_ = false;
+  std::size_t conversions_ = 0;
+  std::vector<T> copy_;
+};
+
+}  // namespace colossal::core
