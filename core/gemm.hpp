@@ -36,9 +36,10 @@ class Gemm {
   // oneDNN's bf16 backend converts that range to bf16 once, on its first use, and serves every
   // operand lying inside it from the copy (2 bytes per float, host memory outside the tracker:
   // the bf16 weight copy of mixed precision) instead of converting each weight again in every
-  // product. The others ignore it (the emulation would need 4 bytes per float for its copy). The model holds its parameters at the
-  // start of each forward: between a forward and the backward after it they do not change; a
-  // model lets go (n = 0) when it is destroyed, before its parameters are freed.
+  // product. The others ignore it (the emulation would need 4 bytes per float for its copy).
+  // The model holds its parameters at the start of each forward (between a forward and the
+  // backward after it they do not change) and lets go (n = 0) when it is destroyed, before its
+  // parameters are freed.
   virtual void hold_stable(const float* begin, std::size_t n) {
     (void)begin;
     (void)n;

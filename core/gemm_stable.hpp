@@ -1,6 +1,6 @@
-// The converted copy of a range of operands that does not change between conversions (the
-// model's parameters between a forward and the next), for the host backends that convert their
-// operands before multiplying (bf16: rounded floats or bf16 bits). See Gemm::hold_stable.
+// The converted copy of a range of operands that does not change while it is held (the model's
+// parameters from a forward to the next), for a backend that converts its operands before
+// multiplying (oneDNN's bf16 one: bf16 bits). See Gemm::hold_stable.
 #pragma once
 
 #include <cstddef>
@@ -13,8 +13,9 @@ template <class T>
 class StableOperands {
  public:
   void hold(const float* begin, std::size_t n) {
-    begin_ = n == 0 ? nullptr : begin;
-    n_ = begin_ == nullptr ? 0 : n;
+    const bool any = begin != nullptr && n > 0;
+    begin_ = any ? begin : nullptr;
+    n_ = any ? n : 0;
     converted_ = false;
   }
   // The converted `span` floats from `from`: out of the held copy when they lie inside the held

@@ -126,10 +126,10 @@ TEST_P(ModelGradient, BitwiseTheSameOnAnyNumberOfHostThreads) {
 }
 
 // oneDNN's bf16 GEMM converts the parameters once per forward (Gemm::hold_stable) instead of in
-// every product (the emulation ignores the hold). Against the same backend converting every operand every time (a wrapper that drops
-// hold_stable), steps whose weights change between them (an update after each backward, an
-// evaluation forward after the update) give bitwise the same losses and gradients: a stale copy
-// of the weights would differ from the first update on.
+// every product (the emulation ignores the hold). Against the same backend converting every
+// operand every time (a wrapper that drops hold_stable), steps whose weights change between
+// them (an update after each backward, an evaluation forward after the update) give bitwise the
+// same losses and gradients: a stale copy of the weights would differ from the first update on.
 class NoHold final : public Gemm {
  public:
   explicit NoHold(Gemm& inner) : inner_(inner) {}
@@ -174,7 +174,8 @@ TEST_P(ModelGradient, Bf16HeldWeightsGiveTheStepsOfConvertingEveryProduct) {
         out.push_back(float(model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T))));
         model.backward(tokens.data(), B);
         out.insert(out.end(), model.grads(), model.grads() + model.flat_size());
-        for (std::size_t i = 0; i < model.flat_size(); ++i) model.params()[i] -= model.grads()[i];
+        float* params = model.params();
+        for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= model.grads()[i];
         out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
       }
       return out;
