@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "apps/errors.hpp"
+#include "apps/memory_fit.hpp"
 #include "core/host_threads.hpp"
 #include "core/memory.hpp"
 #include "parallel/stage_partition.hpp"
@@ -18,6 +19,11 @@ std::vector<int> pipeline_layers(const io::Config& config) {
                                          p.pipeline * p.pipeline_chunks);
 }
 
+bool bf16_operands(const io::Config& config) {
+  return config.train.precision == core::GemmPrecision::bf16 && !device_resident_build() &&
+         config.parallel.tensor_mode == core::TensorMode::d1;
+}
+
 planner::RunLayout run_layout(const io::Config& config) {
   const auto& p = config.parallel;
   planner::RunLayout run;
@@ -25,9 +31,11 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.micro_batch = config.train.micro_batch;
   run.seq_len = config.train.seq_len;
   // The layout colossal_train runs. Its train.precision: bf16 rounds matrix-product operands and
-  // keeps every array in fp32, so its memory is fp32's; the planner's bf16 (colossal_plan
-  // --precision bf16) is GPU mixed precision with 2-byte weights and activations.
+  // keeps every array in fp32 but the activations only products read (bf16_operands); the
+  // planner's bf16 (colossal_plan --precision bf16) is GPU mixed precision with 2-byte weights
+  // and activations.
   run.bf16 = false;
+  run.bf16_operands = bf16_operands(config);
   run.data = p.data;
   run.tensor = p.tensor;
   run.tensor_mode = p.tensor_mode;

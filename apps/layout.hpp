@@ -20,6 +20,10 @@ namespace colossal::apps {
 // (parallel::balanced_stage_layers, the planner's partition) over size x chunks stages.
 std::vector<int> pipeline_layers(const io::Config& config);
 
+// Whether colossal_train saves the layernorm / RMSNorm outputs in bf16
+// (core::ModelOptions::bf16_operands): train.precision: bf16 on a host build, 1d tensor mode.
+bool bf16_operands(const io::Config& config);
+
 // The run's layout as the config fixes it (the trainer's pipeline partition included).
 planner::RunLayout run_layout(const io::Config& config);
 

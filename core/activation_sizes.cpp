@@ -57,14 +57,19 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   const std::size_t r = split ? t : 1, BTr = BT / r, BTCr = BTC / r;
 
   ActivationSizes s;
+  s.bf16_norms = shape.bf16_operands && !split;
+  s.bf16_qkv = shape.bf16_operands && !ring;
+  s.bf16_atty = s.bf16_qkv && !spec.fused_attention;
+  // Floats that hold n values: n, or n bf16 patterns two to a float.
+  auto floats = [](bool bf16, std::size_t n) { return bf16 ? (n + 1) / 2 : n; };
   s.residual = BTCr;
-  s.ln1 = s.ln2 = BTCr;
+  s.ln1 = s.ln2 = floats(s.bf16_norms, BTCr);
   s.ln1_mean = s.ln1_rstd = s.ln2_mean = s.ln2_rstd = BTr;
-  s.qkv = 3 * BTCl;
+  s.qkv = floats(s.bf16_qkv, 3 * BTCl);
   s.att = spec.fused_attention ? B * H * T : B * H * T * keys;
-  s.atty = BTCl;
+  s.atty = floats(s.bf16_atty, BTCl);
   s.fch = BT * F;
-  s.lnf = BTC;
+  s.lnf = floats(s.bf16_norms, BTC);
   s.lnf_mean = s.lnf_rstd = BTr;
   s.losses = BT;
   s.logits = BT * V;

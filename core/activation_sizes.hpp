@@ -26,6 +26,13 @@ struct ActivationShape {
   int tensor = 1;               // 1D tensor-parallel ranks: heads, MLP width, vocabulary split
   bool sequence_split = false;  // residual-stream rows split over the tensor ranks (tensor > 1)
   int ring = 1;                 // ring self-attention ranks: each query sees seq_len * ring keys
+  // train.precision: bf16 on the host: the activations whose only readers are matrix products
+  // stored as bfloat16. Those products round them to bf16 anyway, so the step is bitwise the same
+  // in half their memory: the norm outputs ln1, ln2 and lnf (not under sequence_split, whose
+  // gathers move them in fp32), q/k/v and, with unfused attention, the attention output (neither
+  // under a ring, which sends them in fp32; fused attention's backward reads its output
+  // element-wise). ActivationSizes says which apply.
+  bool bf16_operands = false;
 };
 
 // Floats of each tensor of one micro-batch on one rank. B batch, T local tokens, C hidden,
@@ -47,6 +54,9 @@ struct ActivationSizes {
   // Saved by the head stage: the final layernorm's output whole (the LM head's input), its row
   // statistics, the per-token losses and the logits (which become their gradient).
   std::size_t lnf = 0;                     // (B,T,C)
+  // Which tensors hold bf16 patterns (ActivationShape::bf16_operands): ln1, ln2 and lnf; qkv;
+  // atty. Their sizes above are then the floats that hold them, half as many, rounded up.
+  bool bf16_norms = false, bf16_qkv = false, bf16_atty = false;
   std::size_t lnf_mean = 0, lnf_rstd = 0;  // (B,T)/r
   std::size_t losses = 0;                  // (B,T)
   std::size_t logits = 0;                  // (B,T,V/t)

@@ -21,6 +21,19 @@ inline std::size_t operand_span(Trans t, int rows, int cols, int ld, int64_t str
   return std::size_t(batch - 1) * std::size_t(stride > 0 ? stride : 0) + one;
 }
 
+// An operand of Gemm::gemm_mixed: fp32 values, or the bfloat16 patterns (core/bf16.hpp) of
+// values stored in bf16. Implicit from either pointer.
+struct GemmOperand {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  GemmOperand(const float* values) : f32(values) {}        // NOLINT(google-explicit-constructor)
+  GemmOperand(const std::uint16_t* bits) : bf16(bits) {}   // NOLINT(google-explicit-constructor)
+  // The operand from element i on.
+  GemmOperand operator+(std::ptrdiff_t i) const {
+    return f32 != nullptr ? GemmOperand(f32 + i) : GemmOperand(bf16 + i);
+  }
+};
+
 class Gemm {
  public:
   virtual ~Gemm() = default;
@@ -32,6 +45,21 @@ class Gemm {
                                     const float* A, int lda, int64_t stride_a, const float* B,
                                     int ldb, int64_t stride_b, float beta, float* C, int ldc,
                                     int64_t stride_c, int batch) = 0;
+  // gemm_strided_batched() with either operand possibly in bf16 (host memory). A bf16 operand
+  // is multiplied as the exact floats it represents. The default widens it to fp32 (a buffer per
+  // operand, grown to the largest, outside the tracker) and calls gemm() (batch 1) or
+  // gemm_strided_batched(); the bf16 backends take it as it is (oneDNN's multiplies the
+  // patterns, the emulation widens instead of rounding), so under train.precision: bf16 a
+  // product of a bf16-stored activation equals the product of the fp32 one bit for bit.
+  virtual void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha,
+                                  GemmOperand A, int lda, int64_t stride_a, GemmOperand B, int ldb,
+                                  int64_t stride_b, float beta, float* C, int ldc,
+                                  int64_t stride_c, int batch);
+  // One product of gemm_mixed_batched.
+  void gemm_mixed(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A, int lda,
+                  GemmOperand B, int ldb, float beta, float* C, int ldc) {
+    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+  }
   // [begin, begin + n) does not change until the next hold_stable call (n = 0: nothing held).
   // oneDNN's bf16 backend converts that range to bf16 once, on its first use, and serves every
   // operand lying inside it from the copy (2 bytes per float, host memory outside the tracker:
@@ -46,6 +74,9 @@ class Gemm {
   }
   // How many times a held range has been converted (tests; 0 for backends that do not convert).
   virtual std::size_t stable_conversions() const { return 0; }
+
+ private:
+  std::vector<float> widened_a_, widened_b_;  // gemm_mixed's default: bf16 operands as fp32
 };
 
 // A host GEMM backend (host memory): "openblas" (linked), "blis" or "onednn" (loaded at run time
@@ -59,7 +90,9 @@ std::vector<std::string> host_gemm_backends();
 // What a matrix product computes with. fp32: IEEE single precision throughout. bf16 (mixed
 // precision, train.precision: bf16): each operand element is rounded to bfloat16 (8-bit
 // significand, round to nearest even) and the exact products are summed in fp32, which is what
-// bf16 tensor cores do; weights, activations, gradients and optimizer states stay fp32.
+// bf16 tensor cores do; weights, gradients and optimizer states stay fp32, and so do activations
+// but those only products read, which the host model may save in bf16 (gemm_mixed,
+// ModelOptions::bf16_operands).
 enum class GemmPrecision { fp32, bf16 };
 GemmPrecision gemm_precision(const std::string& name);  // "fp32" | "bf16", else throws
 const char* to_string(GemmPrecision precision);
@@ -72,6 +105,8 @@ void round_to_bf16(float* values, std::size_t n);
 // The bfloat16 bit patterns of n floats (the upper halves of their rounded values), over the
 // host threads.
 void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n);
+// The n floats that n bfloat16 patterns represent (exact), over the host threads.
+void from_bf16_bits(const std::uint16_t* bits, float* values, std::size_t n);
 // A host backend whose products round both operands to bf16 first (into its own two buffers,
 // which grow to the largest operands and are not in the memory tracker; the caller's arrays are
 // untouched), then multiply in fp32: bf16 numerics at fp32 speed or less (the emulation). `why`

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/host_threads.hpp"
 
@@ -24,23 +25,22 @@ const char* to_string(GemmPrecision precision) {
 
 namespace {
 
-inline std::uint32_t rounded_bits(std::uint32_t bits) {
-  // NaN: keep it a NaN after truncation by setting the quiet bit (rounding could carry a NaN
-  // whose payload sits in the low half into infinity).
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (bits | 0x00400000u) & 0xFFFF0000u;
-  // Round to nearest, ties to even: add half an ulp of bf16, less one when the kept part is even.
-  return (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-}
-
 void round_copy(const float* in, float* out, std::size_t n) {
   HostThreads::shared().run(
       n,
       [&](std::size_t, std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) {
-          out[i] = std::bit_cast<float>(rounded_bits(std::bit_cast<std::uint32_t>(in[i])));
+          out[i] = std::bit_cast<float>(bf16_rounded_bits(std::bit_cast<std::uint32_t>(in[i])));
         }
       },
       /*grain=*/1 << 15);
+}
+
+// The floats of `n` bf16 patterns in `buffer` (grown once to the largest operand).
+const float* widened(std::vector<float>& buffer, const std::uint16_t* bits, std::size_t n) {
+  if (buffer.size() < n) buffer.resize(n);
+  from_bf16_bits(bits, buffer.data(), n);
+  return buffer.data();
 }
 
 class Bf16Gemm final : public Gemm {
@@ -53,21 +53,29 @@ class Bf16Gemm final : public Gemm {
 
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
-    const float* a = rounded(a_, A, operand_span(ta, M, K, lda, 0, 1));
-    const float* b = rounded(b_, B, operand_span(tb, K, N, ldb, 0, 1));
-    inner_->gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+    gemm_mixed(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
-
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
+    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                       stride_c, batch);
+  }
+  // fp32 operands rounded, bf16 ones widened: either way one pass into the buffer.
+  void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
+                          int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
+                          float beta, float* C, int ldc, int64_t stride_c, int batch) override {
     if (stride_a < 0 || stride_b < 0) {
       throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
     }
-    const float* a = rounded(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
-    const float* b = rounded(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
-    inner_->gemm_strided_batched(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
-                                 C, ldc, stride_c, batch);
+    const float* a = as_rounded(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
+    const float* b = as_rounded(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
+    if (batch == 1) {
+      inner_->gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+    } else {
+      inner_->gemm_strided_batched(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b,
+                                   beta, C, ldc, stride_c, batch);
+    }
   }
 
  private:
@@ -77,6 +85,9 @@ class Bf16Gemm final : public Gemm {
     round_copy(from, buffer.data(), n);
     return buffer.data();
   }
+  static const float* as_rounded(std::vector<float>& buffer, GemmOperand from, std::size_t n) {
+    return from.f32 != nullptr ? rounded(buffer, from.f32, n) : widened(buffer, from.bf16, n);
+  }
   std::unique_ptr<Gemm> inner_;
   std::string why_;
   std::vector<float> a_, b_;
@@ -85,7 +96,7 @@ class Bf16Gemm final : public Gemm {
 }  // namespace
 
 float round_to_bf16(float x) {
-  return std::bit_cast<float>(rounded_bits(std::bit_cast<std::uint32_t>(x)));
+  return std::bit_cast<float>(bf16_rounded_bits(std::bit_cast<std::uint32_t>(x)));
 }
 
 void round_to_bf16(float* values, std::size_t n) { round_copy(values, values, n); }
@@ -95,10 +106,40 @@ void to_bf16_bits(const float* values, std::uint16_t* bits, std::size_t n) {
       n,
       [&](std::size_t, std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) {
-          bits[i] = std::uint16_t(rounded_bits(std::bit_cast<std::uint32_t>(values[i])) >> 16);
+          bits[i] = bf16_bits(values[i]);
         }
       },
       /*grain=*/1 << 15);
+}
+
+void from_bf16_bits(const std::uint16_t* bits, float* values, std::size_t n) {
+  HostThreads::shared().run(
+      n,
+      [&](std::size_t, std::size_t begin, std::size_t end) {
+        for (std::size_t i = begin; i < end; ++i) values[i] = bf16_value(bits[i]);
+      },
+      /*grain=*/1 << 15);
+}
+
+void Gemm::gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha,
+                              GemmOperand A, int lda, int64_t stride_a, GemmOperand B, int ldb,
+                              int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
+                              int batch) {
+  if ((A.bf16 != nullptr || B.bf16 != nullptr) && (stride_a < 0 || stride_b < 0)) {
+    throw std::invalid_argument("GEMM of bf16 operands: negative batch strides are not supported");
+  }
+  const float* a = A.f32 != nullptr
+                       ? A.f32
+                       : widened(widened_a_, A.bf16, operand_span(ta, M, K, lda, stride_a, batch));
+  const float* b = B.f32 != nullptr
+                       ? B.f32
+                       : widened(widened_b_, B.bf16, operand_span(tb, K, N, ldb, stride_b, batch));
+  if (batch == 1) {
+    gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
+  } else {
+    gemm_strided_batched(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, C, ldc,
+                         stride_c, batch);
+  }
 }
 
 std::unique_ptr<Gemm> make_bf16_gemm(std::unique_ptr<Gemm> fp32_backend, std::string why) {

@@ -238,19 +238,25 @@ class OneDnnBf16Gemm final : public Gemm {
   }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
-    gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+    gemm_mixed(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   }
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
+    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                       stride_c, batch);
+  }
+  // A bf16 operand goes to oneDNN as it is; an fp32 one is converted (or served from the held
+  // copy). A batch converts its two operand spans once, then runs its products.
+  void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
+                          int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
+                          float beta, float* C, int ldc, int64_t stride_c, int batch) override {
     if (batch < 1 || M <= 0 || N <= 0) return;
     if (stride_a < 0 || stride_b < 0) {
       throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
     }
-    const std::uint16_t* a =
-        stable_.get(a_, A, operand_span(ta, M, K, lda, stride_a, batch), to_bf16_bits);
-    const std::uint16_t* b =
-        stable_.get(b_, B, operand_span(tb, K, N, ldb, stride_b, batch), to_bf16_bits);
+    const std::uint16_t* a = bits(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
+    const std::uint16_t* b = bits(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
     run_batch(
         batch, 2.0 * M * N * K,
         [&](std::size_t i) {
@@ -269,6 +275,11 @@ class OneDnnBf16Gemm final : public Gemm {
   std::size_t stable_conversions() const override { return stable_.conversions(); }
 
  private:
+  // The bf16 patterns of `span` values of an operand: its own when it is bf16, else converted.
+  const std::uint16_t* bits(std::vector<std::uint16_t>& scratch, GemmOperand from,
+                            std::size_t span) {
+    return from.bf16 != nullptr ? from.bf16 : stable_.get(scratch, from.f32, span, to_bf16_bits);
+  }
   Library lib_;
   DnnlGemmBf16 gemm_;
   Bf16Hardware hw_;

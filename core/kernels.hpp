@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "core/bf16.hpp"
 #include "core/fast_math.hpp"
 #include "core/host_threads.hpp"
 #include "core/kernels_team.hpp"
@@ -133,9 +134,16 @@ void embedding_backward(float* dwte,           // (rows,C)
       });
 }
 
-// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd for backward.
-template <class ExecSpace = Exec>
-void layernorm_forward(float* out,          // (N,C)
+// A norm's output element: the float, or its bfloat16 pattern (the output stored in bf16).
+KOKKOS_INLINE_FUNCTION void store_output(float& out, float value) { out = value; }
+KOKKOS_INLINE_FUNCTION void store_output(std::uint16_t& out, float value) {
+  out = bf16_bits(value);
+}
+
+// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd for backward. Out is
+// float, or std::uint16_t for the output's bf16 patterns (host memory only).
+template <class ExecSpace = Exec, class Out = float>
+void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)
                        float* rstd,         // (N)
                        const float* inp,    // (N,C)
@@ -143,6 +151,7 @@ void layernorm_forward(float* out,          // (N,C)
                        const float* bias,   // (C)
                        int64_t N, int C, float eps) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    static_assert(std::is_same_v<Out, float>, "bf16 norm outputs are host-only");
     team::layernorm_forward<ExecSpace>(out, mean, rstd, inp, weight, bias, N, C, eps);
     return;
   }
@@ -157,8 +166,8 @@ void layernorm_forward(float* out,          // (N,C)
         for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
         v /= C;
         const float s = 1.0f / kmath::sqrt(v + eps);
-        float* o = out + n * C;
-        for (int c = 0; c < C; ++c) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+        Out* o = out + n * C;
+        for (int c = 0; c < C; ++c) store_output(o[c], (x[c] - m) * s * weight[c] + bias[c]);
         mean[n] = m;
         rstd[n] = s;
       });

@@ -9,53 +9,53 @@
 
 namespace colossal::core {
 
-void linear_forward(Gemm& gemm, WeightLayout layout, float* out, int ld_out, const float* inp,
+void linear_forward(Gemm& gemm, WeightLayout layout, float* out, int ld_out, GemmOperand inp,
                     int ld_in, const float* weight, int in_features, int out_features, int64_t N) {
   if (layout == WeightLayout::in_out) {
-    gemm.gemm(Trans::N, Trans::N, N, out_features, in_features, 1.0f, inp, ld_in, weight,
-              out_features, 1.0f, out, ld_out);
+    gemm.gemm_mixed(Trans::N, Trans::N, N, out_features, in_features, 1.0f, inp, ld_in, weight,
+                    out_features, 1.0f, out, ld_out);
   } else {
-    gemm.gemm(Trans::N, Trans::T, N, out_features, in_features, 1.0f, inp, ld_in, weight,
-              in_features, 1.0f, out, ld_out);
+    gemm.gemm_mixed(Trans::N, Trans::T, N, out_features, in_features, 1.0f, inp, ld_in, weight,
+                    in_features, 1.0f, out, ld_out);
   }
 }
 
 // in_out: dX = dY W^T, dW[in,out] += X^T dY.   out_in: dX = dY W, dW[out,in] += dY^T X.
 void linear_backward(Gemm& gemm, WeightLayout layout, float* dinp, int ld_dinp, float* dweight,
-                     float* dbias, const float* dout, int ld_dout, const float* inp, int ld_in,
+                     float* dbias, const float* dout, int ld_dout, GemmOperand inp, int ld_in,
                      const float* weight, int in_features, int out_features, int64_t N,
                      bool accumulate) {
   const float beta = accumulate ? 1.0f : 0.0f;
   if (layout == WeightLayout::in_out) {
     gemm.gemm(Trans::N, Trans::T, N, in_features, out_features, 1.0f, dout, ld_dout, weight,
               out_features, beta, dinp, ld_dinp);
-    gemm.gemm(Trans::T, Trans::N, in_features, out_features, N, 1.0f, inp, ld_in, dout, ld_dout,
-              1.0f, dweight, out_features);
+    gemm.gemm_mixed(Trans::T, Trans::N, in_features, out_features, N, 1.0f, inp, ld_in, dout,
+                    ld_dout, 1.0f, dweight, out_features);
   } else {
     gemm.gemm(Trans::N, Trans::N, N, in_features, out_features, 1.0f, dout, ld_dout, weight,
               in_features, beta, dinp, ld_dinp);
-    gemm.gemm(Trans::T, Trans::N, out_features, in_features, N, 1.0f, dout, ld_dout, inp, ld_in,
-              1.0f, dweight, in_features);
+    gemm.gemm_mixed(Trans::T, Trans::N, out_features, in_features, N, 1.0f, dout, ld_dout, inp,
+                    ld_in, 1.0f, dweight, in_features);
   }
   if (dbias != nullptr) kernels::bias_backward(dbias, dout, N, out_features, ld_dout);
 }
 
 // Per sequence b, batched over heads: S = scale Q K^T, P = causal_softmax(S), Y = P V.
-void attention_forward(Gemm& gemm, float* att, float* atty, const float* qkv, int B, int T, int C,
+void attention_forward(Gemm& gemm, float* att, float* atty, GemmOperand qkv, int B, int T, int C,
                        int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = int64_t(T) * T;
   for (int b = 0; b < B; ++b) {
-    const float* q = qkv + int64_t(b) * T * 3 * C;
-    gemm.gemm_strided_batched(Trans::N, Trans::T, T, T, hs, scale, q, 3 * C, hs, q + C, 3 * C, hs,
-                              0.0f, att + int64_t(b) * H * TT, T, TT, H);
+    const GemmOperand q = qkv + int64_t(b) * T * 3 * C;
+    gemm.gemm_mixed_batched(Trans::N, Trans::T, T, T, hs, scale, q, 3 * C, hs, q + C, 3 * C, hs,
+                            0.0f, att + int64_t(b) * H * TT, T, TT, H);
   }
   kernels::causal_softmax_forward(att, int64_t(B) * H * T, T);
   for (int b = 0; b < B; ++b) {
-    const float* v = qkv + int64_t(b) * T * 3 * C + 2 * C;
-    gemm.gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.0f, att + int64_t(b) * H * TT, T, TT,
-                              v, 3 * C, hs, 0.0f, atty + int64_t(b) * T * C, C, hs, H);
+    const GemmOperand v = qkv + (int64_t(b) * T * 3 * C + 2 * C);
+    gemm.gemm_mixed_batched(Trans::N, Trans::N, T, hs, T, 1.0f, att + int64_t(b) * H * TT, T, TT,
+                            v, 3 * C, hs, 0.0f, atty + int64_t(b) * T * C, C, hs, H);
   }
 }
 
@@ -164,26 +164,26 @@ void ring_attention_backward(Gemm& gemm, TensorGroup& group, float* dqkv, float*
 
 // dP = dY V^T, dV = P^T dY, dS = softmax_backward(dP) (scale folded in), dQ = dS K, dK = dS^T Q.
 void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty,
-                        const float* qkv, const float* att, int B, int T, int C, int H) {
+                        GemmOperand qkv, const float* att, int B, int T, int C, int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = int64_t(T) * T;
   for (int b = 0; b < B; ++b) {
-    const float* q = qkv + int64_t(b) * T * 3 * C;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
+    const GemmOperand q = qkv + int64_t(b) * T * 3 * C;
+    const GemmOperand k = q + C;
+    const GemmOperand v = q + 2 * C;
     const float* p = att + int64_t(b) * H * TT;
     const float* dy = datty + int64_t(b) * T * C;
     float* dq = dqkv + int64_t(b) * T * 3 * C;
-    gemm.gemm_strided_batched(Trans::N, Trans::T, T, T, hs, 1.0f, dy, C, hs, v, 3 * C, hs, 0.0f,
-                              datt, T, TT, H);
+    gemm.gemm_mixed_batched(Trans::N, Trans::T, T, T, hs, 1.0f, dy, C, hs, v, 3 * C, hs, 0.0f,
+                            datt, T, TT, H);
     gemm.gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.0f, p, T, TT, dy, C, hs, 0.0f,
                               dq + 2 * C, 3 * C, hs, H);
     kernels::causal_softmax_backward(datt, p, int64_t(H) * T, T, scale);
-    gemm.gemm_strided_batched(Trans::N, Trans::N, T, hs, T, 1.0f, datt, T, TT, k, 3 * C, hs, 0.0f,
-                              dq, 3 * C, hs, H);
-    gemm.gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.0f, datt, T, TT, q, 3 * C, hs, 0.0f,
-                              dq + C, 3 * C, hs, H);
+    gemm.gemm_mixed_batched(Trans::N, Trans::N, T, hs, T, 1.0f, datt, T, TT, k, 3 * C, hs, 0.0f,
+                            dq, 3 * C, hs, H);
+    gemm.gemm_mixed_batched(Trans::T, Trans::N, T, hs, T, 1.0f, datt, T, TT, q, 3 * C, hs, 0.0f,
+                            dq + C, 3 * C, hs, H);
   }
 }
 
@@ -229,7 +229,7 @@ void online_softmax_block(float* S, int ld, float* m, float* l, float* y, int ld
 
 }  // namespace
 
-void fused_attention_forward(Gemm& gemm, float* lse, float* atty, const float* qkv, float* work,
+void fused_attention_forward(Gemm& gemm, float* lse, float* atty, GemmOperand qkv, float* work,
                              int B, int T, int C, int H, int tile) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -238,9 +238,9 @@ void fused_attention_forward(Gemm& gemm, float* lse, float* atty, const float* q
   float* l = m + tile;
   for (int b = 0; b < B; ++b) {
     for (int h = 0; h < H; ++h) {
-      const float* q = qkv + int64_t(b) * T * 3 * C + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const GemmOperand q = qkv + (int64_t(b) * T * 3 * C + h * hs);
+      const GemmOperand k = q + C;
+      const GemmOperand v = q + 2 * C;
       float* y = atty + int64_t(b) * T * C + h * hs;
       float* row_lse = lse + (int64_t(b) * H + h) * T;
       for (int r0 = 0; r0 < T; r0 += tile) {
@@ -248,11 +248,11 @@ void fused_attention_forward(Gemm& gemm, float* lse, float* atty, const float* q
         float* yI = y + int64_t(r0) * C;
         for (int c0 = 0; c0 <= r0; c0 += tile) {
           const int nc = std::min(tile, T - c0);
-          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
-                    k + int64_t(c0) * 3 * C, 3 * C, 0.0f, S, tile);
+          gemm.gemm_mixed(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
+                          k + int64_t(c0) * 3 * C, 3 * C, 0.0f, S, tile);
           online_softmax_block(S, tile, m, l, yI, C, hs, nr, nc, c0 == r0, c0 == 0);
-          gemm.gemm(Trans::N, Trans::N, nr, hs, nc, 1.0f, S, tile, v + int64_t(c0) * 3 * C,
-                    3 * C, c0 == 0 ? 0.0f : 1.0f, yI, C);
+          gemm.gemm_mixed(Trans::N, Trans::N, nr, hs, nc, 1.0f, S, tile, v + int64_t(c0) * 3 * C,
+                          3 * C, c0 == 0 ? 0.0f : 1.0f, yI, C);
         }
         float* lseI = row_lse + r0;
         Kokkos::parallel_for(
@@ -272,7 +272,7 @@ void fused_attention_forward(Gemm& gemm, float* lse, float* atty, const float* q
 // p_ij = exp(s_ij - lse_i) (masked: 0), D_i = dy_i.y_i, ds_ij = scale p_ij (dp_ij - D_i) with
 // dP = dY V^T; dV += P^T dY, dQ = dS K, dK += dS^T Q, block by block.
 void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const float* atty,
-                              const float* qkv, const float* lse, float* work, int B, int T,
+                              GemmOperand qkv, const float* lse, float* work, int B, int T,
                               int C, int H, int tile) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -289,9 +289,9 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
           for (int e = 0; e < 2 * C; ++e) row[e] = 0.0f;
         });
     for (int h = 0; h < H; ++h) {
-      const float* q = qkv + int64_t(b) * T * 3 * C + h * hs;
-      const float* k = q + C;
-      const float* v = q + 2 * C;
+      const GemmOperand q = qkv + (int64_t(b) * T * 3 * C + h * hs);
+      const GemmOperand k = q + C;
+      const GemmOperand v = q + 2 * C;
       const float* y = atty + int64_t(b) * T * C + h * hs;
       const float* dy = datty + int64_t(b) * T * C + h * hs;
       float* dq = dqkv + int64_t(b) * T * 3 * C + h * hs;
@@ -312,10 +312,10 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
         for (int c0 = 0; c0 <= r0; c0 += tile) {
           const int nc = std::min(tile, T - c0);
           const bool diagonal = c0 == r0;
-          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
-                    k + int64_t(c0) * 3 * C, 3 * C, 0.0f, P, tile);
-          gemm.gemm(Trans::N, Trans::T, nr, nc, hs, 1.0f, dyI, C, v + int64_t(c0) * 3 * C, 3 * C,
-                    0.0f, dP, tile);
+          gemm.gemm_mixed(Trans::N, Trans::T, nr, nc, hs, scale, q + int64_t(r0) * 3 * C, 3 * C,
+                          k + int64_t(c0) * 3 * C, 3 * C, 0.0f, P, tile);
+          gemm.gemm_mixed(Trans::N, Trans::T, nr, nc, hs, 1.0f, dyI, C, v + int64_t(c0) * 3 * C,
+                          3 * C, 0.0f, dP, tile);
           const float* lseI = row_lse + r0;
           Kokkos::parallel_for(
               "colossal::core::fused_attention_block_grad", Kokkos::RangePolicy<>(0, nr),
@@ -331,10 +331,10 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
               });
           gemm.gemm(Trans::T, Trans::N, nc, hs, nr, 1.0f, P, tile, dyI, C, 1.0f,
                     dv + int64_t(c0) * 3 * C, 3 * C);
-          gemm.gemm(Trans::N, Trans::N, nr, hs, nc, 1.0f, dP, tile, k + int64_t(c0) * 3 * C,
-                    3 * C, c0 == 0 ? 0.0f : 1.0f, dq + int64_t(r0) * 3 * C, 3 * C);
-          gemm.gemm(Trans::T, Trans::N, nc, hs, nr, 1.0f, dP, tile, q + int64_t(r0) * 3 * C,
-                    3 * C, 1.0f, dk + int64_t(c0) * 3 * C, 3 * C);
+          gemm.gemm_mixed(Trans::N, Trans::N, nr, hs, nc, 1.0f, dP, tile, k + int64_t(c0) * 3 * C,
+                          3 * C, c0 == 0 ? 0.0f : 1.0f, dq + int64_t(r0) * 3 * C, 3 * C);
+          gemm.gemm_mixed(Trans::T, Trans::N, nc, hs, nr, 1.0f, dP, tile, q + int64_t(r0) * 3 * C,
+                          3 * C, 1.0f, dk + int64_t(c0) * 3 * C, 3 * C);
         }
       }
     }

@@ -15,10 +15,11 @@ namespace colossal::core {
 enum class WeightLayout { in_out, out_in };
 
 // out(N, ld_out)[:, :out_features] += inp(N, ld_in) W. The caller fills out with the bias (and the
-// residual, for projections into the residual stream) first.
+// residual, for projections into the residual stream) first. inp may be stored in bf16
+// (Gemm::gemm_mixed), in linear_backward too.
 void linear_forward(Gemm& gemm, WeightLayout layout,
                     float* out, int ld_out,          // (N, out_features)
-                    const float* inp, int ld_in,     // (N, in_features)
+                    GemmOperand inp, int ld_in,      // (N, in_features)
                     const float* weight,             // (in,out) or (out,in)
                     int in_features, int out_features, int64_t N);
 
@@ -28,22 +29,24 @@ void linear_backward(Gemm& gemm, WeightLayout layout,
                      float* dinp, int ld_dinp,         // (N, in_features)
                      float* dweight, float* dbias,     // like weight, (out_features)
                      const float* dout, int ld_dout,   // (N, out_features)
-                     const float* inp, int ld_in,      // (N, in_features)
+                     GemmOperand inp, int ld_in,       // (N, in_features)
                      const float* weight, int in_features, int out_features, int64_t N,
                      bool accumulate);
 
 // Causal multi-head self-attention. qkv holds Q, K, V as column blocks of each row (B,T,3C); head
 // h uses columns [h*hs, (h+1)*hs) of each block. Saves the softmax probabilities att (B,H,T,T).
+// qkv is read by matrix products only, so it may be stored in bf16 (Gemm::gemm_mixed), in the
+// backward and in the fused forms too.
 void attention_forward(Gemm& gemm,
                        float* att,        // (B,H,T,T) out: probabilities
                        float* atty,       // (B,T,C) out: heads side by side
-                       const float* qkv,  // (B,T,3C)
+                       GemmOperand qkv,   // (B,T,3C)
                        int B, int T, int C, int H);
 
 // dqkv (B,T,3C) assigned; datt_scratch holds (H,T,T) floats.
 void attention_backward(Gemm& gemm, float* dqkv, float* datt_scratch,
                         const float* datty,  // (B,T,C)
-                        const float* qkv,    // (B,T,3C)
+                        GemmOperand qkv,     // (B,T,3C)
                         const float* att,    // (B,H,T,T)
                         int B, int T, int C, int H);
 
@@ -83,13 +86,13 @@ constexpr std::size_t fused_attention_work_floats(int tile = kAttentionTile) {
 void fused_attention_forward(Gemm& gemm,
                              float* lse,        // (B,H,T) out: log-sum-exp of each row's scores
                              float* atty,       // (B,T,C) out
-                             const float* qkv,  // (B,T,3C)
+                             GemmOperand qkv,   // (B,T,3C)
                              float* work,       // fused_attention_work_floats(tile)
                              int B, int T, int C, int H, int tile = kAttentionTile);
 
 // dqkv (B,T,3C) assigned.
 void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const float* atty,
-                              const float* qkv, const float* lse, float* work, int B, int T,
+                              GemmOperand qkv, const float* lse, float* work, int B, int T,
                               int C, int H, int tile = kAttentionTile);
 
 }  // namespace colossal::core

@@ -23,8 +23,9 @@ namespace colossal::core::kernels {
 KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 // out = inp * rstd * weight per row, rstd = 1 / sqrt(mean(inp^2) + eps), saved for backward.
-template <class ExecSpace = Exec>
-void rmsnorm_forward(float* out,           // (N,C)
+// Out: float, or std::uint16_t for bf16 patterns (as layernorm_forward).
+template <class ExecSpace = Exec, class Out = float>
+void rmsnorm_forward(Out* out,             // (N,C)
                      float* rstd,          // (N)
                      const float* inp,     // (N,C)
                      const float* weight,  // (C)
@@ -36,8 +37,8 @@ void rmsnorm_forward(float* out,           // (N,C)
         for (int c = 0; c < C; ++c) ms += x[c] * x[c];
         ms /= C;
         const float s = 1.0f / kmath::sqrt(ms + eps);
-        float* o = out + n * C;
-        for (int c = 0; c < C; ++c) o[c] = x[c] * s * weight[c];
+        Out* o = out + n * C;
+        for (int c = 0; c < C; ++c) store_output(o[c], x[c] * s * weight[c]);
         rstd[n] = s;
       });
 }

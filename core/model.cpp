@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -165,9 +166,16 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // saves ln2 and its statistics and fch). `all` keeps input and saved set, `input` the input
   // alone, `none` nothing: dropped sets live in one arena, carved per segment from its start.
   constexpr int kOps = kOpsPerBlock;
-  const ActivationShape shape{max_batch, seq_len, split.size, sequence_split_, ring_size};
+  if (options.bf16_operands && device_memory_v<k::Exec>) {
+    throw std::logic_error("bf16 activations are host-only (ModelOptions::bf16_operands)");
+  }
+  const ActivationShape shape{max_batch,        seq_len,   split.size,
+                              sequence_split_,  ring_size, options.bf16_operands};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
   const ActivationSizes& sz = activations_.sizes;
+  bf16_norms_ = sz.bf16_norms;
+  bf16_qkv_ = sz.bf16_qkv;
+  bf16_atty_ = sz.bf16_atty;
   keep_ = activations_.keep;
   selective_ = activations_.selective;
   const std::size_t L = std::size_t(layer_end_ - layer_begin_);
@@ -441,29 +449,56 @@ void Model::gather_logits(int64_t row, float* out) {
   std::copy(all.begin(), all.begin() + spec_.vocab, out);
 }
 
-void Model::linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
+void Model::linear_forward(const float* P, float* out, int ld_out, GemmOperand inp, int ld_in,
                            const Linear& lin, int64_t N) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
   core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, P + lin.w, lin.in, lin.out, N);
 }
 
 void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
-                            int ld_dout, const float* inp, int ld_in, const Linear& lin, int64_t N,
+                            int ld_dout, GemmOperand inp, int ld_in, const Linear& lin, int64_t N,
                             bool accumulate) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
   core::linear_backward(gemm_, layout(), dinp, ld_dinp, G + lin.w, bias_at(G, lin.b), dout,
                         ld_dout, inp, ld_in, P + lin.w, lin.in, lin.out, N, accumulate);
 }
 
+void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
+                         const float* weight, const float* bias, int64_t rows) {
+  const int C = spec_.hidden;
+  const float eps = spec_.layernorm_eps();
+  auto run = [&](auto* o) {
+    using Out = std::remove_pointer_t<decltype(o)>;
+    if (spec_.llama()) {
+      k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
+    } else {
+      k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
+    }
+  };
+  timed(WorkKind::layernorm, [&] {
+    if constexpr (!device_memory_v<k::Exec>) {  // bf16 storage is host-only
+      if (bf16_norms_) return run(reinterpret_cast<std::uint16_t*>(out));
+    }
+    run(out);
+  });
+}
+
+void Model::store_staged(const float* staging, float* saved, bool bf16, int64_t n) {
+  if (bf16) to_bf16_bits(staging, reinterpret_cast<std::uint16_t*>(saved), std::size_t(n));
+}
+
 void Model::attention_core_forward(BlockActs& a, int B) {
   const int T = seq_len_, Cl = local_hidden_, H = local_heads_;
   timed(WorkKind::attention, [&] {
-    if (ring_) {
+    if (ring_) {  // q/k/v and the output in fp32 (ActivationSizes)
       ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
-    } else if (spec_.fused_attention) {
-      fused_attention_forward(gemm_, a.att, a.atty, a.qkv, datt_, B, T, Cl, H);
+    } else if (spec_.fused_attention) {  // the output in fp32: its backward reads it
+      fused_attention_forward(gemm_, a.att, a.atty, qkv_operand(a), datt_, B, T, Cl, H);
     } else {
-      attention_forward(gemm_, a.att, a.atty, a.qkv, B, T, Cl, H);
+      // The output staged in dbuf_c_, free here in forward and where backward recomputes.
+      float* atty = staged(a.atty, bf16_atty_, dbuf_c_);
+      attention_forward(gemm_, a.att, atty, qkv_operand(a), B, T, Cl, H);
+      store_staged(atty, a.atty, bf16_atty_, int64_t(B) * T * Cl);
     }
   });
 }
@@ -473,36 +508,32 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   const int T = seq_len_, C = spec_.hidden, Cl = local_hidden_;
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);
-  const float eps = spec_.layernorm_eps();
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
-  timed(WorkKind::layernorm, [&] {
-    if (spec_.llama()) {
-      k::rmsnorm_forward(a.ln1, a.ln1_rstd, A.residual[i], P + bp.ln1_w, Nl, C, eps);
-    } else {
-      k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w,
-                           P + bp.ln1_b, Nl, C, eps);
-    }
-  });
-  const float* ln1 = gather_rows(a.ln1, N);
-  if (spec_.llama()) llama_qkv_forward(bp, a, P, ln1, B);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w, bias_at(P, bp.ln1_b),
+               Nl);
+  const GemmOperand ln1 = norm_operand(gather_rows(a.ln1, N));
+  // q/k/v staged in dqkv_ (free here in forward and where backward recomputes) when saved in bf16.
+  float* qkv = staged(a.qkv, bf16_qkv_, dqkv_);
+  if (spec_.llama()) llama_qkv_forward(bp, qkv, P, ln1, B);
   for (int part = 0; spec_.arch != Arch::llama && part < bp.qkv_parts; ++part) {
     const Linear lin = qkv_part(bp, part);
-    float* out = a.qkv + part * Cl;
+    float* out = qkv + part * Cl;
     timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
     linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
   }
+  timed(WorkKind::attention, [&] { store_staged(qkv, a.qkv, bf16_qkv_, N * 3 * Cl); });
   attention_core_forward(a, B);
   // Row-parallel output projection: partial sums over the tensor group.
   float* out = row_parallel_begin(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
-  linear_forward(P, out, C, a.atty, Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
+  linear_forward(P, out, C, atty_operand(a), Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
   row_parallel_end(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
 }
 
 // q, k and v projected into the grouped layout, q and k turned to their global positions, k and
 // v expanded to every query head in a.qkv.
-void Model::llama_qkv_forward(const BlockParams& bp, BlockActs& a, const float* P,
-                              const float* ln1, int B) {
+void Model::llama_qkv_forward(const BlockParams& bp, float* qkv, const float* P,
+                              GemmOperand ln1, int B) {
   const int T = seq_len_, C = spec_.hidden, hs = spec_.head_dim();
   const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
   const int64_t N = int64_t(B) * T;
@@ -516,13 +547,13 @@ void Model::llama_qkv_forward(const BlockParams& bp, BlockActs& a, const float* 
     k::rope_rotate(qkv_gqa_, B, T, W, 0, H, hs, position_begin_, rope_cos_, rope_sin_, false);
     k::rope_rotate(qkv_gqa_, B, T, W, H * hs, KV, hs, position_begin_, rope_cos_, rope_sin_,
                    false);
-    k::gqa_expand(a.qkv, qkv_gqa_, N, H, KV, hs);
+    k::gqa_expand(qkv, qkv_gqa_, N, H, KV, hs);
   });
 }
 
 // The transpose: dqkv_ (every query head's dq, dk, dv) summed into the groups, turned back, and
 // through the three projections into dln1 (assigned).
-void Model::llama_qkv_backward(const BlockParams& bp, const float* P, float* G, const float* ln1,
+void Model::llama_qkv_backward(const BlockParams& bp, const float* P, float* G, GemmOperand ln1,
                                float* dln1, int B) {
   const int T = seq_len_, C = spec_.hidden, hs = spec_.head_dim();
   const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
@@ -545,14 +576,12 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   const int T = seq_len_, C = spec_.hidden, F = local_ffn_;
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);
-  const float eps = spec_.layernorm_eps();
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, bias_at(P, bp.ln2_b), Nl);
+  const GemmOperand ln2 = norm_operand(gather_rows(a.ln2, N));
 
   if (spec_.llama()) {
-    timed(WorkKind::layernorm,
-          [&] { k::rmsnorm_forward(a.ln2, a.ln2_rstd, a.mid, P + bp.ln2_w, Nl, C, eps); });
-    const float* ln2 = gather_rows(a.ln2, N);
     // gate | up side by side in fch (N, 2F), silu(gate) * up into act_buf_ (N, F).
     timed(WorkKind::gemm, [&] { k::fill(a.fch, N * 2 * F, 0.0f); });
     linear_forward(P, a.fch, 2 * F, ln2, C, Linear{bp.fc_w, kNoBias, C, F}, N);
@@ -564,11 +593,6 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
     row_parallel_end(A.residual[i + 1], a.mid, nullptr, N);
     return;
   }
-  timed(WorkKind::layernorm, [&] {
-    k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, P + bp.ln2_b, Nl,
-                         C, eps);
-  });
-  const float* ln2 = gather_rows(a.ln2, N);
   timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
   linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
   activation_forward(act_buf_, a.fch, N * F);
@@ -591,7 +615,6 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   // weights once for this forward and the backward after it (nothing held under ZeRO-3).
   float* whole = store_->full_params();
   gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size());
-  const float eps = spec_.layernorm_eps();
 
   // The embeddings stay gathered from the token embedding to the tied LM head (one stage that
   // does both gathers them once per forward).
@@ -628,14 +651,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const float* Pf = store_->gather(final_unit_);
   // Under sequence_split the final layernorm runs on this rank's rows and the LM head on all.
   float* lnf_rows = sequence_split_ ? lnf_local_ : A.lnf;
-  timed(WorkKind::layernorm, [&] {
-    if (spec_.llama()) {
-      k::rmsnorm_forward(lnf_rows, A.lnf_rstd, A.residual.back(), Pf + lnf_w_, Nl, C, eps);
-    } else {
-      k::layernorm_forward(lnf_rows, A.lnf_mean, A.lnf_rstd, A.residual.back(), Pf + lnf_w_,
-                           Pf + lnf_b_, Nl, C, eps);
-    }
-  });
+  norm_forward(lnf_rows, A.lnf_mean, A.lnf_rstd, A.residual.back(), Pf + lnf_w_,
+               bias_at(Pf, lnf_b_), Nl);
   if (sequence_split_) all_gather_rows(lnf_rows, A.lnf, N);
   // LM head: logits = lnf x W^T, W the tied token embedding or (untied llama) lm_head.weight.
   const float* W = nullptr;
@@ -647,7 +664,8 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
     W = Pf + lm_head_;
   }
   timed(WorkKind::gemm, [&] {
-    gemm_.gemm(Trans::N, Trans::T, N, V, C, 1.0f, A.lnf, C, W, C, 0.0f, A.logits, V);
+    gemm_.gemm_mixed(Trans::N, Trans::T, N, V, C, 1.0f, norm_operand(A.lnf), C, W, C, 0.0f,
+                     A.logits, V);
   });
   if (!spec_.tied()) store_->release(final_unit_);
   if (E != nullptr) store_->release(embed_unit_);
@@ -685,7 +703,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     float* dlnf = column_parallel_dinp();
     timed(WorkKind::gemm, [&] {
       gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
-      gemm_.gemm(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, A.lnf, C, 1.0f, GW, C);
+      gemm_.gemm_mixed(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, norm_operand(A.lnf), C,
+                       1.0f, GW, C);
     });
     if (tied) store_->release(embed_unit_);
     // Each rank's vocabulary rows gave part of dlnf.
@@ -724,7 +743,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
                       Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
       activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
       // sequence_split: gathered again, not saved whole.
-      const float* ln2 = gather_rows(a.ln2, N);
+      const GemmOperand ln2 = norm_operand(gather_rows(a.ln2, N));
       linear_backward(P, G, column_parallel_dinp(), C, dbuf_f_, F, ln2, C,
                       Linear{bp.fc_w, bp.fc_b, C, F}, N, false);
       const float* dln2 = column_parallel_end(N);
@@ -742,19 +761,20 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       attention_core_forward(a, B);  // the probabilities again (the output rewritten unchanged)
     }
     const float* dres = gather_rows(dresidual_, N, dfull_);
-    linear_backward(P, G, dbuf_c_, Cl, dres, C, a.atty, Cl,
+    linear_backward(P, G, dbuf_c_, Cl, dres, C, atty_operand(a), Cl,
                     Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N, false);
     timed(WorkKind::attention, [&] {
       if (ring_) {
         ring_attention_backward(gemm_, *ring_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, ring_block_,
                                 dkv_all_, B, T, Cl, H);
       } else if (spec_.fused_attention) {
-        fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, a.qkv, a.att, datt_, B, T, Cl, H);
+        fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, qkv_operand(a), a.att, datt_, B,
+                                 T, Cl, H);
       } else {
-        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, B, T, Cl, H);
+        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, qkv_operand(a), a.att, B, T, Cl, H);
       }
     });
-    const float* ln1 = gather_rows(a.ln1, N);
+    const GemmOperand ln1 = norm_operand(gather_rows(a.ln1, N));
     float* dln1_full = column_parallel_dinp();
     if (spec_.llama()) {
       llama_qkv_backward(bp, P, G, ln1, dln1_full, B);
@@ -807,7 +827,7 @@ void Model::llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float*
   timed(WorkKind::activation, [&] {
     k::swiglu_backward(act_buf_, act_buf_ + F, dbuf_f_, a.fch, a.fch + F, 2 * F, N, F);
   });
-  const float* ln2 = gather_rows(a.ln2, N);
+  const GemmOperand ln2 = norm_operand(gather_rows(a.ln2, N));
   float* dln2_full = column_parallel_dinp();
   linear_backward(P, G, dln2_full, C, act_buf_, 2 * F, ln2, C, Linear{bp.fc_w, kNoBias, C, F}, N,
                   false);

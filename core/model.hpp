@@ -60,6 +60,11 @@ struct ModelOptions {
   // so that the first and the last pipeline stage slice their tied token embedding alike under
   // ZeRO 2; 0: no floor. Model ignores it.
   std::size_t grid_first_unit_floats = 0;
+  // train.precision: bf16 on the host: the activations that only matrix products read (norm
+  // outputs, q/k/v, unfused attention's output) saved in bf16 (ActivationShape::bf16_operands
+  // says which, when). The gemm must then round its operands to bf16 (a bf16 backend), or the
+  // step would differ from fp32 storage. Host memory only. Model2D / Model3D ignore it.
+  bool bf16_operands = false;
 };
 
 class Model final : public StageModel {
@@ -231,13 +236,30 @@ class Model final : public StageModel {
   }
   // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual);
   // P is the unit's parameters.
-  void linear_forward(const float* P, float* out, int ld_out, const float* inp, int ld_in,
+  void linear_forward(const float* P, float* out, int ld_out, GemmOperand inp, int ld_in,
                       const Linear& lin, int64_t N);
   // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout); G is the unit's
   // gradients.
   void linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
-                       int ld_dout, const float* inp, int ld_in, const Linear& lin, int64_t N,
+                       int ld_dout, GemmOperand inp, int ld_in, const Linear& lin, int64_t N,
                        bool accumulate);
+  // A norm (layernorm, or llama's RMSNorm: mean unused) of `rows` rows into its saved buffer
+  // `out`: fp32, or bf16 patterns under bf16_norms_.
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                    const float* bias, int64_t rows);
+  // A saved activation as a GEMM operand: the bf16 patterns it holds when `bf16`.
+  static GemmOperand operand(const float* saved, bool bf16) {
+    if (bf16) return reinterpret_cast<const std::uint16_t*>(saved);
+    return saved;
+  }
+  // A saved norm output (all its rows: gather_rows first), q/k/v, the attention output.
+  GemmOperand norm_operand(const float* saved) const { return operand(saved, bf16_norms_); }
+  GemmOperand qkv_operand(const BlockActs& a) const { return operand(a.qkv, bf16_qkv_); }
+  GemmOperand atty_operand(const BlockActs& a) const { return operand(a.atty, bf16_atty_); }
+  // A GEMM-written activation saved in bf16 is written to `staging` in fp32 first, then
+  // converted into its saved buffer (store_staged); in fp32 it is written in place.
+  static float* staged(float* saved, bool bf16, float* staging) { return bf16 ? staging : saved; }
+  void store_staged(const float* staging, float* saved, bool bf16, int64_t n);
   template <class T>
   static T* full(T* p) {
     if (p == nullptr) {
@@ -279,9 +301,9 @@ class Model final : public StageModel {
   static float* bias_at(float* X, std::size_t b) { return b == kNoBias ? nullptr : X + b; }
   // llama: the grouped q|k|v of qkv_gqa_ turned by RoPE and expanded into a.qkv, and the
   // transpose (dqkv_ -> gradient of the projections in qkv_gqa_).
-  void llama_qkv_forward(const BlockParams& bp, BlockActs& a, const float* P, const float* ln1,
+  void llama_qkv_forward(const BlockParams& bp, float* qkv, const float* P, GemmOperand ln1,
                          int B);
-  void llama_qkv_backward(const BlockParams& bp, const float* P, float* G, const float* ln1,
+  void llama_qkv_backward(const BlockParams& bp, const float* P, float* G, GemmOperand ln1,
                           float* dln1, int B);
   void llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float* P, float* G, int B);
   int gqa_width() const { return (local_heads_ + 2 * local_kv_heads_) * spec_.head_dim(); }
@@ -321,6 +343,8 @@ class Model final : public StageModel {
   DeviceArray<float> selective_att_;          // selective: the probabilities of one block
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
+  // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty.
+  bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk
   float *ring_block_ = nullptr, *dkv_all_ = nullptr;

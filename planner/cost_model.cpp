@@ -18,8 +18,8 @@
 namespace colossal::planner {
 
 Layout RankLayout::graph_layout(const Chunk& chunk) const {
-  return Layout{micro_batch, seq_len, tensor, sequence_split, sequence,
-                chunk.stage, keep,    selective, bf16};
+  return Layout{micro_batch, seq_len,   tensor, sequence_split, sequence,
+                chunk.stage, keep,      selective, bf16,         bf16_operands && !bf16};
 }
 
 double MemoryPrediction::total() const {

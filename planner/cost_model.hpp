@@ -23,6 +23,7 @@ struct RankLayout {
   int seq_len = 1024;            // the whole sequence
   int micro_batches = 1;         // per optimizer step on this rank (gradient accumulation)
   bool bf16 = false;
+  bool bf16_operands = false;       // RunLayout::bf16_operands
   int data = 1;                  // data-parallel ranks
   int tensor = 1;
   bool sequence_split = false;

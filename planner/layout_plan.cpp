@@ -21,6 +21,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.seq_len = run.seq_len;
   l.micro_batches = run.micro_batches();
   l.bf16 = run.bf16;
+  l.bf16_operands = run.bf16_operands;
   l.data = run.data;
   l.tensor = run.tensor;
   l.sequence_split = run.sequence_split;

@@ -75,7 +75,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   // What each op saves, the recompute arena and the temporaries: the model's activation table.
   const core::StageActivations acts = core::stage_activations(
       s, core::ActivationShape{l.micro_batch, l.seq_len / l.sequence, l.tensor, l.sequence_split,
-                               l.sequence},
+                               l.sequence, l.bf16_operands && !l.bf16},
       l.stage, l.keep, l.selective);
   const core::ActivationSizes& a = acts.sizes;
   auto saved = [f](std::size_t floats) { return f * double(floats); };

@@ -29,6 +29,7 @@ struct Layout {
   std::vector<core::Keep> keep{};
   bool selective = false;
   bool bf16 = false;             // activations and their collectives in 2 bytes (mixed precision)
+  bool bf16_operands = false;       // only the norm outputs in bf16 (core::ActivationShape)
 };
 
 struct Op {

@@ -68,6 +68,53 @@ TEST(ActivationSizes, OneRankIsTheDenseLayout) {
   EXPECT_EQ(s.scratch(), 2 * B * T * C + 2 * B * T * F + 3 * B * T * C + H * T * T);  // 81920
 }
 
+// bf16 operands (train.precision: bf16 on the host): the tensors only products read, in half
+// their floats (an odd count rounded up): the norm outputs but under sequence_split (gathered in
+// fp32), q/k/v but under a ring (sent in fp32), the attention output only unfused and without a
+// ring (fused backward reads it element-wise). Everything else as in fp32.
+TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
+  auto sizes = [](ModelSpec spec, ActivationShape shape) {
+    shape.bf16_operands = true;
+    return activation_sizes(spec, shape);
+  };
+  const ActivationSizes fp32 = activation_sizes(small_spec(), ActivationShape{3, 32});
+  const ActivationSizes s = sizes(small_spec(), ActivationShape{3, 32});
+  EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty);
+  EXPECT_EQ(s.ln1, B * T * C / 2);
+  EXPECT_EQ(s.ln2, B * T * C / 2);
+  EXPECT_EQ(s.lnf, B * T * C / 2);
+  EXPECT_EQ(s.qkv, 3 * B * T * C / 2);
+  EXPECT_EQ(s.atty, B * T * C / 2);
+  EXPECT_EQ(s.ln1_rstd, fp32.ln1_rstd);
+  EXPECT_EQ(s.att, fp32.att);
+  EXPECT_EQ(s.fch, fp32.fch);
+  EXPECT_EQ(s.residual, fp32.residual);
+  EXPECT_EQ(s.scratch(), fp32.scratch());
+  EXPECT_EQ(fp32.attention_saved() - s.attention_saved(), 5 * B * T * C / 2);
+  EXPECT_EQ(fp32.mlp_saved() - s.mlp_saved(), B * T * C / 2);
+
+  ModelSpec fused = small_spec();
+  fused.fused_attention = true;
+  const ActivationSizes f = sizes(fused, ActivationShape{3, 32});
+  EXPECT_TRUE(f.bf16_norms && f.bf16_qkv && !f.bf16_atty);
+  EXPECT_EQ(f.atty, B * T * C);
+  EXPECT_EQ(f.qkv, 3 * B * T * C / 2);
+
+  const ActivationSizes ring = sizes(small_spec(), ActivationShape{3, 16, 1, false, 2});
+  EXPECT_TRUE(ring.bf16_norms && !ring.bf16_qkv && !ring.bf16_atty);
+  EXPECT_EQ(ring.qkv, 3 * B * 16 * C);
+  EXPECT_EQ(ring.ln1, B * 16 * C / 2);
+
+  const ActivationSizes split = sizes(small_spec(), ActivationShape{3, 32, 2, true});
+  EXPECT_TRUE(!split.bf16_norms && split.bf16_qkv && split.bf16_atty);
+  EXPECT_EQ(split.ln1, B * T * C / 2) << "the rows of one of two tensor ranks, in fp32";
+  EXPECT_EQ(split.lnf, B * T * C);
+  EXPECT_EQ(split.qkv, 3 * B * T * (C / 2) / 2);
+
+  const ModelSpec odd = model_spec(Arch::gpt2, 2, 9, 3, 36, 50, 16);
+  EXPECT_EQ(sizes(odd, ActivationShape{1, 3}).ln1, 14u) << "27 bf16 values need 14 floats";
+}
+
 TEST(ActivationSizes, TensorParallelWithSequenceSplit) {
   const int t = 2;
   const ActivationSizes s = activation_sizes(small_spec(), ActivationShape{3, 32, t, true});

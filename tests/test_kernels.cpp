@@ -12,6 +12,7 @@
 #include "core/host_threads.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
+#include "core/llama_kernels.hpp"
 #include "grad_check.hpp"
 
 using namespace colossal;
@@ -263,6 +264,79 @@ TEST(Bf16, NativeGemmOfHeldWeightsEqualsConvertingEachProduct) {
   EXPECT_EQ(product(), fresh);
   EXPECT_NE(fresh, want);
   EXPECT_EQ(gemm->stable_conversions(), 2u);
+}
+
+// Gemm::gemm_mixed: an operand stored as bf16 patterns multiplies as the floats it represents,
+// in either position and transpose: bitwise the product of those floats on an fp32 backend (the
+// default widens), on the emulation (which widens instead of rounding) and on oneDNN (which
+// takes the patterns as they are), where it runs.
+TEST(Bf16, MixedOperandsMultiplyAsTheFloatsTheyRepresent) {
+  if (!test::host_memory()) GTEST_SKIP() << "host arrays";
+  std::vector<std::pair<std::string, std::unique_ptr<Gemm>>> backends;
+  backends.emplace_back("openblas", make_host_gemm());
+  backends.emplace_back("emulated", make_bf16_gemm(make_host_gemm()));
+  try {
+    backends.emplace_back("native", make_native_bf16_gemm());
+  } catch (const std::exception& e) {
+    std::printf("no native bf16 GEMM here (%s)\n", e.what());
+  }
+  const int M = 13, N = 6, K = 9;
+  const auto a = random_vector(M * K, 41), b = random_vector(K * N, 42);
+  std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+  to_bf16_bits(a.data(), a16.data(), a.size());
+  to_bf16_bits(b.data(), b16.data(), b.size());
+  std::vector<float> ar(a16.size()), br(b16.size());
+  from_bf16_bits(a16.data(), ar.data(), ar.size());
+  from_bf16_bits(b16.data(), br.data(), br.size());
+  for (std::size_t i = 0; i < a.size(); ++i) ASSERT_EQ(ar[i], round_to_bf16(a[i])) << i;
+  for (auto& [name, gemm] : backends) {
+    for (Trans ta : {Trans::N, Trans::T}) {
+      for (Trans tb : {Trans::N, Trans::T}) {
+        SCOPED_TRACE(name + (ta == Trans::T ? " A^T" : " A") + (tb == Trans::T ? " B^T" : " B"));
+        const int lda = ta == Trans::N ? K : M, ldb = tb == Trans::N ? N : K;
+        const auto c0 = random_vector(M * N, 43);
+        auto want = c0;
+        gemm->gemm(ta, tb, M, N, K, 0.5f, ar.data(), lda, br.data(), ldb, 1.0f, want.data(), N);
+        auto c_a = c0, c_b = c0, c_ab = c0;
+        gemm->gemm_mixed(ta, tb, M, N, K, 0.5f, a16.data(), lda, br.data(), ldb, 1.0f,
+                         c_a.data(), N);
+        gemm->gemm_mixed(ta, tb, M, N, K, 0.5f, ar.data(), lda, b16.data(), ldb, 1.0f,
+                         c_b.data(), N);
+        gemm->gemm_mixed(ta, tb, M, N, K, 0.5f, a16.data(), lda, b16.data(), ldb, 1.0f,
+                         c_ab.data(), N);
+        EXPECT_EQ(c_a, want);
+        EXPECT_EQ(c_b, want);
+        EXPECT_EQ(c_ab, want);
+        EXPECT_NE(want, c0);
+      }
+    }
+  }
+}
+
+// layernorm_forward and rmsnorm_forward with a bf16 output write exactly the rounded fp32
+// outputs, and the same row statistics.
+TEST_F(Kernels, NormOutputsInBf16AreTheRoundedFp32Outputs) {
+  const int64_t N = 7;
+  const int C = 37;
+  const auto x = random_vector(N * C, 51), w = random_vector(C, 52), bias = random_vector(C, 53);
+  std::vector<float> out(N * C), mean(N), rstd(N), mean16(N), rstd16(N);
+  std::vector<std::uint16_t> out16(N * C), want(N * C);
+  for (bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "rmsnorm" : "layernorm");
+    if (rms) {
+      kernels::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      kernels::rmsnorm_forward(out16.data(), rstd16.data(), x.data(), w.data(), N, C, 1e-5f);
+    } else {
+      kernels::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                 bias.data(), N, C, 1e-5f);
+      kernels::layernorm_forward(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(),
+                                 bias.data(), N, C, 1e-5f);
+      EXPECT_EQ(mean16, mean);
+    }
+    EXPECT_EQ(rstd16, rstd);
+    to_bf16_bits(out.data(), want.data(), out.size());
+    EXPECT_EQ(out16, want);
+  }
 }
 
 TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {

@@ -192,6 +192,92 @@ TEST_P(ModelGradient, Bf16HeldWeightsGiveTheStepsOfConvertingEveryProduct) {
   }
 }
 
+// train.precision: bf16 on the host saves the activations that only products read (norm
+// outputs, q/k/v, unfused attention's output) in bf16 (ModelOptions::bf16_operands). Those
+// products round them to bf16 anyway, so for gpt2, opt (fused attention too) and llama, with
+// every activation kept, with segments recomputed and with selective recompute, the steps
+// (losses, gradients, an evaluation after each update) are bitwise those of fp32 storage, on the
+// emulation and on oneDNN where it runs, in half those tensors' memory.
+TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
+  if (!test::host_memory()) GTEST_SKIP() << "bf16 norm outputs are host-only";
+  const int B = 2, T = 5, steps = 2;
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  std::vector<std::pair<std::string, std::unique_ptr<Gemm>>> backends;
+  backends.emplace_back("emulated", make_bf16_gemm(make_host_gemm()));
+  try {
+    backends.emplace_back("native", make_native_bf16_gemm());
+  } catch (const std::exception& e) {
+    std::printf("no native bf16 GEMM here (%s): the emulation only\n", e.what());
+  }
+  ModelSpec fused = tiny(Arch::gpt2);
+  fused.fused_attention = true;
+  const std::vector<std::pair<std::string, ModelSpec>> specs = {
+      {"gpt2", tiny(Arch::gpt2)},
+      {"opt", tiny(Arch::opt)},
+      {"gpt2 fused", fused},
+      {"llama", llama_spec(2, 16, 4, 2, 12, 11, 8, 10000.0, 1e-5, false)}};
+  struct Schedule {
+    std::vector<Keep> keep;
+    bool selective = false;
+    std::string name;
+  };
+  const std::vector<Schedule> schedules = {
+      {{}, false, "all kept"},
+      {{Keep::input, Keep::none, Keep::input, Keep::none}, false, "recomputed"},
+      {{}, true, "selective"}};
+  for (auto& [backend_name, gemm] : backends) {
+    for (const auto& [spec_name, spec] : specs) {
+      for (const auto& [keep, selective, schedule_name] : schedules) {
+        SCOPED_TRACE(backend_name + ", " + spec_name + ", " + schedule_name);
+        struct Run {
+          std::vector<float> out;
+          std::size_t bytes = 0;
+          ActivationSizes sizes;
+        };
+        auto run = [&](bool bf16_operands) {
+          MemoryTracker tracker;
+          Model model(spec, B, T, tracker, *gemm,
+                      ModelOptions{.keep = keep, .selective = selective,
+                                   .bf16_operands = bf16_operands});
+          model.init_parameters(5);
+          Run r;
+          r.bytes = model.activation_bytes() + model.temporary_bytes();
+          r.sizes = model.activations().sizes;
+          for (int step = 0; step < steps; ++step) {
+            model.zero_grad();
+            r.out.push_back(
+                float(model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T))));
+            model.backward(tokens.data(), B);
+            r.out.insert(r.out.end(), model.grads(), model.grads() + model.flat_size());
+            float* params = model.params();
+            for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= model.grads()[i];
+            r.out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
+          }
+          return r;
+        };
+        const Run fp32 = run(false), bf16 = run(true);
+        ASSERT_EQ(fp32.out.size(), bf16.out.size());
+        for (std::size_t i = 0; i < fp32.out.size(); ++i) ASSERT_EQ(fp32.out[i], bf16.out[i]) << i;
+        EXPECT_NE(fp32.out.front(), fp32.out.back());  // the updates changed the loss
+        const std::size_t n = std::size_t(B) * T * spec.hidden;
+        const ActivationSizes& z = bf16.sizes;
+        EXPECT_FALSE(fp32.sizes.bf16_norms || fp32.sizes.bf16_qkv || fp32.sizes.bf16_atty);
+        EXPECT_TRUE(z.bf16_norms && z.bf16_qkv);
+        EXPECT_EQ(z.bf16_atty, !spec.fused_attention);
+        EXPECT_EQ(fp32.sizes.ln1, n);
+        EXPECT_EQ(z.ln1 + z.ln2 + z.lnf + z.qkv, 6 * n / 2);
+        EXPECT_EQ(z.atty, spec.fused_attention ? n : n / 2);
+        EXPECT_LT(bf16.bytes, fp32.bytes);
+        if (keep.empty() && !selective) {  // every block's ln1, ln2, qkv (and atty) and lnf
+          const std::size_t block = (5 + (spec.fused_attention ? 0 : 1)) * n / 2;
+          EXPECT_EQ(fp32.bytes - bf16.bytes, (spec.layers * block + n / 2) * 4);
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,
                          ::testing::Values(Arch::gpt2, Arch::opt),
                          [](const auto& info) { return std::string(arch_name(info.param)); });

@@ -25,6 +25,7 @@ struct Case {
   std::vector<int> recompute{};  // whole blocks (keep_blocks)
   std::string keep{};            // or per op: A = all, I = input, . = none (two per block)
   bool selective = false;
+  bool bf16_operands = false;       // norm outputs in bf16 (ignored under split)
 };
 
 std::vector<core::Keep> keep_of(const Case& c, int layers) {
@@ -57,9 +58,10 @@ TEST_P(SavedBytes, EqualWhatTheModelAllocates) {
                                        .stage = c.stage,
                                        .slots = c.slots,
                                        .keep = keep_of(c, spec.layers),
-                                       .selective = c.selective});
+                                       .selective = c.selective,
+                                       .bf16_operands = c.bf16_operands});
   planner::Layout layout{B,       T,       c.tensor, c.split, c.sequence,
-                         c.stage, keep_of(c, spec.layers), c.selective};
+                         c.stage, keep_of(c, spec.layers), c.selective, false, c.bf16_operands};
   const planner::StepGraph graph = planner::build_step_graph(spec, layout);
   EXPECT_EQ(double(model.activation_bytes()), graph.saved_bytes() * c.slots);
   EXPECT_EQ(tracker.current(core::MemCategory::activations), model.activation_bytes());
@@ -86,7 +88,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{core::Arch::gpt2, 1, 1, false, false, {1, 4, false, true}, 1, {},
                            "AAAI.I.A"},
                       Case{core::Arch::gpt2, 1, 1, false, false, {}, 1, {}, "AAI.AAAA", true},
-                      Case{core::Arch::opt, 1, 2, false, false, {}, 2, {}, "I.......", true}));
+                      Case{core::Arch::opt, 1, 2, false, false, {}, 2, {}, "I.......", true},
+                      // bf16 norm outputs (train.precision: bf16 on the host), recomputed too,
+                      // and ignored under sequence_split.
+                      Case{core::Arch::gpt2, 1, 1, false, false, {}, 2, {}, "", false, true},
+                      Case{core::Arch::opt, 2, 2, false, false, {1, 3, false, true}, 2, {},
+                           "AI...IAA", false, true},
+                      Case{core::Arch::gpt2, 2, 1, false, true, {}, 1, {0, 2}, "", false, true},
+                      Case{core::Arch::opt, 2, 1, true, false, {}, 1, {}, "", false, true}));
 
 TEST(StepGraph, MatmulFlopsAre6NPlus12LTdPerTokenAndSplitOverTensorRanks) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 6, 96, 6, 384, 768, 128);

@@ -77,10 +77,11 @@ inline void expect_same_weights(apps::Trainer& trainer, apps::Trainer& reference
   EXPECT_LT(double(above), 0.005 * double(want.size()));
 }
 
-inline void expect_same_losses(const apps::TrainSummary& got, const apps::TrainSummary& expected) {
+inline void expect_same_losses(const apps::TrainSummary& got, const apps::TrainSummary& expected,
+                               double relative = 1e-5) {
   ASSERT_EQ(got.losses.size(), expected.losses.size());
   for (std::size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-5 * std::abs(expected.losses[i]))
+    EXPECT_NEAR(got.losses[i], expected.losses[i], relative * std::abs(expected.losses[i]))
         << "step " << i + 1;
   }
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.5) << "the run must actually learn";
