@@ -19,6 +19,9 @@
 
 namespace colossal::core {
 
+// Rows of logits computed at a time when the logits' gradient is saved in bf16.
+constexpr std::size_t kLogitsChunkRows = 128;
+
 // One rank's share of a micro-batch: what sets the size of every activation.
 struct ActivationShape {
   int batch = 1;                // sequences per micro-batch (buffers hold the largest)
@@ -31,7 +34,9 @@ struct ActivationShape {
   // in half their memory: the norm outputs ln1, ln2 and lnf (not under sequence_split, whose
   // gathers move them in fp32), q/k/v and, with unfused attention, the attention output (neither
   // under a ring, which sends them in fp32; fused attention's backward reads its output
-  // element-wise). ActivationSizes says which apply.
+  // element-wise), and the logits' gradient (without tensor parallelism, whose cross-entropy
+  // works across ranks): the logits are then computed kLogitsChunkRows rows at a time into a
+  // temporary, never whole. ActivationSizes says which apply.
   bool bf16_operands = false;
 };
 
@@ -55,11 +60,15 @@ struct ActivationSizes {
   // statistics, the per-token losses and the logits (which become their gradient).
   std::size_t lnf = 0;                     // (B,T,C)
   // Which tensors hold bf16 patterns (ActivationShape::bf16_operands): ln1, ln2 and lnf; qkv;
-  // atty. Their sizes above are then the floats that hold them, half as many, rounded up.
-  bool bf16_norms = false, bf16_qkv = false, bf16_atty = false;
+  // atty; logits (their gradient only). Their sizes above are then the floats that hold them,
+  // half as many, rounded up.
+  bool bf16_norms = false, bf16_qkv = false, bf16_atty = false, bf16_dlogits = false;
+  // bf16_dlogits: the fp32 logits of min(B*T, kLogitsChunkRows) rows, a temporary of the head
+  // stage (StageActivations::scratch), not in scratch() below.
+  std::size_t logits_chunk = 0;
   std::size_t lnf_mean = 0, lnf_rstd = 0;  // (B,T)/r
   std::size_t losses = 0;                  // (B,T)
-  std::size_t logits = 0;                  // (B,T,V/t)
+  std::size_t logits = 0;                  // (B,T,V/t): the logits, then their gradient
   // Temporaries shared by every block: gradient buffers of the residual stream and of the
   // hidden width, the MLP activation (recomputed in backward rather than saved), q/k/v
   // gradients, attention-score gradients (one batch row of them; all rows under a ring; one
@@ -111,7 +120,7 @@ struct StageActivations {
   std::size_t logits = 0;      // per slot, head stage only
   std::size_t arena = 0;       // the recompute arena (a temporary)
   std::size_t selective_att = 0;  // selective: one block's probabilities (a temporary)
-  std::size_t scratch = 0;     // sizes.scratch()
+  std::size_t scratch = 0;     // sizes.scratch(), and on the head stage sizes.logits_chunk
 
   bool keeps_input(std::size_t op) const { return keep[op] != Keep::none; }
   bool keeps_saved(std::size_t op) const { return keep[op] == Keep::all; }

@@ -176,6 +176,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   bf16_norms_ = sz.bf16_norms;
   bf16_qkv_ = sz.bf16_qkv;
   bf16_atty_ = sz.bf16_atty;
+  bf16_dlogits_ = sz.bf16_dlogits;
   keep_ = activations_.keep;
   selective_ = activations_.selective;
   const std::size_t L = std::size_t(layer_end_ - layer_begin_);
@@ -274,6 +275,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
       copy_to_device(rope_sin_, sn.data(), sn.size() * sizeof(float));
     }
   }
+  if (stage_.head) logits_chunk_ = carve(sz.logits_chunk);  // bf16_dlogits_ only
   check_carved(cursor, scratch_, "temporaries");
 }
 
@@ -436,6 +438,19 @@ const float* Model::column_parallel_end(int64_t N) {
 }
 
 void Model::gather_logits(int64_t row, float* out) {
+  if (bf16_dlogits_) {  // the logits were never kept whole: this row's again, from ln_f
+    const int C = spec_.hidden, V = int(local_vocab_);
+    const bool tied = spec_.tied();
+    const float* W = tied ? store_->gather(embed_unit_) + wte_
+                          : store_->gather(final_unit_) + lm_head_;
+    DeviceArray<float> logits(scratch_tracker_, MemCategory::temporaries, std::size_t(V));
+    gemm_.gemm_mixed(Trans::N, Trans::T, 1, V, C, 1.0f,
+                     norm_operand(slot_acts_.front().lnf) + row * C, C, W, C, 0.0f, logits.data(),
+                     V);
+    store_->release(tied ? embed_unit_ : final_unit_);
+    copy_to_host(out, logits.data(), std::size_t(spec_.vocab) * sizeof(float));
+    return;
+  }
   const float* local = slot_acts_.front().logits + row * local_vocab_;
   if (tp_ == nullptr) {
     copy_to_host(out, local, std::size_t(spec_.vocab) * sizeof(float));
@@ -469,17 +484,21 @@ void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
   const float eps = spec_.layernorm_eps();
   auto run = [&](auto* o) {
     using Out = std::remove_pointer_t<decltype(o)>;
-    if (spec_.llama()) {
-      k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
-    } else {
-      k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
+    // bf16 outputs are host-only: device builds never instantiate them (bf16_norms_ is false).
+    if constexpr (std::is_same_v<Out, float> || !device_memory_v<k::Exec>) {
+      if (spec_.llama()) {
+        k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
+      } else {
+        k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
+      }
     }
   };
   timed(WorkKind::layernorm, [&] {
-    if constexpr (!device_memory_v<k::Exec>) {  // bf16 storage is host-only
-      if (bf16_norms_) return run(reinterpret_cast<std::uint16_t*>(out));
+    if (bf16_norms_) {
+      run(reinterpret_cast<std::uint16_t*>(out));
+    } else {
+      run(out);
     }
-    run(out);
   });
 }
 
@@ -601,6 +620,28 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
 }
 
+// The LM head and cross-entropy kLogitsChunkRows rows at a time through logits_chunk_; with
+// grad_scale != 0 each chunk's gradient is saved as bf16 patterns in A.logits (only the head's
+// backward products read it, and they round it to bf16 anyway).
+void Model::chunked_head_forward(Acts& A, const float* W, const int32_t* targets, int64_t N,
+                                 float grad_scale) {
+  const int C = spec_.hidden, V = int(local_vocab_);
+  auto* dlogits = reinterpret_cast<std::uint16_t*>(A.logits);
+  const int64_t R = int64_t(kLogitsChunkRows);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t rows = std::min(R, N - r0);
+    timed(WorkKind::gemm, [&] {
+      gemm_.gemm_mixed(Trans::N, Trans::T, rows, V, C, 1.0f, norm_operand(A.lnf) + r0 * C, C, W,
+                       C, 0.0f, logits_chunk_, V);
+    });
+    timed(WorkKind::loss, [&] {
+      k::cross_entropy_forward_backward(logits_chunk_, A.losses + r0, targets + r0, rows, V,
+                                        grad_scale);
+      if (grad_scale != 0.0f) to_bf16_bits(logits_chunk_, dlogits + r0 * V, std::size_t(rows) * V);
+    });
+  }
+}
+
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
                       int slot) {
   if (B < 1 || B > max_batch_) {
@@ -663,18 +704,22 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   } else {
     W = Pf + lm_head_;
   }
-  timed(WorkKind::gemm, [&] {
-    gemm_.gemm_mixed(Trans::N, Trans::T, N, V, C, 1.0f, norm_operand(A.lnf), C, W, C, 0.0f,
-                     A.logits, V);
-  });
+  if (bf16_dlogits_) {
+    chunked_head_forward(A, W, targets, N, grad_scale);
+  } else {
+    timed(WorkKind::gemm, [&] {
+      gemm_.gemm_mixed(Trans::N, Trans::T, N, V, C, 1.0f, norm_operand(A.lnf), C, W, C, 0.0f,
+                       A.logits, V);
+    });
+  }
   if (!spec_.tied()) store_->release(final_unit_);
   if (E != nullptr) store_->release(embed_unit_);
-  if (tp_ == nullptr) {
-    Profiler::Scope loss_scope(profiler_, WorkKind::loss);
-    k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
-  } else {
+  if (tp_ != nullptr) {
     vocab_parallel_cross_entropy(*tp_, A.logits, A.losses, targets, N, V, valid_vocab_,
                                  vocab_begin_, grad_scale, ce_buf_, profiler_);
+  } else if (!bf16_dlogits_) {
+    Profiler::Scope loss_scope(profiler_, WorkKind::loss);
+    k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
   }
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
   return k::sum(A.losses, N) / static_cast<double>(N);
@@ -692,7 +737,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   float* GE = nullptr;
   if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
   if (stage_.head) {
-    const float* dlogits = A.logits;
+    const GemmOperand dlogits = operand(A.logits, bf16_dlogits_);
     const bool tied = spec_.tied();
     float* Gf = store_->gradients(final_unit_);
     // Untied llama: lm_head.weight lives in the final unit, gathered once for the head and the
@@ -702,7 +747,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     float* GW = tied ? GE + wte_ : Gf + lm_head_;
     float* dlnf = column_parallel_dinp();
     timed(WorkKind::gemm, [&] {
-      gemm_.gemm(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
+      gemm_.gemm_mixed(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
       gemm_.gemm_mixed(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, norm_operand(A.lnf), C,
                        1.0f, GW, C);
     });

@@ -124,8 +124,9 @@ class Model final : public StageModel {
 
   // Runs the batch (tokens and targets are (batch, seq_len) int32 in device memory) and returns the
   // mean cross-entropy over its tokens. With grad_scale != 0 the logits buffer is turned into the
-  // gradient of grad_scale * (sum of token losses), ready for backward(); grad_scale = 0 leaves the
-  // raw logits readable through logits().
+  // gradient of grad_scale * (sum of token losses), ready for backward() (in bf16 under
+  // ModelOptions::bf16_operands without tensor parallelism, which then never keeps the logits
+  // whole); grad_scale = 0 computes the losses alone (gather_logits reads the logits).
   // `slot` chooses the activation set (pipelines keep several micro-batches in flight). On a stage
   // without the head it returns 0 and leaves stage_output(slot).
   double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
@@ -147,8 +148,6 @@ class Model final : public StageModel {
   const float* input_gradient() const override { return dresidual_; }
   int slots() const override { return int(slot_acts_.size()); }
 
-  // (batch, seq_len, local_vocab()) after forward of slot 0: this rank's vocabulary rows.
-  const float* logits() const { return slot_acts_.front().logits; }
   int64_t local_vocab() const { return local_vocab_; }
   // The full-vocabulary logits of token row `row` (batch * seq_len + position) of the last
   // forward into host memory `out` (vocab floats). Collective over the tensor group.
@@ -243,6 +242,9 @@ class Model final : public StageModel {
   void linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
                        int ld_dout, GemmOperand inp, int ld_in, const Linear& lin, int64_t N,
                        bool accumulate);
+  // bf16_dlogits_: the LM head and the cross-entropy in chunks of rows, W the head's weights.
+  void chunked_head_forward(Acts& A, const float* W, const int32_t* targets, int64_t N,
+                            float grad_scale);
   // A norm (layernorm, or llama's RMSNorm: mean unused) of `rows` rows into its saved buffer
   // `out`: fp32, or bf16 patterns under bf16_norms_.
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -343,8 +345,10 @@ class Model final : public StageModel {
   DeviceArray<float> selective_att_;          // selective: the probabilities of one block
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
-  // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty.
-  bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false;
+  // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty; the logits' gradient
+  // (the logits then go through logits_chunk_, kLogitsChunkRows rows at a time).
+  bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false, bf16_dlogits_ = false;
+  float* logits_chunk_ = nullptr;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk
   float *ring_block_ = nullptr, *dkv_all_ = nullptr;

@@ -79,7 +79,10 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   };
   const ActivationSizes fp32 = activation_sizes(small_spec(), ActivationShape{3, 32});
   const ActivationSizes s = sizes(small_spec(), ActivationShape{3, 32});
-  EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty);
+  EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty && s.bf16_dlogits);
+  EXPECT_EQ(s.logits, B * T * V / 2) << "the gradient's bf16 patterns";
+  EXPECT_EQ(s.logits_chunk, B * T * V) << "96 rows, fewer than a chunk";
+  EXPECT_EQ(fp32.logits_chunk, 0u);
   EXPECT_EQ(s.ln1, B * T * C / 2);
   EXPECT_EQ(s.ln2, B * T * C / 2);
   EXPECT_EQ(s.lnf, B * T * C / 2);
@@ -106,10 +109,22 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   EXPECT_EQ(ring.ln1, B * 16 * C / 2);
 
   const ActivationSizes split = sizes(small_spec(), ActivationShape{3, 32, 2, true});
-  EXPECT_TRUE(!split.bf16_norms && split.bf16_qkv && split.bf16_atty);
+  EXPECT_TRUE(!split.bf16_norms && split.bf16_qkv && split.bf16_atty && !split.bf16_dlogits);
+  EXPECT_EQ(split.logits, B * T * 128) << "vocabulary-parallel: the logits in fp32";
+  EXPECT_EQ(split.logits_chunk, 0u);
   EXPECT_EQ(split.ln1, B * T * C / 2) << "the rows of one of two tensor ranks, in fp32";
   EXPECT_EQ(split.lnf, B * T * C);
   EXPECT_EQ(split.qkv, 3 * B * T * (C / 2) / 2);
+
+  // More rows than a chunk: kLogitsChunkRows rows of fp32 logits, on the head stage only.
+  const ActivationSizes many = sizes(small_spec(), ActivationShape{8, 32});
+  EXPECT_EQ(many.logits_chunk, kLogitsChunkRows * V);
+  ActivationShape shape{8, 32};
+  shape.bf16_operands = true;
+  EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{0, 2, true, false}).scratch,
+            many.scratch());
+  EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{2, 4, false, true}).scratch,
+            many.scratch() + kLogitsChunkRows * V);
 
   const ModelSpec odd = model_spec(Arch::gpt2, 2, 9, 3, 36, 50, 16);
   EXPECT_EQ(sizes(odd, ActivationShape{1, 3}).ln1, 14u) << "27 bf16 values need 14 floats";

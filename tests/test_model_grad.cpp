@@ -2,6 +2,8 @@
 // tensor is probed, so a mistake in any layer, in the residual wiring or in the tied head shows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -231,7 +233,7 @@ TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
       for (const auto& [keep, selective, schedule_name] : schedules) {
         SCOPED_TRACE(backend_name + ", " + spec_name + ", " + schedule_name);
         struct Run {
-          std::vector<float> out;
+          std::vector<float> out, logits;
           std::size_t bytes = 0;
           ActivationSizes sizes;
         };
@@ -254,28 +256,92 @@ TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
             for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= model.grads()[i];
             r.out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
           }
+          r.logits.resize(std::size_t(spec.vocab));  // of the evaluation: what sampling reads
+          model.gather_logits(7, r.logits.data());
           return r;
         };
         const Run fp32 = run(false), bf16 = run(true);
+        // bf16 recomputes the row's logits from ln_f (one row, another product shape).
+        for (std::size_t v = 0; v < fp32.logits.size(); ++v) {
+          EXPECT_NEAR(bf16.logits[v], fp32.logits[v], 1e-5 * (1 + std::abs(fp32.logits[v]))) << v;
+        }
         ASSERT_EQ(fp32.out.size(), bf16.out.size());
         for (std::size_t i = 0; i < fp32.out.size(); ++i) ASSERT_EQ(fp32.out[i], bf16.out[i]) << i;
         EXPECT_NE(fp32.out.front(), fp32.out.back());  // the updates changed the loss
         const std::size_t n = std::size_t(B) * T * spec.hidden;
         const ActivationSizes& z = bf16.sizes;
-        EXPECT_FALSE(fp32.sizes.bf16_norms || fp32.sizes.bf16_qkv || fp32.sizes.bf16_atty);
-        EXPECT_TRUE(z.bf16_norms && z.bf16_qkv);
+        EXPECT_FALSE(fp32.sizes.bf16_norms || fp32.sizes.bf16_qkv || fp32.sizes.bf16_atty ||
+                     fp32.sizes.bf16_dlogits);
+        EXPECT_TRUE(z.bf16_norms && z.bf16_qkv && z.bf16_dlogits);
+        const std::size_t logits = fp32.sizes.logits;  // B*T rows of the padded vocabulary
+        EXPECT_EQ(z.logits, logits / 2);
+        EXPECT_EQ(z.logits_chunk, logits) << "fewer rows than a chunk: one chunk of all rows";
         EXPECT_EQ(z.bf16_atty, !spec.fused_attention);
         EXPECT_EQ(fp32.sizes.ln1, n);
         EXPECT_EQ(z.ln1 + z.ln2 + z.lnf + z.qkv, 6 * n / 2);
         EXPECT_EQ(z.atty, spec.fused_attention ? n : n / 2);
-        EXPECT_LT(bf16.bytes, fp32.bytes);
-        if (keep.empty() && !selective) {  // every block's ln1, ln2, qkv (and atty) and lnf
+        if (keep.empty() && !selective) {
+          // Every block's ln1, ln2, qkv (and atty), and lnf in half; the logits' gradient in half
+          // against a chunk of fp32 logits.
           const std::size_t block = (5 + (spec.fused_attention ? 0 : 1)) * n / 2;
-          EXPECT_EQ(fp32.bytes - bf16.bytes, (spec.layers * block + n / 2) * 4);
+          EXPECT_EQ(fp32.bytes - bf16.bytes,
+                    (spec.layers * block + n / 2 + logits - z.logits - z.logits_chunk) * 4);
         }
       }
     }
   }
+}
+
+// More rows than kLogitsChunkRows (2 x 150 = 300: chunks of 128, 128 and 44): the chunked LM
+// head and cross-entropy train as the whole-batch one does, in a third of the logits' memory.
+TEST(ModelBf16Operands, ChunkedLogitsTrainAsWholeOnes) {
+  if (!test::host_memory()) GTEST_SKIP() << "bf16 activations are host-only";
+  const ModelSpec spec = model_spec(Arch::gpt2, 1, 16, 2, 32, 40, 160);
+  const int B = 2, T = 150;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = (i * 7 + 3) % spec.vocab;
+    targets[i] = (i * 13 + 1) % spec.vocab;
+  }
+  std::vector<std::pair<std::string, std::unique_ptr<Gemm>>> backends;
+  backends.emplace_back("emulated", make_bf16_gemm(make_host_gemm()));
+  try {
+    backends.emplace_back("native", make_native_bf16_gemm());
+  } catch (const std::exception&) {  // the emulation only
+  }
+  std::size_t whole = 0, chunked = 0;
+  for (auto& [name, gemm] : backends) {
+    SCOPED_TRACE(name);
+    auto run = [&](bool bf16_operands, std::size_t& logit_floats) {
+      MemoryTracker tracker;
+      Model model(spec, B, T, tracker, *gemm, ModelOptions{.bf16_operands = bf16_operands});
+      model.init_parameters(9);
+      logit_floats = model.activations().logits + model.activations().sizes.logits_chunk;
+      std::vector<float> out;
+      for (int step = 0; step < 2; ++step) {
+        model.zero_grad();
+        out.push_back(float(model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T))));
+        model.backward(tokens.data(), B);
+        out.insert(out.end(), model.grads(), model.grads() + model.flat_size());
+        float* params = model.params();
+        for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= 0.5f * model.grads()[i];
+      }
+      return out;
+    };
+    const auto want = run(false, whole), got = run(true, chunked);
+    ASSERT_EQ(want.size(), got.size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, double(std::abs(got[i] - want[i])));
+    }
+    std::printf("%s: chunked against whole logits: largest difference %.3g\n", name.c_str(),
+                worst);
+    EXPECT_LT(worst, 1e-6);
+    EXPECT_NE(want.front(), want[want.size() / 2]) << "the update changed the loss";
+  }
+  const std::size_t V = std::size_t(padded_vocab(spec, 1));
+  EXPECT_EQ(whole, std::size_t(B) * T * V);
+  EXPECT_EQ(chunked, std::size_t(B) * T * V / 2 + kLogitsChunkRows * V);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,
