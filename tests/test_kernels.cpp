@@ -314,8 +314,10 @@ TEST(Bf16, MixedOperandsMultiplyAsTheFloatsTheyRepresent) {
 }
 
 // layernorm_forward and rmsnorm_forward with a bf16 output write exactly the rounded fp32
-// outputs, and the same row statistics.
-TEST_F(Kernels, NormOutputsInBf16AreTheRoundedFp32Outputs) {
+// outputs, and the same row statistics, on the host's execution space (bf16 outputs are
+// host-only), in CUDA builds too.
+TEST(Bf16, NormOutputsInBf16AreTheRoundedFp32Outputs) {
+  using Host = Kokkos::DefaultHostExecutionSpace;
   const int64_t N = 7;
   const int C = 37;
   const auto x = random_vector(N * C, 51), w = random_vector(C, 52), bias = random_vector(C, 53);
@@ -324,13 +326,13 @@ TEST_F(Kernels, NormOutputsInBf16AreTheRoundedFp32Outputs) {
   for (bool rms : {false, true}) {
     SCOPED_TRACE(rms ? "rmsnorm" : "layernorm");
     if (rms) {
-      kernels::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-      kernels::rmsnorm_forward(out16.data(), rstd16.data(), x.data(), w.data(), N, C, 1e-5f);
+      kernels::rmsnorm_forward<Host>(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      kernels::rmsnorm_forward<Host>(out16.data(), rstd16.data(), x.data(), w.data(), N, C, 1e-5f);
     } else {
-      kernels::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
-                                 bias.data(), N, C, 1e-5f);
-      kernels::layernorm_forward(out16.data(), mean16.data(), rstd16.data(), x.data(), w.data(),
-                                 bias.data(), N, C, 1e-5f);
+      kernels::layernorm_forward<Host>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                       bias.data(), N, C, 1e-5f);
+      kernels::layernorm_forward<Host>(out16.data(), mean16.data(), rstd16.data(), x.data(),
+                                       w.data(), bias.data(), N, C, 1e-5f);
       EXPECT_EQ(mean16, mean);
     }
     EXPECT_EQ(rstd16, rstd);
