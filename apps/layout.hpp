@@ -20,8 +20,8 @@ namespace colossal::apps {
 // (parallel::balanced_stage_layers, the planner's partition) over size x chunks stages.
 std::vector<int> pipeline_layers(const io::Config& config);
 
-// Whether colossal_train saves the layernorm / RMSNorm outputs in bf16
-// (core::ModelOptions::bf16_operands): train.precision: bf16 on a host build, 1d tensor mode.
+// Whether colossal_train saves activations in bf16 (core::ModelOptions::bf16_operands and
+// bf16_probabilities): train.precision: bf16 on a host build, 1d tensor mode.
 bool bf16_operands(const io::Config& config);
 
 // The run's layout as the config fixes it (the trainer's pipeline partition included).

@@ -250,7 +250,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                            .slots = chunk.slots,
                            .keep = activation_plan_.keep,
                            .selective = activation_plan_.selective,
-                           .bf16_operands = bf16_operands(config_)});
+                           .bf16_operands = bf16_operands(config_),
+                           .bf16_probabilities = bf16_operands(config_)});
     chunk.model = chunk.built.model.get();
     chunk.dense = chunk.built.dense();
     if (!memory_plan) chunk.model->init_parameters(train.seed);

@@ -66,7 +66,8 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   s.ln1 = s.ln2 = floats(s.bf16_norms, BTCr);
   s.ln1_mean = s.ln1_rstd = s.ln2_mean = s.ln2_rstd = BTr;
   s.qkv = floats(s.bf16_qkv, 3 * BTCl);
-  s.att = spec.fused_attention ? B * H * T : B * H * T * keys;
+  s.bf16_att = shape.bf16_probabilities && !ring && !spec.fused_attention;
+  s.att = spec.fused_attention ? B * H * T : floats(s.bf16_att, B * H * T * keys);
   s.atty = floats(s.bf16_atty, BTCl);
   s.fch = BT * F;
   s.lnf = floats(s.bf16_norms, BTC);

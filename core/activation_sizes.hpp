@@ -38,6 +38,10 @@ struct ActivationShape {
   // works across ranks): the logits are then computed kLogitsChunkRows rows at a time into a
   // temporary, never whole. ActivationSizes says which apply.
   bool bf16_operands = false;
+  // And the attention probabilities (unfused, no ring), which the softmax backward reads
+  // element-wise: not exact (that backward sees them rounded to bf16), the rest of mixed
+  // precision's activation memory.
+  bool bf16_probabilities = false;
 };
 
 // Floats of each tensor of one micro-batch on one rank. B batch, T local tokens, C hidden,
@@ -63,6 +67,7 @@ struct ActivationSizes {
   // atty; logits (their gradient only). Their sizes above are then the floats that hold them,
   // half as many, rounded up.
   bool bf16_norms = false, bf16_qkv = false, bf16_atty = false, bf16_dlogits = false;
+  bool bf16_att = false;  // the probabilities (ActivationShape::bf16_probabilities)
   // bf16_dlogits: the fp32 logits of min(B*T, kLogitsChunkRows) rows, a temporary of the head
   // stage (StageActivations::scratch), not in scratch() below.
   std::size_t logits_chunk = 0;

@@ -367,13 +367,19 @@ void causal_softmax_forward(float* att, int64_t rows, int T) {  // (B*H, T, T)
   causal_softmax_forward<ExecSpace>(att, rows, T, T, 0);
 }
 
+// A saved element as the float it holds: itself, or the value of its bf16 pattern.
+KOKKOS_INLINE_FUNCTION float load_value(float x) { return x; }
+KOKKOS_INLINE_FUNCTION float load_value(std::uint16_t bits) { return bf16_value(bits); }
+
 // In place: datt <- scale * att * (datt - sum_j att*datt), the gradient with respect to the
-// unscaled scores q.k, zero above the diagonal (rows as in causal_softmax_forward).
-template <class ExecSpace = Exec>
+// unscaled scores q.k, zero above the diagonal (rows as in causal_softmax_forward). In: float,
+// or std::uint16_t for probabilities saved as bf16 patterns (host memory only).
+template <class ExecSpace = Exec, class In = float>
 void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
-                             const float* att, // (B*H, Tq, Tk)
+                             const In* att,    // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+    static_assert(std::is_same_v<In, float>, "bf16 probabilities are host-only");
     team::causal_softmax_backward<ExecSpace>(datt, att, rows, Tq, Tk, q_offset, scale);
     return;
   }
@@ -382,18 +388,18 @@ void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
       "colossal::core::causal_softmax_backward", rows, kRowGrain,
       KOKKOS_LAMBDA(int64_t r) {
         const int i = q_offset + static_cast<int>(r % Tq);
-        const float* a = att + r * T;
+        const In* a = att + r * T;
         float* d = datt + r * T;
         float dot = 0.0f;
-        for (int j = 0; j <= i; ++j) dot += a[j] * d[j];
-        for (int j = 0; j <= i; ++j) d[j] = scale * a[j] * (d[j] - dot);
+        for (int j = 0; j <= i; ++j) dot += load_value(a[j]) * d[j];
+        for (int j = 0; j <= i; ++j) d[j] = scale * load_value(a[j]) * (d[j] - dot);
         for (int j = i + 1; j < T; ++j) d[j] = 0.0f;
       });
 }
 
-template <class ExecSpace = Exec>
-void causal_softmax_backward(float* datt, const float* att, int64_t rows, int T, float scale) {
-  causal_softmax_backward<ExecSpace>(datt, att, rows, T, T, 0, scale);
+template <class ExecSpace = Exec, class In = float>
+void causal_softmax_backward(float* datt, const In* att, int64_t rows, int T, float scale) {
+  causal_softmax_backward<ExecSpace, In>(datt, att, rows, T, T, 0, scale);
 }
 
 // dst(rows, ld_dst)[:, :cols] = src(rows, ld_src)[:, :cols]

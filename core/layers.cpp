@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "core/kernels.hpp"
@@ -42,10 +44,18 @@ void linear_backward(Gemm& gemm, WeightLayout layout, float* dinp, int ld_dinp, 
 
 // Per sequence b, batched over heads: S = scale Q K^T, P = causal_softmax(S), Y = P V.
 void attention_forward(Gemm& gemm, float* att, float* atty, GemmOperand qkv, int B, int T, int C,
-                       int H) {
+                       int H, std::uint16_t* att_bf16) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = int64_t(T) * T;
+  if (att_bf16 != nullptr) {  // one sequence at a time through `att` (H,T,T), saved as bf16
+    for (int b = 0; b < B; ++b) {
+      attention_forward(gemm, att, atty + int64_t(b) * T * C, qkv + int64_t(b) * T * 3 * C, 1, T,
+                        C, H);
+      to_bf16_bits(att, att_bf16 + int64_t(b) * H * TT, std::size_t(H) * TT);
+    }
+    return;
+  }
   for (int b = 0; b < B; ++b) {
     const GemmOperand q = qkv + int64_t(b) * T * 3 * C;
     gemm.gemm_mixed_batched(Trans::N, Trans::T, T, T, hs, scale, q, 3 * C, hs, q + C, 3 * C, hs,
@@ -164,7 +174,7 @@ void ring_attention_backward(Gemm& gemm, TensorGroup& group, float* dqkv, float*
 
 // dP = dY V^T, dV = P^T dY, dS = softmax_backward(dP) (scale folded in), dQ = dS K, dK = dS^T Q.
 void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty,
-                        GemmOperand qkv, const float* att, int B, int T, int C, int H) {
+                        GemmOperand qkv, GemmOperand att, int B, int T, int C, int H) {
   const int hs = C / H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int64_t TT = int64_t(T) * T;
@@ -172,14 +182,26 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty
     const GemmOperand q = qkv + int64_t(b) * T * 3 * C;
     const GemmOperand k = q + C;
     const GemmOperand v = q + 2 * C;
-    const float* p = att + int64_t(b) * H * TT;
+    const GemmOperand p = att + int64_t(b) * H * TT;
     const float* dy = datty + int64_t(b) * T * C;
     float* dq = dqkv + int64_t(b) * T * 3 * C;
     gemm.gemm_mixed_batched(Trans::N, Trans::T, T, T, hs, 1.0f, dy, C, hs, v, 3 * C, hs, 0.0f,
                             datt, T, TT, H);
-    gemm.gemm_strided_batched(Trans::T, Trans::N, T, hs, T, 1.0f, p, T, TT, dy, C, hs, 0.0f,
-                              dq + 2 * C, 3 * C, hs, H);
-    kernels::causal_softmax_backward(datt, p, int64_t(H) * T, T, scale);
+    gemm.gemm_mixed_batched(Trans::T, Trans::N, T, hs, T, 1.0f, p, T, TT, dy, C, hs, 0.0f,
+                            dq + 2 * C, 3 * C, hs, H);
+    // bf16 probabilities (host memory only: device builds never instantiate them).
+    auto softmax_backward = [&](const auto* probabilities) {
+      using In = std::remove_const_t<std::remove_pointer_t<decltype(probabilities)>>;
+      if constexpr (std::is_same_v<In, float> || !device_memory_v<kernels::Exec>) {
+        kernels::causal_softmax_backward<kernels::Exec, In>(datt, probabilities, int64_t(H) * T,
+                                                            T, scale);
+      }
+    };
+    if (p.bf16 != nullptr) {
+      softmax_backward(p.bf16);
+    } else {
+      softmax_backward(p.f32);
+    }
     gemm.gemm_mixed_batched(Trans::N, Trans::N, T, hs, T, 1.0f, datt, T, TT, k, 3 * C, hs, 0.0f,
                             dq, 3 * C, hs, H);
     gemm.gemm_mixed_batched(Trans::T, Trans::N, T, hs, T, 1.0f, datt, T, TT, q, 3 * C, hs, 0.0f,

@@ -166,17 +166,19 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // saves ln2 and its statistics and fch). `all` keeps input and saved set, `input` the input
   // alone, `none` nothing: dropped sets live in one arena, carved per segment from its start.
   constexpr int kOps = kOpsPerBlock;
-  if (options.bf16_operands && device_memory_v<k::Exec>) {
+  if ((options.bf16_operands || options.bf16_probabilities) && device_memory_v<k::Exec>) {
     throw std::logic_error("bf16 activations are host-only (ModelOptions::bf16_operands)");
   }
-  const ActivationShape shape{max_batch,        seq_len,   split.size,
-                              sequence_split_,  ring_size, options.bf16_operands};
+  const ActivationShape shape{max_batch,       seq_len,   split.size,
+                              sequence_split_, ring_size, options.bf16_operands,
+                              options.bf16_probabilities};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;
   bf16_qkv_ = sz.bf16_qkv;
   bf16_atty_ = sz.bf16_atty;
   bf16_dlogits_ = sz.bf16_dlogits;
+  bf16_att_ = sz.bf16_att;
   keep_ = activations_.keep;
   selective_ = activations_.selective;
   const std::size_t L = std::size_t(layer_end_ - layer_begin_);
@@ -515,8 +517,10 @@ void Model::attention_core_forward(BlockActs& a, int B) {
       fused_attention_forward(gemm_, a.att, a.atty, qkv_operand(a), datt_, B, T, Cl, H);
     } else {
       // The output staged in dbuf_c_, free here in forward and where backward recomputes.
+      // bf16 probabilities: one sequence's at a time in datt_ (free there too), then saved.
       float* atty = staged(a.atty, bf16_atty_, dbuf_c_);
-      attention_forward(gemm_, a.att, atty, qkv_operand(a), B, T, Cl, H);
+      attention_forward(gemm_, bf16_att_ ? datt_ : a.att, atty, qkv_operand(a), B, T, Cl, H,
+                        bf16_att_ ? reinterpret_cast<std::uint16_t*>(a.att) : nullptr);
       store_staged(atty, a.atty, bf16_atty_, int64_t(B) * T * Cl);
     }
   });
@@ -816,7 +820,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
         fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, qkv_operand(a), a.att, datt_, B,
                                  T, Cl, H);
       } else {
-        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, qkv_operand(a), a.att, B, T, Cl, H);
+        attention_backward(gemm_, dqkv_, datt_, dbuf_c_, qkv_operand(a), operand(a.att, bf16_att_),
+                           B, T, Cl, H);
       }
     });
     const GemmOperand ln1 = norm_operand(gather_rows(a.ln1, N));

@@ -65,6 +65,9 @@ struct ModelOptions {
   // says which, when). The gemm must then round its operands to bf16 (a bf16 backend), or the
   // step would differ from fp32 storage. Host memory only. Model2D / Model3D ignore it.
   bool bf16_operands = false;
+  // With it, the attention probabilities in bf16 too (ActivationShape::bf16_probabilities: not
+  // exact).
+  bool bf16_probabilities = false;
 };
 
 class Model final : public StageModel {
@@ -348,6 +351,7 @@ class Model final : public StageModel {
   // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty; the logits' gradient
   // (the logits then go through logits_chunk_, kLogitsChunkRows rows at a time).
   bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false, bf16_dlogits_ = false;
+  bool bf16_att_ = false;  // the probabilities, staged one sequence at a time in datt_
   float* logits_chunk_ = nullptr;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk

@@ -20,8 +20,9 @@ struct RunLayout {
   int micro_batch = 1;
   int seq_len = 1024;
   bool bf16 = false;
-  // colossal_train's train.precision: bf16 on the host: the norm outputs saved in bf16
-  // (core::ActivationShape::bf16_operands); ignored under bf16, whose activations are all 2 bytes.
+  // colossal_train's train.precision: bf16 on the host: the activations it saves in bf16
+  // (core::ActivationShape::bf16_operands and bf16_probabilities); ignored under bf16, whose
+  // activations are all 2 bytes.
   bool bf16_operands = false;
   int data = 1, tensor = 1, sequence = 1, pipeline = 1;
   bool sequence_split = false;

@@ -73,9 +73,10 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   const bool tp = l.tensor > 1, split = tp && l.sequence_split, ring = l.sequence > 1;
   const int first = l.stage.layer_begin, last = l.stage.layer_end < 0 ? s.layers : l.stage.layer_end;
   // What each op saves, the recompute arena and the temporaries: the model's activation table.
+  const bool host_bf16 = l.bf16_operands && !l.bf16;  // colossal_train's bf16 storage
   const core::StageActivations acts = core::stage_activations(
       s, core::ActivationShape{l.micro_batch, l.seq_len / l.sequence, l.tensor, l.sequence_split,
-                               l.sequence, l.bf16_operands && !l.bf16},
+                               l.sequence, host_bf16, host_bf16},
       l.stage, l.keep, l.selective);
   const core::ActivationSizes& a = acts.sizes;
   auto saved = [f](std::size_t floats) { return f * double(floats); };

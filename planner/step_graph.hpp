@@ -29,7 +29,7 @@ struct Layout {
   std::vector<core::Keep> keep{};
   bool selective = false;
   bool bf16 = false;             // activations and their collectives in 2 bytes (mixed precision)
-  bool bf16_operands = false;       // only the norm outputs in bf16 (core::ActivationShape)
+  bool bf16_operands = false;  // colossal_train's host bf16 storage (core::ActivationShape's two)
 };
 
 struct Op {

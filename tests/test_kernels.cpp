@@ -341,6 +341,31 @@ TEST(Bf16, NormOutputsInBf16AreTheRoundedFp32Outputs) {
   }
 }
 
+// Attention with its probabilities saved as bf16 patterns: forward saves exactly the rounded
+// fp32 probabilities (one sequence at a time through an (H,T,T) buffer) with the same output,
+// and backward from them equals backward from those rounded values in fp32, bitwise.
+TEST_F(Kernels, AttentionWithBf16ProbabilitiesIsAttentionOfTheRoundedOnes) {
+  const int B = 3, T = 7, C = 8, H = 2;
+  const int64_t TT = int64_t(T) * T;
+  const auto qkv = random_vector(B * T * 3 * C, 61), dy = random_vector(B * T * C, 62);
+  std::vector<float> att(B * H * TT), y(B * T * C), work(H * TT), y16(B * T * C);
+  std::vector<std::uint16_t> att16(att.size()), want16(att.size());
+  attention_forward(*gemm, att.data(), y.data(), qkv.data(), B, T, C, H);
+  attention_forward(*gemm, work.data(), y16.data(), qkv.data(), B, T, C, H, att16.data());
+  to_bf16_bits(att.data(), want16.data(), att.size());
+  EXPECT_EQ(att16, want16);
+  EXPECT_EQ(y16, y);
+  std::vector<float> rounded(att.size());
+  from_bf16_bits(att16.data(), rounded.data(), rounded.size());
+  std::vector<float> dqkv(qkv.size()), dqkv16(qkv.size()), datt(H * TT);
+  attention_backward(*gemm, dqkv.data(), datt.data(), dy.data(), qkv.data(), rounded.data(), B, T,
+                     C, H);
+  attention_backward(*gemm, dqkv16.data(), datt.data(), dy.data(), qkv.data(), att16.data(), B, T,
+                     C, H);
+  EXPECT_EQ(dqkv16, dqkv);
+  EXPECT_NE(rounded, att) << "the probabilities were rounded";
+}
+
 TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {
   EXPECT_EQ(gemm_precision("bf16"), GemmPrecision::bf16);
   EXPECT_STREQ(to_string(gemm_precision("fp32")), "fp32");

@@ -292,6 +292,52 @@ TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
   }
 }
 
+// The attention probabilities in bf16 too (ModelOptions::bf16_probabilities) are not exact: the
+// softmax backward reads them element-wise. Its gradients stay within bf16's precision of fp32
+// storage's (and of the unrounded probabilities' through a few updates), in half the
+// probabilities' memory; fused attention (no probabilities) is unchanged.
+TEST(ModelBf16Operands, Bf16ProbabilitiesStayWithinBf16Precision) {
+  if (!test::host_memory()) GTEST_SKIP() << "bf16 activations are host-only";
+  const int B = 2, T = 5;
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  auto gemm = make_bf16_gemm(make_host_gemm());
+  for (Arch arch : {Arch::gpt2, Arch::opt}) {
+    SCOPED_TRACE(arch_name(arch));
+    const ModelSpec spec = tiny(arch);
+    auto run = [&](bool probabilities, std::size_t& att_floats) {
+      MemoryTracker tracker;
+      Model model(spec, B, T, tracker, *gemm,
+                  ModelOptions{.bf16_operands = true, .bf16_probabilities = probabilities});
+      model.init_parameters(5);
+      att_floats = model.activations().sizes.att;
+      std::vector<float> out;
+      for (int step = 0; step < 3; ++step) {
+        model.zero_grad();
+        out.push_back(float(model.forward(tokens.data(), targets.data(), B, 1.0f / (B * T))));
+        model.backward(tokens.data(), B);
+        out.insert(out.end(), model.grads(), model.grads() + model.flat_size());
+        float* params = model.params();
+        for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= model.grads()[i];
+      }
+      return out;
+    };
+    std::size_t att32 = 0, att16 = 0;
+    const auto want = run(false, att32), got = run(true, att16);
+    ASSERT_EQ(want.size(), got.size());
+    double worst = 0.0, largest = 0.0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, double(std::abs(got[i] - want[i])));
+      largest = std::max(largest, double(std::abs(want[i])));
+    }
+    std::printf("%s: bf16 probabilities, largest difference %.3g of %.3g\n", arch_name(arch),
+                worst, largest);
+    EXPECT_LT(worst, 1e-2 * largest);
+    EXPECT_GT(worst, 0.0) << "the probabilities were rounded";
+    EXPECT_EQ(att16, att32 / 2);
+  }
+}
+
 // More rows than kLogitsChunkRows (2 x 150 = 300: chunks of 128, 128 and 44): the chunked LM
 // head and cross-entropy train as the whole-batch one does, in a third of the logits' memory.
 TEST(ModelBf16Operands, ChunkedLogitsTrainAsWholeOnes) {

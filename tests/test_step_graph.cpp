@@ -25,7 +25,7 @@ struct Case {
   std::vector<int> recompute{};  // whole blocks (keep_blocks)
   std::string keep{};            // or per op: A = all, I = input, . = none (two per block)
   bool selective = false;
-  bool bf16_operands = false;       // norm outputs in bf16 (ignored under split)
+  bool bf16_operands = false;    // colossal_train's host bf16 storage
 };
 
 std::vector<core::Keep> keep_of(const Case& c, int layers) {
@@ -59,7 +59,8 @@ TEST_P(SavedBytes, EqualWhatTheModelAllocates) {
                                        .slots = c.slots,
                                        .keep = keep_of(c, spec.layers),
                                        .selective = c.selective,
-                                       .bf16_operands = c.bf16_operands});
+                                       .bf16_operands = c.bf16_operands,
+                                       .bf16_probabilities = c.bf16_operands});
   planner::Layout layout{B,       T,       c.tensor, c.split, c.sequence,
                          c.stage, keep_of(c, spec.layers), c.selective, false, c.bf16_operands};
   const planner::StepGraph graph = planner::build_step_graph(spec, layout);
