@@ -138,7 +138,7 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
                  bool memory_plan)
     : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
-                                        config.train.precision)) {
+                                        config.train.precision, config.train.tf32)) {
   tracker_.set_dry_run(memory_plan);
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
@@ -635,7 +635,10 @@ TrainSummary Trainer::train() {
     print("activation checkpointing: %s\n", activation_plan_.description.c_str());
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
-  print("gemm: %s (hardware.gemm)\n", gemm_->name().c_str());
+  const bool tf32_ignored = config_.train.tf32 && config_.train.precision == core::GemmPrecision::fp32 &&
+                           gemm_->name().find("TF32") == std::string::npos;
+  print("gemm: %s (hardware.gemm)%s\n", gemm_->name().c_str(),
+        tf32_ignored ? "; train.tf32 ignored: these products have no TF32" : "");
   print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "
         "communication %.3g, bubble %.3g, optimizer %.3g, waiting for shared cores %.3g)\n",
         hardware_name_.c_str(), core::format_bytes(predicted_memory_.total()).c_str(),

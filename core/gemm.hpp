@@ -123,12 +123,19 @@ std::unique_ptr<Gemm> make_native_bf16_gemm();
 std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend);
 
 #ifdef COLOSSAL_HAVE_CUDA
-// cuBLAS on the current CUDA device; operates on device memory. Creates its own handle. bf16
-// lets cuBLAS use reduced-precision tensor cores on the fp32 arrays
-// (CUBLAS_COMPUTE_32F_FAST_16BF): cuBLAS picks the kernel, and on an H200 with CUDA 13 its
-// results measured closer to fp32 than bf16 rounding is (TF32-like), so a Kokkos CUDA build's bf16
-// is "at most bf16 rounding", not bitwise bf16.
-std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision = GemmPrecision::fp32);
+// cuBLAS on the current CUDA device; operates on device memory. Creates its own handle, on
+// Kokkos' stream in a Kokkos CUDA build. bf16 there: each fp32 operand rounded to bf16 on the
+// device (ties to even, as the host emulation rounds; the parameters held by hold_stable once per
+// forward, in a device copy of 2 bytes per parameter), bf16 operands taken as they are, then
+// bf16 x bf16 with fp32 sums (CUBLAS_COMPUTE_32F): the host's bf16 results up to summation
+// order. The rounded copies of other operands grow to the two largest (outside the memory
+// tracker). In a host-Kokkos build (device arrays only in tests) cuBLAS rounds the fp32 arrays
+// itself (CUBLAS_COMPUTE_32F_FAST_16BF: measured at a tenth of bf16 rounding's error on an H200,
+// so bounded by bf16's error but not equal to it).
+// tf32 (train.tf32): fp32 products on the TF32 tensor cores (operands rounded to 10-bit
+// significands, fp32 sums); without it fp32 products are plain fp32.
+std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision = GemmPrecision::fp32,
+                                       bool tf32 = false);
 // cuBLAS for host arrays (hardware.gemm: cublas): each product copies its operands to the
 // current device, multiplies there and copies the result back. The model's other kernels stay on
 // the host; this moves the products, most of a step's FLOPs, onto the GPU. bf16 rounds the
@@ -147,8 +154,10 @@ void set_blas_threads(int threads);
 // The backend hardware.gemm names, at the given precision, for the default Kokkos execution
 // space's memory: cuBLAS on a device; otherwise a host backend (openblas, blis, onednn, auto), or
 // "cublas" for host arrays multiplied on the GPU. Throws naming what is missing (no CUDA build,
-// no device visible).
+// no device visible). tf32 (train.tf32) lets the device backend's fp32 products use TF32; the
+// host backends have no TF32 and ignore it (their names say fp32).
 std::unique_ptr<Gemm> make_default_gemm(const std::string& backend = "openblas",
-                                        GemmPrecision precision = GemmPrecision::fp32);
+                                        GemmPrecision precision = GemmPrecision::fp32,
+                                        bool tf32 = false);
 
 }  // namespace colossal::core

@@ -411,7 +411,8 @@ void set_blas_threads(int threads) {
   openblas_set_num_threads(g_blas_threads);
 }
 
-std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecision precision) {
+std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecision precision,
+                                        bool tf32) {
   const bool bf16 = precision == GemmPrecision::bf16;
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     if (backend == "cublas") {
@@ -428,10 +429,11 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
     return make_host_gemm(backend);
   } else {
 #ifdef COLOSSAL_HAVE_CUDA
-    return make_cublas_gemm(precision);
+    return make_cublas_gemm(precision, tf32);
 #else
     (void)backend;
     (void)bf16;
+    (void)tf32;
     throw std::runtime_error(
         "Kokkos runs on a device but colossal was built without CUDA; reconfigure with "
         "-DCOLOSSAL_ENABLE_CUDA=ON");

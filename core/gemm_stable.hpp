@@ -1,6 +1,7 @@
 // The converted copy of a range of operands that does not change while it is held (the model's
 // parameters from a forward to the next), for a backend that converts its operands before
-// multiplying (oneDNN's bf16 one: bf16 bits). See Gemm::hold_stable.
+// multiplying (oneDNN's and cuBLAS's bf16 ones: bf16 bits). See Gemm::hold_stable. Buffer holds
+// the copies: std::vector on the host, a device array for cuBLAS (size(), resize(n), data()).
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,7 @@
 
 namespace colossal::core {
 
-template <class T>
+template <class T, class Buffer = std::vector<T>>
 class StableOperands {
  public:
   void hold(const float* begin, std::size_t n) {
@@ -22,7 +23,7 @@ class StableOperands {
   // range (the whole range converted once, on its first use), else converted into `scratch`
   // (grown once to the largest operand). convert(in, out, n) writes n converted values.
   template <class Convert>
-  const T* get(std::vector<T>& scratch, const float* from, std::size_t span, Convert&& convert) {
+  const T* get(Buffer& scratch, const float* from, std::size_t span, Convert&& convert) {
     const auto at = reinterpret_cast<std::uintptr_t>(from);
     const auto lo = reinterpret_cast<std::uintptr_t>(begin_);
     if (begin_ != nullptr && at >= lo && at + span * sizeof(float) <= lo + n_ * sizeof(float)) {
@@ -45,7 +46,7 @@ class StableOperands {
   std::size_t n_ = 0;
   bool converted_ = false;
   std::size_t conversions_ = 0;
-  std::vector<T> copy_;
+  Buffer copy_;
 };
 
 }  // namespace colossal::core

@@ -273,6 +273,13 @@ const std::vector<KeySpec>& schema() {
               "hardware.gemm auto or onednn, on oneDNN's bf16 GEMM; otherwise it is emulated "
               "(bf16 numerics, fp32 speed or less), as the start-up gemm line says",
        .choices = {"fp32", "bf16"}},
+      {.key = "train.tf32", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.train.tf32; },
+       .doc = "fp32 runs on a GPU: let the matrix products use the TF32 tensor cores (operands "
+              "rounded to 10-bit significands, fp32 sums; several times the fp32 rate, losses "
+              "no longer match a CPU run to 1e-4). Host products have no TF32 and ignore it; "
+              "bf16 runs are unaffected",
+       .choices = {"false", "true"}},
       {.key = "train.optimizer.lr", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.train.optimizer.lr; },
        .doc = "peak learning rate, reached after warm-up", .range = above(0)},

@@ -79,6 +79,7 @@ struct TrainConfig {
   int micro_batch = 4;           // sequences per forward/backward
   uint64_t seed = 1234;
   core::GemmPrecision precision = core::GemmPrecision::fp32;  // fp32 | bf16
+  bool tf32 = false;             // fp32 products on a GPU's TF32 tensor cores
   OptimizerConfig optimizer;
   OnNonfinite on_nonfinite = OnNonfinite::stop;  // stop | skip
   double watchdog_seconds = 1800.0;   // end a rank that makes no progress this long; 0 = off

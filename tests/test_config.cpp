@@ -101,6 +101,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.micro_batch, b.train.micro_batch);
   EXPECT_EQ(a.train.seed, b.train.seed);
   EXPECT_EQ(a.train.precision, b.train.precision);
+  EXPECT_EQ(a.train.tf32, b.train.tf32);
   EXPECT_EQ(a.train.on_nonfinite, b.train.on_nonfinite);
   const OptimizerConfig &oa = a.train.optimizer, &ob = b.train.optimizer;
   // Exact comparisons on purpose: to_yaml writes the shortest text that reads back bit-exact.
@@ -174,6 +175,7 @@ TEST(Config, OmittedKeysTakeTheirDefaults) {
   EXPECT_EQ(c.train.optimizer.lr, defaults.train.optimizer.lr);
   EXPECT_EQ(c.train.optimizer.beta2, defaults.train.optimizer.beta2);
   EXPECT_EQ(c.train.on_nonfinite, OnNonfinite::stop);
+  EXPECT_FALSE(c.train.tf32);  // fp32 products stay plain fp32 unless a config asks for TF32
   EXPECT_EQ(c.log.dir, defaults.log.dir);
   EXPECT_EQ(c.data.val_path, "");
   EXPECT_EQ(c.sample.tokens, 0);
@@ -229,9 +231,19 @@ TEST(Config, LoadConfigReadsAFile) {
 // ---- --set overrides ----------------------------------------------------------------------------
 
 TEST(ConfigSet, OverridesAScalar) {
-  const Config c = parse_config(kFullConfig, "s.yaml", {"train.steps=2000", "log.dir=runs/x"});
+  const Config c = parse_config(kFullConfig, "s.yaml",
+                                {"train.steps=2000", "log.dir=runs/x", "train.tf32=true"});
   EXPECT_EQ(c.train.steps, 2000);
   EXPECT_EQ(c.log.dir, "runs/x");
+  EXPECT_TRUE(c.train.tf32);
+  try {
+    parse_config(kFullConfig, "s.yaml", {"train.tf32=yes"});
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("train.tf32: invalid value 'yes' (one of: false, true)"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The grid modes run on the shared trainer, whose non-finite step handling covers them: skip is
