@@ -36,22 +36,37 @@ ModelSpec small_gpt(int layers, int hidden, int heads, int max_seq) {
 
 double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Whether arrays live in device memory (a Kokkos CUDA build): then operands are device arrays,
+// the clock is read after a fence, and the host-only tables are refused.
+constexpr bool kDevice = device_memory_v<Kokkos::DefaultExecutionSpace>;
+
+// An operand of `count` floats, all `value`, in the default execution space's memory.
+DeviceArray<float> filled(MemoryTracker& tracker, std::size_t count, float value) {
+  DeviceArray<float> a(tracker, MemCategory::temporaries, count);
+  a.fill(value);
+  return a;
+}
+
 // FLOP-weighted sgemm rate over the forward GEMMs of one block and the LM head (the shapes the
 // training step spends its time in), after a warm-up call each.
 double gemm_ceiling(Gemm& gemm, const Case& c, int repeats) {
   const int N = c.batch * c.seq_len, C = c.spec.hidden, F = c.spec.ffn_hidden, V = c.spec.vocab;
   const int shapes[5][2] = {{C, 3 * C}, {C, C}, {C, F}, {F, C}, {C, V}};
   double flops = 0, time = 0;
+  MemoryTracker tracker;
   for (const auto& s : shapes) {
-    std::vector<float> a(std::size_t(N) * s[0], 0.01f), b(std::size_t(s[0]) * s[1], 0.02f),
-        out(std::size_t(N) * s[1], 0.0f);
+    DeviceArray<float> a = filled(tracker, std::size_t(N) * s[0], 0.01f),
+                       b = filled(tracker, std::size_t(s[0]) * s[1], 0.02f),
+                       out = filled(tracker, std::size_t(N) * s[1], 0.0f);
     gemm.gemm(Trans::N, Trans::N, N, s[1], s[0], 1.0f, a.data(), s[0], b.data(), s[1], 0.0f,
               out.data(), s[1]);
+    Kokkos::fence();
     const auto t0 = Clock::now();
     for (int r = 0; r < repeats; ++r) {
       gemm.gemm(Trans::N, Trans::N, N, s[1], s[0], 1.0f, a.data(), s[0], b.data(), s[1], 0.0f,
                 out.data(), s[1]);
     }
+    Kokkos::fence();
     time += seconds(t0);
     flops += 2.0 * N * s[0] * s[1] * repeats;
   }
@@ -60,13 +75,16 @@ double gemm_ceiling(Gemm& gemm, const Case& c, int repeats) {
 
 // GFLOP/s of one product, best of `repeats` after a warm-up call.
 double gemm_rate(Gemm& gemm, Trans ta, Trans tb, int M, int N, int K, int repeats) {
-  std::vector<float> a(std::size_t(M) * K, 0.01f), b(std::size_t(K) * N, 0.02f),
-      out(std::size_t(M) * N, 0.0f);
+  MemoryTracker tracker;
+  DeviceArray<float> a = filled(tracker, std::size_t(M) * K, 0.01f),
+                     b = filled(tracker, std::size_t(K) * N, 0.02f),
+                     out = filled(tracker, std::size_t(M) * N, 0.0f);
   const int lda = ta == Trans::N ? K : M, ldb = tb == Trans::N ? N : K;
   double best = 1e300;
   for (int r = 0; r <= repeats; ++r) {
     const auto t0 = Clock::now();
     gemm.gemm(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, out.data(), N);
+    Kokkos::fence();
     if (r > 0) best = std::min(best, seconds(t0));
   }
   return 2.0 * M * N * K / best / 1e9;
@@ -75,13 +93,17 @@ double gemm_rate(Gemm& gemm, Trans ta, Trans tb, int M, int N, int K, int repeat
 // A backend by its table name: a host backend or "cublas" (host arrays staged through the GPU),
 // optionally with "-bf16" (bf16 operands, fp32 sums).
 std::unique_ptr<Gemm> named_gemm(const std::string& name) {
+  if (name == "cublas-tf32") return make_default_gemm("cublas", GemmPrecision::fp32, true);
   const bool bf16 = name.size() > 5 && name.substr(name.size() - 5) == "-bf16";
   return make_default_gemm(bf16 ? name.substr(0, name.size() - 5) : name,
                            bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
 }
 
-// The host backends that load here, and cuBLAS in fp32 and bf16 where a GPU is visible.
+// The host backends that load here, and cuBLAS in fp32 and bf16 where a GPU is visible. In a
+// Kokkos CUDA build: cuBLAS on device arrays in fp32, TF32 and bf16 (operands rounded on the
+// device in every call, as for activations; the held parameters are rounded once per forward).
 std::vector<std::string> table_backends() {
+  if (kDevice) return {"cublas", "cublas-tf32", "cublas-bf16"};
   std::vector<std::string> names = host_gemm_backends();
   try {
     named_gemm("cublas");
@@ -223,6 +245,7 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps, bool bf16) {
   step(2);
   const auto t0 = Clock::now();
   for (int s = 0; s < steps; ++s) step(3 + s);
+  Kokkos::fence();
   const double t = seconds(t0) / steps;
   const double per_step = double(c.batch) * c.seq_len;
   return {per_step / t, flops_per_token(c.spec, c.seq_len) * per_step / t, tracker.peak_total()};
@@ -231,14 +254,16 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps, bool bf16) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int steps = 5, threads = 0;
-  bool table = false, attention = false;
+  int steps = 5, threads = 0, batch = 0, seq_len = 0;
+  double peak_tflops = kDevice ? 989.0 : 0.0;
+  bool table = false, attention = false, tf32 = false;
   std::string backend = "openblas", precision = "fp32";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help")) {
       std::printf(
           "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--threads N]\n"
+          "                      [--batch B] [--seq-len T] [--peak-tflops F] [--tf32]\n"
           "                      [--gemm-table | --attention]\n\n"
           "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
           "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
@@ -250,6 +275,16 @@ int main(int argc, char** argv) {
           "  --precision P  fp32 (default) or bf16 (operands rounded to bfloat16, fp32 sums:\n"
           "                 tensor cores with cublas, emulated on the host)\n"
           "  --threads N    GEMM threads (default: OPENBLAS_NUM_THREADS, else 1)\n"
+          "  --tf32         fp32 products on a GPU's TF32 tensor cores (train.tf32)\n"
+          "  --batch B, --seq-len T\n"
+          "                 every case's micro-batch and sequence length instead of its own\n"
+          "                 (T at most the case's max_seq, 1024 for gpt2-124m)\n"
+          "  --peak-tflops F\n"
+          "                 adds an MFU column: model FLOP/s over F TFLOP/s (default 989, the\n"
+          "                 H100/H200's dense bf16 peak, in Kokkos CUDA builds; none on the host)\n"
+          "                 In a Kokkos CUDA build every array is on the GPU and the products run\n"
+          "                 on cuBLAS; --gemm-table times cuBLAS fp32, TF32 and bf16 there,\n"
+          "                 and --attention is host-only.\n"
           "  --gemm-table   instead, each case's training GEMM shapes timed with every host\n"
           "                 backend that loads here and cuBLAS fp32/bf16 where a GPU is visible\n"
           "                 (GFLOP/s, transfers included), the table behind hardware.gemm\n"
@@ -267,6 +302,14 @@ int main(int argc, char** argv) {
       precision = argv[++i];
     } else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) {
       threads = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) {
+      batch = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--seq-len") && i + 1 < argc) {
+      seq_len = std::atoi(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--peak-tflops") && i + 1 < argc) {
+      peak_tflops = std::atof(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--tf32")) {
+      tf32 = true;
     } else if (!std::strcmp(argv[i], "--gemm-table")) {
       table = true;
     } else if (!std::strcmp(argv[i], "--attention")) {
@@ -275,6 +318,16 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "colossal_bench: unknown argument '%s'; see --help\n", argv[i]);
       return 2;
     }
+  }
+  if (steps < 1 || batch < 0 || seq_len < 0 || peak_tflops < 0) {
+    std::fprintf(stderr, "colossal_bench: --steps must be >= 1 and --batch, --seq-len, "
+                         "--peak-tflops >= 0; see --help\n");
+    return 2;
+  }
+  if (kDevice && attention) {
+    std::fprintf(stderr, "colossal_bench: --attention times host arrays; this build keeps its "
+                         "arrays on the GPU (run it with the host build)\n");
+    return 2;
   }
   int kokkos_argc = 1;  // our flags are not Kokkos's (it would claim --threads)
   Kokkos::ScopeGuard kokkos(kokkos_argc, argv);
@@ -285,7 +338,7 @@ int main(int argc, char** argv) {
   set_blas_threads(threads);
   std::unique_ptr<Gemm> gemm;
   try {
-    gemm = make_default_gemm(backend, gemm_precision(precision));
+    gemm = make_default_gemm(backend, gemm_precision(precision), tf32);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "colossal_bench: --gemm %s --precision %s: %s\n", backend.c_str(),
                  precision.c_str(), e.what());
@@ -294,11 +347,25 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
                              {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
                              {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
+  for (Case& c : cases) {
+    if (batch > 0) c.batch = batch;
+    if (seq_len > 0) {
+      if (seq_len > c.spec.max_seq) {
+        if (!only.empty() &&
+            std::find(only.begin(), only.end(), c.name) == only.end()) continue;
+        std::fprintf(stderr, "colossal_bench: --seq-len %d is above %s's max_seq %d\n", seq_len,
+                     c.name.c_str(), c.spec.max_seq);
+        return 2;
+      }
+      c.seq_len = seq_len;
+    }
+  }
   if (attention) {
     attention_table(*gemm);
     return 0;
   }
   if (table) {
+    if (kDevice) std::printf("GEMM GFLOP/s on device arrays (bf16: both operands rounded in the call)\n");
     for (const auto& c : cases) {
       if (only.empty() || std::find(only.begin(), only.end(), c.name) != only.end()) {
         gemm_backend_table(c, 3);
@@ -306,18 +373,26 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("gemm %s, %d thread(s)\n", gemm->name().c_str(), threads);
-  std::printf("%-11s %9s %11s %10s %9s %11s %12s\n", "case", "params", "sgemm GF/s", "tokens/s",
-              "GFLOP/s", "of ceiling", "tracked mem");
+  std::printf("gemm %s, %d thread(s), arrays in %s memory\n", gemm->name().c_str(), threads,
+              kDevice ? "device" : "host");
+  std::printf("%-11s %9s %9s %11s %10s %9s %11s %12s%s\n", "case", "params", "B x T",
+              "sgemm GF/s", "tokens/s", "GFLOP/s", "of ceiling", "tracked mem",
+              peak_tflops > 0 ? "      MFU" : "");
   for (const auto& c : cases) {
     if (!only.empty() && std::find(only.begin(), only.end(), c.name) == only.end()) continue;
     const double ceiling = gemm_ceiling(*gemm, c, 3);
     const bool bf16 = gemm_precision(precision) == GemmPrecision::bf16;
     const TrainRate r = train_rate(*gemm, c, steps, bf16);
-    std::printf("%-11s %8.1fM %11.1f %10.1f %9.1f %10.1f%% %12s\n", c.name.c_str(),
-                parameter_count(c.spec) / 1e6, ceiling / 1e9, r.tokens_per_s, r.flops_per_s / 1e9,
-                100.0 * r.flops_per_s / ceiling, format_bytes(double(r.tracked_bytes)).c_str());
-    std::printf("RESULT peer=colossal preset=%s tokens_per_s=%.2f\n", c.name.c_str(), r.tokens_per_s);
+    char shape[32];
+    std::snprintf(shape, sizeof shape, "%dx%d", c.batch, c.seq_len);
+    std::printf("%-11s %8.1fM %9s %11.1f %10.1f %9.1f %10.1f%% %12s", c.name.c_str(),
+                parameter_count(c.spec) / 1e6, shape, ceiling / 1e9, r.tokens_per_s,
+                r.flops_per_s / 1e9, 100.0 * r.flops_per_s / ceiling,
+                format_bytes(double(r.tracked_bytes)).c_str());
+    if (peak_tflops > 0) std::printf(" %8.1f%%", 100.0 * r.flops_per_s / (peak_tflops * 1e12));
+    std::printf("\nRESULT peer=colossal preset=%s precision=%s%s B=%d T=%d tokens_per_s=%.2f\n",
+                c.name.c_str(), precision.c_str(), tf32 ? "+tf32" : "", c.batch, c.seq_len,
+                r.tokens_per_s);
     std::fflush(stdout);
   }
   std::printf("peak RSS %s\n", format_bytes(double(peak_rss_bytes())).c_str());

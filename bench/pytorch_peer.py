@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer benchmark: training throughput of a hand-written GPT-2 / OPT on the CPU.
+"""PyTorch peer benchmark: training throughput of a hand-written GPT-2 / OPT (CPU or CUDA).
 
 This is the yardstick colossal's own trainer is compared against, so it deliberately mirrors
 colossal's model and optimizer (pre-LN blocks, tied LM head, fp32, AdamW with colossal's decay
@@ -8,6 +8,9 @@ Tokens are random because only speed is measured.
 
 Progress goes to stderr; stdout gets exactly one line at the end:
   RESULT peer=pytorch preset=<p> threads=<n> tokens_per_s=<x> step_s=<x> peak_rss_mib=<x>
+With --device cuda the model, tokens and optimizer live on the GPU (autocast on "cuda" for --bf16,
+fused AdamW, TF32 only with --tf32) and the RESULT line adds peak_gpu_mib and mfu (against
+--peak-tflops).
 Run it through run_pytorch_peer.sh to get the allocator/threading environment it is best in.
 """
 import argparse
@@ -117,6 +120,8 @@ def make_optimizer(model, args):
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
     # foreach batches the per-tensor update loop; it is an option because on CPU it can go
     # either way and the peer should be given whichever is faster.
+    if args.device == "cuda":  # the fastest AdamW PyTorch has on a GPU: one fused kernel
+        return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, fused=True)
     return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                              foreach=args.foreach)
 
@@ -143,8 +148,16 @@ def parse_args(argv):
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast on the CPU (oneDNN's AVX512-BF16/AMX kernels where the "
                         "CPU has them); weights and AdamW stay fp32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model trains (default cpu); cuda: the first visible GPU")
+    p.add_argument("--tf32", action="store_true",
+                   help="cuda: let fp32 products use TF32 tensor cores (default off, as ours)")
+    p.add_argument("--peak-tflops", type=float, default=989.0,
+                   help="cuda: dense bf16 peak for the MFU column (default 989, H100/H200 SXM)")
     p.add_argument("--seed", type=int, default=1234)
     args = p.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this torch sees no GPU (torch.cuda.is_available() is False)")
     has_sdpa = hasattr(F, "scaled_dot_product_attention")
     if args.sdpa is None:
         args.sdpa = has_sdpa
@@ -169,7 +182,11 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    model = GPT(args)
+    dev = torch.device(args.device)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
+    model = GPT(args).to(dev)
     model.train()
     opt = make_optimizer(model, args)
     forward = torch.compile(model) if args.compile else model
@@ -184,8 +201,8 @@ def main(argv=None):
 
     def step():
         # Fresh random tokens each step, so no cache effect flatters a repeated batch.
-        data = torch.randint(args.vocab, (args.batch, args.seq_len + 1))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+        data = torch.randint(args.vocab, (args.batch, args.seq_len + 1)).to(dev, non_blocking=True)
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.bf16):
             loss = forward(data[:, :-1], data[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -211,10 +228,18 @@ def main(argv=None):
     # ru_maxrss is KiB on Linux.
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     config = ("compile" if args.compile else "eager") + ("+bf16" if args.bf16 else "")
+    extra = ""
+    if args.device == "cuda":
+        # Model FLOPs per token as colossal counts them: 6N + 12 L T d (N without positions).
+        n = n_params - model.wpe.weight.numel()
+        flops = (6 * n + 12 * args.layers * args.seq_len * args.hidden) * tokens_per_step / step_s
+        extra = (f" device=cuda peak_gpu_mib={torch.cuda.max_memory_allocated() / 2**20:.1f}"
+                 f" mfu={100 * flops / (args.peak_tflops * 1e12):.1f}%")
+        config += "+tf32" if args.tf32 else ""
     print(f"RESULT peer=pytorch-{torch.__version__.split('+')[0]} config={config} "
-          f"preset={args.preset} threads={args.threads} "
+          f"preset={args.preset} B={args.batch} T={args.seq_len} threads={args.threads} "
           f"tokens_per_s={tokens_per_step / step_s:.1f} step_s={step_s:.4f} "
-          f"peak_rss_mib={peak_rss_mib:.1f}", flush=True)
+          f"peak_rss_mib={peak_rss_mib:.1f}{extra}", flush=True)
 
 
 if __name__ == "__main__":
