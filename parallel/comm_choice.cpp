@@ -95,12 +95,13 @@ CommChoice choose_comm(const CommFacts& f, CommRequest requested) {
     }
     return {Transport::nccl, by + "one GPU per rank"};
   }
-  if (requested == CommRequest::automatic && nccl_possible) {
+  if (requested == CommRequest::automatic && nccl_possible && f.ranks > 1) {
     return {Transport::nccl, by + "device buffers and one GPU per rank"};
   }
   std::string why = by + "device buffers";
   if (requested == CommRequest::automatic) {
-    why += !f.nccl_built            ? ", no NCCL in this build"
+    why += f.ranks == 1             ? ", one rank (nothing crosses ranks: no NCCL set-up)"
+           : !f.nccl_built          ? ", no NCCL in this build"
            : !f.every_rank_has_gpu ? ", a rank without a GPU"
                                    : ", " + sharing(f) + " (NCCL refuses that)";
   }

@@ -9,8 +9,10 @@
 //   device memory (CUDA)    nccl     error without NCCL, without a GPU, or with two ranks
 //                                    on one GPU (NCCL refuses them); else          NCCL
 //   device memory (CUDA)    mpi      CUDA-aware MPI if the MPI says so, else       staged MPI
-//   device memory (CUDA)    auto     NCCL if built, a GPU per rank and no GPU shared by two
-//                                    ranks; else CUDA-aware MPI; else              staged MPI
+//   device memory (CUDA)    auto     NCCL if built, several ranks, a GPU per rank and no GPU
+//                                    shared by two ranks; else CUDA-aware MPI;
+//                                    else                                          staged MPI
+//                                    (one rank: in-place collectives are no-ops, Communicator)
 //   device memory, no GPU   auto/mpi                                               staged MPI
 //
 // The facts are agreed over the world before deciding (the most ranks sharing one GPU, CUDA-aware

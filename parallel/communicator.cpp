@@ -109,13 +109,16 @@ void Communicator::check_rank(const char* what, const char* role, int peer) cons
   }
 }
 
+// On a communicator of one rank the in-place collectives (sum, max, broadcast, and reduce-scatter
+// or all-gather in place) leave the buffer as it is: no transport is called, so a one-rank run on
+// a GPU stages nothing through the host. Bytes are still counted, as the call asked for them.
 void Communicator::all_reduce_sum(std::span<float> buffer) {
-  do_all_reduce_sum(buffer);
+  if (size() > 1) do_all_reduce_sum(buffer);
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 void Communicator::all_reduce_max(std::span<float> buffer) {
-  do_all_reduce_max(buffer);
+  if (size() > 1) do_all_reduce_max(buffer);
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
@@ -134,7 +137,8 @@ double Communicator::all_reduce_sum_value(double value) {
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<float> buffer) {
-  auto pending = do_start_all_reduce_sum(buffer);
+  auto pending = size() > 1 ? do_start_all_reduce_sum(buffer)
+                            : std::make_unique<CompletedCollective>();
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
   return pending;
 }
@@ -158,7 +162,7 @@ void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<fl
     fail(*this, "reduce_scatter_sum: input and output overlap other than in place (output = "
                 "block rank() of input); use a separate output buffer");
   }
-  do_reduce_scatter_sum(input, output);
+  if (size() > 1 || !in_place) do_reduce_scatter_sum(input, output);
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
 
@@ -175,13 +179,13 @@ void Communicator::all_gather(std::span<const float> input, std::span<float> out
     fail(*this, "all_gather: input overlaps output without being block rank() of it; pass "
                 "output.subspan(rank() * n, n) as input for an in-place gather, or separate buffers");
   }
-  do_all_gather(input, output);
+  if (size() > 1 || !in_place) do_all_gather(input, output);
   record(CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
 
 void Communicator::broadcast(std::span<float> buffer, int root) {
   check_rank("broadcast", "root", root);
-  do_broadcast(buffer, root);
+  if (size() > 1) do_broadcast(buffer, root);
   record(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
 }
 

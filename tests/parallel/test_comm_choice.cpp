@@ -30,8 +30,8 @@ std::optional<Transport> expected(const CommFacts& f, CommRequest r) {
     case CommRequest::mpi:
       return mpi;
     case CommRequest::automatic:
-      if (f.nccl_built && own_gpu) return Transport::nccl;
-      return mpi;
+      if (f.nccl_built && own_gpu && f.ranks > 1) return Transport::nccl;
+      return mpi;  // one rank never needs NCCL's set-up
   }
   return std::nullopt;
 }
@@ -116,6 +116,12 @@ TEST(CommChoice, AutoSaysWhyItDidNotPickNccl) {
   EXPECT_EQ(choice.describe(),
             "MPI through pinned host staging (parallel.comm: auto, device buffers, 4 ranks of one "
             "node share a GPU (NCCL refuses that), and the MPI is not CUDA-aware)");
+  const CommFacts one{.device_memory = true, .nccl_built = true, .every_rank_has_gpu = true,
+                      .ranks_per_gpu = 1, .ranks = 1};
+  EXPECT_EQ(choose_comm(one, CommRequest::automatic).describe(),
+            "MPI through pinned host staging (parallel.comm: auto, device buffers, one rank "
+            "(nothing crosses ranks: no NCCL set-up), and the MPI is not CUDA-aware)");
+  EXPECT_EQ(choose_comm(one, CommRequest::nccl).transport, Transport::nccl);  // asked for
   EXPECT_EQ(choose_comm(CommFacts{}, CommRequest::automatic).describe(),
             "host MPI (parallel.comm: auto, this build keeps buffers in host memory)");
 }
