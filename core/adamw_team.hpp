@@ -115,4 +115,13 @@ void adamw_update(float* params, const float* grads, float* m, float* v,
       });
 }
 
+// The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
+// (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
+#ifdef KOKKOS_ENABLE_CUDA
+COLOSSAL_DEVICE_INSTANCE void adamw_update<Kokkos::Cuda>(float* params, const float* grads,
+                                                         float* m, float* v,
+                                                         const AdamWBlock* blocks, int nblocks,
+                                                         const AdamWScalars& s, int team_size);
+#endif
+
 }  // namespace colossal::core::team

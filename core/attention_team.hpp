@@ -360,4 +360,16 @@ void attention_backward(float* dqkv,         // (B,T,3C) out
   }
 }
 
+// The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
+// (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
+#ifdef KOKKOS_ENABLE_CUDA
+COLOSSAL_DEVICE_INSTANCE void attention_forward<Kokkos::Cuda>(float* lse, float* atty,
+                                                              const float* qkv, int B, int T, int C,
+                                                              int H, AttentionShape shape);
+COLOSSAL_DEVICE_INSTANCE void attention_backward<Kokkos::Cuda>(float* dqkv, const float* datty,
+                                                               const float* atty, const float* qkv,
+                                                               const float* lse, int B, int T,
+                                                               int C, int H, AttentionShape shape);
+#endif
+
 }  // namespace colossal::core::team

@@ -592,4 +592,77 @@ void residual_plus_bias(float* out,            // (N,C)
       });
 }
 
+// The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
+// (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
+#ifdef KOKKOS_ENABLE_CUDA
+COLOSSAL_DEVICE_INSTANCE void embedding_forward<Kokkos::Cuda>(float* out, const int32_t* tokens,
+                                                              const float* wte, const float* wpe,
+                                                              int B, int T, int C, int pos_offset,
+                                                              int64_t v0, int64_t rows);
+COLOSSAL_DEVICE_INSTANCE void embedding_backward<Kokkos::Cuda>(float* dwte, float* dwpe,
+                                                               const float* dout,
+                                                               const int32_t* tokens, int B, int T,
+                                                               int C, int pos_offset, int64_t v0,
+                                                               int64_t rows);
+COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, float>(float* out, float* mean,
+                                                                     float* rstd, const float* inp,
+                                                                     const float* weight,
+                                                                     const float* bias, int64_t N,
+                                                                     int C, float eps);
+COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
+                                                               float* dbias, const float* dout,
+                                                               const float* inp,
+                                                               const float* weight,
+                                                               const float* mean, const float* rstd,
+                                                               int64_t N, int C);
+COLOSSAL_DEVICE_INSTANCE void broadcast_rows<Kokkos::Cuda>(float* out, const float* bias, int64_t N,
+                                                           int M, int ld);
+COLOSSAL_DEVICE_INSTANCE void bias_backward<Kokkos::Cuda>(float* dbias, const float* dout,
+                                                          int64_t N, int M, int ld);
+COLOSSAL_DEVICE_INSTANCE void gelu_forward<Kokkos::Cuda>(float* out, const float* inp, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void gelu_backward<Kokkos::Cuda>(float* dinp, const float* inp,
+                                                          const float* dout, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void relu_forward<Kokkos::Cuda>(float* out, const float* inp, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void relu_backward<Kokkos::Cuda>(float* dinp, const float* inp,
+                                                          const float* dout, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void copy<Kokkos::Cuda>(float* dst, const float* src, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void add<Kokkos::Cuda>(float* dst, const float* src, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_forward<Kokkos::Cuda>(float* att, int64_t rows, int Tq,
+                                                                   int Tk, int q_offset);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_forward<Kokkos::Cuda>(float* att, int64_t rows, int T);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, float>(float* datt,
+                                                                           const float* att,
+                                                                           int64_t rows, int Tq,
+                                                                           int Tk, int q_offset,
+                                                                           float scale);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, float>(float* datt,
+                                                                           const float* att,
+                                                                           int64_t rows, int T,
+                                                                           float scale);
+COLOSSAL_DEVICE_INSTANCE void copy_columns<Kokkos::Cuda>(float* dst, int ld_dst, const float* src,
+                                                         int ld_src, int64_t rows, int cols);
+COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,
+                                                                           float* losses,
+                                                                           const int32_t* targets,
+                                                                           int64_t N, int V,
+                                                                           float grad_scale);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_row_max<Kokkos::Cuda>(float* mx, const float* logits,
+                                                                   int64_t N, int ld, int valid);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_sums<Kokkos::Cuda>(float* sums, const float* logits,
+                                                                const float* mx,
+                                                                const int32_t* targets, int64_t N,
+                                                                int ld, int valid, int64_t v0);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_finish<Kokkos::Cuda>(float* logits, float* losses,
+                                                                  const float* mx,
+                                                                  const float* sums,
+                                                                  const int32_t* targets, int64_t N,
+                                                                  int ld, int valid, int64_t v0,
+                                                                  float grad_scale);
+COLOSSAL_DEVICE_INSTANCE double sum<Kokkos::Cuda>(const float* x, int64_t n);
+COLOSSAL_DEVICE_INSTANCE double sum_squares<Kokkos::Cuda>(const float* x, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void fill<Kokkos::Cuda>(float* dst, int64_t n, float value);
+COLOSSAL_DEVICE_INSTANCE void residual_plus_bias<Kokkos::Cuda>(float* out, const float* residual,
+                                                               const float* bias, int64_t N, int C);
+#endif
+
 }  // namespace colossal::core::kernels

@@ -94,6 +94,30 @@ void layernorm_forward(float* out,          // (N,C)
 constexpr int kColumnWidth = 32;
 constexpr int kRowGroups = 16;
 
+// The terms column_sums adds, as functors: a KOKKOS_LAMBDA (nvcc's __host__ __device__ lambda
+// wrapper) captured by column_sums' own kernel lambda compiled, but jumped to address 0 on the
+// host in colossal_train on an H200 (the same kernel's unit test ran: the wrapper's host side
+// was left unset where the instantiation came from the static library).
+struct LayernormParamTerms {  // v = (dout * xhat, dout) of element (n, c)
+  const float* dout;
+  const float* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t n, int c, float* v) const {
+    const float d = dout[n * C + c];
+    v[0] = d * (inp[n * C + c] - mean[n]) * rstd[n];
+    v[1] = d;
+  }
+};
+struct BiasTerms {  // v = dout[n, j], rows ld apart
+  const float* dout;
+  int ld;
+  KOKKOS_INLINE_FUNCTION void operator()(int64_t n, int j, float* v) const {
+    v[0] = dout[n * ld + j];
+  }
+};
+
 template <class ExecSpace, int K, class Value>
 void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, int team_size,
                  const Value& value) {
@@ -168,13 +192,8 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
           di[c] += s * (d[c] * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean);
         });
       });
-  column_sums<ExecSpace, 2>(
-      "colossal::core::team_layernorm_backward_params", dweight, dbias, N, C, team_size,
-      KOKKOS_LAMBDA(int64_t n, int c, float* v) {
-        const float d = dout[n * C + c];
-        v[0] = d * (inp[n * C + c] - mean[n]) * rstd[n];
-        v[1] = d;
-      });
+  column_sums<ExecSpace, 2>("colossal::core::team_layernorm_backward_params", dweight, dbias, N,
+                            C, team_size, LayernormParamTerms{dout, inp, mean, rstd, C});
 }
 
 // dbias[j] += sum_n dout[n, j]
@@ -182,9 +201,8 @@ template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 void bias_backward(float* dbias,      // (M)
                    const float* dout, // (N, ld), columns [0, M) read
                    int64_t N, int M, int ld, int team_size = 0) {
-  column_sums<ExecSpace, 1>(
-      "colossal::core::team_bias_backward", dbias, nullptr, N, M, team_size,
-      KOKKOS_LAMBDA(int64_t n, int j, float* v) { v[0] = dout[n * ld + j]; });
+  column_sums<ExecSpace, 1>("colossal::core::team_bias_backward", dbias, nullptr, N, M, team_size,
+                            BiasTerms{dout, ld});
 }
 
 // Causal softmax in place over rows of scores, as kernels::causal_softmax_forward: row r is
@@ -456,5 +474,64 @@ void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t 
         dst[r * ld_dst + c] = src[r * ld_src + c];
       });
 }
+
+// The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
+// (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
+#ifdef KOKKOS_ENABLE_CUDA
+COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda>(float* out, float* mean, float* rstd,
+                                                              const float* inp, const float* weight,
+                                                              const float* bias, int64_t N, int C,
+                                                              float eps, int team_size);
+COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
+                                                               float* dbias, const float* dout,
+                                                               const float* inp,
+                                                               const float* weight,
+                                                               const float* mean, const float* rstd,
+                                                               int64_t N, int C, int team_size);
+COLOSSAL_DEVICE_INSTANCE void bias_backward<Kokkos::Cuda>(float* dbias, const float* dout,
+                                                          int64_t N, int M, int ld, int team_size);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_forward<Kokkos::Cuda>(float* att, int64_t rows, int Tq,
+                                                                   int Tk, int q_offset,
+                                                                   int team_size);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda>(float* datt, const float* att,
+                                                                    int64_t rows, int Tq, int Tk,
+                                                                    int q_offset, float scale,
+                                                                    int team_size);
+COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,
+                                                                           float* losses,
+                                                                           const int32_t* targets,
+                                                                           int64_t N, int V,
+                                                                           float grad_scale,
+                                                                           int team_size);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_row_max<Kokkos::Cuda>(float* mx, const float* logits,
+                                                                   int64_t N, int ld, int valid,
+                                                                   int team_size);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_sums<Kokkos::Cuda>(float* sums, const float* logits,
+                                                                const float* mx,
+                                                                const int32_t* targets, int64_t N,
+                                                                int ld, int valid, int64_t v0,
+                                                                int team_size);
+COLOSSAL_DEVICE_INSTANCE void vocab_parallel_finish<Kokkos::Cuda>(float* logits, float* losses,
+                                                                  const float* mx,
+                                                                  const float* sums,
+                                                                  const int32_t* targets, int64_t N,
+                                                                  int ld, int valid, int64_t v0,
+                                                                  float grad_scale, int team_size);
+COLOSSAL_DEVICE_INSTANCE void embedding_backward<Kokkos::Cuda>(float* dwte, float* dwpe,
+                                                               const float* dout,
+                                                               const int32_t* tokens, int B, int T,
+                                                               int C, int pos_offset, int64_t v0,
+                                                               int64_t rows, int team_size);
+COLOSSAL_DEVICE_INSTANCE void embedding_forward<Kokkos::Cuda>(float* out, const int32_t* tokens,
+                                                              const float* wte, const float* wpe,
+                                                              int B, int T, int C, int pos_offset,
+                                                              int64_t v0, int64_t rows);
+COLOSSAL_DEVICE_INSTANCE void broadcast_rows<Kokkos::Cuda>(float* out, const float* bias, int64_t N,
+                                                           int M, int ld);
+COLOSSAL_DEVICE_INSTANCE void residual_plus_bias<Kokkos::Cuda>(float* out, const float* residual,
+                                                               const float* bias, int64_t N, int C);
+COLOSSAL_DEVICE_INSTANCE void copy_columns<Kokkos::Cuda>(float* dst, int ld_dst, const float* src,
+                                                         int ld_src, int64_t rows, int cols);
+#endif
 
 }  // namespace colossal::core::team

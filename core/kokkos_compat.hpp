@@ -17,3 +17,20 @@ template <class ExecSpace>
 inline constexpr bool device_memory_v =
     !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
 }  // namespace colossal::core
+
+// Kernel templates whose KOKKOS_LAMBDA runs on a CUDA device are instantiated for Kokkos::Cuda in
+// one translation unit, core/device_kernels.cpp, and declared `extern template` everywhere else
+// (the lists at the end of the kernel headers). Why: nvcc keeps a __host__ __device__ lambda's
+// type-erasure pointers (__nv_hdl_helper's fp_copier, fp_deleter) in each translation unit's
+// unnamed namespace, while the kernel functions and Kokkos' launch code that copy the lambda are
+// merged across translation units by the linker. A copy made by one unit's merged code then calls
+// another unit's pointer that nothing set: a jump to address 0, seen on an H200 in colossal_train
+// (kernels::copy under pipeline parallelism, team::column_sums in the bias gradient) while the
+// same kernels ran in the benchmark and the unit tests. One instance per kernel, one unit.
+#ifdef KOKKOS_ENABLE_CUDA
+#ifdef COLOSSAL_DEVICE_KERNELS_INSTANTIATE
+#define COLOSSAL_DEVICE_INSTANCE template
+#else
+#define COLOSSAL_DEVICE_INSTANCE extern template
+#endif
+#endif

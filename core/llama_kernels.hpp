@@ -205,4 +205,32 @@ void gqa_reduce(float* dqkv_gqa, const float* dqkv, int64_t N, int H, int KV, in
       });
 }
 
+// The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
+// (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
+#ifdef KOKKOS_ENABLE_CUDA
+COLOSSAL_DEVICE_INSTANCE void rmsnorm_forward<Kokkos::Cuda, float>(float* out, float* rstd,
+                                                                   const float* inp,
+                                                                   const float* weight, int64_t N,
+                                                                   int C, float eps);
+COLOSSAL_DEVICE_INSTANCE void rmsnorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
+                                                             const float* dout, const float* inp,
+                                                             const float* weight, const float* rstd,
+                                                             int64_t N, int C);
+COLOSSAL_DEVICE_INSTANCE void rope_rotate<Kokkos::Cuda>(float* x, int64_t B, int Tl, int ld,
+                                                        int col0, int heads, int hs, int pos0,
+                                                        const float* cos_table,
+                                                        const float* sin_table, bool inverse);
+COLOSSAL_DEVICE_INSTANCE void swiglu_forward<Kokkos::Cuda>(float* out, const float* gate,
+                                                           const float* up, int ld_in, int64_t N,
+                                                           int F);
+COLOSSAL_DEVICE_INSTANCE void swiglu_backward<Kokkos::Cuda>(float* dgate, float* dup,
+                                                            const float* dout, const float* gate,
+                                                            const float* up, int ld_in, int64_t N,
+                                                            int F);
+COLOSSAL_DEVICE_INSTANCE void gqa_expand<Kokkos::Cuda>(float* qkv, const float* qkv_gqa, int64_t N,
+                                                       int H, int KV, int hs);
+COLOSSAL_DEVICE_INSTANCE void gqa_reduce<Kokkos::Cuda>(float* dqkv_gqa, const float* dqkv,
+                                                       int64_t N, int H, int KV, int hs);
+#endif
+
 }  // namespace colossal::core::kernels

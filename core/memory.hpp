@@ -13,6 +13,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "core/kokkos_compat.hpp"
+
 namespace colossal::core {
 
 // `offloaded` is host memory holding state that would otherwise live on the device (ZeRO offload);
@@ -96,12 +98,7 @@ class DeviceArray {
   std::size_t bytes() const { return count_ * sizeof(T); }
   bool on_host() const { return category_ == MemCategory::offloaded; }
 
-  void fill(T value) {
-    T* p = data_;
-    Kokkos::parallel_for("colossal::core::fill", Kokkos::RangePolicy<>(0, count_),
-                         KOKKOS_LAMBDA(std::size_t i) { p[i] = value; });
-    Kokkos::fence();
-  }
+  void fill(T value);  // every element; out of line, so `extern template` holds (below)
 
  private:
   void release() {
@@ -125,6 +122,19 @@ class DeviceArray {
   T* data_ = nullptr;
   bool counted_only_ = false;  // dry run: counted by the tracker, never allocated
 };
+
+template <typename T>
+void DeviceArray<T>::fill(T value) {
+  T* p = data_;
+  Kokkos::parallel_for("colossal::core::fill", Kokkos::RangePolicy<>(0, count_),
+                       KOKKOS_LAMBDA(std::size_t i) { p[i] = value; });
+  Kokkos::fence();
+}
+
+#ifdef KOKKOS_ENABLE_CUDA  // one instance, core/device_kernels.cpp (core/kokkos_compat.hpp)
+COLOSSAL_DEVICE_INSTANCE void DeviceArray<float>::fill(float);
+COLOSSAL_DEVICE_INSTANCE void DeviceArray<int32_t>::fill(int32_t);
+#endif
 
 // Copies between host memory and DeviceArray memory (plain memcpy when the default space is host).
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);

@@ -97,6 +97,31 @@ void AdamW::add_segments(const std::vector<ParamSpec>& table, std::size_t begin,
   }
 }
 
+namespace detail {
+// One element of the update (moments, bias correction, decoupled decay). A functor rather than a
+// KOKKOS_FUNCTION lambda captured by the kernel's lambda: nvcc's wrapper of such a lambda jumped
+// to address 0 on the host in another kernel of ours (core/kernels_team.hpp, column_sums).
+struct AdamWElement {
+  float* params;
+  const float* grads;
+  float* m;
+  float* v;
+  float grad_scale, lr, b1, b2, eps, correction1, correction2;
+  KOKKOS_INLINE_FUNCTION void operator()(std::size_t i, std::ptrdiff_t p, std::ptrdiff_t g,
+                                         float wd) const {
+    const float grad = grads[i + g] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * grad;
+    const float vi = b2 * v[i] + (1.0f - b2) * grad * grad;
+    m[i] = mi;
+    v[i] = vi;
+    const float m_hat = mi / correction1;
+    const float v_hat = vi / correction2;
+    float& w = params[i + p];
+    w -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * w);
+  }
+};
+}  // namespace detail
+
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                    float grad_scale, Indexing params_at, Indexing grads_at) {
   const float lr = static_cast<float>(hp.lr);
@@ -107,17 +132,8 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
   float* m = m_.data();
   float* v = v_.data();
   // Element i in state order; p and g are the segment's shifts from state to buffer index.
-  auto element = [=] KOKKOS_FUNCTION(std::size_t i, std::ptrdiff_t p, std::ptrdiff_t g, float wd) {
-    const float grad = grads[i + g] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * grad;
-    const float vi = b2 * v[i] + (1.0f - b2) * grad * grad;
-    m[i] = mi;
-    v[i] = vi;
-    const float m_hat = mi / correction1;
-    const float v_hat = vi / correction2;
-    float& w = params[i + p];
-    w -= lr * (m_hat / (kmath::sqrt(v_hat) + eps) + wd * w);
-  };
+  const detail::AdamWElement element{params, grads, m, v, grad_scale, lr, b1, b2, eps, correction1,
+                             correction2};
   auto shift = [](const Segment& s, Indexing at) {
     return at == Indexing::flat ? std::ptrdiff_t(s.flat) - std::ptrdiff_t(s.begin)
                                 : std::ptrdiff_t(0);
