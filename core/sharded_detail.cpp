@@ -6,6 +6,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "core/kernels.hpp"
 #include "core/memory.hpp"
 #include "core/rng.hpp"
 
@@ -103,13 +104,15 @@ void append_element(std::vector<LogicalRun>& runs, std::size_t local, int tensor
 
 void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRun>& runs,
                     const ModelSpec& spec, uint64_t seed) {
+  // Drawn where the parameters live (on the GPU in a Kokkos CUDA build): fill_normal is a kernel
+  // of the default execution space, so a host staging buffer would be written by the device.
   const std::vector<ParamSpec> logical = parameter_table(spec);
-  std::vector<float> host(size, 0.0f);
+  kernels::fill(params, int64_t(size), 0.0f);  // padding and biases
   for (const LogicalRun& run : runs) {
     const ParamSpec& p = logical[run.tensor];
-    float* dst = host.data() + run.local;
+    float* dst = params + run.local;
     switch (p.role) {
-      case ParamRole::layernorm_weight: std::fill(dst, dst + run.length, 1.0f); break;
+      case ParamRole::layernorm_weight: kernels::fill(dst, int64_t(run.length), 1.0f); break;
       case ParamRole::layernorm_bias:
       case ParamRole::bias: break;
       default:
@@ -118,7 +121,7 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
                     run.logical);
     }
   }
-  copy_to_device(params, host.data(), host.size() * sizeof(float));
+  Kokkos::fence();
 }
 
 BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,
