@@ -22,8 +22,8 @@ while [ $# -gt 0 ]; do
 done
 bin="$repo/build-cuda/bin"
 [ -d "$bin" ] || { echo "pack_gpu_bundle.sh: no $bin; build the cuda preset first" >&2; exit 1; }
-rm -rf "$out/bin" "$out/lib"
-mkdir -p "$out/bin" "$out/lib"
+rm -rf "$out/bin" "$out/lib" "$out/lib-mpi"
+mkdir -p "$out/bin" "$out/lib" "$out/lib-mpi"
 progs=()
 for f in "$bin"/*; do
   [ -f "$f" ] && [ -x "$f" ] && file -b "$f" | grep -q ELF && progs+=("$f")
@@ -31,15 +31,40 @@ done
 [ ${#progs[@]} -gt 0 ] || { echo "pack_gpu_bundle.sh: no CUDA binaries found" >&2; exit 1; }
 for f in "${progs[@]}"; do cp "$f" "$out/bin/"; done
 cp -a "$repo"/.deps/kokkos-cuda/lib*/libkokkos*.so* "$out/lib/"
+# Open MPI for a GPU machine without one: mpi/ mirrors the three folders Debian's Open MPI and
+# PMIx find by their built-in paths (plugins, help texts), mpi/bin has the launcher, and the MPI
+# stack's libraries go to lib-mpi/ instead of lib/. gpu_check.sh uses them only where the image
+# has no Open MPI of its own: mixing this build's PMIx with an image's newer Open MPI fails
+# ("undefined symbol: PMIx_Info_create", seen on the H200 image, which has Open MPI 4.1 with
+# PMIx 5), and our binaries run on any Open MPI 4.x's libmpi.so.40.
+mpi_dirs=(/usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi)
+rm -rf "$out/mpi"
+mpi_objects=()
+if command -v orterun >/dev/null; then
+  for d in "${mpi_dirs[@]}"; do
+    [ -d "$d" ] || continue
+    mkdir -p "$out/mpi$(dirname "$d")"
+    cp -a "$d" "$out/mpi$d"
+    rm -rf "$out/mpi$d/include"
+  done
+  mkdir -p "$out/mpi/bin"
+  cp -L "$(command -v orterun)" "$out/mpi/bin/mpirun"
+  mapfile -t mpi_objects < <(find "$out/mpi" -name '*.so*' -type f)
+  mpi_objects+=("$out/mpi/bin/mpirun")
+fi
 # Libraries from ldd, minus what any Linux/CUDA image has.
-skip='^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia)'
-for f in "${progs[@]}"; do
-  ldd "$f" | awk '/=> \//{print $1" "$3}'
+skip='^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[a-z]*)\.so'
+# The MPI stack: Open MPI's own libraries and what only its transports and launcher use.
+mpi_stack='^(libmpi|libopen-pal|libopen-rte|liboshmem|libompitrace|libmca_common|libpmix|libhwloc|libevent|libuc[mpst]|libfabric|libpsm|libibverbs|librdmacm|libnl-|libefa|libinfinipath|libnuma)'
+for f in "${progs[@]}" "${mpi_objects[@]}"; do
+  ldd "$f" 2>/dev/null | awk '/=> \//{print $1" "$3}'
 done | sort -u | while read -r name path; do
   [[ "$name" =~ $skip ]] && continue
-  [ -e "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
+  dest=lib
+  [[ "$name" =~ $mpi_stack ]] && dest=lib-mpi
+  [ -e "$out/$dest/$name" ] || cp -L "$path" "$out/$dest/$name"
 done
-strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* 2>/dev/null || true
+strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* "$out"/lib-mpi/*.so* 2>/dev/null || true
 mkdir -p "$out/configs" "$out/data"
 cp "$repo"/configs/*.yaml "$out/configs/"
 cp "$repo"/data/licenses_*.txt "$out/data/" 2>/dev/null || true

@@ -15,6 +15,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "core/memory.hpp"
+
 namespace colossal::test {
 
 // These tests hand host pointers to kernels, so they need a host default execution space.
@@ -97,19 +99,51 @@ inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
 // (every `count / 20 + 1`-th element of tensors over 40 elements). `model` is a core::Model with
 // its parameters set; tokens/targets hold B x T. Returns the mismatches; with `every_tensor_moves`
 // each tensor must also have a non-zero gradient (a tensor the backward never reaches).
+// Host copies of n values in the default execution space's memory (a model's buffers), and back.
+template <class T>
+std::vector<T> to_host(const T* values, std::size_t n) {
+  std::vector<T> host(n);
+  Kokkos::fence();
+  core::copy_to_host(host.data(), values, n * sizeof(T));
+  return host;
+}
+template <class T>
+void from_host(T* values, const std::vector<T>& host) {
+  core::copy_to_device(values, host.data(), host.size() * sizeof(T));
+}
+
+// A micro-batch's tokens and targets in the default execution space's memory, where a model
+// reads them (on the GPU in a Kokkos CUDA build).
+class DeviceTokens {
+ public:
+  DeviceTokens(const std::vector<int32_t>& tokens, const std::vector<int32_t>& targets)
+      : tokens_(tracker_, core::MemCategory::data, tokens.size()),
+        targets_(tracker_, core::MemCategory::data, targets.size()) {
+    from_host(tokens_.data(), tokens);
+    from_host(targets_.data(), targets);
+  }
+  const int32_t* tokens(std::size_t from = 0) const { return tokens_.data() + from; }
+  const int32_t* targets(std::size_t from = 0) const { return targets_.data() + from; }
+
+ private:
+  core::MemoryTracker tracker_;
+  core::DeviceArray<int32_t> tokens_, targets_;
+};
+
 template <class ModelT>
 int check_model_gradient(ModelT& model, const std::vector<int32_t>& tokens,
                          const std::vector<int32_t>& targets, int B, int T,
                          bool every_tensor_moves = false) {
+  const DeviceTokens batch(tokens, targets);
   model.zero_grad();
-  const double mean = model.forward(tokens.data(), targets.data(), B, 1.0f);  // grad_scale 1
-  model.backward(tokens.data(), B);
+  const double mean = model.forward(batch.tokens(), batch.targets(), B, 1.0f);  // grad_scale 1
+  model.backward(batch.tokens(), B);
   EXPECT_GT(mean, 0.5);
-  std::vector<float> analytic(model.grads(), model.grads() + model.flat_size());
-  std::vector<float> params(model.params(), model.params() + model.flat_size());
+  std::vector<float> analytic = to_host(model.grads(), model.flat_size());
+  std::vector<float> params = to_host(model.params(), model.flat_size());
   auto f = [&] {  // the sum of token losses
-    std::copy(params.begin(), params.end(), model.params());
-    return model.forward(tokens.data(), targets.data(), B, 0.0f) * B * T;
+    from_host(model.params(), params);
+    return model.forward(batch.tokens(), batch.targets(), B, 0.0f) * B * T;
   };
   int bad = 0;
   for (const auto& p : model.parameters()) {

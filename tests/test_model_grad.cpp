@@ -22,22 +22,18 @@ namespace {
 
 ModelSpec tiny(Arch arch) { return model_spec(arch, 2, 8, 2, 12, 11, 6); }
 
-class ModelGradient : public ::testing::TestWithParam<Arch> {
- protected:
-  void SetUp() override {
-    if (!test::host_memory()) GTEST_SKIP() << "this test reads model buffers on the host";
-  }
-};
+// The tests that read a model's buffers directly (host builds only) skip in a Kokkos CUDA build;
+// the first two copy through test::to_host / DeviceTokens and run on the GPU there, with cuBLAS.
+class ModelGradient : public ::testing::TestWithParam<Arch> {};
 
 TEST_P(ModelGradient, EveryTensorMatchesFiniteDifferences) {
   const ModelSpec spec = tiny(GetParam());
   const int B = 2, T = 5;
   MemoryTracker tracker;
-  auto gemm = make_host_gemm();
+  auto gemm = make_default_gemm();
   Model model(spec, B, T, tracker, *gemm);
   // Larger than the 0.02 init so that every gradient is well above float rounding.
-  const auto values = test::random_vector(model.flat_size(), 7, 0.5f);
-  std::copy(values.begin(), values.end(), model.params());
+  test::from_host(model.params(), test::random_vector(model.flat_size(), 7, 0.5f));
   std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
   std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
   EXPECT_EQ(test::check_model_gradient(model, tokens, targets, B, T), 0);
@@ -47,22 +43,22 @@ TEST_P(ModelGradient, MicroBatchesAccumulateToTheFullBatchGradient) {
   const ModelSpec spec = tiny(GetParam());
   const int T = 5;
   MemoryTracker tracker;
-  auto gemm = make_host_gemm();
+  auto gemm = make_default_gemm();
   Model model(spec, 2, T, tracker, *gemm);
   model.init_parameters(3);
-  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
-  std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1};
+  const test::DeviceTokens batch({1, 4, 4, 9, 0, 10, 3, 2, 2, 7}, {4, 4, 9, 0, 10, 3, 2, 2, 7, 1});
   model.zero_grad();
-  model.forward(tokens.data(), targets.data(), 2, 1.0f);
-  model.backward(tokens.data(), 2);
-  std::vector<float> full(model.grads(), model.grads() + model.flat_size());
+  model.forward(batch.tokens(), batch.targets(), 2, 1.0f);
+  model.backward(batch.tokens(), 2);
+  const std::vector<float> full = test::to_host(model.grads(), model.flat_size());
   model.zero_grad();
   for (int b = 0; b < 2; ++b) {
-    model.forward(tokens.data() + b * T, targets.data() + b * T, 1, 1.0f);
-    model.backward(tokens.data() + b * T, 1);
+    model.forward(batch.tokens(b * T), batch.targets(b * T), 1, 1.0f);
+    model.backward(batch.tokens(b * T), 1);
   }
+  const std::vector<float> split = test::to_host(model.grads(), model.flat_size());
   for (std::size_t i = 0; i < full.size(); ++i) {
-    ASSERT_NEAR(model.grads()[i], full[i], 1e-5 + 1e-4 * std::abs(full[i])) << i;
+    ASSERT_NEAR(split[i], full[i], 1e-5 + 1e-4 * std::abs(full[i])) << i;
   }
 }
 
@@ -97,6 +93,7 @@ TEST(ModelGradient, FusedAttentionModelMatchesDenseAndFiniteDifferences) {
 // 3 threads. The model is large enough for every kernel to split over 3 threads (rows >= 3 x 16,
 // elements >= 3 x 16384, column blocks of 32 >= 3).
 TEST_P(ModelGradient, BitwiseTheSameOnAnyNumberOfHostThreads) {
+  if (!test::host_memory()) GTEST_SKIP() << "host threads run the host build's kernels";
   const ModelSpec spec = model_spec(GetParam(), 2, 128, 4, 512, 300, 64);
   const int B = 4, T = 64;
   std::vector<int32_t> tokens(B * T), targets(B * T);
@@ -436,6 +433,7 @@ TEST(ModelTable, WeightDecayAndInitByRule) {
 // Units: the embeddings, each block, the final layernorm; contiguous, padded to the multiple,
 // tiling the flat buffer. The padding changes offsets, never the model.
 TEST(ParameterUnits, TileTheFlatBufferAndLeaveTheModelAlone) {
+  if (!test::host_memory()) GTEST_SKIP() << "this test reads model buffers on the host";
   const ModelSpec spec = model_spec(Arch::opt, 3, 32, 4, 64, 50, 16);
   const auto table = parameter_table(spec, 48);
   const auto units = parameter_units(table, 48);
