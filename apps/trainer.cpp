@@ -635,8 +635,9 @@ TrainSummary Trainer::train() {
     print("activation checkpointing: %s\n", activation_plan_.description.c_str());
   }
   print("memory (per rank): %s\n", tracker_.summary().c_str());
-  const bool tf32_ignored = config_.train.tf32 && config_.train.precision == core::GemmPrecision::fp32 &&
-                           gemm_->name().find("TF32") == std::string::npos;
+  const bool tf32_ignored = config_.train.tf32 &&
+                           config_.train.precision == core::GemmPrecision::fp32 &&
+                           !gemm_->uses_tf32();
   print("gemm: %s (hardware.gemm)%s\n", gemm_->name().c_str(),
         tf32_ignored ? "; train.tf32 ignored: these products have no TF32" : "");
   print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "

@@ -74,6 +74,8 @@ class Gemm {
   }
   // How many times a held range has been converted (tests; 0 for backends that do not convert).
   virtual std::size_t stable_conversions() const { return 0; }
+  // Whether fp32 products run on TF32 tensor cores (cuBLAS with train.tf32).
+  virtual bool uses_tf32() const { return false; }
 
  private:
   std::vector<float> widened_a_, widened_b_;  // gemm_mixed's default: bf16 operands as fp32
@@ -146,7 +148,8 @@ std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision = GemmPrecision::
 // Every product is staged, attention's small per-head ones too: on an H200 node, sending those
 // to the host's OpenBLAS instead measured twice as slow (270 against 139 ms of attention per
 // quickstart step).
-std::unique_ptr<Gemm> make_cublas_host_gemm(GemmPrecision precision = GemmPrecision::fp32);
+std::unique_ptr<Gemm> make_cublas_host_gemm(GemmPrecision precision = GemmPrecision::fp32,
+                                            bool tf32 = false);
 #endif
 // Threads each host GEMM uses (OpenBLAS now; BLIS and oneDNN when they are created).
 void set_blas_threads(int threads);
@@ -154,8 +157,8 @@ void set_blas_threads(int threads);
 // The backend hardware.gemm names, at the given precision, for the default Kokkos execution
 // space's memory: cuBLAS on a device; otherwise a host backend (openblas, blis, onednn, auto), or
 // "cublas" for host arrays multiplied on the GPU. Throws naming what is missing (no CUDA build,
-// no device visible). tf32 (train.tf32) lets the device backend's fp32 products use TF32; the
-// host backends have no TF32 and ignore it (their names say fp32).
+// no device visible). tf32 (train.tf32) lets cuBLAS's fp32 products use TF32; the host backends
+// have no TF32 and ignore it (Gemm::uses_tf32 says which).
 std::unique_ptr<Gemm> make_default_gemm(const std::string& backend = "openblas",
                                         GemmPrecision precision = GemmPrecision::fp32,
                                         bool tf32 = false);

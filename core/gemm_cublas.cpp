@@ -196,23 +196,14 @@ class CublasGemm : public Gemm {
 
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
-    if (rounds_on_device()) {
-      gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
-      return;
-    }
-    device_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
   }
 
   void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
                             int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
                             float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    if (rounds_on_device()) {
-      gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
-                         stride_c, batch);
-      return;
-    }
-    device_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
-                   stride_c, batch);
+    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                       stride_c, batch);
   }
 
   // Operands on the device, fp32 or bf16. bf16 precision: each fp32 operand rounded to bf16 on
@@ -230,34 +221,21 @@ class CublasGemm : public Gemm {
     if (!rounds_on_device()) {
       const float* a = A.f32 != nullptr ? A.f32 : widen(wide_a_, A.bf16, span_a);
       const float* b = B.f32 != nullptr ? B.f32 : widen(wide_b_, B.bf16, span_b);
-      if (batch == 1) {
-        device_gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
-      } else {
-        device_batched(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, C, ldc,
-                       stride_c, batch);
-      }
+      device_product(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, C, ldc,
+                     stride_c, batch);
       return;
     }
     const std::uint16_t* a =
         A.bf16 != nullptr ? A.bf16 : stable_.get(bits_a_, A.f32, span_a, to_bf16_on_device);
     const std::uint16_t* b =
         B.bf16 != nullptr ? B.bf16 : stable_.get(bits_b_, B.f32, span_b, to_bf16_on_device);
-    if (batch == 1) {
-      check(cublasGemmEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, b, CUDA_R_16BF,
-                         ldb, a, CUDA_R_16BF, lda, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
-            "cublasGemmEx (bf16 operands)");
-      return;
-    }
-    check(cublasGemmStridedBatchedEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, b,
-                                     CUDA_R_16BF, ldb, stride_b, a, CUDA_R_16BF, lda, stride_a,
-                                     &beta, C, CUDA_R_32F, ldc, stride_c, batch,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (bf16 operands)");
+    bf16_product(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, C, ldc,
+                 stride_c, batch);
   }
 
   void hold_stable(const float* begin, std::size_t n) override { stable_.hold(begin, n); }
   std::size_t stable_conversions() const override { return stable_.conversions(); }
+  bool uses_tf32() const override { return tf32_; }
 
  protected:
   // bf16 rounded exactly on the device (a Kokkos CUDA build), rather than by cuBLAS.
@@ -269,37 +247,54 @@ class CublasGemm : public Gemm {
     return to.data();
   }
 
-  void device_gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-                   const float* B, int ldb, float beta, float* C, int ldc) {
-    if (precision_ == GemmPrecision::fp32) {
+  // `batch` products of fp32 device operands: plain fp32 (TF32 with train.tf32), or with bf16
+  // precision where nothing rounds on the device, cuBLAS's own reduced precision (FAST_16BF).
+  void device_product(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                      int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                      float beta, float* C, int ldc, int64_t stride_c, int batch) {
+    if (precision_ == GemmPrecision::bf16) {
+      product_ex(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                 stride_c, batch, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF);
+    } else if (batch == 1) {
       check(cublasSgemm(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, ldb, A, lda,
                         &beta, C, ldc),
             "cublasSgemm");
-      return;
-    }
-    check(cublasGemmEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, CUDA_R_32F, ldb,
-                       A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
-                       CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmEx (bf16)");
-  }
-
-  void device_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
-                      int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
-                      float beta, float* C, int ldc, int64_t stride_c, int batch) {
-    if (precision_ == GemmPrecision::fp32) {
+    } else {
       check(cublasSgemmStridedBatched(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
                                       ldb, stride_b, A, lda, stride_a, &beta, C, ldc, stride_c,
                                       batch),
             "cublasSgemmStridedBatched");
+    }
+  }
+
+  // `batch` products of bf16 device operands (their bit patterns), fp32 sums into fp32 C.
+  void bf16_product(Trans ta, Trans tb, int M, int N, int K, float alpha, const void* A, int lda,
+                    int64_t stride_a, const void* B, int ldb, int64_t stride_b, float beta,
+                    float* C, int ldc, int64_t stride_c, int batch) {
+    product_ex(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc, stride_c,
+               batch, CUDA_R_16BF, CUBLAS_COMPUTE_32F);
+  }
+
+ private:
+  // Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T, operands of `type`.
+  void product_ex(Trans ta, Trans tb, int M, int N, int K, float alpha, const void* A, int lda,
+                  int64_t stride_a, const void* B, int ldb, int64_t stride_b, float beta,
+                  float* C, int ldc, int64_t stride_c, int batch, cudaDataType type,
+                  cublasComputeType_t compute) {
+    if (batch == 1) {
+      check(cublasGemmEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, type, ldb, A,
+                         type, lda, &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
       return;
     }
     check(cublasGemmStridedBatchedEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
-                                     CUDA_R_32F, ldb, stride_b, A, CUDA_R_32F, lda, stride_a,
-                                     &beta, C, CUDA_R_32F, ldc, stride_c, batch,
-                                     CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT),
-          "cublasGemmStridedBatchedEx (bf16)");
+                                     type, ldb, stride_b, A, type, lda, stride_a, &beta, C,
+                                     CUDA_R_32F, ldc, stride_c, batch, compute,
+                                     CUBLAS_GEMM_DEFAULT),
+          "cublasGemmStridedBatchedEx");
   }
 
+ protected:
   GemmPrecision precision_;
   bool tf32_;
   cublasHandle_t handle_ = nullptr;
@@ -326,7 +321,8 @@ class CublasHostGemm final : public CublasGemm {
   std::size_t stable_conversions() const override { return 0; }
   std::string name() const override {
     return precision_ == GemmPrecision::bf16 ? "cublas (bf16 x bf16, fp32 sums), host arrays staged"
-                                             : "cublas, host arrays staged";
+           : tf32_ ? "cublas (fp32 on TF32 tensor cores, train.tf32), host arrays staged"
+                   : "cublas, host arrays staged";
   }
 
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
@@ -351,18 +347,12 @@ class CublasHostGemm final : public CublasGemm {
     // C moves as M rows of N columns per matrix: the columns between them (C may be a column
     // block of a wider array) belong to the caller and are neither read nor written.
     if (beta != 0.0f) copy_c(C, c, M, N, ldc, stride_c, batch, cudaMemcpyHostToDevice);
-    if (!bf16 && batch == 1) {
-      device_gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(a), lda,
-                  static_cast<const float*>(b), ldb, beta, c, ldc);
-    } else if (!bf16) {
-      device_batched(ta, tb, M, N, K, alpha, static_cast<const float*>(a), lda, stride_a,
-                     static_cast<const float*>(b), ldb, stride_b, beta, c, ldc, stride_c, batch);
+    if (bf16) {
+      bf16_product(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                   stride_c, batch);
     } else {
-      check(cublasGemmStridedBatchedEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, b,
-                                       CUDA_R_16BF, ldb, stride_b, a, CUDA_R_16BF, lda, stride_a,
-                                       &beta, c, CUDA_R_32F, ldc, stride_c, batch,
-                                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx (bf16 operands)");
+      device_product(ta, tb, M, N, K, alpha, static_cast<const float*>(a), lda, stride_a,
+                     static_cast<const float*>(b), ldb, stride_b, beta, c, ldc, stride_c, batch);
     }
     copy_c(c, C, M, N, ldc, stride_c, batch, cudaMemcpyDeviceToHost);
   }
@@ -408,8 +398,8 @@ std::unique_ptr<Gemm> make_cublas_gemm(GemmPrecision precision, bool tf32) {
   return std::make_unique<CublasGemm>(precision, tf32);
 }
 
-std::unique_ptr<Gemm> make_cublas_host_gemm(GemmPrecision precision) {
-  return std::make_unique<CublasHostGemm>(precision);
+std::unique_ptr<Gemm> make_cublas_host_gemm(GemmPrecision precision, bool tf32) {
+  return std::make_unique<CublasHostGemm>(precision, tf32);
 }
 
 }  // namespace colossal::core

@@ -417,7 +417,7 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     if (backend == "cublas") {
 #ifdef COLOSSAL_HAVE_CUDA
-      return make_cublas_host_gemm(precision);
+      return make_cublas_host_gemm(precision, tf32);
 #else
       throw std::runtime_error(
           "hardware.gemm: cublas needs a build with CUDA (this one has none); reconfigure with "
