@@ -81,6 +81,22 @@ class Gemm {
   std::vector<float> widened_a_, widened_b_;  // gemm_mixed's default: bf16 operands as fp32
 };
 
+// A backend whose products all go through gemm_mixed_batched (its operands may be fp32 or
+// bf16): the fp32 entry points forward there.
+class MixedOperandGemm : public Gemm {
+ public:
+  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    gemm_mixed(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
+                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
+                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
+    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
+                       stride_c, batch);
+  }
+};
+
 // A host GEMM backend (host memory): "openblas" (linked), "blis" or "onednn" (loaded at run time
 // when their Debian libraries libblis4-* / libdnnl2 are installed), or "auto" (per shape the
 // fastest of those available, measured on the shape's first product). Throws naming what is

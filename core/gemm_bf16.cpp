@@ -43,7 +43,7 @@ const float* widened(std::vector<float>& buffer, const std::uint16_t* bits, std:
   return buffer.data();
 }
 
-class Bf16Gemm final : public Gemm {
+class Bf16Gemm final : public MixedOperandGemm {
  public:
   Bf16Gemm(std::unique_ptr<Gemm> inner, std::string why)
       : inner_(std::move(inner)), why_(std::move(why)) {}
@@ -51,16 +51,6 @@ class Bf16Gemm final : public Gemm {
     return inner_->name() + " (bf16 operands, emulated" + (why_.empty() ? "" : ": " + why_) + ")";
   }
 
-  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) override {
-    gemm_mixed(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
-                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
-                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
-                       stride_c, batch);
-  }
   // fp32 operands rounded, bf16 ones widened: either way one pass into the buffer.
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
                           int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,

@@ -156,7 +156,7 @@ class DeviceVector {
   std::size_t size_ = 0;
 };
 
-class CublasGemm : public Gemm {
+class CublasGemm : public MixedOperandGemm {
  public:
   explicit CublasGemm(GemmPrecision precision, bool tf32 = false)
       : precision_(precision), tf32_(tf32 && precision == GemmPrecision::fp32) {
@@ -192,18 +192,6 @@ class CublasGemm : public Gemm {
     return precision_ == GemmPrecision::bf16 ? "cublas (bf16 tensor cores)"
            : tf32_                           ? "cublas (fp32 on TF32 tensor cores, train.tf32)"
                                              : "cublas";
-  }
-
-  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) override {
-    gemm_strided_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
-  }
-
-  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
-                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
-                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
-                       stride_c, batch);
   }
 
   // Operands on the device, fp32 or bf16. bf16 precision: each fp32 operand rounded to bf16 on

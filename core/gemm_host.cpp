@@ -217,7 +217,7 @@ Bf16Hardware bf16_hardware() {
 using DnnlGemmBf16 = int (*)(char, char, int64_t, int64_t, int64_t, float, const std::uint16_t*,
                              int64_t, const std::uint16_t*, int64_t, float, float*, int64_t);
 
-class OneDnnBf16Gemm final : public Gemm {
+class OneDnnBf16Gemm final : public MixedOperandGemm {
  public:
   OneDnnBf16Gemm()
       : lib_({"libdnnl.so.2", "libdnnl.so.3", "libdnnl.so"}),
@@ -235,16 +235,6 @@ class OneDnnBf16Gemm final : public Gemm {
   }
   std::string name() const override {
     return std::string("onednn bf16 (") + (hw_.amx_bf16 ? "AMX-BF16" : "AVX512-BF16") + ")";
-  }
-  void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) override {
-    gemm_mixed(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
-  }
-  void gemm_strided_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A,
-                            int lda, int64_t stride_a, const float* B, int ldb, int64_t stride_b,
-                            float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
-                       stride_c, batch);
   }
   // A bf16 operand goes to oneDNN as it is; an fp32 one is converted (or served from the held
   // copy). A batch converts its two operand spans once, then runs its products.
