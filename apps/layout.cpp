@@ -20,7 +20,7 @@ std::vector<int> pipeline_layers(const io::Config& config) {
 }
 
 bool bf16_operands(const io::Config& config) {
-  return config.train.precision == core::GemmPrecision::bf16 && !device_resident_build() &&
+  return config.train.precision == core::GemmPrecision::bf16 &&
          config.parallel.tensor_mode == core::TensorMode::d1;
 }
 

@@ -21,7 +21,7 @@ namespace colossal::apps {
 std::vector<int> pipeline_layers(const io::Config& config);
 
 // Whether colossal_train saves activations in bf16 (core::ModelOptions::bf16_operands and
-// bf16_probabilities): train.precision: bf16 on a host build, 1d tensor mode.
+// bf16_probabilities): train.precision: bf16 in 1d tensor mode, in host and device builds.
 bool bf16_operands(const io::Config& config);
 
 // The run's layout as the config fixes it (the trainer's pipeline partition included).

@@ -217,13 +217,11 @@ struct TrainRate {
 
 // The trainer's step without data loading: zero grads, forward + backward, global norm, clipped
 // AdamW. Two warm-up steps pay the first touch of every buffer. bf16 saves the activations only
-// products read in bf16, as colossal_train does on the host.
+// products read (and the probabilities) in bf16, as colossal_train does.
 TrainRate train_rate(Gemm& gemm, const Case& c, int steps, bool bf16) {
   MemoryTracker tracker;
-  const bool host_memory = !device_memory_v<Kokkos::DefaultExecutionSpace>;
   Model model(c.spec, c.batch, c.seq_len, tracker, gemm,
-              ModelOptions{.bf16_operands = bf16 && host_memory,
-                           .bf16_probabilities = bf16 && host_memory});
+              ModelOptions{.bf16_operands = bf16, .bf16_probabilities = bf16});
   model.init_parameters(1234);
   AdamW optimizer(model.parameters(), model.flat_size(), tracker);
   DeviceArray<int32_t> tokens(tracker, MemCategory::data, std::size_t(c.batch) * c.seq_len);

@@ -75,7 +75,7 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   s.losses = BT;
   s.bf16_dlogits = shape.bf16_operands && tensor == 1;
   s.logits = floats(s.bf16_dlogits, BT * V);
-  s.logits_chunk = s.bf16_dlogits ? std::min(BT, kLogitsChunkRows) * V : 0;
+  s.logits_chunk = s.bf16_dlogits ? std::min(BT, shape.logits_chunk_rows) * V : 0;
 
   s.dresidual = s.dhidden = BTC;
   s.dmlp = s.mlp_act = BT * F;

@@ -19,8 +19,12 @@
 
 namespace colossal::core {
 
-// Rows of logits computed at a time when the logits' gradient is saved in bf16.
+// Rows of logits computed at a time when the logits' gradient is saved in bf16: on a CPU few
+// enough that the fp32 chunk stays in cache; on a GPU enough rows to fill the device (one
+// product of 128 rows by V = 50257 leaves most of an H200's SMs idle), 2048 x V fp32 is 0.4 GB
+// at gpt2-124m's vocabulary.
 constexpr std::size_t kLogitsChunkRows = 128;
+constexpr std::size_t kDeviceLogitsChunkRows = 2048;
 
 // One rank's share of a micro-batch: what sets the size of every activation.
 struct ActivationShape {
@@ -35,13 +39,14 @@ struct ActivationShape {
   // gathers move them in fp32), q/k/v and, with unfused attention, the attention output (neither
   // under a ring, which sends them in fp32; fused attention's backward reads its output
   // element-wise), and the logits' gradient (without tensor parallelism, whose cross-entropy
-  // works across ranks): the logits are then computed kLogitsChunkRows rows at a time into a
+  // works across ranks): the logits are then computed logits_chunk_rows rows at a time into a
   // temporary, never whole. ActivationSizes says which apply.
   bool bf16_operands = false;
   // And the attention probabilities (unfused, no ring), which the softmax backward reads
   // element-wise: not exact (that backward sees them rounded to bf16), the rest of mixed
   // precision's activation memory.
   bool bf16_probabilities = false;
+  std::size_t logits_chunk_rows = kLogitsChunkRows;  // kDeviceLogitsChunkRows on a GPU
 };
 
 // Floats of each tensor of one micro-batch on one rank. B batch, T local tokens, C hidden,

@@ -34,4 +34,15 @@ KOKKOS_INLINE_FUNCTION float bf16_value(std::uint16_t b) {
   return x;
 }
 
+// A stored element (a norm's output, a saved activation): the float itself, or its bfloat16
+// pattern when the tensor is stored in bf16.
+KOKKOS_INLINE_FUNCTION void store_output(float& out, float value) { out = value; }
+KOKKOS_INLINE_FUNCTION void store_output(std::uint16_t& out, float value) {
+  out = bf16_bits(value);
+}
+
+// A saved element as the float it holds: itself, or the value of its bf16 pattern.
+KOKKOS_INLINE_FUNCTION float load_value(float x) { return x; }
+KOKKOS_INLINE_FUNCTION float load_value(std::uint16_t bits) { return bf16_value(bits); }
+
 }  // namespace colossal::core

@@ -134,14 +134,9 @@ void embedding_backward(float* dwte,           // (rows,C)
       });
 }
 
-// A norm's output element: the float, or its bfloat16 pattern (the output stored in bf16).
-KOKKOS_INLINE_FUNCTION void store_output(float& out, float value) { out = value; }
-KOKKOS_INLINE_FUNCTION void store_output(std::uint16_t& out, float value) {
-  out = bf16_bits(value);
-}
 
 // out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd for backward. Out is
-// float, or std::uint16_t for the output's bf16 patterns (host memory only).
+// float, or std::uint16_t for the output's bf16 patterns.
 template <class ExecSpace = Exec, class Out = float>
 void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)
@@ -151,8 +146,7 @@ void layernorm_forward(Out* out,            // (N,C)
                        const float* bias,   // (C)
                        int64_t N, int C, float eps) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
-    static_assert(std::is_same_v<Out, float>, "bf16 norm outputs are host-only");
-    team::layernorm_forward<ExecSpace>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    team::layernorm_forward<ExecSpace, Out>(out, mean, rstd, inp, weight, bias, N, C, eps);
     return;
   }
   for_each<ExecSpace>(
@@ -367,20 +361,16 @@ void causal_softmax_forward(float* att, int64_t rows, int T) {  // (B*H, T, T)
   causal_softmax_forward<ExecSpace>(att, rows, T, T, 0);
 }
 
-// A saved element as the float it holds: itself, or the value of its bf16 pattern.
-KOKKOS_INLINE_FUNCTION float load_value(float x) { return x; }
-KOKKOS_INLINE_FUNCTION float load_value(std::uint16_t bits) { return bf16_value(bits); }
 
 // In place: datt <- scale * att * (datt - sum_j att*datt), the gradient with respect to the
 // unscaled scores q.k, zero above the diagonal (rows as in causal_softmax_forward). In: float,
-// or std::uint16_t for probabilities saved as bf16 patterns (host memory only).
+// or std::uint16_t for probabilities saved as bf16 patterns.
 template <class ExecSpace = Exec, class In = float>
 void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
                              const In* att,    // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
-    static_assert(std::is_same_v<In, float>, "bf16 probabilities are host-only");
-    team::causal_softmax_backward<ExecSpace>(datt, att, rows, Tq, Tk, q_offset, scale);
+    team::causal_softmax_backward<ExecSpace, In>(datt, att, rows, Tq, Tk, q_offset, scale);
     return;
   }
   const int T = Tk;
@@ -565,6 +555,15 @@ double sum_squares(const float* x, int64_t n) {
 
 namespace colossal::core::kernels {
 
+// out[i] = the bf16 pattern of in[i] (round to nearest even: the rounding of every bf16 path),
+// how an activation computed in fp32 is saved in bf16.
+template <class ExecSpace = Exec>
+void to_bf16(std::uint16_t* out, const float* in, int64_t n) {  // (n), (n)
+  for_each<ExecSpace>(
+      "colossal::core::to_bf16", n, kElementGrain,
+      KOKKOS_LAMBDA(int64_t i) { out[i] = bf16_bits(in[i]); });
+}
+
 template <class ExecSpace = Exec>
 void fill(float* dst, int64_t n, float value) {
   for_each<ExecSpace>(
@@ -609,6 +608,9 @@ COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, float>(float* out,
                                                                      const float* weight,
                                                                      const float* bias, int64_t N,
                                                                      int C, float eps);
+COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, std::uint16_t>(
+    std::uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+    const float* bias, int64_t N, int C, float eps);
 COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
                                                                float* dbias, const float* dout,
                                                                const float* inp,
@@ -639,6 +641,13 @@ COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, float>(float
                                                                            const float* att,
                                                                            int64_t rows, int T,
                                                                            float scale);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, std::uint16_t>(
+    float* datt, const std::uint16_t* att, int64_t rows, int Tq, int Tk, int q_offset,
+    float scale);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, std::uint16_t>(
+    float* datt, const std::uint16_t* att, int64_t rows, int T, float scale);
+COLOSSAL_DEVICE_INSTANCE void to_bf16<Kokkos::Cuda>(std::uint16_t* out, const float* in,
+                                                    int64_t n);
 COLOSSAL_DEVICE_INSTANCE void copy_columns<Kokkos::Cuda>(float* dst, int ld_dst, const float* src,
                                                          int ld_src, int64_t rows, int cols);
 COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,

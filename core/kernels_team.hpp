@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/bf16.hpp"
 #include "core/fast_math.hpp"
 #include "core/kokkos_compat.hpp"
 
@@ -52,9 +53,10 @@ constexpr int column_lanes() {
 // ---------------------------------------------------------------------------------------------
 // Row kernels: one team per row.
 
-// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd.
-template <class ExecSpace = Kokkos::DefaultExecutionSpace>
-void layernorm_forward(float* out,          // (N,C)
+// out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd. Out is float, or
+// std::uint16_t for the output's bf16 patterns (saved in bf16 under train.precision: bf16).
+template <class ExecSpace = Kokkos::DefaultExecutionSpace, class Out = float>
+void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)
                        float* rstd,         // (N)
                        const float* inp,    // (N,C)
@@ -76,9 +78,10 @@ void layernorm_forward(float* out,          // (N,C)
             [&](int c, float& acc) { acc += (x[c] - m) * (x[c] - m); }, v);
         v /= C;
         const float s = 1.0f / kmath::sqrt(v + eps);
-        float* o = out + n * C;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
-                             [&](int c) { o[c] = (x[c] - m) * s * weight[c] + bias[c]; });
+        Out* o = out + n * C;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) {
+          store_output(o[c], (x[c] - m) * s * weight[c] + bias[c]);
+        });
         Kokkos::single(Kokkos::PerTeam(team), [&]() {
           mean[n] = m;
           rstd[n] = s;
@@ -234,10 +237,11 @@ void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
       });
 }
 
-// In place: datt <- scale * att * (datt - sum_j att*datt), zero above the diagonal.
-template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+// In place: datt <- scale * att * (datt - sum_j att*datt), zero above the diagonal. In: float,
+// or std::uint16_t for probabilities saved as bf16 patterns.
+template <class ExecSpace = Kokkos::DefaultExecutionSpace, class In = float>
 void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
-                             const float* att, // (B*H, Tq, Tk)
+                             const In* att,    // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale,
                              int team_size = 0) {
   Kokkos::parallel_for(
@@ -246,15 +250,15 @@ void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
         const int64_t r = team.league_rank();
         const int i = q_offset + static_cast<int>(r % Tq);
         const int valid = i + 1 < Tk ? i + 1 : Tk;
-        const float* a = att + r * Tk;
+        const In* a = att + r * Tk;
         float* d = datt + r * Tk;
         float dot = 0.0f;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, valid),
-            [&](int j, float& acc) { acc += a[j] * d[j]; }, dot);
+            [&](int j, float& acc) { acc += load_value(a[j]) * d[j]; }, dot);
         team.team_barrier();
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, Tk), [&](int j) {
-          d[j] = j < valid ? scale * a[j] * (d[j] - dot) : 0.0f;
+          d[j] = j < valid ? scale * load_value(a[j]) * (d[j] - dot) : 0.0f;
         });
       });
 }
@@ -478,10 +482,15 @@ void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t 
 // The CUDA instances of the kernels above live in one translation unit, core/device_kernels.cpp
 // (see COLOSSAL_DEVICE_INSTANCE in core/kokkos_compat.hpp).
 #ifdef KOKKOS_ENABLE_CUDA
-COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda>(float* out, float* mean, float* rstd,
-                                                              const float* inp, const float* weight,
-                                                              const float* bias, int64_t N, int C,
-                                                              float eps, int team_size);
+COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, float>(float* out, float* mean,
+                                                                     float* rstd, const float* inp,
+                                                                     const float* weight,
+                                                                     const float* bias, int64_t N,
+                                                                     int C, float eps,
+                                                                     int team_size);
+COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, std::uint16_t>(
+    std::uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
+    const float* bias, int64_t N, int C, float eps, int team_size);
 COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
                                                                float* dbias, const float* dout,
                                                                const float* inp,
@@ -493,10 +502,12 @@ COLOSSAL_DEVICE_INSTANCE void bias_backward<Kokkos::Cuda>(float* dbias, const fl
 COLOSSAL_DEVICE_INSTANCE void causal_softmax_forward<Kokkos::Cuda>(float* att, int64_t rows, int Tq,
                                                                    int Tk, int q_offset,
                                                                    int team_size);
-COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda>(float* datt, const float* att,
-                                                                    int64_t rows, int Tq, int Tk,
-                                                                    int q_offset, float scale,
-                                                                    int team_size);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, float>(
+    float* datt, const float* att, int64_t rows, int Tq, int Tk, int q_offset, float scale,
+    int team_size);
+COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, std::uint16_t>(
+    float* datt, const std::uint16_t* att, int64_t rows, int Tq, int Tk, int q_offset, float scale,
+    int team_size);
 COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,
                                                                            float* losses,
                                                                            const int32_t* targets,

@@ -52,7 +52,7 @@ void attention_forward(Gemm& gemm, float* att, float* atty, GemmOperand qkv, int
     for (int b = 0; b < B; ++b) {
       attention_forward(gemm, att, atty + int64_t(b) * T * C, qkv + int64_t(b) * T * 3 * C, 1, T,
                         C, H);
-      to_bf16_bits(att, att_bf16 + int64_t(b) * H * TT, std::size_t(H) * TT);
+      kernels::to_bf16(att_bf16 + int64_t(b) * H * TT, att, int64_t(H) * TT);
     }
     return;
   }
@@ -189,18 +189,10 @@ void attention_backward(Gemm& gemm, float* dqkv, float* datt, const float* datty
                             datt, T, TT, H);
     gemm.gemm_mixed_batched(Trans::T, Trans::N, T, hs, T, 1.0f, p, T, TT, dy, C, hs, 0.0f,
                             dq + 2 * C, 3 * C, hs, H);
-    // bf16 probabilities (host memory only: device builds never instantiate them).
-    auto softmax_backward = [&](const auto* probabilities) {
-      using In = std::remove_const_t<std::remove_pointer_t<decltype(probabilities)>>;
-      if constexpr (std::is_same_v<In, float> || !device_memory_v<kernels::Exec>) {
-        kernels::causal_softmax_backward<kernels::Exec, In>(datt, probabilities, int64_t(H) * T,
-                                                            T, scale);
-      }
-    };
-    if (p.bf16 != nullptr) {
-      softmax_backward(p.bf16);
+    if (p.bf16 != nullptr) {  // probabilities saved in bf16
+      kernels::causal_softmax_backward(datt, p.bf16, int64_t(H) * T, T, scale);
     } else {
-      softmax_backward(p.f32);
+      kernels::causal_softmax_backward(datt, p.f32, int64_t(H) * T, T, scale);
     }
     gemm.gemm_mixed_batched(Trans::N, Trans::N, T, hs, T, 1.0f, datt, T, TT, k, 3 * C, hs, 0.0f,
                             dq, 3 * C, hs, H);

@@ -36,8 +36,8 @@ void linear_backward(Gemm& gemm, WeightLayout layout,
 // Causal multi-head self-attention. qkv holds Q, K, V as column blocks of each row (B,T,3C); head
 // h uses columns [h*hs, (h+1)*hs) of each block. Saves the softmax probabilities att (B,H,T,T).
 // qkv is read by matrix products only, so it may be stored in bf16 (Gemm::gemm_mixed), in the
-// backward and in the fused forms too. With att_bf16 (host memory) the probabilities are saved
-// there as bf16 patterns instead, and att is one sequence's (H,T,T) fp32 work buffer.
+// backward and in the fused forms too. With att_bf16 the probabilities are saved there as bf16
+// patterns instead, and att is one sequence's (H,T,T) fp32 work buffer.
 void attention_forward(Gemm& gemm,
                        float* att,        // (B,H,T,T) out: probabilities
                        float* atty,       // (B,T,C) out: heads side by side
@@ -48,7 +48,7 @@ void attention_forward(Gemm& gemm,
 void attention_backward(Gemm& gemm, float* dqkv, float* datt_scratch,
                         const float* datty,  // (B,T,C)
                         GemmOperand qkv,     // (B,T,3C)
-                        GemmOperand att,     // (B,H,T,T), fp32 or bf16 (host memory)
+                        GemmOperand att,     // (B,H,T,T), fp32 or bf16
                         int B, int T, int C, int H);
 
 }  // namespace colossal::core

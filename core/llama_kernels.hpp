@@ -212,6 +212,12 @@ COLOSSAL_DEVICE_INSTANCE void rmsnorm_forward<Kokkos::Cuda, float>(float* out, f
                                                                    const float* inp,
                                                                    const float* weight, int64_t N,
                                                                    int C, float eps);
+COLOSSAL_DEVICE_INSTANCE void rmsnorm_forward<Kokkos::Cuda, std::uint16_t>(std::uint16_t* out,
+                                                                           float* rstd,
+                                                                           const float* inp,
+                                                                           const float* weight,
+                                                                           int64_t N, int C,
+                                                                           float eps);
 COLOSSAL_DEVICE_INSTANCE void rmsnorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
                                                              const float* dout, const float* inp,
                                                              const float* weight, const float* rstd,

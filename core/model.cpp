@@ -166,12 +166,15 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   // saves ln2 and its statistics and fch). `all` keeps input and saved set, `input` the input
   // alone, `none` nothing: dropped sets live in one arena, carved per segment from its start.
   constexpr int kOps = kOpsPerBlock;
-  if ((options.bf16_operands || options.bf16_probabilities) && device_memory_v<k::Exec>) {
-    throw std::logic_error("bf16 activations are host-only (ModelOptions::bf16_operands)");
-  }
-  const ActivationShape shape{max_batch,       seq_len,   split.size,
-                              sequence_split_, ring_size, options.bf16_operands,
-                              options.bf16_probabilities};
+  const ActivationShape shape{max_batch,
+                              seq_len,
+                              split.size,
+                              sequence_split_,
+                              ring_size,
+                              options.bf16_operands,
+                              options.bf16_probabilities,
+                              device_memory_v<k::Exec> ? kDeviceLogitsChunkRows
+                                                       : kLogitsChunkRows};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;
@@ -486,13 +489,10 @@ void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
   const float eps = spec_.layernorm_eps();
   auto run = [&](auto* o) {
     using Out = std::remove_pointer_t<decltype(o)>;
-    // bf16 outputs are host-only: device builds never instantiate them (bf16_norms_ is false).
-    if constexpr (std::is_same_v<Out, float> || !device_memory_v<k::Exec>) {
-      if (spec_.llama()) {
-        k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
-      } else {
-        k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
-      }
+    if (spec_.llama()) {
+      k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
+    } else {
+      k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
     }
   };
   timed(WorkKind::layernorm, [&] {
@@ -505,7 +505,7 @@ void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
 }
 
 void Model::store_staged(const float* staging, float* saved, bool bf16, int64_t n) {
-  if (bf16) to_bf16_bits(staging, reinterpret_cast<std::uint16_t*>(saved), std::size_t(n));
+  if (bf16) k::to_bf16(reinterpret_cast<std::uint16_t*>(saved), staging, n);
 }
 
 void Model::attention_core_forward(BlockActs& a, int B) {
@@ -624,14 +624,14 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
 }
 
-// The LM head and cross-entropy kLogitsChunkRows rows at a time through logits_chunk_; with
-// grad_scale != 0 each chunk's gradient is saved as bf16 patterns in A.logits (only the head's
-// backward products read it, and they round it to bf16 anyway).
+// The LM head and cross-entropy a chunk of rows at a time (ActivationShape::logits_chunk_rows)
+// through logits_chunk_; with grad_scale != 0 each chunk's gradient is saved as bf16 patterns in
+// A.logits (only the head's backward products read it, and they round it to bf16 anyway).
 void Model::chunked_head_forward(Acts& A, const float* W, const int32_t* targets, int64_t N,
                                  float grad_scale) {
   const int C = spec_.hidden, V = int(local_vocab_);
   auto* dlogits = reinterpret_cast<std::uint16_t*>(A.logits);
-  const int64_t R = int64_t(kLogitsChunkRows);
+  const int64_t R = int64_t(activations_.sizes.logits_chunk / std::size_t(V));
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     timed(WorkKind::gemm, [&] {
@@ -641,7 +641,7 @@ void Model::chunked_head_forward(Acts& A, const float* W, const int32_t* targets
     timed(WorkKind::loss, [&] {
       k::cross_entropy_forward_backward(logits_chunk_, A.losses + r0, targets + r0, rows, V,
                                         grad_scale);
-      if (grad_scale != 0.0f) to_bf16_bits(logits_chunk_, dlogits + r0 * V, std::size_t(rows) * V);
+      if (grad_scale != 0.0f) k::to_bf16(dlogits + r0 * V, logits_chunk_, rows * V);
     });
   }
 }

@@ -60,10 +60,11 @@ struct ModelOptions {
   // so that the first and the last pipeline stage slice their tied token embedding alike under
   // ZeRO 2; 0: no floor. Model ignores it.
   std::size_t grid_first_unit_floats = 0;
-  // train.precision: bf16 on the host: the activations that only matrix products read (norm
-  // outputs, q/k/v, unfused attention's output) saved in bf16 (ActivationShape::bf16_operands
-  // says which, when). The gemm must then round its operands to bf16 (a bf16 backend), or the
-  // step would differ from fp32 storage. Host memory only. Model2D / Model3D ignore it.
+  // train.precision: bf16: the activations that only matrix products read (norm outputs,
+  // q/k/v, unfused attention's output, the logits' gradient) saved in bf16
+  // (ActivationShape::bf16_operands says which, when), in host or device memory. The gemm must
+  // then round its operands to bf16 (a bf16 backend), or the step would differ from fp32
+  // storage. Model2D / Model3D ignore it.
   bool bf16_operands = false;
   // With it, the attention probabilities in bf16 too (ActivationShape::bf16_probabilities: not
   // exact).
@@ -349,7 +350,7 @@ class Model final : public StageModel {
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
   // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty; the logits' gradient
-  // (the logits then go through logits_chunk_, kLogitsChunkRows rows at a time).
+  // (the logits then go through logits_chunk_, a chunk of rows at a time).
   bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false, bf16_dlogits_ = false;
   bool bf16_att_ = false;  // the probabilities, staged one sequence at a time in datt_
   float* logits_chunk_ = nullptr;

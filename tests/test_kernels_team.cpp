@@ -88,6 +88,45 @@ TEST_F(TeamKernels, LayernormForwardMatchesHost) {
   }
 }
 
+// Outputs saved in bf16 (train.precision: bf16): the team layernorm writing bf16 patterns gives
+// exactly the patterns of its fp32 output; the softmax backward reading saved bf16 probabilities
+// gives what it gives for those values widened to fp32; kernels::to_bf16 rounds as the GEMM
+// backends' to_bf16_bits do.
+TEST_F(TeamKernels, Bf16StorageIsTheRoundedFp32) {
+  const int N = 11, C = 67;
+  auto x = random_vector(N * C, 21, 3.0f), w = random_vector(C, 22), b = random_vector(C, 23);
+  std::vector<float> out(N * C), mean(N), rstd(N);
+  std::vector<std::uint16_t> out16(N * C), want16(N * C);
+  team::layernorm_forward<TeamExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                    b.data(), N, C, 1e-5f, team_size());
+  team::layernorm_forward<TeamExec, std::uint16_t>(out16.data(), mean.data(), rstd.data(),
+                                                   x.data(), w.data(), b.data(), N, C, 1e-5f,
+                                                   team_size());
+  Kokkos::fence();
+  to_bf16_bits(out.data(), want16.data(), out.size());
+  EXPECT_EQ(out16, want16);
+  std::vector<std::uint16_t> bits(out.size());
+  kernels::to_bf16<RefExec>(bits.data(), out.data(), int64_t(out.size()));
+  EXPECT_EQ(bits, want16);
+
+  const int rows = 2 * 3 * 29, T = 29;
+  auto att = random_vector(int64_t(rows) * T, 24, 4.0f);
+  kernels::causal_softmax_forward<RefExec>(att.data(), rows, T);
+  std::vector<std::uint16_t> att16(att.size());
+  to_bf16_bits(att.data(), att16.data(), att.size());
+  std::vector<float> att_rounded(att.size());
+  from_bf16_bits(att16.data(), att_rounded.data(), att.size());
+  auto d16 = random_vector(int64_t(rows) * T, 25), d32 = d16;
+  team::causal_softmax_backward<TeamExec, std::uint16_t>(d16.data(), att16.data(), rows, T, T, 0,
+                                                         0.3f, team_size());
+  team::causal_softmax_backward<TeamExec>(d32.data(), att_rounded.data(), rows, T, T, 0, 0.3f,
+                                          team_size());
+  Kokkos::fence();
+  // The same arithmetic on the same values; only the compiler's contraction into fused
+  // multiply-adds may differ between the two instantiations.
+  expect_close("softmax backward from bf16", d16, d32, 1e-7, 1e-6);
+}
+
 TEST_F(TeamKernels, LayernormBackwardMatchesHostAndFiniteDifferences) {
   {
     const int N = 70, C = 37;  // two column chunks (one ragged), rows not a multiple of 16
@@ -564,6 +603,48 @@ TEST(DeviceTeamKernels, RowAndColumnKernelsMatchHost) {
                                 C, 0);
   EXPECT_EQ(to_host(ddwte), dwte);
   EXPECT_EQ(to_host(ddwpe), dwpe);
+}
+
+// bf16 storage on the device: the rounding kernel bitwise as the host's; the layernorm's bf16
+// output within one bf16 step of the host's (the row sums add in another order); the softmax
+// backward from bf16 probabilities as the host's from the same patterns.
+TEST(DeviceTeamKernels, Bf16StorageMatchesHost) {
+  const int N = 64, C = 768;
+  auto x = random_vector(N * C, 31, 3.0f), w = random_vector(C, 32), b = random_vector(C, 33);
+  std::vector<std::uint16_t> want(N * C), bits(N * C);
+  to_bf16_bits(x.data(), want.data(), want.size());
+  auto dx = to_device(x), dw = to_device(w), dbv = to_device(b);
+  auto dbits = to_device(bits);
+  kernels::to_bf16<Dev>(dbits.data(), dx.data(), int64_t(x.size()));
+  EXPECT_EQ(to_host(dbits), want);
+
+  std::vector<std::uint16_t> out16(N * C);
+  std::vector<float> mean(N), rstd(N);
+  kernels::layernorm_forward<RefExec, std::uint16_t>(out16.data(), mean.data(), rstd.data(),
+                                                     x.data(), w.data(), b.data(), N, C, 1e-5f);
+  auto dout16 = to_device(out16);
+  auto dmean = to_device(mean), drstd = to_device(rstd);
+  team::layernorm_forward<Dev, std::uint16_t>(dout16.data(), dmean.data(), drstd.data(),
+                                              dx.data(), dw.data(), dbv.data(), N, C, 1e-5f);
+  std::vector<float> got(N * C), ref(N * C);
+  const std::vector<std::uint16_t> got16 = to_host(dout16);
+  from_bf16_bits(got16.data(), got.data(), got.size());
+  from_bf16_bits(out16.data(), ref.data(), ref.size());
+  expect_close("gpu bf16 layernorm out", got, ref, 1e-6, 1.0 / 128);
+
+  const int rows = 4 * 37, T = 37;
+  auto att = random_vector(rows * T, 34, 4.0f);
+  kernels::causal_softmax_forward<RefExec>(att.data(), rows, T);
+  std::vector<std::uint16_t> att16(att.size());
+  to_bf16_bits(att.data(), att16.data(), att.size());
+  auto d = random_vector(rows * T, 35), dref = d;
+  kernels::causal_softmax_backward<RefExec, std::uint16_t>(dref.data(), att16.data(), rows, T,
+                                                           0.3f);
+  auto dd = to_device(d);
+  auto datt16 = to_device(att16);
+  team::causal_softmax_backward<Dev, std::uint16_t>(dd.data(), datt16.data(), rows, T, T, 0,
+                                                    0.3f);
+  expect_close("gpu bf16 softmax backward", to_host(dd), dref, 1e-6, 1e-5);
 }
 
 // The references run on the host's execution space (the team kernels checked against the host
