@@ -99,12 +99,20 @@ std::unique_ptr<Gemm> named_gemm(const std::string& name) {
                            bf16 ? GemmPrecision::bf16 : GemmPrecision::fp32);
 }
 
-// The host backends that load here, and cuBLAS in fp32 and bf16 where a GPU is visible. In a
-// Kokkos CUDA build: cuBLAS on device arrays in fp32, TF32 and bf16 (operands rounded on the
-// device in every call, as for activations; the held parameters are rounded once per forward).
+// The host backends that load here, with oneDNN's bf16 GEMM and the bf16 emulation over OpenBLAS
+// (both rounding their operands in every call) where the CPU has bf16 units, and cuBLAS in fp32
+// and bf16 where a GPU is visible. In a Kokkos CUDA build: cuBLAS on device arrays in fp32, TF32
+// and bf16 (operands rounded on the device in every call, as for activations; the held
+// parameters are rounded once per forward).
 std::vector<std::string> table_backends() {
   if (kDevice) return {"cublas", "cublas-tf32", "cublas-bf16"};
   std::vector<std::string> names = host_gemm_backends();
+  try {
+    make_native_bf16_gemm();
+    names.push_back("onednn-bf16");
+    names.push_back("openblas-bf16");
+  } catch (const std::exception&) {
+  }
   try {
     named_gemm("cublas");
     names.push_back("cublas");
