@@ -166,7 +166,8 @@ void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<fl
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
 
-void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
+// Validates an all-gather's buffers (all_gather, start_all_gather); true when in place.
+bool Communicator::check_all_gather(std::span<const float> input, std::span<float> output) const {
   const std::size_t p = static_cast<std::size_t>(size());
   if (output.size() != p * input.size()) {
     fail(*this, "all_gather: output has " + std::to_string(output.size()) +
@@ -179,8 +180,33 @@ void Communicator::all_gather(std::span<const float> input, std::span<float> out
     fail(*this, "all_gather: input overlaps output without being block rank() of it; pass "
                 "output.subspan(rank() * n, n) as input for an in-place gather, or separate buffers");
   }
+  return in_place;
+}
+
+void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
+  const bool in_place = check_all_gather(input, output);
   if (size() > 1 || !in_place) do_all_gather(input, output);
   record(CollectiveKind::all_gather, output.size() * kFloatBytes);
+}
+
+std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<const float> input,
+                                                                  std::span<float> output) {
+  const bool in_place = check_all_gather(input, output);
+  std::unique_ptr<PendingCollective> pending;
+  if (size() > 1) {
+    pending = do_start_all_gather(input, output);
+  } else {
+    if (!in_place) do_all_gather(input, output);
+    pending = std::make_unique<CompletedCollective>();
+  }
+  record(CollectiveKind::all_gather, output.size() * kFloatBytes);
+  return pending;
+}
+
+std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<const float> input,
+                                                                     std::span<float> output) {
+  do_all_gather(input, output);
+  return std::make_unique<CompletedCollective>();
 }
 
 void Communicator::broadcast(std::span<float> buffer, int root) {

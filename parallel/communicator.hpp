@@ -68,7 +68,7 @@ struct CommStats {
   double total_wire_bytes() const;
 };
 
-// A collective in flight (from Communicator::start_all_reduce_sum). test() lets it progress and
+// A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather, ...). test() lets it progress and
 // says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
 class PendingCollective {
  public:
@@ -105,6 +105,11 @@ class Communicator {
   // output <- concatenation of every rank's input in rank order; output.size() == size() *
   // input.size(). In place when input is exactly block rank() of output.
   void all_gather(std::span<const float> input, std::span<float> output);
+  // The same, started without waiting (ZeRO-3's prefetch of the next unit): neither buffer may
+  // be touched until the returned handle completes; counted when started. Backends without
+  // non-blocking collectives complete it here.
+  std::unique_ptr<PendingCollective> start_all_gather(std::span<const float> input,
+                                                      std::span<float> output);
   // buffer <- root's buffer.
   void broadcast(std::span<float> buffer, int root);
   // Host memory on every backend (see the top of this file).
@@ -148,6 +153,8 @@ class Communicator {
   virtual std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer);
   virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
+  virtual std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
+                                                                 std::span<float> output);
   virtual void do_broadcast(std::span<float> buffer, int root) = 0;
   virtual void do_broadcast_bytes(std::span<std::byte> buffer, int root) = 0;
   virtual double do_all_reduce_sum_value(double value) = 0;
@@ -162,6 +169,7 @@ class Communicator {
 
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
   void check_rank(const char* what, const char* role, int peer) const;
+  bool check_all_gather(std::span<const float> input, std::span<float> output) const;
 
   CommStats stats_;
 };

@@ -172,6 +172,19 @@ void MpiCommunicator::do_all_gather(std::span<const float> input, std::span<floa
         "MPI_Allgather");
 }
 
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_gather(
+    std::span<const float> input, std::span<float> output) {
+  const int count = mpi_count(input.size(), "all_gather");
+  mpi_count(output.size(), "all_gather");
+  const bool in_place = input.data() == output.data() + static_cast<std::size_t>(rank_) * input.size();
+  const void* send = in_place ? MPI_IN_PLACE : input.data();
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallgather(send_ptr(send), count, MPI_FLOAT, output.data(), count, MPI_FLOAT, comm_,
+                       &request),
+        "MPI_Iallgather");
+  return std::make_unique<MpiPending>(request);
+}
+
 void MpiCommunicator::do_broadcast(std::span<float> buffer, int root) {
   check(MPI_Bcast(buffer.data(), mpi_count(buffer.size(), "broadcast"), MPI_FLOAT, root, comm_),
         "MPI_Bcast");

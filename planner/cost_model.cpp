@@ -363,9 +363,11 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
         m[MemCategory::gradients] += l.zero_stage == 1 ? G : GS + (D > 1 ? gwork : 0.0);
         m[opt] += 2 * OS;
         break;
-      default:  // 3: the shard, plus two gather buffers unless one rank holds everything
+      default:  // 3: the shard, plus two gather buffers unless one rank holds everything, and
+                // on several ranks a third for the block unit gathered ahead (prefetch)
         m[l.offload_params ? MemCategory::offloaded : MemCategory::parameters] += S;
         if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
+        if (D > 1) m[MemCategory::parameters] += p.widest * pb;
         m[MemCategory::gradients] += GS + (D > 1 ? gwork : 0.0);
         m[opt] += 2 * OS;
         break;

@@ -175,6 +175,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, "opt", "data: 2, zero: {stage: 2}", "policy: rotor", "opt_dp2_zero2_rotor"},
         Case{2, "gpt2", "data: 2, zero: {stage: 3, offload: {optimizer: true, params: true}}",
              "policy: sqrt", "gpt2_dp2_zero3_offload_sqrt"},
+        // Recomputed segments gather their blocks out of the prefetch's order.
+        Case{2, "opt", "data: 2, zero: {stage: 3}", "policy: every_k, every: 2",
+             "opt_dp2_zero3_every2"},
         Case{2, "opt", "tensor: {size: 2}", "policy: rotor", "opt_tp2_rotor"},
         Case{2, "gpt2", "tensor: {size: 2, sequence_split: true}", "policy: every_k, every: 2",
              "gpt2_tp2_split_every2"},

@@ -12,6 +12,7 @@
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
+#include "zero/sharded_store.hpp"
 
 using namespace colossal;
 
@@ -97,8 +98,8 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const auto& mem = trainer.memory();
   std::size_t params = P, grads = P, optimizer = 2 * (stage == 0 ? P : S), offloaded = 0;
   if (stage >= 2) grads = S + (dp > 1 ? U0 + W : 0);
-  if (stage == 3) {
-    params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0);
+  if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
+    params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
   }
   if (offload) {
     optimizer = 0;
@@ -135,6 +136,14 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     return;
   }
   EXPECT_EQ(gather_calls, stage == 3 ? unit_count : 0u);
+  if (stage == 3) {
+    // Every block unit but the first of each pass (forward from unit 1 up, backward from the
+    // last block down) arrives prefetched, and no prefetch is wasted: the bytes below are those
+    // of gathering each unit once per use.
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store());
+    EXPECT_GT(store.prefetch_hits(), steps * micro * (unit_count - 3));
+    EXPECT_EQ(store.prefetch_misses(), 0u);
+  }
   const double f = double(dp - 1) / dp;  // ring: (p-1)/p of the payload per rank
   if (stage < 2) {
     EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (bytes + 8));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "core/kernels.hpp"
 #include "core/optimizer.hpp"
@@ -46,6 +47,9 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
       param_work_[0] = core::DeviceArray<float>(tracker, MemCategory::parameters, first);
       param_work_[1] = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
     }
+    if (ranks_ > 1) {
+      prefetch_work_ = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
+    }
   }
   grad_shard_ = core::DeviceArray<float>(tracker, MemCategory::gradients, shard_size());
   if (ranks_ > 1) {
@@ -73,12 +77,7 @@ void ShardedParameterStore::take(int unit, int holders[2], const char* what) {
   holder = unit;
 }
 
-const float* ShardedParameterStore::gather(int unit) {
-  const core::ParamUnit& u = units()[unit];
-  if (stage_ == 2) return params_.data() + u.begin;
-  if (direct()) return shard_.data() + u.begin;
-  take(unit, param_holder_, "gather");
-  float* work = param_work_[slot(unit)].data();
+float* ShardedParameterStore::own_slice(int unit, float* work) {
   const std::size_t s = slice(unit);
   float* own = work + rank_ * s;
   if (offload_params_) {
@@ -88,8 +87,51 @@ const float* ShardedParameterStore::gather(int unit) {
     k::copy(own, shard_.data() + shard_offset(unit), int64_t(s));
     Kokkos::fence();
   }
-  if (ranks_ > 1) dp_.all_gather({own, s}, {work, u.size()});
-  return work;
+  return own;
+}
+
+void ShardedParameterStore::start_prefetch(int unit) {
+  float* work = prefetch_work_.data();
+  if (work == nullptr) return;  // a dry run (MemoryTracker::set_dry_run) or one rank
+  const std::size_t s = slice(unit);
+  prefetch_pending_ = dp_.start_all_gather({own_slice(unit, work), s}, {work, units()[unit].size()});
+  prefetched_ = unit;
+}
+
+void ShardedParameterStore::drop_prefetch() {
+  if (prefetched_ < 0) return;
+  prefetch_pending_->wait();
+  prefetch_pending_.reset();
+  prefetched_ = -1;
+  ++prefetch_misses_;
+}
+
+const float* ShardedParameterStore::gather(int unit) {
+  const core::ParamUnit& u = units()[unit];
+  if (stage_ == 2) return params_.data() + u.begin;
+  if (direct()) return shard_.data() + u.begin;
+  take(unit, param_holder_, "gather");
+  if (unit > 0 && prefetched_ == unit) {  // gathered ahead: wait for it and swap it in
+    prefetch_pending_->wait();
+    prefetch_pending_.reset();
+    prefetched_ = -1;
+    ++prefetch_hits_;
+    std::swap(param_work_[1], prefetch_work_);
+  } else {
+    if (unit > 0) drop_prefetch();
+    float* work = param_work_[slot(unit)].data();
+    const std::size_t s = slice(unit);
+    float* own = own_slice(unit, work);
+    if (ranks_ > 1) dp_.all_gather({own, s}, {work, u.size()});
+  }
+  if (unit > 0 && ranks_ > 1) {
+    // Ascending (forward, or the first gather after a step) unless this unit lies below the
+    // last one (backward); the embeddings' unit 0 has its own buffer and is never prefetched.
+    const int next = unit < last_block_ ? unit - 1 : unit + 1;
+    last_block_ = unit;
+    if (prefetched_ < 0 && next >= 1 && next < int(units().size())) start_prefetch(next);
+  }
+  return param_work_[slot(unit)].data();
 }
 
 void ShardedParameterStore::release(int unit) {
@@ -105,12 +147,14 @@ float* ShardedParameterStore::begin_write(int unit) {
   const core::ParamUnit& u = units()[unit];
   if (stage_ == 2) return params_.data() + u.begin;
   if (direct()) return shard_.data() + u.begin;
+  drop_prefetch();  // it read the values about to change
   take(unit, param_holder_, "write");
   return param_work_[slot(unit)].data();
 }
 
 void ShardedParameterStore::commit(int unit) {
   if (stage_ == 2 || direct()) return;
+  drop_prefetch();
   const std::size_t s = slice(unit);
   const float* own = param_work_[slot(unit)].data() + rank_ * s;
   if (offload_params_) {

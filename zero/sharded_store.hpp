@@ -12,7 +12,13 @@
 //            place.
 //   stage 3: parameters sharded too. gather(u) all-gathers the unit into a work buffer (the
 //            embeddings' or the one shared by the other units) and release(u) frees it for the
-//            next unit, so parameter memory is the shard plus the embeddings and one block.
+//            next unit. Each gather of a block unit also starts (non-blocking) the all-gather of
+//            the unit expected next into a third buffer: u + 1 while units are gathered in
+//            ascending order (forward), u - 1 in descending order (backward). When that unit is
+//            asked for, its buffer is swapped in after the gather completes; any other unit is
+//            gathered as before and the prefetch is dropped. So parameter memory is the shard
+//            plus the embeddings and two blocks. A prefetch never outlives the parameters it
+//            read: param_shard(), begin_write() and commit() drop it first.
 //            With parameter offload the shard lives in host memory and each gather first copies
 //            this rank's slice to the device.
 // With one rank nothing is communicated: the shard is the flat buffer and gradients accumulate in
@@ -22,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/memory.hpp"
@@ -53,13 +60,21 @@ class ShardedParameterStore : public core::ParameterStore {
   // This rank's slice of every unit, as flat ranges in unit (= shard) order.
   std::vector<std::pair<std::size_t, std::size_t>> owned_ranges() const;
   float* grad_shard() { return grad_shard_.data(); }
-  // Stage 3: the parameter shard (host memory when offloaded).
-  float* param_shard() { return shard_.data(); }
+  // Stage 3: the parameter shard (host memory when offloaded). The caller may write it: a
+  // prefetched unit is dropped first.
+  float* param_shard() {
+    drop_prefetch();
+    return shard_.data();
+  }
   bool params_offloaded() const { return offload_params_; }
   // Stage 2: all-gathers every unit in place from each rank's updated slice.
   void all_gather_params();
   // Stage 3 with parameter offload: bytes copied from the host shard to the device by gathers.
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
+  // Stage 3 on several ranks: block-unit gathers served by a prefetch, and prefetches dropped
+  // unused (a unit asked out of order, e.g. by a recomputed segment, or parameters written).
+  uint64_t prefetch_hits() const { return prefetch_hits_; }
+  uint64_t prefetch_misses() const { return prefetch_misses_; }
 
  private:
   std::size_t slice(int unit) const { return units()[unit].size() / ranks_; }
@@ -68,6 +83,12 @@ class ShardedParameterStore : public core::ParameterStore {
   // Direct addressing of the shard as the flat buffer (one rank, no offload).
   bool direct() const { return ranks_ == 1 && !offload_params_; }
   void take(int unit, int holders[2], const char* what);
+  // This rank's slice of `unit` into its block of `work` (uploaded when offloaded).
+  float* own_slice(int unit, float* work);
+  // Starts gathering `unit` into prefetch_work_ (stage 3, several ranks, block units only).
+  void start_prefetch(int unit);
+  // Completes and forgets an outstanding prefetch (counted as a miss).
+  void drop_prefetch();
 
   int stage_;
   parallel::Communicator& dp_;
@@ -76,6 +97,11 @@ class ShardedParameterStore : public core::ParameterStore {
   core::DeviceArray<float> params_;         // stage 2: the whole flat buffer
   core::DeviceArray<float> shard_;          // stage 3: this rank's parameter slices
   core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
+  core::DeviceArray<float> prefetch_work_;  // stage 3, several ranks: the block unit expected next
+  int prefetched_ = -1;                     // the unit in prefetch_work_, -1: none
+  std::unique_ptr<parallel::PendingCollective> prefetch_pending_;
+  int last_block_ = -1;                     // the last block unit gathered (direction of travel)
+  uint64_t prefetch_hits_ = 0, prefetch_misses_ = 0;
   core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
   int param_holder_[2] = {-1, -1}, grad_holder_[2] = {-1, -1};

@@ -2,7 +2,9 @@
 // byte counters against the formulas of parallel/communicator.hpp. Runs at any rank count.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -326,6 +328,34 @@ TEST(NonBlocking, StartedAllReduceMatchesTheBlockingOneAndIsCounted) {
   }
   EXPECT_EQ(world->stats().all_reduce.calls, 2u);
   EXPECT_EQ(world->stats().all_reduce.payload_bytes, 2u * 1000 * 4);
+}
+
+// ZeRO-3's prefetch: an all-gather started (in place and into a separate buffer), a blocking
+// one of other buffers while it is in flight, then completed; both equal the blocking result and
+// are counted; bad sizes are refused before anything starts.
+TEST(NonBlocking, StartedAllGatherMatchesTheBlockingOneAndIsCounted) {
+  auto world = colossal::parallel::make_world_communicator();
+  const std::size_t p = std::size_t(world->size()), r = std::size_t(world->rank()), c = 257;
+  std::vector<float> mine(c), apart(c * p, -1.0f), in_place(c * p, -1.0f), blocking(c * p);
+  for (std::size_t k = 0; k < c; ++k) mine[k] = float(r * 1000 + k);
+  std::copy(mine.begin(), mine.end(), in_place.begin() + std::ptrdiff_t(r * c));
+  world->reset_stats();
+  auto first = world->start_all_gather(mine, apart);
+  auto second = world->start_all_gather(std::span<const float>(in_place).subspan(r * c, c),
+                                        in_place);
+  world->all_gather(mine, blocking);
+  second->wait();
+  first->wait();
+  EXPECT_TRUE(first->test());
+  for (std::size_t i = 0; i < c * p; ++i) {
+    ASSERT_EQ(blocking[i], float((i / c) * 1000 + i % c)) << i;
+    ASSERT_EQ(apart[i], blocking[i]) << i;
+    ASSERT_EQ(in_place[i], blocking[i]) << i;
+  }
+  EXPECT_EQ(world->stats().all_gather.calls, 3u);
+  EXPECT_EQ(world->stats().all_gather.payload_bytes, 3u * c * p * 4);
+  std::vector<float> wrong(c * p + 1);
+  EXPECT_THROW(world->start_all_gather(mine, wrong), std::invalid_argument);
 }
 
 TEST(ScalarAllReduce, SumsDoublesExactlyAndCountsEightBytes) {
