@@ -6,9 +6,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace colossal::parallel {
 
@@ -138,6 +140,80 @@ void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<flo
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
   synchronize("ncclAllGather");
+}
+
+namespace {
+// A started NCCL collective: the event recorded after it on the communicator's stream. Waiting
+// synchronises on the event, then asks NCCL for an asynchronous error (a peer that died, say).
+class NcclPending final : public PendingCollective {
+ public:
+  NcclPending(cudaEvent_t event, std::function<void()> check_async, std::string what)
+      : event_(event), check_async_(std::move(check_async)), what_(std::move(what)) {}
+  ~NcclPending() override {
+    if (event_ == nullptr) return;
+    cudaEventSynchronize(event_);  // best effort: a destructor cannot report
+    cudaEventDestroy(event_);
+  }
+  bool test() override {
+    if (event_ == nullptr) return true;
+    const cudaError_t state = cudaEventQuery(event_);
+    if (state == cudaErrorNotReady) return false;
+    finish(state);
+    return true;
+  }
+  void wait() override {
+    if (event_ != nullptr) finish(cudaEventSynchronize(event_));
+  }
+
+ private:
+  void finish(cudaError_t state) {
+    cudaEventDestroy(event_);
+    event_ = nullptr;
+    if (state != cudaSuccess) {
+      throw std::runtime_error("colossal::parallel: " + what_ + " failed on its stream: " +
+                               cudaGetErrorName(state) + ": " + cudaGetErrorString(state));
+    }
+    check_async_();
+  }
+  cudaEvent_t event_;
+  std::function<void()> check_async_;
+  std::string what_;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> NcclCommunicator::pending(const char* what) {
+  cudaEvent_t event = nullptr;
+  check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+  const cudaError_t recorded = cudaEventRecord(event, stream_);
+  if (recorded != cudaSuccess) {
+    cudaEventDestroy(event);
+    check_cuda(recorded, "cudaEventRecord");
+  }
+  return std::make_unique<NcclPending>(
+      event,
+      [this, what] {
+        ncclResult_t async = ncclSuccess;
+        check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+        check_nccl(async, what);
+      },
+      what);
+}
+
+std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
+    std::span<float> buffer) {
+  if (any_host({buffer.data()})) return host_.start_all_reduce_sum(buffer);
+  check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
+                           stream_),
+             "ncclAllReduce");
+  return pending("ncclAllReduce");
+}
+
+std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
+    std::span<const float> input, std::span<float> output) {
+  if (any_host({input.data(), output.data()})) return host_.start_all_gather(input, output);
+  check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
+             "ncclAllGather");
+  return pending("ncclAllGather");
 }
 
 void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {

@@ -12,7 +12,11 @@
 // Semantics are those of Communicator: float buffers are device pointers; each call enqueues on
 // the communicator's own stream and synchronises it before returning, so results are ready and
 // errors (ncclResult_t, cudaError_t, and NCCL's asynchronous errors) surface as
-// std::runtime_error at the call that caused them. Tags are accepted and ignored: NCCL matches
+// std::runtime_error at the call that caused them. The started forms (start_all_reduce_sum,
+// start_all_gather) enqueue the same way and return at once with an event recorded after the
+// collective: test() queries it, wait() synchronises on it and then checks NCCL's asynchronous
+// error, so the collective runs on its stream beside the kernels the caller launches meanwhile
+// (callers fence the kernels that wrote the input before starting, as for every collective). Tags are accepted and ignored: NCCL matches
 // point-to-point messages in issue order per pair of ranks. A float buffer in host memory (by
 // cudaPointerGetAttributes) goes to the MPI control-plane communicator instead, so callers that
 // mix device buffers with host vectors work on every transport.
@@ -48,6 +52,9 @@ class NcclCommunicator final : public Communicator {
   void do_all_reduce_max(std::span<float> buffer) override;
   void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
+  std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer) override;
+  std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
+                                                         std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;
   void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
   double do_all_reduce_sum_value(double value) override;
@@ -59,6 +66,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
 
   void synchronize(const char* what);
+  // An event recorded on the stream after the collective just enqueued, behind PendingCollective.
+  std::unique_ptr<PendingCollective> pending(const char* what);
   void check_nccl(int result, const char* call) const;
   void check_cuda(int error, const char* call) const;
 

@@ -4,7 +4,8 @@
 # repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
 # or hang costs its step only. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt).
 #   1. the GPU tests of build-cuda (test_kernels_team, test_kernels, test_gemm_cuda,
-#      test_model_grad); compute-sanitizer on a 2-step run if the training runs below fail;
+#      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
+#      if the training runs below fail;
 #   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml) and a tiny OPT
 #      (configs/opt-tiny.yaml) on the GPU; per-step losses against the host build's, 1e-4
 #      relative (both from metrics.csv, 9 significant digits);
@@ -137,7 +138,7 @@ PY
 
 if section 1; then
   say "== 1. GPU tests"
-  for t in test_kernels_team test_kernels test_gemm_cuda test_model_grad; do
+  for t in test_kernels_team test_kernels test_gemm_cuda test_model_grad test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
       if timeout 90 "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"

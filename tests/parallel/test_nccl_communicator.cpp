@@ -107,6 +107,34 @@ TEST_F(NcclCommunicatorTest, AllReduceReduceScatterAllGather) {
   EXPECT_EQ(comm->stats().all_gather.payload_bytes, n * 4);
 }
 
+// Started collectives (ZeRO-3's prefetch, the data-parallel buckets): enqueued on NCCL's
+// stream and completed through their event, equal to the blocking ones, with a blocking
+// collective issued while they are in flight.
+TEST_F(NcclCommunicatorTest, StartedAllReduceAndAllGatherMatchTheBlockingOnes) {
+  const std::size_t c = 4099;
+  const std::size_t n = c * static_cast<std::size_t>(size());
+  std::vector<float> host(n), mine(c);
+  for (std::size_t i = 0; i < n; ++i) host[i] = static_cast<float>(rank() + 1) * float(i % 13);
+  for (std::size_t k = 0; k < c; ++k) mine[k] = float(rank() * 10000) + float(k);
+  DeviceBuffer started(n), blocking(n), block(c), gathered(n), gathered_blocking(n);
+  started.upload(host);
+  blocking.upload(host);
+  block.upload(mine);
+  auto reduce = comm->start_all_reduce_sum(started.span());
+  auto gather = comm->start_all_gather(block.span(), gathered.span());
+  comm->all_reduce_sum(blocking.span());
+  comm->all_gather(block.span(), gathered_blocking.span());
+  gather->wait();
+  reduce->wait();
+  EXPECT_TRUE(reduce->test());
+  EXPECT_EQ(started.download(), blocking.download());
+  const std::vector<float> got = gathered.download();
+  EXPECT_EQ(got, gathered_blocking.download());
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], float((i / c) * 10000 + i % c)) << i;
+  EXPECT_EQ(comm->stats().all_gather.calls, 2u);
+  EXPECT_EQ(comm->stats().all_reduce.calls, 2u);
+}
+
 TEST_F(NcclCommunicatorTest, BroadcastAndStrings) {
   std::vector<float> host(64);
   std::iota(host.begin(), host.end(), rank() == 0 ? 0.0f : 1000.0f);
