@@ -309,6 +309,19 @@ TEST_F(TeamKernels, EmbeddingsMatchHostBitwiseAndFiniteDifferences) {
     std::printf("  embedding backward: bitwise equal to the host (%zu + %zu values)\n",
                 dwte.size(), dwpe.size());
   }
+  {  // many repeats of few tokens (a byte-level corpus): long runs inside the sort's bins
+    const int B2 = 8, T2 = 512, V2 = 5, C2 = 33;
+    std::vector<int32_t> many(B2 * T2);
+    for (int i = 0; i < B2 * T2; ++i) many[i] = (i * 7 + i / 13) % V2;
+    auto d2 = random_vector(int64_t(B2) * T2 * C2, 6);
+    auto got = random_vector(V2 * C2, 7), want = got;
+    kernels::embedding_backward<RefExec>(want.data(), nullptr, d2.data(), many.data(), B2, T2, C2,
+                                         0);
+    team::embedding_backward<TeamExec>(got.data(), nullptr, d2.data(), many.data(), B2, T2, C2, 0,
+                                       0, INT64_MAX, team_size());
+    Kokkos::fence();
+    EXPECT_EQ(got, want);
+  }
   std::vector<float> out(B * T * C);
   auto f = [&] {
     team::embedding_forward<TeamExec>(out.data(), tokens.data(), wte.data(), wpe.data(), B, T, C,
