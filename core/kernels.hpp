@@ -273,11 +273,50 @@ KOKKOS_INLINE_FUNCTION float gelu_tanh(float x) {
 }
 
 // out = gelu(inp), tanh approximation (GPT-2's "gelu_new")
-template <class ExecSpace = Exec>
-void gelu_forward(float* out, const float* inp, int64_t n) {  // (n), (n)
+// Out is float, or std::uint16_t for the bf16 patterns of an output only products read.
+template <class ExecSpace = Exec, class Out = float>
+void gelu_forward(Out* out, const float* inp, int64_t n) {  // (n), (n)
   for_each<ExecSpace>(
       "colossal::core::gelu_forward", n, kElementGrain,
-      KOKKOS_LAMBDA(int64_t i) { out[i] = gelu_tanh(inp[i]); });
+      KOKKOS_LAMBDA(int64_t i) { store_output(out[i], gelu_tanh(inp[i])); });
+}
+
+// The MLP's first linear layer's epilogue, one pass: pre[n, j] += bias[j] (the pre-activation,
+// kept for backward) and out[n, j] = act(pre[n, j]) for j < M, act GELU (tanh) or ReLU. Out as
+// gelu_forward. Replaces broadcasting the bias into the product's output first and reading the
+// output again for the activation. One work item per row on the host (the inner loop
+// vectorises), per element on a device (coalesced).
+template <class ExecSpace = Exec, class Out = float>
+void bias_activation_forward(Out* out,          // (N,M)
+                             float* pre,        // (N,M), in place
+                             const float* bias, // (M)
+                             int64_t N, int M, bool gelu) {
+  if constexpr (device_memory_v<ExecSpace>) {
+    Kokkos::parallel_for(
+        "colossal::core::bias_activation_forward", Kokkos::RangePolicy<ExecSpace>(0, N * M),
+        KOKKOS_LAMBDA(int64_t i) {
+          const float x = pre[i] + bias[i % M];
+          pre[i] = x;
+          store_output(out[i], gelu ? gelu_tanh(x) : (x > 0.0f ? x : 0.0f));
+        });
+    return;
+  }
+  for_each<ExecSpace>(
+      "colossal::core::bias_activation_forward", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
+        float* x = pre + n * M;
+        Out* o = out + n * M;
+        if (gelu) {
+          for (int j = 0; j < M; ++j) {
+            x[j] += bias[j];
+            store_output(o[j], gelu_tanh(x[j]));
+          }
+        } else {
+          for (int j = 0; j < M; ++j) {
+            x[j] += bias[j];
+            store_output(o[j], x[j] > 0.0f ? x[j] : 0.0f);
+          }
+        }
+      });
 }
 
 // dinp = gelu'(inp) * dout; dinp may alias dout.
@@ -296,11 +335,11 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t n) 
       });
 }
 
-template <class ExecSpace = Exec>
-void relu_forward(float* out, const float* inp, int64_t n) {
+template <class ExecSpace = Exec, class Out = float>
+void relu_forward(Out* out, const float* inp, int64_t n) {
   for_each<ExecSpace>(
       "colossal::core::relu_forward", n, kElementGrain,
-      KOKKOS_LAMBDA(int64_t i) { out[i] = inp[i] > 0.0f ? inp[i] : 0.0f; });
+      KOKKOS_LAMBDA(int64_t i) { store_output(out[i], inp[i] > 0.0f ? inp[i] : 0.0f); });
 }
 
 // dinp = (inp > 0) * dout; dinp may alias dout.
@@ -621,10 +660,22 @@ COLOSSAL_DEVICE_INSTANCE void broadcast_rows<Kokkos::Cuda>(float* out, const flo
                                                            int M, int ld);
 COLOSSAL_DEVICE_INSTANCE void bias_backward<Kokkos::Cuda>(float* dbias, const float* dout,
                                                           int64_t N, int M, int ld);
-COLOSSAL_DEVICE_INSTANCE void gelu_forward<Kokkos::Cuda>(float* out, const float* inp, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void gelu_forward<Kokkos::Cuda, float>(float* out, const float* inp,
+                                                                int64_t n);
+COLOSSAL_DEVICE_INSTANCE void gelu_forward<Kokkos::Cuda, std::uint16_t>(std::uint16_t* out,
+                                                                        const float* inp,
+                                                                        int64_t n);
+COLOSSAL_DEVICE_INSTANCE void bias_activation_forward<Kokkos::Cuda, float>(
+    float* out, float* pre, const float* bias, int64_t N, int M, bool gelu);
+COLOSSAL_DEVICE_INSTANCE void bias_activation_forward<Kokkos::Cuda, std::uint16_t>(
+    std::uint16_t* out, float* pre, const float* bias, int64_t N, int M, bool gelu);
 COLOSSAL_DEVICE_INSTANCE void gelu_backward<Kokkos::Cuda>(float* dinp, const float* inp,
                                                           const float* dout, int64_t n);
-COLOSSAL_DEVICE_INSTANCE void relu_forward<Kokkos::Cuda>(float* out, const float* inp, int64_t n);
+COLOSSAL_DEVICE_INSTANCE void relu_forward<Kokkos::Cuda, float>(float* out, const float* inp,
+                                                                int64_t n);
+COLOSSAL_DEVICE_INSTANCE void relu_forward<Kokkos::Cuda, std::uint16_t>(std::uint16_t* out,
+                                                                        const float* inp,
+                                                                        int64_t n);
 COLOSSAL_DEVICE_INSTANCE void relu_backward<Kokkos::Cuda>(float* dinp, const float* inp,
                                                           const float* dout, int64_t n);
 COLOSSAL_DEVICE_INSTANCE void copy<Kokkos::Cuda>(float* dst, const float* src, int64_t n);

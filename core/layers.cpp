@@ -12,13 +12,15 @@
 namespace colossal::core {
 
 void linear_forward(Gemm& gemm, WeightLayout layout, float* out, int ld_out, GemmOperand inp,
-                    int ld_in, const float* weight, int in_features, int out_features, int64_t N) {
+                    int ld_in, const float* weight, int in_features, int out_features, int64_t N,
+                    bool accumulate) {
+  const float beta = accumulate ? 1.0f : 0.0f;
   if (layout == WeightLayout::in_out) {
     gemm.gemm_mixed(Trans::N, Trans::N, N, out_features, in_features, 1.0f, inp, ld_in, weight,
-                    out_features, 1.0f, out, ld_out);
+                    out_features, beta, out, ld_out);
   } else {
     gemm.gemm_mixed(Trans::N, Trans::T, N, out_features, in_features, 1.0f, inp, ld_in, weight,
-                    in_features, 1.0f, out, ld_out);
+                    in_features, beta, out, ld_out);
   }
 }
 

@@ -15,13 +15,14 @@ namespace colossal::core {
 enum class WeightLayout { in_out, out_in };
 
 // out(N, ld_out)[:, :out_features] += inp(N, ld_in) W. The caller fills out with the bias (and the
-// residual, for projections into the residual stream) first. inp may be stored in bf16
-// (Gemm::gemm_mixed), in linear_backward too.
+// residual, for projections into the residual stream) first, or passes accumulate = false (out
+// = inp W) and adds the bias in an epilogue. inp may be stored in bf16 (Gemm::gemm_mixed), in
+// linear_backward too.
 void linear_forward(Gemm& gemm, WeightLayout layout,
                     float* out, int ld_out,          // (N, out_features)
                     GemmOperand inp, int ld_in,      // (N, in_features)
                     const float* weight,             // (in,out) or (out,in)
-                    int in_features, int out_features, int64_t N);
+                    int in_features, int out_features, int64_t N, bool accumulate = true);
 
 // dinp = dout W^T (or += when accumulate); dweight += ...; dbias += column sums of dout (dbias
 // null: a linear without bias).

@@ -182,6 +182,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   bf16_atty_ = sz.bf16_atty;
   bf16_dlogits_ = sz.bf16_dlogits;
   bf16_att_ = sz.bf16_att;
+  bf16_act_ = options.bf16_operands && !spec.llama();
   keep_ = activations_.keep;
   selective_ = activations_.selective;
   const std::size_t L = std::size_t(layer_end_ - layer_begin_);
@@ -335,12 +336,30 @@ void Model::init_parameters(uint64_t seed) {
 
 void Model::zero_grad() { store_->zero_gradients(); }
 
-void Model::activation_forward(float* out, const float* inp, int64_t n) {
+void Model::activation_forward(const float* inp, int64_t n) {
   Profiler::Scope scope(profiler_, WorkKind::activation);
-  if (spec_.arch == Arch::gpt2) {
-    k::gelu_forward(out, inp, n);
+  auto run = [&](auto* out) {
+    if (spec_.arch == Arch::gpt2) {
+      k::gelu_forward(out, inp, n);
+    } else {
+      k::relu_forward(out, inp, n);
+    }
+  };
+  if (bf16_act_) {
+    run(reinterpret_cast<std::uint16_t*>(act_buf_));
   } else {
-    k::relu_forward(out, inp, n);
+    run(act_buf_);
+  }
+}
+
+void Model::bias_activation_forward(float* pre, const float* bias, int64_t N) {
+  Profiler::Scope scope(profiler_, WorkKind::activation);
+  const bool gelu = spec_.arch == Arch::gpt2;
+  if (bf16_act_) {
+    k::bias_activation_forward(reinterpret_cast<std::uint16_t*>(act_buf_), pre, bias, N,
+                               local_ffn_, gelu);
+  } else {
+    k::bias_activation_forward(act_buf_, pre, bias, N, local_ffn_, gelu);
   }
 }
 
@@ -470,9 +489,10 @@ void Model::gather_logits(int64_t row, float* out) {
 }
 
 void Model::linear_forward(const float* P, float* out, int ld_out, GemmOperand inp, int ld_in,
-                           const Linear& lin, int64_t N) {
+                           const Linear& lin, int64_t N, bool accumulate) {
   Profiler::Scope scope(profiler_, WorkKind::gemm);
-  core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, P + lin.w, lin.in, lin.out, N);
+  core::linear_forward(gemm_, layout(), out, ld_out, inp, ld_in, P + lin.w, lin.in, lin.out, N,
+                       accumulate);
 }
 
 void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
@@ -616,11 +636,12 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
     row_parallel_end(A.residual[i + 1], a.mid, nullptr, N);
     return;
   }
-  timed(WorkKind::gemm, [&] { k::broadcast_rows(a.fch, P + bp.fc_b, N, F, F); });
-  linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N);
-  activation_forward(act_buf_, a.fch, N * F);
+  // The product alone, then its bias and the activation in one pass (fch keeps the
+  // pre-activation for backward).
+  linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N, /*accumulate=*/false);
+  bias_activation_forward(a.fch, P + bp.fc_b, N);
   float* out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
-  linear_forward(P, out, C, act_buf_, F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
+  linear_forward(P, out, C, act_operand(), F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
   row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
 }
 
@@ -786,9 +807,9 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       llama_mlp_backward(bp, a, P, G, B);
     } else {
       // MLP: the activation output was not saved; recompute it for the second linear's dW.
-      activation_forward(act_buf_, a.fch, N * F);
+      activation_forward(a.fch, N * F);
       const float* dres = gather_rows(dresidual_, N, dfull_);
-      linear_backward(P, G, dbuf_f_, F, dres, C, act_buf_, F,
+      linear_backward(P, G, dbuf_f_, F, dres, C, act_operand(), F,
                       Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N, false);
       activation_backward(dbuf_f_, a.fch, dbuf_f_, N * F);
       // sequence_split: gathered again, not saved whole.

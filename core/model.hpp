@@ -237,10 +237,10 @@ class Model final : public StageModel {
     }
     return slot_acts_[slot];
   }
-  // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual);
-  // P is the unit's parameters.
+  // out(N, ld_out)[:, :lin.out] += inp(N, ld_in) x W   (out pre-filled with bias / residual),
+  // or = without accumulate; P is the unit's parameters.
   void linear_forward(const float* P, float* out, int ld_out, GemmOperand inp, int ld_in,
-                      const Linear& lin, int64_t N);
+                      const Linear& lin, int64_t N, bool accumulate = true);
   // dinp = (or += when accumulate) dout x W^T; dW += ...; db += colsum(dout); G is the unit's
   // gradients.
   void linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
@@ -313,7 +313,11 @@ class Model final : public StageModel {
                           float* dln1, int B);
   void llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float* P, float* G, int B);
   int gqa_width() const { return (local_heads_ + 2 * local_kv_heads_) * spec_.head_dim(); }
-  void activation_forward(float* out, const float* inp, int64_t n);
+  // act_buf_ = act(inp) (GELU for GPT-2, ReLU for OPT), in bf16 patterns when bf16_act_.
+  void activation_forward(const float* inp, int64_t n);
+  // pre += bias (per column of the local MLP width) and act_buf_ = act(pre), one pass.
+  void bias_activation_forward(float* pre, const float* bias, int64_t N);
+  GemmOperand act_operand() const { return operand(act_buf_, bf16_act_); }
   void activation_backward(float* dinp, const float* inp, const float* dout, int64_t n);
   Linear qkv_part(const BlockParams& bp, int part) const;
 
@@ -353,6 +357,9 @@ class Model final : public StageModel {
   // (the logits then go through logits_chunk_, a chunk of rows at a time).
   bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false, bf16_dlogits_ = false;
   bool bf16_att_ = false;  // the probabilities, staged one sequence at a time in datt_
+  // The MLP activation's output (act_buf_, a temporary only the second linear layer's products
+  // read, in forward and in backward's recomputation): bf16 patterns under bf16_operands.
+  bool bf16_act_ = false;
   float* logits_chunk_ = nullptr;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk

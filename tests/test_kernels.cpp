@@ -490,6 +490,37 @@ TEST_F(Kernels, ReluBackwardMatchesFiniteDifferences) {
   EXPECT_EQ(check_gradient("relu", f, x, dx, 1, 1e-3), 0);
 }
 
+// The MLP epilogue: pre += bias, out = act(pre) in one pass equals the bias added first and the
+// activation after (bitwise: the same float operations), for GELU and ReLU, with the output in
+// fp32 and as bf16 patterns (the rounded fp32 output); rows wider than one vector and odd.
+TEST_F(Kernels, BiasActivationIsBiasThenActivation) {
+  const int N = 7, M = 45;
+  const auto x = random_vector(N * M, 11, 3.0f), bias = random_vector(M, 12);
+  for (bool gelu : {true, false}) {
+    SCOPED_TRACE(gelu ? "gelu" : "relu");
+    std::vector<float> want_pre(N * M), want(N * M);
+    for (int n = 0; n < N; ++n) {
+      for (int j = 0; j < M; ++j) want_pre[n * M + j] = x[n * M + j] + bias[j];
+    }
+    if (gelu) {
+      kernels::gelu_forward(want.data(), want_pre.data(), N * M);
+    } else {
+      kernels::relu_forward(want.data(), want_pre.data(), N * M);
+    }
+    auto pre = x;
+    std::vector<float> out(N * M);
+    kernels::bias_activation_forward(out.data(), pre.data(), bias.data(), N, M, gelu);
+    EXPECT_EQ(pre, want_pre);
+    EXPECT_EQ(out, want);
+    auto pre16 = x;
+    std::vector<std::uint16_t> out16(N * M), want16(N * M);
+    kernels::bias_activation_forward(out16.data(), pre16.data(), bias.data(), N, M, gelu);
+    to_bf16_bits(want.data(), want16.data(), want.size());
+    EXPECT_EQ(pre16, want_pre);
+    EXPECT_EQ(out16, want16);
+  }
+}
+
 TEST_F(Kernels, CrossEntropyMatchesReferenceAndFiniteDifferences) {
   const int N = 3, V = 7;
   auto logits = random_vector(N * V, 1, 3.0f);

@@ -658,6 +658,23 @@ TEST(DeviceTeamKernels, Bf16StorageMatchesHost) {
   team::causal_softmax_backward<Dev, std::uint16_t>(dd.data(), datt16.data(), rows, T, T, 0,
                                                     0.3f);
   expect_close("gpu bf16 softmax backward", to_host(dd), dref, 1e-6, 1e-5);
+
+  // The MLP epilogue (bias + GELU, output in bf16) against the host's.
+  const int F = 3 * 257;
+  auto pre = random_vector(N * F, 36, 3.0f), fb = random_vector(F, 37), host_pre = pre;
+  std::vector<std::uint16_t> act(N * F), host_act(N * F);
+  kernels::bias_activation_forward<RefExec>(host_act.data(), host_pre.data(), fb.data(), N, F,
+                                            true);
+  auto dpre = to_device(pre);
+  auto dfb = to_device(fb);
+  auto dact = to_device(act);
+  kernels::bias_activation_forward<Dev>(dact.data(), dpre.data(), dfb.data(), N, F, true);
+  EXPECT_EQ(to_host(dpre), host_pre);
+  std::vector<float> got_act(N * F), want_act(N * F);
+  const std::vector<std::uint16_t> act16 = to_host(dact);
+  from_bf16_bits(act16.data(), got_act.data(), got_act.size());
+  from_bf16_bits(host_act.data(), want_act.data(), want_act.size());
+  expect_close("gpu bias + GELU (bf16)", got_act, want_act, 1e-6, 1.0 / 128);
 }
 
 // The references run on the host's execution space (the team kernels checked against the host
