@@ -148,7 +148,10 @@ std::unique_ptr<PendingCollective> Communicator::do_start_all_reduce_sum(std::sp
   return std::make_unique<CompletedCollective>();
 }
 
-void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
+// Validates a reduce-scatter's buffers (reduce_scatter_sum, start_reduce_scatter_sum); true when
+// in place.
+bool Communicator::check_reduce_scatter(std::span<const float> input,
+                                        std::span<float> output) const {
   const std::size_t p = static_cast<std::size_t>(size());
   if (input.size() != p * output.size()) {
     fail(*this, "reduce_scatter_sum: input has " + std::to_string(input.size()) +
@@ -162,8 +165,33 @@ void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<fl
     fail(*this, "reduce_scatter_sum: input and output overlap other than in place (output = "
                 "block rank() of input); use a separate output buffer");
   }
+  return in_place;
+}
+
+void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
+  const bool in_place = check_reduce_scatter(input, output);
   if (size() > 1 || !in_place) do_reduce_scatter_sum(input, output);
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
+}
+
+std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
+    std::span<const float> input, std::span<float> output) {
+  const bool in_place = check_reduce_scatter(input, output);
+  std::unique_ptr<PendingCollective> pending;
+  if (size() > 1) {
+    pending = do_start_reduce_scatter_sum(input, output);
+  } else {
+    if (!in_place) do_reduce_scatter_sum(input, output);
+    pending = std::make_unique<CompletedCollective>();
+  }
+  record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
+  return pending;
+}
+
+std::unique_ptr<PendingCollective> Communicator::do_start_reduce_scatter_sum(
+    std::span<const float> input, std::span<float> output) {
+  do_reduce_scatter_sum(input, output);
+  return std::make_unique<CompletedCollective>();
 }
 
 // Validates an all-gather's buffers (all_gather, start_all_gather); true when in place.

@@ -68,7 +68,8 @@ struct CommStats {
   double total_wire_bytes() const;
 };
 
-// A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather, ...). test() lets it progress and
+// A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,
+// start_reduce_scatter_sum, start_send). test() lets it progress and
 // says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
 class PendingCollective {
  public:
@@ -102,6 +103,12 @@ class Communicator {
   // In place when output is exactly block rank() of input (input is then clobbered); otherwise
   // they must not overlap.
   void reduce_scatter_sum(std::span<const float> input, std::span<float> output);
+  // The same, started without waiting (ZeRO-2/3 reduce a unit's gradients while backward runs
+  // the next): neither buffer may be touched until the returned handle completes, and in place
+  // the result is in block rank() only then; counted when started. Backends without
+  // non-blocking collectives complete it here.
+  std::unique_ptr<PendingCollective> start_reduce_scatter_sum(std::span<const float> input,
+                                                              std::span<float> output);
   // output <- concatenation of every rank's input in rank order; output.size() == size() *
   // input.size(). In place when input is exactly block rank() of output.
   void all_gather(std::span<const float> input, std::span<float> output);
@@ -152,6 +159,8 @@ class Communicator {
   virtual void do_all_reduce_max(std::span<float> buffer) = 0;
   virtual std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer);
   virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
+  virtual std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum(
+      std::span<const float> input, std::span<float> output);
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
   virtual std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
                                                                  std::span<float> output);
@@ -170,6 +179,7 @@ class Communicator {
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
   void check_rank(const char* what, const char* role, int peer) const;
   bool check_all_gather(std::span<const float> input, std::span<float> output) const;
+  bool check_reduce_scatter(std::span<const float> input, std::span<float> output) const;
 
   CommStats stats_;
 };

@@ -2,8 +2,10 @@
 
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace colossal::parallel {
 
@@ -104,28 +106,43 @@ void MpiCommunicator::do_all_reduce_max(std::span<float> buffer) {
 namespace {
 // MPI_Iallreduce behind PendingCollective. MPI makes progress inside MPI calls, so callers poke
 // test() while they compute.
+// `then` (optional) runs once, when the operation is seen complete (an in-place reduce-scatter
+// moves its block into place).
 class MpiPending final : public PendingCollective {
  public:
-  explicit MpiPending(MPI_Request request) : request_(request) {}
+  explicit MpiPending(MPI_Request request, std::function<void()> then = {})
+      : request_(request), then_(std::move(then)) {}
   ~MpiPending() override {
     if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    finish();
   }
   bool test() override {
-    if (request_ == MPI_REQUEST_NULL) return true;
-    int done = 0;
-    if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      throw std::runtime_error("MPI_Test failed on a non-blocking operation");
+    if (request_ != MPI_REQUEST_NULL) {
+      int done = 0;
+      if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        throw std::runtime_error("MPI_Test failed on a non-blocking operation");
+      }
+      if (done == 0) return false;
     }
-    return done != 0;
+    finish();
+    return true;
   }
   void wait() override {
     if (request_ != MPI_REQUEST_NULL && MPI_Wait(&request_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
       throw std::runtime_error("MPI_Wait failed on a non-blocking operation");
     }
+    finish();
   }
 
  private:
+  void finish() {
+    if (!then_) return;
+    auto then = std::move(then_);
+    then_ = nullptr;
+    then();
+  }
   MPI_Request request_;
+  std::function<void()> then_;
 };
 }  // namespace
 
@@ -182,6 +199,28 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_gather(
   check(MPI_Iallgather(send_ptr(send), count, MPI_FLOAT, output.data(), count, MPI_FLOAT, comm_,
                        &request),
         "MPI_Iallgather");
+  return std::make_unique<MpiPending>(request);
+}
+
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum(
+    std::span<const float> input, std::span<float> output) {
+  const int count = mpi_count(output.size(), "reduce_scatter_sum");
+  const std::size_t block = std::size_t(rank()) * output.size();
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (output.data() == input.data() + block) {
+    // As the blocking form: MPI leaves the result at the start of the buffer; it moves to block
+    // rank() once the operation completes.
+    float* whole = output.data() - block;
+    check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_,
+                                    &request),
+          "MPI_Ireduce_scatter_block");
+    if (block == 0) return std::make_unique<MpiPending>(request);
+    return std::make_unique<MpiPending>(
+        request, [whole, output] { std::memmove(output.data(), whole, output.size_bytes()); });
+  }
+  check(MPI_Ireduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT, MPI_SUM,
+                                  comm_, &request),
+        "MPI_Ireduce_scatter_block");
   return std::make_unique<MpiPending>(request);
 }
 

@@ -38,6 +38,8 @@ class MpiCommunicator final : public Communicator {
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
                                                          std::span<float> output) override;
+  std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum(std::span<const float> input,
+                                                                 std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;
   void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
   double do_all_reduce_sum_value(double value) override;

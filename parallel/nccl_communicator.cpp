@@ -208,6 +208,17 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
   return pending("ncclAllReduce");
 }
 
+std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum(
+    std::span<const float> input, std::span<float> output) {
+  if (any_host({input.data(), output.data()})) {
+    return host_.start_reduce_scatter_sum(input, output);
+  }
+  check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
+                               comm_, stream_),
+             "ncclReduceScatter");
+  return pending("ncclReduceScatter");
+}
+
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
     std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.start_all_gather(input, output);

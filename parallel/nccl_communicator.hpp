@@ -13,13 +13,14 @@
 // the communicator's own stream and synchronises it before returning, so results are ready and
 // errors (ncclResult_t, cudaError_t, and NCCL's asynchronous errors) surface as
 // std::runtime_error at the call that caused them. The started forms (start_all_reduce_sum,
-// start_all_gather) enqueue the same way and return at once with an event recorded after the
-// collective: test() queries it, wait() synchronises on it and then checks NCCL's asynchronous
-// error, so the collective runs on its stream beside the kernels the caller launches meanwhile
-// (callers fence the kernels that wrote the input before starting, as for every collective). Tags are accepted and ignored: NCCL matches
-// point-to-point messages in issue order per pair of ranks. A float buffer in host memory (by
-// cudaPointerGetAttributes) goes to the MPI control-plane communicator instead, so callers that
-// mix device buffers with host vectors work on every transport.
+// start_all_gather, start_reduce_scatter_sum) enqueue the same way and return at once with an
+// event recorded after the collective: test() queries it, wait() synchronises on it and then
+// checks NCCL's asynchronous error, so the collective runs on its stream beside the kernels the
+// caller launches meanwhile (callers fence the kernels that wrote the input before starting, as
+// for every collective). Tags are accepted and ignored: NCCL matches point-to-point messages in
+// issue order per pair of ranks. A float buffer in host memory (by cudaPointerGetAttributes) goes
+// to the MPI control-plane communicator instead, so callers that mix device buffers with host
+// vectors work on every transport.
 #pragma once
 
 #include <memory>
@@ -55,6 +56,8 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer) override;
   std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
                                                          std::span<float> output) override;
+  std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum(std::span<const float> input,
+                                                                 std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;
   void do_broadcast_bytes(std::span<std::byte> buffer, int root) override;
   double do_all_reduce_sum_value(double value) override;

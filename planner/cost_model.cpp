@@ -129,8 +129,9 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
   MemoryPrediction m;
   const bool cube = l.tensor_mode == core::TensorMode::d3;
   // ZeRO 1-2 pad every unit to data x 16 floats and keep the moments of one shard; ZeRO 2 also
-  // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and of
-  // the widest block unit, which backward fills before their reduce-scatter.
+  // keeps only the shard of the gradients, plus (data > 1) the work buffers of unit 0 and two of
+  // the widest block unit, which backward fills before their reduce-scatter (one reducing while
+  // the next fills).
   // A pipeline stage holds its blocks in `slots` activation sets.
   const core::StageRange stage = chunk.stage;
   const int slots = chunk.slots;
@@ -148,7 +149,7 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
   m[MemCategory::parameters] = padded * kF;
   const double shard = l.zero_stage >= 1 ? padded / l.data : padded;
   m[MemCategory::gradients] =
-      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + widest : 0.0)) * kF
+      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + 2 * widest : 0.0)) * kF
                         : padded * kF;
   // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
   if (l.offload_optimizer) {
@@ -348,7 +349,8 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     // (12 bytes) in the optimizer states.
     const double pb = l.bf16 ? 2.0 : kF, ob = l.bf16 ? 6.0 : kF;  // per parameter; 2 states
     const double P = p.flat * pb, S = P / D, work = (p.first + p.widest) * pb;
-    const double G = p.flat * kF, GS = G / D, gwork = (p.first + p.widest) * kF;
+    // Gradient work buffers (D > 1): unit 0's and two block units' (one reducing, one filling).
+    const double G = p.flat * kF, GS = G / D, gwork = (p.first + 2 * p.widest) * kF;
     const double O = p.flat * ob, OS = O / D;
     const MemCategory opt = l.offload_optimizer ? MemCategory::offloaded : MemCategory::optimizer;
     switch (l.zero_stage) {

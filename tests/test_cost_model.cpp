@@ -341,8 +341,8 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
 }
 
 // ZeRO 2 on a 2d grid x data ranks (the closed forms test_tensor_md checks against the tracker):
-// each rank keeps its 1/data of the gradients plus the two units backward fills before their
-// reduce-scatter (unit 0: the embeddings and replicated vectors; one block), so on gpt2-124m the
+// each rank keeps its 1/data of the gradients plus the buffers backward fills before their
+// reduce-scatter (unit 0: the embeddings and replicated vectors; two blocks), so on gpt2-124m the
 // gradients shrink below ZeRO 1's whole buffer, more with more data ranks.
 TEST(CostModel, GridZero2KeepsAShardOfTheGradients) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
@@ -364,10 +364,11 @@ TEST(CostModel, GridZero2KeepsAShardOfTheGradients) {
                 two[MemCategory::gradients] / 1048576.0);
     EXPECT_EQ(two[MemCategory::parameters], one[MemCategory::parameters]);
     EXPECT_EQ(two[MemCategory::optimizer], one[MemCategory::optimizer]);
-    // The embedding unit (a third of gpt2-124m) stays whole while backward fills it, so 2 data
-    // ranks save 13%, 8 half (measured 103.9, 74.2, 59.4 of 118.8 MiB).
+    // The embedding unit (a third of gpt2-124m) stays whole while backward fills it, and two
+    // block buffers (one reducing while the next fills), so 2 data ranks save 7%, 8 ranks 44%
+    // (110.7, 81.0, 66.1 of 118.8 MiB).
     EXPECT_LT(two[MemCategory::gradients], one[MemCategory::gradients]) << data;
-    if (data == 8) EXPECT_LT(two[MemCategory::gradients], 0.55 * one[MemCategory::gradients]);
+    if (data == 8) EXPECT_LT(two[MemCategory::gradients], 0.6 * one[MemCategory::gradients]);
     if (previous > 0) EXPECT_LT(two[MemCategory::gradients], previous);
     previous = two[MemCategory::gradients];
   }

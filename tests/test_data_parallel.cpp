@@ -97,7 +97,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   for (std::size_t u = 1; u < units.size(); ++u) W = std::max(W, units[u].size());
   const auto& mem = trainer.memory();
   std::size_t params = P, grads = P, optimizer = 2 * (stage == 0 ? P : S), offloaded = 0;
-  if (stage >= 2) grads = S + (dp > 1 ? U0 + W : 0);
+  if (stage >= 2) grads = S + (dp > 1 ? U0 + 2 * W : 0);  // two block buffers: reduce + fill
   if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
     params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
   }

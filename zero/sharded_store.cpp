@@ -55,6 +55,7 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
   if (ranks_ > 1) {
     grad_work_[0] = core::DeviceArray<float>(tracker, MemCategory::gradients, first);
     grad_work_[1] = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
+    grad_spare_ = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
   }
 }
 
@@ -169,29 +170,62 @@ void ShardedParameterStore::commit(int unit) {
 float* ShardedParameterStore::gradients(int unit) {
   if (ranks_ == 1) return grad_shard_.data() + units()[unit].begin;  // accumulate in place
   take(unit, grad_holder_, "gradients");
-  float* work = grad_work_[slot(unit)].data();
+  const int sl = slot(unit);
+  Reduction& r = reducing_[sl];
+  if (r.op && r.work == grad_work_[sl].data()) {
+    if (sl == 1) {
+      std::swap(grad_work_[1], grad_spare_);  // the other block buffer is free
+    } else {
+      finish_reduction(0);  // the embeddings' one buffer: its last reduction completes first
+    }
+  }
+  if (reducing_[1 - sl].op) reducing_[1 - sl].op->test();  // MPI progresses when poked
+  float* work = grad_work_[sl].data();
   k::fill(work, int64_t(units()[unit].size()), 0.0f);
   return work;
 }
 
+void ShardedParameterStore::finish_reduction(int sl) {
+  Reduction& r = reducing_[sl];
+  if (!r.op) return;
+  r.op->wait();
+  r.op.reset();
+  const std::size_t s = slice(r.unit);
+  // In place: this rank's reduced slice is in its own block of the work buffer.
+  k::add(grad_shard_.data() + shard_offset(r.unit), r.work + rank_ * s, int64_t(s));
+  Kokkos::fence();
+  r.unit = -1;
+  r.work = nullptr;
+}
+
+void ShardedParameterStore::finish_reductions() {
+  finish_reduction(0);
+  finish_reduction(1);
+}
+
 void ShardedParameterStore::gradients_done(int unit) {
   if (ranks_ == 1) return;
-  if (grad_holder_[slot(unit)] != unit) {
+  const int sl = slot(unit);
+  if (grad_holder_[sl] != unit) {
     throw std::logic_error("ZeRO store: gradients_done of unit " + std::to_string(unit) +
                            " that was not opened");
   }
-  grad_holder_[slot(unit)] = -1;
+  grad_holder_[sl] = -1;
+  // At most one reduction in flight per slot: the previous block's completes now, after this
+  // block's backward ran beside it. A unit's slices are added in the order its reductions
+  // started, so micro-batches accumulate in order.
+  finish_reduction(sl);
   const std::size_t s = slice(unit);
-  float* work = grad_work_[slot(unit)].data();
+  float* work = grad_work_[sl].data();
   Kokkos::fence();  // the collective reads what the kernels wrote
-  // In place: this rank's reduced slice lands in its own block of the work buffer.
-  dp_.reduce_scatter_sum({work, units()[unit].size()}, {work + rank_ * s, s});
-  k::add(grad_shard_.data() + shard_offset(unit), work + rank_ * s, int64_t(s));
-  Kokkos::fence();
+  reducing_[sl] = Reduction{unit, work,
+                            dp_.start_reduce_scatter_sum({work, units()[unit].size()},
+                                                         {work + rank_ * s, s})};
 }
 
 std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_pieces(
     std::size_t begin, std::size_t end) {
+  finish_reductions();
   std::vector<std::pair<float*, std::size_t>> pieces;
   std::size_t at = 0;  // where the slice starts in the shard
   for (const auto& [lo, hi] : owned_ranges()) {
@@ -202,7 +236,10 @@ std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_piec
   return pieces;
 }
 
-void ShardedParameterStore::zero_gradients() { core::zero(grad_shard_.data(), grad_shard_.size()); }
+void ShardedParameterStore::zero_gradients() {
+  finish_reductions();  // nothing in flight may add to the shard after it is cleared
+  core::zero(grad_shard_.data(), grad_shard_.size());
+}
 
 void ShardedParameterStore::all_gather_params() {
   if (stage_ != 2 || ranks_ == 1) return;

@@ -5,11 +5,13 @@
 // so unit u's slice starts at shard offset units[u].begin / dp and the shard holds flat/dp floats.
 //
 //   stage 2: parameters whole on every rank. Backward accumulates a unit's gradients into a
-//            unit-sized work buffer; when the unit is done its gradients are reduce-scattered and
-//            this rank's slice is added to the gradient shard. Gradient memory is the shard plus
-//            two work buffers (the embeddings', open through all of backward, and one for the
-//            other units), not the whole model. After the update each unit is all-gathered in
-//            place.
+//            unit-sized work buffer; when the unit is done its reduce-scatter starts
+//            (non-blocking) and backward goes on with the next unit in a second block buffer; the
+//            reduction completes (and this rank's slice is added to the gradient shard) when its
+//            buffer is needed again, when the next unit of its kind is done, or when anything
+//            reads the gradient shard. Gradient memory is the shard plus three work buffers (the
+//            embeddings', open through all of backward, and two for the other units), not the
+//            whole model. After the update each unit is all-gathered in place.
 //   stage 3: parameters sharded too. gather(u) all-gathers the unit into a work buffer (the
 //            embeddings' or the one shared by the other units) and release(u) frees it for the
 //            next unit. Each gather of a block unit also starts (non-blocking) the all-gather of
@@ -59,7 +61,13 @@ class ShardedParameterStore : public core::ParameterStore {
   std::size_t shard_size() const { return flat_size() / ranks_; }
   // This rank's slice of every unit, as flat ranges in unit (= shard) order.
   std::vector<std::pair<std::size_t, std::size_t>> owned_ranges() const;
-  float* grad_shard() { return grad_shard_.data(); }
+  // Completes the reductions in flight first, so the shard holds every finished unit.
+  float* grad_shard() {
+    finish_reductions();
+    return grad_shard_.data();
+  }
+  // Completes every reduce-scatter in flight and adds its slice to the gradient shard.
+  void finish_reductions();
   // Stage 3: the parameter shard (host memory when offloaded). The caller may write it: a
   // prefetched unit is dropped first.
   float* param_shard() {
@@ -89,6 +97,8 @@ class ShardedParameterStore : public core::ParameterStore {
   void start_prefetch(int unit);
   // Completes and forgets an outstanding prefetch (counted as a miss).
   void drop_prefetch();
+  // Completes slot `slot`'s reduce-scatter in flight, if any, into the gradient shard.
+  void finish_reduction(int slot);
 
   int stage_;
   parallel::Communicator& dp_;
@@ -104,6 +114,14 @@ class ShardedParameterStore : public core::ParameterStore {
   uint64_t prefetch_hits_ = 0, prefetch_misses_ = 0;
   core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
+  core::DeviceArray<float> grad_spare_;     // slot 1's second buffer: a block accumulates here
+                                            // while the previous one's reduction is in flight
+  struct Reduction {                        // a unit's reduce-scatter in flight
+    int unit = -1;
+    float* work = nullptr;
+    std::unique_ptr<parallel::PendingCollective> op;
+  };
+  Reduction reducing_[2];                   // per slot
   int param_holder_[2] = {-1, -1}, grad_holder_[2] = {-1, -1};
   uint64_t uploaded_bytes_ = 0;
 };

@@ -358,6 +358,34 @@ TEST(NonBlocking, StartedAllGatherMatchesTheBlockingOneAndIsCounted) {
   EXPECT_THROW(world->start_all_gather(mine, wrong), std::invalid_argument);
 }
 
+// ZeRO-2/3's overlapped gradient reduction: a reduce-scatter started in place (the result moves
+// to block rank() when it completes) and one into a separate buffer, with a blocking one of
+// other buffers in flight meanwhile; both equal the blocking result and are counted.
+TEST(NonBlocking, StartedReduceScatterMatchesTheBlockingOneInPlaceAndApart) {
+  auto world = colossal::parallel::make_world_communicator();
+  const std::size_t p = std::size_t(world->size()), r = std::size_t(world->rank()), c = 131;
+  std::vector<float> input(c * p);
+  for (std::size_t i = 0; i < c * p; ++i) input[i] = float(r + 1) * float(i % 17);
+  std::vector<float> in_place = input, apart(c, -1.0f), blocking(c);
+  world->reset_stats();
+  auto first = world->start_reduce_scatter_sum(in_place, std::span<float>(in_place).subspan(r * c, c));
+  auto second = world->start_reduce_scatter_sum(input, apart);
+  world->reduce_scatter_sum(input, blocking);
+  second->wait();
+  while (!first->test()) {
+  }
+  const float ranks = float(p * (p + 1) / 2);
+  for (std::size_t k = 0; k < c; ++k) {
+    ASSERT_EQ(blocking[k], ranks * float((r * c + k) % 17)) << k;
+    ASSERT_EQ(apart[k], blocking[k]) << k;
+    ASSERT_EQ(in_place[r * c + k], blocking[k]) << k;
+  }
+  EXPECT_EQ(world->stats().reduce_scatter.calls, 3u);
+  EXPECT_EQ(world->stats().reduce_scatter.payload_bytes, 3u * c * p * 4);
+  std::vector<float> wrong(c + 1);
+  EXPECT_THROW(world->start_reduce_scatter_sum(input, wrong), std::invalid_argument);
+}
+
 TEST(ScalarAllReduce, SumsDoublesExactlyAndCountsEightBytes) {
   auto world = colossal::parallel::make_world_communicator();
   const int p = world->size();

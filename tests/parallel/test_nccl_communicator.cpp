@@ -107,10 +107,10 @@ TEST_F(NcclCommunicatorTest, AllReduceReduceScatterAllGather) {
   EXPECT_EQ(comm->stats().all_gather.payload_bytes, n * 4);
 }
 
-// Started collectives (ZeRO-3's prefetch, the data-parallel buckets): enqueued on NCCL's
-// stream and completed through their event, equal to the blocking ones, with a blocking
-// collective issued while they are in flight.
-TEST_F(NcclCommunicatorTest, StartedAllReduceAndAllGatherMatchTheBlockingOnes) {
+// Started collectives (ZeRO-3's prefetch, ZeRO-2/3's gradient reduction, the data-parallel
+// buckets): enqueued on NCCL's stream and completed through their event, equal to the blocking
+// ones, with blocking collectives issued while they are in flight.
+TEST_F(NcclCommunicatorTest, StartedCollectivesMatchTheBlockingOnes) {
   const std::size_t c = 4099;
   const std::size_t n = c * static_cast<std::size_t>(size());
   std::vector<float> host(n), mine(c);
@@ -120,12 +120,24 @@ TEST_F(NcclCommunicatorTest, StartedAllReduceAndAllGatherMatchTheBlockingOnes) {
   started.upload(host);
   blocking.upload(host);
   block.upload(mine);
+  DeviceBuffer scattered(n), scattered_block(c);
+  scattered.upload(host);
   auto reduce = comm->start_all_reduce_sum(started.span());
   auto gather = comm->start_all_gather(block.span(), gathered.span());
+  auto scatter = comm->start_reduce_scatter_sum(
+      scattered.span(), scattered.span().subspan(static_cast<std::size_t>(rank()) * c, c));
   comm->all_reduce_sum(blocking.span());
   comm->all_gather(block.span(), gathered_blocking.span());
+  comm->reduce_scatter_sum(blocking.span(), scattered_block.span());  // of the reduced buffer
+  scatter->wait();
   gather->wait();
   reduce->wait();
+  // In place, this rank's block of the sum; the blocking one scattered the already-summed
+  // buffer, so it is p times that.
+  const std::vector<float> summed = scattered.download(), twice = scattered_block.download();
+  for (std::size_t k = 0; k < c; ++k) {
+    ASSERT_EQ(summed[static_cast<std::size_t>(rank()) * c + k] * float(size()), twice[k]) << k;
+  }
   EXPECT_TRUE(reduce->test());
   EXPECT_EQ(started.download(), blocking.download());
   const std::vector<float> got = gathered.download();
