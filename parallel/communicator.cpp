@@ -128,6 +128,16 @@ class CompletedCollective final : public PendingCollective {
   bool test() override { return true; }
   void wait() override {}
 };
+
+// A started collective with input and output buffers: the backend's started form on several
+// ranks; on one, the copy the collective amounts to (none in place), completed at once.
+template <class Start, class Copy>
+std::unique_ptr<PendingCollective> start_or_copy(int ranks, bool in_place, Start&& start,
+                                                 Copy&& copy) {
+  if (ranks > 1) return start();
+  if (!in_place) copy();
+  return std::make_unique<CompletedCollective>();
+}
 }  // namespace
 
 double Communicator::all_reduce_sum_value(double value) {
@@ -177,13 +187,9 @@ void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<fl
 std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
   const bool in_place = check_reduce_scatter(input, output);
-  std::unique_ptr<PendingCollective> pending;
-  if (size() > 1) {
-    pending = do_start_reduce_scatter_sum(input, output);
-  } else {
-    if (!in_place) do_reduce_scatter_sum(input, output);
-    pending = std::make_unique<CompletedCollective>();
-  }
+  auto pending = start_or_copy(
+      size(), in_place, [&] { return do_start_reduce_scatter_sum(input, output); },
+      [&] { do_reduce_scatter_sum(input, output); });
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
   return pending;
 }
@@ -220,13 +226,9 @@ void Communicator::all_gather(std::span<const float> input, std::span<float> out
 std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<const float> input,
                                                                   std::span<float> output) {
   const bool in_place = check_all_gather(input, output);
-  std::unique_ptr<PendingCollective> pending;
-  if (size() > 1) {
-    pending = do_start_all_gather(input, output);
-  } else {
-    if (!in_place) do_all_gather(input, output);
-    pending = std::make_unique<CompletedCollective>();
-  }
+  auto pending = start_or_copy(
+      size(), in_place, [&] { return do_start_all_gather(input, output); },
+      [&] { do_all_gather(input, output); });
   record(CollectiveKind::all_gather, output.size() * kFloatBytes);
   return pending;
 }
