@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,26 @@ inline std::size_t operand_span(Trans t, int rows, int cols, int ld, int64_t str
   if (r <= 0 || c <= 0 || batch <= 0) return 0;
   const std::size_t one = std::size_t(r - 1) * std::size_t(ld) + std::size_t(c);
   return std::size_t(batch - 1) * std::size_t(stride > 0 ? stride : 0) + one;
+}
+
+// The spans of A and B in a batched product C = op(A) op(B) (M x K by K x N), for a backend that
+// copies or converts its operands into contiguous buffers first; nullopt when C is empty (nothing
+// to compute). Throws, naming `backend`, on a negative batch stride, which such a copy cannot
+// follow.
+struct OperandSpans {
+  std::size_t a, b;
+};
+inline std::optional<OperandSpans> copied_operand_spans(const char* backend, Trans ta, Trans tb,
+                                                        int M, int N, int K, int lda,
+                                                        int64_t stride_a, int ldb,
+                                                        int64_t stride_b, int batch) {
+  if (batch < 1 || M <= 0 || N <= 0) return std::nullopt;
+  if (stride_a < 0 || stride_b < 0) {
+    throw std::invalid_argument(std::string(backend) +
+                                ": negative batch strides are not supported");
+  }
+  return OperandSpans{operand_span(ta, M, K, lda, stride_a, batch),
+                      operand_span(tb, K, N, ldb, stride_b, batch)};
 }
 
 // An operand of Gemm::gemm_mixed: fp32 values, or the bfloat16 patterns (core/bf16.hpp) of

@@ -55,11 +55,11 @@ class Bf16Gemm final : public MixedOperandGemm {
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
                           int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
                           float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    if (stride_a < 0 || stride_b < 0) {
-      throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
-    }
-    const float* a = as_rounded(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
-    const float* b = as_rounded(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
+    const auto spans =
+        copied_operand_spans("bf16 GEMM", ta, tb, M, N, K, lda, stride_a, ldb, stride_b, batch);
+    if (!spans) return;
+    const float* a = as_rounded(a_, A, spans->a);
+    const float* b = as_rounded(b_, B, spans->b);
     if (batch == 1) {
       inner_->gemm(ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, C, ldc);
     } else {

@@ -25,9 +25,11 @@
 #include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/gemm_stable.hpp"
+#include "core/kernels.hpp"  // detail::to_bf16_on_device's declaration
 
 namespace colossal::core {
-// The device kernels of the bf16 path (external linkage: nvcc's extended lambdas need it).
+// The device kernels of the bf16 path (external linkage: nvcc's extended lambdas need it);
+// to_bf16_on_device also serves kernels::to_bf16 on a device (activations saved in bf16).
 namespace detail {
 #ifdef KOKKOS_ENABLE_CUDA
 // out[i] = in[i] rounded to bf16 (its pattern), on the device, in stream order with cuBLAS (the
@@ -200,12 +202,10 @@ class CublasGemm : public MixedOperandGemm {
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
                           int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
                           float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    if (batch < 1 || M <= 0 || N <= 0) return;
-    if (stride_a < 0 || stride_b < 0) {
-      throw std::invalid_argument("cuBLAS GEMM: negative batch strides are not supported");
-    }
-    const std::size_t span_a = operand_span(ta, M, K, lda, stride_a, batch);
-    const std::size_t span_b = operand_span(tb, K, N, ldb, stride_b, batch);
+    const auto spans =
+        copied_operand_spans("cuBLAS GEMM", ta, tb, M, N, K, lda, stride_a, ldb, stride_b, batch);
+    if (!spans) return;
+    const std::size_t span_a = spans->a, span_b = spans->b;
     if (!rounds_on_device()) {
       const float* a = A.f32 != nullptr ? A.f32 : widen(wide_a_, A.bf16, span_a);
       const float* b = B.f32 != nullptr ? B.f32 : widen(wide_b_, B.bf16, span_b);

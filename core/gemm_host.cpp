@@ -241,12 +241,11 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
                           int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
                           float beta, float* C, int ldc, int64_t stride_c, int batch) override {
-    if (batch < 1 || M <= 0 || N <= 0) return;
-    if (stride_a < 0 || stride_b < 0) {
-      throw std::invalid_argument("bf16 GEMM: negative batch strides are not supported");
-    }
-    const std::uint16_t* a = bits(a_, A, operand_span(ta, M, K, lda, stride_a, batch));
-    const std::uint16_t* b = bits(b_, B, operand_span(tb, K, N, ldb, stride_b, batch));
+    const auto spans =
+        copied_operand_spans("bf16 GEMM", ta, tb, M, N, K, lda, stride_a, ldb, stride_b, batch);
+    if (!spans) return;
+    const std::uint16_t* a = bits(a_, A, spans->a);
+    const std::uint16_t* b = bits(b_, B, spans->b);
     run_batch(
         batch, 2.0 * M * N * K,
         [&](std::size_t i) {

@@ -336,31 +336,30 @@ void Model::init_parameters(uint64_t seed) {
 
 void Model::zero_grad() { store_->zero_gradients(); }
 
-void Model::activation_forward(const float* inp, int64_t n) {
+template <class Write>
+void Model::write_act(Write&& write) {
   Profiler::Scope scope(profiler_, WorkKind::activation);
-  auto run = [&](auto* out) {
+  if (bf16_act_) {
+    write(reinterpret_cast<std::uint16_t*>(act_buf_));
+  } else {
+    write(act_buf_);
+  }
+}
+
+void Model::activation_forward(const float* inp, int64_t n) {
+  write_act([&](auto* out) {
     if (spec_.arch == Arch::gpt2) {
       k::gelu_forward(out, inp, n);
     } else {
       k::relu_forward(out, inp, n);
     }
-  };
-  if (bf16_act_) {
-    run(reinterpret_cast<std::uint16_t*>(act_buf_));
-  } else {
-    run(act_buf_);
-  }
+  });
 }
 
 void Model::bias_activation_forward(float* pre, const float* bias, int64_t N) {
-  Profiler::Scope scope(profiler_, WorkKind::activation);
-  const bool gelu = spec_.arch == Arch::gpt2;
-  if (bf16_act_) {
-    k::bias_activation_forward(reinterpret_cast<std::uint16_t*>(act_buf_), pre, bias, N,
-                               local_ffn_, gelu);
-  } else {
-    k::bias_activation_forward(act_buf_, pre, bias, N, local_ffn_, gelu);
-  }
+  write_act([&](auto* out) {
+    k::bias_activation_forward(out, pre, bias, N, local_ffn_, spec_.arch == Arch::gpt2);
+  });
 }
 
 void Model::activation_backward(float* dinp, const float* inp, const float* dout, int64_t n) {

@@ -318,6 +318,9 @@ class Model final : public StageModel {
   // pre += bias (per column of the local MLP width) and act_buf_ = act(pre), one pass.
   void bias_activation_forward(float* pre, const float* bias, int64_t N);
   GemmOperand act_operand() const { return operand(act_buf_, bf16_act_); }
+  // write(out) with act_buf_ as float*, or as std::uint16_t* when bf16_act_, timed as activation.
+  template <class Write>
+  void write_act(Write&& write);
   void activation_backward(float* dinp, const float* inp, const float* dout, int64_t n);
   Linear qkv_part(const BlockParams& bp, int part) const;
 

@@ -156,6 +156,36 @@ TEST(Bf16, GemmMultipliesRoundedOperandsInFp32) {
   }
 }
 
+// Backends that copy their operands into contiguous buffers (the bf16 emulation, oneDNN's bf16
+// GEMM where it loads) refuse negative batch strides by name, and an empty C computes nothing.
+TEST(Bf16, CopyingBackendsRefuseNegativeStridesAndSkipEmptyProducts) {
+  std::vector<std::unique_ptr<Gemm>> backends;
+  backends.push_back(make_bf16_gemm(make_host_gemm()));
+  try {
+    backends.push_back(make_native_bf16_gemm());
+  } catch (const std::exception&) {
+  }
+  const std::vector<float> A(64, 1.0f), B(64, 1.0f);
+  for (auto& g : backends) {
+    SCOPED_TRACE(g->name());
+    std::vector<float> C(64, 5.0f);
+    try {
+      g->gemm_strided_batched(Trans::N, Trans::N, 2, 2, 2, 1.0f, A.data() + 32, 2, -4, B.data(),
+                              2, 4, 0.0f, C.data(), 2, 4, 2);
+      ADD_FAILURE() << "a negative stride was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("bf16 GEMM: negative batch strides"),
+                std::string::npos)
+          << e.what();
+    }
+    g->gemm_strided_batched(Trans::N, Trans::N, 0, 2, 2, 1.0f, A.data(), 2, 4, B.data(), 2, 4,
+                            0.0f, C.data(), 2, 4, 2);
+    g->gemm_strided_batched(Trans::N, Trans::N, 2, 2, 2, 1.0f, A.data(), 2, 4, B.data(), 2, 4,
+                            0.0f, C.data(), 2, 4, 0);
+    EXPECT_EQ(C, std::vector<float>(64, 5.0f));
+  }
+}
+
 // oneDNN's bf16 GEMM on the CPU's bf16 units computes the emulation's products (the same
 // rounded operands, fp32 sums) up to the order of the sums: within a few fp32 ulps of the sum
 // of magnitudes, for every transpose, batched with strides, alpha and beta. Without the units or
