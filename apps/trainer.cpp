@@ -638,7 +638,10 @@ TrainSummary Trainer::train() {
   const bool tf32_ignored = config_.train.tf32 &&
                            config_.train.precision == core::GemmPrecision::fp32 &&
                            !gemm_->uses_tf32();
-  print("gemm: %s (hardware.gemm)%s\n", gemm_->name().c_str(),
+  print("gemm: %s (hardware.gemm)%s%s\n", gemm_->name().c_str(),
+        core::HostThreads::team() == core::HostTeam::openmp
+            ? "; the host kernels share its OpenMP threads"
+            : "",
         tf32_ignored ? "; train.tf32 ignored: these products have no TF32" : "");
   print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "
         "communication %.3g, bubble %.3g, optimizer %.3g, waiting for shared cores %.3g)\n",

@@ -98,6 +98,10 @@ class Gemm {
   virtual std::size_t stable_conversions() const { return 0; }
   // Whether fp32 products run on TF32 tensor cores (cuBLAS with train.tf32).
   virtual bool uses_tf32() const { return false; }
+  // Whether the products' threads are OpenMP's (oneDNN, Debian's BLIS) rather than threads of
+  // their own (OpenBLAS): the host kernels then run on the same team (HostTeam, in
+  // core/host_threads.hpp).
+  virtual bool runs_on_openmp() const { return false; }
 
  private:
   std::vector<float> widened_a_, widened_b_;  // gemm_mixed's default: bf16 operands as fp32
@@ -120,9 +124,11 @@ class MixedOperandGemm : public Gemm {
 };
 
 // A host GEMM backend (host memory): "openblas" (linked), "blis" or "onednn" (loaded at run time
-// when their Debian libraries libblis4-* / libdnnl2 are installed), or "auto" (per shape the
-// fastest of those available, measured on the shape's first product). Throws naming what is
-// missing.
+// when their Debian libraries libblis4-openmp / libdnnl2 are installed), or "auto" (per shape
+// the fastest, measured on the shape's first product, of the backends that share one kind of
+// threads: oneDNN and BLIS, both on OpenMP, when either loads, else OpenBLAS alone; a run that
+// mixes OpenBLAS's spinning threads with OpenMP's on the same cores loses more than any shape
+// gains). Throws naming what is missing.
 std::unique_ptr<Gemm> make_host_gemm(const std::string& backend = "openblas");
 // The host backends that load here, "openblas" first.
 std::vector<std::string> host_gemm_backends();
@@ -194,7 +200,8 @@ void set_blas_threads(int threads);
 
 // The backend hardware.gemm names, at the given precision, for the default Kokkos execution
 // space's memory: cuBLAS on a device; otherwise a host backend (openblas, blis, onednn, auto), or
-// "cublas" for host arrays multiplied on the GPU. Throws naming what is missing (no CUDA build,
+// "cublas" for host arrays multiplied on the GPU. Sets the host threads' team to the backend's
+// (HostThreads::set_team: OpenMP's for oneDNN and BLIS, the pool's own otherwise). Throws naming what is missing (no CUDA build,
 // no device visible). tf32 (train.tf32) lets cuBLAS's fp32 products use TF32; the host backends
 // have no TF32 and ignore it (Gemm::uses_tf32 says which).
 std::unique_ptr<Gemm> make_default_gemm(const std::string& backend = "openblas",

@@ -50,6 +50,7 @@ class Bf16Gemm final : public MixedOperandGemm {
   std::string name() const override {
     return inner_->name() + " (bf16 operands, emulated" + (why_.empty() ? "" : ": " + why_) + ")";
   }
+  bool runs_on_openmp() const override { return inner_->runs_on_openmp(); }
 
   // fp32 operands rounded, bf16 ones widened: either way one pass into the buffer.
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,

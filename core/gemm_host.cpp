@@ -143,6 +143,7 @@ class BlisGemm final : public LoopedBatchGemm {
     set_threads_(g_blas_threads);
   }
   std::string name() const override { return "blis"; }
+  bool runs_on_openmp() const override { return true; }  // Debian's libblis4-openmp
   void set_calling_thread_threads(int threads) override { set_threads_(threads); }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
@@ -176,6 +177,7 @@ class OneDnnGemm final : public LoopedBatchGemm {
     set_threads_(g_blas_threads);
   }
   std::string name() const override { return "onednn"; }
+  bool runs_on_openmp() const override { return true; }
   void set_calling_thread_threads(int threads) override { set_threads_(threads); }
   void gemm(Trans ta, Trans tb, int M, int N, int K, float alpha, const float* A, int lda,
             const float* B, int ldb, float beta, float* C, int ldc) override {
@@ -236,6 +238,7 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
   std::string name() const override {
     return std::string("onednn bf16 (") + (hw_.amx_bf16 ? "AMX-BF16" : "AVX512-BF16") + ")";
   }
+  bool runs_on_openmp() const override { return true; }
   // A bf16 operand goes to oneDNN as it is; an fp32 one is converted (or served from the held
   // copy). A batch converts its two operand spans once, then runs its products.
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
@@ -285,6 +288,7 @@ class AutoGemm final : public Gemm {
  public:
   explicit AutoGemm(std::vector<std::unique_ptr<Gemm>> backends)
       : backends_(std::move(backends)), wins_(backends_.size(), 0) {}
+  bool runs_on_openmp() const override { return backends_.front()->runs_on_openmp(); }
   std::string name() const override {
     std::string s = "auto (";
     for (std::size_t b = 0; b < backends_.size(); ++b) {
@@ -359,10 +363,13 @@ std::unique_ptr<Gemm> make_host_gemm(const std::string& backend) {
   if (backend == "openblas") return std::make_unique<OpenBlasGemm>();
   if (backend == "blis") return std::make_unique<BlisGemm>();
   if (backend == "onednn") return std::make_unique<OneDnnGemm>();
-  if (backend == "auto") {
-    std::vector<std::unique_ptr<Gemm>> all;
-    for (const std::string& name : host_gemm_backends()) all.push_back(make_host_gemm(name));
-    return std::make_unique<AutoGemm>(std::move(all));
+  if (backend == "auto") {  // the OpenMP backends if any loads, else OpenBLAS
+    std::vector<std::unique_ptr<Gemm>> openmp;
+    for (const std::string& name : host_gemm_backends()) {
+      if (name != "openblas") openmp.push_back(make_host_gemm(name));
+    }
+    if (openmp.empty()) openmp.push_back(make_host_gemm("openblas"));
+    return std::make_unique<AutoGemm>(std::move(openmp));
   }
   throw std::runtime_error("unknown host GEMM backend '" + backend +
                            "' (allowed: openblas, blis, onednn, auto)");
@@ -406,6 +413,7 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     if (backend == "cublas") {
 #ifdef COLOSSAL_HAVE_CUDA
+      HostThreads::set_team(HostTeam::own);
       return make_cublas_host_gemm(precision, tf32);
 #else
       throw std::runtime_error(
@@ -414,8 +422,9 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
           "blis, onednn or auto");
 #endif
     }
-    if (bf16) return make_host_bf16_gemm(backend);
-    return make_host_gemm(backend);
+    std::unique_ptr<Gemm> gemm = bf16 ? make_host_bf16_gemm(backend) : make_host_gemm(backend);
+    HostThreads::set_team(gemm->runs_on_openmp() ? HostTeam::openmp : HostTeam::own);
+    return gemm;
   } else {
 #ifdef COLOSSAL_HAVE_CUDA
     return make_cublas_gemm(precision, tf32);

@@ -2,8 +2,14 @@
 
 #include <sched.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string_view>
 
@@ -65,6 +71,24 @@ HostThreads& HostThreads::shared() {
 void HostThreads::resize_shared(int threads) {
   shared_pool() = std::make_unique<HostThreads>(threads < 1 ? 1 : threads);
 }
+
+namespace {
+std::atomic<HostTeam> g_team{HostTeam::own};
+}  // namespace
+
+bool HostThreads::openmp_available() {
+#ifdef _OPENMP
+  return true;
+#else
+  return false;
+#endif
+}
+
+void HostThreads::set_team(HostTeam team) {
+  g_team = openmp_available() ? team : HostTeam::own;
+}
+
+HostTeam HostThreads::team() { return g_team; }
 
 int available_cores() {
   cpu_set_t set;
@@ -146,6 +170,10 @@ void HostThreads::run(std::size_t n, const Work& work, std::size_t grain, std::s
     work(0, 0, n);
     return;
   }
+  if (g_team == HostTeam::openmp) {
+    run_on_openmp(parts, n, work, align < 1 ? 1 : align);
+    return;
+  }
   const InPoolWork inside;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -160,6 +188,33 @@ void HostThreads::run(std::size_t n, const Work& work, std::size_t grain, std::s
   std::unique_lock<std::mutex> lock(mutex_);
   done_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
+}
+
+// The same parts on OpenMP's team (fewer if OpenMP grants fewer threads). An exception leaves
+// its part, is kept (the first one) and rethrown here after the region: none may cross it.
+void HostThreads::run_on_openmp(std::size_t parts, std::size_t n, const Work& work,
+                                std::size_t align) {
+#ifdef _OPENMP
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel num_threads(static_cast<int>(parts))
+  {
+    const auto k = static_cast<std::size_t>(omp_get_thread_num());
+    const auto team = static_cast<std::size_t>(omp_get_num_threads());
+    const InPoolWork inside;
+    try {
+      work(k, part_bound(n, k, team, align), part_bound(n, k + 1, team, align));
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+#else
+  (void)parts;
+  (void)align;
+  work(0, 0, n);
+#endif
 }
 
 void HostThreads::work(int index) {

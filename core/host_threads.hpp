@@ -23,6 +23,16 @@
 
 namespace colossal::core {
 
+// Which threads run a job's parts. own: the pool's std::thread workers, woken per job (OpenBLAS,
+// linked as Debian's pthread build, multiplies on threads of its own). openmp: OpenMP's team
+// (libgomp), the threads oneDNN and Debian's BLIS multiply on, which spin for a while after each
+// parallel region. Two sets of threads that spin while waiting starve each other on the same
+// cores: on 2 cores a bf16 quickstart step took 312 ms with oneDNN's products and the kernels on
+// the pool's own threads, 162 ms with the kernels on OpenMP's team; OpenBLAS's products with
+// the kernels on OpenMP's team ran at 0.6x. So the team follows the GEMM backend:
+// make_default_gemm sets it (Gemm::runs_on_openmp).
+enum class HostTeam { own, openmp };
+
 class HostThreads {
  public:
   explicit HostThreads(int threads);
@@ -44,7 +54,14 @@ class HostThreads {
   // Resizes the shared pool (call before kernels run, from the main thread).
   static void resize_shared(int threads);
 
+  // The team every pool's jobs run on from now on (call from the main thread, outside jobs).
+  // openmp in a build without OpenMP (openmp_available() false) leaves it own.
+  static void set_team(HostTeam team);
+  static HostTeam team();
+  static bool openmp_available();
+
  private:
+  void run_on_openmp(std::size_t parts, std::size_t n, const Work& work, std::size_t align);
   void work(int index);
   std::vector<std::thread> workers_;
   std::mutex mutex_;

@@ -64,20 +64,52 @@ TEST_F(Kernels, BatchedGemmOverHostThreadsMatchesOneByOne) {
   const int64_t sa = M * K + 3, sb = K * N + 1, sc = M * N + 2;
   const auto A = random_vector(sa * batch, 31), B = random_vector(sb * batch, 32),
              C0 = random_vector(sc * batch, 33);
-  for (const std::string& backend : backends) {
-    SCOPED_TRACE(backend);
-    auto g = make_host_gemm(backend);
-    std::vector<float> batched = C0, single = C0;
-    g->gemm_strided_batched(Trans::N, Trans::T, M, N, K, 0.7f, A.data(), K, sa, B.data(), K, sb,
-                            1.5f, batched.data(), N, sc, batch);
-    for (int i = 0; i < batch; ++i) {
-      g->gemm(Trans::N, Trans::T, M, N, K, 0.7f, A.data() + i * sa, K, B.data() + i * sb, K, 1.5f,
-              single.data() + i * sc, N);
+  std::vector<HostTeam> teams{HostTeam::own};
+  if (HostThreads::openmp_available()) teams.push_back(HostTeam::openmp);
+  for (const HostTeam team : teams) {  // whichever team the batch is spread over
+    HostThreads::set_team(team);
+    for (const std::string& backend : backends) {
+      SCOPED_TRACE(backend + (team == HostTeam::openmp ? " on OpenMP's team" : " on own threads"));
+      auto g = make_host_gemm(backend);
+      std::vector<float> batched = C0, single = C0;
+      g->gemm_strided_batched(Trans::N, Trans::T, M, N, K, 0.7f, A.data(), K, sa, B.data(), K,
+                              sb, 1.5f, batched.data(), N, sc, batch);
+      for (int i = 0; i < batch; ++i) {
+        g->gemm(Trans::N, Trans::T, M, N, K, 0.7f, A.data() + i * sa, K, B.data() + i * sb, K,
+                1.5f, single.data() + i * sc, N);
+      }
+      for (std::size_t i = 0; i < single.size(); ++i) ASSERT_FLOAT_EQ(batched[i], single[i]) << i;
     }
-    for (std::size_t i = 0; i < single.size(); ++i) ASSERT_FLOAT_EQ(batched[i], single[i]) << i;
   }
+  HostThreads::set_team(HostTeam::own);
   HostThreads::resize_shared(previous);
   set_blas_threads(previous);
+}
+
+// The host kernels run on the GEMM's kind of threads: OpenMP's team with oneDNN and BLIS, the
+// pool's own with OpenBLAS; auto tunes among the OpenMP backends alone when one loads.
+TEST_F(Kernels, HostTeamFollowsTheGemmBackend) {
+  const std::vector<std::string> loaded = host_gemm_backends();
+  const bool openmp_backend = loaded.size() > 1;
+  auto openblas = make_default_gemm("openblas");
+  EXPECT_FALSE(openblas->runs_on_openmp());
+  EXPECT_EQ(HostThreads::team(), HostTeam::own);
+  auto automatic = make_default_gemm("auto");
+  EXPECT_EQ(automatic->runs_on_openmp(), openmp_backend);
+  if (openmp_backend) {
+    EXPECT_EQ(automatic->name().find("openblas"), std::string::npos) << automatic->name();
+    EXPECT_EQ(HostThreads::team(),
+              HostThreads::openmp_available() ? HostTeam::openmp : HostTeam::own);
+  }
+  for (const std::string& name : loaded) {
+    if (name == "openblas") continue;
+    auto g = make_default_gemm(name);
+    EXPECT_TRUE(g->runs_on_openmp()) << name;
+    auto bf16 = make_default_gemm(name, GemmPrecision::bf16);  // native or emulated over it
+    EXPECT_TRUE(bf16->runs_on_openmp()) << bf16->name();
+  }
+  make_default_gemm("openblas", GemmPrecision::bf16);  // the emulation over OpenBLAS
+  EXPECT_EQ(HostThreads::team(), HostTeam::own);
 }
 
 TEST_F(Kernels, UnknownGemmBackendIsRefusedByName) {

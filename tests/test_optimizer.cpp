@@ -74,6 +74,63 @@ TEST(HostThreads, EveryElementExactlyOnceForRaggedSizes) {
   }
 }
 
+// OpenMP's team (the one oneDNN and BLIS multiply on) runs the same parts: every element once,
+// a call from inside a part inline, and an exception thrown in a part rethrown to the caller.
+TEST(HostThreads, OpenMpTeamRunsThePartsAndRethrows) {
+  if (!HostThreads::openmp_available()) GTEST_SKIP() << "built without OpenMP";
+  HostThreads pool(3);
+  HostThreads::set_team(HostTeam::openmp);
+  for (std::size_t n : {1u, 100u, 12288u, 12289u, 100003u}) {
+    std::vector<int> hits(n, 0);
+    std::vector<int> part_used(pool.size(), 0);
+    pool.run(n, [&](std::size_t part, std::size_t begin, std::size_t end) {
+      ASSERT_LT(part, std::size_t(pool.size()));
+      ++part_used[part];
+      for (std::size_t i = begin; i < end; ++i) ++hits[i];
+      if (n >= 3 * 4096 && begin < end) {  // nested in a job spread over the team: inline
+        std::size_t inner = 0;
+        pool.run(end - begin, [&](std::size_t p, std::size_t b, std::size_t e) {
+          EXPECT_EQ(p, 0u);
+          inner += e - b;
+        }, 1);
+        EXPECT_EQ(inner, end - begin);
+      }
+    });
+    for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i], 1) << n << " " << i;
+    for (int used : part_used) EXPECT_LE(used, 1) << "each part runs once";
+    EXPECT_EQ(part_used[0], 1);
+  }
+  EXPECT_THROW(pool.run(1 << 16,
+                        [&](std::size_t part, std::size_t, std::size_t) {
+                          if (part == 1) throw std::runtime_error("part 1 failed");
+                        }),
+               std::runtime_error);
+  HostThreads::set_team(HostTeam::own);
+}
+
+// The AdamW update is bitwise the same on either team (each element is updated alone).
+TEST(AdamW, SameUpdateOnEitherTeam) {
+  if (!colossal::test::host_memory() || !HostThreads::openmp_available()) GTEST_SKIP();
+  const int previous = HostThreads::shared().size();
+  HostThreads::resize_shared(2);
+  std::vector<ParamSpec> table = {{"a.weight", {500, 100}, ParamRole::weight, 0, 50000, 0, {}, {}}};
+  const auto p0 = colossal::test::random_vector(50000, 5);
+  const auto g = colossal::test::random_vector(50000, 6);
+  std::vector<float> results[2];
+  for (const HostTeam team : {HostTeam::own, HostTeam::openmp}) {
+    HostThreads::set_team(team);
+    MemoryTracker tracker;
+    AdamW opt(table, 50000, tracker);
+    std::vector<float> p = p0;
+    for (int step = 1; step <= 2; ++step) opt.update(p.data(), g.data(), AdamWParams{}, step, 0.5f);
+    results[team == HostTeam::openmp] = p;
+  }
+  HostThreads::set_team(HostTeam::own);
+  HostThreads::resize_shared(previous);
+  ASSERT_EQ(results[0], results[1]);
+  EXPECT_NE(results[0], p0);
+}
+
 TEST(AdamW, ThreadedUpdateOfAWindowMatchesTheReference) {
   if (!colossal::test::host_memory()) GTEST_SKIP();
   // Three tensors, a window cutting through the first and last (a ZeRO shard), large enough
