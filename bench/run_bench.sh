@@ -2,8 +2,9 @@
 # Runs colossal_bench and the PyTorch peers (bench/run_pytorch_peer.sh) on the same cases in one
 # run and prints tokens/s of each and the ratios. Every run has OPENBLAS_CORETYPE and
 # OPENBLAS_L2_SIZE unset and the same thread count; the peers additionally get tcmalloc and
-# OMP_WAIT_POLICY=PASSIVE. Colossal runs in fp32 (OpenBLAS) and bf16 (hardware.gemm auto: oneDNN's
-# bf16 GEMM where the CPU has AVX512-BF16/AMX, else emulated); Debian's torch 1.13 in fp32; with
+# OMP_WAIT_POLICY=PASSIVE. Colossal runs with hardware.gemm: auto, in fp32 (oneDNN or BLIS per
+# shape when either loads, else OpenBLAS) and bf16 (oneDNN's bf16 GEMM where the CPU has
+# AVX512-BF16/AMX, else emulated); Debian's torch 1.13 in fp32; with
 # --torch2, a current torch in four configurations (eager with SDPA, compile, bf16 autocast,
 # compile + bf16). Each precision is compared with the best peer of that precision.
 set -euo pipefail
@@ -56,8 +57,7 @@ configs=()
 add_config() { case " ${configs[*]} " in *" $1 "*) ;; *) configs+=("$1") ;; esac; }
 
 run_ours() {  # case precision
-  local out gemm=openblas
-  [ "$2" = bf16 ] && gemm=auto
+  local out gemm=auto
   out=$(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE OPENBLAS_NUM_THREADS="$threads" \
         /usr/bin/time -f 'MAXRSS_KB=%M' "$bench" --steps "$steps" --case "$1" --gemm "$gemm" \
         --precision "$2" --threads "$threads" 2>&1) || true
