@@ -44,8 +44,9 @@ packages=(cmake make g++ libopenmpi-dev openmpi-bin libtrilinos-kokkos-dev
           libtrilinos-kokkos-kernels-dev libhdf5-openmpi-dev hdf5-tools libyaml-cpp-dev
           nlohmann-json3-dev
           libopenblas-dev libgtest-dev python3
-          # optional host GEMM backends (hardware.gemm: blis | onednn | auto), loaded at run time
-          libblis4-openmp libdnnl2)
+          # optional host GEMM backends (hardware.gemm: blis | onednn | auto), loaded at run time;
+          # oneDNN's headers build its matmul primitive path (core/dnnl_matmul.hpp)
+          libblis4-openmp libdnnl2 libdnnl-dev)
 # The CUDA build fetches Kokkos with pip and patches it.
 [ "$cuda" = 1 ] && packages+=(python3-pip patch)
 # The Python-driven tests (tests/python/: safetensors export, tokenizer) read files with numpy and

@@ -4,7 +4,6 @@
 // neither its nor OpenBLAS's copies can interpose on the other. BLIS is called through its own
 // typed API (bli_sgemm), not its cblas layer, whose sgemm_ call could bind to OpenBLAS's.
 #include <cblas.h>
-#include <dlfcn.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
@@ -21,8 +20,10 @@
 #include <Kokkos_Core.hpp>
 
 #include "core/gemm.hpp"
+#include "core/dnnl_matmul.hpp"
 #include "core/gemm_stable.hpp"
 #include "core/host_threads.hpp"
+#include "core/shared_library.hpp"
 
 namespace colossal::core {
 namespace {
@@ -89,38 +90,6 @@ class OpenBlasGemm final : public LoopedBatchGemm {
   }
 };
 
-// A shared library opened privately, and symbols looked up in it.
-class Library {
- public:
-  explicit Library(const std::vector<const char*>& names) {
-    for (const char* n : names) {
-      handle_ = dlopen(n, RTLD_NOW | RTLD_LOCAL);
-      if (handle_ != nullptr) {
-        path_ = n;
-        return;
-      }
-    }
-  }
-  ~Library() {
-    if (handle_ != nullptr) dlclose(handle_);
-  }
-  Library(const Library&) = delete;
-  Library& operator=(const Library&) = delete;
-  bool loaded() const { return handle_ != nullptr; }
-  template <typename F>
-  F symbol(const char* name) const {
-    void* s = handle_ != nullptr ? dlsym(handle_, name) : nullptr;
-    if (s == nullptr) {
-      throw std::runtime_error(std::string("GEMM backend library ") + path_ + " lacks " + name);
-    }
-    return reinterpret_cast<F>(s);
-  }
-
- private:
-  void* handle_ = nullptr;
-  std::string path_;
-};
-
 // BLIS's typed API (blis.h): trans_t is an enum where transposition is bit 3; dim_t and inc_t
 // are 64-bit integers in Debian's build (BLIS_INT_TYPE_SIZE 64). Row-major C = op(A) op(B) is
 // expressed with row strides ld and column strides 1.
@@ -153,7 +122,7 @@ class BlisGemm final : public LoopedBatchGemm {
   }
 
  private:
-  Library lib_;
+  SharedLibrary lib_;
   BlisSgemm sgemm_;
   BlisSetThreads set_threads_ = nullptr;
 };
@@ -189,7 +158,7 @@ class OneDnnGemm final : public LoopedBatchGemm {
   }
 
  private:
-  Library lib_;
+  SharedLibrary lib_;
   DnnlSgemm sgemm_;
   OmpSetThreads set_threads_ = nullptr;
 };
@@ -249,6 +218,11 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
     if (!spans) return;
     const std::uint16_t* a = bits(a_, A, spans->a);
     const std::uint16_t* b = bits(b_, B, spans->b);
+    if (matmul_ != nullptr && K > 0 &&
+        matmul_->run(ta, tb, M, N, K, alpha, a, lda, stride_a, b, ldb, stride_b, beta, C, ldc,
+                     stride_c, batch)) {
+      return;
+    }
     run_batch(
         batch, 2.0 * M * N * K,
         [&](std::size_t i) {
@@ -272,9 +246,11 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
                             std::size_t span) {
     return from.bf16 != nullptr ? from.bf16 : stable_.get(scratch, from.f32, span, to_bf16_bits);
   }
-  Library lib_;
+  SharedLibrary lib_;
   DnnlGemmBf16 gemm_;
   Bf16Hardware hw_;
+  // oneDNN's matmul primitives, where this build has its headers; else dnnl_gemm_bf16bf16f32.
+  std::unique_ptr<DnnlMatmul> matmul_ = DnnlMatmul::create(lib_, DnnlMatmul::Operands::bf16);
   OmpSetThreads set_threads_ = nullptr;
   std::vector<std::uint16_t> a_, b_;  // the bf16 bits of other operands, grown to the largest
   StableOperands<std::uint16_t> stable_;

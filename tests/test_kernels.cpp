@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "core/dnnl_matmul.hpp"
 #include "core/gemm.hpp"
 #include "core/gemm_stable.hpp"
 #include "core/host_threads.hpp"
@@ -14,6 +15,7 @@
 #include "core/layers.hpp"
 #include "core/llama_kernels.hpp"
 #include "core/memory.hpp"
+#include "core/shared_library.hpp"
 #include "grad_check.hpp"
 
 using namespace colossal;
@@ -262,6 +264,66 @@ TEST(Bf16, NativeGemmEqualsTheEmulationUpToSummationOrder) {
       }
     }
   }
+}
+
+// oneDNN's matmul primitive (core/dnnl_matmul.hpp) against the naive product, in every layout
+// the GEMM interface allows: transposes, leading dimensions and batch strides with gaps, a
+// broadcast operand (stride 0), alpha with beta 0 (C scaled afterwards), alpha with beta (output
+// scale and sum post-op). f32 operands, so the tolerance is fp32 reordering's; one primitive per
+// shape and layout, reused.
+TEST(DnnlMatmul, MatchesTheNaiveProductInEveryLayout) {
+  SharedLibrary lib({"libdnnl.so.2", "libdnnl.so.3", "libdnnl.so"});
+  auto matmul = DnnlMatmul::create(lib, DnnlMatmul::Operands::f32);
+  if (matmul == nullptr) GTEST_SKIP() << "no oneDNN matmul here (libdnnl2, libdnnl-dev headers)";
+  const int M = 19, N = 23, K = 37;
+  for (auto [batch, broadcast_b, alpha, beta] :
+       {std::tuple{1, false, 1.0f, 0.0f}, std::tuple{3, false, 0.35f, 0.0f},
+        std::tuple{4, true, 1.0f, 1.0f}, std::tuple{2, false, 0.7f, 0.3f}}) {
+    for (Trans ta : {Trans::N, Trans::T}) {
+      for (Trans tb : {Trans::N, Trans::T}) {
+        SCOPED_TRACE(std::to_string(batch) + (broadcast_b ? " broadcast" : "") + " alpha " +
+                     std::to_string(alpha) + " beta " + std::to_string(beta) +
+                     (ta == Trans::N ? " N" : " T") + (tb == Trans::N ? "N" : "T"));
+        const int lda = (ta == Trans::N ? K : M) + 3, ldb = (tb == Trans::N ? N : K) + 2,
+                  ldc = N + 1;
+        const int64_t sa = int64_t(lda) * (ta == Trans::N ? M : K) + 5,
+                      sb = broadcast_b ? 0 : int64_t(ldb) * (tb == Trans::N ? K : N) + 1,
+                      sc = int64_t(ldc) * M + 4;
+        const auto A = random_vector(sa * batch, 41), B = random_vector(sb * batch + ldb * K + N, 42);
+        auto C = random_vector(sc * batch, 43);
+        auto want = C;
+        for (int i = 0; i < batch; ++i) {
+          for (int r = 0; r < M; ++r) {
+            for (int c = 0; c < N; ++c) {
+              double sum = 0;
+              for (int k = 0; k < K; ++k) {
+                const float a = A[i * sa + (ta == Trans::N ? r * lda + k : k * lda + r)];
+                const float b = B[i * sb + (tb == Trans::N ? k * ldb + c : c * ldb + k)];
+                sum += double(a) * b;
+              }
+              float& w = want[i * sc + r * ldc + c];
+              w = float(alpha * sum + beta * double(w));
+            }
+          }
+        }
+        ASSERT_TRUE(matmul->run(ta, tb, M, N, K, alpha, A.data(), lda, sa, B.data(), ldb, sb,
+                                beta, C.data(), ldc, sc, batch));
+        for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], want[i], 2e-5) << i;
+      }
+    }
+  }
+  const std::size_t made = matmul->primitives();
+  EXPECT_EQ(made, 16u);  // 4 cases x 4 transposes; alpha with beta 0 needs no output scale
+  // The first case's layout again (batch 1: strides as there), with other arrays.
+  std::vector<float> A(M * (K + 3), 1.0f), B(K * (N + 2), 1.0f), C(M * (N + 1));
+  matmul->run(Trans::N, Trans::N, M, N, K, 1.0f, A.data(), K + 3, int64_t(K + 3) * M + 5,
+              B.data(), N + 2, int64_t(N + 2) * K + 1, 0.0f, C.data(), N + 1,
+              int64_t(N + 1) * M + 4, 1);
+  EXPECT_EQ(C[0], float(K));
+  EXPECT_EQ(matmul->primitives(), made) << "the first case's primitive is reused";
+  setenv("COLOSSAL_DNNL_MATMUL", "0", 1);
+  EXPECT_EQ(DnnlMatmul::create(lib, DnnlMatmul::Operands::f32), nullptr);
+  unsetenv("COLOSSAL_DNNL_MATMUL");
 }
 
 // StableOperands (Gemm::hold_stable's copy): operands inside the held range come from one
