@@ -40,4 +40,41 @@ KOKKOS_INLINE_FUNCTION float fast_tanh(float u) {
   return u < 0.0f ? -r : r;
 }
 
+// Row reductions of the host kernels: f(j) for j in [0, n) folded into kLanes interleaved
+// partials (lane k takes j = k mod kLanes), which are then combined pairwise. One fixed order
+// whatever the vector width, and a loop GCC vectorises: a single running float sum is a
+// dependency chain it may not reorder, which kept the cross-entropy over V = 50257 and the
+// softmax rows scalar (exp included). f may write (the softmax stores each exp as it sums it).
+constexpr int kLanes = 16;
+
+template <class F>
+KOKKOS_INLINE_FUNCTION float lane_sum(int n, const F& f) {
+  float acc[kLanes] = {};
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] += f(j + k);
+  }
+  for (int k = 0; j < n; ++j, ++k) acc[k] += f(j);
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  }
+  return acc[0];
+}
+
+// The largest x[j], j in [0, n) (n >= 1), in lanes as lane_sum (the maximum is the same in any
+// order).
+KOKKOS_INLINE_FUNCTION float lane_max(const float* x, int n) {
+  float acc[kLanes];
+  for (int k = 0; k < kLanes; ++k) acc[k] = x[0];
+  int j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) acc[k] = x[j + k] > acc[k] ? x[j + k] : acc[k];
+  }
+  for (int k = 0; j < n; ++j, ++k) acc[k] = x[j] > acc[k] ? x[j] : acc[k];
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int k = 0; k < w; ++k) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
+  }
+  return acc[0];
+}
+
 }  // namespace colossal::core::kernels

@@ -159,11 +159,9 @@ void layernorm_forward(Out* out,            // (N,C)
       "colossal::core::layernorm_forward", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
-        float m = 0.0f;
-        for (int c = 0; c < C; ++c) m += x[c];
+        float m = lane_sum(C, [&](int c) { return x[c]; });
         m /= C;
-        float v = 0.0f;
-        for (int c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+        float v = lane_sum(C, [&](int c) { return (x[c] - m) * (x[c] - m); });
         v /= C;
         const float s = 1.0f / kmath::sqrt(v + eps);
         Out* o = out + n * C;
@@ -195,12 +193,9 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
         const float* x = inp + n * C;
         const float* d = dout + n * C;
         const float m = mean[n], s = rstd[n];
-        float dnorm_mean = 0.0f, dnorm_xhat_mean = 0.0f;
-        for (int c = 0; c < C; ++c) {
-          const float dnorm = d[c] * weight[c];
-          dnorm_mean += dnorm;
-          dnorm_xhat_mean += dnorm * (x[c] - m) * s;
-        }
+        float dnorm_mean = lane_sum(C, [&](int c) { return d[c] * weight[c]; });
+        float dnorm_xhat_mean =
+            lane_sum(C, [&](int c) { return d[c] * weight[c] * (x[c] - m) * s; });
         dnorm_mean /= C;
         dnorm_xhat_mean /= C;
         float* di = dinp + n * C;
@@ -388,13 +383,12 @@ void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
       KOKKOS_LAMBDA(int64_t r) {
         const int i = q_offset + static_cast<int>(r % Tq);
         float* a = att + r * T;
-        float mx = a[0];
-        for (int j = 1; j <= i; ++j) mx = a[j] > mx ? a[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= i; ++j) {
-          a[j] = fast_exp(a[j] - mx);
-          sum += a[j];
-        }
+        const float mx = lane_max(a, i + 1);
+        const float sum = lane_sum(i + 1, [&](int j) {
+          const float e = fast_exp(a[j] - mx);
+          a[j] = e;
+          return e;
+        });
         const float inv = 1.0f / sum;
         for (int j = 0; j <= i; ++j) a[j] *= inv;
         for (int j = i + 1; j < T; ++j) a[j] = 0.0f;
@@ -425,8 +419,7 @@ void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
         const int i = q_offset + static_cast<int>(r % Tq);
         const In* a = att + r * T;
         float* d = datt + r * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= i; ++j) dot += load_value(a[j]) * d[j];
+        const float dot = lane_sum(i + 1, [&](int j) { return load_value(a[j]) * d[j]; });
         for (int j = 0; j <= i; ++j) d[j] = scale * load_value(a[j]) * (d[j] - dot);
         for (int j = i + 1; j < T; ++j) d[j] = 0.0f;
       });
@@ -467,22 +460,22 @@ void cross_entropy_forward_backward(float* logits,           // (N, V), in place
       "colossal::core::cross_entropy", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         float* l = logits + n * V;
-        float mx = l[0];
-        for (int j = 1; j < V; ++j) mx = l[j] > mx ? l[j] : mx;
+        const float mx = lane_max(l, V);
         const int target = targets[n];
         const float target_logit = l[target];
-        float sum = 0.0f;
+        float sum;
         if (grad_scale != 0.0f) {
           // Keep exp(l - max) in place so the gradient pass needs no second exp.
-          for (int j = 0; j < V; ++j) {
-            l[j] = fast_exp(l[j] - mx);
-            sum += l[j];
-          }
+          sum = lane_sum(V, [&](int j) {
+            const float e = fast_exp(l[j] - mx);
+            l[j] = e;
+            return e;
+          });
           const float factor = grad_scale / sum;
           for (int j = 0; j < V; ++j) l[j] *= factor;
           l[target] -= grad_scale;
         } else {
-          for (int j = 0; j < V; ++j) sum += fast_exp(l[j] - mx);
+          sum = lane_sum(V, [&](int j) { return fast_exp(l[j] - mx); });
         }
         losses[n] = kmath::log(sum) + mx - target_logit;
       });

@@ -2,6 +2,7 @@
 // naive reference. The scalar probed is f = sum(out * g) for a fixed random g, so df/dout = g.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -542,6 +543,33 @@ void check_gemm(Gemm& gemm, int M, int N, int K) {
       for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], expected[i], 1e-4) << i;
     }
   }
+}
+
+// The lane reductions of the host row kernels: every element counted once, for lengths around
+// the lane count and V = 50257; the maximum found wherever it lies; f's writes happen.
+TEST(LaneReductions, SumEveryElementOnceAndFindTheMaximum) {
+  for (int n : {0, 1, 7, 15, 16, 17, 33, 50257}) {
+    SCOPED_TRACE(n);
+    EXPECT_EQ(kernels::lane_sum(n, [](int) { return 1.0f; }), float(n));
+    double want = 0;
+    for (int j = 0; j < n; ++j) want += j % 7;
+    EXPECT_EQ(kernels::lane_sum(n, [](int j) { return float(j % 7); }), float(want));
+    if (n == 0) continue;
+    for (int at : {0, n / 2, n - 1}) {
+      std::vector<float> x(n);
+      for (int j = 0; j < n; ++j) x[j] = -1000.0f - float(j % 13);
+      x[at] = -3.5f;
+      EXPECT_EQ(kernels::lane_max(x.data(), n), -3.5f) << at;
+    }
+    std::vector<float> written(n, 0.0f);
+    kernels::lane_sum(n, [&](int j) { return written[j] = 2.0f; });
+    EXPECT_EQ(std::count(written.begin(), written.end(), 2.0f), n);
+  }
+  // Lane order: 1e8 and -1e8 in one lane cancel before the small values are added.
+  std::vector<float> x(32, 1.0f);
+  x[0] = 1e8f;
+  x[16] = -1e8f;
+  EXPECT_EQ(kernels::lane_sum(32, [&](int j) { return x[j]; }), 30.0f);
 }
 
 TEST_F(Kernels, EmbeddingBackwardMatchesFiniteDifferences) {
