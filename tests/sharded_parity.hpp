@@ -41,8 +41,9 @@ void expect_logical_equal(const Sharded& m, const float* local,
 // differ from the single rank's by fp32 rounding, which AdamW's per-element normalisation turns
 // into a visible step for elements whose gradient sits near zero (the first update is about
 // lr * sign(g)), and ten steps spread it. Measured: mean |difference| about 3e-7, the worst below
-// 1e-4. A layout bug moves whole tensors by about lr (1e-3) per step, and the first-step
-// gradients and per-step losses are checked tightly.
+// 1e-4 until the host row reductions summed in 16 lanes (kernels::lane_sum), then 1.1e-4 (gpt2
+// on the 2 x 2 x 2 cube): hence 2e-4. A layout bug moves whole tensors by about lr (1e-3) per
+// step, and the first-step gradients and per-step losses are checked tightly.
 template <class Sharded>
 void expect_same_trained_weights(const Sharded& m, const std::vector<core::ParamSpec>& table,
                                  const float* reference) {
@@ -58,7 +59,7 @@ void expect_same_trained_weights(const Sharded& m, const std::vector<core::Param
       ++n;
     }
   }
-  EXPECT_LT(worst, 1e-4);
+  EXPECT_LT(worst, 2e-4);
   EXPECT_LT(total / double(n), 1e-6);
 }
 
