@@ -31,7 +31,8 @@ class DnnlMatmul {
   // C_i = alpha op(A_i) op(B_i) + beta C_i for i < batch, row-major with Gemm's conventions
   // (A_i = A + i * stride_a elements, likewise B and C). Returns false, writing nothing, when
   // oneDNN has no implementation for this layout (the caller multiplies another way). M, N, K
-  // and batch are at least 1.
+  // and batch are at least 1. One caller at a time, as every Gemm (the primitives' memory
+  // objects are reused).
   virtual bool run(Trans ta, Trans tb, int M, int N, int K, float alpha, const void* A, int lda,
                    int64_t stride_a, const void* B, int ldb, int64_t stride_b, float beta,
                    float* C, int ldc, int64_t stride_c, int batch) = 0;

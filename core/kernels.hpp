@@ -495,9 +495,7 @@ void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, i
       "colossal::core::vp_row_max", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* l = logits + n * ld;
-        float m = -3.0e38f;
-        for (int j = 0; j < valid; ++j) m = l[j] > m ? l[j] : m;
-        mx[n] = m;
+        mx[n] = valid > 0 ? lane_max(l, valid) : -3.0e38f;
       });
 }
 
@@ -513,9 +511,8 @@ void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
       "colossal::core::vp_sums", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
         const float* l = logits + n * ld;
-        float s = 0.0f;
-        for (int j = 0; j < valid; ++j) s += fast_exp(l[j] - mx[n]);
-        sums[n] = s;
+        const float m = mx[n];
+        sums[n] = lane_sum(valid, [&](int j) { return fast_exp(l[j] - m); });
         const int64_t t = int64_t(targets[n]) - v0;
         sums[N + n] = t >= 0 && t < valid ? l[t] : 0.0f;
       });

@@ -223,13 +223,13 @@ void online_softmax_block(float* S, int ld, float* m, float* l, float* y, int ld
       KOKKOS_LAMBDA(int i) {
         float* s = S + int64_t(i) * ld;
         const int valid = diagonal ? i + 1 : nc;
-        float mx = first ? -3.0e38f : m[i];
-        for (int j = 0; j < valid; ++j) mx = s[j] > mx ? s[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j < valid; ++j) {
-          s[j] = kernels::fast_exp(s[j] - mx);
-          sum += s[j];
-        }
+        const float block_max = kernels::lane_max(s, valid);
+        const float mx = first || block_max > m[i] ? block_max : m[i];
+        const float sum = kernels::lane_sum(valid, [&](int j) {
+          const float e = kernels::fast_exp(s[j] - mx);
+          s[j] = e;
+          return e;
+        });
         for (int j = valid; j < nc; ++j) s[j] = 0.0f;
         if (first) {
           l[i] = sum;
@@ -321,9 +321,9 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
         Kokkos::parallel_for(
             "colossal::core::fused_attention_row_dot", Kokkos::RangePolicy<>(0, nr),
             KOKKOS_LAMBDA(int i) {
-              float s = 0.0f;
-              for (int e = 0; e < hs; ++e) s += dyI[int64_t(i) * C + e] * yI[int64_t(i) * C + e];
-              D[i] = s;
+              const float* dyi = dyI + int64_t(i) * C;
+              const float* yi = yI + int64_t(i) * C;
+              D[i] = kernels::lane_sum(hs, [&](int e) { return dyi[e] * yi[e]; });
             });
         for (int c0 = 0; c0 <= r0; c0 += tile) {
           const int nc = std::min(tile, T - c0);

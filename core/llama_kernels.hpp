@@ -33,9 +33,7 @@ void rmsnorm_forward(Out* out,             // (N,C)
   for_each<ExecSpace>(
       "colossal::core::rmsnorm_forward", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
-        float ms = 0.0f;
-        for (int c = 0; c < C; ++c) ms += x[c] * x[c];
-        ms /= C;
+        const float ms = lane_sum(C, [&](int c) { return x[c] * x[c]; }) / C;
         const float s = 1.0f / kmath::sqrt(ms + eps);
         Out* o = out + n * C;
         for (int c = 0; c < C; ++c) store_output(o[c], x[c] * s * weight[c]);
@@ -58,9 +56,7 @@ void rmsnorm_backward(float* dinp,          // (N,C), accumulated
         const float* x = inp + n * C;
         const float* d = dout + n * C;
         const float s = rstd[n];
-        float gx_mean = 0.0f;
-        for (int c = 0; c < C; ++c) gx_mean += d[c] * weight[c] * x[c];
-        gx_mean /= C;
+        const float gx_mean = lane_sum(C, [&](int c) { return d[c] * weight[c] * x[c]; }) / C;
         const float s3 = s * s * s;
         float* di = dinp + n * C;
         for (int c = 0; c < C; ++c) di[c] += s * d[c] * weight[c] - x[c] * s3 * gx_mean;
