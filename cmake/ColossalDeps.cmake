@@ -74,7 +74,14 @@ if(NOT COLOSSAL_ENABLE_CUDA STREQUAL "OFF")
     add_library(colossal_cuda INTERFACE)
     add_library(colossal::deps::cuda ALIAS colossal_cuda)
     target_include_directories(colossal_cuda SYSTEM INTERFACE ${COLOSSAL_NCCL_INCLUDE_DIR})
-    target_link_libraries(colossal_cuda INTERFACE CUDA::cublas CUDA::cudart ${COLOSSAL_NCCL_LIBRARY})
+    # cuBLAS is linked only when Kokkos runs on CUDA (every product is on the device there). A
+    # host build with the toolkit opens it at run time, for hardware.gemm: cublas only
+    # (core/gemm_cublas.cpp): loaded at start-up, libcublasLt alone kept 146 MB resident in
+    # every CPU run. Its headers come with CUDA::cudart's include directory.
+    if("CUDA" IN_LIST Kokkos_DEVICES)
+      target_link_libraries(colossal_cuda INTERFACE CUDA::cublas)
+    endif()
+    target_link_libraries(colossal_cuda INTERFACE CUDA::cudart ${COLOSSAL_NCCL_LIBRARY})
     target_compile_definitions(colossal_cuda INTERFACE COLOSSAL_HAVE_CUDA)
   elseif(COLOSSAL_ENABLE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "COLOSSAL_ENABLE_CUDA=ON but the CUDA toolkit with cuBLAS and NCCL was not "

@@ -26,6 +26,10 @@
 #include "core/gemm.hpp"
 #include "core/gemm_stable.hpp"
 #include "core/kernels.hpp"  // detail::to_bf16_on_device's declaration
+#include "core/shared_library.hpp"
+
+#define COLOSSAL_STRINGIFY_(x) #x
+#define COLOSSAL_STRINGIFY(x) COLOSSAL_STRINGIFY_(x)
 
 namespace colossal::core {
 // The device kernels of the bf16 path (external linkage: nvcc's extended lambdas need it);
@@ -100,6 +104,72 @@ constexpr bool kDeviceKernels = false;
 using detail::from_bf16_on_device;
 using detail::to_bf16_on_device;
 
+// The cuBLAS functions the backends call. A Kokkos CUDA build links cuBLAS and takes them as
+// they are; a host build opens libcublas at run time, when a cuBLAS backend is first made
+// (hardware.gemm: cublas): linked, its libcublasLt was mapped and 146 MB of it resident in every
+// CPU-only run.
+struct CublasApi {
+  decltype(&cublasCreate_v2) create = nullptr;
+  decltype(&cublasDestroy_v2) destroy = nullptr;
+  decltype(&cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&cublasSetStream_v2) set_stream = nullptr;
+  decltype(&cublasSgemm_v2) sgemm = nullptr;
+  decltype(&cublasSgemmStridedBatched) sgemm_strided_batched = nullptr;
+  // The C functions (C++ also sees overloads taking a cudaDataType compute type).
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                            const void*, const void*, cudaDataType, int, const void*,
+                            cudaDataType, int, const void*, void*, cudaDataType, int,
+                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_strided_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                            int, int, int, const void*, const void*,
+                                            cudaDataType, int, long long int, const void*,
+                                            cudaDataType, int, long long int, const void*, void*,
+                                            cudaDataType, int, long long int, int,
+                                            cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+#ifdef KOKKOS_ENABLE_CUDA
+const CublasApi& cublas_api() {
+  static const CublasApi api{&cublasCreate_v2,   &cublasDestroy_v2,          &cublasSetMathMode,
+                             &cublasSetStream_v2, &cublasSgemm_v2,           &cublasSgemmStridedBatched,
+                             &cublasGemmEx,       &cublasGemmStridedBatchedEx};
+  return api;
+}
+#else
+// The libcublas of the toolkit this was built with (CUBLAS_VER_MAJOR: on the search path, else
+// in the toolkit's lib directory), else any; loaded once, kept for the process.
+const CublasApi& cublas_api() {
+  static const SharedLibrary library({"libcublas.so." COLOSSAL_STRINGIFY(CUBLAS_VER_MAJOR),
+#ifdef COLOSSAL_CUBLAS_DIR
+                                      COLOSSAL_CUBLAS_DIR "/libcublas.so." COLOSSAL_STRINGIFY(
+                                          CUBLAS_VER_MAJOR),
+#endif
+                                      "libcublas.so"});
+  static const CublasApi api = [] {
+    if (!library.loaded()) {
+      throw std::runtime_error(
+          "hardware.gemm: cublas: libcublas.so." COLOSSAL_STRINGIFY(
+              CUBLAS_VER_MAJOR) " did not load; add the CUDA toolkit's lib directory to "
+                                "LD_LIBRARY_PATH, or choose a host backend: openblas, blis, "
+                                "onednn, auto");
+    }
+    CublasApi a;
+    a.create = library.symbol<decltype(a.create)>("cublasCreate_v2");
+    a.destroy = library.symbol<decltype(a.destroy)>("cublasDestroy_v2");
+    a.set_math_mode = library.symbol<decltype(a.set_math_mode)>("cublasSetMathMode");
+    a.set_stream = library.symbol<decltype(a.set_stream)>("cublasSetStream_v2");
+    a.sgemm = library.symbol<decltype(a.sgemm)>("cublasSgemm_v2");
+    a.sgemm_strided_batched =
+        library.symbol<decltype(a.sgemm_strided_batched)>("cublasSgemmStridedBatched");
+    a.gemm_ex = library.symbol<decltype(a.gemm_ex)>("cublasGemmEx");
+    a.gemm_strided_batched_ex =
+        library.symbol<decltype(a.gemm_strided_batched_ex)>("cublasGemmStridedBatchedEx");
+    return a;
+  }();
+  return api;
+}
+#endif
+
 void check(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     throw std::runtime_error(std::string("cuBLAS ") + what + " failed with status " +
@@ -162,6 +232,7 @@ class CublasGemm : public MixedOperandGemm {
  public:
   explicit CublasGemm(GemmPrecision precision, bool tf32 = false)
       : precision_(precision), tf32_(tf32 && precision == GemmPrecision::fp32) {
+    const CublasApi& api = cublas_api();  // first: a missing library says so, device or not
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       throw std::runtime_error(
@@ -169,24 +240,24 @@ class CublasGemm : public MixedOperandGemm {
           "and the job's --gpus-per-task), or choose a host hardware.gemm: openblas, blis, "
           "onednn, auto");
     }
-    check(cublasCreate(&handle_), "cublasCreate");
+    check(api.create(&handle_), "cublasCreate");
     // fp32 products use plain fp32 arithmetic (no TF32) unless train.tf32 asks for it: results
     // match the host within fp32 tolerance. bf16 products ask for the tensor cores through the
     // compute type.
-    if (cublasSetMathMode(handle_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
+    if (api.set_math_mode(handle_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
         CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(handle_);  // the destructor does not run for a throwing constructor
+      api.destroy(handle_);  // the destructor does not run for a throwing constructor
       throw std::runtime_error("cuBLAS cublasSetMathMode failed");
     }
 #ifdef KOKKOS_ENABLE_CUDA
     // Kokkos' stream: products and kernels stay in one order, with no device-wide fence between.
-    if (cublasSetStream(handle_, Kokkos::Cuda().cuda_stream()) != CUBLAS_STATUS_SUCCESS) {
-      cublasDestroy(handle_);
+    if (api.set_stream(handle_, Kokkos::Cuda().cuda_stream()) != CUBLAS_STATUS_SUCCESS) {
+      api.destroy(handle_);
       throw std::runtime_error("cuBLAS cublasSetStream failed");
     }
 #endif
   }
-  ~CublasGemm() override { cublasDestroy(handle_); }
+  ~CublasGemm() override { cublas_api().destroy(handle_); }
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
 
@@ -244,11 +315,11 @@ class CublasGemm : public MixedOperandGemm {
       product_ex(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
                  stride_c, batch, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF);
     } else if (batch == 1) {
-      check(cublasSgemm(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, ldb, A, lda,
+      check(cublas_api().sgemm(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, ldb, A, lda,
                         &beta, C, ldc),
             "cublasSgemm");
     } else {
-      check(cublasSgemmStridedBatched(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
+      check(cublas_api().sgemm_strided_batched(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
                                       ldb, stride_b, A, lda, stride_a, &beta, C, ldc, stride_c,
                                       batch),
             "cublasSgemmStridedBatched");
@@ -270,12 +341,12 @@ class CublasGemm : public MixedOperandGemm {
                   float* C, int ldc, int64_t stride_c, int batch, cudaDataType type,
                   cublasComputeType_t compute) {
     if (batch == 1) {
-      check(cublasGemmEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, type, ldb, A,
+      check(cublas_api().gemm_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, type, ldb, A,
                          type, lda, &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       return;
     }
-    check(cublasGemmStridedBatchedEx(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
+    check(cublas_api().gemm_strided_batched_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
                                      type, ldb, stride_b, A, type, lda, stride_a, &beta, C,
                                      CUDA_R_32F, ldc, stride_c, batch, compute,
                                      CUBLAS_GEMM_DEFAULT),

@@ -41,6 +41,37 @@ bool have_gpu() {
   return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
 }
 
+bool maps_contain(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.find(name) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// A host build opens libcublas only when a cuBLAS backend is made (linked, its libcublasLt kept
+// 146 MB resident in every CPU run); a Kokkos CUDA build links it. Without a GPU the backend
+// still loads the library, then says no device is visible.
+TEST(CublasGemm, HostBuildsLoadCublasOnlyWhenAsked) {
+#ifdef KOKKOS_ENABLE_CUDA
+  GTEST_SKIP() << "a Kokkos CUDA build links cuBLAS";
+#else
+  EXPECT_FALSE(maps_contain("libcublas")) << "libcublas is mapped before any cuBLAS backend";
+  auto fp32 = make_host_gemm();  // a host backend loads nothing of CUDA's
+  EXPECT_FALSE(maps_contain("libcublas"));
+  try {
+    auto device = make_cublas_host_gemm();
+    EXPECT_TRUE(have_gpu());
+  } catch (const std::runtime_error& e) {
+    EXPECT_FALSE(have_gpu()) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(maps_contain("libcublas.so")) << "the backend opened libcublas";
+  EXPECT_TRUE(maps_contain("libcublasLt.so"));
+#endif
+}
+
 TEST(CublasGemm, MatchesOpenBlasForEveryTransposeAndBatch) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   auto host = make_host_gemm();
