@@ -73,9 +73,12 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   s.lnf = floats(s.bf16_norms, BTC);
   s.lnf_mean = s.lnf_rstd = BTr;
   s.losses = BT;
-  s.bf16_dlogits = shape.bf16_operands && tensor == 1;
-  s.logits = floats(s.bf16_dlogits, BT * V);
-  s.logits_chunk = s.bf16_dlogits ? std::min(BT, shape.logits_chunk_rows) * V : 0;
+  s.head_in_forward = tensor == 1;
+  s.logits = s.head_in_forward ? BTC : BT * V;
+  if (s.head_in_forward) {
+    s.logits_chunk = std::min(BT, shape.logits_chunk_rows) * V;
+    s.logits_chunk_bf16 = shape.bf16_operands ? floats(true, s.logits_chunk) : 0;
+  }
 
   s.dresidual = s.dhidden = BTC;
   s.dmlp = s.mlp_act = BT * F;
@@ -151,7 +154,7 @@ StageActivations stage_activations(const ModelSpec& spec, const ActivationShape&
   a.saved = kept + (stage.head ? s.head_saved() : 0);
   a.logits = stage.head ? s.logits : 0;
   a.selective_att = a.selective ? s.att : 0;
-  a.scratch = s.scratch() + (stage.head ? s.logits_chunk : 0);
+  a.scratch = s.scratch() + (stage.head ? s.logits_chunk + s.logits_chunk_bf16 : 0);
   return a;
 }
 

@@ -19,11 +19,14 @@
 
 namespace colossal::core {
 
-// Rows of logits computed at a time when the logits' gradient is saved in bf16: on a CPU few
-// enough that the fp32 chunk stays in cache; on a GPU enough rows to fill the device (one
-// product of 128 rows by V = 50257 leaves most of an H200's SMs idle), 2048 x V fp32 is 0.4 GB
-// at gpt2-124m's vocabulary.
-constexpr std::size_t kLogitsChunkRows = 128;
+// Rows of logits computed at a time (ActivationSizes::head_in_forward). On a CPU 256: the fp32
+// chunk is 51 MB at gpt2-124m's vocabulary, and each chunk's weight-gradient product
+// (V x C += chunk^T x lnf) reads and writes the whole V x C gradient, which 128 rows made
+// memory-bound (gpt2-124m B=4 T=256 on 2 AMX cores, tokens/s: bf16 670 at 128 rows, 736 at
+// 256, 739 at 512; fp32 within noise of the unchunked 334 from 256 rows up). On a GPU enough
+// rows to fill the device (one product of 128 rows by V = 50257 leaves most of an H200's SMs
+// idle), 2048 x V fp32 is 0.4 GB there.
+constexpr std::size_t kLogitsChunkRows = 256;
 constexpr std::size_t kDeviceLogitsChunkRows = 2048;
 
 // One rank's share of a micro-batch: what sets the size of every activation.
@@ -38,9 +41,8 @@ struct ActivationShape {
   // in half their memory: the norm outputs ln1, ln2 and lnf (not under sequence_split, whose
   // gathers move them in fp32), q/k/v and, with unfused attention, the attention output (neither
   // under a ring, which sends them in fp32; fused attention's backward reads its output
-  // element-wise), and the logits' gradient (without tensor parallelism, whose cross-entropy
-  // works across ranks): the logits are then computed logits_chunk_rows rows at a time into a
-  // temporary, never whole. ActivationSizes says which apply.
+  // element-wise), and the chunk of the logits' gradient the LM head's products read
+  // (ActivationSizes::head_in_forward). ActivationSizes says which apply.
   bool bf16_operands = false;
   // And the attention probabilities (unfused, no ring), which the softmax backward reads
   // element-wise: not exact (that backward sees them rounded to bf16), the rest of mixed
@@ -66,19 +68,25 @@ struct ActivationSizes {
   // llama: no means (RMSNorm), ln*_mean = lnf_mean = 0; qkv holds q and k after the rotation,
   // k and v expanded to every query head (the layout of the attention kernels).
   // Saved by the head stage: the final layernorm's output whole (the LM head's input), its row
-  // statistics, the per-token losses and the logits (which become their gradient).
+  // statistics, the per-token losses and `logits`: the logits, which become their gradient, or
+  // under head_in_forward the LM head's input gradient.
   std::size_t lnf = 0;                     // (B,T,C)
   // Which tensors hold bf16 patterns (ActivationShape::bf16_operands): ln1, ln2 and lnf; qkv;
-  // atty; logits (their gradient only). Their sizes above are then the floats that hold them,
-  // half as many, rounded up.
-  bool bf16_norms = false, bf16_qkv = false, bf16_atty = false, bf16_dlogits = false;
+  // atty. Their sizes above are then the floats that hold them, half as many, rounded up.
+  bool bf16_norms = false, bf16_qkv = false, bf16_atty = false;
   bool bf16_att = false;  // the probabilities (ActivationShape::bf16_probabilities)
-  // bf16_dlogits: the fp32 logits of min(B*T, kLogitsChunkRows) rows, a temporary of the head
-  // stage (StageActivations::scratch), not in scratch() below.
-  std::size_t logits_chunk = 0;
+  // Without tensor parallelism (whose cross-entropy works across ranks) the LM head, the
+  // cross-entropy and the head's backward run in forward, min(B*T, logits_chunk_rows) rows at a
+  // time (the fused linear cross-entropy): the logits are never whole, and a training forward
+  // leaves the LM head's input gradient (B,T,C) in `logits` and its weight gradient accumulated.
+  // The chunk of fp32 logits (their gradient after the cross-entropy) and, under bf16_operands,
+  // that gradient's bf16 patterns are temporaries of the head stage (StageActivations::scratch),
+  // not in scratch() below.
+  bool head_in_forward = false;
+  std::size_t logits_chunk = 0, logits_chunk_bf16 = 0;
   std::size_t lnf_mean = 0, lnf_rstd = 0;  // (B,T)/r
   std::size_t losses = 0;                  // (B,T)
-  std::size_t logits = 0;                  // (B,T,V/t): the logits, then their gradient
+  std::size_t logits = 0;                  // (B,T,V/t), or (B,T,C) under head_in_forward
   // Temporaries shared by every block: gradient buffers of the residual stream and of the
   // hidden width, the MLP activation (recomputed in backward rather than saved), q/k/v
   // gradients, attention-score gradients (one batch row of them; all rows under a ring; one
@@ -130,7 +138,7 @@ struct StageActivations {
   std::size_t logits = 0;      // per slot, head stage only
   std::size_t arena = 0;       // the recompute arena (a temporary)
   std::size_t selective_att = 0;  // selective: one block's probabilities (a temporary)
-  std::size_t scratch = 0;     // sizes.scratch(), and on the head stage sizes.logits_chunk
+  std::size_t scratch = 0;     // sizes.scratch(), and on the head stage the logits' chunks
 
   bool keeps_input(std::size_t op) const { return keep[op] != Keep::none; }
   bool keeps_saved(std::size_t op) const { return keep[op] == Keep::all; }

@@ -173,14 +173,15 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
                               ring_size,
                               options.bf16_operands,
                               options.bf16_probabilities,
-                              device_memory_v<k::Exec> ? kDeviceLogitsChunkRows
-                                                       : kLogitsChunkRows};
+                              options.logits_chunk_rows > 0 ? options.logits_chunk_rows
+                              : device_memory_v<k::Exec>    ? kDeviceLogitsChunkRows
+                                                            : kLogitsChunkRows};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;
   bf16_qkv_ = sz.bf16_qkv;
   bf16_atty_ = sz.bf16_atty;
-  bf16_dlogits_ = sz.bf16_dlogits;
+  head_in_forward_ = sz.head_in_forward;
   bf16_att_ = sz.bf16_att;
   bf16_act_ = options.bf16_operands && !spec.llama();
   keep_ = activations_.keep;
@@ -281,7 +282,11 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
       copy_to_device(rope_sin_, sn.data(), sn.size() * sizeof(float));
     }
   }
-  if (stage_.head) logits_chunk_ = carve(sz.logits_chunk);  // bf16_dlogits_ only
+  if (stage_.head) {  // head_in_forward_ only
+    logits_chunk_ = carve(sz.logits_chunk);
+    logits_chunk_bf16_ = sz.logits_chunk_bf16 > 0 ? carve(sz.logits_chunk_bf16) : nullptr;
+  }
+  head_pending_.assign(slots, 0);
   check_carved(cursor, scratch_, "temporaries");
 }
 
@@ -461,7 +466,7 @@ const float* Model::column_parallel_end(int64_t N) {
 }
 
 void Model::gather_logits(int64_t row, float* out) {
-  if (bf16_dlogits_) {  // the logits were never kept whole: this row's again, from ln_f
+  if (head_in_forward_) {  // the logits were never kept whole: this row's again, from ln_f
     const int C = spec_.hidden, V = int(local_vocab_);
     const bool tied = spec_.tied();
     const float* W = tied ? store_->gather(embed_unit_) + wte_
@@ -645,25 +650,52 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
 }
 
 // The LM head and cross-entropy a chunk of rows at a time (ActivationShape::logits_chunk_rows)
-// through logits_chunk_; with grad_scale != 0 each chunk's gradient is saved as bf16 patterns in
-// A.logits (only the head's backward products read it, and they round it to bf16 anyway).
-void Model::chunked_head_forward(Acts& A, const float* W, const int32_t* targets, int64_t N,
-                                 float grad_scale) {
+// through logits_chunk_, and with grad_scale != 0 the head's backward of each chunk right after
+// its cross-entropy: the input gradient of its rows into A.logits (N, C) and the weight gradient
+// accumulated into GW. Only a chunk of logits ever exists (the fused linear cross-entropy).
+void Model::chunked_head_forward(Acts& A, const float* W, float* GW, const int32_t* targets,
+                                 int64_t N, float grad_scale) {
   const int C = spec_.hidden, V = int(local_vocab_);
-  auto* dlogits = reinterpret_cast<std::uint16_t*>(A.logits);
   const int64_t R = int64_t(activations_.sizes.logits_chunk / std::size_t(V));
+  auto* dlogits_bf16 = reinterpret_cast<std::uint16_t*>(logits_chunk_bf16_);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
+    const GemmOperand lnf = norm_operand(A.lnf) + r0 * C;
     timed(WorkKind::gemm, [&] {
-      gemm_.gemm_mixed(Trans::N, Trans::T, rows, V, C, 1.0f, norm_operand(A.lnf) + r0 * C, C, W,
-                       C, 0.0f, logits_chunk_, V);
+      gemm_.gemm_mixed(Trans::N, Trans::T, rows, V, C, 1.0f, lnf, C, W, C, 0.0f, logits_chunk_,
+                       V);
     });
     timed(WorkKind::loss, [&] {
       k::cross_entropy_forward_backward(logits_chunk_, A.losses + r0, targets + r0, rows, V,
                                         grad_scale);
-      if (grad_scale != 0.0f) k::to_bf16(dlogits + r0 * V, logits_chunk_, rows * V);
+      if (grad_scale != 0.0f && dlogits_bf16 != nullptr) {
+        k::to_bf16(dlogits_bf16, logits_chunk_, rows * V);
+      }
+    });
+    if (grad_scale == 0.0f) continue;
+    // dlnf = dlogits x W, dW += dlogits^T x lnf (the products round dlogits to bf16 anyway
+    // under bf16_operands: the stored patterns are the same values).
+    const GemmOperand dlogits = dlogits_bf16 != nullptr ? GemmOperand(dlogits_bf16)
+                                                        : GemmOperand(logits_chunk_);
+    timed(WorkKind::gemm, [&] {
+      gemm_.gemm_mixed(Trans::N, Trans::N, rows, C, V, 1.0f, dlogits, V, W, C, 0.0f,
+                       A.logits + r0 * C, C);
+      gemm_.gemm_mixed(Trans::T, Trans::N, V, C, rows, 1.0f, dlogits, V, lnf, C, 1.0f, GW, C);
     });
   }
+}
+
+float* Model::unit_gradients(int unit) {
+  if (unit == head_grads_unit_) return head_grads_;
+  return store_->gradients(unit);
+}
+
+void Model::unit_gradients_done(int unit) {
+  if (unit == head_grads_unit_) {
+    head_grads_unit_ = -1;
+    head_grads_ = nullptr;
+  }
+  store_->gradients_done(unit);
 }
 
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
@@ -728,8 +760,24 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   } else {
     W = Pf + lm_head_;
   }
-  if (bf16_dlogits_) {
-    chunked_head_forward(A, W, targets, N, grad_scale);
+  if (head_in_forward_) {
+    // A training forward runs the head's backward too, into the weight's gradient buffer, which
+    // stays open (the same buffer) until this slot's backward finishes it.
+    float* GW = nullptr;
+    if (grad_scale != 0.0f) {
+      if (head_pending_[std::size_t(slot)] != 0) {
+        throw std::logic_error("core::Model: a training forward of slot " + std::to_string(slot) +
+                               " again before its backward (the LM head's gradient of the "
+                               "first is already accumulated)");
+      }
+      const int unit = spec_.tied() ? embed_unit_ : final_unit_;
+      float* G = unit_gradients(unit);
+      head_grads_unit_ = unit;
+      head_grads_ = G;
+      head_pending_[std::size_t(slot)] = 1;
+      GW = G + (spec_.tied() ? wte_ : lm_head_);
+    }
+    chunked_head_forward(A, W, GW, targets, N, grad_scale);
   } else {
     timed(WorkKind::gemm, [&] {
       gemm_.gemm_mixed(Trans::N, Trans::T, N, V, C, 1.0f, norm_operand(A.lnf), C, W, C, 0.0f,
@@ -738,10 +786,12 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   }
   if (!spec_.tied()) store_->release(final_unit_);
   if (E != nullptr) store_->release(embed_unit_);
-  if (tp_ != nullptr) {
+  if (head_in_forward_) {
+    // the losses are in A.losses already
+  } else if (tp_ != nullptr) {
     vocab_parallel_cross_entropy(*tp_, A.logits, A.losses, targets, N, V, valid_vocab_,
                                  vocab_begin_, grad_scale, ce_buf_, profiler_);
-  } else if (!bf16_dlogits_) {
+  } else {
     Profiler::Scope loss_scope(profiler_, WorkKind::loss);
     k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
   }
@@ -756,29 +806,44 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);
 
-  // The head stage: LM head (dlnf = dlogits x wte, dwte += dlogits^T x lnf) and the final
-  // layernorm. The embedding gradients stay open until the end of backward.
+  if (stage_.head && head_in_forward_) {
+    if (head_pending_[std::size_t(slot)] == 0) {
+      throw std::logic_error("core::Model: backward of slot " + std::to_string(slot) +
+                             " without a training forward (grad_scale != 0) before it");
+    }
+    head_pending_[std::size_t(slot)] = 0;
+  }
+  // The head stage: LM head (dlnf = dlogits x wte, dwte += dlogits^T x lnf; under
+  // head_in_forward_ forward did both) and the final layernorm. The embedding gradients stay
+  // open until the end of backward.
   float* GE = nullptr;
-  if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
+  if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = unit_gradients(embed_unit_);
   if (stage_.head) {
-    const GemmOperand dlogits = operand(A.logits, bf16_dlogits_);
     const bool tied = spec_.tied();
-    float* Gf = store_->gradients(final_unit_);
-    // Untied llama: lm_head.weight lives in the final unit, gathered once for the head and the
-    // final norm.
-    const float* Pf = tied ? nullptr : store_->gather(final_unit_);
-    const float* W = tied ? store_->gather(embed_unit_) + wte_ : Pf + lm_head_;
-    float* GW = tied ? GE + wte_ : Gf + lm_head_;
-    float* dlnf = column_parallel_dinp();
-    timed(WorkKind::gemm, [&] {
-      gemm_.gemm_mixed(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
-      gemm_.gemm_mixed(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, norm_operand(A.lnf), C,
-                       1.0f, GW, C);
-    });
-    if (tied) store_->release(embed_unit_);
-    // Each rank's vocabulary rows gave part of dlnf.
-    const float* dlnf_rows = column_parallel_end(N);
-    if (tied) Pf = store_->gather(final_unit_);
+    float* Gf = unit_gradients(final_unit_);
+    const float* dlnf_rows = nullptr;
+    const float* Pf = nullptr;
+    if (head_in_forward_) {  // forward ran the head's backward: dlnf is in A.logits
+      dlnf_rows = A.logits;
+      Pf = store_->gather(final_unit_);
+    } else {
+      const GemmOperand dlogits = A.logits;
+      // The logits' gradient from forward (tensor parallelism). Untied llama: lm_head.weight
+      // lives in the final unit, gathered once for the head and the final norm.
+      Pf = tied ? nullptr : store_->gather(final_unit_);
+      const float* W = tied ? store_->gather(embed_unit_) + wte_ : Pf + lm_head_;
+      float* GW = tied ? GE + wte_ : Gf + lm_head_;
+      float* dlnf = column_parallel_dinp();
+      timed(WorkKind::gemm, [&] {
+        gemm_.gemm_mixed(Trans::N, Trans::N, N, C, V, 1.0f, dlogits, V, W, C, 0.0f, dlnf, C);
+        gemm_.gemm_mixed(Trans::T, Trans::N, V, C, N, 1.0f, dlogits, V, norm_operand(A.lnf), C,
+                         1.0f, GW, C);
+      });
+      if (tied) store_->release(embed_unit_);
+      // Each rank's vocabulary rows gave part of dlnf.
+      dlnf_rows = column_parallel_end(N);
+      if (tied) Pf = store_->gather(final_unit_);
+    }
     timed(WorkKind::layernorm, [&] {
       k::fill(dresidual_, Nl * C, 0.0f);
       if (spec_.llama()) {
@@ -790,7 +855,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       }
     });
     store_->release(final_unit_);
-    store_->gradients_done(final_unit_);
+    unit_gradients_done(final_unit_);
   }  // else the next stage's gradient is already in output_gradient()
 
   for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
@@ -877,7 +942,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     });
   }  // else input_gradient() goes to the previous stage
   Kokkos::fence();
-  if (GE != nullptr) store_->gradients_done(embed_unit_);
+  if (GE != nullptr) unit_gradients_done(embed_unit_);
 }
 
 // The llama MLP's backward, from dresidual_ (the gradient after the block) into dresidual_:

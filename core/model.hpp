@@ -61,7 +61,7 @@ struct ModelOptions {
   // ZeRO 2; 0: no floor. Model ignores it.
   std::size_t grid_first_unit_floats = 0;
   // train.precision: bf16: the activations that only matrix products read (norm outputs,
-  // q/k/v, unfused attention's output, the logits' gradient) saved in bf16
+  // q/k/v, unfused attention's output, the chunk of the logits' gradient) saved in bf16
   // (ActivationShape::bf16_operands says which, when), in host or device memory. The gemm must
   // then round its operands to bf16 (a bf16 backend), or the step would differ from fp32
   // storage. Model2D / Model3D ignore it.
@@ -69,6 +69,9 @@ struct ModelOptions {
   // With it, the attention probabilities in bf16 too (ActivationShape::bf16_probabilities: not
   // exact).
   bool bf16_probabilities = false;
+  // Rows of logits per chunk of the LM head (ActivationShape::logits_chunk_rows); 0: the
+  // default, kLogitsChunkRows on the host, kDeviceLogitsChunkRows on a GPU.
+  std::size_t logits_chunk_rows = 0;
 };
 
 class Model final : public StageModel {
@@ -127,10 +130,14 @@ class Model final : public StageModel {
   void init_parameters(uint64_t seed) override;
 
   // Runs the batch (tokens and targets are (batch, seq_len) int32 in device memory) and returns the
-  // mean cross-entropy over its tokens. With grad_scale != 0 the logits buffer is turned into the
-  // gradient of grad_scale * (sum of token losses), ready for backward() (in bf16 under
-  // ModelOptions::bf16_operands without tensor parallelism, which then never keeps the logits
-  // whole); grad_scale = 0 computes the losses alone (gather_logits reads the logits).
+  // mean cross-entropy over its tokens. With grad_scale != 0 it also starts the backward of
+  // grad_scale * (sum of token losses): without tensor parallelism the LM head's backward runs
+  // here, a chunk of rows at a time (ActivationSizes::head_in_forward: the logits are never
+  // whole), accumulating the head's weight gradient and keeping its input gradient for backward();
+  // with tensor parallelism the logits buffer becomes their gradient. Every such forward of a
+  // slot must be followed by backward() of that slot before the slot's next forward with
+  // grad_scale != 0 (a second one throws std::logic_error). grad_scale = 0 computes the losses
+  // alone (gather_logits reads the logits).
   // `slot` chooses the activation set (pipelines keep several micro-batches in flight). On a stage
   // without the head it returns 0 and leaves stage_output(slot).
   double forward(const int32_t* tokens, const int32_t* targets, int batch, float grad_scale,
@@ -246,9 +253,16 @@ class Model final : public StageModel {
   void linear_backward(const float* P, float* G, float* dinp, int ld_dinp, const float* dout,
                        int ld_dout, GemmOperand inp, int ld_in, const Linear& lin, int64_t N,
                        bool accumulate);
-  // bf16_dlogits_: the LM head and the cross-entropy in chunks of rows, W the head's weights.
-  void chunked_head_forward(Acts& A, const float* W, const int32_t* targets, int64_t N,
+  // head_in_forward_: the LM head, the cross-entropy and (grad_scale != 0) the head's backward in
+  // chunks of rows, W the head's weights and GW their gradient (null when grad_scale is 0); the
+  // head's input gradient goes to A.logits.
+  void chunked_head_forward(Acts& A, const float* W, float* GW, const int32_t* targets, int64_t N,
                             float grad_scale);
+  // The store's gradients(unit) and gradients_done(unit), but a unit a training forward opened
+  // for the LM head's weight gradient (head_grads_unit_) stays open, the same buffer, until the
+  // backward that finishes it.
+  float* unit_gradients(int unit);
+  void unit_gradients_done(int unit);
   // A norm (layernorm, or llama's RMSNorm: mean unused) of `rows` rows into its saved buffer
   // `out`: fp32, or bf16 patterns under bf16_norms_.
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -347,7 +361,7 @@ class Model final : public StageModel {
   MemoryTracker scratch_tracker_;                           // gather_logits staging
   DeviceArray<float> acts_;        // every saved activation of every slot, carved below
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
-  DeviceArray<float> logits_;      // per slot (B,T,V) on the head stage; becomes dlogits
+  DeviceArray<float> logits_;      // per slot, head stage: ActivationSizes::logits
   std::vector<Acts> slot_acts_;
   StageActivations activations_;  // the sizes of everything below
   std::vector<Keep> keep_;  // per local op (2 per block)
@@ -356,14 +370,23 @@ class Model final : public StageModel {
   DeviceArray<float> selective_att_;          // selective: the probabilities of one block
   float *dresidual_, *dbuf_c_, *dbuf_f_, *act_buf_, *dqkv_, *datt_, *ce_buf_;
   bool sequence_split_ = false;
-  // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty; the logits' gradient
-  // (the logits then go through logits_chunk_, a chunk of rows at a time).
-  bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false, bf16_dlogits_ = false;
+  // Saved as bf16 patterns (ActivationSizes): ln1, ln2 and lnf; qkv; atty.
+  bool bf16_norms_ = false, bf16_qkv_ = false, bf16_atty_ = false;
   bool bf16_att_ = false;  // the probabilities, staged one sequence at a time in datt_
   // The MLP activation's output (act_buf_, a temporary only the second linear layer's products
   // read, in forward and in backward's recomputation): bf16 patterns under bf16_operands.
   bool bf16_act_ = false;
+  // ActivationSizes::head_in_forward: the logits a chunk of rows at a time in logits_chunk_ (then
+  // their gradient, as bf16 patterns in logits_chunk_bf16_ under bf16_operands).
+  bool head_in_forward_ = false;
   float* logits_chunk_ = nullptr;
+  float* logits_chunk_bf16_ = nullptr;
+  // The unit whose gradients a training forward opened for the LM head's weight (the embeddings,
+  // or the final unit of an untied head; -1: none), its buffer, and which slots' forwards have
+  // accumulated into it without their backward yet.
+  int head_grads_unit_ = -1;
+  float* head_grads_ = nullptr;
+  std::vector<char> head_pending_;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk
   float *ring_block_ = nullptr, *dkv_all_ = nullptr;

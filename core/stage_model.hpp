@@ -31,8 +31,10 @@ class StageModel {
 
   // Runs a micro-batch of `batch` sequences (tokens and targets in device memory, this rank's
   // part of them) into activation set `slot`; returns its mean loss on the stage with the head
-  // (0 elsewhere). With grad_scale != 0 the logits become the gradient of grad_scale * (sum of
-  // token losses), ready for backward().
+  // (0 elsewhere). With grad_scale != 0 it starts the backward of grad_scale * (sum of token
+  // losses) (the logits become their gradient, or core::Model runs the LM head's backward
+  // here), which backward() of the same slot must then finish before the slot's next such
+  // forward.
   virtual double forward(const int32_t* tokens, const int32_t* targets, int batch,
                          float grad_scale, int slot = 0) = 0;
   // Accumulates (+=) the parameter gradients of the forward() of `slot`.

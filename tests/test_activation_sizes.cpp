@@ -53,7 +53,13 @@ TEST(ActivationSizes, OneRankIsTheDenseLayout) {
   EXPECT_EQ(s.lnf_mean, B * T);
   EXPECT_EQ(s.lnf_rstd, B * T);
   EXPECT_EQ(s.losses, B * T);
-  EXPECT_EQ(s.logits, B * T * V);  // 24000
+  // The head runs its backward in forward (head_in_forward) a chunk of rows at a time: it
+  // keeps the input gradient of its rows, never the logits (the chunk, all 96 rows here, is a
+  // temporary).
+  EXPECT_TRUE(s.head_in_forward);
+  EXPECT_EQ(s.logits, B * T * C);
+  EXPECT_EQ(s.logits_chunk, B * T * V);  // 24000
+  EXPECT_EQ(s.logits_chunk_bf16, 0u);
   EXPECT_EQ(s.head_saved(), 6144u + 96 + 96 + 96);
   // Temporaries: one batch row of score gradients, nothing for the ring, split or vocab-parallel
   // cross-entropy.
@@ -79,10 +85,12 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   };
   const ActivationSizes fp32 = activation_sizes(small_spec(), ActivationShape{3, 32});
   const ActivationSizes s = sizes(small_spec(), ActivationShape{3, 32});
-  EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty && s.bf16_dlogits);
-  EXPECT_EQ(s.logits, B * T * V / 2) << "the gradient's bf16 patterns";
+  EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty && s.head_in_forward);
+  EXPECT_EQ(s.logits, B * T * C) << "the head's input gradient, in fp32";
   EXPECT_EQ(s.logits_chunk, B * T * V) << "96 rows, fewer than a chunk";
-  EXPECT_EQ(fp32.logits_chunk, 0u);
+  EXPECT_EQ(s.logits_chunk_bf16, B * T * V / 2) << "the chunk's gradient in bf16 patterns";
+  EXPECT_EQ(fp32.logits_chunk, s.logits_chunk);
+  EXPECT_EQ(fp32.logits_chunk_bf16, 0u);
   EXPECT_EQ(s.ln1, B * T * C / 2);
   EXPECT_EQ(s.ln2, B * T * C / 2);
   EXPECT_EQ(s.lnf, B * T * C / 2);
@@ -109,22 +117,24 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   EXPECT_EQ(ring.ln1, B * 16 * C / 2);
 
   const ActivationSizes split = sizes(small_spec(), ActivationShape{3, 32, 2, true});
-  EXPECT_TRUE(!split.bf16_norms && split.bf16_qkv && split.bf16_atty && !split.bf16_dlogits);
-  EXPECT_EQ(split.logits, B * T * 128) << "vocabulary-parallel: the logits in fp32";
-  EXPECT_EQ(split.logits_chunk, 0u);
+  EXPECT_TRUE(!split.bf16_norms && split.bf16_qkv && split.bf16_atty && !split.head_in_forward);
+  EXPECT_EQ(split.logits, B * T * 128) << "vocabulary-parallel: the logits whole, in fp32";
+  EXPECT_EQ(split.logits_chunk + split.logits_chunk_bf16, 0u);
   EXPECT_EQ(split.ln1, B * T * C / 2) << "the rows of one of two tensor ranks, in fp32";
   EXPECT_EQ(split.lnf, B * T * C);
   EXPECT_EQ(split.qkv, 3 * B * T * (C / 2) / 2);
 
-  // More rows than a chunk: kLogitsChunkRows rows of fp32 logits, on the head stage only.
-  const ActivationSizes many = sizes(small_spec(), ActivationShape{8, 32});
+  // More rows than a chunk (9 x 32 = 288): kLogitsChunkRows rows of fp32 logits and their
+  // gradient's bf16 patterns, on the head stage only.
+  const ActivationSizes many = sizes(small_spec(), ActivationShape{9, 32});
   EXPECT_EQ(many.logits_chunk, kLogitsChunkRows * V);
-  ActivationShape shape{8, 32};
+  EXPECT_EQ(many.logits_chunk_bf16, kLogitsChunkRows * V / 2);
+  ActivationShape shape{9, 32};
   shape.bf16_operands = true;
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{0, 2, true, false}).scratch,
             many.scratch());
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{2, 4, false, true}).scratch,
-            many.scratch() + kLogitsChunkRows * V);
+            many.scratch() + kLogitsChunkRows * V * 3 / 2);
 
   const ModelSpec odd = model_spec(Arch::gpt2, 2, 9, 3, 36, 50, 16);
   EXPECT_EQ(sizes(odd, ActivationShape{1, 3}).ln1, 14u) << "27 bf16 values need 14 floats";
@@ -174,7 +184,8 @@ TEST(ActivationSizes, RingAttentionSeesEveryKey) {
   EXPECT_EQ(s.datt, B * H * Tl * Tl * S) << "every batch row's score gradients at once";
   EXPECT_EQ(s.ring_blocks, 2 * B * Tl * C);
   EXPECT_EQ(s.ring_dkv, 2 * S * B * Tl * C);
-  EXPECT_EQ(s.logits, B * Tl * V);
+  EXPECT_EQ(s.logits, B * Tl * C) << "the head's input gradient of this rank's rows";
+  EXPECT_EQ(s.logits_chunk, B * Tl * V);
 }
 
 TEST(ActivationSizes, FusedAttentionSavesTheLogSumExp) {
@@ -218,11 +229,11 @@ TEST(StageActivations, KeepingEverythingSavesEveryBlockAndTheHead) {
   EXPECT_EQ(a.keep, std::vector<Keep>(8, Keep::all));
   // Each of 8 ops keeps its input and set; the stage output; ln_f, statistics and losses.
   EXPECT_EQ(a.saved, 8 * o.x + 4 * (o.A + o.M) + o.x + (B * T * C + 3 * B * T));
-  EXPECT_EQ(a.logits, B * T * V);
+  EXPECT_EQ(a.logits, B * T * C);
   EXPECT_EQ(a.arena, 0u);
   EXPECT_EQ(a.selective_att, 0u);
-  EXPECT_EQ(a.scratch, a.sizes.scratch());
-  EXPECT_EQ(a.temporaries(), a.sizes.scratch());
+  EXPECT_EQ(a.scratch, a.sizes.scratch() + B * T * V) << "the head's chunk of logits";
+  EXPECT_EQ(a.temporaries(), a.scratch);
 }
 
 TEST(StageActivations, SegmentsAcrossBlocksAndSubLayers) {
@@ -255,7 +266,7 @@ TEST(StageActivations, SelectiveMovesKeptProbabilitiesToOneBuffer) {
   EXPECT_EQ(a.saved, 8 * o.x + 3 * (o.A - o.att) + 3 * o.M + (B * T * C + 3 * B * T));
   EXPECT_EQ(a.arena, o.A + o.x + o.M);
   EXPECT_EQ(a.selective_att, o.att);
-  EXPECT_EQ(a.temporaries(), a.sizes.scratch() + o.A + o.x + o.M + o.att);
+  EXPECT_EQ(a.temporaries(), a.sizes.scratch() + B * T * V + o.A + o.x + o.M + o.att);
   // Nothing to drop with fused attention, nor where no attention op keeps its set.
   ModelSpec fused = small_spec();
   fused.fused_attention = true;

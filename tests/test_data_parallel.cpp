@@ -120,9 +120,11 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     const uint64_t shard_bytes = 4 * S;
     if (offload_params) {
       // Gradient shard down each step; every gather (2 per micro-batch, 1 for the weights
-      // gathered at the end of train) uploads this rank's slices.
+      // gathered at the end of train) uploads this rank's slices, but backward's skips the
+      // embeddings (the LM head ran its backward in forward).
       EXPECT_EQ(off.to_host_bytes, steps * shard_bytes);
-      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * shard_bytes);
+      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * shard_bytes -
+                                         steps * micro * 4 * uint64_t(U0) / dp);
     } else {
       EXPECT_EQ(off.to_host_bytes, steps * 2 * shard_bytes);
       EXPECT_EQ(off.to_device_bytes, steps * shard_bytes);
@@ -165,12 +167,12 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     // Stage 2: one in-place all-gather per unit after the update. Stage 3: every unit gathered
     // before its forward and again before its backward, plus once when train() saves the model
     // (and once more here, counted above in the snapshot).
-    // An untied LM head (llama) leaves the embedding unit out of backward's gathers: its
-    // gradient needs no parameters.
-    const uint64_t untied_skips =
-        trainer.model().spec().tied() ? 0 : steps * micro * 4 * uint64_t(U0);
+    // Backward leaves the embedding unit out of its gathers: the embedding's gradient needs no
+    // parameters, and the LM head ran its backward in forward (ActivationSizes::
+    // head_in_forward), while the tied embeddings were gathered for it.
+    const uint64_t embedding_skips = steps * micro * 4 * uint64_t(U0);
     const uint64_t gathered =
-        stage == 2 ? steps * bytes : (steps * 2 * micro + 1 + 1) * bytes - untied_skips;
+        stage == 2 ? steps * bytes : (steps * 2 * micro + 1 + 1) * bytes - embedding_skips;
     EXPECT_EQ(stats.all_gather.payload_bytes, gathered);
     EXPECT_NEAR(stats.all_gather.wire_bytes, f * gathered, 1.0);
   }

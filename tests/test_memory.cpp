@@ -38,10 +38,11 @@ TEST(MemoryTracker, ModelAndOptimizerBytesMatchTheTensorTable) {
   EXPECT_EQ(t.current(MemCategory::optimizer), padded * 8);
   // Saved activations: per block ln1, atty, mid, ln2 (4 BTC), qkv (3 BTC), 4 row statistics,
   // probabilities (B H T T) and the MLP hidden (B T F); plus L+1 residuals, ln_f with statistics,
-  // losses, and the logits (B T V).
+  // losses, and the LM head's input gradient (B T C: the head runs its backward in forward, so
+  // the logits (B T V) are only ever a temporary chunk).
   const std::size_t BT = B * T, BTC = BT * s.hidden;
   const std::size_t block = 7 * BTC + 4 * BT + std::size_t(B) * s.heads * T * T + BT * s.ffn_hidden;
-  const std::size_t acts = BTC * (s.layers + 1) + s.layers * block + BTC + 3 * BT + BT * s.vocab;
+  const std::size_t acts = BTC * (s.layers + 1) + s.layers * block + BTC + 3 * BT + BTC;
   EXPECT_EQ(t.current(MemCategory::activations), acts * 4);
   EXPECT_EQ(model.activation_bytes(), acts * 4);
   EXPECT_EQ(t.current_total(), t.current(MemCategory::parameters) * 4 + acts * 4 + model.temporary_bytes());

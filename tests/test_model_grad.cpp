@@ -267,12 +267,15 @@ TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
         EXPECT_NE(fp32.out.front(), fp32.out.back());  // the updates changed the loss
         const std::size_t n = std::size_t(B) * T * spec.hidden;
         const ActivationSizes& z = bf16.sizes;
-        EXPECT_FALSE(fp32.sizes.bf16_norms || fp32.sizes.bf16_qkv || fp32.sizes.bf16_atty ||
-                     fp32.sizes.bf16_dlogits);
-        EXPECT_TRUE(z.bf16_norms && z.bf16_qkv && z.bf16_dlogits);
-        const std::size_t logits = fp32.sizes.logits;  // B*T rows of the padded vocabulary
-        EXPECT_EQ(z.logits, logits / 2);
-        EXPECT_EQ(z.logits_chunk, logits) << "fewer rows than a chunk: one chunk of all rows";
+        EXPECT_FALSE(fp32.sizes.bf16_norms || fp32.sizes.bf16_qkv || fp32.sizes.bf16_atty);
+        EXPECT_TRUE(z.bf16_norms && z.bf16_qkv);
+        EXPECT_TRUE(z.head_in_forward && fp32.sizes.head_in_forward);
+        // The head keeps the input gradient of its rows, never the logits, in either storage;
+        // bf16 adds the bf16 patterns of one chunk of the logits' gradient.
+        EXPECT_EQ(z.logits, n);
+        EXPECT_EQ(z.logits_chunk, fp32.sizes.logits_chunk) << "fewer rows than a chunk: all rows";
+        EXPECT_EQ(z.logits_chunk_bf16, (z.logits_chunk + 1) / 2);
+        EXPECT_EQ(fp32.sizes.logits_chunk_bf16, 0u);
         EXPECT_EQ(z.bf16_atty, !spec.fused_attention);
         EXPECT_EQ(fp32.sizes.ln1, n);
         EXPECT_EQ(z.ln1 + z.ln2 + z.lnf + z.qkv, 6 * n / 2);
@@ -282,7 +285,7 @@ TEST(ModelBf16Operands, StepsEqualFp32StorageInLessMemory) {
           // against a chunk of fp32 logits.
           const std::size_t block = (5 + (spec.fused_attention ? 0 : 1)) * n / 2;
           EXPECT_EQ(fp32.bytes - bf16.bytes,
-                    (spec.layers * block + n / 2 + logits - z.logits - z.logits_chunk) * 4);
+                    (spec.layers * block + n / 2 - z.logits_chunk_bf16) * 4);
         }
       }
     }
@@ -335,31 +338,45 @@ TEST(ModelBf16Operands, Bf16ProbabilitiesStayWithinBf16Precision) {
   }
 }
 
-// More rows than kLogitsChunkRows (2 x 150 = 300: chunks of 128, 128 and 44): the chunked LM
-// head and cross-entropy train as the whole-batch one does, in a third of the logits' memory.
-TEST(ModelBf16Operands, ChunkedLogitsTrainAsWholeOnes) {
+// The LM head, its cross-entropy and its backward run in forward a chunk of rows at a time
+// (ActivationSizes::head_in_forward). 2 x 150 = 300 rows in chunks of 7 (42 of them and one of
+// 6) train as one chunk of all 300 does, in fp32 and in bf16 storage, with the emulated and the
+// native bf16 GEMM and fp32's: only the weight gradient's summation order differs. The logits
+// are never whole: a chunk of them, and the head's input gradient in their place.
+TEST(ModelHeadInForward, ChunkedLogitsTrainAsWholeOnes) {
   if (!test::host_memory()) GTEST_SKIP() << "bf16 activations are host-only";
   const ModelSpec spec = model_spec(Arch::gpt2, 1, 16, 2, 32, 40, 160);
   const int B = 2, T = 150;
+  const std::size_t V = std::size_t(padded_vocab(spec, 1)), rows = std::size_t(B) * T;
   std::vector<int32_t> tokens(B * T), targets(B * T);
   for (int i = 0; i < B * T; ++i) {
     tokens[i] = (i * 7 + 3) % spec.vocab;
     targets[i] = (i * 13 + 1) % spec.vocab;
   }
-  std::vector<std::pair<std::string, std::unique_ptr<Gemm>>> backends;
-  backends.emplace_back("emulated", make_bf16_gemm(make_host_gemm()));
+  struct Backend {
+    std::string name;
+    std::unique_ptr<Gemm> gemm;
+    bool bf16_operands;
+  };
+  std::vector<Backend> backends;
+  backends.push_back({"fp32", make_host_gemm(), false});
+  backends.push_back({"emulated bf16", make_bf16_gemm(make_host_gemm()), true});
   try {
-    backends.emplace_back("native", make_native_bf16_gemm());
+    backends.push_back({"native bf16", make_native_bf16_gemm(), true});
   } catch (const std::exception&) {  // the emulation only
   }
-  std::size_t whole = 0, chunked = 0;
-  for (auto& [name, gemm] : backends) {
+  for (auto& [name, gemm, bf16_operands] : backends) {
     SCOPED_TRACE(name);
-    auto run = [&](bool bf16_operands, std::size_t& logit_floats) {
+    auto run = [&](std::size_t chunk_rows) {
       MemoryTracker tracker;
-      Model model(spec, B, T, tracker, *gemm, ModelOptions{.bf16_operands = bf16_operands});
+      Model model(spec, B, T, tracker, *gemm,
+                  ModelOptions{.bf16_operands = bf16_operands, .logits_chunk_rows = chunk_rows});
       model.init_parameters(9);
-      logit_floats = model.activations().logits + model.activations().sizes.logits_chunk;
+      const ActivationSizes& s = model.activations().sizes;
+      EXPECT_TRUE(s.head_in_forward);
+      EXPECT_EQ(model.activations().logits, rows * std::size_t(spec.hidden));
+      EXPECT_EQ(s.logits_chunk, std::min(chunk_rows, rows) * V);
+      EXPECT_EQ(s.logits_chunk_bf16, bf16_operands ? (s.logits_chunk + 1) / 2 : 0u);
       std::vector<float> out;
       for (int step = 0; step < 2; ++step) {
         model.zero_grad();
@@ -369,22 +386,48 @@ TEST(ModelBf16Operands, ChunkedLogitsTrainAsWholeOnes) {
         float* params = model.params();
         for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= 0.5f * model.grads()[i];
       }
+      out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
       return out;
     };
-    const auto want = run(false, whole), got = run(true, chunked);
+    const auto want = run(rows), got = run(7);
     ASSERT_EQ(want.size(), got.size());
     double worst = 0.0;
     for (std::size_t i = 0; i < want.size(); ++i) {
       worst = std::max(worst, double(std::abs(got[i] - want[i])));
     }
-    std::printf("%s: chunked against whole logits: largest difference %.3g\n", name.c_str(),
-                worst);
-    EXPECT_LT(worst, 1e-6);
-    EXPECT_NE(want.front(), want[want.size() / 2]) << "the update changed the loss";
+    std::printf("%s: chunks of 7 rows against one of 300: largest difference %.3g\n",
+                name.c_str(), worst);
+    // fp32: the weight gradient's order of summation alone. bf16: a weight one fp32 ulp apart
+    // after the first update may round to the neighbouring bf16 in the second step's products.
+    EXPECT_LT(worst, bf16_operands ? 1e-5 : 1e-6);
+    EXPECT_NE(want.front(), want.back()) << "the updates changed the loss";
   }
-  const std::size_t V = std::size_t(padded_vocab(spec, 1));
-  EXPECT_EQ(whole, std::size_t(B) * T * V);
-  EXPECT_EQ(chunked, std::size_t(B) * T * V / 2 + kLogitsChunkRows * V);
+}
+
+// A training forward runs the head's backward, so the model insists on the pairing: a second
+// training forward of a slot before its backward, or a backward without one, is a caller's bug
+// that would double or miss the head's gradient; both throw and say so.
+TEST(ModelHeadInForward, TrainingForwardAndBackwardPair) {
+  const ModelSpec spec = tiny(Arch::gpt2);
+  const int B = 2, T = 5;
+  std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7};
+  MemoryTracker tracker;
+  auto gemm = make_host_gemm();
+  Model model(spec, B, T, tracker, *gemm);
+  model.init_parameters(3);
+  DeviceArray<int32_t> t(tracker, MemCategory::data, tokens.size());
+  copy_to_device(t.data(), tokens.data(), tokens.size() * sizeof(int32_t));
+  EXPECT_THROW(model.backward(t.data(), B), std::logic_error);
+  model.forward(t.data(), t.data(), B, 0.1f);
+  try {
+    model.forward(t.data(), t.data(), B, 0.1f);
+    ADD_FAILURE() << "a second training forward before backward did not throw";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("before its backward"), std::string::npos) << e.what();
+  }
+  model.backward(t.data(), B);
+  model.forward(t.data(), t.data(), B, 0.1f);  // paired again
+  model.backward(t.data(), B);
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, ModelGradient,

@@ -172,8 +172,9 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   const bool llama = layout.arch == "llama";
   const uint64_t stats_per_norm = llama ? 1 : 2, mlp_hidden = llama ? 2 * F : F;
   // bf16 saves ln1, ln2 and ln_f in half (not under sequence_split), q/k/v and the attention
-  // output and the probabilities in half (not under a ring), and without tensor parallelism the
-  // logits' gradient in half: core/activation_sizes.hpp.
+  // output and the probabilities in half (not under a ring): core/activation_sizes.hpp. Without
+  // tensor parallelism the LM head runs its backward in forward, chunk by chunk, and keeps the
+  // gradient of its input (B,T,C) instead of the logits.
   const uint64_t norm_div = layout.bf16 && !layout.split ? 2 : 1;
   const uint64_t qkv_div = layout.bf16 && layout.sequence == 1 ? 2 : 1;
   const uint64_t per_block = BT * C / rows + 2 * BT * C / rows / norm_div +
@@ -181,7 +182,7 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
                              B * H / t * Tl * T / qkv_div + BT * mlp_hidden / t;
   const uint64_t floats = BT * C / rows * (L + 1) + L * per_block + BT * C / norm_div +
                           stats_per_norm * BT / rows + BT +
-                          BT * vocab_padded / t / (layout.bf16 && t == 1 ? 2 : 1);
+                          (t == 1 ? BT * C : BT * vocab_padded / t);
   EXPECT_EQ(trainer.memory().current(core::MemCategory::activations), 4 * floats);
 }
 
