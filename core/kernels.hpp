@@ -142,7 +142,8 @@ void embedding_backward(float* dwte,           // (rows,C)
 
 
 // out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd for backward. Out is
-// float, or std::uint16_t for the output's bf16 patterns.
+// float, or std::uint16_t for the output's bf16 patterns. With copy.out, the same pass also
+// writes copy.out = inp (+ copy.bias) (ResidualCopy).
 template <class ExecSpace = Exec, class Out = float>
 void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)
@@ -150,9 +151,10 @@ void layernorm_forward(Out* out,            // (N,C)
                        const float* inp,    // (N,C)
                        const float* weight, // (C)
                        const float* bias,   // (C)
-                       int64_t N, int C, float eps) {
+                       int64_t N, int C, float eps, ResidualCopy copy = {}) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
-    team::layernorm_forward<ExecSpace, Out>(out, mean, rstd, inp, weight, bias, N, C, eps);
+    team::layernorm_forward<ExecSpace, Out>(out, mean, rstd, inp, weight, bias, N, C, eps, 0,
+                                            copy);
     return;
   }
   for_each<ExecSpace>(
@@ -166,6 +168,14 @@ void layernorm_forward(Out* out,            // (N,C)
         const float s = 1.0f / kmath::sqrt(v + eps);
         Out* o = out + n * C;
         for (int c = 0; c < C; ++c) store_output(o[c], (x[c] - m) * s * weight[c] + bias[c]);
+        if (copy.out != nullptr) {  // while the row is in cache
+          float* r = copy.out + n * C;
+          if (copy.bias != nullptr) {
+            for (int c = 0; c < C; ++c) r[c] = x[c] + copy.bias[c];
+          } else {
+            for (int c = 0; c < C; ++c) r[c] = x[c];
+          }
+        }
         mean[n] = m;
         rstd[n] = s;
       });
@@ -648,10 +658,11 @@ COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, float>(float* out,
                                                                      float* rstd, const float* inp,
                                                                      const float* weight,
                                                                      const float* bias, int64_t N,
-                                                                     int C, float eps);
+                                                                     int C, float eps,
+                                                                     ResidualCopy copy);
 COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, std::uint16_t>(
     std::uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-    const float* bias, int64_t N, int C, float eps);
+    const float* bias, int64_t N, int C, float eps, ResidualCopy copy);
 COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
                                                                float* dbias, const float* dout,
                                                                const float* inp,

@@ -22,6 +22,7 @@
 #include "core/bf16.hpp"
 #include "core/fast_math.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/residual_copy.hpp"
 
 namespace colossal::core::team {
 
@@ -57,6 +58,7 @@ constexpr int column_lanes() {
 
 // out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd. Out is float, or
 // std::uint16_t for the output's bf16 patterns (saved in bf16 under train.precision: bf16).
+// With copy.out, also copy.out = inp (+ copy.bias) in the same pass (kernels::ResidualCopy).
 template <class ExecSpace = Kokkos::DefaultExecutionSpace, class Out = float>
 void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)
@@ -64,7 +66,8 @@ void layernorm_forward(Out* out,            // (N,C)
                        const float* inp,    // (N,C)
                        const float* weight, // (C)
                        const float* bias,   // (C)
-                       int64_t N, int C, float eps, int team_size = 0) {
+                       int64_t N, int C, float eps, int team_size = 0,
+                       ResidualCopy copy = {}) {
   Kokkos::parallel_for(
       "colossal::core::team_layernorm_forward", policy<ExecSpace>(N, team_size),
       KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
@@ -83,6 +86,9 @@ void layernorm_forward(Out* out,            // (N,C)
         Out* o = out + n * C;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) {
           store_output(o[c], (x[c] - m) * s * weight[c] + bias[c]);
+          if (copy.out != nullptr) {
+            copy.out[n * C + c] = copy.bias != nullptr ? x[c] + copy.bias[c] : x[c];
+          }
         });
         Kokkos::single(Kokkos::PerTeam(team), [&]() {
           mean[n] = m;
@@ -488,10 +494,11 @@ COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, float>(float* out,
                                                                      const float* weight,
                                                                      const float* bias, int64_t N,
                                                                      int C, float eps,
-                                                                     int team_size);
+                                                                     int team_size,
+                                                                     ResidualCopy copy);
 COLOSSAL_DEVICE_INSTANCE void layernorm_forward<Kokkos::Cuda, std::uint16_t>(
     std::uint16_t* out, float* mean, float* rstd, const float* inp, const float* weight,
-    const float* bias, int64_t N, int C, float eps, int team_size);
+    const float* bias, int64_t N, int C, float eps, int team_size, ResidualCopy copy);
 COLOSSAL_DEVICE_INSTANCE void layernorm_backward<Kokkos::Cuda>(float* dinp, float* dweight,
                                                                float* dbias, const float* dout,
                                                                const float* inp,

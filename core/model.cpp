@@ -399,8 +399,9 @@ int64_t Model::local_rows(int64_t N) const {
 }
 
 float* Model::row_parallel_begin(float* out, const float* residual, const float* bias,
-                                 int64_t N) {
+                                 int64_t N, bool prefilled) {
   const int C = spec_.hidden;
+  if (prefilled) return out;
   Profiler::Scope scope(profiler_, WorkKind::gemm);
   if (sequence_split_) {
     k::fill(full_tmp_, N * C, 0.0f);  // partial sums of every row, scattered by rows after
@@ -508,7 +509,8 @@ void Model::linear_backward(const float* P, float* G, float* dinp, int ld_dinp, 
 }
 
 void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, int64_t rows) {
+                         const float* weight, const float* bias, int64_t rows,
+                         ResidualCopy prefill) {
   const int C = spec_.hidden;
   const float eps = spec_.layernorm_eps();
   auto run = [&](auto* o) {
@@ -516,7 +518,8 @@ void Model::norm_forward(float* out, float* mean, float* rstd, const float* inp,
     if (spec_.llama()) {
       k::rmsnorm_forward<k::Exec, Out>(o, rstd, inp, weight, rows, C, eps);
     } else {
-      k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps);
+      k::layernorm_forward<k::Exec, Out>(o, mean, rstd, inp, weight, bias, rows, C, eps,
+                                         prefill);
     }
   };
   timed(WorkKind::layernorm, [&] {
@@ -557,8 +560,10 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   const int64_t Nl = local_rows(N);
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
+  // The layernorm's pass also pre-fills a.mid with the residual and the projection's bias.
+  const bool prefill = prefill_in_norm();
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, A.residual[i], P + bp.ln1_w, bias_at(P, bp.ln1_b),
-               Nl);
+               Nl, prefill ? ResidualCopy{a.mid, bias_at(P, bp.attn_out_b)} : ResidualCopy{});
   const GemmOperand ln1 = norm_operand(gather_rows(a.ln1, N));
   // q/k/v staged in dqkv_ (free here in forward and where backward recomputes) when saved in bf16.
   float* qkv = staged(a.qkv, bf16_qkv_, dqkv_);
@@ -572,7 +577,7 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   timed(WorkKind::attention, [&] { store_staged(qkv, a.qkv, bf16_qkv_, N * 3 * Cl); });
   attention_core_forward(a, B);
   // Row-parallel output projection: partial sums over the tensor group.
-  float* out = row_parallel_begin(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
+  float* out = row_parallel_begin(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N, prefill);
   linear_forward(P, out, C, atty_operand(a), Cl, Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, N);
   row_parallel_end(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
 }
@@ -625,7 +630,11 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   const int64_t Nl = local_rows(N);
   const BlockParams& bp = blocks_[i];
   BlockActs& a = A.blocks[i];
-  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, bias_at(P, bp.ln2_b), Nl);
+  // gpt2/opt: the layernorm's pass also pre-fills the block's output with the residual and the
+  // second linear's bias.
+  const bool prefill = prefill_in_norm();
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.mid, P + bp.ln2_w, bias_at(P, bp.ln2_b), Nl,
+               prefill ? ResidualCopy{A.residual[i + 1], P + bp.fc_out_b} : ResidualCopy{});
   const GemmOperand ln2 = norm_operand(gather_rows(a.ln2, N));
 
   if (spec_.llama()) {
@@ -644,7 +653,7 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
   // pre-activation for backward).
   linear_forward(P, a.fch, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N, /*accumulate=*/false);
   bias_activation_forward(a.fch, P + bp.fc_b, N);
-  float* out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
+  float* out = row_parallel_begin(A.residual[i + 1], a.mid, P + bp.fc_out_b, N, prefill);
   linear_forward(P, out, C, act_operand(), F, Linear{bp.fc_out_w, bp.fc_out_b, F, C}, N);
   row_parallel_end(A.residual[i + 1], a.mid, P + bp.fc_out_b, N);
 }

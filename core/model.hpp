@@ -22,15 +22,16 @@
 #include <vector>
 
 #include "core/activation_sizes.hpp"
-#include "core/keep.hpp"
 #include "core/gemm.hpp"
+#include "core/keep.hpp"
 #include "core/layers.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/parameter_store.hpp"
-#include "core/tensor_group.hpp"
 #include "core/profiler.hpp"
+#include "core/residual_copy.hpp"
 #include "core/stage_model.hpp"
+#include "core/tensor_group.hpp"
 
 namespace colossal::core {
 
@@ -264,9 +265,14 @@ class Model final : public StageModel {
   float* unit_gradients(int unit);
   void unit_gradients_done(int unit);
   // A norm (layernorm, or llama's RMSNorm: mean unused) of `rows` rows into its saved buffer
-  // `out`: fp32, or bf16 patterns under bf16_norms_.
+  // `out`: fp32, or bf16 patterns under bf16_norms_. With prefill.out (prefill_in_norm() only),
+  // the layernorm's pass also writes prefill.out = inp + prefill.bias: the sub-layer's row-
+  // parallel output, pre-filled (row_parallel_begin's `prefilled`).
   void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                    const float* bias, int64_t rows);
+                    const float* bias, int64_t rows, ResidualCopy prefill = {});
+  // Whether a sub-layer's layernorm pre-fills its output with the residual and the output
+  // product's bias (gpt2/opt without tensor parallelism, whose rank 0 alone adds them).
+  bool prefill_in_norm() const { return tp_ == nullptr && !sequence_split_ && !spec_.llama(); }
   // A saved activation as a GEMM operand: the bf16 patterns it holds when `bf16`.
   static GemmOperand operand(const float* saved, bool bf16) {
     if (bf16) return reinterpret_cast<const std::uint16_t*>(saved);
@@ -293,9 +299,11 @@ class Model final : public StageModel {
   // Token rows of the residual stream on this rank (N, or N/t under sequence_split).
   int64_t local_rows(int64_t N) const;
   // A row-parallel linear: begin returns where its partial sums go (out pre-filled with residual
-  // + bias on rank 0; a zeroed whole-row buffer under sequence_split); end makes `out` this rank's
-  // rows of residual + bias + the sum over the group.
-  float* row_parallel_begin(float* out, const float* residual, const float* bias, int64_t N);
+  // + bias on rank 0, unless the layernorm did already: `prefilled`; a zeroed whole-row buffer
+  // under sequence_split); end makes `out` this rank's rows of residual + bias + the sum over
+  // the group.
+  float* row_parallel_begin(float* out, const float* residual, const float* bias, int64_t N,
+                            bool prefilled = false);
   void row_parallel_end(float* out, const float* residual, const float* bias, int64_t N);
   // sequence_split: whole (N, C) rows <-> this rank's rows.
   void scatter_rows(float* full, float* rows, int64_t N);  // reduce-scatter of partial sums

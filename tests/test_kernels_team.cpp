@@ -88,6 +88,46 @@ TEST_F(TeamKernels, LayernormForwardMatchesHost) {
   }
 }
 
+// The residual prefill in the layernorm's pass (ResidualCopy: the residual add fused with the
+// layernorm): the same normalised rows and statistics, bitwise, plus copy = x + bias exactly (or
+// x without a bias), on the host kernel and the team one, in fp32 and bf16 output.
+TEST_F(TeamKernels, LayernormWritesTheResidualPrefillInItsPass) {
+  const int N = 9, C = 67;
+  auto x = random_vector(N * C, 31, 3.0f), w = random_vector(C, 32), b = random_vector(C, 33);
+  const auto bias = random_vector(C, 34);
+  std::vector<float> plain(N * C), plain_mean(N), plain_rstd(N);
+  kernels::layernorm_forward<RefExec>(plain.data(), plain_mean.data(), plain_rstd.data(),
+                                      x.data(), w.data(), b.data(), N, C, 1e-5f);
+  std::vector<float> with_bias(N * C), without(N * C);
+  for (int i = 0; i < N * C; ++i) with_bias[i] = x[i] + bias[i % C];
+  for (bool on_team : {false, true}) {
+    for (bool has_bias : {true, false}) {
+      SCOPED_TRACE(std::string(on_team ? "team" : "host") + (has_bias ? ", bias" : ", no bias"));
+      std::vector<float> out(N * C), mean(N), rstd(N), copy(N * C, -1.0f);
+      std::vector<std::uint16_t> out16(N * C), want16(N * C);
+      const ResidualCopy prefill{copy.data(), has_bias ? bias.data() : nullptr};
+      if (on_team) {
+        team::layernorm_forward<TeamExec>(out.data(), mean.data(), rstd.data(), x.data(),
+                                          w.data(), b.data(), N, C, 1e-5f, team_size(), prefill);
+        Kokkos::fence();
+        expect_close("team out", out, plain, 1e-5, 1e-5);  // the team's own sums
+      } else {
+        kernels::layernorm_forward<RefExec>(out.data(), mean.data(), rstd.data(), x.data(),
+                                            w.data(), b.data(), N, C, 1e-5f, prefill);
+        EXPECT_EQ(out, plain);
+        EXPECT_EQ(mean, plain_mean);
+        EXPECT_EQ(rstd, plain_rstd);
+        kernels::layernorm_forward<RefExec, std::uint16_t>(out16.data(), mean.data(),
+                                                           rstd.data(), x.data(), w.data(),
+                                                           b.data(), N, C, 1e-5f, prefill);
+        to_bf16_bits(plain.data(), want16.data(), plain.size());
+        EXPECT_EQ(out16, want16);
+      }
+      EXPECT_EQ(copy, has_bias ? with_bias : x);
+    }
+  }
+}
+
 // Outputs saved in bf16 (train.precision: bf16): the team layernorm writing bf16 patterns gives
 // exactly the patterns of its fp32 output; the softmax backward reading saved bf16 probabilities
 // gives what it gives for those values widened to fp32; kernels::to_bf16 rounds as the GEMM
