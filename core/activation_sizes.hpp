@@ -19,15 +19,16 @@
 
 namespace colossal::core {
 
-// Rows of logits computed at a time (ActivationSizes::head_in_forward). On a CPU 256: the fp32
-// chunk is 51 MB at gpt2-124m's vocabulary, and each chunk's weight-gradient product
-// (V x C += chunk^T x lnf) reads and writes the whole V x C gradient, which 128 rows made
-// memory-bound (gpt2-124m B=4 T=256 on 2 AMX cores, tokens/s: bf16 670 at 128 rows, 736 at
-// 256, 739 at 512; fp32 within noise of the unchunked 334 from 256 rows up). On a GPU enough
-// rows to fill the device (one product of 128 rows by V = 50257 leaves most of an H200's SMs
-// idle), 2048 x V fp32 is 0.4 GB there.
-constexpr std::size_t kLogitsChunkRows = 256;
-constexpr std::size_t kDeviceLogitsChunkRows = 2048;
+// Floats of logits computed at a time (ActivationSizes::head_in_forward): as many rows as fit,
+// at least one. On a CPU 256 rows of gpt2-124m's padded vocabulary (50304), 51 MB: each chunk's
+// weight-gradient product (V x C += chunk^T x lnf) reads and writes the whole V x C gradient,
+// which 128 rows made memory-bound (gpt2-124m B=4 T=256 on 2 AMX cores, tokens/s: bf16 670 at
+// 128 rows, 736 at 256, 739 at 512; fp32 within noise of the unchunked 334 from 256 rows up),
+// while a small vocabulary takes all its rows in one chunk (the quickstart's 256 entries: chunks
+// of 256 of its 2048 rows cost 15% of its fp32 step in small products). On a GPU 2048 such rows
+// (one product of 128 rows by V = 50257 leaves most of an H200's SMs idle), 0.4 GB.
+constexpr std::size_t kLogitsChunkFloats = std::size_t(256) * 50304;
+constexpr std::size_t kDeviceLogitsChunkFloats = std::size_t(2048) * 50304;
 
 // One rank's share of a micro-batch: what sets the size of every activation.
 struct ActivationShape {
@@ -48,7 +49,8 @@ struct ActivationShape {
   // element-wise: not exact (that backward sees them rounded to bf16), the rest of mixed
   // precision's activation memory.
   bool bf16_probabilities = false;
-  std::size_t logits_chunk_rows = kLogitsChunkRows;  // kDeviceLogitsChunkRows on a GPU
+  std::size_t logits_chunk_floats = kLogitsChunkFloats;  // kDeviceLogitsChunkFloats on a GPU
+  std::size_t logits_chunk_rows = 0;  // > 0: exactly this many rows per chunk (tests)
 };
 
 // Floats of each tensor of one micro-batch on one rank. B batch, T local tokens, C hidden,
@@ -76,8 +78,8 @@ struct ActivationSizes {
   bool bf16_norms = false, bf16_qkv = false, bf16_atty = false;
   bool bf16_att = false;  // the probabilities (ActivationShape::bf16_probabilities)
   // Without tensor parallelism (whose cross-entropy works across ranks) the LM head, the
-  // cross-entropy and the head's backward run in forward, min(B*T, logits_chunk_rows) rows at a
-  // time (the fused linear cross-entropy): the logits are never whole, and a training forward
+  // cross-entropy and the head's backward run in forward, a chunk of rows at a time
+  // (ActivationShape::logits_chunk_floats; the fused linear cross-entropy): the logits are never whole, and a training forward
   // leaves the LM head's input gradient (B,T,C) in `logits` and its weight gradient accumulated.
   // The chunk of fp32 logits (their gradient after the cross-entropy) and, under bf16_operands,
   // that gradient's bf16 patterns are temporaries of the head stage (StageActivations::scratch),

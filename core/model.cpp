@@ -173,9 +173,9 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
                               ring_size,
                               options.bf16_operands,
                               options.bf16_probabilities,
-                              options.logits_chunk_rows > 0 ? options.logits_chunk_rows
-                              : device_memory_v<k::Exec>    ? kDeviceLogitsChunkRows
-                                                            : kLogitsChunkRows};
+                              device_memory_v<k::Exec> ? kDeviceLogitsChunkFloats
+                                                       : kLogitsChunkFloats,
+                              options.logits_chunk_rows};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;

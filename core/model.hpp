@@ -70,8 +70,8 @@ struct ModelOptions {
   // With it, the attention probabilities in bf16 too (ActivationShape::bf16_probabilities: not
   // exact).
   bool bf16_probabilities = false;
-  // Rows of logits per chunk of the LM head (ActivationShape::logits_chunk_rows); 0: the
-  // default, kLogitsChunkRows on the host, kDeviceLogitsChunkRows on a GPU.
+  // Rows of logits per chunk of the LM head (ActivationShape::logits_chunk_rows); 0: as many as
+  // kLogitsChunkFloats hold (kDeviceLogitsChunkFloats on a GPU).
   std::size_t logits_chunk_rows = 0;
 };
 

@@ -124,17 +124,24 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   EXPECT_EQ(split.lnf, B * T * C);
   EXPECT_EQ(split.qkv, 3 * B * T * (C / 2) / 2);
 
-  // More rows than a chunk (9 x 32 = 288): kLogitsChunkRows rows of fp32 logits and their
-  // gradient's bf16 patterns, on the head stage only.
-  const ActivationSizes many = sizes(small_spec(), ActivationShape{9, 32});
-  EXPECT_EQ(many.logits_chunk, kLogitsChunkRows * V);
-  EXPECT_EQ(many.logits_chunk_bf16, kLogitsChunkRows * V / 2);
+  // A chunk holds as many rows as kLogitsChunkFloats does: all 288 rows of this 250-entry
+  // vocabulary, and 256 rows of gpt2-124m's 50257 (one rank never pads). Fewer rows than the
+  // micro-batch's: those rows of fp32 logits and their gradient's bf16 patterns, on the head
+  // stage only.
+  const ActivationSizes all = sizes(small_spec(), ActivationShape{9, 32});
+  EXPECT_EQ(all.logits_chunk, 9 * 32 * V);
+  const ModelSpec gpt2 = *find_preset("gpt2-124m");
+  EXPECT_EQ(activation_sizes(gpt2, ActivationShape{4, 256}).logits_chunk, 256 * 50257u);
   ActivationShape shape{9, 32};
+  shape.logits_chunk_rows = 64;
+  const ActivationSizes many = sizes(small_spec(), shape);
+  EXPECT_EQ(many.logits_chunk, 64 * V);
+  EXPECT_EQ(many.logits_chunk_bf16, 64 * V / 2);
   shape.bf16_operands = true;
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{0, 2, true, false}).scratch,
             many.scratch());
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{2, 4, false, true}).scratch,
-            many.scratch() + kLogitsChunkRows * V * 3 / 2);
+            many.scratch() + 64 * V * 3 / 2);
 
   const ModelSpec odd = model_spec(Arch::gpt2, 2, 9, 3, 36, 50, 16);
   EXPECT_EQ(sizes(odd, ActivationShape{1, 3}).ln1, 14u) << "27 bf16 values need 14 floats";
