@@ -390,11 +390,10 @@ int main(int argc, char** argv) {
     // The ceiling on a backend of its own, gone before training: what it converted or tuned
     // for its arrays (a bf16 copy of the LM head's fp32 weight, 77 MB at gpt2-124m) is not
     // the training run's, whose peak RSS run_bench.sh compares.
-    const double ceiling =
-        gemm_ceiling(*make_default_gemm(backend, gemm_precision(precision), tf32), c, 3);
+    auto fresh = [&] { return make_default_gemm(backend, gemm_precision(precision), tf32); };
+    const double ceiling = gemm_ceiling(*fresh(), c, 3);
     const bool bf16 = gemm_precision(precision) == GemmPrecision::bf16;
-    gemm = make_default_gemm(backend, gemm_precision(precision), tf32);  // a fresh one per case
-    const TrainRate r = train_rate(*gemm, c, steps, bf16);
+    const TrainRate r = train_rate(*fresh(), c, steps, bf16);
     char shape[32];
     std::snprintf(shape, sizeof shape, "%dx%d", c.batch, c.seq_len);
     std::printf("%-11s %8.1fM %9s %11.1f %10.1f %9.1f %10.1f%% %12s", c.name.c_str(),

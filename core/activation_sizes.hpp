@@ -79,8 +79,9 @@ struct ActivationSizes {
   bool bf16_att = false;  // the probabilities (ActivationShape::bf16_probabilities)
   // Without tensor parallelism (whose cross-entropy works across ranks) the LM head, the
   // cross-entropy and the head's backward run in forward, a chunk of rows at a time
-  // (ActivationShape::logits_chunk_floats; the fused linear cross-entropy): the logits are never whole, and a training forward
-  // leaves the LM head's input gradient (B,T,C) in `logits` and its weight gradient accumulated.
+  // (ActivationShape::logits_chunk_floats; the fused linear cross-entropy): the logits are never
+  // whole, and a training forward leaves the LM head's input gradient (B,T,C) in `logits` and its
+  // weight gradient accumulated.
   // The chunk of fp32 logits (their gradient after the cross-entropy) and, under bf16_operands,
   // that gradient's bf16 patterns are temporaries of the head stage (StageActivations::scratch),
   // not in scratch() below.

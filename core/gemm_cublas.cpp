@@ -130,8 +130,8 @@ struct CublasApi {
 
 #ifdef KOKKOS_ENABLE_CUDA
 const CublasApi& cublas_api() {
-  static const CublasApi api{&cublasCreate_v2,   &cublasDestroy_v2,          &cublasSetMathMode,
-                             &cublasSetStream_v2, &cublasSgemm_v2,           &cublasSgemmStridedBatched,
+  static const CublasApi api{&cublasCreate_v2,    &cublasDestroy_v2, &cublasSetMathMode,
+                             &cublasSetStream_v2, &cublasSgemm_v2,   &cublasSgemmStridedBatched,
                              &cublasGemmEx,       &cublasGemmStridedBatchedEx};
   return api;
 }
@@ -232,32 +232,31 @@ class CublasGemm : public MixedOperandGemm {
  public:
   explicit CublasGemm(GemmPrecision precision, bool tf32 = false)
       : precision_(precision), tf32_(tf32 && precision == GemmPrecision::fp32) {
-    const CublasApi& api = cublas_api();  // first: a missing library says so, device or not
-    int devices = 0;
+    int devices = 0;  // api_ is loaded by now: a missing library says so, device or not
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       throw std::runtime_error(
           "cuBLAS GEMM: no CUDA device is visible to this process (check CUDA_VISIBLE_DEVICES "
           "and the job's --gpus-per-task), or choose a host hardware.gemm: openblas, blis, "
           "onednn, auto");
     }
-    check(api.create(&handle_), "cublasCreate");
+    check(api_.create(&handle_), "cublasCreate");
     // fp32 products use plain fp32 arithmetic (no TF32) unless train.tf32 asks for it: results
     // match the host within fp32 tolerance. bf16 products ask for the tensor cores through the
     // compute type.
-    if (api.set_math_mode(handle_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
+    if (api_.set_math_mode(handle_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) !=
         CUBLAS_STATUS_SUCCESS) {
-      api.destroy(handle_);  // the destructor does not run for a throwing constructor
+      api_.destroy(handle_);  // the destructor does not run for a throwing constructor
       throw std::runtime_error("cuBLAS cublasSetMathMode failed");
     }
 #ifdef KOKKOS_ENABLE_CUDA
     // Kokkos' stream: products and kernels stay in one order, with no device-wide fence between.
-    if (api.set_stream(handle_, Kokkos::Cuda().cuda_stream()) != CUBLAS_STATUS_SUCCESS) {
-      api.destroy(handle_);
+    if (api_.set_stream(handle_, Kokkos::Cuda().cuda_stream()) != CUBLAS_STATUS_SUCCESS) {
+      api_.destroy(handle_);
       throw std::runtime_error("cuBLAS cublasSetStream failed");
     }
 #endif
   }
-  ~CublasGemm() override { cublas_api().destroy(handle_); }
+  ~CublasGemm() override { api_.destroy(handle_); }
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
 
@@ -315,13 +314,13 @@ class CublasGemm : public MixedOperandGemm {
       product_ex(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
                  stride_c, batch, CUDA_R_32F, CUBLAS_COMPUTE_32F_FAST_16BF);
     } else if (batch == 1) {
-      check(cublas_api().sgemm(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, ldb, A, lda,
-                        &beta, C, ldc),
+      check(api_.sgemm(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, ldb, A, lda,
+                       &beta, C, ldc),
             "cublasSgemm");
     } else {
-      check(cublas_api().sgemm_strided_batched(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
-                                      ldb, stride_b, A, lda, stride_a, &beta, C, ldc, stride_c,
-                                      batch),
+      check(api_.sgemm_strided_batched(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha,
+                                       B, ldb, stride_b, A, lda, stride_a, &beta, C, ldc,
+                                       stride_c, batch),
             "cublasSgemmStridedBatched");
     }
   }
@@ -341,19 +340,20 @@ class CublasGemm : public MixedOperandGemm {
                   float* C, int ldc, int64_t stride_c, int batch, cudaDataType type,
                   cublasComputeType_t compute) {
     if (batch == 1) {
-      check(cublas_api().gemm_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, type, ldb, A,
-                         type, lda, &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
+      check(api_.gemm_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B, type, ldb,
+                         A, type, lda, &beta, C, CUDA_R_32F, ldc, compute, CUBLAS_GEMM_DEFAULT),
             "cublasGemmEx");
       return;
     }
-    check(cublas_api().gemm_strided_batched_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha, B,
-                                     type, ldb, stride_b, A, type, lda, stride_a, &beta, C,
-                                     CUDA_R_32F, ldc, stride_c, batch, compute,
-                                     CUBLAS_GEMM_DEFAULT),
+    check(api_.gemm_strided_batched_ex(handle_, to_cublas(tb), to_cublas(ta), N, M, K, &alpha,
+                                       B, type, ldb, stride_b, A, type, lda, stride_a, &beta, C,
+                                       CUDA_R_32F, ldc, stride_c, batch, compute,
+                                       CUBLAS_GEMM_DEFAULT),
           "cublasGemmStridedBatchedEx");
   }
 
  protected:
+  const CublasApi& api_ = cublas_api();  // loaded first (declared before the handle)
   GemmPrecision precision_;
   bool tf32_;
   cublasHandle_t handle_ = nullptr;

@@ -58,7 +58,7 @@ constexpr int column_lanes() {
 
 // out = (inp - mean) * rstd * weight + bias, per row; saves mean and rstd. Out is float, or
 // std::uint16_t for the output's bf16 patterns (saved in bf16 under train.precision: bf16).
-// With copy.out, also copy.out = inp (+ copy.bias) in the same pass (kernels::ResidualCopy).
+// With copy.out, also copy.out = inp (+ copy.bias) in the same pass (core/residual_copy.hpp).
 template <class ExecSpace = Kokkos::DefaultExecutionSpace, class Out = float>
 void layernorm_forward(Out* out,            // (N,C)
                        float* mean,         // (N)

@@ -694,19 +694,6 @@ void Model::chunked_head_forward(Acts& A, const float* W, float* GW, const int32
   }
 }
 
-float* Model::unit_gradients(int unit) {
-  if (unit == head_grads_unit_) return head_grads_;
-  return store_->gradients(unit);
-}
-
-void Model::unit_gradients_done(int unit) {
-  if (unit == head_grads_unit_) {
-    head_grads_unit_ = -1;
-    head_grads_ = nullptr;
-  }
-  store_->gradients_done(unit);
-}
-
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
                       int slot) {
   if (B < 1 || B > max_batch_) {
@@ -771,7 +758,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   }
   if (head_in_forward_) {
     // A training forward runs the head's backward too, into the weight's gradient buffer, which
-    // stays open (the same buffer) until this slot's backward finishes it.
+    // stays open (the store hands backward the same buffer) until a backward finishes it.
     float* GW = nullptr;
     if (grad_scale != 0.0f) {
       if (head_pending_[std::size_t(slot)] != 0) {
@@ -779,12 +766,9 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
                                " again before its backward (the LM head's gradient of the "
                                "first is already accumulated)");
       }
-      const int unit = spec_.tied() ? embed_unit_ : final_unit_;
-      float* G = unit_gradients(unit);
-      head_grads_unit_ = unit;
-      head_grads_ = G;
       head_pending_[std::size_t(slot)] = 1;
-      GW = G + (spec_.tied() ? wte_ : lm_head_);
+      GW = spec_.tied() ? store_->gradients(embed_unit_) + wte_
+                        : store_->gradients(final_unit_) + lm_head_;
     }
     chunked_head_forward(A, W, GW, targets, N, grad_scale);
   } else {
@@ -826,10 +810,10 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   // head_in_forward_ forward did both) and the final layernorm. The embedding gradients stay
   // open until the end of backward.
   float* GE = nullptr;
-  if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = unit_gradients(embed_unit_);
+  if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
   if (stage_.head) {
     const bool tied = spec_.tied();
-    float* Gf = unit_gradients(final_unit_);
+    float* Gf = store_->gradients(final_unit_);
     const float* dlnf_rows = nullptr;
     const float* Pf = nullptr;
     if (head_in_forward_) {  // forward ran the head's backward: dlnf is in A.logits
@@ -864,7 +848,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       }
     });
     store_->release(final_unit_);
-    unit_gradients_done(final_unit_);
+    store_->gradients_done(final_unit_);
   }  // else the next stage's gradient is already in output_gradient()
 
   for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
@@ -951,7 +935,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
     });
   }  // else input_gradient() goes to the previous stage
   Kokkos::fence();
-  if (GE != nullptr) unit_gradients_done(embed_unit_);
+  if (GE != nullptr) store_->gradients_done(embed_unit_);
 }
 
 // The llama MLP's backward, from dresidual_ (the gradient after the block) into dresidual_:

@@ -259,11 +259,6 @@ class Model final : public StageModel {
   // head's input gradient goes to A.logits.
   void chunked_head_forward(Acts& A, const float* W, float* GW, const int32_t* targets, int64_t N,
                             float grad_scale);
-  // The store's gradients(unit) and gradients_done(unit), but a unit a training forward opened
-  // for the LM head's weight gradient (head_grads_unit_) stays open, the same buffer, until the
-  // backward that finishes it.
-  float* unit_gradients(int unit);
-  void unit_gradients_done(int unit);
   // A norm (layernorm, or llama's RMSNorm: mean unused) of `rows` rows into its saved buffer
   // `out`: fp32, or bf16 patterns under bf16_norms_. With prefill.out (prefill_in_norm() only),
   // the layernorm's pass also writes prefill.out = inp + prefill.bias: the sub-layer's row-
@@ -389,11 +384,9 @@ class Model final : public StageModel {
   bool head_in_forward_ = false;
   float* logits_chunk_ = nullptr;
   float* logits_chunk_bf16_ = nullptr;
-  // The unit whose gradients a training forward opened for the LM head's weight (the embeddings,
-  // or the final unit of an untied head; -1: none), its buffer, and which slots' forwards have
-  // accumulated into it without their backward yet.
-  int head_grads_unit_ = -1;
-  float* head_grads_ = nullptr;
+  // Which slots' training forwards have accumulated the LM head's weight gradient (into the
+  // store's open buffer of the embeddings, or of the final unit of an untied head) without their
+  // backward yet.
   std::vector<char> head_pending_;
   TensorGroup* ring_ = nullptr;  // sequence (ring attention) group; null without one
   int position_begin_ = 0;       // first position of this rank's chunk

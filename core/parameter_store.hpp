@@ -46,7 +46,9 @@ class ParameterStore {
   // Where backward accumulates (+=) the unit's gradients for the current micro-batch; then
   // gradients_done(unit) once backward has finished them. Unit 0 and one other unit may be open at
   // once. Whether the buffer starts at zero or holds earlier micro-batches is the store's affair:
-  // the accumulated gradient of the step is the same either way.
+  // the accumulated gradient of the step is the same either way. Asking again for a unit that is
+  // open returns the same buffer as it is (core::Model's training forward opens the LM head's
+  // weight unit, and the slot's backward continues into it).
   virtual float* gradients(int unit) = 0;
   virtual void gradients_done(int unit) { (void)unit; }
   // Zeroes the step's accumulated gradients.

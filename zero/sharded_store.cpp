@@ -169,8 +169,9 @@ void ShardedParameterStore::commit(int unit) {
 
 float* ShardedParameterStore::gradients(int unit) {
   if (ranks_ == 1) return grad_shard_.data() + units()[unit].begin;  // accumulate in place
-  take(unit, grad_holder_, "gradients");
   const int sl = slot(unit);
+  if (grad_holder_[sl] == unit) return grad_work_[sl].data();  // open: accumulating on
+  take(unit, grad_holder_, "gradients");
   Reduction& r = reducing_[sl];
   if (r.op && r.work == grad_work_[sl].data()) {
     if (sl == 1) {
