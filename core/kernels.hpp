@@ -615,6 +615,21 @@ void to_bf16(std::uint16_t* out, const float* in, int64_t n) {  // (n), (n)
   }
 }
 
+// out[i] = in[i] widened from bf16 (exact), or out[i] += it when `accumulate`: the way back from a
+// gradient reduced in bf16 (parallel.grad_reduce: bf16).
+template <class ExecSpace = Exec>
+void from_bf16(float* out, const std::uint16_t* in, int64_t n, bool accumulate) {  // (n), (n)
+  if (accumulate) {
+    for_each<ExecSpace>(
+        "colossal::core::add_from_bf16", n, kElementGrain,
+        KOKKOS_LAMBDA(int64_t i) { out[i] += bf16_value(in[i]); });
+  } else {
+    for_each<ExecSpace>(
+        "colossal::core::from_bf16", n, kElementGrain,
+        KOKKOS_LAMBDA(int64_t i) { out[i] = bf16_value(in[i]); });
+  }
+}
+
 template <class ExecSpace = Exec>
 void fill(float* dst, int64_t n, float value) {
   for_each<ExecSpace>(

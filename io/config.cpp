@@ -417,6 +417,11 @@ const std::vector<KeySpec>& schema() {
               "nccl, or mpi (CUDA-aware, else staged); printed at start-up",
        .choices = {"auto", "nccl", "mpi"},
        .cross_check = "nccl needs a CUDA build and one GPU per rank"},
+      {.key = "parallel.grad_reduce", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.parallel.grad_reduce; },
+       .doc = "precision of the data-parallel gradient sums on the wire: fp32, or bf16 (half "
+              "the bytes; each partial sum rounded to bf16, as NCCL's bf16 sum)",
+       .choices = {"fp32", "bf16"}},
       {.key = "parallel.bucket_mb", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.parallel.bucket_mb; },
        .doc = "size of the gradient all-reduce buckets, MiB", .range = above(0)},

@@ -153,6 +153,44 @@ std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<
   return pending;
 }
 
+std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  auto pending = size() > 1 ? do_start_all_reduce_sum_bf16(buffer)
+                            : std::make_unique<CompletedCollective>();
+  record(CollectiveKind::all_reduce, buffer.size() * sizeof(std::uint16_t));
+  return pending;
+}
+
+std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  if (buffer.size() % static_cast<std::size_t>(size()) != 0) {
+    fail(*this, "reduce_scatter_sum_bf16: " + std::to_string(buffer.size()) +
+                    " elements are not a multiple of the " + std::to_string(size()) +
+                    " ranks (each receives one block); pad the buffer to a multiple of size()");
+  }
+  auto pending = size() > 1 ? do_start_reduce_scatter_sum_bf16(buffer)
+                            : std::make_unique<CompletedCollective>();
+  record(CollectiveKind::reduce_scatter, buffer.size() * sizeof(std::uint16_t));
+  return pending;
+}
+
+namespace {
+[[noreturn]] void no_bf16_sums(const Communicator& comm) {
+  throw std::logic_error("colossal::parallel: the " + std::string(comm.backend()) +
+                         " communicator has no bf16 sums; set parallel.grad_reduce: fp32");
+}
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::do_start_all_reduce_sum_bf16(
+    std::span<std::uint16_t>) {
+  no_bf16_sums(*this);
+}
+
+std::unique_ptr<PendingCollective> Communicator::do_start_reduce_scatter_sum_bf16(
+    std::span<std::uint16_t>) {
+  no_bf16_sums(*this);
+}
+
 std::unique_ptr<PendingCollective> Communicator::do_start_all_reduce_sum(std::span<float> buffer) {
   do_all_reduce_sum(buffer);
   return std::make_unique<CompletedCollective>();

@@ -15,8 +15,8 @@
 //
 // Byte counting (CommStats). Each call is recorded under its kind with two numbers:
 //   payload_bytes: the size of the logical buffer, the "size" of nccl-tests:
-//       all_reduce_sum      n * 4                 (n = buffer.size())
-//       reduce_scatter_sum  p * c * 4             (the full input; c = output.size())
+//       all_reduce_sum      n * 4                 (n = buffer.size(); n * 2 for the bf16 sum)
+//       reduce_scatter_sum  p * c * 4             (the full input; c = output.size(); bf16: n * 2)
 //       all_gather          p * c * 4             (the full output; c = input.size())
 //       broadcast           n * sizeof(element)
 //       send / recv         n * 4                 (send counted by the sender, recv by the receiver)
@@ -99,6 +99,17 @@ class Communicator {
   // The same, started without waiting, so it can overlap computation that does not touch
   // `buffer`; counted when started. Backends without non-blocking collectives complete it here.
   std::unique_ptr<PendingCollective> start_all_reduce_sum(std::span<float> buffer);
+  // The gradient reductions of parallel.grad_reduce: bf16 (halved bytes on the wire): `buffer`
+  // holds bf16 bit patterns (core/bf16.hpp) in memory_space(). Each partial sum is computed in
+  // fp32 and rounded to bf16, nearest even (as NCCL's ncclBfloat16 sum), so on two ranks the
+  // result is exactly bf16(a + b); on more it depends on the transport's reduction order. Started
+  // without waiting and in place; counted as all_reduce / reduce_scatter of 2-byte elements.
+  // buffer <- the bf16 sum over ranks.
+  std::unique_ptr<PendingCollective> start_all_reduce_sum_bf16(std::span<std::uint16_t> buffer);
+  // Block rank() of buffer <- block rank() of the bf16 sum over ranks (the other blocks are
+  // clobbered); buffer.size() must be a multiple of size().
+  std::unique_ptr<PendingCollective> start_reduce_scatter_sum_bf16(
+      std::span<std::uint16_t> buffer);
   // output <- block rank() of the sum over ranks of input; input.size() == size() * output.size().
   // In place when output is exactly block rank() of input (input is then clobbered); otherwise
   // they must not overlap.
@@ -161,6 +172,11 @@ class Communicator {
   virtual void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) = 0;
   virtual std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum(
       std::span<const float> input, std::span<float> output);
+  // bf16 sums (size() > 1): a backend without them throws std::logic_error naming itself.
+  virtual std::unique_ptr<PendingCollective> do_start_all_reduce_sum_bf16(
+      std::span<std::uint16_t> buffer);
+  virtual std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum_bf16(
+      std::span<std::uint16_t> buffer);
   virtual void do_all_gather(std::span<const float> input, std::span<float> output) = 0;
   virtual std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
                                                                  std::span<float> output);

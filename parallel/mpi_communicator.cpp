@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "core/bf16.hpp"
+
 namespace colossal::parallel {
 
 namespace {
@@ -162,6 +164,53 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum(
                        MPI_FLOAT, MPI_SUM, comm_, &request),
         "MPI_Iallreduce");
   return std::make_unique<MpiPending>(request);
+}
+
+namespace {
+// The bf16 sum as an MPI reduction: every partial sum in fp32, rounded to bf16 (nearest even).
+void bf16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
+  const auto* a = static_cast<const std::uint16_t*>(in);
+  auto* b = static_cast<std::uint16_t*>(inout);
+  for (int i = 0; i < *count; ++i) b[i] = core::bf16_bits(core::bf16_value(a[i]) + core::bf16_value(b[i]));
+}
+
+// Created once, after MPI_Init (the first bf16 sum); MPI_Finalize releases it.
+MPI_Op bf16_sum_op() {
+  static const MPI_Op op = [] {
+    MPI_Op created = MPI_OP_NULL;
+    if (MPI_Op_create(&bf16_sum, /*commute=*/1, &created) != MPI_SUCCESS) {
+      throw std::runtime_error("colossal::parallel: MPI_Op_create of the bf16 sum failed");
+    }
+    return created;
+  }();
+  return op;
+}
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(),
+                       mpi_count(buffer.size(), "all_reduce_sum_bf16"), MPI_UINT16_T,
+                       bf16_sum_op(), comm_, &request),
+        "MPI_Iallreduce");
+  return std::make_unique<MpiPending>(request);
+}
+
+std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  const std::size_t c = buffer.size() / std::size_t(size());
+  const int count = mpi_count(c, "reduce_scatter_sum_bf16");
+  MPI_Request request = MPI_REQUEST_NULL;
+  // MPI's in-place form leaves the result at the start of the buffer: it moves to block rank()
+  // once the operation completes.
+  check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T, bf16_sum_op(),
+                                  comm_, &request),
+        "MPI_Ireduce_scatter_block");
+  if (rank() == 0) return std::make_unique<MpiPending>(request);
+  return std::make_unique<MpiPending>(request, [buffer, c, r = std::size_t(rank())] {
+    std::memmove(buffer.data() + r * c, buffer.data(), c * sizeof(std::uint16_t));
+  });
 }
 
 void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {

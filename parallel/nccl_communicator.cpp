@@ -208,6 +208,26 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
   return pending("ncclAllReduce");
 }
 
+// NCCL's bf16 sum adds in fp32 and rounds each partial sum to bf16, as the MPI backend's op does.
+std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  if (any_host({buffer.data()})) return host_.start_all_reduce_sum_bf16(buffer);
+  check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclBfloat16, ncclSum,
+                           comm_, stream_),
+             "ncclAllReduce");
+  return pending("ncclAllReduce");
+}
+
+std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  if (any_host({buffer.data()})) return host_.start_reduce_scatter_sum_bf16(buffer);
+  const std::size_t c = buffer.size() / std::size_t(size());
+  check_nccl(ncclReduceScatter(buffer.data(), buffer.data() + std::size_t(rank()) * c, c,
+                               ncclBfloat16, ncclSum, comm_, stream_),
+             "ncclReduceScatter");
+  return pending("ncclReduceScatter");
+}
+
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) {

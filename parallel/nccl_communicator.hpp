@@ -54,6 +54,10 @@ class NcclCommunicator final : public Communicator {
   void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer) override;
+  std::unique_ptr<PendingCollective> do_start_all_reduce_sum_bf16(
+      std::span<std::uint16_t> buffer) override;
+  std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum_bf16(
+      std::span<std::uint16_t> buffer) override;
   std::unique_ptr<PendingCollective> do_start_all_gather(std::span<const float> input,
                                                          std::span<float> output) override;
   std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum(std::span<const float> input,

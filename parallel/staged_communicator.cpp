@@ -51,17 +51,19 @@ struct StagedCommunicator::Pool {
   }
   void give(Buffer b) { free.push_back(b); }
 
-  void to_host(float* host, const float* device, std::size_t n) {
+  template <class T>
+  void to_host(T* host, const T* device, std::size_t n) {
     if (n == 0) return;
-    ops.to_host(host, device, n * sizeof(float));
+    ops.to_host(host, device, n * sizeof(T));
     ++stats.copies_to_host;
-    stats.bytes_to_host += n * sizeof(float);
+    stats.bytes_to_host += n * sizeof(T);
   }
-  void to_device(float* device, const float* host, std::size_t n) {
+  template <class T>
+  void to_device(T* device, const T* host, std::size_t n) {
     if (n == 0) return;
-    ops.to_device(device, host, n * sizeof(float));
+    ops.to_device(device, host, n * sizeof(T));
     ++stats.copies_to_device;
-    stats.bytes_to_device += n * sizeof(float);
+    stats.bytes_to_device += n * sizeof(T);
   }
 };
 
@@ -73,6 +75,10 @@ class StagedCommunicator::Lease {
   Lease& operator=(const Lease&) = delete;
   ~Lease() { pool_->give(buffer_); }
   std::span<float> span() const { return {static_cast<float*>(buffer_.data), floats_}; }
+  // The same buffer as `n` bf16 patterns (n <= 2 * the floats leased).
+  std::span<std::uint16_t> bf16_span(std::size_t n) const {
+    return {static_cast<std::uint16_t*>(buffer_.data), n};
+  }
 
  private:
   std::shared_ptr<Pool> pool_;
@@ -240,6 +246,40 @@ std::unique_ptr<PendingCollective> StagedCommunicator::do_start_all_reduce_sum(
   return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
                                                                                staged] {
     pool->to_device(buffer.data(), staged.data(), buffer.size());
+  });
+}
+
+std::unique_ptr<PendingCollective> StagedCommunicator::do_start_all_reduce_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  if (!on_device(pool_->ops, buffer.data(), buffer.size())) {
+    return host_->start_all_reduce_sum_bf16(buffer);
+  }
+  auto lease = std::make_unique<Lease>(pool_, (buffer.size() + 1) / 2);
+  const std::span<std::uint16_t> staged = lease->bf16_span(buffer.size());
+  pool_->to_host(staged.data(), buffer.data(), buffer.size());
+  auto inner = host_->start_all_reduce_sum_bf16(staged);
+  auto pool = pool_;
+  return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
+                                                                               staged] {
+    pool->to_device(buffer.data(), staged.data(), buffer.size());
+  });
+}
+
+std::unique_ptr<PendingCollective> StagedCommunicator::do_start_reduce_scatter_sum_bf16(
+    std::span<std::uint16_t> buffer) {
+  if (!on_device(pool_->ops, buffer.data(), buffer.size())) {
+    return host_->start_reduce_scatter_sum_bf16(buffer);
+  }
+  auto lease = std::make_unique<Lease>(pool_, (buffer.size() + 1) / 2);
+  const std::span<std::uint16_t> staged = lease->bf16_span(buffer.size());
+  pool_->to_host(staged.data(), buffer.data(), buffer.size());
+  auto inner = host_->start_reduce_scatter_sum_bf16(staged);
+  // Only this rank's block comes back.
+  const std::size_t c = buffer.size() / std::size_t(size()), at = std::size_t(rank()) * c;
+  auto pool = pool_;
+  return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
+                                                                               staged, c, at] {
+    pool->to_device(buffer.data() + at, staged.data() + at, c);
   });
 }
 

@@ -71,6 +71,10 @@ class StagedCommunicator final : public Communicator {
   void do_all_reduce_sum(std::span<float> buffer) override;
   void do_all_reduce_max(std::span<float> buffer) override;
   std::unique_ptr<PendingCollective> do_start_all_reduce_sum(std::span<float> buffer) override;
+  std::unique_ptr<PendingCollective> do_start_all_reduce_sum_bf16(
+      std::span<std::uint16_t> buffer) override;
+  std::unique_ptr<PendingCollective> do_start_reduce_scatter_sum_bf16(
+      std::span<std::uint16_t> buffer) override;
   void do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) override;
   void do_all_gather(std::span<const float> input, std::span<float> output) override;
   void do_broadcast(std::span<float> buffer, int root) override;

@@ -148,9 +148,17 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
   }
   m[MemCategory::parameters] = padded * kF;
   const double shard = l.zero_stage >= 1 ? padded / l.data : padded;
-  m[MemCategory::gradients] =
-      l.zero_stage == 2 ? (shard + (l.data > 1 ? double(units[0]) + 2 * widest : 0.0)) * kF
-                        : padded * kF;
+  // Reduced in bf16 (several data ranks): a bf16 copy of the whole buffer (stages 0-1), or of
+  // unit 0's and one block's work buffers, which need no spare then (stage 2).
+  const bool wire = l.bf16_reduce && l.data > 1;
+  if (l.zero_stage == 2) {
+    m[MemCategory::gradients] =
+        shard * kF + (l.data == 1 ? 0.0
+                      : wire      ? (double(units[0]) + widest) * (kF + 2.0)
+                                  : (double(units[0]) + 2 * widest) * kF);
+  } else {
+    m[MemCategory::gradients] = padded * (kF + (wire ? 2.0 : 0.0));
+  }
   // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
   if (l.offload_optimizer) {
     m[MemCategory::offloaded] = 4 * shard * kF;
@@ -276,9 +284,14 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   if (l.zero_stage == 2) {
     // Every micro-batch's gradients reduce-scattered over the data ranks, the shard summed over
     // the 2.5D depth, the updated parameters all-gathered.
-    t.data_comm = m * gather_time(params * kF, l.data, data_link) +
+    // Under parallel.grad_reduce: bf16 the data ranks' sums move 2 bytes an element.
+    const double gb = l.bf16_reduce ? 2.0 : kF;
+    t.data_comm = m * gather_time(params * gb, l.data, data_link) +
                   all_reduce_time(params / l.data * kF, cube ? 1 : l.depth, data_link) +
                   gather_time(params * kF, l.data, data_link);
+  } else if (l.bf16_reduce) {  // the data ranks' sum in bf16, the model's sum over depth in fp32
+    t.data_comm = all_reduce_time(params * 2.0, l.data, data_link) +
+                  all_reduce_time(params * kF, replicas / l.data, data_link);
   } else {
     t.data_comm = all_reduce_time(params * kF, replicas, data_link);
   }
@@ -349,20 +362,25 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     // (12 bytes) in the optimizer states.
     const double pb = l.bf16 ? 2.0 : kF, ob = l.bf16 ? 6.0 : kF;  // per parameter; 2 states
     const double P = p.flat * pb, S = P / D, work = (p.first + p.widest) * pb;
-    // Gradient work buffers (D > 1): unit 0's and two block units' (one reducing, one filling).
-    const double G = p.flat * kF, GS = G / D, gwork = (p.first + 2 * p.widest) * kF;
+    // Gradient work buffers (D > 1): unit 0's and two block units' (one reducing, one filling);
+    // reduced in bf16, unit 0's and one block's, and a bf16 copy of each in flight instead.
+    const double G = p.flat * kF, GS = G / D;
+    const double gwork = l.bf16_reduce ? (p.first + p.widest) * (kF + 2.0)
+                                       : (p.first + 2 * p.widest) * kF;
+    // Stages 0-1 reduced in bf16 (D > 1): a bf16 copy of the flat buffer.
+    const double wire = l.bf16_reduce && D > 1 ? p.flat * 2.0 : 0.0;
     const double O = p.flat * ob, OS = O / D;
     const MemCategory opt = l.offload_optimizer ? MemCategory::offloaded : MemCategory::optimizer;
     switch (l.zero_stage) {
       case 0:
         m[MemCategory::parameters] += P;
-        m[MemCategory::gradients] += G;
+        m[MemCategory::gradients] += G + wire;
         m[MemCategory::optimizer] += 2 * O;
         break;
       case 1:
       case 2:
         m[MemCategory::parameters] += P;
-        m[MemCategory::gradients] += l.zero_stage == 1 ? G : GS + (D > 1 ? gwork : 0.0);
+        m[MemCategory::gradients] += l.zero_stage == 1 ? G + wire : GS + (D > 1 ? gwork : 0.0);
         m[opt] += 2 * OS;
         break;
       default:  // 3: the shard, plus two gather buffers unless one rank holds everything, and
@@ -641,11 +659,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // Gradients move in fp32; parameters in their storage type (2 bytes under bf16, as predict_memory
   // keeps them).
   const int D = l.data * l.sequence;
-  const double P = flat * kF, W = flat * (l.bf16 ? 2.0 : kF);
+  // Under parallel.grad_reduce: bf16 the gradients travel in 2 bytes (buckets still cut fp32).
+  const double P = flat * (l.bf16_reduce ? 2.0 : kF), W = flat * (l.bf16 ? 2.0 : kF);
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   if (D > 1) {
     // Each bucket's all-reduce pays the ring's latency again; the bytes are the buffer's.
-    const double buckets = std::max(1.0, std::ceil(P / (l.bucket_mb * 1024 * 1024)));
+    const double buckets = std::max(1.0, std::ceil(flat * kF / (l.bucket_mb * 1024 * 1024)));
     switch (l.zero_stage) {
       case 0:
         t.data_comm = all_reduce_time(P, D, dp_link) + (buckets - 1) * 2 * (D - 1) * dp_link.latency_s;

@@ -32,6 +32,9 @@ struct RankLayout {
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
+  bool bf16_reduce = false;      // the data-parallel gradient sums travel as bf16 (a bf16 copy of
+                                 // what is in flight: the flat buffer at stages 0-1, the work
+                                 // units' at 2-3, which then need no spare)
   std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
   // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /

@@ -280,6 +280,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.data = data;
     run.tensor = tensor;
     run.bucket_mb = options.bucket_mb;
+    run.bf16_reduce = options.bf16_reduce;
     return run;
   };
   for (int t : divisors(G)) {
@@ -521,12 +522,14 @@ std::string plan_yaml(const Plan& p) {
       "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
       "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
       "  bucket_mb: %g\n"
+      "  grad_reduce: %s\n"
       "checkpointing: {policy: %s%s}\n",
       r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
       core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", parallel::pipeline_schedule_name(r.schedule), r.chunks,
       r.zero_stage, r.offload_optimizer ? "true" : "false", r.bucket_mb,
+      r.bf16_reduce ? "bf16" : "fp32",
       core::checkpoint_policy_name(p.policy),
       p.policy == core::CheckpointPolicy::rotor
           ? (", memory_budget: " + std::to_string(p.budget_bytes / (1024.0 * 1024.0 * 1024.0))).c_str()

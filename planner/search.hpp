@@ -71,6 +71,7 @@ struct SearchOptions {
   bool prune = true;                     // skip shapes whose lower bound cannot win (tests: off)
   bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data, pipeline on top)
   double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
+  bool bf16_reduce = false;              // parallel.grad_reduce: bf16
 };
 
 struct SearchResult {

@@ -116,6 +116,27 @@ TEST(CostModel, GradientBucketsPayOneRingLatencyEach) {
     const double expected = whole + (buckets - 1) * 2 * 15 * hw.inter_node.latency_s;
     EXPECT_NEAR(planner::predict_time(spec, l, hw).data_comm, expected, 1e-9 * expected) << mb;
   }
+  // parallel.grad_reduce: bf16: half the bytes, the same buckets (cut in fp32 floats).
+  l.bf16_reduce = true;
+  const double buckets = std::ceil(padded_P / (4.0 * 1024 * 1024));
+  const double halved = 2.0 * 15 * (hw.inter_node.latency_s +
+                                    padded_P / 2 / 16 / hw.inter_node.bandwidth_Bps) +
+                        (buckets - 1) * 2 * 15 * hw.inter_node.latency_s;
+  EXPECT_NEAR(planner::predict_time(spec, l, hw).data_comm, halved, 1e-9 * halved);
+  // Its memory: a bf16 copy of the flat buffer at stage 0; at stage 2 one block work buffer
+  // fewer, 2-byte copies of unit 0's and one block's instead.
+  planner::RankLayout fp32 = l;
+  fp32.bf16_reduce = false;
+  using core::MemCategory;
+  EXPECT_NEAR(planner::predict_memory(spec, l)[MemCategory::gradients] -
+                  planner::predict_memory(spec, fp32)[MemCategory::gradients],
+              padded_P / 2, 1.0);
+  l.zero_stage = fp32.zero_stage = 2;
+  const double saved = planner::predict_memory(spec, fp32)[MemCategory::gradients] -
+                       planner::predict_memory(spec, l)[MemCategory::gradients];
+  const double block = 12.0 * 768 * 768 + 13 * 768;  // a gpt2-124m block's parameters
+  const double embeddings = (50257.0 + 1024) * 768;  // unit 0: token and position embeddings
+  EXPECT_NEAR(saved, 4 * block - 2 * (block + embeddings), 0.01 * 4 * block);
 }
 
 // Ranks taking turns on fewer cores than their threads: the step is at least the node's busy

@@ -25,7 +25,8 @@ std::string shared_data(parallel::Communicator& world) {
 // `run` names the log directory: single-rank references run on every rank at once, so each needs
 // its own.
 io::Config config(const std::string& data, const std::string& arch, int dp, int stage,
-                  const std::string& run = "dp", bool offload = false, bool offload_params = false) {
+                  const std::string& run = "dp", bool offload = false, bool offload_params = false,
+                  bool bf16_reduce = false) {
   const std::string text =
       "model: {arch: " + arch + (arch == "llama" ? ", kv_heads: 2, ffn_hidden: 96" : "") +
       ", layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
@@ -34,7 +35,8 @@ io::Config config(const std::string& data, const std::string& arch, int dp, int 
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", zero: {stage: " + std::to_string(stage) +
       ", offload: {optimizer: " + (offload ? "true" : "false") +
-      ", params: " + (offload_params ? "true" : "false") + "}}, bucket_mb: 0.01}\n"
+      ", params: " + (offload_params ? "true" : "false") + "}}, bucket_mb: 0.01" +
+      (bf16_reduce ? ", grad_reduce: bf16" : "") + "}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
   return io::parse_config(text, "test");
@@ -45,6 +47,7 @@ struct Param {
   int stage;
   bool offload = false;
   bool offload_params = false;
+  bool bf16_reduce = false;  // parallel.grad_reduce: bf16
 };
 
 class DataParallel : public ::testing::TestWithParam<Param> {};
@@ -53,14 +56,18 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size();
   const std::string data = shared_data(world);
-  const auto [arch, stage, offload, offload_params] = GetParam();
+  const auto [arch, stage, offload, offload_params, bf16_reduce] = GetParam();
+  // Gradients summed in bf16 (8 bits of mantissa) on several ranks follow the fp32 run closely,
+  // not to fp32 rounding.
+  const bool rounded = bf16_reduce && dp > 1;
+  const double loss_tolerance = rounded ? 2e-4 : 1e-5;
 
   apps::Trainer reference(config(data, arch, 1, 0, "reference" + std::to_string(world.rank())),
                           nullptr);
   const apps::TrainSummary expected = reference.train();
 
-  apps::Trainer trainer(config(data, arch, dp, stage, "dp", offload, offload_params), nullptr,
-                        &world);
+  apps::Trainer trainer(
+      config(data, arch, dp, stage, "dp", offload, offload_params, bf16_reduce), nullptr, &world);
   EXPECT_NE(trainer.plan().find("mesh: {data: " + std::to_string(dp) + ","), std::string::npos)
       << trainer.plan();
   EXPECT_NE(trainer.plan().find("zero: {stage: " + std::to_string(stage) + ","), std::string::npos);
@@ -70,7 +77,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
 
   ASSERT_EQ(got.losses.size(), expected.losses.size());
   for (std::size_t i = 0; i < got.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-5 * std::abs(expected.losses[i]))
+    EXPECT_NEAR(got.losses[i], expected.losses[i], loss_tolerance * std::abs(expected.losses[i]))
         << "step " << i + 1;
   }
   EXPECT_LT(got.losses.back(), got.losses.front() - 0.5) << "the run must actually learn";
@@ -80,11 +87,24 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const uint64_t gather_calls = group.stats().all_gather.calls - gathers_before;
   const std::vector<float> want = reference.logical_parameters();
   ASSERT_EQ(weights.size(), want.size());
-  double worst = 0;
+  double worst = 0, distance = 0, norm = 0;
   for (std::size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, double(std::abs(weights[i] - want[i])));
+    const double d = double(weights[i]) - double(want[i]);
+    worst = std::max(worst, std::abs(d));
+    distance += d * d;
+    norm += double(want[i]) * double(want[i]);
   }
-  EXPECT_LT(worst, 1e-5);
+  if (!rounded) {
+    EXPECT_LT(worst, 1e-5);
+  } else {
+    // AdamW divides by sqrt(v): a near-zero gradient's element can move by lr per step whatever
+    // its size, so a few elements differ by up to 10 steps x lr. The whole weight vector stays
+    // within a few bf16 roundings (2^-9 = 2e-3) of the fp32 run's, relative L2 (measured on 2
+    // and 4 ranks: gpt2 4.9e-4 to 7.3e-4, opt 1.9e-3 to 3.1e-3), and does differ.
+    const double relative = std::sqrt(distance / norm);
+    EXPECT_LT(relative, 5e-3) << "largest element difference " << worst;
+    EXPECT_GT(relative, 1e-7);
+  }
 
   // Memory per rank against the closed forms. Units are padded to dp*16 floats; P is the padded
   // flat size, S = P/dp the shard, U0 the embedding unit, W the widest other unit.
@@ -98,6 +118,13 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const auto& mem = trainer.memory();
   std::size_t params = P, grads = P, optimizer = 2 * (stage == 0 ? P : S), offloaded = 0;
   if (stage >= 2) grads = S + (dp > 1 ? U0 + 2 * W : 0);  // two block buffers: reduce + fill
+  // bf16 on the wire: a 2-byte copy of what is in flight, the flat buffer at stages 0-1; at 2-3
+  // unit 0's and one block's, freeing the fp32 work buffer at once (no spare block buffer).
+  std::size_t wire_halves = 0;
+  if (rounded) {
+    wire_halves = stage >= 2 ? U0 + W : P;
+    if (stage >= 2) grads -= W;
+  }
   if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
     params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
   }
@@ -106,7 +133,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     offloaded = 4 * S;  // moments, gradient shard, parameter shard
   }
   EXPECT_EQ(mem.current(core::MemCategory::parameters), 4 * params);
-  EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * grads);
+  EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * grads + 2 * wire_halves);
   EXPECT_EQ(mem.current(core::MemCategory::optimizer), 4 * optimizer);
   EXPECT_EQ(mem.current(core::MemCategory::offloaded), 4 * offloaded);
 
@@ -114,6 +141,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   // step all-reduces the loss (one double); stages 2-3 also the squared norm.
   const auto& stats = group.stats();
   const uint64_t steps = 10, micro = 8 / (2 * dp), bytes = P * 4;
+  const uint64_t grad_bytes = P * (rounded ? 2 : 4);  // a reduction's payload
   const uint64_t unit_count = units.size();
   if (offload) {
     const auto& off = trainer.optimizer().offload_stats();
@@ -148,7 +176,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   }
   const double f = double(dp - 1) / dp;  // ring: (p-1)/p of the payload per rank
   if (stage < 2) {
-    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (bytes + 8));
+    EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (grad_bytes + 8));
     EXPECT_EQ(stats.all_reduce.calls, steps * (trainer.gradient_sync().buckets().size() + 1));
     EXPECT_EQ(stats.reduce_scatter.calls, 0u);
     EXPECT_EQ(stats.all_gather.payload_bytes, stage == 1 ? steps * bytes : 0u);
@@ -157,12 +185,12 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     // Buckets of the last blocks start reducing while backward still runs the earlier ones.
     EXPECT_GT(trainer.gradient_sync().buckets_started_early(), steps);
     // An all-reduce moves 2(p-1)/p of its payload per rank.
-    EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (bytes + 8), 1.0);
+    EXPECT_NEAR(stats.all_reduce.wire_bytes, 2 * f * steps * (grad_bytes + 8), 1.0);
   } else {
     // Every micro-batch reduce-scatters every unit's gradients once.
-    EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * micro * bytes);
+    EXPECT_EQ(stats.reduce_scatter.payload_bytes, steps * micro * grad_bytes);
     EXPECT_EQ(stats.reduce_scatter.calls, steps * micro * unit_count);
-    EXPECT_NEAR(stats.reduce_scatter.wire_bytes, f * steps * micro * bytes, 1.0);
+    EXPECT_NEAR(stats.reduce_scatter.wire_bytes, f * steps * micro * grad_bytes, 1.0);
     EXPECT_EQ(stats.all_reduce.payload_bytes, steps * 16);
     // Stage 2: one in-place all-gather per unit after the update. Stage 3: every unit gathered
     // before its forward and again before its backward, plus once when train() saves the model
@@ -185,10 +213,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{"gpt2", 1, true}, Param{"gpt2", 2, true}, Param{"gpt2", 3, true},
                       Param{"gpt2", 3, true, true}, Param{"opt", 1, true}, Param{"opt", 2, true},
                       Param{"opt", 3, true}, Param{"opt", 3, true, true}, Param{"llama", 0},
-                      Param{"llama", 1}, Param{"llama", 2}, Param{"llama", 3}),
+                      Param{"llama", 1}, Param{"llama", 2}, Param{"llama", 3},
+                      Param{"gpt2", 0, false, false, true}, Param{"gpt2", 1, false, false, true},
+                      Param{"gpt2", 2, false, false, true}, Param{"gpt2", 3, false, false, true},
+                      Param{"opt", 3, true, true, true}, Param{"opt", 0, false, false, true}),
     [](const auto& info) {
       return info.param.arch + "_zero" + std::to_string(info.param.stage) +
-             (info.param.offload ? "_offload" : "") + (info.param.offload_params ? "_params" : "");
+             (info.param.offload ? "_offload" : "") + (info.param.offload_params ? "_params" : "") +
+             (info.param.bf16_reduce ? "_bf16reduce" : "");
     });
 
 TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {

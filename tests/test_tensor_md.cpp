@@ -42,6 +42,7 @@ struct Layout {
   std::string schedule = "1f1b";
   int chunks = 1;        // model chunks per rank (schedule interleaved)
   int layers = 2;
+  bool bf16_reduce = false;  // parallel.grad_reduce: bf16 (the data ranks' sums)
   int ranks() const { return tensor * data * pipeline; }
   // This rank's pipeline stage (the mesh: tensor innermost, then data, then pipeline).
   int stage(int rank) const { return rank / (tensor * data); }
@@ -61,7 +62,8 @@ io::Config config(const std::string& data, const Layout& l, bool sharded, const 
                      std::to_string(l.zero) + ", offload: {optimizer: " +
                      (l.offload ? "true" : "false") + "}}, pipeline: {size: " +
                      std::to_string(l.pipeline) + ", schedule: " + l.schedule +
-                     ", chunks: " + std::to_string(l.chunks) + "}}\n"
+                     ", chunks: " + std::to_string(l.chunks) + "}" +
+                     (l.bf16_reduce ? ", grad_reduce: bf16" : "") + "}\n"
                : std::string()) +
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -82,14 +84,21 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   apps::Trainer trainer(config(data, layout, true, "md_" + layout.mode), nullptr, &world);
   EXPECT_NE(trainer.plan().find("mode: " + layout.mode), std::string::npos) << trainer.plan();
   const apps::TrainSummary got = trainer.train();
-  test::expect_same_losses(got, expected);
+  // Gradients summed in bf16 over the data ranks: losses within bf16's rounding of the fp32
+  // run's, and weights off by AdamW's response to it (test_data_parallel), not fp32 rounding.
+  test::expect_same_losses(got, expected, layout.bf16_reduce ? 2e-4 : 1e-5);
 
   const std::vector<float> weights = trainer.logical_parameters();
   const std::vector<float> want = reference.logical_parameters();
   ASSERT_EQ(weights.size(), want.size());
   const test::WeightDifference diff = test::weight_difference(weights, want);
-  EXPECT_LT(diff.worst, 1e-4);
-  EXPECT_LT(diff.mean, 1e-6);
+  if (layout.bf16_reduce) {
+    EXPECT_LT(diff.mean, 1e-4);
+    EXPECT_GT(diff.mean, 1e-7) << "the sums must have been rounded";
+  } else {
+    EXPECT_LT(diff.worst, 1e-4);
+    EXPECT_LT(diff.mean, 1e-6);
+  }
 
   // The model file (rank 0) holds the same logical tensors.
   if (world.rank() == 0) {
@@ -116,6 +125,7 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   l.seq_len = c.train.seq_len;
   l.zero_stage = layout.zero;
   l.offload_optimizer = layout.offload;
+  l.bf16_reduce = layout.bf16_reduce;
   const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
   for (int k = 0; k < int(core::MemCategory::count); ++k) {
     EXPECT_EQ(predicted.bytes[std::size_t(k)],
@@ -147,6 +157,8 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const Layout layout = GetParam();
   if (world.size() != layout.ranks()) GTEST_SKIP() << "needs another rank count";
+  // They compare against fp32 sums; the bf16 sums' layouts are TrainsTheSingleRankModel's.
+  if (layout.bf16_reduce) GTEST_SKIP() << "compares against fp32 gradient sums";
   const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
   const std::string name = "md_ck_" + layout.arch + "_" + std::to_string(layout.tensor) + "_" +
                            std::to_string(layout.data) + "_" + std::to_string(layout.depth) +
@@ -237,6 +249,8 @@ TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const Layout layout = GetParam();
   if (world.size() != layout.ranks()) GTEST_SKIP() << "needs another rank count";
+  // They compare against fp32 sums; the bf16 sums' layouts are TrainsTheSingleRankModel's.
+  if (layout.bf16_reduce) GTEST_SKIP() << "compares against fp32 gradient sums";
   const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
   apps::Trainer reference(config(data, layout, false, "md_ckref" + std::to_string(world.rank())),
                           nullptr);
@@ -404,7 +418,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "2d", 4, 1, 2, 2, false, 2},
                       Layout{"opt", "3d", 8, 1, 1, 2, false, 2},
                       Layout{"gpt2", "2d", 4, 1, 1, 0, false, 2, "interleaved", 2, 4},
-                      Layout{"opt", "2d", 4, 1, 2, 2, false, 2, "interleaved", 2, 4}),
+                      Layout{"opt", "2d", 4, 1, 2, 2, false, 2, "interleaved", 2, 4},
+                      Layout{"gpt2", "2d", 4, 1, 2, 0, false, 1, "1f1b", 1, 2, true},
+                      Layout{"opt", "2d", 4, 1, 2, 2, false, 1, "1f1b", 1, 2, true}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
@@ -413,7 +429,8 @@ INSTANTIATE_TEST_SUITE_P(
              (info.param.pipeline > 1 ? "_pp" + std::to_string(info.param.pipeline) + "_" +
                                             info.param.schedule
                                       : "") +
-             (info.param.chunks > 1 ? "_v" + std::to_string(info.param.chunks) : "");
+             (info.param.chunks > 1 ? "_v" + std::to_string(info.param.chunks) : "") +
+             (info.param.bf16_reduce ? "_bf16reduce" : "");
     });
 
 }  // namespace

@@ -42,6 +42,9 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
     const auto bucket_floats =
         static_cast<std::size_t>(options.bucket_mb * 1024 * 1024 / sizeof(float));
     buckets_ = bucket_ranges(flat_size, bucket_floats);
+    if (options.bf16_reduce && dp.size() > 1) {
+      wire_ = core::DeviceArray<std::uint16_t>(tracker, core::MemCategory::gradients, flat_size);
+    }
   }
   if (options.counted_ranges) {
     // The model's ranges of the flat buffer; in a shard (ZeRO 2), their intersections with this
@@ -86,13 +89,25 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
 
 void GradientSync::gradients_ready(std::size_t offset) {
   if (!overlap_ || dp_.size() == 1) return;
-  float* grads = full_->full_grads();
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= offset) {
     const auto [begin, end] = buckets_[next_bucket_++];
-    in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
+    start_bucket(begin, end);
     ++started_early_;
   }
-  for (auto& pending : in_flight_) pending->test();  // MPI progresses inside MPI calls
+  for (auto& bucket : in_flight_) bucket.op->test();  // MPI progresses inside MPI calls
+}
+
+void GradientSync::start_bucket(std::size_t begin, std::size_t end) {
+  float* grads = full_->full_grads() + begin;
+  const std::size_t n = end - begin;
+  if (wire_.size() == 0) {
+    in_flight_.push_back({begin, end, dp_.start_all_reduce_sum({grads, n})});
+    return;
+  }
+  std::uint16_t* wire = wire_.data() + begin;
+  core::kernels::to_bf16(wire, grads, int64_t(n));
+  Kokkos::fence();  // the collective reads what the kernel wrote
+  in_flight_.push_back({begin, end, dp_.start_all_reduce_sum_bf16({wire, n})});
 }
 
 double GradientSync::reduce() {
@@ -101,9 +116,16 @@ double GradientSync::reduce() {
     if (dp_.size() > 1) {
       for (; next_bucket_ < buckets_.size(); ++next_bucket_) {
         const auto [begin, end] = buckets_[next_bucket_];
-        in_flight_.push_back(dp_.start_all_reduce_sum({grads + begin, end - begin}));
+        start_bucket(begin, end);
       }
-      for (auto& pending : in_flight_) pending->wait();
+      for (InFlight& bucket : in_flight_) {
+        bucket.op->wait();
+        if (wire_.size() > 0) {  // the bf16 sum, widened back into the fp32 gradients
+          core::kernels::from_bf16(grads + bucket.begin, wire_.data() + bucket.begin,
+                                   int64_t(bucket.end - bucket.begin), /*accumulate=*/false);
+        }
+      }
+      if (wire_.size() > 0) Kokkos::fence();
       in_flight_.clear();
       next_bucket_ = 0;
     }

@@ -50,6 +50,10 @@ struct PipelineLinks {
 
 struct GradientSyncOptions {
   double bucket_mb = 25.0;                    // stages 0-1: all-reduce bucket size
+  // Stages 0-1: each bucket travels as bf16 (parallel.grad_reduce: bf16): rounded into a bf16
+  // copy of the flat buffer (2 bytes per parameter, counted under gradients), summed in bf16,
+  // widened back. Stages 2-3: the store's option (zero::OptimizerOptions::bf16_reduce).
+  bool bf16_reduce = false;
   parallel::Communicator* tensor = nullptr;   // the tensor group (null or size 1: none)
   bool sequence_split = false;                // layernorm gradients are partial sums over it
   PipelineLinks pipeline{};
@@ -109,7 +113,15 @@ class GradientSync {
   bool distributed_ = false;  // the norm sums over the tensor group or the stages
   std::vector<std::pair<std::size_t, std::size_t>> buckets_;
   bool overlap_ = false;
-  std::vector<std::unique_ptr<parallel::PendingCollective>> in_flight_;
+  // Stages 0-1: a bucket started and not yet waited for (its range, for the way back from bf16).
+  struct InFlight {
+    std::size_t begin, end;
+    std::unique_ptr<parallel::PendingCollective> op;
+  };
+  // Starts bucket [begin, end)'s all-reduce (fp32, or its bf16 copy in wire_).
+  void start_bucket(std::size_t begin, std::size_t end);
+  std::vector<InFlight> in_flight_;
+  core::DeviceArray<std::uint16_t> wire_;  // bf16_reduce, stages 0-1, several data ranks
   std::size_t next_bucket_ = 0;  // first bucket (in issue order) not started this step
   std::size_t started_early_ = 0;
 };

@@ -25,7 +25,8 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
     store_ = full_;
   } else {
     own_sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage_, dp,
-                                                           tracker, options.offload_params);
+                                                           tracker, options.offload_params,
+                                                           options.bf16_reduce);
     sharded_ = own_sharded_.get();
     store_ = sharded_;
   }

@@ -40,6 +40,8 @@ struct OptimizerOptions {
   int stage = 0;                   // ZeRO stage: 0, 1, 2 or 3
   bool offload_optimizer = false;  // moments and update on the host (stages 1-3)
   bool offload_params = false;     // the parameter shard on the host (stage 3, with the above)
+  bool bf16_reduce = false;        // stages 2-3: gradients reduce-scattered as bf16
+                                   // (parallel.grad_reduce: bf16)
 };
 
 class ShardedAdamW {

@@ -15,7 +15,8 @@ namespace k = core::kernels;
 ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
                                              std::size_t flat_size, int stage,
                                              parallel::Communicator& dp,
-                                             core::MemoryTracker& tracker, bool offload_params)
+                                             core::MemoryTracker& tracker, bool offload_params,
+                                             bool bf16_reduce)
     : ParameterStore(std::move(units), flat_size),
       stage_(stage),
       dp_(dp),
@@ -55,7 +56,12 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
   if (ranks_ > 1) {
     grad_work_[0] = core::DeviceArray<float>(tracker, MemCategory::gradients, first);
     grad_work_[1] = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
-    grad_spare_ = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
+    if (bf16_reduce) {
+      grad_wire_[0] = core::DeviceArray<std::uint16_t>(tracker, MemCategory::gradients, first);
+      grad_wire_[1] = core::DeviceArray<std::uint16_t>(tracker, MemCategory::gradients, widest);
+    } else {
+      grad_spare_ = core::DeviceArray<float>(tracker, MemCategory::gradients, widest);
+    }
   }
 }
 
@@ -192,11 +198,15 @@ void ShardedParameterStore::finish_reduction(int sl) {
   r.op->wait();
   r.op.reset();
   const std::size_t s = slice(r.unit);
-  // In place: this rank's reduced slice is in its own block of the work buffer.
-  k::add(grad_shard_.data() + shard_offset(r.unit), r.work + rank_ * s, int64_t(s));
+  // In place: this rank's reduced slice is in its own block of the work buffer (or its copy).
+  float* shard = grad_shard_.data() + shard_offset(r.unit);
+  if (r.wire != nullptr) {
+    k::from_bf16(shard, r.wire + rank_ * s, int64_t(s), /*accumulate=*/true);
+  } else {
+    k::add(shard, r.work + rank_ * s, int64_t(s));
+  }
   Kokkos::fence();
-  r.unit = -1;
-  r.work = nullptr;
+  r = Reduction{};
 }
 
 void ShardedParameterStore::finish_reductions() {
@@ -216,12 +226,18 @@ void ShardedParameterStore::gradients_done(int unit) {
   // block's backward ran beside it. A unit's slices are added in the order its reductions
   // started, so micro-batches accumulate in order.
   finish_reduction(sl);
-  const std::size_t s = slice(unit);
+  const std::size_t s = slice(unit), n = units()[unit].size();
   float* work = grad_work_[sl].data();
+  if (grad_wire_[sl].size() > 0) {  // bf16 on the wire; the fp32 buffer is free again
+    std::uint16_t* wire = grad_wire_[sl].data();
+    k::to_bf16(wire, work, int64_t(n));
+    Kokkos::fence();
+    reducing_[sl] = Reduction{unit, nullptr, wire, dp_.start_reduce_scatter_sum_bf16({wire, n})};
+    return;
+  }
   Kokkos::fence();  // the collective reads what the kernels wrote
-  reducing_[sl] = Reduction{unit, work,
-                            dp_.start_reduce_scatter_sum({work, units()[unit].size()},
-                                                         {work + rank_ * s, s})};
+  reducing_[sl] = Reduction{unit, work, nullptr,
+                            dp_.start_reduce_scatter_sum({work, n}, {work + rank_ * s, s})};
 }
 
 std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_pieces(

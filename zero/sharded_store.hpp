@@ -43,7 +43,7 @@ class ShardedParameterStore : public core::ParameterStore {
  public:
   ShardedParameterStore(std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
                         parallel::Communicator& dp, core::MemoryTracker& tracker,
-                        bool offload_params = false);
+                        bool offload_params = false, bool bf16_reduce = false);
 
   const float* gather(int unit) override;
   void release(int unit) override;
@@ -116,9 +116,13 @@ class ShardedParameterStore : public core::ParameterStore {
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
   core::DeviceArray<float> grad_spare_;     // slot 1's second buffer: a block accumulates here
                                             // while the previous one's reduction is in flight
+  // parallel.grad_reduce: bf16: per slot, the bf16 copy of the unit in flight, which frees its
+  // fp32 work buffer at once (no spare).
+  core::DeviceArray<std::uint16_t> grad_wire_[2];
   struct Reduction {                        // a unit's reduce-scatter in flight
     int unit = -1;
-    float* work = nullptr;
+    float* work = nullptr;                  // fp32: the work buffer reduced in place
+    std::uint16_t* wire = nullptr;          // bf16: its copy reduced in place instead
     std::unique_ptr<parallel::PendingCollective> op;
   };
   Reduction reducing_[2];                   // per slot

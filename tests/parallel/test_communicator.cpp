@@ -3,12 +3,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <numeric>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "core/bf16.hpp"
 #include "parallel/mpi_communicator.hpp"
 
 namespace colossal::parallel {
@@ -384,6 +387,65 @@ TEST(NonBlocking, StartedReduceScatterMatchesTheBlockingOneInPlaceAndApart) {
   EXPECT_EQ(world->stats().reduce_scatter.payload_bytes, 3u * c * p * 4);
   std::vector<float> wrong(c + 1);
   EXPECT_THROW(world->start_reduce_scatter_sum(input, wrong), std::invalid_argument);
+}
+
+// Rank r's bf16 value at i: magnitudes spread over 2^-3..2^3 with 8 significant bits, so sums
+// of two need rounding back to bf16 about half the time.
+std::uint16_t bf16_input(std::size_t i, std::size_t r) {
+  const float mantissa = 1.0f + float((i * 37 + r * 101) % 128) / 128.0f;
+  const float sign = (i + r) % 3 == 0 ? -1.0f : 1.0f;
+  return colossal::core::bf16_bits(sign * std::ldexp(mantissa, int((i + 2 * r) % 7) - 3));
+}
+
+// parallel.grad_reduce: bf16. On two ranks both sums are exactly bf16(a + b); on more, each
+// partial sum is rounded once (MPI picks the order), so the result is within p - 1 roundings
+// (2^-8 relative of the sum of magnitudes) of the exact sum. The reduce-scatter leaves block
+// rank() of the sum in place; both count 2 bytes an element.
+TEST(NonBlocking, Bf16SumsRoundEachPartialSumAndCountTwoBytes) {
+  auto world = colossal::parallel::make_world_communicator();
+  const std::size_t p = std::size_t(world->size()), r = std::size_t(world->rank()), c = 257;
+  const std::size_t n = c * p;
+  std::vector<std::uint16_t> summed(n), scattered(n);
+  for (std::size_t i = 0; i < n; ++i) summed[i] = scattered[i] = bf16_input(i, r);
+  world->reset_stats();
+  auto all = world->start_all_reduce_sum_bf16(summed);
+  auto scatter = world->start_reduce_scatter_sum_bf16(scattered);
+  all->wait();
+  while (!scatter->test()) {
+  }
+  std::size_t rounded = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double exact = 0.0, magnitude = 0.0;
+    for (std::size_t q = 0; q < p; ++q) {
+      exact += colossal::core::bf16_value(bf16_input(i, q));
+      magnitude += std::abs(colossal::core::bf16_value(bf16_input(i, q)));
+    }
+    const float got = colossal::core::bf16_value(summed[i]);
+    if (p == 2) {
+      const float a = colossal::core::bf16_value(bf16_input(i, 0)), b = colossal::core::bf16_value(bf16_input(i, 1));
+      ASSERT_EQ(summed[i], colossal::core::bf16_bits(a + b)) << i;
+    } else {
+      ASSERT_LE(std::abs(got - exact), double(p - 1) * std::ldexp(magnitude, -8)) << i;
+    }
+    if (double(got) != exact) ++rounded;
+    if (i / c == r) {  // this rank's block of the reduce-scatter
+      const float block = colossal::core::bf16_value(scattered[i]);
+      if (p <= 2) {
+        ASSERT_EQ(scattered[i], summed[i]) << i;
+      } else {
+        ASSERT_LE(std::abs(block - exact), double(p - 1) * std::ldexp(magnitude, -8)) << i;
+      }
+    }
+  }
+  if (p > 1) EXPECT_GT(rounded, n / 8) << "the inputs must exercise the rounding";
+  EXPECT_EQ(world->stats().all_reduce.payload_bytes, n * 2);
+  EXPECT_EQ(world->stats().reduce_scatter.payload_bytes, n * 2);
+  EXPECT_NEAR(world->stats().all_reduce.wire_bytes, 2.0 * double(p - 1) / double(p) * double(n * 2),
+              1e-6);
+  if (p > 1) {
+    std::vector<std::uint16_t> ragged(n + 1);
+    EXPECT_THROW(world->start_reduce_scatter_sum_bf16(ragged), std::invalid_argument);
+  }
 }
 
 TEST(ScalarAllReduce, SumsDoublesExactlyAndCountsEightBytes) {

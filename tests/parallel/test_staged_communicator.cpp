@@ -19,9 +19,10 @@ namespace {
 struct FakeDevice {
   std::vector<std::pair<const char*, const char*>> ranges;
   std::uint64_t to_host_calls = 0, to_device_calls = 0;
-  void add(const std::vector<float>& v) {
+  template <class T>
+  void add(const std::vector<T>& v) {
     const char* b = reinterpret_cast<const char*>(v.data());
-    ranges.emplace_back(b, b + v.size() * sizeof(float));
+    ranges.emplace_back(b, b + v.size() * sizeof(T));
   }
   bool contains(const void* p) const {
     const char* c = static_cast<const char*>(p);
@@ -229,6 +230,42 @@ TEST_F(Staged, StartedAllReduceLandsOnWait) {
   pending->wait();
   expect_bitwise(got, want, "start_all_reduce_sum");
   EXPECT_EQ(staged->staging_stats().copies_to_device, size() > 1 ? 1u : 0u);
+}
+
+// parallel.grad_reduce: bf16 through staging: the same bits as the host MPI sums; the all-reduce
+// copies the buffer each way, the reduce-scatter brings back only this rank's block.
+TEST_F(Staged, Bf16SumsMatchMpiAndBringBackTheirBlock) {
+  const std::size_t c = 1001, n = c * std::size_t(size()), r = std::size_t(rank());
+  std::vector<std::uint16_t> want(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t bits = 0;
+    const float v = values(n, rank(), 13)[i];
+    std::memcpy(&bits, &v, sizeof bits);
+    want[i] = std::uint16_t(bits >> 16);  // a bf16 pattern (truncated: any pattern will do)
+  }
+  std::vector<std::uint16_t> want_block = want;
+  auto on_device = std::make_unique<std::vector<std::uint16_t>>(want);
+  auto block_on_device = std::make_unique<std::vector<std::uint16_t>>(want);
+  dev->add(*on_device);
+  dev->add(*block_on_device);
+  plain->start_all_reduce_sum_bf16(want)->wait();
+  plain->start_reduce_scatter_sum_bf16(want_block)->wait();
+  staged->start_all_reduce_sum_bf16(*on_device)->wait();
+  const StagingStats before = staged->staging_stats();
+  staged->start_reduce_scatter_sum_bf16(*block_on_device)->wait();
+  EXPECT_EQ(*on_device, want);
+  for (std::size_t i = r * c; i < (r + 1) * c; ++i) {
+    ASSERT_EQ((*block_on_device)[i], want_block[i]) << i;
+  }
+  const StagingStats& s = staged->staging_stats();
+  if (size() > 1) {
+    EXPECT_EQ(before.bytes_to_host, n * 2);
+    EXPECT_EQ(before.bytes_to_device, n * 2);
+    EXPECT_EQ(s.bytes_to_host - before.bytes_to_host, n * 2);
+    EXPECT_EQ(s.bytes_to_device - before.bytes_to_device, c * 2);
+  } else {
+    EXPECT_EQ(s.copies_to_host + s.copies_to_device, 0u);  // one rank: nothing moves
+  }
 }
 
 TEST_F(Staged, StagingBuffersAreReusedAcrossCalls) {
