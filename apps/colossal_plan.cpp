@@ -114,9 +114,10 @@ int profile(apps::Invocation& inv) {
               hw.name.c_str(), threads, plan.description.c_str(), tables.c_str());
   std::printf("\npredicted memory per rank: %s\n", memory.format().c_str());
   std::printf("predicted step: %.4f s = compute %.4f (recompute %.4f) + layer collectives %.4f + "
-              "pipeline sends %.4f + bubble %.4f + gradient reduction %.4f + optimizer %.4f\n",
+              "pipeline sends %.4f + bubble %.4f + gradient reduction %.4f (of which %.4f hidden "
+              "under compute, not counted) + optimizer %.4f\n",
               time.step, time.compute, time.recompute, time.tensor_comm, time.pipeline_comm,
-              time.bubble, time.data_comm, time.optimizer);
+              time.bubble, time.data_comm, time.hidden_comm, time.optimizer);
   const double tokens = double(c.train.global_batch) * c.train.seq_len;
   std::printf("predicted throughput: %.0f tokens/s, %.2f TFLOP/s per rank (MFU %.1f%% of %.3g "
               "TFLOP/s)\n",

@@ -605,7 +605,7 @@ double pinned_step(const SharedCoresLayout& l, const std::vector<TimePrediction>
     double start = r->free_at;
     for (int c : r->cores) start = std::max(start, core_free[std::size_t(c)]);
     for (int c : r->cores) {
-      core_free[std::size_t(c)] = start + r->crowd * (t.data_comm + t.optimizer);
+      core_free[std::size_t(c)] = start + r->crowd * (t.data_comm - t.hidden_comm + t.optimizer);
     }
   }
   return *std::max_element(core_free.begin(), core_free.end());
@@ -682,6 +682,24 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                       3 * (m * units - m) * (D - 1) * dp_link.latency_s;
         break;
     }
+    // Overlap: what the executor starts early runs beside compute where the transport moves it
+    // on its own (HardwareSpec::comm_overlap). Stages 0-1: every bucket but the one backward
+    // finishes last, beside the last micro-batch's backward. Stage 2: each unit's reduce-scatter
+    // but each micro-batch's last, beside the next unit's backward. Stage 3: the gathers too,
+    // prefetched a unit ahead in forward and backward. The all-gather after the update
+    // (stages 1-2) never hides.
+    if (hw.comm_overlap > 0) {
+      double forward = 0.0, backward = 0.0;
+      for (double f : t.micro_forward) forward += f;
+      for (double b : t.micro_backward) backward += b;
+      const double after = l.zero_stage == 1 || l.zero_stage == 2 ? gather_time(W, D, dp_link) : 0.0;
+      const double pieces = l.zero_stage < 2 ? buckets : std::max(1.0, units);
+      const double started = (t.data_comm - after) * (pieces - 1) / pieces;
+      const double window = l.zero_stage < 2   ? backward
+                            : l.zero_stage == 2 ? m * backward
+                                                : m * (forward + backward);
+      t.hidden_comm = hw.comm_overlap * std::min(started, window);
+    }
   }
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double updated = l.zero_stage == 0 ? flat : flat / D;
@@ -697,7 +715,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   } else {
     t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
   }
-  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
+  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
+           t.optimizer;
   return t;
 }
 

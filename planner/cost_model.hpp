@@ -96,10 +96,11 @@ struct TimePrediction {
   double tensor_comm = 0.0;     // tensor and sequence collectives inside the layers
   double pipeline_comm = 0.0;   // stage-boundary sends
   double bubble = 0.0;          // pipeline fill and drain
-  double data_comm = 0.0;       // gradient reduction and ZeRO gathers
+  double data_comm = 0.0;       // gradient reduction and ZeRO gathers (their whole time)
+  double hidden_comm = 0.0;     // of which running beside compute (HardwareSpec::comm_overlap)
   double optimizer = 0.0;
   double shared_cores = 0.0;    // waiting for cores shared by more threads (see share_cores)
-  double step = 0.0;            // the sum
+  double step = 0.0;            // the sum, less hidden_comm
   double flops = 0.0;           // model FLOPs of this rank's step (recompute excluded)
   // Per model chunk, one micro-batch's forward and backward (recompute, the layers' collectives
   // and the stage-boundary sends included): the pieces pinned_step schedules.

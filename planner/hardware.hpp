@@ -37,6 +37,10 @@ struct HardwareSpec {
   // bandwidth means host and device share memory (a CPU rank): offload costs no transfer.
   double host_link_bandwidth = 0.0;
   double host_optimizer_bandwidth = 0.0;
+  // The share of a started (non-blocking) data-parallel collective's time that runs beside the
+  // compute: 1 where the transport moves it on its own (NCCL on its stream, GPU presets), 0 where
+  // it moves only inside MPI calls (host Open MPI, which the executor pokes at unit boundaries).
+  double comm_overlap = 0.0;
   int devices_per_node = 1;
   int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)
   LinkSpec intra_node, inter_node;

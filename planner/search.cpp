@@ -405,7 +405,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           {l.pipeline_comm - w.pipeline_comm, "pipeline sends"},
           {l.bubble - w.bubble, "pipeline bubble"},
           {l.shared_cores - w.shared_cores, "cores shared by more threads than there are"},
-          {l.data_comm - w.data_comm, "gradient reduction / ZeRO gathers"},
+          {l.data_comm - l.hidden_comm - (w.data_comm - w.hidden_comm),
+           "gradient reduction / ZeRO gathers"},
           {l.optimizer - w.optimizer, "optimizer"}};
       const auto worst = *std::max_element(std::begin(parts), std::end(parts));
       char why[160];

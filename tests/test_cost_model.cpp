@@ -45,9 +45,15 @@ TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   EXPECT_NEAR(back.memory_bandwidth, h.memory_bandwidth, 1e-5 * h.memory_bandwidth);
   EXPECT_NEAR(back.inter_node.bandwidth_Bps, h.inter_node.bandwidth_Bps, 1e-5 * h.inter_node.bandwidth_Bps);
   EXPECT_EQ(back.devices_per_node, 8);
+  EXPECT_EQ(back.comm_overlap, 0.5);  // NCCL moves started collectives beside the kernels
   const planner::HardwareSpec host = planner::hardware_preset("host");
   std::ofstream(path) << planner::hardware_yaml(host);
   EXPECT_EQ(planner::read_hardware(path.string()).gemm_curve.size(), host.gemm_curve.size());
+  EXPECT_EQ(planner::read_hardware(path.string()).comm_overlap, 0.0);
+  std::string overlapped = planner::hardware_yaml(h);
+  overlapped.replace(overlapped.find("comm_overlap: 0.5"), 17, "comm_overlap: 1.5");
+  std::ofstream(path) << overlapped;
+  EXPECT_THROW(planner::read_hardware(path.string()), std::runtime_error);
 
   std::ofstream(path) << "name: x\nfp32_tflops: 1\n";
   try {
@@ -137,6 +143,43 @@ TEST(CostModel, GradientBucketsPayOneRingLatencyEach) {
   const double block = 12.0 * 768 * 768 + 13 * 768;  // a gpt2-124m block's parameters
   const double embeddings = (50257.0 + 1024) * 768;  // unit 0: token and position embeddings
   EXPECT_NEAR(saved, 4 * block - 2 * (block + embeddings), 0.01 * 4 * block);
+}
+
+// Overlap (HardwareSpec::comm_overlap): a GPU preset hides the started reductions under
+// backward, never more than the window, never the bucket backward finishes last nor the
+// all-gather after the update; the host (MPI progressed only when polled) hides nothing.
+TEST(CostModel, StartedReductionsHideUnderComputeWhereTheTransportMovesThem) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  planner::HardwareSpec hw = planner::hardware_preset("h200");
+  planner::RankLayout l;
+  l.seq_len = 1024;
+  l.micro_batch = 4;
+  l.micro_batches = 4;
+  l.data = 16;  // two nodes: the inter-node link
+  l.bucket_mb = 25;
+  for (const int stage : {0, 1, 2, 3}) {
+    l.zero_stage = stage;
+    const planner::TimePrediction t = planner::predict_time(spec, l, hw);
+    double forward = 0, backward = 0;
+    for (double f : t.micro_forward) forward += f;
+    for (double b : t.micro_backward) backward += b;
+    EXPECT_GT(t.hidden_comm, 0.0) << stage;
+    EXPECT_LT(t.hidden_comm, t.data_comm) << stage;
+    const double window = stage < 2 ? backward : stage == 2 ? 4 * backward : 4 * (forward + backward);
+    EXPECT_LE(t.hidden_comm, window * (1 + 1e-12)) << stage;
+    EXPECT_NEAR(t.step, t.compute + t.tensor_comm + t.data_comm - t.hidden_comm + t.optimizer,
+                1e-12) << stage;
+    planner::HardwareSpec polled = hw;
+    polled.comm_overlap = 0.0;
+    const planner::TimePrediction p = planner::predict_time(spec, l, polled);
+    EXPECT_EQ(p.hidden_comm, 0.0);
+    EXPECT_NEAR(p.step - t.step, t.hidden_comm, 1e-12) << stage;
+  }
+  l.zero_stage = 0;
+  l.bucket_mb = std::numeric_limits<double>::infinity();  // one bucket: nothing starts early
+  EXPECT_EQ(planner::predict_time(spec, l, hw).hidden_comm, 0.0);
+  l.bucket_mb = 25;
+  EXPECT_EQ(planner::predict_time(spec, l, planner::hardware_preset("host")).hidden_comm, 0.0);
 }
 
 // Ranks taking turns on fewer cores than their threads: the step is at least the node's busy

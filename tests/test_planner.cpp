@@ -360,14 +360,16 @@ TEST(Megatron2021, Table2ZeroThreeAndPtdp) {
     EXPECT_GT(predicted, 0.0);
     if (r.p == 1) {
       zero3.push_back(predicted);
+      // Their gathers and reduce-scatters run beside compute, half hidden (the GPU presets'
+      // comm_overlap); all of it exposed predicted them 15-34% low.
+      EXPECT_NEAR(predicted / r.tflops, 1.0, 0.25) << r.params << "B on " << r.gpus;
     } else {
       ptdp.push_back(predicted);
       EXPECT_NEAR(predicted / r.tflops, 1.0, 0.10) << r.params << "B on " << r.gpus;
     }
   }
-  // ZeRO-3 rows are predicted low (their parameter gathers are not overlapped with compute, as in
-  // this project's executor; DeepSpeed prefetches them), but as published: slower than PTD-P on
-  // each cluster size, and losing per-GPU throughput as the cluster grows while PTD-P holds.
+  // ZeRO-3 rows are predicted 5-21% low, and as published: slower than PTD-P on each cluster
+  // size, and losing per-GPU throughput as the cluster grows while PTD-P holds.
   ASSERT_EQ(zero3.size(), 6u);
   ASSERT_EQ(ptdp.size(), 6u);
   for (std::size_t i = 0; i < 6; ++i) {
