@@ -204,6 +204,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // 2d / 2.5d / 3d take whole-block schedules, costed with the grid's own block sizes.
   activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
   const planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
+  // The plan first: an allocation that fails, in the build below or mid-run, is told about it.
+  predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
+  tracker_.set_plan(predicted_memory_.bytes);
   if (par.tensor_mode != core::TensorMode::d1) {
     // 2d / 2.5d / 3d: the tensor group's sub-grid and the sub-groups its model needs.
     tensor_grid_groups_ = parallel::make_tensor_grid_groups(
@@ -267,7 +270,6 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   model_ = chunks_.front().dense;
   optimizer_ = chunks_.front().optimizer.get();
   gradient_sync_ = chunks_.front().gradients.get();
-  predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
   hardware_name_ = hw.name;
   agree_on_plan();
   // A host spec (the same on every rank: the gather is collective). The 2d / 3d closed forms

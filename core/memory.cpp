@@ -61,6 +61,50 @@ std::string MemoryTracker::summary() const {
   return out.str();
 }
 
+std::string MemoryTracker::out_of_memory_report(MemCategory category, std::size_t bytes,
+                                                const std::string& why) const {
+  const bool host = category == MemCategory::offloaded ||
+                    std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
+  std::ostringstream out;
+  out << "out of " << (host ? "host" : "device") << " memory: " << format_bytes(double(bytes))
+      << " more of " << category_name(category) << " could not be allocated (" << why << ").\n"
+      << "  tracked now: ";
+  for (std::size_t i = 0; i < kCount; ++i) {
+    if (current_[i] > 0) out << category_name(MemCategory(i)) << " " << format_bytes(double(current_[i])) << ", ";
+  }
+  out << "total " << format_bytes(double(current_total_)) << "\n";
+  // The category furthest past its plan, counting the request.
+  MemCategory grew = category;
+  if (has_plan_) {
+    out << "  memory plan: ";
+    double planned = 0.0, worst = -1e300;
+    for (std::size_t i = 0; i < kCount; ++i) {
+      planned += plan_[i];
+      if (plan_[i] > 0) out << category_name(MemCategory(i)) << " " << format_bytes(plan_[i]) << ", ";
+      const double would = double(current_[i]) + (i == index(category) ? double(bytes) : 0.0);
+      if (would - plan_[i] > worst) {
+        worst = would - plan_[i];
+        grew = MemCategory(i);
+      }
+    }
+    out << "total " << format_bytes(planned) << "\n";
+    const std::size_t g = index(grew);
+    const double would = double(current_[g]) + (g == index(category) ? double(bytes) : 0.0);
+    if (worst > 0) {
+      out << "  " << category_name(grew) << " grew past the plan: " << format_bytes(would)
+          << " against " << format_bytes(plan_[g]) << " planned\n";
+    } else {
+      out << "  every category is within the plan: something outside the tracker (a library's "
+             "workspace, another process, a limit on this one such as ulimit -v or a cgroup) "
+             "holds the rest\n";
+    }
+  }
+  out << "  to need less: a smaller train.micro_batch, checkpointing.policy: full (or rotor with "
+         "checkpointing.memory_budget), a higher parallel.zero.stage, or "
+         "parallel.zero.offload.policy: auto; colossal_train --memory-plan shows the plan";
+  return out.str();
+}
+
 namespace {
 constexpr bool kHostMemory =
     std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>;
@@ -69,6 +113,13 @@ constexpr std::size_t kHugePage = 2u << 20;
 
 namespace detail {
 void* allocate_bytes(std::size_t bytes, bool host) {
+#ifdef KOKKOS_ENABLE_CUDA
+  // Offloaded state beside a GPU: pinned (page-locked) host memory, so its copies to and from the
+  // device are DMA at the link's full rate instead of staged through a pageable bounce buffer.
+  if (host && !kHostMemory) {
+    return Kokkos::kokkos_malloc<Kokkos::CudaHostPinnedSpace>("colossal::offloaded", bytes);
+  }
+#endif
   if (kHostMemory || host) {
     const std::size_t alignment = bytes >= kHugePage ? kHugePage : 64;
     void* ptr = nullptr;
@@ -81,7 +132,19 @@ void* allocate_bytes(std::size_t bytes, bool host) {
   return Kokkos::kokkos_malloc<Kokkos::DefaultExecutionSpace::memory_space>("colossal", bytes);
 }
 
+void allocation_failed(MemoryTracker& tracker, MemCategory category, std::size_t bytes,
+                       const char* why) {
+  tracker.on_free(category, bytes);  // it was counted before the attempt
+  throw OutOfMemory(tracker.out_of_memory_report(category, bytes, why));
+}
+
 void free_bytes(void* ptr, std::size_t /*bytes*/, bool host) {
+#ifdef KOKKOS_ENABLE_CUDA
+  if (host && !kHostMemory) {
+    Kokkos::kokkos_free<Kokkos::CudaHostPinnedSpace>(ptr);
+    return;
+  }
+#endif
   if (kHostMemory || host) {
     std::free(ptr);
   } else {

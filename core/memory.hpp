@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -39,6 +40,16 @@ class MemoryTracker {
   // is null), so a layout's memory per rank can be measured without the memory (--memory-plan).
   void set_dry_run(bool dry) { dry_run_ = dry; }
   bool dry_run() const { return dry_run_; }
+  // The memory plan (the cost model's bytes per category for this rank), which an allocation
+  // that fails mid-run is reported against.
+  void set_plan(const std::array<double, static_cast<std::size_t>(MemCategory::count)>& bytes) {
+    plan_ = bytes;
+    has_plan_ = true;
+  }
+  // What to say when `bytes` more of `category` could not be allocated: the request, what is
+  // tracked now, the plan, the category that grew past it most, and which keys lower memory.
+  std::string out_of_memory_report(MemCategory category, std::size_t bytes,
+                                   const std::string& why) const;
 
  private:
   static std::size_t index(MemCategory c) { return static_cast<std::size_t>(c); }
@@ -48,6 +59,15 @@ class MemoryTracker {
   std::size_t current_total_ = 0;
   bool dry_run_ = false;
   std::size_t peak_total_ = 0;
+  std::array<double, kCount> plan_{};
+  bool has_plan_ = false;
+};
+
+// An allocation the tracker counted failed (device or host out of memory): what() is the
+// tracker's out_of_memory_report.
+class OutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 std::string format_bytes(double bytes);
@@ -56,6 +76,9 @@ namespace detail {
 // Memory of the default execution space. On the host it is 2 MiB aligned and advised for huge pages:
 // a fresh 4 KiB page costs ~13 us to touch on these machines, so big arrays want few, large pages.
 void* allocate_bytes(std::size_t bytes, bool host);
+// Un-counts a failed allocation of `bytes` of `category` and throws OutOfMemory.
+[[noreturn]] void allocation_failed(MemoryTracker& tracker, MemCategory category,
+                                    std::size_t bytes, const char* why);
 void free_bytes(void* ptr, std::size_t bytes, bool host);
 }  // namespace detail
 
@@ -73,7 +96,11 @@ class DeviceArray {
       counted_only_ = true;
       return;
     }
-    data_ = static_cast<T*>(detail::allocate_bytes(bytes(), on_host()));
+    try {
+      data_ = static_cast<T*>(detail::allocate_bytes(bytes(), on_host()));
+    } catch (const std::exception& e) {  // std::bad_alloc; Kokkos' RawMemoryAllocationFailure
+      detail::allocation_failed(tracker, category_, bytes(), e.what());
+    }
     if (on_host()) {
       std::fill(data_, data_ + count_, T{});
     } else {

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <array>
+#include <string>
+
 #include "core/memory.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -20,6 +23,53 @@ TEST(MemoryTracker, CountsCurrentAndPeakByCategory) {
   EXPECT_EQ(t.current_total(), 0u);
   EXPECT_EQ(t.peak_total(), 4040u);
   EXPECT_EQ(t.peak(MemCategory::parameters), 4000u);
+}
+
+// Out of memory mid-run: the report names the request, what is tracked, the plan and the
+// category furthest past it, and the keys that need less.
+TEST(MemoryTracker, OutOfMemoryReportNamesTheCategoryThatGrewAndThePlan) {
+  MemoryTracker t;
+  std::array<double, std::size_t(MemCategory::count)> plan{};
+  plan[std::size_t(MemCategory::parameters)] = 4096.0 * 1024;
+  plan[std::size_t(MemCategory::activations)] = 2048.0 * 1024;
+  t.set_plan(plan);
+  DeviceArray<float> params(t, MemCategory::parameters, 1024 * 1024);      // 4 MiB, as planned
+  DeviceArray<float> activations(t, MemCategory::activations, 512 * 1024);  // 2 MiB, as planned
+  const std::string report = t.out_of_memory_report(MemCategory::activations, 3u << 20, "test");
+  EXPECT_NE(report.find("3.0 MiB more of activations could not be allocated (test)"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("tracked now: params 4.0 MiB, activations 2.0 MiB, total 6.0 MiB"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("memory plan: params 4.0 MiB, activations 2.0 MiB, total 6.0 MiB"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("activations grew past the plan: 5.0 MiB against 2.0 MiB planned"),
+            std::string::npos) << report;
+  EXPECT_NE(report.find("train.micro_batch"), std::string::npos) << report;
+  // The request within its category's plan while another grew: that one is named.
+  DeviceArray<float> more(t, MemCategory::parameters, 1024 * 1024);
+  const std::string other = t.out_of_memory_report(MemCategory::activations, 1, "test");
+  EXPECT_NE(other.find("params grew past the plan: 8.0 MiB against 4.0 MiB planned"),
+            std::string::npos) << other;
+}
+
+// A real failed allocation throws OutOfMemory with that report and leaves nothing counted. (Not
+// under AddressSanitizer, whose allocator aborts on an impossible size instead of failing it.)
+TEST(MemoryTracker, AFailedAllocationThrowsTheReportAndUncountsIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on impossible allocations";
+#else
+  MemoryTracker t;
+  DeviceArray<float> params(t, MemCategory::parameters, 1000);
+  try {
+    DeviceArray<float> huge(t, MemCategory::activations, std::size_t(1) << 61);  // 8 EiB
+    FAIL() << "an 8 EiB allocation cannot succeed";
+  } catch (const OutOfMemory& e) {
+    EXPECT_NE(std::string(e.what()).find("more of activations could not be allocated"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_EQ(t.current(MemCategory::activations), 0u);
+  EXPECT_EQ(t.current_total(), 4000u);
+#endif
 }
 
 TEST(MemoryTracker, ModelAndOptimizerBytesMatchTheTensorTable) {
