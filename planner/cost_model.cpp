@@ -274,10 +274,11 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   const std::size_t unit = l.zero_stage >= 1 ? std::size_t(16) * std::size_t(l.data) : 16;
   const std::size_t floor =
       core::grid_first_unit_floats(spec, l.tensor_mode, q, unit, stage, l.zero_stage);
-  double params = 0.0;
+  double params = 0.0, unit_count = 0.0;
   for (std::size_t u : cube ? core::Model3D::unit_floats(spec, q, unit, stage, floor)
                             : core::Model2D::unit_floats(spec, q, unit, stage, floor)) {
     params += double(u);
+    unit_count += 1.0;
   }
   const int replicas = l.data * (cube ? 1 : l.depth);
   const LinkSpec& data_link = link_for(l.tensor * l.data, hw);
@@ -298,6 +299,19 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   // ZeRO 1: the parameters all-gathered over the data ranks after the update of a 1/data shard.
   const double updated = l.zero_stage >= 1 ? params / l.data : params;
   if (l.zero_stage == 1 && l.data > 1) t.data_comm += gather_time(params * kF, l.data, data_link);
+  // Overlap, as in 1d (predict_time): the reduction but its last piece (bucket, or each
+  // micro-batch's last unit) beside backward (the last micro-batch's at stages 0-1, every one's
+  // at 2), where the transport moves it on its own; the all-gather after the update never hides.
+  // Backward: two thirds of the products' time, plus what is recomputed.
+  if (hw.comm_overlap > 0 && replicas > 1) {
+    const double after = l.zero_stage >= 1 ? gather_time(params * kF, l.data, data_link) : 0.0;
+    const double pieces =
+        l.zero_stage < 2 ? std::max(1.0, std::ceil(params * kF / (l.bucket_mb * 1024 * 1024)))
+                         : std::max(1.0, unit_count);
+    const double backward = 2.0 / 3.0 * (t.compute - t.recompute) + t.recompute;
+    const double window = l.zero_stage < 2 ? backward / m : backward;
+    t.hidden_comm = hw.comm_overlap * std::min((t.data_comm - after) * (pieces - 1) / pieces, window);
+  }
   if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
     const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
                                                          : hw.optimizer_bandwidth;
@@ -334,6 +348,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     t.tensor_comm += c.tensor_comm;
     t.pipeline_comm += c.pipeline_comm;
     t.data_comm += c.data_comm;
+    t.hidden_comm += c.hidden_comm;
     t.optimizer += c.optimizer;
     t.flops += c.flops;
   }
@@ -341,7 +356,8 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     t.bubble = (l.pipeline - 1) * (t.compute + t.tensor_comm + t.pipeline_comm) /
                (double(l.micro_batches) * double(l.chunks.size()));
   }
-  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm + t.optimizer;
+  t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
+           t.optimizer;
   return t;
 }
 

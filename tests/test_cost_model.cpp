@@ -175,6 +175,16 @@ TEST(CostModel, StartedReductionsHideUnderComputeWhereTheTransportMovesThem) {
     EXPECT_EQ(p.hidden_comm, 0.0);
     EXPECT_NEAR(p.step - t.step, t.hidden_comm, 1e-12) << stage;
   }
+  // A 2D grid's reduction over its data ranks hides the same way.
+  planner::RankLayout grid = l;
+  grid.tensor_mode = core::TensorMode::d2;
+  grid.tensor = 4;
+  grid.zero_stage = 2;
+  const planner::TimePrediction g = planner::predict_time(spec, grid, hw);
+  EXPECT_GT(g.hidden_comm, 0.0);
+  EXPECT_LT(g.hidden_comm, g.data_comm);
+  EXPECT_NEAR(g.step, g.compute + g.tensor_comm + g.data_comm - g.hidden_comm + g.optimizer,
+              1e-12);
   l.zero_stage = 0;
   l.bucket_mb = std::numeric_limits<double>::infinity();  // one bucket: nothing starts early
   EXPECT_EQ(planner::predict_time(spec, l, hw).hidden_comm, 0.0);
