@@ -14,7 +14,9 @@
 #      by one) and a profiled bf16 colossal_train step;
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
-#      ranks; 10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
+#      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), and dp2
+#      ZeRO-2 with parallel.grad_reduce: bf16 (the bf16 sums staged; 2e-4);
+#      10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
 #   5. the same gpt2-124m in PyTorch on the GPU (bench/pytorch_peer.py: eager fp32, eager bf16
 #      autocast, compile + bf16), when the machine's python3 has torch with CUDA.
 # Sections run in the order 1 to 5; GPU_CHECK_SECTIONS="1 2" runs a subset.
@@ -233,12 +235,18 @@ if section 4; then
       [tp2-seqsplit]="2 --set parallel.tensor.size=2 --set parallel.tensor.sequence_split=true"
       [sp2]="2 --set parallel.sequence=2"
       [pp2-1f1b]="2 --set parallel.pipeline.size=2 --set parallel.pipeline.schedule=1f1b"
-      [2d-4ranks]="4 --set parallel.tensor.size=4 --set parallel.tensor.mode=2d")
-    for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b 2d-4ranks; do
+      [2d-4ranks]="4 --set parallel.tensor.size=4 --set parallel.tensor.mode=2d"
+      [dp2-zero2-bf16reduce]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.grad_reduce=bf16"
+      [dp2-zero3-offload]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true")
+    for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b 2d-4ranks dp2-zero2-bf16reduce \
+                dp2-zero3-offload; do
       t0=$SECONDS
+      # Gradients summed in bf16 (parallel.grad_reduce) follow fp32 sums to 2e-4 (the host tests').
+      tolerance=1e-5
+      [ "$name" = dp2-zero2-bf16reduce ] && tolerance=2e-4
       # shellcheck disable=SC2086  # the layout's words are separate arguments
       got=$(staged ${layouts[$name]})
-      if compare "$name" 1e-5 "$one" "$got" >> "$report"; then
+      if compare "$name" "$tolerance" "$one" "$got" >> "$report"; then
         say "$name: losses match one rank ($((SECONDS - t0)) s)"
       else
         say "$name: losses DIFFER or the run failed ($((SECONDS - t0)) s)"; fail=1
