@@ -2,6 +2,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
+
+#include "parallel/communicator.hpp"
 
 namespace colossal::apps {
 
@@ -40,12 +43,15 @@ void Watchdog::watch() {
   while (!stop_cv_.wait_for(lock, tick, [this] { return stop_; })) {
     const double idle = double(now_ns() - last_ns_.load()) * 1e-9;
     if (idle < seconds_) continue;
+    // The collective this rank is blocked in, if any (its peers never joined it).
+    const auto wait = parallel::current_collective_wait();
+    const std::string in = wait ? "; " + parallel::describe(*wait) : std::string();
     std::fprintf(stderr,
-                 "colossal_train: error (rank %d): watchdog: no progress for %.0f s (step %lld, %s; "
+                 "colossal_train: error (rank %d): watchdog: no progress for %.0f s (step %lld, %s%s; "
                  "train.watchdog_seconds = %g): another rank may have died or hung in a "
                  "collective. Ending this rank so the job ends; restart with "
                  "checkpoint.resume: auto to continue from the last checkpoint\n",
-                 rank_, idle, (long long)step_.load(), where_.load(), seconds_);
+                 rank_, idle, (long long)step_.load(), where_.load(), in.c_str(), seconds_);
     std::fflush(stderr);
     std::_Exit(1);  // no MPI call from this thread; mpirun / srun ends the other ranks
   }

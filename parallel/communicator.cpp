@@ -1,6 +1,9 @@
 #include "parallel/communicator.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <stdexcept>
 #include <utility>
@@ -109,15 +112,114 @@ void Communicator::check_rank(const char* what, const char* role, int peer) cons
   }
 }
 
+// What this process waits in (current_collective_wait): set around every blocking call and every
+// wait on a started one, the previous one restored after (a staged call waits in its host MPI's).
+// Plain atomics: the watchdog thread reads them while the owner writes; a torn mix of two waits in
+// its message is harmless.
+namespace {
+std::atomic<int> g_wait_kind{-1};
+std::atomic<std::uint64_t> g_wait_bytes{0};
+std::atomic<int> g_wait_ranks{0};
+std::atomic<const char*> g_wait_backend{""};
+std::atomic<std::int64_t> g_wait_since_ns{0};
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+Communicator::WaitScope::WaitScope(const Communicator& comm, CollectiveKind kind,
+                                   std::uint64_t payload_bytes)
+    : WaitScope(kind, payload_bytes, comm.size(), comm.backend().data()) {}
+
+Communicator::WaitScope::WaitScope(CollectiveKind kind, std::uint64_t payload_bytes, int ranks,
+                                   const char* backend)
+    : kind_(g_wait_kind.load()),
+      bytes_(g_wait_bytes.load()),
+      ranks_(g_wait_ranks.load()),
+      backend_(g_wait_backend.load()),
+      since_ns_(g_wait_since_ns.load()) {
+  g_wait_since_ns = steady_ns();
+  g_wait_bytes = payload_bytes;
+  g_wait_ranks = ranks;
+  g_wait_backend = backend;
+  g_wait_kind = int(kind);
+}
+
+Communicator::WaitScope::~WaitScope() {
+  g_wait_kind = kind_;
+  g_wait_bytes = bytes_;
+  g_wait_ranks = ranks_;
+  g_wait_backend = backend_;
+  g_wait_since_ns = since_ns_;
+}
+
+std::optional<CollectiveWait> current_collective_wait() {
+  const int kind = g_wait_kind.load();
+  if (kind < 0) return std::nullopt;
+  return CollectiveWait{CollectiveKind(kind), g_wait_bytes.load(), g_wait_ranks.load(),
+                        g_wait_backend.load(),
+                        double(steady_ns() - g_wait_since_ns.load()) * 1e-9};
+}
+
+std::string describe(const CollectiveWait& wait) {
+  char text[160];
+  std::snprintf(text, sizeof text, "waiting %.0f s in %s of %.3g MB over %d ranks (%s)",
+                wait.seconds, collective_name(wait.kind), double(wait.payload_bytes) / 1e6,
+                wait.ranks, wait.backend);
+  return text;
+}
+
+namespace {
+// A started collective whose wait (or the destructor's) is recorded as the process's wait.
+class TrackedPending final : public PendingCollective {
+ public:
+  TrackedPending(std::unique_ptr<PendingCollective> inner, CollectiveKind kind,
+                 std::uint64_t bytes, int ranks, const char* backend)
+      : inner_(std::move(inner)), kind_(kind), bytes_(bytes), ranks_(ranks), backend_(backend) {}
+  ~TrackedPending() override {
+    if (done_) return;
+    const Communicator::WaitScope waiting(kind_, bytes_, ranks_, backend_);
+    inner_.reset();  // an unfinished one waits in its destructor
+  }
+  bool test() override { return done_ = done_ || inner_->test(); }
+  void wait() override {
+    if (done_) return;
+    const Communicator::WaitScope waiting(kind_, bytes_, ranks_, backend_);
+    inner_->wait();
+    done_ = true;
+  }
+
+ private:
+  std::unique_ptr<PendingCollective> inner_;
+  CollectiveKind kind_;
+  std::uint64_t bytes_;
+  int ranks_;
+  const char* backend_;
+  bool done_ = false;
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::tracked(std::unique_ptr<PendingCollective> pending,
+                                                         CollectiveKind kind,
+                                                         std::uint64_t payload_bytes) const {
+  return std::make_unique<TrackedPending>(std::move(pending), kind, payload_bytes, size(),
+                                          backend().data());
+}
+
 // On a communicator of one rank the in-place collectives (sum, max, broadcast, and reduce-scatter
 // or all-gather in place) leave the buffer as it is: no transport is called, so a one-rank run on
 // a GPU stages nothing through the host. Bytes are still counted, as the call asked for them.
 void Communicator::all_reduce_sum(std::span<float> buffer) {
+  const WaitScope waiting(*this, CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
   if (size() > 1) do_all_reduce_sum(buffer);
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 void Communicator::all_reduce_max(std::span<float> buffer) {
+  const WaitScope waiting(*this, CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
   if (size() > 1) do_all_reduce_max(buffer);
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
@@ -141,6 +243,7 @@ std::unique_ptr<PendingCollective> start_or_copy(int ranks, bool in_place, Start
 }  // namespace
 
 double Communicator::all_reduce_sum_value(double value) {
+  const WaitScope waiting(*this, CollectiveKind::all_reduce, sizeof(double));
   const double sum = do_all_reduce_sum_value(value);
   record(CollectiveKind::all_reduce, sizeof(double));
   return sum;
@@ -150,7 +253,7 @@ std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<
   auto pending = size() > 1 ? do_start_all_reduce_sum(buffer)
                             : std::make_unique<CompletedCollective>();
   record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum_bf16(
@@ -158,7 +261,8 @@ std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum_bf16(
   auto pending = size() > 1 ? do_start_all_reduce_sum_bf16(buffer)
                             : std::make_unique<CompletedCollective>();
   record(CollectiveKind::all_reduce, buffer.size() * sizeof(std::uint16_t));
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::all_reduce,
+                 buffer.size() * sizeof(std::uint16_t));
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum_bf16(
@@ -171,7 +275,8 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum_bf16(
   auto pending = size() > 1 ? do_start_reduce_scatter_sum_bf16(buffer)
                             : std::make_unique<CompletedCollective>();
   record(CollectiveKind::reduce_scatter, buffer.size() * sizeof(std::uint16_t));
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::reduce_scatter,
+                 buffer.size() * sizeof(std::uint16_t));
 }
 
 namespace {
@@ -218,6 +323,7 @@ bool Communicator::check_reduce_scatter(std::span<const float> input,
 
 void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_reduce_scatter(input, output);
+  const WaitScope waiting(*this, CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
   if (size() > 1 || !in_place) do_reduce_scatter_sum(input, output);
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
@@ -229,7 +335,7 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
       size(), in_place, [&] { return do_start_reduce_scatter_sum(input, output); },
       [&] { do_reduce_scatter_sum(input, output); });
   record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_reduce_scatter_sum(
@@ -257,6 +363,7 @@ bool Communicator::check_all_gather(std::span<const float> input, std::span<floa
 
 void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_all_gather(input, output);
+  const WaitScope waiting(*this, CollectiveKind::all_gather, output.size() * kFloatBytes);
   if (size() > 1 || !in_place) do_all_gather(input, output);
   record(CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
@@ -268,7 +375,7 @@ std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<cons
       size(), in_place, [&] { return do_start_all_gather(input, output); },
       [&] { do_all_gather(input, output); });
   record(CollectiveKind::all_gather, output.size() * kFloatBytes);
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<const float> input,
@@ -279,12 +386,14 @@ std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<c
 
 void Communicator::broadcast(std::span<float> buffer, int root) {
   check_rank("broadcast", "root", root);
+  const WaitScope waiting(*this, CollectiveKind::broadcast, buffer.size() * kFloatBytes);
   if (size() > 1) do_broadcast(buffer, root);
   record(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
 }
 
 void Communicator::broadcast_bytes(std::span<std::byte> buffer, int root) {
   check_rank("broadcast_bytes", "root", root);
+  const WaitScope waiting(*this, CollectiveKind::broadcast, buffer.size());
   do_broadcast_bytes(buffer, root);
   record(CollectiveKind::broadcast, buffer.size());
 }
@@ -299,6 +408,7 @@ void Communicator::broadcast_string(std::string& text, int root) {
 void Communicator::send(std::span<const float> buffer, int dest, int tag) {
   check_rank("send", "destination", dest);
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  const WaitScope waiting(*this, CollectiveKind::send, buffer.size() * kFloatBytes);
   do_send(buffer, dest, tag);
   record(CollectiveKind::send, buffer.size() * kFloatBytes);
 }
@@ -309,7 +419,7 @@ std::unique_ptr<PendingCollective> Communicator::start_send(std::span<const floa
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
   auto pending = do_start_send(buffer, dest, tag);
   record(CollectiveKind::send, buffer.size() * kFloatBytes);
-  return pending;
+  return tracked(std::move(pending), CollectiveKind::send, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_send(std::span<const float> buffer,
@@ -321,6 +431,7 @@ std::unique_ptr<PendingCollective> Communicator::do_start_send(std::span<const f
 void Communicator::recv(std::span<float> buffer, int source, int tag) {
   check_rank("recv", "source", source);
   if (tag < 0) fail(*this, "recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  const WaitScope waiting(*this, CollectiveKind::recv, buffer.size() * kFloatBytes);
   do_recv(buffer, source, tag);
   record(CollectiveKind::recv, buffer.size() * kFloatBytes);
 }
@@ -334,12 +445,14 @@ void Communicator::send_recv(std::span<const float> send_buffer, int dest,
               recv_buffer.size_bytes())) {
     fail(*this, "send_recv: send and receive buffers overlap; use separate buffers");
   }
+  const WaitScope waiting(*this, CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
   do_send_recv(send_buffer, dest, recv_buffer, source, tag);
   record(CollectiveKind::send, send_buffer.size() * kFloatBytes);
   record(CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
 }
 
 void Communicator::barrier() {
+  const WaitScope waiting(*this, CollectiveKind::barrier, 0);
   do_barrier();
   record(CollectiveKind::barrier, 0);
 }

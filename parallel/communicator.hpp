@@ -35,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -71,6 +72,19 @@ struct CommStats {
 // A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,
 // start_reduce_scatter_sum, start_send). test() lets it progress and
 // says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
+// What this process is blocked in now: a collective or point-to-point call, or the wait on a
+// started one (the watchdog names it when a run stops making progress). None outside them.
+struct CollectiveWait {
+  CollectiveKind kind;
+  std::uint64_t payload_bytes;  // as CommStats counts them
+  int ranks;                    // of the communicator
+  const char* backend;          // "mpi" | "nccl" | "staged-mpi"
+  double seconds;               // waited so far
+};
+std::optional<CollectiveWait> current_collective_wait();
+// "waiting 12 s in all_reduce of 97.3 MB over 2 ranks (mpi)".
+std::string describe(const CollectiveWait& wait);
+
 class PendingCollective {
  public:
   virtual ~PendingCollective() = default;
@@ -165,6 +179,24 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 
+  // Records a wait as the process's current one (current_collective_wait) for its lifetime, the
+  // one before restored after.
+  class WaitScope {
+   public:
+    WaitScope(const Communicator& comm, CollectiveKind kind, std::uint64_t payload_bytes);
+    WaitScope(CollectiveKind kind, std::uint64_t payload_bytes, int ranks, const char* backend);
+    ~WaitScope();
+    WaitScope(const WaitScope&) = delete;
+    WaitScope& operator=(const WaitScope&) = delete;
+
+   private:
+    int kind_;
+    std::uint64_t bytes_;
+    int ranks_;
+    const char* backend_;
+    std::int64_t since_ns_;
+  };
+
  private:
   virtual void do_all_reduce_sum(std::span<float> buffer) = 0;
   virtual void do_all_reduce_max(std::span<float> buffer) = 0;
@@ -193,6 +225,9 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key) const = 0;
 
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
+  // `pending`, with its wait recorded as the process's (WaitScope).
+  std::unique_ptr<PendingCollective> tracked(std::unique_ptr<PendingCollective> pending,
+                                             CollectiveKind kind, std::uint64_t payload_bytes) const;
   void check_rank(const char* what, const char* role, int peer) const;
   bool check_all_gather(std::span<const float> input, std::span<float> output) const;
   bool check_reduce_scatter(std::span<const float> input, std::span<float> output) const;

@@ -696,6 +696,8 @@ TEST_F(Cli, TheWatchdogEndsAJobThatStopsMakingProgress) {
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_NE(r.code, 124) << "nothing ended the hung job\n" << r.output;
   EXPECT_NE(r.output.find("watchdog: no progress for"), std::string::npos) << r.output;
+  // The rank left waiting names the call its peer never joined.
+  EXPECT_NE(r.output.find(" over 2 ranks (mpi)"), std::string::npos) << r.output;
   EXPECT_LT(seconds, 100.0);
   r = run(bin("colossal_train") + " " + config + " --set train.watchdog_seconds=-1");
   EXPECT_EQ(r.code, 2);

@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -445,6 +449,48 @@ TEST(NonBlocking, Bf16SumsRoundEachPartialSumAndCountTwoBytes) {
   if (p > 1) {
     std::vector<std::uint16_t> ragged(n + 1);
     EXPECT_THROW(world->start_reduce_scatter_sum_bf16(ragged), std::invalid_argument);
+  }
+}
+
+// The watchdog's view: while rank 0 waits in a collective its peers join late, the process's
+// current wait names it (kind, bytes, ranks, backend); a started one's wait too; none after.
+TEST(CollectiveWait, NamesTheCallThisRankIsBlockedIn) {
+  auto world = colossal::parallel::make_world_communicator();
+  using colossal::parallel::CollectiveKind;
+  EXPECT_FALSE(colossal::parallel::current_collective_wait().has_value());
+  if (world->size() < 2) GTEST_SKIP() << "needs a peer that joins late";
+  std::vector<float> buffer(1000, 1.0f);
+  for (const bool started : {false, true}) {
+    std::atomic<bool> done{false};
+    std::optional<colossal::parallel::CollectiveWait> seen;
+    std::thread watcher;
+    if (world->rank() == 0) {
+      watcher = std::thread([&] {
+        while (!done) {
+          if (auto w = colossal::parallel::current_collective_wait()) seen = w;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      });
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    if (started) {
+      world->start_all_reduce_sum(buffer)->wait();
+    } else {
+      world->all_reduce_sum(buffer);
+    }
+    if (world->rank() == 0) {
+      done = true;
+      watcher.join();
+      ASSERT_TRUE(seen.has_value()) << started;
+      EXPECT_EQ(seen->kind, CollectiveKind::all_reduce);
+      EXPECT_EQ(seen->payload_bytes, 4000u);
+      EXPECT_EQ(seen->ranks, world->size());
+      EXPECT_STREQ(seen->backend, "mpi");
+      const std::string text = colossal::parallel::describe(*seen);
+      EXPECT_NE(text.find("in all_reduce of 0.004 MB over "), std::string::npos) << text;
+    }
+    EXPECT_FALSE(colossal::parallel::current_collective_wait().has_value());
   }
 }
 
