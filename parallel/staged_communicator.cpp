@@ -75,9 +75,10 @@ class StagedCommunicator::Lease {
   Lease& operator=(const Lease&) = delete;
   ~Lease() { pool_->give(buffer_); }
   std::span<float> span() const { return {static_cast<float*>(buffer_.data), floats_}; }
-  // The same buffer as `n` bf16 patterns (n <= 2 * the floats leased).
-  std::span<std::uint16_t> bf16_span(std::size_t n) const {
-    return {static_cast<std::uint16_t*>(buffer_.data), n};
+  // The same buffer as `n` elements of T (n * sizeof(T) <= the bytes leased).
+  template <class T>
+  std::span<T> as(std::size_t n) const {
+    return {static_cast<T*>(buffer_.data), n};
   }
 
  private:
@@ -233,20 +234,34 @@ void StagedCommunicator::do_all_reduce_max(std::span<float> buffer) {
   staged_in_place(buffer, [&](std::span<float> b) { host_->all_reduce_max(b); });
 }
 
+namespace {
+// A started in-place operation on a device buffer: copied into a leased host buffer, started
+// there by `start`, and elements [at, at + count) copied back once it completes.
+template <class T, class Start>
+std::unique_ptr<PendingCollective> start_staged(const std::shared_ptr<StagedCommunicator::Pool>& pool,
+                                                std::span<T> buffer, Start&& start,
+                                                std::size_t at, std::size_t count) {
+  auto lease = std::make_unique<StagedCommunicator::Lease>(
+      pool, (buffer.size() * sizeof(T) + sizeof(float) - 1) / sizeof(float));
+  const std::span<T> staged = lease->template as<T>(buffer.size());
+  pool->to_host(staged.data(), buffer.data(), buffer.size());
+  auto inner = start(staged);
+  return std::make_unique<StagedPending>(std::move(inner), std::move(lease),
+                                         [pool, buffer, staged, at, count] {
+                                           pool->to_device(buffer.data() + at,
+                                                           staged.data() + at, count);
+                                         });
+}
+}  // namespace
+
 std::unique_ptr<PendingCollective> StagedCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {
   if (!on_device(pool_->ops, buffer.data(), buffer.size())) {
     return host_->start_all_reduce_sum(buffer);
   }
-  auto lease = std::make_unique<Lease>(pool_, buffer.size());
-  const std::span<float> staged = lease->span();
-  pool_->to_host(staged.data(), buffer.data(), buffer.size());
-  auto inner = host_->start_all_reduce_sum(staged);
-  auto pool = pool_;
-  return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
-                                                                               staged] {
-    pool->to_device(buffer.data(), staged.data(), buffer.size());
-  });
+  return start_staged(
+      pool_, buffer, [&](std::span<float> b) { return host_->start_all_reduce_sum(b); }, 0,
+      buffer.size());
 }
 
 std::unique_ptr<PendingCollective> StagedCommunicator::do_start_all_reduce_sum_bf16(
@@ -254,15 +269,10 @@ std::unique_ptr<PendingCollective> StagedCommunicator::do_start_all_reduce_sum_b
   if (!on_device(pool_->ops, buffer.data(), buffer.size())) {
     return host_->start_all_reduce_sum_bf16(buffer);
   }
-  auto lease = std::make_unique<Lease>(pool_, (buffer.size() + 1) / 2);
-  const std::span<std::uint16_t> staged = lease->bf16_span(buffer.size());
-  pool_->to_host(staged.data(), buffer.data(), buffer.size());
-  auto inner = host_->start_all_reduce_sum_bf16(staged);
-  auto pool = pool_;
-  return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
-                                                                               staged] {
-    pool->to_device(buffer.data(), staged.data(), buffer.size());
-  });
+  return start_staged(
+      pool_, buffer,
+      [&](std::span<std::uint16_t> b) { return host_->start_all_reduce_sum_bf16(b); }, 0,
+      buffer.size());
 }
 
 std::unique_ptr<PendingCollective> StagedCommunicator::do_start_reduce_scatter_sum_bf16(
@@ -270,17 +280,12 @@ std::unique_ptr<PendingCollective> StagedCommunicator::do_start_reduce_scatter_s
   if (!on_device(pool_->ops, buffer.data(), buffer.size())) {
     return host_->start_reduce_scatter_sum_bf16(buffer);
   }
-  auto lease = std::make_unique<Lease>(pool_, (buffer.size() + 1) / 2);
-  const std::span<std::uint16_t> staged = lease->bf16_span(buffer.size());
-  pool_->to_host(staged.data(), buffer.data(), buffer.size());
-  auto inner = host_->start_reduce_scatter_sum_bf16(staged);
   // Only this rank's block comes back.
-  const std::size_t c = buffer.size() / std::size_t(size()), at = std::size_t(rank()) * c;
-  auto pool = pool_;
-  return std::make_unique<StagedPending>(std::move(inner), std::move(lease), [pool, buffer,
-                                                                               staged, c, at] {
-    pool->to_device(buffer.data() + at, staged.data() + at, c);
-  });
+  const std::size_t c = buffer.size() / std::size_t(size());
+  return start_staged(
+      pool_, buffer,
+      [&](std::span<std::uint16_t> b) { return host_->start_reduce_scatter_sum_bf16(b); },
+      std::size_t(rank()) * c, c);
 }
 
 void StagedCommunicator::do_reduce_scatter_sum(std::span<const float> input,
