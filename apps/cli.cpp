@@ -302,6 +302,15 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           } catch (const std::invalid_argument& e) {
             throw UsageError(e.what());
           }
+          // The bf16 sums' MPI op reads its buffers on the host: CUDA-aware MPI would hand it
+          // device pointers. NCCL and the staged path sum bf16 where the data is.
+          if (inv.config.parallel.grad_reduce == "bf16" &&
+              run_comm.choice.transport == parallel::Transport::cuda_aware_mpi) {
+            throw UsageError(
+                "parallel.grad_reduce: bf16 is not supported over CUDA-aware MPI (its bf16 sum "
+                "runs on the host); set parallel.grad_reduce: fp32, or parallel.comm: nccl (one "
+                "GPU per rank)");
+          }
           auto world = std::move(run_comm.world);
           inv.world = world.get();
           // One decision for BLAS and host threads: the cores of this process split among the

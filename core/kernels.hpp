@@ -747,6 +747,8 @@ COLOSSAL_DEVICE_INSTANCE void vocab_parallel_finish<Kokkos::Cuda>(float* logits,
 COLOSSAL_DEVICE_INSTANCE double sum<Kokkos::Cuda>(const float* x, int64_t n);
 COLOSSAL_DEVICE_INSTANCE double sum_squares<Kokkos::Cuda>(const float* x, int64_t n);
 COLOSSAL_DEVICE_INSTANCE void fill<Kokkos::Cuda>(float* dst, int64_t n, float value);
+COLOSSAL_DEVICE_INSTANCE void from_bf16<Kokkos::Cuda>(float* out, const std::uint16_t* in,
+                                                      int64_t n, bool accumulate);
 COLOSSAL_DEVICE_INSTANCE void residual_plus_bias<Kokkos::Cuda>(float* out, const float* residual,
                                                                const float* bias, int64_t N, int C);
 #endif

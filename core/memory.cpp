@@ -134,7 +134,6 @@ void* allocate_bytes(std::size_t bytes, bool host) {
 
 void allocation_failed(MemoryTracker& tracker, MemCategory category, std::size_t bytes,
                        const char* why) {
-  tracker.on_free(category, bytes);  // it was counted before the attempt
   throw OutOfMemory(tracker.out_of_memory_report(category, bytes, why));
 }
 

@@ -76,7 +76,7 @@ namespace detail {
 // Memory of the default execution space. On the host it is 2 MiB aligned and advised for huge pages:
 // a fresh 4 KiB page costs ~13 us to touch on these machines, so big arrays want few, large pages.
 void* allocate_bytes(std::size_t bytes, bool host);
-// Un-counts a failed allocation of `bytes` of `category` and throws OutOfMemory.
+// Throws OutOfMemory for a failed allocation of `bytes` of `category` (not counted).
 [[noreturn]] void allocation_failed(MemoryTracker& tracker, MemCategory category,
                                     std::size_t bytes, const char* why);
 void free_bytes(void* ptr, std::size_t bytes, bool host);
@@ -91,8 +91,8 @@ class DeviceArray {
   DeviceArray(MemoryTracker& tracker, MemCategory category, std::size_t count)
       : tracker_(&tracker), category_(category), count_(count) {
     if (count_ == 0) return;
-    tracker_->on_alloc(category_, bytes());
     if (tracker.dry_run()) {
+      tracker_->on_alloc(category_, bytes());
       counted_only_ = true;
       return;
     }
@@ -101,6 +101,7 @@ class DeviceArray {
     } catch (const std::exception& e) {  // std::bad_alloc; Kokkos' RawMemoryAllocationFailure
       detail::allocation_failed(tracker, category_, bytes(), e.what());
     }
+    tracker_->on_alloc(category_, bytes());  // counted once it exists: a failure leaves no peak
     if (on_host()) {
       std::fill(data_, data_ + count_, T{});
     } else {
@@ -161,6 +162,7 @@ void DeviceArray<T>::fill(T value) {
 #ifdef KOKKOS_ENABLE_CUDA  // one instance, core/device_kernels.cpp (core/kokkos_compat.hpp)
 COLOSSAL_DEVICE_INSTANCE void DeviceArray<float>::fill(float);
 COLOSSAL_DEVICE_INSTANCE void DeviceArray<int32_t>::fill(int32_t);
+COLOSSAL_DEVICE_INSTANCE void DeviceArray<std::uint16_t>::fill(std::uint16_t);
 #endif
 
 // Copies between host memory and DeviceArray memory (plain memcpy when the default space is host).

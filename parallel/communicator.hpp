@@ -69,9 +69,6 @@ struct CommStats {
   double total_wire_bytes() const;
 };
 
-// A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,
-// start_reduce_scatter_sum, start_send). test() lets it progress and
-// says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
 // What this process is blocked in now: a collective or point-to-point call, or the wait on a
 // started one (the watchdog names it when a run stops making progress). None outside them.
 struct CollectiveWait {
@@ -85,6 +82,9 @@ std::optional<CollectiveWait> current_collective_wait();
 // "waiting 12 s in all_reduce of 97.3 MB over 2 ranks (mpi)".
 std::string describe(const CollectiveWait& wait);
 
+// A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,
+// start_reduce_scatter_sum, start_send). test() lets it progress and
+// says whether it has completed; wait() completes it. Destroying an unfinished one waits for it.
 class PendingCollective {
  public:
   virtual ~PendingCollective() = default;

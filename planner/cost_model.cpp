@@ -672,10 +672,10 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   if (l.pipeline > 1) t.bubble = double(l.pipeline - 1) / double(l.chunks.size()) * per_micro;
   // Gradient reduction over data x sequence (zero/README.md): stage 0 all-reduces, 1 adds the
   // parameter all-gather, 2 reduce-scatters every micro-batch, 3 also gathers twice per micro-batch.
-  // Gradients move in fp32; parameters in their storage type (2 bytes under bf16, as predict_memory
+  // Gradients move in fp32 (2 bytes under parallel.grad_reduce: bf16; the buckets are still cut
+  // in fp32 floats); parameters in their storage type (2 bytes under bf16, as predict_memory
   // keeps them).
   const int D = l.data * l.sequence;
-  // Under parallel.grad_reduce: bf16 the gradients travel in 2 bytes (buckets still cut fp32).
   const double P = flat * (l.bf16_reduce ? 2.0 : kF), W = flat * (l.bf16 ? 2.0 : kF);
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   if (D > 1) {

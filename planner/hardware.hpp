@@ -38,8 +38,10 @@ struct HardwareSpec {
   double host_link_bandwidth = 0.0;
   double host_optimizer_bandwidth = 0.0;
   // The share of a started (non-blocking) data-parallel collective's time that runs beside the
-  // compute: 1 where the transport moves it on its own (NCCL on its stream, GPU presets), 0 where
-  // it moves only inside MPI calls (host Open MPI, which the executor pokes at unit boundaries).
+  // compute: 0.5 on the GPU presets (NCCL moves it on its own stream but takes SMs and bandwidth
+  // from the kernels beside it; planner/README.md), 0 where it moves only inside MPI calls (host
+  // Open MPI, which the executor pokes at unit boundaries). It follows the preset, not the
+  // transport: a GPU run over staged MPI is priced as if on NCCL.
   double comm_overlap = 0.0;
   int devices_per_node = 1;
   int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)

@@ -69,6 +69,8 @@ TEST(MemoryTracker, AFailedAllocationThrowsTheReportAndUncountsIt) {
   }
   EXPECT_EQ(t.current(MemCategory::activations), 0u);
   EXPECT_EQ(t.current_total(), 4000u);
+  EXPECT_EQ(t.peak(MemCategory::activations), 0u) << "the failed request must leave no peak";
+  EXPECT_EQ(t.peak_total(), 4000u);
 #endif
 }
 

@@ -106,7 +106,9 @@ void GradientSync::start_bucket(std::size_t begin, std::size_t end) {
   }
   std::uint16_t* wire = wire_.data() + begin;
   core::kernels::to_bf16(wire, grads, int64_t(n));
-  Kokkos::fence();  // the collective reads what the kernel wrote
+  // The collective reads what the kernel wrote. Kokkos' own stream only: Kokkos::fence() would
+  // also wait for the collectives in flight on NCCL's stream.
+  Kokkos::DefaultExecutionSpace().fence();
   in_flight_.push_back({begin, end, dp_.start_all_reduce_sum_bf16({wire, n})});
 }
 
@@ -125,7 +127,7 @@ double GradientSync::reduce() {
                                    int64_t(bucket.end - bucket.begin), /*accumulate=*/false);
         }
       }
-      if (wire_.size() > 0) Kokkos::fence();
+      if (wire_.size() > 0) Kokkos::DefaultExecutionSpace().fence();
       in_flight_.clear();
       next_bucket_ = 0;
     }

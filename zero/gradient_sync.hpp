@@ -120,8 +120,10 @@ class GradientSync {
   };
   // Starts bucket [begin, end)'s all-reduce (fp32, or its bf16 copy in wire_).
   void start_bucket(std::size_t begin, std::size_t end);
-  std::vector<InFlight> in_flight_;
+  // Declared before in_flight_, so destroyed after it: an unfinished bucket waits for its sum
+  // (into wire_) in its destructor.
   core::DeviceArray<std::uint16_t> wire_;  // bf16_reduce, stages 0-1, several data ranks
+  std::vector<InFlight> in_flight_;
   std::size_t next_bucket_ = 0;  // first bucket (in issue order) not started this step
   std::size_t started_early_ = 0;
 };

@@ -231,7 +231,7 @@ void ShardedParameterStore::gradients_done(int unit) {
   if (grad_wire_[sl].size() > 0) {  // bf16 on the wire; the fp32 buffer is free again
     std::uint16_t* wire = grad_wire_[sl].data();
     k::to_bf16(wire, work, int64_t(n));
-    Kokkos::fence();
+    Kokkos::DefaultExecutionSpace().fence();  // Kokkos' stream, not NCCL's in flight
     reducing_[sl] = Reduction{unit, nullptr, wire, dp_.start_reduce_scatter_sum_bf16({wire, n})};
     return;
   }
