@@ -304,7 +304,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           }
           // The bf16 sums' MPI op reads its buffers on the host: CUDA-aware MPI would hand it
           // device pointers. NCCL and the staged path sum bf16 where the data is.
-          if (inv.config.parallel.grad_reduce == "bf16" &&
+          if (inv.config.parallel.bf16_grad_reduce() &&
               run_comm.choice.transport == parallel::Transport::cuda_aware_mpi) {
             throw UsageError(
                 "parallel.grad_reduce: bf16 is not supported over CUDA-aware MPI (its bf16 sum "

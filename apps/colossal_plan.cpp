@@ -219,7 +219,7 @@ int plan(apps::Invocation& inv) {
     planner::SearchOptions options;
     options.top = top;
     options.bucket_mb = c.parallel.bucket_mb;
-    options.bf16_reduce = c.parallel.grad_reduce == "bf16";
+    options.bf16_reduce = c.parallel.bf16_grad_reduce();
     const planner::SearchResult result = planner::search_plans(
         c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
     if (result.best.empty()) {

@@ -50,7 +50,7 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.offload_optimizer = p.offload_optimizer;
   run.offload_params = p.offload_params;
   run.bucket_mb = p.bucket_mb;
-  run.bf16_reduce = p.grad_reduce == "bf16";
+  run.bf16_reduce = p.bf16_grad_reduce();
   return run;
 }
 
@@ -124,7 +124,7 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;
-      options.bf16_reduce = config.parallel.grad_reduce == "bf16";
+      options.bf16_reduce = config.parallel.bf16_grad_reduce();
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
           options);

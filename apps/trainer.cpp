@@ -236,11 +236,11 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
         zero::OptimizerOptions{.stage = par.zero_stage,
                                .offload_optimizer = par.offload_optimizer,
                                .offload_params = par.offload_params,
-                               .bf16_reduce = par.grad_reduce == "bf16"});
+                               .bf16_reduce = par.bf16_grad_reduce()});
     chunk.gradients = std::make_unique<zero::GradientSync>(
         table, chunk.optimizer->store(), *grad_, tracker_,
         zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
-                                  .bf16_reduce = par.grad_reduce == "bf16",
+                                  .bf16_reduce = par.bf16_grad_reduce(),
                                   .tensor = tp_->size() > 1 ? tp_ : nullptr,
                                   .sequence_split = par.sequence_split,
                                   .pipeline = chunk_links});
@@ -360,7 +360,7 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
     store = [this](std::vector<core::ParamUnit> units, std::size_t flat) {
       return std::make_unique<zero::ShardedParameterStore>(
           std::move(units), flat, 2, *grad_, tracker_, /*offload_params=*/false,
-          config_.parallel.grad_reduce == "bf16");
+          config_.parallel.bf16_grad_reduce());
     };
   }
   const int grid_side = planner::grid_side(par.tensor_mode, par.tensor, par.tensor_depth);
@@ -399,7 +399,7 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   chunk.gradients = std::make_unique<zero::GradientSync>(
       model.parameters(), model.store(), *grad_, tracker_,
       zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
-                                .bf16_reduce = par.grad_reduce == "bf16",
+                                .bf16_reduce = par.bf16_grad_reduce(),
                                 .tensor = tp_,
                                 .pipeline = links,
                                 .counted_ranges = model.norm_ranges()});
@@ -449,7 +449,7 @@ void Trainer::agree_on_plan() {
                      (p.zero_stage < 2 ? per_stage(double(gradient_sync_->buckets().size())) +
                                              " all-reduce buckets"
                                        : std::string("reduce-scatter per unit")) +
-                     (p.grad_reduce == "bf16" && grad_->size() > 1 ? ", in bf16" : "") + "\n" +
+                     (p.bf16_grad_reduce() && grad_->size() > 1 ? ", in bf16" : "") + "\n" +
                      "activation_slots: " + per_stage(double(chunks_.front().slots)) + "\n" +
                      "model_chunks: " + std::to_string(chunks_.size()) + "\n" +
                      "micro_batches_per_rank: " + std::to_string(config_.accumulation_steps()) + "\n";

@@ -47,8 +47,8 @@ void Watchdog::watch() {
     const auto wait = parallel::current_collective_wait();
     const std::string in = wait ? "; " + parallel::describe(*wait) : std::string();
     std::fprintf(stderr,
-                 "colossal_train: error (rank %d): watchdog: no progress for %.0f s (step %lld, %s%s; "
-                 "train.watchdog_seconds = %g): another rank may have died or hung in a "
+                 "colossal_train: error (rank %d): watchdog: no progress for %.0f s (step %lld, "
+                 "%s%s; train.watchdog_seconds = %g): another rank may have died or hung in a "
                  "collective. Ending this rank so the job ends; restart with "
                  "checkpoint.resume: auto to continue from the last checkpoint\n",
                  rank_, idle, (long long)step_.load(), where_.load(), in.c_str(), seconds_);

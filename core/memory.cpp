@@ -69,30 +69,32 @@ std::string MemoryTracker::out_of_memory_report(MemCategory category, std::size_
   out << "out of " << (host ? "host" : "device") << " memory: " << format_bytes(double(bytes))
       << " more of " << category_name(category) << " could not be allocated (" << why << ").\n"
       << "  tracked now: ";
+  auto entry = [&](std::size_t i, double b) {
+    out << category_name(MemCategory(i)) << " " << format_bytes(b) << ", ";
+  };
   for (std::size_t i = 0; i < kCount; ++i) {
-    if (current_[i] > 0) out << category_name(MemCategory(i)) << " " << format_bytes(double(current_[i])) << ", ";
+    if (current_[i] > 0) entry(i, double(current_[i]));
   }
   out << "total " << format_bytes(double(current_total_)) << "\n";
-  // The category furthest past its plan, counting the request.
-  MemCategory grew = category;
   if (has_plan_) {
+    // The category furthest past its plan, counting the request.
     out << "  memory plan: ";
     double planned = 0.0, worst = -1e300;
+    std::size_t grew = index(category);
     for (std::size_t i = 0; i < kCount; ++i) {
       planned += plan_[i];
-      if (plan_[i] > 0) out << category_name(MemCategory(i)) << " " << format_bytes(plan_[i]) << ", ";
+      if (plan_[i] > 0) entry(i, plan_[i]);
       const double would = double(current_[i]) + (i == index(category) ? double(bytes) : 0.0);
       if (would - plan_[i] > worst) {
         worst = would - plan_[i];
-        grew = MemCategory(i);
+        grew = i;
       }
     }
     out << "total " << format_bytes(planned) << "\n";
-    const std::size_t g = index(grew);
-    const double would = double(current_[g]) + (g == index(category) ? double(bytes) : 0.0);
     if (worst > 0) {
-      out << "  " << category_name(grew) << " grew past the plan: " << format_bytes(would)
-          << " against " << format_bytes(plan_[g]) << " planned\n";
+      out << "  " << category_name(MemCategory(grew)) << " grew past the plan: "
+          << format_bytes(plan_[grew] + worst) << " against " << format_bytes(plan_[grew])
+          << " planned\n";
     } else {
       out << "  every category is within the plan: something outside the tracker (a library's "
              "workspace, another process, a limit on this one such as ulimit -v or a cgroup) "

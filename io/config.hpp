@@ -114,6 +114,7 @@ struct ParallelConfig {
   int pipeline_chunks = 1;         // virtual stages per rank (> 1 needs schedule interleaved)
   std::string comm = "auto";       // transport: auto | nccl | mpi (parallel/comm_choice.hpp)
   std::string grad_reduce = "fp32";  // data-parallel gradient sums on the wire: fp32 | bf16
+  bool bf16_grad_reduce() const { return grad_reduce == "bf16"; }
   std::string offload_policy = "static";  // static: the two flags above; auto: apps/offload_policy
   int world_size() const { return data * tensor * sequence * pipeline; }
 };

@@ -202,9 +202,14 @@ class TrackedPending final : public PendingCollective {
 };
 }  // namespace
 
-std::unique_ptr<PendingCollective> Communicator::tracked(std::unique_ptr<PendingCollective> pending,
-                                                         CollectiveKind kind,
-                                                         std::uint64_t payload_bytes) const {
+Communicator::WaitScope Communicator::counted(CollectiveKind kind, std::uint64_t payload_bytes) {
+  record(kind, payload_bytes);
+  return WaitScope(*this, kind, payload_bytes);
+}
+
+std::unique_ptr<PendingCollective> Communicator::started(
+    std::unique_ptr<PendingCollective> pending, CollectiveKind kind, std::uint64_t payload_bytes) {
+  record(kind, payload_bytes);
   return std::make_unique<TrackedPending>(std::move(pending), kind, payload_bytes, size(),
                                           backend().data());
 }
@@ -213,15 +218,13 @@ std::unique_ptr<PendingCollective> Communicator::tracked(std::unique_ptr<Pending
 // or all-gather in place) leave the buffer as it is: no transport is called, so a one-rank run on
 // a GPU stages nothing through the host. Bytes are still counted, as the call asked for them.
 void Communicator::all_reduce_sum(std::span<float> buffer) {
-  const WaitScope waiting(*this, CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
   if (size() > 1) do_all_reduce_sum(buffer);
-  record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 void Communicator::all_reduce_max(std::span<float> buffer) {
-  const WaitScope waiting(*this, CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
   if (size() > 1) do_all_reduce_max(buffer);
-  record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 namespace {
@@ -243,25 +246,21 @@ std::unique_ptr<PendingCollective> start_or_copy(int ranks, bool in_place, Start
 }  // namespace
 
 double Communicator::all_reduce_sum_value(double value) {
-  const WaitScope waiting(*this, CollectiveKind::all_reduce, sizeof(double));
-  const double sum = do_all_reduce_sum_value(value);
-  record(CollectiveKind::all_reduce, sizeof(double));
-  return sum;
+  const WaitScope waiting = counted(CollectiveKind::all_reduce, sizeof(double));
+  return do_all_reduce_sum_value(value);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<float> buffer) {
   auto pending = size() > 1 ? do_start_all_reduce_sum(buffer)
                             : std::make_unique<CompletedCollective>();
-  record(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
-  return tracked(std::move(pending), CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
+  return started(std::move(pending), CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
   auto pending = size() > 1 ? do_start_all_reduce_sum_bf16(buffer)
                             : std::make_unique<CompletedCollective>();
-  record(CollectiveKind::all_reduce, buffer.size() * sizeof(std::uint16_t));
-  return tracked(std::move(pending), CollectiveKind::all_reduce,
+  return started(std::move(pending), CollectiveKind::all_reduce,
                  buffer.size() * sizeof(std::uint16_t));
 }
 
@@ -274,8 +273,7 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum_bf16(
   }
   auto pending = size() > 1 ? do_start_reduce_scatter_sum_bf16(buffer)
                             : std::make_unique<CompletedCollective>();
-  record(CollectiveKind::reduce_scatter, buffer.size() * sizeof(std::uint16_t));
-  return tracked(std::move(pending), CollectiveKind::reduce_scatter,
+  return started(std::move(pending), CollectiveKind::reduce_scatter,
                  buffer.size() * sizeof(std::uint16_t));
 }
 
@@ -323,9 +321,8 @@ bool Communicator::check_reduce_scatter(std::span<const float> input,
 
 void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_reduce_scatter(input, output);
-  const WaitScope waiting(*this, CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
   if (size() > 1 || !in_place) do_reduce_scatter_sum(input, output);
-  record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
@@ -334,8 +331,7 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
   auto pending = start_or_copy(
       size(), in_place, [&] { return do_start_reduce_scatter_sum(input, output); },
       [&] { do_reduce_scatter_sum(input, output); });
-  record(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
-  return tracked(std::move(pending), CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
+  return started(std::move(pending), CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_reduce_scatter_sum(
@@ -363,9 +359,8 @@ bool Communicator::check_all_gather(std::span<const float> input, std::span<floa
 
 void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_all_gather(input, output);
-  const WaitScope waiting(*this, CollectiveKind::all_gather, output.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::all_gather, output.size() * kFloatBytes);
   if (size() > 1 || !in_place) do_all_gather(input, output);
-  record(CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<const float> input,
@@ -374,8 +369,7 @@ std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<cons
   auto pending = start_or_copy(
       size(), in_place, [&] { return do_start_all_gather(input, output); },
       [&] { do_all_gather(input, output); });
-  record(CollectiveKind::all_gather, output.size() * kFloatBytes);
-  return tracked(std::move(pending), CollectiveKind::all_gather, output.size() * kFloatBytes);
+  return started(std::move(pending), CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<const float> input,
@@ -386,16 +380,14 @@ std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<c
 
 void Communicator::broadcast(std::span<float> buffer, int root) {
   check_rank("broadcast", "root", root);
-  const WaitScope waiting(*this, CollectiveKind::broadcast, buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
   if (size() > 1) do_broadcast(buffer, root);
-  record(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
 }
 
 void Communicator::broadcast_bytes(std::span<std::byte> buffer, int root) {
   check_rank("broadcast_bytes", "root", root);
-  const WaitScope waiting(*this, CollectiveKind::broadcast, buffer.size());
+  const WaitScope waiting = counted(CollectiveKind::broadcast, buffer.size());
   do_broadcast_bytes(buffer, root);
-  record(CollectiveKind::broadcast, buffer.size());
 }
 
 void Communicator::broadcast_string(std::string& text, int root) {
@@ -408,9 +400,8 @@ void Communicator::broadcast_string(std::string& text, int root) {
 void Communicator::send(std::span<const float> buffer, int dest, int tag) {
   check_rank("send", "destination", dest);
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
-  const WaitScope waiting(*this, CollectiveKind::send, buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::send, buffer.size() * kFloatBytes);
   do_send(buffer, dest, tag);
-  record(CollectiveKind::send, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_send(std::span<const float> buffer, int dest,
@@ -418,8 +409,7 @@ std::unique_ptr<PendingCollective> Communicator::start_send(std::span<const floa
   check_rank("send", "destination", dest);
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
   auto pending = do_start_send(buffer, dest, tag);
-  record(CollectiveKind::send, buffer.size() * kFloatBytes);
-  return tracked(std::move(pending), CollectiveKind::send, buffer.size() * kFloatBytes);
+  return started(std::move(pending), CollectiveKind::send, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::do_start_send(std::span<const float> buffer,
@@ -431,9 +421,8 @@ std::unique_ptr<PendingCollective> Communicator::do_start_send(std::span<const f
 void Communicator::recv(std::span<float> buffer, int source, int tag) {
   check_rank("recv", "source", source);
   if (tag < 0) fail(*this, "recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
-  const WaitScope waiting(*this, CollectiveKind::recv, buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::recv, buffer.size() * kFloatBytes);
   do_recv(buffer, source, tag);
-  record(CollectiveKind::recv, buffer.size() * kFloatBytes);
 }
 
 void Communicator::send_recv(std::span<const float> send_buffer, int dest,
@@ -445,16 +434,14 @@ void Communicator::send_recv(std::span<const float> send_buffer, int dest,
               recv_buffer.size_bytes())) {
     fail(*this, "send_recv: send and receive buffers overlap; use separate buffers");
   }
-  const WaitScope waiting(*this, CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
+  const WaitScope waiting = counted(CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
   do_send_recv(send_buffer, dest, recv_buffer, source, tag);
   record(CollectiveKind::send, send_buffer.size() * kFloatBytes);
-  record(CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
 }
 
 void Communicator::barrier() {
-  const WaitScope waiting(*this, CollectiveKind::barrier, 0);
+  const WaitScope waiting = counted(CollectiveKind::barrier, 0);
   do_barrier();
-  record(CollectiveKind::barrier, 0);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) const {

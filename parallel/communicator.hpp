@@ -225,9 +225,11 @@ class Communicator {
   virtual std::unique_ptr<Communicator> do_split(int color, int key) const = 0;
 
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
-  // `pending`, with its wait recorded as the process's (WaitScope).
-  std::unique_ptr<PendingCollective> tracked(std::unique_ptr<PendingCollective> pending,
-                                             CollectiveKind kind, std::uint64_t payload_bytes) const;
+  // A call about to block: counted (record), and the process's wait for the scope's lifetime.
+  WaitScope counted(CollectiveKind kind, std::uint64_t payload_bytes);
+  // A call just started: counted, and returned with its wait recorded as the process's.
+  std::unique_ptr<PendingCollective> started(std::unique_ptr<PendingCollective> pending,
+                                             CollectiveKind kind, std::uint64_t payload_bytes);
   void check_rank(const char* what, const char* role, int peer) const;
   bool check_all_gather(std::span<const float> input, std::span<float> output) const;
   bool check_reduce_scatter(std::span<const float> input, std::span<float> output) const;

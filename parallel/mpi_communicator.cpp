@@ -171,7 +171,9 @@ namespace {
 void bf16_sum(void* in, void* inout, int* count, MPI_Datatype*) {
   const auto* a = static_cast<const std::uint16_t*>(in);
   auto* b = static_cast<std::uint16_t*>(inout);
-  for (int i = 0; i < *count; ++i) b[i] = core::bf16_bits(core::bf16_value(a[i]) + core::bf16_value(b[i]));
+  for (int i = 0; i < *count; ++i) {
+    b[i] = core::bf16_bits(core::bf16_value(a[i]) + core::bf16_value(b[i]));
+  }
 }
 
 // Created once, after MPI_Init (the first bf16 sum); MPI_Finalize releases it.

@@ -238,9 +238,9 @@ namespace {
 // A started in-place operation on a device buffer: copied into a leased host buffer, started
 // there by `start`, and elements [at, at + count) copied back once it completes.
 template <class T, class Start>
-std::unique_ptr<PendingCollective> start_staged(const std::shared_ptr<StagedCommunicator::Pool>& pool,
-                                                std::span<T> buffer, Start&& start,
-                                                std::size_t at, std::size_t count) {
+std::unique_ptr<PendingCollective> start_staged(
+    const std::shared_ptr<StagedCommunicator::Pool>& pool, std::span<T> buffer, Start&& start,
+    std::size_t at, std::size_t count) {
   auto lease = std::make_unique<StagedCommunicator::Lease>(
       pool, (buffer.size() * sizeof(T) + sizeof(float) - 1) / sizeof(float));
   const std::span<T> staged = lease->template as<T>(buffer.size());

@@ -99,6 +99,15 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
   if (p <= 1 || bytes <= 0) return 0.0;
   return 2.0 * (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
 }
+// Overlap (planner/README.md): of a gradient reduction taking `reduction` seconds, started in
+// `pieces` as backward produces them, all but the last piece run beside `window` seconds of
+// compute, less `after` (the all-gather after the update, which waits for AdamW), in the share
+// the transport moves by itself (HardwareSpec::comm_overlap).
+double hidden_reduction(const HardwareSpec& hw, double reduction, double after, double pieces,
+                        double window) {
+  if (hw.comm_overlap <= 0 || pieces <= 1) return 0.0;
+  return hw.comm_overlap * std::min((reduction - after) * (pieces - 1) / pieces, window);
+}
 double gather_time(double bytes, int p, const LinkSpec& link) {
   if (p <= 1 || bytes <= 0) return 0.0;
   return (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
@@ -303,14 +312,13 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   // micro-batch's last unit) beside backward (the last micro-batch's at stages 0-1, every one's
   // at 2), where the transport moves it on its own; the all-gather after the update never hides.
   // Backward: two thirds of the products' time, plus what is recomputed.
-  if (hw.comm_overlap > 0 && replicas > 1) {
+  if (replicas > 1) {
     const double after = l.zero_stage >= 1 ? gather_time(params * kF, l.data, data_link) : 0.0;
-    const double pieces =
-        l.zero_stage < 2 ? std::max(1.0, std::ceil(params * kF / (l.bucket_mb * 1024 * 1024)))
-                         : std::max(1.0, unit_count);
+    const double pieces = l.zero_stage < 2 ? std::ceil(params * kF / (l.bucket_mb * 1024 * 1024))
+                                           : unit_count;
     const double backward = 2.0 / 3.0 * (t.compute - t.recompute) + t.recompute;
-    const double window = l.zero_stage < 2 ? backward / m : backward;
-    t.hidden_comm = hw.comm_overlap * std::min((t.data_comm - after) * (pieces - 1) / pieces, window);
+    t.hidden_comm = hidden_reduction(hw, t.data_comm, after, pieces,
+                                     l.zero_stage < 2 ? backward / m : backward);
   }
   if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
     const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
@@ -704,18 +712,14 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     // but each micro-batch's last, beside the next unit's backward. Stage 3: the gathers too,
     // prefetched a unit ahead in forward and backward. The all-gather after the update
     // (stages 1-2) never hides.
-    if (hw.comm_overlap > 0) {
-      double forward = 0.0, backward = 0.0;
-      for (double f : t.micro_forward) forward += f;
-      for (double b : t.micro_backward) backward += b;
-      const double after = l.zero_stage == 1 || l.zero_stage == 2 ? gather_time(W, D, dp_link) : 0.0;
-      const double pieces = l.zero_stage < 2 ? buckets : std::max(1.0, units);
-      const double started = (t.data_comm - after) * (pieces - 1) / pieces;
-      const double window = l.zero_stage < 2   ? backward
-                            : l.zero_stage == 2 ? m * backward
-                                                : m * (forward + backward);
-      t.hidden_comm = hw.comm_overlap * std::min(started, window);
-    }
+    double forward = 0.0, backward = 0.0;
+    for (double f : t.micro_forward) forward += f;
+    for (double b : t.micro_backward) backward += b;
+    const double after = l.zero_stage == 1 || l.zero_stage == 2 ? gather_time(W, D, dp_link) : 0.0;
+    t.hidden_comm = hidden_reduction(hw, t.data_comm, after, l.zero_stage < 2 ? buckets : units,
+                                     l.zero_stage < 2    ? backward
+                                     : l.zero_stage == 2 ? m * backward
+                                                         : m * (forward + backward));
   }
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double updated = l.zero_stage == 0 ? flat : flat / D;
