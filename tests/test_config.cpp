@@ -718,6 +718,17 @@ TEST(ConfigComm, ParsesAndRejectsUnknownTransports) {
              {"parallel.comm: invalid value 'ncl'", "one of: auto, nccl, mpi",
               "did you mean 'nccl'?"});
 }
+
+// parallel.grad_reduce: the precision of the data-parallel gradient sums on the wire.
+TEST(ConfigGradReduce, ParsesAndRejectsOtherPrecisions) {
+  EXPECT_FALSE(parse_config(kMinimal, "test.yaml").parallel.bf16_grad_reduce());
+  EXPECT_TRUE(parse_config(std::string(kMinimal) + "parallel: {grad_reduce: bf16}\n", "test.yaml")
+                  .parallel.bf16_grad_reduce());
+  expect_all(error_of(std::string(kMinimal) + "parallel:\n  grad_reduce: fp16\n"),
+             {"test.yaml:6:16: parallel.grad_reduce: invalid value 'fp16'", "one of: fp32, bf16"});
+  expect_all(error_of(kMinimal, {"parallel.grad_reduce=bf61"}),
+             {"parallel.grad_reduce: invalid value 'bf61'", "one of: fp32, bf16"});
+}
 }  // namespace colossal::io
 
 // ---- model.arch: llama (issue 25) ---------------------------------------------------------------

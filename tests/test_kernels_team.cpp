@@ -148,6 +148,14 @@ TEST_F(TeamKernels, Bf16StorageIsTheRoundedFp32) {
   std::vector<std::uint16_t> bits(out.size());
   kernels::to_bf16<RefExec>(bits.data(), out.data(), int64_t(out.size()));
   EXPECT_EQ(bits, want16);
+  // The way back (parallel.grad_reduce: bf16): widened exactly as from_bf16_bits, or added.
+  std::vector<float> widened(out.size()), want_widened(out.size());
+  from_bf16_bits(bits.data(), want_widened.data(), bits.size());
+  kernels::from_bf16<RefExec>(widened.data(), bits.data(), int64_t(bits.size()), false);
+  EXPECT_EQ(widened, want_widened);
+  std::vector<float> summed = x;
+  kernels::from_bf16<RefExec>(summed.data(), bits.data(), int64_t(bits.size()), true);
+  for (std::size_t i = 0; i < summed.size(); ++i) ASSERT_EQ(summed[i], x[i] + want_widened[i]) << i;
 
   const int rows = 2 * 3 * 29, T = 29;
   auto att = random_vector(int64_t(rows) * T, 24, 4.0f);
