@@ -49,6 +49,7 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.zero_stage = p.zero_stage;
   run.offload_optimizer = p.offload_optimizer;
   run.offload_params = p.offload_params;
+  run.offload_fraction = p.offload_fraction;
   run.bucket_mb = p.bucket_mb;
   run.bf16_reduce = p.bf16_grad_reduce();
   return run;

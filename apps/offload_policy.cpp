@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -46,15 +47,27 @@ std::string device_categories(const planner::MemoryPrediction& m) {
   return out;
 }
 
+std::string fraction_text(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", fraction);
+  return text;
+}
+
 }  // namespace
 
 std::string OffloadDecision::describe() const {
   if (capacity <= 0) {
     return "nothing (no device limit: a CPU build keeps everything in host memory)";
   }
-  const std::string what = params      ? "optimizer states and parameters"
-                           : optimizer ? "optimizer states"
-                                       : "nothing";
+  const int chunks = int(std::lround(fraction * kOffloadChunks));
+  const std::string what =
+      params                ? "optimizer states and parameters"
+      : !optimizer          ? "nothing"
+      : chunks == kOffloadChunks ? "optimizer states"
+                            : std::to_string(chunks) + " of " + std::to_string(kOffloadChunks) +
+                                  " chunks of each rank's optimizer states "
+                                  "(parallel.zero.offload.optimizer_fraction " +
+                                  fraction_text(fraction) + ")";
   return what + " to the host: the device holds " + core::format_bytes(device_bytes) + " of " +
          core::format_bytes(capacity);
 }
@@ -64,25 +77,48 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   d.capacity = capacity;
   io::Config c = config;
   c.parallel.offload_optimizer = c.parallel.offload_params = false;
+  c.parallel.offload_fraction = 1.0;
   if (capacity <= 0) return d;
   const int share = std::max(1, ranks_per_device);
   const bool d1 = config.parallel.tensor_mode == core::TensorMode::d1;
   const int stage = config.parallel.zero_stage;
-  // The candidates in order: nothing, optimizer states (ZeRO >= 1), also parameters (ZeRO 3).
-  std::vector<std::pair<bool, bool>> steps{{false, false}};
-  if (stage >= 1) steps.emplace_back(true, false);  // 2d / 2.5d / 3d too (ZeRO 1-2)
-  if (d1 && stage == 3) steps.emplace_back(true, true);
   Need need;
-  for (auto [opt, params] : steps) {
-    c.parallel.offload_optimizer = opt;
+  // Whether the device holds the worst rank's plan with `chunks` of kOffloadChunks of every
+  // shard's optimizer state on the host (and, with `params`, the parameter shard too).
+  auto fits = [&](int chunks, bool params) {
+    c.parallel.offload_optimizer = chunks > 0;
+    c.parallel.offload_fraction = chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
     c.parallel.offload_params = params;
     need = device_need(c);
-    if (need.bytes * share <= capacity) {
-      d.optimizer = opt;
-      d.params = params;
-      d.device_bytes = need.bytes * share;
-      return d;
+    return need.bytes * share <= capacity;
+  };
+  auto decided = [&](int chunks, bool params) {
+    fits(chunks, params);  // the need of the decision itself
+    d.optimizer = chunks > 0;
+    d.fraction = chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
+    d.params = params;
+    d.device_bytes = need.bytes * share;
+    return d;
+  };
+  // In order: nothing; the fewest chunks of the optimizer states (ZeRO >= 1, the device's need
+  // falls as chunks move, so a bisection finds them); also the parameters (ZeRO 3, 1d).
+  if (fits(0, false)) return decided(0, false);
+  int tried = 0;  // 0 none, 1 every optimizer chunk, 2 also the parameters
+  if (stage >= 1) {  // 2d / 2.5d / 3d too (ZeRO 1-2)
+    tried = 1;
+    if (fits(kOffloadChunks, false)) {
+      int lo = 1, hi = kOffloadChunks;  // hi fits
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (fits(mid, false)) hi = mid;
+        else lo = mid + 1;
+      }
+      return decided(hi, false);
     }
+  }
+  if (d1 && stage == 3) {
+    tried = 2;
+    if (fits(kOffloadChunks, true)) return decided(kOffloadChunks, true);
   }
   std::string more;
   if (stage == 0) {
@@ -96,10 +132,9 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   } else if (stage < 3) {
     more = "; parallel.zero.stage: 3 would let the parameters move too";
   }
-  const std::string offloaded = steps.size() == 1   ? "without offload"
-                                : steps.size() == 2 ? "with the optimizer states offloaded"
-                                                    : "with optimizer states and parameters "
-                                                      "offloaded";
+  const std::string offloaded = tried == 0   ? "without offload"
+                                : tried == 1 ? "with the optimizer states offloaded"
+                                             : "with optimizer states and parameters offloaded";
   throw std::invalid_argument(
       "parallel.zero.offload.policy: auto: the model does not fit on the device even " + offloaded +
       ": the worst rank keeps " + device_categories(need.plan) + " (" +
@@ -138,6 +173,7 @@ io::Config apply_offload_policy(const io::Config& config, std::FILE* log) {
   io::Config out = config;
   out.parallel.offload_optimizer = d.optimizer;
   out.parallel.offload_params = d.params;
+  out.parallel.offload_fraction = d.fraction;
   if (log != nullptr) {
     std::fprintf(log, "offload (parallel.zero.offload.policy: auto): %s\n", d.describe().c_str());
   }

@@ -1,8 +1,10 @@
 // parallel.zero.offload.policy: auto. At start-up, from the memory plan (the planner's bytes per
 // rank, which equal what the tracker counts: apps/memory_fit.hpp's rank_memory) and the device's
 // capacity, decide what ZeRO moves to pinned host memory: nothing when the plan fits, else the
-// optimizer states (offload.optimizer), then also the parameter shards (offload.params), the
-// smallest step that fits. Whole categories per rank; not yet per unit or chunk.
+// optimizer states chunk by chunk (offload.optimizer with offload.optimizer_fraction: the fewest
+// of kOffloadChunks equal chunks of every rank's optimizer state, the last ones in state order,
+// as Colossal-AI's Gemini places chunks), then also the parameter shards (offload.params), the
+// smallest step that fits. Parameters move as a whole shard (ZeRO 3, all optimizer chunks).
 #pragma once
 
 #include <cstdio>
@@ -12,8 +14,13 @@
 
 namespace colossal::apps {
 
+// offload.policy: auto moves each rank's optimizer state in 64ths (for gpt2-124m on one rank,
+// chunks of 1.9 M states, 7.8 MB a moment).
+inline constexpr int kOffloadChunks = 64;
+
 struct OffloadDecision {
   bool optimizer = false;     // parallel.zero.offload.optimizer
+  double fraction = 1.0;      // parallel.zero.offload.optimizer_fraction (chunks / kOffloadChunks)
   bool params = false;        // parallel.zero.offload.params
   double device_bytes = 0.0;  // what the worst rank then keeps on the device, times sharing
   double capacity = 0.0;      // the device's bytes it was compared with (0: no limit)

@@ -29,6 +29,15 @@
 
 namespace colossal::apps {
 
+namespace {
+// A number as %g writes it (0.5, 0.25, 1e-05).
+std::string shortest_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+}  // namespace
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -236,6 +245,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
         zero::OptimizerOptions{.stage = par.zero_stage,
                                .offload_optimizer = par.offload_optimizer,
                                .offload_params = par.offload_params,
+                               .offload_fraction = par.offload_fraction,
                                .bf16_reduce = par.bf16_grad_reduce()});
     chunk.gradients = std::make_unique<zero::GradientSync>(
         table, chunk.optimizer->store(), *grad_, tracker_,
@@ -385,7 +395,8 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
       model.parameters(), model.store(), *grad_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage,
-                             .offload_optimizer = par.offload_optimizer});
+                             .offload_optimizer = par.offload_optimizer,
+                             .offload_fraction = par.offload_fraction});
   // Pipeline stages: the first and the last sum the tied token embedding (the first floats of
   // unit 0 on both); the norm, over the ranges each stage counts, is summed over the stages.
   zero::PipelineLinks links;
@@ -440,7 +451,11 @@ void Trainer::agree_on_plan() {
                      std::to_string(core::padded_vocab(config_.model, tp_->size())) + "}\n" +
                      "zero: {stage: " + std::to_string(p.zero_stage) +
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
-                     ", offload_params: " + (p.offload_params ? "true" : "false") + "}\n" +
+                     ", offload_params: " + (p.offload_params ? "true" : "false") +
+                     (p.offload_optimizer && p.offload_fraction < 1.0
+                          ? ", optimizer_fraction: " + shortest_text(p.offload_fraction)
+                          : std::string()) +
+                     "}\n" +
                      "flat_parameters: " + per_stage(double(chunks_.front().model->flat_size())) +
                      "\n" + "parameter_units: " +
                      per_stage(double(chunks_.front().model->store().units().size())) + "\n" +
@@ -634,9 +649,14 @@ TrainSummary Trainer::train() {
           sp_->size(), chunk_);
   }
   if (dp_->size() > 1) {
+    const std::string share =
+        config_.parallel.offload_fraction < 1.0
+            ? " (the last " + shortest_text(config_.parallel.offload_fraction) +
+                  " of each shard's states; the rest updated on the device beside it)"
+            : std::string();
     print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),
           config_.parallel.zero_stage,
-          config_.parallel.offload_optimizer ? ", optimizer offloaded" : "",
+          config_.parallel.offload_optimizer ? (", optimizer offloaded" + share).c_str() : "",
           config_.parallel.offload_params ? ", parameters offloaded" : "");
   }
   print("plan (identical on every rank):\n%s", plan_.c_str());

@@ -56,6 +56,13 @@ double clip_coefficient(double grad_norm, double max_norm) {
   return max_norm / (grad_norm + 1e-6);
 }
 
+std::size_t offloaded_states(std::size_t states, double fraction) {
+  if (!(fraction > 0.0)) return 0;
+  if (fraction >= 1.0) return states;
+  const auto chunks = std::size_t(std::ceil(fraction * double(states) / 16.0));
+  return std::min(states, chunks * 16);
+}
+
 AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
              MemoryTracker& tracker, bool on_host)
     : begin_(begin),
@@ -124,6 +131,12 @@ struct AdamWElement {
 
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                    float grad_scale, Indexing params_at, Indexing grads_at) {
+  start_update(params, grads, hp, step, grad_scale, params_at, grads_at);
+  Kokkos::fence();
+}
+
+void AdamW::start_update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
+                         float grad_scale, Indexing params_at, Indexing grads_at) {
   const float lr = static_cast<float>(hp.lr);
   const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
   const float eps = static_cast<float>(hp.eps);
@@ -157,7 +170,6 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
           KOKKOS_LAMBDA(std::size_t i) { element(i, p, g, wd); });
     }
   }
-  Kokkos::fence();
 }
 
 }  // namespace colossal::core

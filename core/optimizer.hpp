@@ -38,6 +38,13 @@ void zero(float* x, std::size_t n);
 // or when max_norm <= 0).
 double clip_coefficient(double grad_norm, double max_norm);
 
+// ZeRO offload of a share of the optimizer state (parallel.zero.offload.optimizer_fraction): of a
+// rank's `states` moment elements, how many live on the host. The last ones in state order, a
+// multiple of 16 floats (the shards' alignment) rounded up from fraction * states, at most all;
+// fraction >= 1 is all of them, fraction <= 0 none. The executor (zero::ShardedAdamW) and the
+// planner's memory closed forms (planner/cost_model.cpp) both split by it.
+std::size_t offloaded_states(std::size_t states, double fraction);
+
 // The optimizer state for the window [begin, end) of one flat parameter buffer described by a
 // parameter table: the whole buffer on one rank, a ZeRO shard otherwise. Weight decay is applied by
 // rule (ParamSpec::decay: matrices and embeddings, not biases or layernorm), never by position.
@@ -66,6 +73,12 @@ class AdamW {
   void update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
               float grad_scale, Indexing params_at = Indexing::state,
               Indexing grads_at = Indexing::state);
+  // The same update, returning without waiting for a device's kernels (the caller fences before
+  // it reads the parameters); in host memory it is update(). ZeRO's partial offload runs the
+  // host's share while the device's runs (zero::ShardedAdamW::step).
+  void start_update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
+                    float grad_scale, Indexing params_at = Indexing::state,
+                    Indexing grads_at = Indexing::state);
 
   // The window (begin()/end() span the pieces' range), and the number of state elements.
   std::size_t begin() const { return begin_; }

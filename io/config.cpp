@@ -347,6 +347,14 @@ const std::vector<KeySpec>& schema() {
        .doc = "keep the AdamW moments in host memory and run the update on the host "
               "(needs parallel.zero.stage >= 1)",
        .choices = {"false", "true"}, .cross_check = "needs parallel.zero.stage >= 1"},
+      {.key = "parallel.zero.offload.optimizer_fraction", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.parallel.offload_fraction; },
+       .doc = "with offload.optimizer: true, the share of each rank's optimizer state kept in "
+              "host memory (its last chunks in state order, in 16-float steps); the rest stays "
+              "on the device and its update runs there, beside the host's (Colossal-AI's "
+              "offload_optim_frac); offload.policy: auto sets it",
+       .range = Range{0.0, true, 1.0, false},
+       .cross_check = "< 1 needs offload.optimizer: true and offload.params: false"},
       {.key = "parallel.zero.offload.params", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.offload_params; },
        .doc = "keep the stage-3 parameter shards in host memory; each gather uploads the "
@@ -1239,6 +1247,25 @@ class Resolver {
             "true with parallel.zero.stage = " + std::to_string(config.parallel.zero_stage),
             "only stage 3 shards the parameters, so only stage 3 can keep them in host memory",
             "set parallel.zero.stage: 3, or parallel.zero.offload.params: false");
+    }
+    if (config.parallel.offload_fraction < 1.0 && !config.parallel.offload_optimizer) {
+      raise(where_first({"parallel.zero.offload.optimizer_fraction",
+                         "parallel.zero.offload.optimizer"}),
+            "parallel.zero.offload.optimizer_fraction",
+            format_number(config.parallel.offload_fraction) +
+                " with parallel.zero.offload.optimizer = false",
+            "the fraction says how much of the offloaded optimizer state goes to the host",
+            "set parallel.zero.offload.optimizer: true, or remove optimizer_fraction");
+    }
+    if (config.parallel.offload_fraction < 1.0 && config.parallel.offload_params) {
+      raise(where_first({"parallel.zero.offload.optimizer_fraction",
+                         "parallel.zero.offload.params"}),
+            "parallel.zero.offload.optimizer_fraction",
+            format_number(config.parallel.offload_fraction) +
+                " with parallel.zero.offload.params = true",
+            "host-resident parameter shards are updated by the host optimizer, so all of the "
+            "optimizer state must be on the host",
+            "set parallel.zero.offload.optimizer_fraction: 1, or offload.params: false");
     }
     if (config.parallel.offload_params && !config.parallel.offload_optimizer) {
       raise(where_first({"parallel.zero.offload.params", "parallel.zero.offload.optimizer"}),

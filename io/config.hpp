@@ -102,6 +102,9 @@ struct ParallelConfig {
   double bucket_mb = 25.0;       // gradient all-reduce bucket size, MiB
   bool offload_optimizer = false;  // AdamW moments in host memory, update on the host
   bool offload_params = false;     // stage-3 parameter shards in host memory (needs stage 3, offload_optimizer)
+  double offload_fraction = 1.0;   // with offload_optimizer: the share of each rank's optimizer
+                                   // state (its last chunks) on the host; the rest stays on the
+                                   // device (core::offloaded_states)
   int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
   core::TensorMode tensor_mode = core::TensorMode::d1;  // 1d | 2d | 2.5d | 3d
   int tensor_depth = 1;            // 2.5d: depth layers d (tensor = q * q * d)

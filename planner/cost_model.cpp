@@ -3,6 +3,7 @@
 #include "core/grid_model.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
+#include "core/optimizer.hpp"
 #include "core/sharded_detail.hpp"
 #include "parallel/communicator.hpp"
 #include "parallel/pipeline_schedule.hpp"
@@ -99,6 +100,26 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
   if (p <= 1 || bytes <= 0) return 0.0;
   return 2.0 * (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
 }
+// ZeRO's AdamW on `states` elements, the share `offloaded` of them on the host
+// (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters travel back in
+// `param_bytes` each.
+double optimizer_time(const HardwareSpec& hw, double states, double offloaded,
+                      double param_bytes) {
+  // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
+  const double host = std::clamp(offloaded, 0.0, 1.0) * states;
+  const double device = (states - host) * 28.0 / hw.optimizer_bandwidth;
+  if (host <= 0.0) return device;
+  const double rate = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
+                                                       : hw.optimizer_bandwidth;
+  const double on_host = host * 28.0 / rate;
+  if (hw.host_link_bandwidth <= 0) return device + on_host;  // one memory, one set of threads
+  // The gradients come down first; the device's update then runs beside the host's and the
+  // parameters' way back up.
+  const double down = host * kF / hw.host_link_bandwidth;
+  const double up = host * param_bytes / hw.host_link_bandwidth;
+  return down + std::max(device, on_host + up);
+}
+
 // Overlap (planner/README.md): of a gradient reduction taking `reduction` seconds, started in
 // `pieces` as backward produces them, all but the last piece run beside `window` seconds of
 // compute, less `after` (the all-gather after the update, which waits for AdamW), in the share
@@ -168,12 +189,13 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
   } else {
     m[MemCategory::gradients] = padded * (kF + (wire ? 2.0 : 0.0));
   }
-  // AdamW's m and v; offloaded, also the host copies of the gradient and parameter shards.
-  if (l.offload_optimizer) {
-    m[MemCategory::offloaded] = 4 * shard * kF;
-  } else {
-    m[MemCategory::optimizer] = 2 * shard * kF;
-  }
+  // AdamW's m and v; offloaded (the last `host` states: offload.optimizer_fraction), also the
+  // host copies of those states' gradients and parameters.
+  const double host =
+      l.offload_optimizer ? double(core::offloaded_states(std::size_t(shard), l.offload_fraction))
+                          : 0.0;
+  m[MemCategory::optimizer] = 2 * (shard - host) * kF;
+  m[MemCategory::offloaded] = 4 * host * kF;
   const double one_slot =
       double(cube ? core::Model3D::activation_floats(spec, l.micro_batch, l.seq_len, q, stage)
                   : core::Model2D::activation_floats(spec, l.micro_batch, l.seq_len, q, stage));
@@ -320,14 +342,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     t.hidden_comm = hidden_reduction(hw, t.data_comm, after, pieces,
                                      l.zero_stage < 2 ? backward / m : backward);
   }
-  if (l.offload_optimizer) {  // as in 1d: the update at the host's rate, the shards over its link
-    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
-                                                         : hw.optimizer_bandwidth;
-    t.optimizer = updated * 28.0 / host;
-    if (hw.host_link_bandwidth > 0) t.optimizer += updated * 2 * kF / hw.host_link_bandwidth;
-  } else {
-    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
-  }
+  t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF);
   if (l.pipeline > 1) {
     // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
     // between stages; the tied embedding summed over the first and the last stage.
@@ -394,7 +409,15 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     // Stages 0-1 reduced in bf16 (D > 1): a bf16 copy of the flat buffer.
     const double wire = l.bf16_reduce && D > 1 ? p.flat * 2.0 : 0.0;
     const double O = p.flat * ob, OS = O / D;
-    const MemCategory opt = l.offload_optimizer ? MemCategory::offloaded : MemCategory::optimizer;
+    // Offloaded (stages 1-3): the last `host` of the shard's states (offload.optimizer_fraction)
+    // keep their moments, gradients and (unless the parameter shard is there already) parameters
+    // in host memory; the rest of the moments stay on the device.
+    const double shard_states = l.zero_stage == 0 ? p.flat : p.flat / D;
+    const double host =
+        l.offload_optimizer && l.zero_stage > 0
+            ? double(core::offloaded_states(std::size_t(shard_states), l.offload_fraction))
+            : 0.0;
+    const double OH = host * ob;
     switch (l.zero_stage) {
       case 0:
         m[MemCategory::parameters] += P;
@@ -405,7 +428,8 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
       case 2:
         m[MemCategory::parameters] += P;
         m[MemCategory::gradients] += l.zero_stage == 1 ? G + wire : GS + (D > 1 ? gwork : 0.0);
-        m[opt] += 2 * OS;
+        m[MemCategory::optimizer] += 2 * (OS - OH);
+        m[MemCategory::offloaded] += 2 * OH;
         break;
       default:  // 3: the shard, plus two gather buffers unless one rank holds everything, and
                 // on several ranks a third for the block unit gathered ahead (prefetch)
@@ -413,12 +437,12 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
         if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
         if (D > 1) m[MemCategory::parameters] += p.widest * pb;
         m[MemCategory::gradients] += GS + (D > 1 ? gwork : 0.0);
-        m[opt] += 2 * OS;
+        m[MemCategory::optimizer] += 2 * (OS - OH);
+        m[MemCategory::offloaded] += 2 * OH;
         break;
     }
-    if (l.offload_optimizer) {  // gradients and (unless offloaded already) parameters on the host
-      m[MemCategory::offloaded] += GS + (l.offload_params ? 0.0 : S);
-    }
+    // The offloaded states' gradients and (unless offloaded already) parameters on the host.
+    m[MemCategory::offloaded] += host * kF + (l.offload_params ? 0.0 : host * pb);
     if (l.sequence_split && (l.tensor > 1 || l.pipeline > 1)) {
       m[MemCategory::temporaries] += p.layernorm_owned * kF;  // packed partial layernorm grads
     }
@@ -721,20 +745,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                                      : l.zero_stage == 2 ? m * backward
                                                          : m * (forward + backward));
   }
-  // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double updated = l.zero_stage == 0 ? flat : flat / D;
-  if (l.offload_optimizer) {
-    // ZeRO-Offload: the gradient shard down and the updated parameters up the host link, the
-    // update at the host's rate.
-    const double host = hw.host_optimizer_bandwidth > 0 ? hw.host_optimizer_bandwidth
-                                                         : hw.optimizer_bandwidth;
-    t.optimizer = updated * 28.0 / host;
-    if (hw.host_link_bandwidth > 0) {
-      t.optimizer += updated * (kF + (l.bf16 ? 2.0 : kF)) / hw.host_link_bandwidth;
-    }
-  } else {
-    t.optimizer = updated * 28.0 / hw.optimizer_bandwidth;
-  }
+  t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
+                               l.bf16 ? 2.0 : kF);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

@@ -31,6 +31,8 @@ struct RankLayout {
   int pipeline = 1;              // pipeline stages (ranks)
   int zero_stage = 0;
   bool offload_optimizer = false, offload_params = false;
+  double offload_fraction = 1.0;  // with offload_optimizer: the share of each shard's
+                                  // states on the host (core::offloaded_states)
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
   bool bf16_reduce = false;      // the data-parallel gradient sums travel as bf16 (a bf16 copy of
                                  // what is in flight: the flat buffer at stages 0-1, the work

@@ -143,7 +143,8 @@ TEST_F(CommRun, StagedTensor2dOnFourRanksTrainsBitwiseLikeMpi) {
 }
 
 // offload.policy: auto at start-up: a device that holds the plan offloads nothing; one slightly
-// smaller than the plan gets the optimizer states moved (and trains to the same losses); one
+// smaller than the plan gets a few chunks of the optimizer states moved (and trains to the same
+// losses: the host's AdamW and the device's are the same arithmetic); one
 // smaller than anything the policy can reach stops every rank naming the device's categories.
 TEST_F(CommRun, OffloadPolicyAutoDecidesFromTheMemoryPlan) {
   const std::string layout =
@@ -164,9 +165,12 @@ TEST_F(CommRun, OffloadPolicyAutoDecidesFromTheMemoryPlan) {
   r = train(2, "", layout + "--set hardware.device_memory_gib=" + std::string(smaller) +
                        " --set log.dir=" + dir + "/opt");
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(count(r.output, said + "optimizer states to the host"), 1u) << r.output;
-  EXPECT_NE(r.output.find("offload_optimizer: true, offload_params: false"), std::string::npos)
-      << r.output;
+  // 0.5% short: a few of the 64 chunks of each rank's optimizer state, not all of it.
+  EXPECT_EQ(count(r.output, " of 64 chunks of each rank's optimizer states "
+                            "(parallel.zero.offload.optimizer_fraction "), 1u) << r.output;
+  EXPECT_EQ(count(r.output, said + "optimizer states to the host"), 0u) << r.output;
+  EXPECT_NE(r.output.find("offload_optimizer: true, offload_params: false, optimizer_fraction: "),
+            std::string::npos) << r.output;
   const auto a = colossal::test::read_metrics_h5(dir + "/fits/metrics.h5");
   const auto b = colossal::test::read_metrics_h5(dir + "/opt/metrics.h5");
   EXPECT_EQ(a.at("loss"), b.at("loss"));

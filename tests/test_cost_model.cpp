@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/model.hpp"
+#include "core/optimizer.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/hardware.hpp"
 #include "planner/layout_plan.hpp"
@@ -190,6 +191,62 @@ TEST(CostModel, StartedReductionsHideUnderComputeWhereTheTransportMovesThem) {
   EXPECT_EQ(planner::predict_time(spec, l, hw).hidden_comm, 0.0);
   l.bucket_mb = 25;
   EXPECT_EQ(planner::predict_time(spec, l, planner::hardware_preset("host")).hidden_comm, 0.0);
+}
+
+// A share of the optimizer state offloaded (offload.optimizer_fraction): the moments split
+// between the device and the host by core::offloaded_states, the host also holding those states'
+// gradients and parameters; on a GPU the gradients come down, then the device's update runs
+// beside the host's and the parameters' way back up; where the device is the host, in turn.
+TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  const planner::HardwareSpec hw = planner::hardware_preset("h200");
+  ASSERT_GT(hw.host_link_bandwidth, 0.0);
+  for (const int stage : {1, 2, 3}) {
+    for (const bool grid : {false, true}) {
+      if (grid && stage == 3) continue;  // the grids run ZeRO 0-2
+      planner::RankLayout l;
+      l.seq_len = 1024;
+      l.micro_batch = 4;
+      l.data = 2;
+      l.zero_stage = stage;
+      if (grid) {
+        l.tensor_mode = core::TensorMode::d2;
+        l.tensor = 4;
+      }
+      const planner::MemoryPrediction kept = planner::predict_memory(spec, l);
+      const double S = kept[core::MemCategory::optimizer] / 8;  // the shard's states
+      l.offload_optimizer = true;
+      const planner::MemoryPrediction all = planner::predict_memory(spec, l);
+      l.offload_fraction = 0.3;
+      const planner::MemoryPrediction some = planner::predict_memory(spec, l);
+      const double H = double(core::offloaded_states(std::size_t(S), 0.3));
+      ASSERT_GT(H, 0.29 * S);
+      ASSERT_LT(H, 0.31 * S);
+      EXPECT_EQ(all[core::MemCategory::offloaded], 16 * S) << stage << grid;
+      EXPECT_EQ(all[core::MemCategory::optimizer], 0.0);
+      EXPECT_EQ(some[core::MemCategory::optimizer], 8 * (S - H)) << stage << grid;
+      EXPECT_EQ(some[core::MemCategory::offloaded], 16 * H) << stage << grid;
+      EXPECT_EQ(some.device(), kept.device() - 8 * H);
+      // Time: the host's share's gradients down, then max(the device's update, the host's
+      // update and the parameters up).
+      const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
+      const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
+      const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
+      EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
+                  link + std::max(device, host + link), 1e-9) << stage << grid;
+      l.offload_fraction = 1.0;
+      EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
+                  S * 28 / hw.host_optimizer_bandwidth + 2 * S * 4 / hw.host_link_bandwidth,
+                  1e-9);
+      // One memory (the host preset, no link and the same AdamW rate): both parts on the same
+      // threads in turn, as without offload.
+      const planner::HardwareSpec cpu = planner::hardware_preset("host");
+      ASSERT_EQ(cpu.host_link_bandwidth, 0.0);
+      l.offload_fraction = 0.3;
+      EXPECT_NEAR(planner::predict_time(spec, l, cpu).optimizer, S * 28 / cpu.optimizer_bandwidth,
+                  1e-9);
+    }
+  }
 }
 
 // Ranks taking turns on fewer cores than their threads: the step is at least the node's busy

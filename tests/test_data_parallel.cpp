@@ -1,4 +1,5 @@
-// Data parallelism and ZeRO stages 0-3 (with optimizer and parameter offload) train the same model as one rank: per-step losses and final
+// Data parallelism and ZeRO stages 0-3 (with optimizer and parameter offload, and a share of the
+// optimizer state offloaded) train the same model as one rank: per-step losses and final
 // weights against a single-process run of the same config, plus the per-rank memory and the bytes
 // each stage moves, against their closed forms.
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <fstream>
 
 #include "apps/trainer.hpp"
+#include "core/optimizer.hpp"
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
@@ -26,7 +28,7 @@ std::string shared_data(parallel::Communicator& world) {
 // its own.
 io::Config config(const std::string& data, const std::string& arch, int dp, int stage,
                   const std::string& run = "dp", bool offload = false, bool offload_params = false,
-                  bool bf16_reduce = false) {
+                  bool bf16_reduce = false, double offload_fraction = 1.0) {
   const std::string text =
       "model: {arch: " + arch + (arch == "llama" ? ", kv_heads: 2, ffn_hidden: 96" : "") +
       ", layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
@@ -35,7 +37,10 @@ io::Config config(const std::string& data, const std::string& arch, int dp, int 
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n"
       "parallel: {data: " + std::to_string(dp) + ", zero: {stage: " + std::to_string(stage) +
       ", offload: {optimizer: " + (offload ? "true" : "false") +
-      ", params: " + (offload_params ? "true" : "false") + "}}, bucket_mb: 0.01" +
+      ", params: " + (offload_params ? "true" : "false") +
+      (offload_fraction < 1.0 ? ", optimizer_fraction: " + std::to_string(offload_fraction)
+                              : std::string()) +
+      "}}, bucket_mb: 0.01" +
       (bf16_reduce ? ", grad_reduce: bf16" : "") + "}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -48,6 +53,7 @@ struct Param {
   bool offload = false;
   bool offload_params = false;
   bool bf16_reduce = false;  // parallel.grad_reduce: bf16
+  double offload_fraction = 1.0;  // parallel.zero.offload.optimizer_fraction
 };
 
 class DataParallel : public ::testing::TestWithParam<Param> {};
@@ -56,7 +62,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size();
   const std::string data = shared_data(world);
-  const auto [arch, stage, offload, offload_params, bf16_reduce] = GetParam();
+  const auto [arch, stage, offload, offload_params, bf16_reduce, fraction] = GetParam();
   // Gradients summed in bf16 (8 bits of mantissa) on several ranks follow the fp32 run closely,
   // not to fp32 rounding.
   const bool rounded = bf16_reduce && dp > 1;
@@ -67,7 +73,8 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const apps::TrainSummary expected = reference.train();
 
   apps::Trainer trainer(
-      config(data, arch, dp, stage, "dp", offload, offload_params, bf16_reduce), nullptr, &world);
+      config(data, arch, dp, stage, "dp", offload, offload_params, bf16_reduce, fraction), nullptr,
+      &world);
   EXPECT_NE(trainer.plan().find("mesh: {data: " + std::to_string(dp) + ","), std::string::npos)
       << trainer.plan();
   EXPECT_NE(trainer.plan().find("zero: {stage: " + std::to_string(stage) + ","), std::string::npos);
@@ -128,9 +135,17 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
     params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
   }
+  // Offloaded: the shard's last H states keep their moments, gradients and parameters on the
+  // host; the others' moments stay on the device (all of them move at fraction 1).
+  const std::size_t H = offload ? core::offloaded_states(S, fraction) : 0;
+  if (fraction < 1.0) {
+    EXPECT_GT(H, 0u);
+    EXPECT_LT(H, S) << "a fraction must split the shard";
+    EXPECT_EQ(trainer.optimizer().offloaded_states(), H);
+  }
   if (offload) {
-    optimizer = 0;
-    offloaded = 4 * S;  // moments, gradient shard, parameter shard
+    optimizer = 2 * (S - H);
+    offloaded = 4 * H;  // moments, gradient shard, parameter shard
   }
   EXPECT_EQ(mem.current(core::MemCategory::parameters), 4 * params);
   EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * grads + 2 * wire_halves);
@@ -154,8 +169,9 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
       EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * shard_bytes -
                                          steps * micro * 4 * uint64_t(U0) / dp);
     } else {
-      EXPECT_EQ(off.to_host_bytes, steps * 2 * shard_bytes);
-      EXPECT_EQ(off.to_device_bytes, steps * shard_bytes);
+      // Only the offloaded states' gradients and parameters travel.
+      EXPECT_EQ(off.to_host_bytes, steps * 2 * 4 * H);
+      EXPECT_EQ(off.to_device_bytes, steps * 4 * H);
     }
   }
   if (dp == 1) {
@@ -216,11 +232,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Param{"llama", 1}, Param{"llama", 2}, Param{"llama", 3},
                       Param{"gpt2", 0, false, false, true}, Param{"gpt2", 1, false, false, true},
                       Param{"gpt2", 2, false, false, true}, Param{"gpt2", 3, false, false, true},
-                      Param{"opt", 3, true, true, true}, Param{"opt", 0, false, false, true}),
+                      Param{"opt", 3, true, true, true}, Param{"opt", 0, false, false, true},
+                      // A share of the optimizer state offloaded; at stage 2 the split falls
+                      // inside a unit's slice.
+                      Param{"gpt2", 1, true, false, false, 0.5},
+                      Param{"gpt2", 2, true, false, false, 0.3},
+                      Param{"opt", 3, true, false, false, 0.5}),
     [](const auto& info) {
       return info.param.arch + "_zero" + std::to_string(info.param.stage) +
              (info.param.offload ? "_offload" : "") + (info.param.offload_params ? "_params" : "") +
-             (info.param.bf16_reduce ? "_bf16reduce" : "");
+             (info.param.bf16_reduce ? "_bf16reduce" : "") +
+             (info.param.offload_fraction < 1.0
+                  ? "_share" + std::to_string(int(info.param.offload_fraction * 100))
+                  : "");
     });
 
 TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {

@@ -1,11 +1,15 @@
 // parallel.zero.offload.policy: auto: the decisions from the memory plan for made-up device
-// sizes (fits: nothing; a little short: optimizer states; more: parameters too; impossible: an
+// sizes (fits: nothing; a little short: the fewest 64ths of the optimizer states; more: all of
+// them, then parameters too; impossible: an
 // error naming the categories), the 2d grid's optimizer offload, the static policy untouched, and
 // the keys' validation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "apps/memory_fit.hpp"
 #include "apps/offload_policy.hpp"
@@ -25,9 +29,10 @@ io::Config config(int zero_stage, const std::string& extra = "") {
 }
 
 // The worst rank's device bytes with the given flags, as the planner predicts them.
-double need(io::Config c, bool opt, bool params) {
+double need(io::Config c, bool opt, bool params, double fraction = 1.0) {
   c.parallel.offload_optimizer = opt;
   c.parallel.offload_params = params;
+  c.parallel.offload_fraction = fraction;
   double worst = 0;
   for (int r = 0; r < c.parallel.world_size(); ++r) {
     worst = std::max(worst, rank_memory(c, r).device());
@@ -48,14 +53,33 @@ TEST(OffloadPolicy, DecidesFromTheMemoryPlanAndTheDeviceSize) {
     EXPECT_EQ(d.device_bytes, none);
     EXPECT_NE(d.describe().find("nothing to the host"), std::string::npos) << d.describe();
   }
-  // Slightly too big: the optimizer states only.
+  // Slightly too big: one chunk (1/64) of each rank's optimizer state.
   OffloadDecision d = decide_offload(c, none - 1);
   EXPECT_TRUE(d.optimizer);
   EXPECT_FALSE(d.params);
-  EXPECT_EQ(d.device_bytes, opt);
-  EXPECT_NE(d.describe().find("optimizer states to the host"), std::string::npos);
+  EXPECT_EQ(d.fraction, 1.0 / kOffloadChunks);
+  EXPECT_EQ(d.device_bytes, need(c, true, false, 1.0 / kOffloadChunks));
+  EXPECT_LT(d.device_bytes, none);
+  EXPECT_NE(d.describe().find("1 of 64 chunks of each rank's optimizer states"),
+            std::string::npos) << d.describe();
+  EXPECT_NE(d.describe().find("optimizer_fraction 0.015625"), std::string::npos);
+  // In between: the fewest chunks that fit (one fewer does not).
+  for (double cap : {none - (none - opt) / 4, (none + opt) / 2, opt + (none - opt) / 10}) {
+    d = decide_offload(c, cap);
+    const int chunks = int(std::lround(d.fraction * kOffloadChunks));
+    EXPECT_TRUE(d.optimizer && !d.params);
+    EXPECT_GT(chunks, 1);
+    EXPECT_LT(chunks, kOffloadChunks);
+    EXPECT_LE(d.device_bytes, cap);
+    EXPECT_EQ(d.device_bytes, need(c, true, false, d.fraction));
+    EXPECT_GT(need(c, true, false, double(chunks - 1) / kOffloadChunks), cap) << chunks;
+  }
+  // Every chunk needed: the whole optimizer state.
   d = decide_offload(c, opt);
   EXPECT_TRUE(d.optimizer && !d.params);
+  EXPECT_EQ(d.fraction, 1.0);
+  EXPECT_EQ(d.device_bytes, opt);
+  EXPECT_NE(d.describe().find("optimizer states to the host"), std::string::npos);
   // Much too big: the parameters too.
   d = decide_offload(c, opt - 1);
   EXPECT_TRUE(d.optimizer);
@@ -65,7 +89,13 @@ TEST(OffloadPolicy, DecidesFromTheMemoryPlanAndTheDeviceSize) {
   // Two ranks sharing the device need twice the room.
   d = decide_offload(c, none * 1.5, 2);
   EXPECT_TRUE(d.optimizer);
-  EXPECT_EQ(d.device_bytes, 2 * (none * 1.5 >= 2 * opt ? opt : both));
+  if (none * 1.5 >= 2 * opt) {
+    EXPECT_FALSE(d.params);
+    EXPECT_EQ(d.device_bytes, 2 * need(c, true, false, d.fraction));
+    EXPECT_LE(d.device_bytes, none * 1.5);
+  } else {
+    EXPECT_EQ(d.device_bytes, 2 * both);
+  }
   // Impossible: the error names the device's categories, the capacity and what would help.
   try {
     decide_offload(c, both - 1);
@@ -112,9 +142,12 @@ TEST(OffloadPolicy, GridModesOffloadTheOptimizerStatesOnly) {
   const io::Config grid = config(1, ", tensor: {size: 4, mode: 2d}");
   const double none = need(grid, false, false), opt = need(grid, true, false);
   ASSERT_GT(none, opt);
-  const OffloadDecision d = decide_offload(grid, none - 1);
+  OffloadDecision d = decide_offload(grid, none - 1);
   EXPECT_TRUE(d.optimizer);
   EXPECT_FALSE(d.params);
+  EXPECT_EQ(d.fraction, 1.0 / kOffloadChunks);
+  d = decide_offload(grid, opt);
+  EXPECT_TRUE(d.optimizer && !d.params);
   EXPECT_EQ(d.device_bytes, opt);
   try {
     decide_offload(grid, opt - 1);
@@ -132,6 +165,12 @@ TEST(OffloadPolicy, ApplyUsesTheConfiguredDeviceSizeAndStaticChangesNothing) {
   const io::Config decided = apply_offload_policy(c, nullptr);
   EXPECT_TRUE(decided.parallel.offload_optimizer);
   EXPECT_FALSE(decided.parallel.offload_params);
+  // About half of the moments' bytes are needed: about half of the chunks move, and the planner
+  // says the decided config fits.
+  EXPECT_GT(decided.parallel.offload_fraction, 0.3);
+  EXPECT_LT(decided.parallel.offload_fraction, 0.7);
+  EXPECT_LE(need(decided, true, false, decided.parallel.offload_fraction),
+            c.hardware.device_memory_gib * 1024.0 * 1024 * 1024);
   c.parallel.offload_policy = "static";
   const io::Config same = apply_offload_policy(c, nullptr);
   EXPECT_FALSE(same.parallel.offload_optimizer);
@@ -156,6 +195,31 @@ TEST(OffloadPolicy, KeysAreValidated) {
     EXPECT_NE(std::string(e.what()).find("one of: static, auto"), std::string::npos);
   }
   EXPECT_EQ(error(""), "accepted");
+  // A share of the optimizer state: in (0, 1], with the optimizer offloaded and the parameters
+  // not.
+  auto offload = [](const std::string& keys) {
+    try {
+      io::parse_config("model: {layers: 4, hidden: 256, heads: 8, vocab: 512, max_seq: 64}\n"
+                       "data: {path: unused.bin}\n"
+                       "train: {steps: 3, seq_len: 64, global_batch: 4, micro_batch: 2}\n"
+                       "parallel: {data: 2, zero: {stage: 3, offload: {" + keys + "}}}\n",
+                       "t.yaml");
+    } catch (const io::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(offload("optimizer: true, optimizer_fraction: 0.25"), "accepted");
+  for (const auto& [keys, want] : std::vector<std::pair<std::string, std::string>>{
+           {"optimizer: true, optimizer_fraction: 0", "parallel.zero.offload.optimizer_fraction"},
+           {"optimizer: true, optimizer_fraction: 1.5",
+            "parallel.zero.offload.optimizer_fraction"},
+           {"optimizer_fraction: 0.5", "with parallel.zero.offload.optimizer = false"},
+           {"optimizer: true, params: true, optimizer_fraction: 0.5",
+            "with parallel.zero.offload.params = true"}}) {
+    const std::string got = offload(keys);
+    EXPECT_NE(got.find(want), std::string::npos) << keys << ": " << got;
+  }
   try {
     io::parse_config("model: {preset: gpt2-124m}\ndata: {path: d}\n"
                      "hardware: {device_memory_gib: -1}\n", "t.yaml");

@@ -3,7 +3,7 @@
 // mean below 1e-6: tests/sharded_parity.hpp says why looser than 1d's count) against
 // apps::Trainer on one rank, for GPT-2 and OPT: 2d on 4 ranks, 2.5d (q = 2, depth 2), 3d and
 // 2d x dp2 (also with ZeRO 1, ZeRO 1 with the optimizer offloaded, ZeRO 2, and ZeRO 2 with the
-// optimizer offloaded), and 3d under ZeRO 2 (one data rank: the sharded store's slices are whole
+// optimizer offloaded, whole or half of each shard's states), and 3d under ZeRO 2 (one data rank: the sharded store's slices are whole
 // units) on 8; with two pipeline stages (1F1B, and GPipe under ZeRO 1), 2d on 8 and 2.5d, 3d and
 // 2d x dp2 on 16, also 2d x dp2 and 3d under ZeRO 2 (the tied embedding summed between the
 // first and the last stage's shards); interleaved (2 chunks a rank, 4 blocks) 2d x pp2 on 8 and
@@ -43,6 +43,7 @@ struct Layout {
   int chunks = 1;        // model chunks per rank (schedule interleaved)
   int layers = 2;
   bool bf16_reduce = false;  // parallel.grad_reduce: bf16 (the data ranks' sums)
+  double offload_fraction = 1.0;  // parallel.zero.offload.optimizer_fraction
   int ranks() const { return tensor * data * pipeline; }
   // This rank's pipeline stage (the mesh: tensor innermost, then data, then pipeline).
   int stage(int rank) const { return rank / (tensor * data); }
@@ -60,7 +61,11 @@ io::Config config(const std::string& data, const Layout& l, bool sharded, const 
                      std::to_string(l.tensor) + ", mode: " + l.mode +
                      ", depth: " + std::to_string(l.depth) + "}, zero: {stage: " +
                      std::to_string(l.zero) + ", offload: {optimizer: " +
-                     (l.offload ? "true" : "false") + "}}, pipeline: {size: " +
+                     (l.offload ? "true" : "false") +
+                     (l.offload_fraction < 1.0
+                          ? ", optimizer_fraction: " + std::to_string(l.offload_fraction)
+                          : std::string()) +
+                     "}}, pipeline: {size: " +
                      std::to_string(l.pipeline) + ", schedule: " + l.schedule +
                      ", chunks: " + std::to_string(l.chunks) + "}" +
                      (l.bf16_reduce ? ", grad_reduce: bf16" : "") + "}\n"
@@ -125,6 +130,7 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
   l.seq_len = c.train.seq_len;
   l.zero_stage = layout.zero;
   l.offload_optimizer = layout.offload;
+  l.offload_fraction = layout.offload_fraction;
   l.bf16_reduce = layout.bf16_reduce;
   const planner::MemoryPrediction predicted = planner::predict_memory(c.model, l);
   for (int k = 0; k < int(core::MemCategory::count); ++k) {
@@ -163,6 +169,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
   const std::string name = "md_ck_" + layout.arch + "_" + std::to_string(layout.tensor) + "_" +
                            std::to_string(layout.data) + "_" + std::to_string(layout.depth) +
                            "_z" + std::to_string(layout.zero) + (layout.offload ? "o" : "") +
+                           (layout.offload_fraction < 1.0 ? "h" : "") +
                            "_pp" + std::to_string(layout.pipeline) + "x" +
                            std::to_string(layout.chunks);
   const std::string rank = std::to_string(world.rank());
@@ -420,12 +427,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "2d", 4, 1, 1, 0, false, 2, "interleaved", 2, 4},
                       Layout{"opt", "2d", 4, 1, 2, 2, false, 2, "interleaved", 2, 4},
                       Layout{"gpt2", "2d", 4, 1, 2, 0, false, 1, "1f1b", 1, 2, true},
-                      Layout{"opt", "2d", 4, 1, 2, 2, false, 1, "1f1b", 1, 2, true}),
+                      Layout{"opt", "2d", 4, 1, 2, 2, false, 1, "1f1b", 1, 2, true},
+                      // Half of each shard's optimizer state on the host, half on the device.
+                      Layout{"opt", "2d", 4, 1, 2, 2, true, 1, "1f1b", 1, 2, false, 0.5}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
              (info.param.zero > 0 ? "_zero" + std::to_string(info.param.zero) : "") +
              (info.param.offload ? "_offload" : "") +
+             (info.param.offload_fraction < 1.0 ? "_half" : "") +
              (info.param.pipeline > 1 ? "_pp" + std::to_string(info.param.pipeline) + "_" +
                                             info.param.schedule
                                       : "") +

@@ -5,8 +5,10 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 
 namespace colossal::zero {
 
@@ -73,28 +75,65 @@ void ShardedAdamW::check_options(const OptimizerOptions& options, std::size_t fl
   if (options.offload_params && (stage != 3 || !options.offload_optimizer)) {
     throw std::invalid_argument("parameter offload needs ZeRO stage 3 with optimizer offload");
   }
+  if (!(options.offload_fraction > 0.0 && options.offload_fraction <= 1.0)) {
+    throw std::invalid_argument("parallel.zero.offload.optimizer_fraction " +
+                                std::to_string(options.offload_fraction) +
+                                " is not in (0, 1]");
+  }
+  if (options.offload_params && options.offload_fraction < 1.0) {
+    throw std::invalid_argument("parameter offload needs all of the optimizer state on the host "
+                                "(parallel.zero.offload.optimizer_fraction: 1)");
+  }
   if (sharded && flat_size % (std::size_t(dp_.size()) * 16) != 0) {
     throw std::invalid_argument("flat buffer of " + std::to_string(flat_size) +
                                 " floats is not padded to a multiple of dp*16");
   }
 }
 
+namespace {
+// `pieces` (flat ranges in state order) split at state index `at`: the ranges before and after.
+using Ranges = std::vector<std::pair<std::size_t, std::size_t>>;
+std::pair<Ranges, Ranges> split_ranges(const Ranges& pieces, std::size_t at) {
+  Ranges before, after;
+  std::size_t state = 0;
+  for (const auto& [begin, end] : pieces) {
+    const std::size_t cut = begin + std::min(end - begin, at > state ? at - state : 0);
+    if (cut > begin) before.emplace_back(begin, cut);
+    if (end > cut) after.emplace_back(cut, end);
+    state += end - begin;
+  }
+  return {before, after};
+}
+}  // namespace
+
 void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
                               core::MemoryTracker& tracker, const OptimizerOptions& options) {
   shard_size_ = padded_ / dp_.size();
   if (stage_ == 0) {
     adamw_ = std::make_unique<core::AdamW>(table, 0, padded_, tracker);
-  } else if (stage_ == 1) {
+    return;
+  }
+  // The shard's last host_states_ states live on the host, the others on the device.
+  host_states_ = offload_ ? core::offloaded_states(shard_size_, options.offload_fraction) : 0;
+  const std::size_t split = shard_size_ - host_states_;
+  if (stage_ == 1) {
     shard_begin_ = shard_size_ * dp_.rank();
-    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + shard_size_,
-                                           tracker, offload_);
+    adamw_ = std::make_unique<core::AdamW>(table, shard_begin_, shard_begin_ + split, tracker);
+    if (offload_) {
+      host_adamw_ = std::make_unique<core::AdamW>(table, shard_begin_ + split,
+                                                  shard_begin_ + shard_size_, tracker, true);
+    }
   } else {
-    adamw_ = std::make_unique<core::AdamW>(table, sharded_->owned_ranges(), tracker, offload_);
+    std::tie(device_ranges_, host_ranges_) = split_ranges(sharded_->owned_ranges(), split);
+    adamw_ = std::make_unique<core::AdamW>(table, device_ranges_, tracker);
+    if (offload_) {
+      host_adamw_ = std::make_unique<core::AdamW>(table, host_ranges_, tracker, true);
+    }
   }
   if (offload_) {
-    host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
+    host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
     if (!options.offload_params) {
-      host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, shard_size_);
+      host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
     }
   }
 }
@@ -118,9 +157,15 @@ std::vector<ShardedAdamW::StateRange> ShardedAdamW::state_ranges() const {
 }
 
 std::vector<float> ShardedAdamW::state(int which) const {
-  const core::AdamW& adamw = *adamw_;
+  // The device's states, then the host's: state order.
   std::vector<float> host(stage_ == 0 ? padded_ : shard_size_);
-  core::copy_to_host(host.data(), which == 0 ? adamw.m() : adamw.v(), host.size() * sizeof(float));
+  std::size_t at = 0;
+  for (const core::AdamW* part : {adamw_.get(), host_adamw_.get()}) {
+    if (part == nullptr) continue;
+    core::copy_to_host(host.data() + at, which == 0 ? part->m() : part->v(),
+                       part->size() * sizeof(float));
+    at += part->size();
+  }
   return host;
 }
 
@@ -128,9 +173,13 @@ void ShardedAdamW::set_state(int which, const std::vector<float>& values) {
   if (values.size() != (stage_ == 0 ? padded_ : shard_size_)) {
     throw std::invalid_argument("optimizer state of the wrong size");
   }
-  core::AdamW& adamw = *adamw_;
-  core::copy_to_device(which == 0 ? adamw.m() : adamw.v(), values.data(),
-                       values.size() * sizeof(float));
+  std::size_t at = 0;
+  for (core::AdamW* part : {adamw_.get(), host_adamw_.get()}) {
+    if (part == nullptr) continue;
+    core::copy_to_device(which == 0 ? part->m() : part->v(), values.data() + at,
+                         part->size() * sizeof(float));
+    at += part->size();
+  }
 }
 
 std::vector<float> ShardedAdamW::owned_parameters() {
@@ -147,43 +196,51 @@ std::vector<float> ShardedAdamW::owned_parameters() {
   return host;
 }
 
-void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
-                                    float grad_scale) {
-  const std::size_t bytes = shard_size_ * sizeof(float);
-  const float* grads =
-      stage_ == 1 ? full_->full_grads() + shard_begin_ : sharded_->grad_shard();
-  core::copy_to_host(host_grads_.data(), grads, bytes);
-  offload_stats_.to_host_bytes += bytes;
-  if (stage_ == 3 && sharded_->params_offloaded()) {
-    // The parameter shard already lives on the host: update it in place.
-    adamw_->update(sharded_->param_shard(), host_grads_.data(), hp, step, grad_scale);
-    return;
-  }
-  // The parameter shard's pieces: one contiguous range (stages 1, 3) or this rank's slice of
-  // every unit inside the whole buffer (stage 2).
+std::vector<std::pair<float*, std::size_t>> ShardedAdamW::offloaded_pieces() {
+  const std::size_t split = shard_size_ - host_states_;
   std::vector<std::pair<float*, std::size_t>> pieces;
   if (stage_ == 1) {
-    pieces.emplace_back(full_->full_params() + shard_begin_, shard_size_);
+    pieces.emplace_back(full_->full_params() + shard_begin_ + split, host_states_);
   } else if (stage_ == 3) {
-    pieces.emplace_back(sharded_->param_shard(), shard_size_);
+    pieces.emplace_back(sharded_->param_shard() + split, host_states_);
   } else {
-    for (const auto& [begin, end] : sharded_->owned_ranges()) {
+    for (const auto& [begin, end] : host_ranges_) {
       pieces.emplace_back(sharded_->full_params() + begin, end - begin);
     }
   }
+  return pieces;
+}
+
+void ShardedAdamW::fetch_offloaded() {
+  const std::size_t split = shard_size_ - host_states_;
+  const std::size_t bytes = host_states_ * sizeof(float);
+  const float* grads =
+      stage_ == 1 ? full_->full_grads() + shard_begin_ : sharded_->grad_shard();
+  core::copy_to_host(host_grads_.data(), grads + split, bytes);
+  offload_stats_.to_host_bytes += bytes;
+  if (stage_ == 3 && sharded_->params_offloaded()) return;  // the shard is on the host already
   std::size_t at = 0;
-  for (const auto& [ptr, n] : pieces) {
+  for (const auto& [ptr, n] : offloaded_pieces()) {
     core::copy_to_host(host_params_.data() + at, ptr, n * sizeof(float));
     at += n;
   }
-  adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
-  at = 0;
-  for (const auto& [ptr, n] : pieces) {
+  offload_stats_.to_host_bytes += bytes;
+}
+
+void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
+                                    float grad_scale) {
+  if (stage_ == 3 && sharded_->params_offloaded()) {
+    // The parameter shard lives on the host: update it in place.
+    host_adamw_->update(sharded_->param_shard(), host_grads_.data(), hp, step, grad_scale);
+    return;
+  }
+  host_adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
+  std::size_t at = 0;
+  for (const auto& [ptr, n] : offloaded_pieces()) {
     core::copy_to_device(ptr, host_params_.data() + at, n * sizeof(float));
     at += n;
   }
-  offload_stats_.to_host_bytes += bytes;
-  offload_stats_.to_device_bytes += bytes;
+  offload_stats_.to_device_bytes += host_states_ * sizeof(float);
 }
 
 void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_scale) {
@@ -193,17 +250,20 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
     adamw_->update(full_->full_params(), full_->full_grads(), hp, step, grad_scale);
     return;
   }
-  if (offload_) {
-    offloaded_update(hp, step, grad_scale);
-  } else if (stage_ == 1) {
-    adamw_->update(full_->full_params() + shard_begin_, full_->full_grads() + shard_begin_, hp,
-                   step, grad_scale);
+  // Offload: the host's share comes down first (a copy waits for the device), then the device's
+  // share is started and the host updates its share while the device's kernels run.
+  if (offload_) fetch_offloaded();
+  if (stage_ == 1) {
+    adamw_->start_update(full_->full_params() + shard_begin_, full_->full_grads() + shard_begin_,
+                         hp, step, grad_scale);
   } else if (stage_ == 2) {
-    adamw_->update(sharded_->full_params(), sharded_->grad_shard(), hp, step, grad_scale,
-                   Indexing::flat, Indexing::state);
-  } else {
-    adamw_->update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
+    adamw_->start_update(sharded_->full_params(), sharded_->grad_shard(), hp, step, grad_scale,
+                         Indexing::flat, Indexing::state);
+  } else if (!sharded_->params_offloaded()) {
+    adamw_->start_update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
   }
+  if (offload_) offloaded_update(hp, step, grad_scale);
+  Kokkos::fence();
   if (stage_ == 1 && p > 1) {
     float* params = full_->full_params();
     dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});

@@ -16,9 +16,12 @@
 //            forward and again before its backward, and released right after.
 // Offload (stages 1-3): the moments live in host memory and the update runs on host threads; each
 // step copies the gradient shard and the parameter shard to the host and the updated parameter
-// shard back (offload_stats counts those bytes). With parameter offload (stage 3) the parameter
-// shard itself lives in host memory: the update writes it in place and every gather uploads this
-// rank's slice. On a host-only build both sides are host memory.
+// shard back (offload_stats counts those bytes). With offload_fraction < 1 only the last
+// core::offloaded_states(shard, fraction) states do (Colossal-AI's offload_optim_frac): the first
+// ones keep their moments on the device, whose update is started before the host's runs, so the
+// two run side by side. With parameter offload (stage 3, the whole shard) the parameter shard
+// itself lives in host memory: the update writes it in place and every gather uploads this rank's
+// slice. On a host-only build both sides are host memory.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +43,8 @@ struct OptimizerOptions {
   int stage = 0;                   // ZeRO stage: 0, 1, 2 or 3
   bool offload_optimizer = false;  // moments and update on the host (stages 1-3)
   bool offload_params = false;     // the parameter shard on the host (stage 3, with the above)
+  double offload_fraction = 1.0;   // with offload_optimizer: the share of the shard's states
+                                   // (its last ones) on the host; 1 with offload_params
   bool bf16_reduce = false;        // stages 2-3: gradients reduce-scattered as bf16
                                    // (parallel.grad_reduce: bf16)
 };
@@ -74,7 +79,8 @@ class ShardedAdamW {
 
   int stage() const { return stage_; }
   std::size_t shard_size() const { return shard_size_; }
-  const core::AdamW& adamw() const { return *adamw_; }
+  // Of the shard's states, how many live on the host (offload; the last ones in state order).
+  std::size_t offloaded_states() const { return host_states_; }
   // Checkpoints without a gather: the ranges of the flat buffer that this rank's moments hold, in
   // the order the moment arrays hold them (stage 0: the whole buffer; 1: its shard; 2-3: its
   // slice of every unit). `at` is the range's first element in the moment arrays.
@@ -90,8 +96,13 @@ class ShardedAdamW {
   std::vector<float> owned_parameters();
 
  private:
-  // Offload: AdamW on host copies of the shard (stages 1-3).
+  // Offload: the offloaded states' gradients and parameters to the host, before the device's
+  // update starts; then AdamW on them on the host and the parameters back (stages 1-3).
+  void fetch_offloaded();
   void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
+  // The offloaded states' parameters, where they live on the device (or, offload_params, the
+  // host's parameter shard): one range (stages 1, 3) or one slice of several units (stage 2).
+  std::vector<std::pair<float*, std::size_t>> offloaded_pieces();
 
   int stage_;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
@@ -107,9 +118,13 @@ class ShardedAdamW {
   std::unique_ptr<ShardedParameterStore> own_sharded_;   // stages 2-3 (unless the model's)
   ShardedParameterStore* sharded_ = nullptr;
   core::ParameterStore* store_;
-  std::unique_ptr<core::AdamW> adamw_;
+  std::unique_ptr<core::AdamW> adamw_;       // the states on the device (all without offload)
+  std::unique_ptr<core::AdamW> host_adamw_;  // the offloaded states (null without offload)
   bool offload_;
-  core::DeviceArray<float> host_grads_, host_params_;  // offload: the shard on the host
+  std::size_t host_states_ = 0;              // the offloaded states: the shard's last ones
+  // Stage 2: this rank's unit slices split at the first offloaded state.
+  std::vector<std::pair<std::size_t, std::size_t>> device_ranges_, host_ranges_;
+  core::DeviceArray<float> host_grads_, host_params_;  // offload: the offloaded states' copies
   OffloadStats offload_stats_;
 };
 
