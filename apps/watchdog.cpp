@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "parallel/communicator.hpp"
 
@@ -52,6 +54,18 @@ void Watchdog::watch() {
                  "collective. Ending this rank so the job ends; restart with "
                  "checkpoint.resume: auto to continue from the last checkpoint\n",
                  rank_, idle, (long long)step_.load(), where_.load(), in.c_str(), seconds_);
+    std::fflush(stderr);
+    // Abort the transports that can be (NCCL: its peers' pending operations then fail with an
+    // error rather than wait for their own watchdogs); a hook that hangs cannot keep the rank.
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::seconds(10));
+      std::_Exit(1);
+    }).detach();
+    const std::vector<std::string> aborted = parallel::run_abort_hooks();
+    for (const std::string& what : aborted) {
+      std::fprintf(stderr, "colossal_train: rank %d: watchdog: aborted the %s\n", rank_,
+                   what.c_str());
+    }
     std::fflush(stderr);
     std::_Exit(1);  // no MPI call from this thread; mpirun / srun ends the other ranks
   }

@@ -5,8 +5,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <stdexcept>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 namespace colossal::parallel {
 
@@ -170,6 +174,48 @@ std::string describe(const CollectiveWait& wait) {
                 wait.seconds, collective_name(wait.kind), double(wait.payload_bytes) / 1e6,
                 wait.ranks, wait.backend);
   return text;
+}
+
+namespace {
+struct AbortHooks {
+  std::mutex mutex;
+  int next = 0;
+  std::vector<std::tuple<int, std::string, std::function<void()>>> hooks;
+};
+AbortHooks& abort_hooks() {
+  static AbortHooks* hooks = new AbortHooks;  // never destroyed: a hook may outlive exit's order
+  return *hooks;
+}
+}  // namespace
+
+int register_abort_hook(std::string what, std::function<void()> hook) {
+  AbortHooks& all = abort_hooks();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  const int id = all.next++;
+  all.hooks.emplace_back(id, std::move(what), std::move(hook));
+  return id;
+}
+
+void unregister_abort_hook(int id) {
+  AbortHooks& all = abort_hooks();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  std::erase_if(all.hooks, [id](const auto& h) { return std::get<0>(h) == id; });
+}
+
+std::vector<std::string> run_abort_hooks() {
+  AbortHooks& all = abort_hooks();
+  std::lock_guard<std::mutex> lock(all.mutex);
+  std::vector<std::string> ran;
+  for (auto& [id, what, hook] : all.hooks) {
+    try {
+      hook();
+      ran.push_back(what);
+    } catch (const std::exception& e) {
+      ran.push_back(what + " (failed: " + e.what() + ")");
+    }
+  }
+  all.hooks.clear();
+  return ran;
 }
 
 namespace {

@@ -34,12 +34,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace colossal::parallel {
 
@@ -81,6 +83,19 @@ struct CollectiveWait {
 std::optional<CollectiveWait> current_collective_wait();
 // "waiting 12 s in all_reduce of 97.3 MB over 2 ranks (mpi)".
 std::string describe(const CollectiveWait& wait);
+
+// Transports that can be torn down from another thread when the job must end: each live
+// NcclCommunicator registers its ncclCommAbort, which ends the operations still pending on it and
+// closes its connections, so the peers' pending operations fail with NCCL's error instead of
+// hanging until their own watchdogs fire. The watchdog runs them before it ends the process.
+// register_abort_hook returns the id to unregister with (the owner's destructor); hooks run in
+// registration order, each once, under a lock that unregister waits on, so a hook never runs on
+// a destroyed owner. `what` names the hook in run_abort_hooks' report.
+int register_abort_hook(std::string what, std::function<void()> hook);
+void unregister_abort_hook(int id);
+// Runs and forgets every registered hook (best effort: an exception is reported, not thrown);
+// the names of those that ran, in order.
+std::vector<std::string> run_abort_hooks();
 
 // A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,
 // start_reduce_scatter_sum, start_send). test() lets it progress and

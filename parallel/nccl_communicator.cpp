@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 namespace colossal::parallel {
@@ -77,23 +78,66 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, int device)
     stream_ = nullptr;
     check_nccl(init, "ncclCommInitRank");
   }
+  abort_hook_ = register_abort_hook(
+      "NCCL communicator of " + std::to_string(size()) + " ranks (" +
+          where(rank(), size(), device_) + ")",
+      [this] { abort(); });
 }
 
 NcclCommunicator::~NcclCommunicator() {
-  // Errors cannot be reported from a destructor; teardown is best effort.
+  // First, so the watchdog can no longer abort it. Errors cannot be reported from a destructor;
+  // teardown is best effort.
+  if (abort_hook_ >= 0) unregister_abort_hook(abort_hook_);
   cudaSetDevice(device_);
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
+  if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+void NcclCommunicator::abort() {
+  if (comm_ == nullptr || aborted_.exchange(true)) return;
+  ncclCommAbort(comm_);  // frees it: nothing may use comm_ after this
 }
 
 void NcclCommunicator::check_nccl(int result, const char* call) const {
   const auto code = static_cast<ncclResult_t>(result);
   if (code == ncclSuccess) return;
   std::string detail = ncclGetErrorString(code);
-  const char* last = ncclGetLastError(comm_);
+  const char* last = aborted_ ? nullptr : ncclGetLastError(comm_);
   if (last != nullptr && *last != '\0') detail += std::string("; ") + last;
   throw std::runtime_error("colossal::parallel: " + std::string(call) + " failed: " + detail +
-                           " (" + where(rank(), size(), device_) + ")");
+                           " (" + where(rank(), size(), device_) + ")" +
+                           (aborted_ ? "; the communicator was aborted (ncclCommAbort): the job "
+                                       "must end; restart with checkpoint.resume: auto"
+                                     : ""));
+}
+
+void NcclCommunicator::await(const std::function<int()>& query, const char* what) {
+  for (;;) {
+    if (aborted_) check_nccl(ncclInvalidUsage, what);  // by the watchdog, from its thread
+    const auto state = static_cast<cudaError_t>(query());
+    if (state == cudaSuccess) break;
+    if (state != cudaErrorNotReady) check_cuda(state, what);
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress) {
+      // Take NCCL's words before the abort frees the communicator.
+      const char* last = ncclGetLastError(comm_);
+      const std::string detail = std::string(ncclGetErrorString(async)) +
+                                 (last != nullptr && *last != '\0' ? std::string("; ") + last
+                                                                   : std::string());
+      abort();
+      throw std::runtime_error("colossal::parallel: " + std::string(what) +
+                               " failed asynchronously: " + detail + " (" +
+                               where(rank(), size(), device_) +
+                               "); a peer may have died or lost its network. This communicator "
+                               "was aborted (ncclCommAbort); restart with checkpoint.resume: "
+                               "auto");
+    }
+    std::this_thread::yield();
+  }
+  ncclResult_t async = ncclSuccess;
+  check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+  check_nccl(async, what);
 }
 
 void NcclCommunicator::check_cuda(int error, const char* call) const {
@@ -102,10 +146,8 @@ void NcclCommunicator::check_cuda(int error, const char* call) const {
 }
 
 void NcclCommunicator::synchronize(const char* what) {
-  check_cuda(cudaStreamSynchronize(stream_), what);
-  ncclResult_t async = ncclSuccess;
-  check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-  check_nccl(async, what);
+  CUstream_st* stream = stream_;
+  await([stream] { return int(cudaStreamQuery(stream)); }, what);
 }
 
 void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
@@ -143,12 +185,13 @@ void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<flo
 }
 
 namespace {
-// A started NCCL collective: the event recorded after it on the communicator's stream. Waiting
-// synchronises on the event, then asks NCCL for an asynchronous error (a peer that died, say).
+// A started NCCL collective: the event recorded after it on the communicator's stream. test()
+// queries the event; wait() polls it and NCCL's asynchronous error (NcclCommunicator::await), so
+// a peer that died ends the wait with NCCL's error instead of a hang.
 class NcclPending final : public PendingCollective {
  public:
-  NcclPending(cudaEvent_t event, std::function<void()> check_async, std::string what)
-      : event_(event), check_async_(std::move(check_async)), what_(std::move(what)) {}
+  using Await = std::function<void(const std::function<int()>&)>;
+  NcclPending(cudaEvent_t event, Await await) : event_(event), await_(std::move(await)) {}
   ~NcclPending() override {
     if (event_ == nullptr) return;
     cudaEventSynchronize(event_);  // best effort: a destructor cannot report
@@ -158,26 +201,25 @@ class NcclPending final : public PendingCollective {
     if (event_ == nullptr) return true;
     const cudaError_t state = cudaEventQuery(event_);
     if (state == cudaErrorNotReady) return false;
-    finish(state);
+    wait();
     return true;
   }
   void wait() override {
-    if (event_ != nullptr) finish(cudaEventSynchronize(event_));
+    if (event_ == nullptr) return;
+    cudaEvent_t event = event_;
+    struct Release {  // the event is destroyed however the wait ends
+      cudaEvent_t& event;
+      ~Release() {
+        cudaEventDestroy(event);
+        event = nullptr;
+      }
+    } release{event_};
+    await_([event] { return int(cudaEventQuery(event)); });
   }
 
  private:
-  void finish(cudaError_t state) {
-    cudaEventDestroy(event_);
-    event_ = nullptr;
-    if (state != cudaSuccess) {
-      throw std::runtime_error("colossal::parallel: " + what_ + " failed on its stream: " +
-                               cudaGetErrorName(state) + ": " + cudaGetErrorString(state));
-    }
-    check_async_();
-  }
   cudaEvent_t event_;
-  std::function<void()> check_async_;
-  std::string what_;
+  Await await_;
 };
 }  // namespace
 
@@ -190,13 +232,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::pending(const char* what) {
     check_cuda(recorded, "cudaEventRecord");
   }
   return std::make_unique<NcclPending>(
-      event,
-      [this, what] {
-        ncclResult_t async = ncclSuccess;
-        check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-        check_nccl(async, what);
-      },
-      what);
+      event, [this, what](const std::function<int()>& query) { await(query, what); });
 }
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(

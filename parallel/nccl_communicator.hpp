@@ -12,7 +12,11 @@
 // Semantics are those of Communicator: float buffers are device pointers; each call enqueues on
 // the communicator's own stream and synchronises it before returning, so results are ready and
 // errors (ncclResult_t, cudaError_t, and NCCL's asynchronous errors) surface as
-// std::runtime_error at the call that caused them. The started forms (start_all_reduce_sum,
+// std::runtime_error at the call that caused them. Every wait polls the stream or event and
+// NCCL's asynchronous error together (NCCL's documented error handling): on an error it aborts
+// the communicator (ncclCommAbort) and throws, naming the call. Each communicator also registers
+// its abort with parallel::register_abort_hook, which the training watchdog runs before it ends a
+// rank that made no progress, so the peers' pending operations fail too instead of hanging. The started forms (start_all_reduce_sum,
 // start_all_gather, start_reduce_scatter_sum) enqueue the same way and return at once with an
 // event recorded after the collective: test() queries it, wait() synchronises on it and then
 // checks NCCL's asynchronous error, so the collective runs on its stream beside the kernels the
@@ -23,6 +27,8 @@
 // vectors work on every transport.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 
 #include "parallel/communicator.hpp"
@@ -73,6 +79,12 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
 
   void synchronize(const char* what);
+  // Waits until `query` (a cudaStreamQuery or cudaEventQuery, as an int) says done, asking NCCL
+  // for an asynchronous error meanwhile: a peer that died or a network failure ends the wait
+  // with NCCL's error (this communicator aborted) instead of a hang. `what` names the call.
+  void await(const std::function<int()>& query, const char* what);
+  // ncclCommAbort, once (the watchdog's hook, or await on an asynchronous error).
+  void abort();
   // An event recorded on the stream after the collective just enqueued, behind PendingCollective.
   std::unique_ptr<PendingCollective> pending(const char* what);
   void check_nccl(int result, const char* call) const;
@@ -82,6 +94,8 @@ class NcclCommunicator final : public Communicator {
   int device_ = 0;
   ncclComm* comm_ = nullptr;
   CUstream_st* stream_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  int abort_hook_ = -1;  // parallel::register_abort_hook's id
 };
 
 // The CUDA device this process should use: its rank on its node (the launcher's SLURM_LOCALID or
