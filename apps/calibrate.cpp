@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -14,6 +15,11 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/optimizer.hpp"
+#include "parallel/comm_choice.hpp"
+
+#ifdef COLOSSAL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace colossal::apps {
 
@@ -61,6 +67,105 @@ double total_memory_bytes() {
   }
   return 0.0;
 }
+bool device_build() {
+  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                     Kokkos::DefaultExecutionSpace::memory_space>::accessible;
+}
+
+// A GPU node (a CUDA Kokkos build; the GEMMs, kernels and AdamW above ran on the device): the
+// device's memory and count, the host link (pinned copies each way), the host's AdamW (ZeRO
+// offload), and the link between ranks as the trainer's transport moves an all-reduce (NCCL at
+// one rank per GPU, else the staged path). Every rank runs the same calls.
+void calibrate_device_extras(parallel::Communicator& world, core::MemoryTracker& tracker,
+                             planner::HardwareSpec& h) {
+  h.name = "GPU node (calibrated by colossal_plan --calibrate)";
+  h.threads = 0;  // the rates are the device's, not a number of host threads'
+  // NCCL moves a started collective on its own stream beside the kernels, taking SMs and
+  // bandwidth from them: the GPU presets' share (planner/README.md), not measured here.
+  h.comm_overlap = 0.5;
+#ifdef COLOSSAL_HAVE_CUDA
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0) h.devices_per_node = devices;
+  else cudaGetLastError();
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) h.memory_bytes = double(total_bytes);
+  else cudaGetLastError();
+#endif
+  // The host link: 64 MiB between pinned host memory (the offloaded category) and the device.
+  {
+    const std::size_t n = std::size_t(1) << 24;
+    core::DeviceArray<float> host(tracker, core::MemCategory::offloaded, n),
+        device(tracker, core::MemCategory::temporaries, n);
+    const double bytes = double(n) * sizeof(float);
+    const double up = seconds_per_call(
+        [&] { core::copy_to_device(device.data(), host.data(), n * sizeof(float)); }, 0.3);
+    const double down = seconds_per_call(
+        [&] { core::copy_to_host(host.data(), device.data(), n * sizeof(float)); }, 0.3);
+    h.host_link_bandwidth = 2.0 * bytes / (up + down);
+  }
+  // The host's AdamW on host memory (its threads), as ZeRO offload runs it.
+  {
+    const std::size_t n = std::size_t(1) << 22;
+    std::vector<core::ParamSpec> table(1);
+    table[0].name = "calibration";
+    table[0].count = n;
+    table[0].shape = {int64_t(n)};
+    table[0].local_shape = {int64_t(n)};
+    table[0].role = core::ParamRole::weight;
+    core::AdamW adamw(table, 0, n, tracker, /*on_host=*/true);
+    core::DeviceArray<float> p(tracker, core::MemCategory::offloaded, n),
+        g(tracker, core::MemCategory::offloaded, n);
+    std::fill(p.data(), p.data() + n, 0.1f);
+    std::fill(g.data(), g.data() + n, 0.01f);
+    int64_t step = 0;
+    const double t = seconds_per_call(
+        [&] { adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f); });
+    h.host_optimizer_bandwidth = 28.0 * double(n) / t;
+  }
+  // The ranks' link: all-reduces of 1 float (latency) and 16 Mi floats (bandwidth) in device
+  // memory over the transport the trainer would choose, priced back through the ring model the
+  // cost model uses (2(p-1) steps of latency + bytes/p/bandwidth).
+  if (world.size() >= 2) {
+    parallel::RunCommunicator run = parallel::make_run_communicator("auto");
+    parallel::Communicator& comm = *run.world;
+    const int p = comm.size();
+    auto mean_seconds = [&](core::DeviceArray<float>& buffer, int calls) {
+      comm.all_reduce_sum({buffer.data(), buffer.size()});  // warm-up (NCCL's connections)
+      comm.barrier();
+      const auto start = Clock::now();
+      for (int i = 0; i < calls; ++i) comm.all_reduce_sum({buffer.data(), buffer.size()});
+      return std::chrono::duration<double>(Clock::now() - start).count() / calls;
+    };
+    core::DeviceArray<float> one(tracker, core::MemCategory::temporaries, 1),
+        big(tracker, core::MemCategory::temporaries, std::size_t(1) << 24);
+    fill(one, 0.0f);
+    fill(big, 0.0f);
+    const double small = mean_seconds(one, 200), large = mean_seconds(big, 10);
+    const double steps = 2.0 * (p - 1);
+    h.intra_node.latency_s = small / steps;
+    const double bytes = double(big.size()) * sizeof(float);
+    h.intra_node.bandwidth_Bps = steps * bytes / p / std::max(large - small, 1e-9);
+    if (world.rank() == 0) {
+      std::printf("ranks' link over %s: all-reduce of %d floats %.3g ms, of %zu floats %.3g ms\n",
+                  run.choice.describe().c_str(), 1, small * 1e3, big.size(), large * 1e3);
+    }
+  } else {
+    // One rank: a device-to-device copy stands in for the bandwidth.
+    const std::size_t n = std::size_t(1) << 24;
+    core::DeviceArray<float> a(tracker, core::MemCategory::temporaries, n),
+        b(tracker, core::MemCategory::temporaries, n);
+    fill(a, 1.0f);
+    const double t = seconds_per_call([&] {
+      Kokkos::deep_copy(Kokkos::View<float*, Kokkos::DefaultExecutionSpace::memory_space,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(b.data(), n),
+                        Kokkos::View<const float*, Kokkos::DefaultExecutionSpace::memory_space,
+                                     Kokkos::MemoryTraits<Kokkos::Unmanaged>>(a.data(), n));
+    });
+    h.intra_node = {5e-6, double(n) * sizeof(float) / t};  // latency: a typical NCCL launch
+  }
+  h.inter_node = h.intra_node;  // one node: nothing else to measure
+}
+
 }  // namespace
 
 planner::HardwareSpec calibrate_host(parallel::Communicator& world,
@@ -93,6 +198,21 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
   }
   h.fp32_flops = 0.0;
   for (const auto& point : h.gemm_curve) h.fp32_flops = std::max(h.fp32_flops, point.second);
+  // bf16 (train.precision: bf16): the backend the trainer would use, on the two largest shapes;
+  // the cost model scales the fp32 curve by bf16_flops / fp32_flops. On a host without bf16
+  // units the emulation measures slower than fp32, and plans price it so.
+  {
+    auto bf16 = core::make_default_gemm(gemm_backend, core::GemmPrecision::bf16);
+    h.bf16_flops = 0.0;
+    for (const Shape& s : {shapes[5], shapes[6]}) {
+      const double flops = 2.0 * s.M * s.N * s.K;
+      const double t = seconds_per_call([&] {
+        bf16->gemm(core::Trans::N, core::Trans::N, s.M, s.N, s.K, 1.0f, A.data(), s.K,
+                   Bm.data(), s.N, 0.0f, Cm.data(), s.N);
+      }, 0.5);
+      h.bf16_flops = std::max(h.bf16_flops, flops / t);
+    }
+  }
   // Attention, forward + backward, counted as the step graph counts it (12 * pairs * head width).
   {
     const int B = 1, T = 512, C = 256, H = 4, hd = C / H;
@@ -162,6 +282,10 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
       adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f);
     });
     h.optimizer_bandwidth = 28.0 * double(n) / t;
+  }
+  if (device_build()) {
+    calibrate_device_extras(world, tracker, h);
+    return h;
   }
   // The link between two ranks of this node: ping-pong of 1 float (latency) and 4 Mi floats.
   if (world.size() >= 2) {

@@ -8,6 +8,7 @@
 #include "apps/calibrate.hpp"
 #include "apps/cli.hpp"
 #include "apps/layout.hpp"
+#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 #include "core/host_threads.hpp"
 #include "planner/cost_model.hpp"
@@ -36,10 +37,17 @@ planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) 
 int calibrate(apps::Invocation& inv) {
   const std::string out = inv.flag("--out", "hardware-host.yaml");
   if (inv.rank == 0) {
-    std::printf("calibrating this host with %d thread(s) per rank, %d rank(s): GEMM sizes, "
-                "attention, memory-bound kernels, AdamW%s ...\n",
-                core::HostThreads::shared().size(), inv.world_size,
-                inv.world_size > 1 ? ", ping-pong between ranks 0 and 1" : "");
+    if (apps::device_resident_build()) {
+      std::printf("calibrating this GPU node with %d rank(s): GEMM sizes (fp32, bf16), attention, "
+                  "memory-bound kernels and AdamW on the device, the host link, the host's "
+                  "AdamW%s ...\n",
+                  inv.world_size, inv.world_size > 1 ? ", all-reduces between the ranks" : "");
+    } else {
+      std::printf("calibrating this host with %d thread(s) per rank, %d rank(s): GEMM sizes "
+                  "(fp32, bf16), attention, memory-bound kernels, AdamW%s ...\n",
+                  core::HostThreads::shared().size(), inv.world_size,
+                  inv.world_size > 1 ? ", ping-pong between ranks 0 and 1" : "");
+    }
     // A spec's rates are a rank's with its cores to itself; the planner adds the sharing.
     if (const core::ThreadPlan t = core::current_thread_plan(); t.oversubscribed()) {
       std::printf("warning: %d ranks x %d thread(s) share %d core(s): the rates measured now are "
@@ -273,9 +281,12 @@ int main(int argc, char** argv) {
       "hardware spec) and collectives; then the predicted memory per rank by category (what\n"
       "colossal_train's tracker will count) and the predicted step time. Nothing is allocated; no\n"
       "kernel runs. checkpointing.policy is solved as colossal_train would.\n\n"
-      "--calibrate measures this host with the real kernels (GEMM sizes, attention, memory-bound\n"
-      "work, AdamW, and with 2+ ranks the link between ranks 0 and 1) and writes a hardware YAML\n"
-      "for hardware.file or --hardware.\n\n"
+      "--calibrate measures this host with the real kernels (GEMM sizes in fp32 and bf16,\n"
+      "attention, memory-bound work, AdamW, and with 2+ ranks the link between ranks 0 and 1) and\n"
+      "writes a hardware YAML for hardware.file or --hardware. Built for CUDA it measures the GPU\n"
+      "node: the kernels on the device, its memory, the host link (pinned copies), the host's\n"
+      "AdamW (ZeRO offload) and, with 2+ ranks, all-reduces over the trainer's transport (NCCL at\n"
+      "one rank per GPU); run one rank per GPU of the node.\n\n"
       "Program options:\n"
       "  --gpus N               devices to plan for\n"
       "  --top K                plans to print (default 5)\n"

@@ -11,11 +11,13 @@
 #      against the host build's, 1e-4 relative (bf16: 2e-3; both from metrics.csv, 9
 #      significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16; then its GEMM shapes one
-#      by one) and a profiled bf16 colossal_train step;
+#      by one), a profiled bf16 colossal_train step, and colossal_plan --calibrate (the node's
+#      hardware YAML, written to $OUT/hardware-gpu.yaml);
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
-#      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), and dp2
-#      ZeRO-2 with parallel.grad_reduce: bf16 (the bf16 sums staged; 2e-4);
+#      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), dp2 ZeRO-2
+#      with half of the optimizer state offloaded (the device's and the host's AdamW side by
+#      side), and dp2 ZeRO-2 with parallel.grad_reduce: bf16 (the bf16 sums staged; 2e-4);
 #      10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
 #   5. the same gpt2-124m in PyTorch on the GPU (bench/pytorch_peer.py: eager fp32, eager bf16
 #      autocast, compile + bf16), when the machine's python3 has torch with CUDA.
@@ -212,6 +214,11 @@ if section 3; then
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
+  # The GPU node's hardware YAML (the planner's rates: GEMM curve fp32 and bf16, kernels, host
+  # link, host AdamW), next to the report.
+  (cd "$root" && timeout 60 "$bin/colossal_plan" --calibrate \
+     --out "${OUT:-$PWD}/hardware-gpu.yaml" 2>&1) | tail -n 40 >> "$report" ||
+    say "colossal_plan --calibrate: failed"
 fi
 
 if section 4; then
@@ -237,9 +244,10 @@ if section 4; then
       [pp2-1f1b]="2 --set parallel.pipeline.size=2 --set parallel.pipeline.schedule=1f1b"
       [2d-4ranks]="4 --set parallel.tensor.size=4 --set parallel.tensor.mode=2d"
       [dp2-zero2-bf16reduce]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.grad_reduce=bf16"
-      [dp2-zero3-offload]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true")
+      [dp2-zero3-offload]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true"
+      [dp2-zero2-offload-half]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.optimizer_fraction=0.5")
     for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b 2d-4ranks dp2-zero2-bf16reduce \
-                dp2-zero3-offload; do
+                dp2-zero3-offload dp2-zero2-offload-half; do
       t0=$SECONDS
       # Gradients summed in bf16 (parallel.grad_reduce) follow fp32 sums to 2e-4 (the host tests').
       tolerance=1e-5

@@ -142,6 +142,11 @@ TEST_F(Cli, CalibrateWritesAHardwareFileThatPlansRead) {
   Result r = run(bin("colossal_plan") + " --calibrate --out " + hw);
   ASSERT_EQ(r.code, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(hw));
+  // The bf16 products were measured too (the backend train.precision: bf16 would use): the
+  // planner scales the fp32 curve by their rate.
+  const auto bf16_at = r.output.find("bf16_tflops: ");
+  ASSERT_NE(bf16_at, std::string::npos) << r.output;
+  EXPECT_GT(std::stod(r.output.substr(bf16_at + 13)), 0.0) << r.output;
   const std::string config = write_config("calibrated.yaml");
   r = run(bin("colossal_plan") + " " + config + " --profile --set hardware.file=" + hw);
   ASSERT_EQ(r.code, 0) << r.output;
