@@ -17,8 +17,6 @@
 #include <stdexcept>
 #include <string>
 
-#include <Kokkos_Sort.hpp>
-
 #include "core/bf16.hpp"
 #include "core/fast_math.hpp"
 #include "core/kokkos_compat.hpp"
@@ -377,20 +375,89 @@ void vocab_parallel_finish(float* logits, float* losses, const float* mx, const 
 // ---------------------------------------------------------------------------------------------
 // Embeddings.
 
+namespace detail {
+// The embedding backward's workspace in `MemorySpace`: bucket counts and fill cursors, and the
+// (row, position) keys of a batch. Allocated at the first call and grown only for a larger batch,
+// then kept until Kokkos::finalize (a finalize hook frees it), outside the memory tracker as
+// cuBLAS's staging buffers are: 8 bytes a position and 512 KiB. A step therefore allocates and
+// frees nothing: a cudaFree would synchronise the whole device.
+template <class MemorySpace>
+struct EmbeddingWorkspace {
+  static constexpr int kBuckets = 1 << 16;  // rows r and r + 2^16 share a bucket (sorted apart)
+  int* counts = nullptr;                    // kBuckets + 1: after the scan, bucket b's start
+  int* fill = nullptr;                      // kBuckets: the scatter's cursors
+  int64_t* keys = nullptr;                  // `capacity` positions
+  int64_t capacity = 0;
+
+  static EmbeddingWorkspace& at_least(int64_t positions) {
+    static EmbeddingWorkspace workspace;
+    EmbeddingWorkspace& w = workspace;
+    if (w.counts == nullptr) {
+      w.counts = static_cast<int*>(Kokkos::kokkos_malloc<MemorySpace>(
+          "colossal::embedding_counts", sizeof(int) * (kBuckets + 1)));
+      w.fill = static_cast<int*>(
+          Kokkos::kokkos_malloc<MemorySpace>("colossal::embedding_fill", sizeof(int) * kBuckets));
+      Kokkos::push_finalize_hook([] {
+        EmbeddingWorkspace& v = workspace;
+        Kokkos::kokkos_free<MemorySpace>(v.counts);
+        Kokkos::kokkos_free<MemorySpace>(v.fill);
+        if (v.keys != nullptr) Kokkos::kokkos_free<MemorySpace>(v.keys);
+        v = EmbeddingWorkspace{};
+      });
+    }
+    if (positions > w.capacity) {
+      if (w.keys != nullptr) Kokkos::kokkos_free<MemorySpace>(w.keys);
+      w.keys = static_cast<int64_t*>(Kokkos::kokkos_malloc<MemorySpace>(
+          "colossal::embedding_keys", sizeof(int64_t) * std::size_t(positions)));
+      w.capacity = positions;
+    }
+    return w;
+  }
+};
+
+// Sorts k[0, n) ascending in place with the whole team (every thread calls it): a bitonic network
+// padded to a power of two m >= n, every comparison ascending (the smaller key to the lower
+// index) with the partner i ^ mask: the first of each merge the mirrored position in its block
+// (mask = size - 1), the rest halving; a partner past n is +infinity, never swapped. log2(m)
+// (log2(m) + 1) / 2 rounds, a team barrier after each.
+template <class Team>
+KOKKOS_INLINE_FUNCTION void team_sort(const Team& team, int64_t* k, int n) {
+  int m = 1;
+  while (m < n) m <<= 1;
+  auto compare = [&](int mask) {
+    Kokkos::parallel_for(Kokkos::TeamThreadRange(team, m), [&](int i) {
+      const int l = i ^ mask;
+      if (l > i && l < n && k[i] > k[l]) {
+        const int64_t t = k[i];
+        k[i] = k[l];
+        k[l] = t;
+      }
+    });
+    team.team_barrier();
+  };
+  for (int size = 2; size <= m; size <<= 1) {
+    compare(size - 1);
+    for (int j = size >> 2; j > 0; j >>= 1) compare(j);
+  }
+}
+}  // namespace detail
+
 // dwte[tokens[b,t],:] += dout[b,t,:];  dwpe[t + pos_offset,:] += sum_b dout[b,t,:] (dwpe may be
 // null). Vocabulary-parallel form: dwte holds rows [v0, v0 + rows) only.
 //
-// Deterministic without atomics: the positions sorted by (row, position) (Kokkos::sort of the
-// unique keys row * BT + p, so the order cannot depend on scheduling; positions of other ranks'
-// rows sort last and are skipped), then one team per run of equal rows, the first position of
-// the run owning the row: it adds the run's rows of dout into dwte in increasing position,
-// threads over columns (a thread keeps its columns from one row to the next, so no barrier).
-// Each row of dwte thus receives its positions in the order the host kernel adds them: the
-// result is bitwise the host's. O(BT log BT) for the sort and one pass over dout, where the
-// owner scan this replaces compared O((BT)^2) tokens (13.4 ms of an H200's bf16 step at
-// BT = 16384). The sort allocates its keys and Kokkos' bins per call (outside the tracker: 8 bytes
-// per position and a few index arrays). The position gradient is one work item per (t, c),
-// adding over b in order.
+// Deterministic without a library sort, and bitwise the host kernel's: the positions of this
+// rank's rows are counted into 2^16 buckets by row (atomics), the counts scanned into bucket
+// starts, and each position's key row * BT + p scattered into its bucket (atomic cursors, so in
+// any order). Then one team per bucket sorts its keys (a bitonic network in place, padded to a
+// power of two, with team barriers: O(n log^2 n) for a bucket of n) and adds the dout rows of
+// its positions into dwte in key order, threads over columns (a thread keeps its columns from
+// one position to the next, so no barrier): every row of dwte receives its positions in
+// increasing order, as the host kernel adds them. The workspace persists between calls
+// (detail::EmbeddingWorkspace), so nothing is allocated and nothing waits for the device; it
+// replaces Kokkos::sort, whose bins were allocated (and freed, synchronising the device) on
+// every call, and before that an owner scan comparing O((BT)^2) tokens (13.4 ms of an H200's
+// bf16 step at BT = 16384). Calls on one execution space instance share the workspace in
+// stream order. The position gradient is one work item per (t, c), adding over b in order.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 void embedding_backward(float* dwte,           // (rows,C)
                         float* dwpe,           // (P,C) or null
@@ -410,28 +477,50 @@ void embedding_backward(float* dwte,           // (rows,C)
         });
   }
   if (BT == 0) return;
-  // Rows are token ids (int32) less v0; one past any of them marks a position this rank skips.
-  constexpr int64_t kSkipped = int64_t(1) << 33;
-  using Keys = Kokkos::View<int64_t*, typename ExecSpace::memory_space>;
-  Keys keys(Kokkos::view_alloc(Kokkos::WithoutInitializing, "colossal::embedding_keys"), BT);
+  using Workspace = detail::EmbeddingWorkspace<typename ExecSpace::memory_space>;
+  constexpr int kBuckets = Workspace::kBuckets;
+  Workspace& w = Workspace::at_least(BT);
+  int* counts = w.counts;
+  int* fill = w.fill;
+  int64_t* keys = w.keys;
   Kokkos::parallel_for(
-      "colossal::core::team_embedding_backward_keys", Kokkos::RangePolicy<ExecSpace>(0, BT),
+      "colossal::core::team_embedding_backward_clear", Kokkos::RangePolicy<ExecSpace>(0, kBuckets + 1),
+      KOKKOS_LAMBDA(int b) {
+        counts[b] = 0;
+        if (b < kBuckets) fill[b] = 0;
+      });
+  Kokkos::parallel_for(
+      "colossal::core::team_embedding_backward_count", Kokkos::RangePolicy<ExecSpace>(0, BT),
       KOKKOS_LAMBDA(int p) {
         const int64_t row = int64_t(tokens[p]) - v0;
-        keys(p) = (row >= 0 && row < rows ? row : kSkipped) * BT + p;
+        if (row >= 0 && row < rows) Kokkos::atomic_add(&counts[(row & (kBuckets - 1)) + 1], 1);
       });
-  // Kokkos' bin sort on every backend (not std::sort on the host), so the host tests run the
-  // device's algorithm.
-  Kokkos::sort(keys, /*always_use_kokkos_sort=*/true);
+  Kokkos::parallel_scan(
+      "colossal::core::team_embedding_backward_starts",
+      Kokkos::RangePolicy<ExecSpace>(0, kBuckets + 1),
+      KOKKOS_LAMBDA(int b, int& sum, const bool last) {
+        sum += counts[b];
+        if (last) counts[b] = sum;  // inclusive of counts[0] = 0: bucket b starts at counts[b]
+      });
   Kokkos::parallel_for(
-      "colossal::core::team_embedding_backward_tokens", policy<ExecSpace>(BT, team_size),
+      "colossal::core::team_embedding_backward_scatter", Kokkos::RangePolicy<ExecSpace>(0, BT),
+      KOKKOS_LAMBDA(int p) {
+        const int64_t row = int64_t(tokens[p]) - v0;
+        if (row < 0 || row >= rows) return;
+        const int b = int(row & (kBuckets - 1));
+        keys[counts[b] + Kokkos::atomic_fetch_add(&fill[b], 1)] = row * BT + p;
+      });
+  Kokkos::parallel_for(
+      "colossal::core::team_embedding_backward_tokens", policy<ExecSpace>(kBuckets, team_size),
       KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
-        const int i = team.league_rank();
-        const int64_t row = keys(i) / BT;
-        if (row == kSkipped || (i > 0 && keys(i - 1) / BT == row)) return;
-        float* e = dwte + row * C;
-        for (int j = i; j < BT && keys(j) / BT == row; ++j) {
-          const float* d = dout + (keys(j) % BT) * C;
+        const int b = team.league_rank();
+        const int begin = counts[b], n = counts[b + 1] - begin;
+        if (n == 0) return;
+        int64_t* k = keys + begin;
+        detail::team_sort(team, k, n);
+        for (int j = 0; j < n; ++j) {
+          float* e = dwte + (k[j] / BT) * C;
+          const float* d = dout + (k[j] % BT) * C;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) { e[c] += d[c]; });
         }
       });

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -369,6 +370,26 @@ TEST_F(TeamKernels, EmbeddingsMatchHostBitwiseAndFiniteDifferences) {
                                        0, INT64_MAX, team_size());
     Kokkos::fence();
     EXPECT_EQ(got, want);
+    // The workspace grew to the largest batch and stays (a smaller batch reuses it).
+    using Workspace = team::detail::EmbeddingWorkspace<TeamExec::memory_space>;
+    EXPECT_EQ(Workspace::at_least(0).capacity, int64_t(B2) * T2);
+  }
+  {  // a vocabulary past the 2^16 buckets: rows r and r + 2^16 share one, sorted apart
+    const int B3 = 2, T3 = 40, C3 = 9;
+    const int64_t V3 = 70000;
+    std::vector<int32_t> wide(B3 * T3);
+    // Rows 0-6 and 1000-2006, and rows 65536-65542 in the buckets of rows 0-6.
+    for (int i = 0; i < B3 * T3; ++i) {
+      wide[i] = int32_t(i % 5 == 0 ? 65536 + i % 7 : i % 7 + (i % 3) * 1000);
+    }
+    auto d3 = random_vector(int64_t(B3) * T3 * C3, 8);
+    auto got = random_vector(V3 * C3, 9), want = got;
+    kernels::embedding_backward<RefExec>(want.data(), nullptr, d3.data(), wide.data(), B3, T3, C3,
+                                         0, 0, V3);
+    team::embedding_backward<TeamExec>(got.data(), nullptr, d3.data(), wide.data(), B3, T3, C3, 0,
+                                       0, V3, team_size());
+    Kokkos::fence();
+    EXPECT_EQ(got, want);
   }
   std::vector<float> out(B * T * C);
   auto f = [&] {
@@ -383,6 +404,31 @@ TEST_F(TeamKernels, EmbeddingsMatchHostBitwiseAndFiniteDifferences) {
   Kokkos::fence();
   EXPECT_EQ(check_gradient("dwte", f, wte, dwte, 3), 0);
   EXPECT_EQ(check_gradient("dwpe", f, wpe, dwpe, 3), 0);
+}
+
+// One team sorting k[0, n) (a functor: nvcc refuses a device lambda in a test's private body).
+struct SortOneTeam {
+  int64_t* k;
+  int n;
+  void operator()(const team::Member<TeamExec>& team) const { team::detail::team_sort(team, k, n); }
+};
+
+// The embedding backward's in-team sort (the host's scatter happens to come out in order, so
+// the kernel test alone would not notice a broken sort): shuffled keys of every length up to a
+// few powers of two, duplicates included, against std::sort.
+TEST_F(TeamKernels, TeamSortOrdersAnyLength) {
+  std::mt19937_64 rng(11);
+  for (int n : {0, 1, 2, 3, 5, 8, 13, 31, 32, 33, 100, 257, 1000, 4097}) {
+    std::vector<int64_t> keys(n);
+    for (int i = 0; i < n; ++i) keys[i] = int64_t(rng() % 5000) * 100000 + i;
+    if (n > 4) keys[n / 2] = keys[1];  // a repeated key
+    std::vector<int64_t> want = keys;
+    std::sort(want.begin(), want.end());
+    Kokkos::parallel_for("test_team_sort", team::policy<TeamExec>(1, team_size()),
+                         SortOneTeam{keys.data(), n});
+    Kokkos::fence();
+    EXPECT_EQ(keys, want) << "n " << n;
+  }
 }
 
 TEST_F(TeamKernels, RowCopiesMatchHost) {
