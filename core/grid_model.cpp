@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
 #include "core/sharded_detail.hpp"
@@ -150,7 +151,7 @@ void GridModel::make_store(MemoryTracker& tracker, const StoreFactory& make_stor
   if (tracker.dry_run()) return;  // counted, never allocated (a --memory-plan trainer)
   kernels::fill(store_->full_params(), int64_t(flat), 0.0f);
   store_->zero_gradients();
-  Kokkos::fence();
+  fence_kernels();
 }
 
 void GridModel::open_gradients(int unit) {
@@ -168,7 +169,7 @@ void GridModel::open_gradients(int unit) {
 }
 
 void GridModel::close_gradients(int unit) {
-  Kokkos::fence();  // the store may reduce what the kernels wrote
+  fence_kernels();  // the store may reduce what the kernels wrote
   store_->gradients_done(unit);
   if (unit == 0) {
     open_[0] = nullptr;

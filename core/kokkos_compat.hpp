@@ -16,6 +16,15 @@ namespace kmath = ::Kokkos::Experimental;
 template <class ExecSpace>
 inline constexpr bool device_memory_v =
     !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
+// Waits for this rank's kernels: those of the default execution space instance, and cuBLAS, which
+// runs on its stream (core/gemm_cublas.cpp). Not for a collective in flight on its own stream
+// (NCCL's is non-blocking): Kokkos::fence() in Kokkos 3.4 is cudaDeviceSynchronize and would
+// wait for those too, so a started reduce-scatter or gather could never overlap the next unit's
+// kernels. Every fence inside the step (before a collective reads a buffer, before the host reads
+// one, at unit boundaries) is this one; timings (the profiler, calibration) keep the global one.
+// The staged transport's copy stream is a blocking one, ordered after these kernels anyway.
+inline void fence_kernels() { Kokkos::DefaultExecutionSpace().fence(); }
 }  // namespace colossal::core
 
 // Kernel templates whose KOKKOS_LAMBDA runs on a CUDA device are instantiated for Kokkos::Cuda in

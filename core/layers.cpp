@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/tensor_group.hpp"
 
 namespace colossal::core {
@@ -90,11 +91,11 @@ void around_the_ring(TensorGroup& group, const float* qkv, int column, float* ri
   float* cur = ring_block;
   float* spare = ring_block + rows * C;
   kernels::copy_columns(cur, C, qkv + column, 3 * C, rows, C);
-  Kokkos::fence();
+  fence_kernels();
   for (int step = 0; step < ring.size; ++step) {
     visit(static_cast<const float*>(cur), ring.source(step));
     if (step + 1 < ring.size) {
-      Kokkos::fence();
+      fence_kernels();
       group.send_recv(cur, std::size_t(rows) * C, ring.next, spare, ring.prev);
       std::swap(cur, spare);
     }
@@ -168,10 +169,10 @@ void ring_attention_backward(Gemm& gemm, TensorGroup& group, float* dqkv, float*
     }
   });
   // Every rank's parts of this rank's dK and dV, summed; K and V are adjacent columns of qkv.
-  Kokkos::fence();
+  fence_kernels();
   group.reduce_scatter(dkv_all, std::size_t(block) * ring.size, ring_block);
   kernels::copy_columns(dqkv + C, 3 * C, ring_block, 2 * C, rows, 2 * C);
-  Kokkos::fence();
+  fence_kernels();
 }
 
 // dP = dY V^T, dV = P^T dY, dS = softmax_backward(dP) (scale folded in), dQ = dS K, dK = dS^T Q.
@@ -282,7 +283,7 @@ void fused_attention_forward(Gemm& gemm, float* lse, float* atty, GemmOperand qk
       }
     }
   }
-  Kokkos::fence();
+  fence_kernels();
 }
 
 // p_ij = exp(s_ij - lse_i) (masked: 0), D_i = dy_i.y_i, ds_ij = scale p_ij (dp_ij - D_i) with
@@ -355,7 +356,7 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
       }
     }
   }
-  Kokkos::fence();
+  fence_kernels();
 }
 
 }  // namespace colossal::core

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
 #include "core/llama_kernels.hpp"
 #include "core/optimizer.hpp"
@@ -334,7 +335,7 @@ void Model::init_parameters(uint64_t seed) {
           break;
       }
     }
-    Kokkos::fence();
+    fence_kernels();
     store_->commit(int(u));
   }
 }
@@ -384,7 +385,7 @@ Model::Linear Model::qkv_part(const BlockParams& bp, int part) const {
 void Model::tensor_all_reduce(float* data, int64_t n) {
   if (tp_ == nullptr) return;
   Profiler::Scope scope(profiler_, WorkKind::communication);
-  Kokkos::fence();  // the collective reads what the kernels wrote
+  fence_kernels();  // the collective reads what the kernels wrote
   tp_->all_reduce_sum(data, std::size_t(n));
 }
 
@@ -438,13 +439,13 @@ void Model::row_parallel_end(float* out, const float* residual, const float* bia
 
 void Model::scatter_rows(float* full, float* rows, int64_t N) {
   Profiler::Scope scope(profiler_, WorkKind::communication);
-  Kokkos::fence();
+  fence_kernels();
   tp_->reduce_scatter(full, std::size_t(N) * spec_.hidden, rows);
 }
 
 void Model::all_gather_rows(const float* rows, float* full, int64_t N) {
   Profiler::Scope scope(profiler_, WorkKind::communication);
-  Kokkos::fence();
+  fence_kernels();
   tp_->all_gather(rows, std::size_t(local_rows(N)) * spec_.hidden, full);
 }
 
@@ -487,7 +488,7 @@ void Model::gather_logits(int64_t row, float* out) {
   }
   std::vector<float> all(std::size_t(local_vocab_) * tp_->size());
   DeviceArray<float> staging(scratch_tracker_, MemCategory::temporaries, all.size());
-  Kokkos::fence();
+  fence_kernels();
   tp_->all_gather(local, std::size_t(local_vocab_), staging.data());
   copy_to_host(all.data(), staging.data(), all.size() * sizeof(float));
   std::copy(all.begin(), all.begin() + spec_.vocab, out);
@@ -923,7 +924,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       }
     });
     store_->release(bp.unit);
-    Kokkos::fence();
+    fence_kernels();
     store_->gradients_done(bp.unit);
   }
   if (stage_.embeds) {
@@ -934,7 +935,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
                             local_vocab_);
     });
   }  // else input_gradient() goes to the previous stage
-  Kokkos::fence();
+  fence_kernels();
   if (GE != nullptr) store_->gradients_done(embed_unit_);
 }
 

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
@@ -416,12 +417,12 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
             for (int64_t s = 0; s < c; ++s) o[s] += wpe[p * c + s];
           }
         });
-    Kokkos::fence();
+    fence_kernels();
     grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
   for (int l = 0; l < blocks(); ++l) block_forward(l);
   if (!stage().head) {
-    Kokkos::fence();  // the output goes to the next stage
+    fence_kernels();  // the output goes to the next stage
     return 0.0;
   }
   layernorm2d_forward(grid_, head_.lnf, head_.lnf_mean, head_.lnf_rstd, head_.x_final, P + lnf_w_,
@@ -487,7 +488,7 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
                          A.ln1_mean, A.ln1_rstd, BT, C, s_.ln_work);
     close_gradients(1 + l);
   }
-  Kokkos::fence();
+  fence_kernels();
   if (!stage().embeds) {  // s_.dx: the gradient of the stage's input, for the previous stage
     close_gradients(0);
     return;
@@ -516,7 +517,7 @@ int Model2D::batch_replicas() const { return depth_ != nullptr ? depth_->size() 
 int Model2D::batch_replica() const { return depth_ != nullptr ? depth_->rank() : 0; }
 
 void Model2D::reduce_gradients() {
-  Kokkos::fence();
+  fence_kernels();
   if (depth_ != nullptr) {
     for (const auto& [p, n] : gradient_pieces(0, params_end())) depth_->all_reduce_sum(p, n);
   }

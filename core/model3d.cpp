@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
 #include "core/optimizer.hpp"
 #include "core/rng.hpp"
@@ -401,12 +402,12 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch
             o[s] = v;
           }
         });
-    Kokkos::fence();
+    fence_kernels();
     groups_.plane_l.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
   for (int l = 0; l < blocks(); ++l) block_forward(l);
   if (!stage().head) {
-    Kokkos::fence();  // the output goes to the next stage
+    fence_kernels();  // the output goes to the next stage
     return 0.0;
   }
   TensorGroup& x_columns = groups_.output;  // splits the X layout's columns
@@ -474,7 +475,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
                              P + b.ln1_w, A.ln1_mean, A.ln1_rstd, R, c, C, s_.ln_work);
     close_gradients(1 + l);
   }
-  Kokkos::fence();
+  fence_kernels();
   if (!stage().embeds) {  // s_.dx: the gradient of the stage's input, for the previous stage
     close_gradients(0);
     return;
@@ -498,7 +499,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
 }
 
 void Model3D::reduce_gradients() {
-  Kokkos::fence();
+  fence_kernels();
   for (const auto& [p, n] : gradient_pieces(plane_j_begin_, plane_l_begin_)) {
     groups_.plane_j.all_reduce_sum(p, n);
   }

@@ -43,7 +43,7 @@ double sum_of_squares(const float* x, std::size_t n) {
 void zero(float* x, std::size_t n) {
   if constexpr (!kSerialHost) {
     kernels::fill(x, static_cast<int64_t>(n), 0.0f);
-    Kokkos::fence();
+    fence_kernels();
   } else {
     HostThreads::shared().run(n, [&](std::size_t, std::size_t begin, std::size_t end) {
       std::fill(x + begin, x + end, 0.0f);
@@ -132,7 +132,7 @@ struct AdamWElement {
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                    float grad_scale, Indexing params_at, Indexing grads_at) {
   start_update(params, grads, hp, step, grad_scale, params_at, grads_at);
-  Kokkos::fence();
+  fence_kernels();
 }
 
 void AdamW::start_update(float* params, const float* grads, const AdamWParams& hp, int64_t step,

@@ -13,7 +13,7 @@ FullParameterStore::FullParameterStore(std::vector<ParamUnit> units, std::size_t
 
 void FullParameterStore::gradients_done(int unit) {
   if (!gradients_ready_) return;
-  Kokkos::fence();  // the reduction reads what the kernels wrote
+  fence_kernels();  // the reduction reads what the kernels wrote
   gradients_ready_(units()[unit].begin);
 }
 

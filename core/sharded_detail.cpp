@@ -7,6 +7,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/memory.hpp"
 #include "core/rng.hpp"
 
@@ -121,7 +122,7 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
                     run.logical);
     }
   }
-  Kokkos::fence();
+  fence_kernels();
 }
 
 BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,

@@ -6,6 +6,7 @@
 
 #include "core/gemm.hpp"
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/profiler.hpp"
 #include "core/tensor_group.hpp"
 
@@ -50,7 +51,7 @@ void summa_ab(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* C
   for (int t = 0; t < q; ++t) {
     if (grid.j() == t) kernels::copy(a, A, m * k);
     if (grid.i() == t) kernels::copy(b, B, k * n);
-    Kokkos::fence();
+    fence_kernels();
     grid.row.broadcast(a, std::size_t(m * k), t);
     grid.col.broadcast(b, std::size_t(k * n), t);
     gemm.gemm(Trans::N, Trans::N, m, n, k, 1.0f, a, k, b, n, t == 0 ? 0.0f : 1.0f, C, n);
@@ -69,7 +70,7 @@ void summa_abt(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* 
     gemm.gemm(Trans::N, Trans::T, m, n, k, 1.0f, A, k, column_of_b + t * n * k, k, 0.0f,
               partials + t * m * n, n);
   }
-  Kokkos::fence();
+  fence_kernels();
   grid.row.reduce_scatter(partials, std::size_t(q * m * n), C);
 }
 
@@ -85,7 +86,7 @@ void summa_atb(Gemm& gemm, Grid2D& grid, const float* A, const float* B, float* 
     gemm.gemm(Trans::T, Trans::N, m, n, k, 1.0f, row_of_a + t * k * m, m, B, n, 0.0f,
               partials + t * m * n, n);
   }
-  Kokkos::fence();
+  fence_kernels();
   grid.col.reduce_scatter(partials, std::size_t(q * m * n), C);
 }
 
@@ -117,7 +118,7 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
         for (int64_t e = 0; e < c; ++e) s += x[n * c + e];
         sums[n] = s;
       });
-  Kokkos::fence();
+  fence_kernels();
   across.all_reduce_sum(sums, std::size_t(r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_row_squares", Kokkos::RangePolicy<>(0, r),
@@ -128,7 +129,7 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
         for (int64_t e = 0; e < c; ++e) v += (x[n * c + e] - m) * (x[n * c + e] - m);
         sums[n] = v;
       });
-  Kokkos::fence();
+  fence_kernels();
   across.all_reduce_sum(sums, std::size_t(r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_normalize", Kokkos::RangePolicy<>(0, r),
@@ -139,7 +140,7 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
           out[n * c + e] = (x[n * c + e] - mean[n]) * s * weight[e] + bias[e];
         }
       });
-  Kokkos::fence();
+  fence_kernels();
 }
 
 void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias, const float* dout,
@@ -168,7 +169,7 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
         sums[n] = a;
         sums[r + n] = b;
       });
-  Kokkos::fence();
+  fence_kernels();
   across.all_reduce_sum(sums, std::size_t(2 * r));
   Kokkos::parallel_for(
       "colossal::core::layernorm2d_backward_input", Kokkos::RangePolicy<>(0, r),
@@ -192,7 +193,7 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
         dweight[e] += dw;
         dbias[e] += db;
       });
-  Kokkos::fence();
+  fence_kernels();
 }
 
 void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* losses,
@@ -206,7 +207,7 @@ void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* loss
   }
   {
     Profiler::Scope scope(profiler, WorkKind::communication);
-    Kokkos::fence();  // the collective reads what the kernel wrote
+    fence_kernels();  // the collective reads what the kernel wrote
     group.all_reduce_max(mx, std::size_t(n));
   }
   {
@@ -215,12 +216,12 @@ void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* loss
   }
   {
     Profiler::Scope scope(profiler, WorkKind::communication);
-    Kokkos::fence();
+    fence_kernels();
     group.all_reduce_sum(sums, std::size_t(2 * n));
   }
   Profiler::Scope scope(profiler, WorkKind::loss);
   kernels::vocab_parallel_finish(logits, losses, mx, sums, targets, n, ld, valid, v0, grad_scale);
-  Kokkos::fence();
+  fence_kernels();
 }
 
 }  // namespace colossal::core

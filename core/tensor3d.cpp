@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/gemm.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/tensor_group.hpp"
 
 namespace colossal::core {
@@ -53,7 +54,7 @@ void linear3d_forward(Gemm& gemm, Cube3D& cube, const float* X, const float* A, 
   for (int c = 0; c < q; ++c) {
     gemm.gemm(Trans::N, Trans::N, m, nq, k, 1.0f, x, k, a + c * k * nq, nq, 0.0f, p + c * nq, n);
   }
-  Kokkos::fence();
+  fence_kernels();
   cube.output.reduce_scatter(p, std::size_t(m * n), Y);
 }
 
@@ -73,13 +74,13 @@ void linear3d_backward(Gemm& gemm, Cube3D& cube, const float* dY, const float* X
     gemm.gemm(Trans::N, Trans::T, m, k, nq, 1.0f, dy + c * nq, n, a + c * k * nq, nq,
               c == 0 ? 0.0f : 1.0f, part, k);
   }
-  Kokkos::fence();
+  fence_kernels();
   cube.input.reduce_scatter(part, std::size_t(m * k), dX);
   for (int c = 0; c < q; ++c) {  // dA_ljc = X_il^T dY_ij[:, block c]
     gemm.gemm(Trans::T, Trans::N, k, nq, m, 1.0f, x, k, dy + c * nq, n, 0.0f,
               part + c * k * nq, nq);
   }
-  Kokkos::fence();
+  fence_kernels();
   cube.weight.reduce_scatter(part, std::size_t(k * n), dA);
 }
 

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 
 namespace colossal::parallel {
 
@@ -72,7 +73,7 @@ void StageLink::wait_forward_send(int slot) {
 }
 
 void StageLink::start_output_send(const float* output, int micro, int slot) {
-  Kokkos::fence();  // the forward's kernels have written the output
+  core::fence_kernels();  // the forward's kernels have written the output
   const auto [offset, count] = part(floats_);
   forward_sends_[std::size_t(slot)] = pipeline_->start_send(
       {output + offset, count}, next_rank(), forward_tag(micro, virtual_stage_, virtual_stages_));
@@ -88,7 +89,7 @@ void StageLink::start_input_gradient_send(const float* gradient, int micro, int 
   const auto [offset, count] = part(floats_);
   float* out = gradient_sends_.data() + std::size_t(slot) * count;
   core::kernels::copy(out, gradient + offset, int64_t(count));
-  Kokkos::fence();
+  core::fence_kernels();
   pending = pipeline_->start_send({out, count}, previous_rank(),
                                   backward_tag(micro, virtual_stage_ - 1, virtual_stages_));
 }
@@ -115,7 +116,7 @@ void StageLink::receive_activation(float* input, std::size_t floats) {
 }
 
 void StageLink::send_activation(const float* output, std::size_t floats) {
-  Kokkos::fence();
+  core::fence_kernels();
   const auto [offset, count] = part(floats);
   pipeline_->send({output + offset, count}, next_rank(), 0);
 }

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/optimizer.hpp"
 
 namespace colossal::zero {
@@ -106,9 +107,9 @@ void GradientSync::start_bucket(std::size_t begin, std::size_t end) {
   }
   std::uint16_t* wire = wire_.data() + begin;
   core::kernels::to_bf16(wire, grads, int64_t(n));
-  // The collective reads what the kernel wrote. Kokkos' own stream only: Kokkos::fence() would
+  // The collective reads what the kernel wrote. Kokkos' own stream only: core::fence_kernels() would
   // also wait for the collectives in flight on NCCL's stream.
-  Kokkos::DefaultExecutionSpace().fence();
+  core::fence_kernels();
   in_flight_.push_back({begin, end, dp_.start_all_reduce_sum_bf16({wire, n})});
 }
 
@@ -127,7 +128,7 @@ double GradientSync::reduce() {
                                    int64_t(bucket.end - bucket.begin), /*accumulate=*/false);
         }
       }
-      if (wire_.size() > 0) Kokkos::DefaultExecutionSpace().fence();
+      if (wire_.size() > 0) core::fence_kernels();
       in_flight_.clear();
       next_bucket_ = 0;
     }
@@ -156,14 +157,14 @@ void GradientSync::sum_sequence_partial_gradients(float* grads) {
     core::kernels::copy(partial_pack_.data() + at, grads + run.begin, int64_t(run.count));
     at += run.count;
   }
-  Kokkos::fence();
+  core::fence_kernels();
   tp_->all_reduce_sum({partial_pack_.data(), partial_pack_.size()});
   at = 0;
   for (const NormRun& run : partial_runs_) {
     core::kernels::copy(grads + run.begin, partial_pack_.data() + at, int64_t(run.count));
     at += run.count;
   }
-  Kokkos::fence();
+  core::fence_kernels();
 }
 
 void GradientSync::tie_embedding() {
@@ -174,7 +175,7 @@ void GradientSync::tie_embedding() {
   // are the same floats on the two stages.
   const core::ParamUnit& unit = store_.units().front();
   const std::size_t count = pipeline_.tied_floats > 0 ? pipeline_.tied_floats : unit.size();
-  Kokkos::fence();
+  core::fence_kernels();
   for (const auto& [piece, n] : store_.gradient_pieces(unit.begin, unit.begin + count)) {
     pipeline_.tied->all_reduce_sum({piece, n});
   }

@@ -263,7 +263,7 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
     adamw_->start_update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
   }
   if (offload_) offloaded_update(hp, step, grad_scale);
-  Kokkos::fence();
+  core::fence_kernels();
   if (stage_ == 1 && p > 1) {
     float* params = full_->full_params();
     dp_.all_gather({params + shard_begin_, shard_size_}, {params, padded_});

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/kernels.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/optimizer.hpp"
 
 namespace colossal::zero {
@@ -92,7 +93,7 @@ float* ShardedParameterStore::own_slice(int unit, float* work) {
     uploaded_bytes_ += s * sizeof(float);
   } else {
     k::copy(own, shard_.data() + shard_offset(unit), int64_t(s));
-    Kokkos::fence();
+    core::fence_kernels();
   }
   return own;
 }
@@ -168,7 +169,7 @@ void ShardedParameterStore::commit(int unit) {
     core::copy_to_host(shard_.data() + shard_offset(unit), own, s * sizeof(float));
   } else {
     k::copy(shard_.data() + shard_offset(unit), own, int64_t(s));
-    Kokkos::fence();
+    core::fence_kernels();
   }
   release(unit);
 }
@@ -205,7 +206,7 @@ void ShardedParameterStore::finish_reduction(int sl) {
   } else {
     k::add(shard, r.work + rank_ * s, int64_t(s));
   }
-  Kokkos::fence();
+  core::fence_kernels();
   r = Reduction{};
 }
 
@@ -231,11 +232,11 @@ void ShardedParameterStore::gradients_done(int unit) {
   if (grad_wire_[sl].size() > 0) {  // bf16 on the wire; the fp32 buffer is free again
     std::uint16_t* wire = grad_wire_[sl].data();
     k::to_bf16(wire, work, int64_t(n));
-    Kokkos::DefaultExecutionSpace().fence();  // Kokkos' stream, not NCCL's in flight
+    core::fence_kernels();  // Kokkos' stream, not NCCL's in flight
     reducing_[sl] = Reduction{unit, nullptr, wire, dp_.start_reduce_scatter_sum_bf16({wire, n})};
     return;
   }
-  Kokkos::fence();  // the collective reads what the kernels wrote
+  core::fence_kernels();  // the collective reads what the kernels wrote
   reducing_[sl] = Reduction{unit, work, nullptr,
                             dp_.start_reduce_scatter_sum({work, n}, {work + rank_ * s, s})};
 }
