@@ -10,13 +10,12 @@
 #include <cstdio>
 #include <string>
 
+#include "core/optimizer.hpp"
 #include "io/config.hpp"
 
 namespace colossal::apps {
 
-// offload.policy: auto moves each rank's optimizer state in 64ths (for gpt2-124m on one rank,
-// chunks of 1.9 M states, 7.8 MB a moment).
-inline constexpr int kOffloadChunks = 64;
+using core::kOffloadChunks;  // each rank's optimizer state moves in 64ths
 
 struct OffloadDecision {
   bool optimizer = false;     // parallel.zero.offload.optimizer

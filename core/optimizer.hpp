@@ -44,6 +44,9 @@ double clip_coefficient(double grad_norm, double max_norm);
 // fraction >= 1 is all of them, fraction <= 0 none. The executor (zero::ShardedAdamW) and the
 // planner's memory closed forms (planner/cost_model.cpp) both split by it.
 std::size_t offloaded_states(std::size_t states, double fraction);
+// offload.policy: auto and the planner's search move each rank's optimizer state in 64ths (for
+// gpt2-124m on one rank, chunks of 1.9 M states, 7.8 MB a moment).
+inline constexpr int kOffloadChunks = 64;
 
 // The optimizer state for the window [begin, end) of one flat parameter buffer described by a
 // parameter table: the whole buffer on one rank, a ZeRO shard otherwise. Weight decay is applied by

@@ -33,6 +33,10 @@ double MemoryPrediction::device() const {
   return total() - (*this)[core::MemCategory::offloaded];
 }
 
+double MemoryPrediction::against(const HardwareSpec& hw) const {
+  return hw.host_link_bandwidth > 0 ? device() : total();
+}
+
 std::string MemoryPrediction::format() const {
   std::string out;
   for (int c = 0; c < int(core::MemCategory::count); ++c) {

@@ -75,6 +75,9 @@ struct MemoryPrediction {
   std::array<double, int(core::MemCategory::count)> bytes{};
   double total() const;
   double device() const;  // all but the offloaded (host) bytes
+  // The bytes that count against hw.memory_bytes: device() where the device has a host link of
+  // its own (a GPU: offloaded bytes live elsewhere), total() where the device is the host.
+  double against(const HardwareSpec& hw) const;
   double& operator[](core::MemCategory c) { return bytes[std::size_t(c)]; }
   double operator[](core::MemCategory c) const { return bytes[std::size_t(c)]; }
   std::string format() const;  // "params 12.4 MiB, grads ..., total ..."

@@ -135,7 +135,8 @@ CheckpointPlan plan_checkpointing(const core::ModelSpec& spec, const RankLayout&
   l.keep.clear();
   l.selective = false;
   // What the rank needs besides the chains' kept activations (with everything kept).
-  const double everything = predict_memory(spec, l).total();
+  // Offloaded bytes count only where the device is the host (MemoryPrediction::against).
+  const double everything = predict_memory(spec, l).against(hw);
   std::vector<checkpoint_sched::Chain> chains;
   double kept = 0.0;
   for (const auto& chunk : l.chunks) {
@@ -208,7 +209,7 @@ CheckpointPlan plan_grid_checkpointing(const core::ModelSpec& spec, const RankLa
     kept_all += double(chunk.slots) * double(chain.ops.size()) * double(block.set) * sizeof(float);
     chains.push_back(std::move(chain));
   }
-  plan.rest_bytes = predict_memory(spec, all).total() - kept_all;
+  plan.rest_bytes = predict_memory(spec, all).against(hw) - kept_all;
   plan.keep.assign(std::size_t(layers) * checkpoint_sched::kOpsPerBlock, Keep::all);
   // The arena of a segment of n blocks is n whole sets (the first block's x slot unused), one
   // input more than the chain's cost counts: leave it out of each chunk's budget.

@@ -7,6 +7,7 @@
 #include <map>
 #include <tuple>
 
+#include "core/optimizer.hpp"
 #include "core/tensor_mode.hpp"
 #include "parallel/stage_partition.hpp"
 
@@ -92,9 +93,7 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
 
 // The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
 // states live in the same memory.
-double on_device(const MemoryPrediction& m, const HardwareSpec& hw) {
-  return hw.host_link_bandwidth > 0 ? m.device() : m.total();
-}
+double on_device(const MemoryPrediction& m, const HardwareSpec& hw) { return m.against(hw); }
 
 // The rank layout of a 2d / 2.5d / 3d run on pipeline stage `stage` (every rank of a stage's
 // grid holds the same share).
@@ -134,7 +133,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     double largest = 0.0;
     for (int stage = 0; stage < run.pipeline; ++stage) {
       stages.push_back(grid_rank_layout(spec, run, stage));
-      largest = std::max(largest, predict_memory(spec, stages.back()).total());
+      largest = std::max(largest, on_device(predict_memory(spec, stages.back()), hw));
     }
     plan.policy = policy.value_or(largest <= hw.memory_bytes ? CheckpointPolicy::none
                                                              : CheckpointPolicy::rotor);
@@ -202,7 +201,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     RankLayout l = rank_layout(run, r);
     CheckpointPolicy chosen = plan.policy;
     if (!policy) {  // auto
-      chosen = predict_memory(spec, l).total() <= memory ? CheckpointPolicy::none
+      chosen = on_device(predict_memory(spec, l), hw) <= memory ? CheckpointPolicy::none
                                                          : CheckpointPolicy::rotor;
       if (chosen == CheckpointPolicy::rotor) plan.policy = CheckpointPolicy::rotor;
     }
@@ -368,6 +367,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     const bool d1 = shape.run.tensor_mode == core::TensorMode::d1;
     const int D = d1 ? shape.run.data * shape.run.sequence : 1;
     for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
+      bool fits_kept = false;  // this stage without offload
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
         ++result.candidates;
@@ -378,9 +378,13 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         RunLayout run = shape.run;
         run.zero_stage = z;
         run.offload_optimizer = offload;
-        ++result.evaluated;
-        const Plan plan = evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
-                                        options.memory_slots);
+        auto evaluate = [&](double fraction) {
+          run.offload_fraction = fraction;
+          ++result.evaluated;
+          return evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
+                               options.memory_slots);
+        };
+        const Plan plan = evaluate(1.0);
         if (!plan.fits) {
           ++result.infeasible;
           if (result.closest.memory.total() == 0.0 ||
@@ -389,7 +393,20 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           }
           continue;
         }
+        if (!offload) fits_kept = true;
         keep_best(plan);
+        // Offload that the memory needs (the stage did not fit without it): also the fewest
+        // 64ths of each shard's optimizer state that fit, as offload.policy: auto moves them
+        // (the device's share updates beside the host's, so fewer is faster on a GPU node).
+        if (offload && !fits_kept) {
+          int lo = 1, hi = core::kOffloadChunks;  // hi fits
+          while (lo < hi) {
+            const int mid = (lo + hi) / 2;
+            if (evaluate(double(mid) / core::kOffloadChunks).fits) hi = mid;
+            else lo = mid + 1;
+          }
+          if (hi < core::kOffloadChunks) keep_best(evaluate(double(hi) / core::kOffloadChunks));
+        }
       }
     }
   }
@@ -419,6 +436,21 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   return result;
 }
 
+namespace {
+// " + offload", or " + offload 23/64" for a share of each shard's optimizer state.
+std::string offload_text(const RunLayout& r) {
+  if (r.offload_fraction >= 1.0) return " + offload";
+  return " + offload " + std::to_string(int(std::lround(r.offload_fraction * core::kOffloadChunks))) +
+         "/" + std::to_string(core::kOffloadChunks);
+}
+// The optimizer_fraction key's value as the config reads it back exactly.
+std::string fraction_text(double fraction) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", fraction);
+  return text;
+}
+}  // namespace
+
 std::string format_plan(const Plan& p) {
   const RunLayout& r = p.run;
   char line[512];
@@ -435,7 +467,7 @@ std::string format_plan(const Plan& p) {
                 r.sequence, r.pipeline, parallel::pipeline_schedule_name(r.schedule),
                 r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
-                r.offload_optimizer ? " + offload" : "",
+                r.offload_optimizer ? offload_text(r).c_str() : "",
                 core::checkpoint_policy_name(p.policy));
   std::string out = line;
   char waiting[64] = "";
@@ -499,6 +531,8 @@ std::vector<std::string> plan_overrides(const Plan& p) {
       "parallel.pipeline.layers=[" + (r.pipeline > 1 ? layers : std::string()) + "]",
       "parallel.zero.stage=" + std::to_string(r.zero_stage),
       "parallel.zero.offload.optimizer=" + std::string(r.offload_optimizer ? "true" : "false"),
+      "parallel.zero.offload.optimizer_fraction=" +
+          fraction_text(r.offload_optimizer ? r.offload_fraction : 1.0),
       "parallel.zero.offload.params=false",
       "train.micro_batch=" + std::to_string(r.micro_batch),
       std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy)};
@@ -521,7 +555,7 @@ std::string plan_yaml(const Plan& p) {
       "parallel:\n  data: %d\n  tensor: {size: %d, mode: %s, depth: %d, sequence_split: %s}\n"
       "  sequence: %d\n"
       "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
-      "  zero: {stage: %d, offload: {optimizer: %s, params: false}}\n"
+      "  zero: {stage: %d, offload: {optimizer: %s, optimizer_fraction: %s, params: false}}\n"
       "  bucket_mb: %g\n"
       "  grad_reduce: %s\n"
       "checkpointing: {policy: %s%s}\n",
@@ -529,7 +563,8 @@ std::string plan_yaml(const Plan& p) {
       core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", parallel::pipeline_schedule_name(r.schedule), r.chunks,
-      r.zero_stage, r.offload_optimizer ? "true" : "false", r.bucket_mb,
+      r.zero_stage, r.offload_optimizer ? "true" : "false",
+      fraction_text(r.offload_optimizer ? r.offload_fraction : 1.0).c_str(), r.bucket_mb,
       r.bf16_reduce ? "bf16" : "fp32",
       core::checkpoint_policy_name(p.policy),
       p.policy == core::CheckpointPolicy::rotor
@@ -557,6 +592,7 @@ std::string plan_json(const Plan& p) {
       "\"sequence_split\": %s, "
       "\"sequence\": %d, \"pipeline\": %d, \"schedule\": \"%s\", \"chunks\": %d, \"layers\": [%s], "
       "\"micro_batch\": %d, \"micro_batches\": %d, \"zero_stage\": %d, \"offload_optimizer\": %s, "
+      "\"offload_fraction\": %.17g, "
       "\"offload_params\": false, \"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
       "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
@@ -565,6 +601,7 @@ std::string plan_json(const Plan& p) {
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       parallel::pipeline_schedule_name(r.schedule), r.chunks, layers.c_str(), r.micro_batch,
       r.micro_batches(), r.zero_stage, r.offload_optimizer ? "true" : "false",
+      r.offload_optimizer ? r.offload_fraction : 1.0,
       core::checkpoint_policy_name(p.policy), schedules.c_str(),
       p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
       memory.c_str(), p.memory.total());

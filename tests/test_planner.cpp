@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/optimizer.hpp"
 #include "io/config.hpp"
 #include "parallel/stage_partition.hpp"
 #include "planner/search.hpp"
@@ -206,6 +207,60 @@ TEST(Search, NothingFitsReportsTheClosest) {
   EXPECT_GT(r.closest.memory.device(), cluster.hw.memory_bytes);
   EXPECT_FALSE(r.closest.why.empty());
   EXPECT_GT(r.infeasible, 0u);
+}
+
+// A stage that fits only with offload (the memory needs it) is also planned with the fewest 64ths
+// of each shard's optimizer state on the host: on a GPU node the device's share updates beside
+// the host's, so that plan is faster than offloading everything, and one chunk fewer would not
+// fit. Its --set words carry the share.
+TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
+  // One block of three heads: no pipeline or tensor split, so data and sequence ranks with ZeRO
+  // are what fits; the embedding dominates the optimizer state.
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 1, 768, 3, 3072, 50304, 1024);
+  planner::Cluster cluster{planner::hardware_preset("h200"), 2};
+  planner::RunLayout dp2;
+  dp2.global_batch = 8;
+  dp2.micro_batch = 4;
+  dp2.seq_len = 1024;
+  dp2.data = 2;
+  dp2.zero_stage = 1;
+  dp2.layers = {1};
+  const double kept = planner::evaluate_plan(spec, dp2, cluster).memory.device();
+  dp2.offload_optimizer = true;
+  const double moved = planner::evaluate_plan(spec, dp2, cluster).memory.device();
+  ASSERT_LT(moved, kept);
+  cluster.hw.memory_bytes = moved + 0.3 * (kept - moved);
+  planner::SearchOptions options;
+  options.top = 200;
+  options.prune = false;
+  options.micro_batches = {4};  // a smaller one would fit without offload
+  const auto r = planner::search_plans(spec, 8, 1024, false, cluster, options);
+  int partial = 0;
+  for (const planner::Plan& p : r.best) {
+    if (!p.run.offload_optimizer || p.run.offload_fraction >= 1.0) continue;
+    ++partial;
+    const int chunks = int(std::lround(p.run.offload_fraction * core::kOffloadChunks));
+    EXPECT_GT(chunks, 1);
+    EXPECT_LT(chunks, core::kOffloadChunks);
+    planner::RunLayout run = p.run;
+    run.offload_fraction = 1.0;
+    const planner::Plan all = planner::evaluate_plan(spec, run, cluster);
+    ASSERT_TRUE(all.fits);
+    EXPECT_LT(p.step_time, all.step_time) << planner::format_plan(p);
+    run.offload_fraction = double(chunks - 1) / core::kOffloadChunks;
+    EXPECT_FALSE(planner::evaluate_plan(spec, run, cluster).fits) << planner::format_plan(p);
+    EXPECT_NE(planner::format_plan(p).find(" + offload " + std::to_string(chunks) + "/64"),
+              std::string::npos) << planner::format_plan(p);
+    bool carried = false;
+    const std::string key = "parallel.zero.offload.optimizer_fraction=";
+    for (const std::string& word : planner::plan_overrides(p)) {
+      if (word.rfind(key, 0) == 0) carried = std::stod(word.substr(key.size())) == chunks / 64.0;
+    }
+    EXPECT_TRUE(carried) << planner::format_plan(p);
+  }
+  EXPECT_GT(partial, 0) << "no plan offloads a share among " << r.best.size() << " ("
+                        << r.candidates << " candidates, memory " << kept << " / " << moved
+                        << ")" << (r.best.empty() ? r.closest.why : planner::format_plan(r.best[0]));
 }
 
 struct Published {
