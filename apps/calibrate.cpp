@@ -67,6 +67,33 @@ double total_memory_bytes() {
   }
   return 0.0;
 }
+// AdamW's rate in bytes/s, 28 per parameter (read p, g, m, v; write p, m, v), on 4 Mi
+// parameters: where the build runs its kernels, or (on_host) in host memory on the host's threads
+// as ZeRO offload runs it.
+double adamw_bandwidth(core::MemoryTracker& tracker, bool on_host) {
+  const std::size_t n = std::size_t(1) << 22;
+  std::vector<core::ParamSpec> table(1);
+  table[0].name = "calibration";
+  table[0].count = n;
+  table[0].shape = {int64_t(n)};
+  table[0].local_shape = {int64_t(n)};
+  table[0].role = core::ParamRole::weight;
+  core::AdamW adamw(table, 0, n, tracker, on_host);
+  const auto where = on_host ? core::MemCategory::offloaded : core::MemCategory::temporaries;
+  core::DeviceArray<float> p(tracker, where, n), g(tracker, where, n);
+  if (on_host) {
+    std::fill(p.data(), p.data() + n, 0.1f);
+    std::fill(g.data(), g.data() + n, 0.01f);
+  } else {
+    fill(p, 0.1f);
+    fill(g, 0.01f);
+  }
+  int64_t step = 0;
+  const double t = seconds_per_call(
+      [&] { adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f); });
+  return 28.0 * double(n) / t;
+}
+
 bool device_build() {
   return !Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                      Kokkos::DefaultExecutionSpace::memory_space>::accessible;
@@ -104,24 +131,7 @@ void calibrate_device_extras(parallel::Communicator& world, core::MemoryTracker&
     h.host_link_bandwidth = 2.0 * bytes / (up + down);
   }
   // The host's AdamW on host memory (its threads), as ZeRO offload runs it.
-  {
-    const std::size_t n = std::size_t(1) << 22;
-    std::vector<core::ParamSpec> table(1);
-    table[0].name = "calibration";
-    table[0].count = n;
-    table[0].shape = {int64_t(n)};
-    table[0].local_shape = {int64_t(n)};
-    table[0].role = core::ParamRole::weight;
-    core::AdamW adamw(table, 0, n, tracker, /*on_host=*/true);
-    core::DeviceArray<float> p(tracker, core::MemCategory::offloaded, n),
-        g(tracker, core::MemCategory::offloaded, n);
-    std::fill(p.data(), p.data() + n, 0.1f);
-    std::fill(g.data(), g.data() + n, 0.01f);
-    int64_t step = 0;
-    const double t = seconds_per_call(
-        [&] { adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f); });
-    h.host_optimizer_bandwidth = 28.0 * double(n) / t;
-  }
+  h.host_optimizer_bandwidth = adamw_bandwidth(tracker, /*on_host=*/true);
   // The ranks' link: all-reduces of 1 float (latency) and 16 Mi floats (bandwidth) in device
   // memory over the transport the trainer would choose, priced back through the ring model the
   // cost model uses (2(p-1) steps of latency + bytes/p/bandwidth).
@@ -150,7 +160,14 @@ void calibrate_device_extras(parallel::Communicator& world, core::MemoryTracker&
                   run.choice.describe().c_str(), 1, small * 1e3, big.size(), large * 1e3);
     }
   } else {
-    // One rank: a device-to-device copy stands in for the bandwidth.
+    // One rank: a device-to-device copy stands in for the bandwidth (an upper bound on any link
+    // between GPUs; the planner then overrates tensor parallelism): say so.
+    if (h.devices_per_node > 1) {
+      std::printf("warning: one rank measures no link between this node's %d GPUs; the file's "
+                  "intra_node link is a device-to-device copy's rate. Calibrate with one rank "
+                  "per GPU (mpirun -np %d colossal_plan --calibrate) to measure it\n",
+                  h.devices_per_node, h.devices_per_node);
+    }
     const std::size_t n = std::size_t(1) << 24;
     core::DeviceArray<float> a(tracker, core::MemCategory::temporaries, n),
         b(tracker, core::MemCategory::temporaries, n);
@@ -263,26 +280,7 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     const double counted = 3.0 * 4.0 * 2 * N * C + 3.5 * 4.0 * 2 * N * F;
     h.memory_bandwidth = counted / t;
   }
-  // AdamW: 28 bytes per parameter (read p, g, m, v; write p, m, v).
-  {
-    const std::size_t n = std::size_t(1) << 22;
-    std::vector<core::ParamSpec> table(1);
-    table[0].name = "calibration";
-    table[0].count = n;
-    table[0].shape = {int64_t(n)};
-    table[0].local_shape = {int64_t(n)};
-    table[0].role = core::ParamRole::weight;
-    core::AdamW adamw(table, n, tracker);
-    core::DeviceArray<float> p(tracker, core::MemCategory::temporaries, n),
-        g(tracker, core::MemCategory::temporaries, n);
-    fill(p, 0.1f);
-    fill(g, 0.01f);
-    int64_t step = 0;
-    const double t = seconds_per_call([&] {
-      adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f);
-    });
-    h.optimizer_bandwidth = 28.0 * double(n) / t;
-  }
+  h.optimizer_bandwidth = adamw_bandwidth(tracker, /*on_host=*/false);
   if (device_build()) {
     calibrate_device_extras(world, tracker, h);
     return h;

@@ -83,13 +83,23 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   const bool d1 = config.parallel.tensor_mode == core::TensorMode::d1;
   const int stage = config.parallel.zero_stage;
   Need need;
+  std::string budget_error;  // rotor's memory_budget unmet by the last candidate tried
   // Whether the device holds the worst rank's plan with `chunks` of kOffloadChunks of every
-  // shard's optimizer state on the host (and, with `params`, the parameter shard too).
+  // shard's optimizer state on the host (and, with `params`, the parameter shard too). A
+  // checkpointing.memory_budget that no schedule meets (apps::activation_plan throws) is a
+  // candidate that does not fit: on a GPU the offloaded bytes leave the budget, so more offload
+  // may meet it.
   auto fits = [&](int chunks, bool params) {
     c.parallel.offload_optimizer = chunks > 0;
     c.parallel.offload_fraction = chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
     c.parallel.offload_params = params;
-    need = device_need(c);
+    try {
+      need = device_need(c);
+    } catch (const std::runtime_error& e) {
+      budget_error = e.what();
+      return false;
+    }
+    budget_error.clear();
     return need.bytes * share <= capacity;
   };
   auto decided = [&](int chunks, bool params) {
@@ -119,6 +129,10 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   if (d1 && stage == 3) {
     tried = 2;
     if (fits(kOffloadChunks, true)) return decided(kOffloadChunks, true);
+  }
+  // Not even the largest offload met the schedule's budget: that is the error to fix.
+  if (!budget_error.empty()) {
+    throw std::invalid_argument("parallel.zero.offload.policy: auto: " + budget_error);
   }
   std::string more;
   if (stage == 0) {

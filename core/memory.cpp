@@ -161,8 +161,12 @@ void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
     using Dev = Kokkos::View<char*, Kokkos::DefaultExecutionSpace::memory_space,
                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     using Host = Kokkos::View<const char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    Kokkos::deep_copy(Dev(static_cast<char*>(device_dst), bytes),
+    // On Kokkos' stream, after its kernels, and waited for there: the deep_copy without an
+    // execution space fences the whole device (Kokkos 3.4), collectives in flight included.
+    const Kokkos::DefaultExecutionSpace exec;
+    Kokkos::deep_copy(exec, Dev(static_cast<char*>(device_dst), bytes),
                       Host(static_cast<const char*>(host_src), bytes));
+    exec.fence();
   }
 }
 
@@ -173,8 +177,10 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
     using Dev = Kokkos::View<const char*, Kokkos::DefaultExecutionSpace::memory_space,
                              Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
     using Host = Kokkos::View<char*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    Kokkos::deep_copy(Host(static_cast<char*>(host_dst), bytes),
+    const Kokkos::DefaultExecutionSpace exec;  // as copy_to_device: Kokkos' stream only
+    Kokkos::deep_copy(exec, Host(static_cast<char*>(host_dst), bytes),
                       Dev(static_cast<const char*>(device_src), bytes));
+    exec.fence();
   }
 }
 

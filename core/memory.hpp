@@ -156,7 +156,7 @@ void DeviceArray<T>::fill(T value) {
   T* p = data_;
   Kokkos::parallel_for("colossal::core::fill", Kokkos::RangePolicy<>(0, count_),
                        KOKKOS_LAMBDA(std::size_t i) { p[i] = value; });
-  Kokkos::fence();
+  fence_kernels();
 }
 
 #ifdef KOKKOS_ENABLE_CUDA  // one instance, core/device_kernels.cpp (core/kokkos_compat.hpp)

@@ -8,7 +8,7 @@ void fill_normal(float* dst, std::size_t count, float std, uint64_t seed, uint64
       "colossal::core::fill_normal", Kokkos::RangePolicy<>(0, count), KOKKOS_LAMBDA(std::size_t i) {
         dst[i] = std * random_normal(seed, stream, first_index + i);
       });
-  Kokkos::fence();
+  fence_kernels();
 }
 
 }  // namespace colossal::core

@@ -90,7 +90,9 @@ std::string describe(const CollectiveWait& wait);
 // hanging until their own watchdogs fire. The watchdog runs them before it ends the process.
 // register_abort_hook returns the id to unregister with (the owner's destructor); hooks run in
 // registration order, each once, under a lock that unregister waits on, so a hook never runs on
-// a destroyed owner. `what` names the hook in run_abort_hooks' report.
+// a destroyed owner (a hook must therefore not register or unregister hooks itself, and one that
+// hangs holds up its owners' destructors: the watchdog ends the process 10 s after it starts
+// them). `what` names the hook in run_abort_hooks' report.
 int register_abort_hook(std::string what, std::function<void()> hook);
 void unregister_abort_hook(int id);
 // Runs and forgets every registered hook (best effort: an exception is reported, not thrown);

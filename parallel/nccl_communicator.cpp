@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <functional>
 #include <initializer_list>
 #include <stdexcept>
@@ -94,15 +95,28 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 void NcclCommunicator::abort() {
+  std::lock_guard<std::mutex> lock(comm_mutex_);
   if (comm_ == nullptr || aborted_.exchange(true)) return;
   ncclCommAbort(comm_);  // frees it: nothing may use comm_ after this
+}
+
+void NcclCommunicator::check_open(const char* call) const {
+  if (!aborted_) return;
+  throw std::runtime_error("colossal::parallel: " + std::string(call) + " on an NCCL "
+                           "communicator that was aborted (ncclCommAbort) (" +
+                           where(rank(), size(), device_) +
+                           "): the job must end; restart with checkpoint.resume: auto");
 }
 
 void NcclCommunicator::check_nccl(int result, const char* call) const {
   const auto code = static_cast<ncclResult_t>(result);
   if (code == ncclSuccess) return;
   std::string detail = ncclGetErrorString(code);
-  const char* last = aborted_ ? nullptr : ncclGetLastError(comm_);
+  const char* last = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    if (!aborted_ && comm_ != nullptr) last = ncclGetLastError(comm_);
+  }
   if (last != nullptr && *last != '\0') detail += std::string("; ") + last;
   throw std::runtime_error("colossal::parallel: " + std::string(call) + " failed: " + detail +
                            " (" + where(rank(), size(), device_) + ")" +
@@ -112,19 +126,30 @@ void NcclCommunicator::check_nccl(int result, const char* call) const {
 }
 
 void NcclCommunicator::await(const std::function<int()>& query, const char* what) {
-  for (;;) {
-    if (aborted_) check_nccl(ncclInvalidUsage, what);  // by the watchdog, from its thread
+  // NCCL's asynchronous error, or ncclSuccess; under the mutex, throwing once aborted.
+  auto async_error = [&](std::string* detail) {
+    std::lock_guard<std::mutex> lock(comm_mutex_);
+    check_open(what);
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t asked = ncclCommGetAsyncError(comm_, &async);
+    if (asked != ncclSuccess) async = asked;
+    if (async != ncclSuccess && async != ncclInProgress && detail != nullptr) {
+      const char* last = ncclGetLastError(comm_);  // NCCL's words, before an abort frees it
+      *detail = std::string(ncclGetErrorString(async)) +
+                (last != nullptr && *last != '\0' ? std::string("; ") + last : std::string());
+    }
+    return async;
+  };
+  // Poll: spin (yielding) for the first thousand queries, a short collective's time, then sleep
+  // 20 us between them, so a long wait leaves the core to the rank's other threads.
+  for (int polls = 0;; ++polls) {
+    check_open(what);
     const auto state = static_cast<cudaError_t>(query());
     if (state == cudaSuccess) break;
     if (state != cudaErrorNotReady) check_cuda(state, what);
-    ncclResult_t async = ncclSuccess;
-    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    std::string detail;
+    const ncclResult_t async = async_error(&detail);
     if (async != ncclSuccess && async != ncclInProgress) {
-      // Take NCCL's words before the abort frees the communicator.
-      const char* last = ncclGetLastError(comm_);
-      const std::string detail = std::string(ncclGetErrorString(async)) +
-                                 (last != nullptr && *last != '\0' ? std::string("; ") + last
-                                                                   : std::string());
       abort();
       throw std::runtime_error("colossal::parallel: " + std::string(what) +
                                " failed asynchronously: " + detail + " (" +
@@ -133,11 +158,15 @@ void NcclCommunicator::await(const std::function<int()>& query, const char* what
                                "was aborted (ncclCommAbort); restart with checkpoint.resume: "
                                "auto");
     }
-    std::this_thread::yield();
+    if (polls < 1000) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
-  ncclResult_t async = ncclSuccess;
-  check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
-  check_nccl(async, what);
+  std::string detail;
+  const ncclResult_t async = async_error(&detail);
+  if (async != ncclSuccess && async != ncclInProgress) {
+    throw std::runtime_error("colossal::parallel: " + std::string(what) + " failed: " + detail +
+                             " (" + where(rank(), size(), device_) + ")");
+  }
 }
 
 void NcclCommunicator::check_cuda(int error, const char* call) const {
@@ -152,6 +181,7 @@ void NcclCommunicator::synchronize(const char* what) {
 
 void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.all_reduce_sum(buffer);
+  check_open("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "ncclAllReduce");
@@ -160,6 +190,7 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
 
 void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.all_reduce_max(buffer);
+  check_open("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclMax, comm_,
                            stream_),
              "ncclAllReduce");
@@ -170,6 +201,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.reduce_scatter_sum(input, output);
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
+  check_open("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
              "ncclReduceScatter");
@@ -179,6 +211,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
 void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.all_gather(input, output);
   // NCCL is in place when input == output + rank * input.size(), exactly our in-place form.
+  check_open("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
   synchronize("ncclAllGather");
@@ -238,6 +271,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::pending(const char* what) {
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.start_all_reduce_sum(buffer);
+  check_open("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "ncclAllReduce");
@@ -248,6 +282,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
   if (any_host({buffer.data()})) return host_.start_all_reduce_sum_bf16(buffer);
+  check_open("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclBfloat16, ncclSum,
                            comm_, stream_),
              "ncclAllReduce");
@@ -258,6 +293,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
     std::span<std::uint16_t> buffer) {
   if (any_host({buffer.data()})) return host_.start_reduce_scatter_sum_bf16(buffer);
   const std::size_t c = buffer.size() / std::size_t(size());
+  check_open("ncclReduceScatter");
   check_nccl(ncclReduceScatter(buffer.data(), buffer.data() + std::size_t(rank()) * c, c,
                                ncclBfloat16, ncclSum, comm_, stream_),
              "ncclReduceScatter");
@@ -269,6 +305,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
   if (any_host({input.data(), output.data()})) {
     return host_.start_reduce_scatter_sum(input, output);
   }
+  check_open("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
              "ncclReduceScatter");
@@ -278,6 +315,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
     std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.start_all_gather(input, output);
+  check_open("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
   return pending("ncclAllGather");
@@ -285,6 +323,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
 
 void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {
   if (any_host({buffer.data()})) return host_.broadcast(buffer, root);
+  check_open("ncclBroadcast");
   check_nccl(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, root, comm_,
                            stream_),
              "ncclBroadcast");
@@ -301,12 +340,14 @@ double NcclCommunicator::do_all_reduce_sum_value(double value) {
 
 void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
   if (any_host({buffer.data()})) return host_.send(buffer, dest, tag);
+  check_open("ncclSend");
   check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
   synchronize("ncclSend");
 }
 
 void NcclCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
   if (any_host({buffer.data()})) return host_.recv(buffer, source, tag);
+  check_open("ncclRecv");
   check_nccl(ncclRecv(buffer.data(), buffer.size(), ncclFloat32, source, comm_, stream_),
              "ncclRecv");
   synchronize("ncclRecv");
@@ -317,6 +358,7 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
   if (any_host({send_buffer.data(), recv_buffer.data()})) {
     return host_.send_recv(send_buffer, dest, recv_buffer, source, tag);
   }
+  check_open("ncclGroupStart");
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   const ncclResult_t sent =
       ncclSend(send_buffer.data(), send_buffer.size(), ncclFloat32, dest, comm_, stream_);

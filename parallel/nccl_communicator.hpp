@@ -30,6 +30,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 #include "parallel/communicator.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -88,12 +89,19 @@ class NcclCommunicator final : public Communicator {
   // An event recorded on the stream after the collective just enqueued, behind PendingCollective.
   std::unique_ptr<PendingCollective> pending(const char* what);
   void check_nccl(int result, const char* call) const;
+  // Throws (naming `call`) once the communicator was aborted: it may not be used again.
+  void check_open(const char* call) const;
   void check_cuda(int error, const char* call) const;
 
   MpiCommunicator host_;
   int device_ = 0;
   ncclComm* comm_ = nullptr;
   CUstream_st* stream_ = nullptr;
+  // ncclCommAbort frees the communicator, and the watchdog may call it from its thread: abort()
+  // holds this mutex, and so does every use of comm_ while a wait polls (re-checking aborted_
+  // under it), so no call reads a freed communicator. An enqueue checks aborted_ first; one that
+  // races an abort from the watchdog ends with the process, which the watchdog ends at once.
+  mutable std::mutex comm_mutex_;
   std::atomic<bool> aborted_{false};
   int abort_hook_ = -1;  // parallel::register_abort_hook's id
 };

@@ -105,10 +105,13 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
   return 2.0 * (p - 1) * (link.latency_s + bytes / p / link.bandwidth_Bps);
 }
 // ZeRO's AdamW on `states` elements, the share `offloaded` of them on the host
-// (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters travel back in
-// `param_bytes` each.
-double optimizer_time(const HardwareSpec& hw, double states, double offloaded,
-                      double param_bytes) {
+// (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters are
+// `param_bytes` each, as zero::ShardedAdamW::step runs it: the host share's gradients and
+// parameters come down (the parameters not when the shard lives on the host, params_on_host),
+// the device's update runs beside the host's, and the parameters go back up once both are done
+// (the upload waits for the device's kernels).
+double optimizer_time(const HardwareSpec& hw, double states, double offloaded, double param_bytes,
+                      bool params_on_host = false) {
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double host = std::clamp(offloaded, 0.0, 1.0) * states;
   const double device = (states - host) * 28.0 / hw.optimizer_bandwidth;
@@ -117,11 +120,10 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded,
                                                        : hw.optimizer_bandwidth;
   const double on_host = host * 28.0 / rate;
   if (hw.host_link_bandwidth <= 0) return device + on_host;  // one memory, one set of threads
-  // The gradients come down first; the device's update then runs beside the host's and the
-  // parameters' way back up.
-  const double down = host * kF / hw.host_link_bandwidth;
-  const double up = host * param_bytes / hw.host_link_bandwidth;
-  return down + std::max(device, on_host + up);
+  const double moved = params_on_host ? 0.0 : host * param_bytes;
+  const double down = (host * kF + moved) / hw.host_link_bandwidth;
+  const double up = moved / hw.host_link_bandwidth;
+  return down + std::max(device, on_host) + up;
 }
 
 // Overlap (planner/README.md): of a gradient reduction taking `reduction` seconds, started in
@@ -751,7 +753,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   const double updated = l.zero_stage == 0 ? flat : flat / D;
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
-                               l.bf16 ? 2.0 : kF);
+                               l.bf16 ? 2.0 : kF, l.offload_params);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

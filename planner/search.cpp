@@ -367,7 +367,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     const bool d1 = shape.run.tensor_mode == core::TensorMode::d1;
     const int D = d1 ? shape.run.data * shape.run.sequence : 1;
     for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
-      bool fits_kept = false;  // this stage without offload
+      // This stage without offload: whether it fit, and whether only by recomputing (rotor).
+      bool fits_kept = false, kept_recomputes = false;
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
         ++result.candidates;
@@ -393,12 +394,16 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           }
           continue;
         }
-        if (!offload) fits_kept = true;
+        if (!offload) {
+          fits_kept = true;
+          kept_recomputes = plan.policy == core::CheckpointPolicy::rotor;
+        }
         keep_best(plan);
-        // Offload that the memory needs (the stage did not fit without it): also the fewest
-        // 64ths of each shard's optimizer state that fit, as offload.policy: auto moves them
-        // (the device's share updates beside the host's, so fewer is faster on a GPU node).
-        if (offload && !fits_kept) {
+        // Offload that the memory needs (the stage did not fit without it, or only by
+        // recomputing): also the fewest 64ths of each shard's optimizer state that fit, as
+        // offload.policy: auto moves them (the device's share updates beside the host's, so
+        // fewer is faster on a GPU node).
+        if (offload && (!fits_kept || kept_recomputes)) {
           int lo = 1, hi = core::kOffloadChunks;  // hi fits
           while (lo < hi) {
             const int mid = (lo + hi) / 2;

@@ -20,8 +20,11 @@
 #      side), and dp2 ZeRO-2 with parallel.grad_reduce: bf16 (the bf16 sums staged; 2e-4);
 #      10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
 #   5. the same gpt2-124m in PyTorch on the GPU (bench/pytorch_peer.py: eager fp32, eager bf16
-#      autocast, compile + bf16), when the machine's python3 has torch with CUDA.
-# Sections run in the order 1 to 5; GPU_CHECK_SECTIONS="1 2" runs a subset.
+#      autocast, compile + bf16), when the machine's python3 has torch with CUDA;
+#   6. ZeRO offload on the GPU: gpt2-1.5b (GPU_CHECK_OFFLOAD_PRESET) at B=1, T=1024, bf16, ZeRO 1
+#      with offload.policy: auto under a device cap of 70% of its plan, against no offload:
+#      the decision, tokens/s and the predicted steps.
+# Sections run in the order 1 to 6; GPU_CHECK_SECTIONS="1 2" runs a subset.
 #
 #   scripts/gpu_check.sh                 run the checks (on the GPU machine)
 #   scripts/gpu_check.sh --host-losses   write host-losses/*.txt with the host build (build/bin),
@@ -74,7 +77,7 @@ steps=10
 model_config() { case "$1" in *-bf16) echo "${1%-bf16}" ;; *) echo "$1" ;; esac; }
 model_sets() { case "$1" in *-bf16) echo "--set train.precision=bf16" ;; esac; }
 model_tolerance() { case "$1" in *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
-sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5}
+sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5 6}
 batch=${GPU_CHECK_BATCH:-16}
 budget=${GPU_CHECK_BUDGET:-420}
 
@@ -274,6 +277,40 @@ if section 5; then
         { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 /tmp/peer.log >> "$report"; }
     done
   else say "pytorch_peer.py: no torch with CUDA here"; fi
+fi
+if section 6; then
+  # ZeRO offload that means something on a GPU: a model whose plan is capped (hardware.
+  # device_memory_gib) at 70% of what it needs without offload trains with offload.policy: auto
+  # (the fewest 64ths of the optimizer state on the host, the rest updated on the device beside
+  # them), against the same model with nothing offloaded (the real device has the room), with
+  # tokens/s and the planner's predicted step of each (the "cost model (rank 0)" line).
+  preset=${GPU_CHECK_OFFLOAD_PRESET:-gpt2-1.5b}
+  say "== 6. offload.policy: auto on one GPU: $preset, B=1 T=1024 bf16, ZeRO 1, capped at 70% of its plan"
+  common=(configs/gpt2-124m.yaml --set model.preset="$preset" --set train.seq_len=1024
+          --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
+          --set train.precision=bf16 --set parallel.zero.stage=1 --set hardware.preset=h200
+          --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0)
+  need=$(cd "$root" && timeout 60 "$bin/colossal_train" "${common[@]}" --memory-plan 2>&1 |
+         sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes).*/\1/p')
+  if [ -n "$need" ]; then
+    cap=$(awk -v n="$need" 'BEGIN { printf "%.4f", 0.7 * n / 1073741824 }')
+    say "plan without offload: $need bytes; cap hardware.device_memory_gib=$cap"
+    for run in kept auto; do
+      sets=(--set log.dir=/tmp/gpu_check-offload-$run)
+      [ $run = auto ] && sets+=(--set parallel.zero.offload.policy=auto
+                                --set hardware.device_memory_gib="$cap")
+      t0=$SECONDS
+      if (cd "$root" && timeout 200 "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
+           > "/tmp/offload-$run.log"; then
+        grep -E '^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
+          "/tmp/offload-$run.log" | sed "s/^/$run: /" >> "$report"
+        say "$run: trained ($((SECONDS - t0)) s)"
+      else
+        say "$run: failed or timed out ($((SECONDS - t0)) s)"; fail=1
+        tail -n 12 "/tmp/offload-$run.log" >> "$report"
+      fi
+    done
+  else say "colossal_train --memory-plan: no plan"; fail=1; fi
 fi
 say "result: $([ $fail = 0 ] && echo PASS || echo FAIL) in $((SECONDS - t_start)) s"
 # The programs' own logs, for a look at what failed.

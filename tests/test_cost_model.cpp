@@ -195,8 +195,9 @@ TEST(CostModel, StartedReductionsHideUnderComputeWhereTheTransportMovesThem) {
 
 // A share of the optimizer state offloaded (offload.optimizer_fraction): the moments split
 // between the device and the host by core::offloaded_states, the host also holding those states'
-// gradients and parameters; on a GPU the gradients come down, then the device's update runs
-// beside the host's and the parameters' way back up; where the device is the host, in turn.
+// gradients and parameters; on a GPU their gradients and parameters come down, the device's
+// update runs beside the host's, the parameters go back up; where the device is the host, in
+// turn.
 TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   const planner::HardwareSpec hw = planner::hardware_preset("h200");
@@ -227,17 +228,23 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
       EXPECT_EQ(some[core::MemCategory::optimizer], 8 * (S - H)) << stage << grid;
       EXPECT_EQ(some[core::MemCategory::offloaded], 16 * H) << stage << grid;
       EXPECT_EQ(some.device(), kept.device() - 8 * H);
-      // Time: the host's share's gradients down, then max(the device's update, the host's
-      // update and the parameters up).
+      // Time, as zero::ShardedAdamW::step runs it: the host share's gradients and parameters
+      // down, the device's update beside the host's, the parameters back up.
       const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
       const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
       const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  link + std::max(device, host + link), 1e-9) << stage << grid;
+                  2 * link + std::max(device, host) + link, 1e-9) << stage << grid;
       l.offload_fraction = 1.0;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  S * 28 / hw.host_optimizer_bandwidth + 2 * S * 4 / hw.host_link_bandwidth,
+                  S * 28 / hw.host_optimizer_bandwidth + 3 * S * 4 / hw.host_link_bandwidth,
                   1e-9);
+      if (stage == 3 && !grid) {  // the parameter shard on the host: only the gradients move
+        l.offload_params = true;
+        EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
+                    S * 28 / hw.host_optimizer_bandwidth + S * 4 / hw.host_link_bandwidth, 1e-9);
+        l.offload_params = false;
+      }
       // One memory (the host preset, no link and the same AdamW rate): both parts on the same
       // threads in turn, as without offload.
       const planner::HardwareSpec cpu = planner::hardware_preset("host");

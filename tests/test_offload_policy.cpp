@@ -11,9 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "apps/layout.hpp"
 #include "apps/memory_fit.hpp"
 #include "apps/offload_policy.hpp"
 #include "io/config.hpp"
+#include "planner/layout_plan.hpp"
 
 namespace colossal::apps {
 namespace {
@@ -154,6 +156,40 @@ TEST(OffloadPolicy, GridModesOffloadTheOptimizerStatesOnly) {
     ADD_FAILURE() << "accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("2d cannot offload parameters"), std::string::npos)
+        << e.what();
+  }
+}
+
+// checkpointing.policy: rotor under a memory_budget that no schedule meets while the optimizer
+// state is on a GPU's device: offloading takes it off the budget (MemoryPrediction::against), so
+// the policy offloads until the schedule fits rather than stopping at the first unmet budget;
+// and a budget that no offload can meet is that error, naming the key.
+TEST(OffloadPolicy, OffloadsUntilRotorsBudgetIsMet) {
+  io::Config c = config(1);
+  c.hardware.preset = "h200";
+  c.checkpointing.policy = core::CheckpointPolicy::rotor;
+  c.checkpointing.memory_budget = 1.0;
+  const planner::HardwareSpec hw = hardware_spec(c, 0);
+  ASSERT_GT(hw.host_link_bandwidth, 0.0);
+  auto minimum = [&](bool offload) {
+    io::Config o = c;
+    o.parallel.offload_optimizer = offload;
+    return planner::plan_checkpointing(o.model, rank_layout(o, 0), hw,
+                                       core::CheckpointPolicy::rotor, 1.0, 0, {})
+        .minimum_bytes;
+  };
+  const double kept = minimum(false), moved = minimum(true);
+  ASSERT_LT(moved, kept);
+  c.checkpointing.memory_budget = (kept + moved) / 2 / (1024.0 * 1024 * 1024);
+  const OffloadDecision d = decide_offload(c, 1e12);
+  EXPECT_TRUE(d.optimizer);
+  EXPECT_GT(d.fraction, 0.0);
+  c.checkpointing.memory_budget = moved / 2 / (1024.0 * 1024 * 1024);
+  try {
+    decide_offload(c, 1e12);
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpointing.memory_budget"), std::string::npos)
         << e.what();
   }
 }

@@ -247,6 +247,8 @@ TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
     const planner::Plan all = planner::evaluate_plan(spec, run, cluster);
     ASSERT_TRUE(all.fits);
     EXPECT_LT(p.step_time, all.step_time) << planner::format_plan(p);
+    std::printf("  ZeRO %d, %d of 64 chunks offloaded: %.4f s predicted, all of them %.4f s\n",
+                p.run.zero_stage, chunks, p.step_time, all.step_time);
     run.offload_fraction = double(chunks - 1) / core::kOffloadChunks;
     EXPECT_FALSE(planner::evaluate_plan(spec, run, cluster).fits) << planner::format_plan(p);
     EXPECT_NE(planner::format_plan(p).find(" + offload " + std::to_string(chunks) + "/64"),
