@@ -107,8 +107,8 @@ void GradientSync::start_bucket(std::size_t begin, std::size_t end) {
   }
   std::uint16_t* wire = wire_.data() + begin;
   core::kernels::to_bf16(wire, grads, int64_t(n));
-  // The collective reads what the kernel wrote. Kokkos' own stream only: core::fence_kernels() would
-  // also wait for the collectives in flight on NCCL's stream.
+  // The collective reads what the kernel wrote: Kokkos' own stream only (Kokkos::fence() would
+  // also wait for the collectives in flight on NCCL's stream).
   core::fence_kernels();
   in_flight_.push_back({begin, end, dp_.start_all_reduce_sum_bf16({wire, n})});
 }
