@@ -8,7 +8,13 @@
 #include <fstream>
 #include <new>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
+
+#ifdef KOKKOS_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace colossal::core {
 
@@ -183,6 +189,62 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
     exec.fence();
   }
 }
+
+#ifdef KOKKOS_ENABLE_CUDA
+namespace {
+void check_copy(cudaError_t error, const char* call) {
+  if (error != cudaSuccess) {
+    throw std::runtime_error(std::string("colossal::core::CopyQueue: ") + call + " failed: " +
+                             cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
+  }
+}
+}  // namespace
+
+CopyQueue::CopyQueue() {
+  if constexpr (!kHostMemory) {
+    cudaStream_t stream = nullptr;
+    check_copy(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    stream_ = stream;
+  }
+}
+
+CopyQueue::~CopyQueue() {
+  if (stream_ == nullptr) return;
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // best effort: cannot report here
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (stream_ == nullptr) return (void)std::memcpy(host_dst, device_src, bytes);
+  check_copy(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+                             static_cast<cudaStream_t>(stream_)),
+             "cudaMemcpyAsync to the host");
+}
+
+void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (stream_ == nullptr) return (void)std::memcpy(device_dst, host_src, bytes);
+  check_copy(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                             static_cast<cudaStream_t>(stream_)),
+             "cudaMemcpyAsync to the device");
+}
+
+void CopyQueue::wait() {
+  if (stream_ != nullptr) {
+    check_copy(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+               "cudaStreamSynchronize");
+  }
+}
+#else
+CopyQueue::CopyQueue() = default;
+CopyQueue::~CopyQueue() = default;
+void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  std::memcpy(host_dst, device_src, bytes);
+}
+void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  std::memcpy(device_dst, host_src, bytes);
+}
+void CopyQueue::wait() {}
+#endif
 
 std::size_t peak_rss_bytes() {
   std::ifstream status("/proc/self/status");

@@ -169,6 +169,26 @@ COLOSSAL_DEVICE_INSTANCE void DeviceArray<std::uint16_t>::fill(std::uint16_t);
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 
+// Host-device copies on a queue of their own beside the kernels (ZeRO offload's transfers). On a
+// CUDA build it is a non-blocking stream: its copies run while Kokkos' stream computes, and they
+// do not wait for the kernels queued there either (fence_kernels() first where a copy reads what
+// they wrote); host memory must be pinned (the offloaded category) for a copy to be
+// asynchronous. On a host build each copy is a memcpy, done at once. wait() returns when every
+// copy queued so far is done.
+class CopyQueue {
+ public:
+  CopyQueue();
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+  void to_host(void* host_dst, const void* device_src, std::size_t bytes);
+  void to_device(void* device_dst, const void* host_src, std::size_t bytes);
+  void wait();
+
+ private:
+  void* stream_ = nullptr;  // the cudaStream_t of a CUDA build
+};
+
 // Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 std::size_t peak_rss_bytes();
 

@@ -106,10 +106,10 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
 }
 // ZeRO's AdamW on `states` elements, the share `offloaded` of them on the host
 // (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters are
-// `param_bytes` each, as zero::ShardedAdamW::step runs it: the host share's gradients and
-// parameters come down (the parameters not when the shard lives on the host, params_on_host),
-// the device's update runs beside the host's, and the parameters go back up once both are done
-// (the upload waits for the device's kernels).
+// `param_bytes` each, as zero::ShardedAdamW::step runs it: the device's update starts, and beside
+// it the host share's gradients and parameters come down on a copy stream of their own (the
+// parameters not when the shard lives on the host, params_on_host), are updated on the host and
+// go back up.
 double optimizer_time(const HardwareSpec& hw, double states, double offloaded, double param_bytes,
                       bool params_on_host = false) {
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
@@ -123,7 +123,7 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded, d
   const double moved = params_on_host ? 0.0 : host * param_bytes;
   const double down = (host * kF + moved) / hw.host_link_bandwidth;
   const double up = moved / hw.host_link_bandwidth;
-  return down + std::max(device, on_host) + up;
+  return std::max(device, down + on_host + up);
 }
 
 // Overlap (planner/README.md): of a gradient reduction taking `reduction` seconds, started in

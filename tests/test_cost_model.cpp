@@ -195,9 +195,8 @@ TEST(CostModel, StartedReductionsHideUnderComputeWhereTheTransportMovesThem) {
 
 // A share of the optimizer state offloaded (offload.optimizer_fraction): the moments split
 // between the device and the host by core::offloaded_states, the host also holding those states'
-// gradients and parameters; on a GPU their gradients and parameters come down, the device's
-// update runs beside the host's, the parameters go back up; where the device is the host, in
-// turn.
+// gradients and parameters; on a GPU the device's update runs beside the host share's copies
+// down, its update and the copies back up; where the device is the host, in turn.
 TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   const planner::HardwareSpec hw = planner::hardware_preset("h200");
@@ -228,13 +227,13 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
       EXPECT_EQ(some[core::MemCategory::optimizer], 8 * (S - H)) << stage << grid;
       EXPECT_EQ(some[core::MemCategory::offloaded], 16 * H) << stage << grid;
       EXPECT_EQ(some.device(), kept.device() - 8 * H);
-      // Time, as zero::ShardedAdamW::step runs it: the host share's gradients and parameters
-      // down, the device's update beside the host's, the parameters back up.
+      // Time, as zero::ShardedAdamW::step runs it: the device's update, and beside it the host
+      // share's gradients and parameters down, their update on the host and the parameters up.
       const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
       const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
       const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  2 * link + std::max(device, host) + link, 1e-9) << stage << grid;
+                  std::max(device, 2 * link + host + link), 1e-9) << stage << grid;
       l.offload_fraction = 1.0;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
                   S * 28 / hw.host_optimizer_bandwidth + 3 * S * 4 / hw.host_link_bandwidth,

@@ -131,6 +131,7 @@ void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
     }
   }
   if (offload_) {
+    copies_ = std::make_unique<core::CopyQueue>();
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
     if (!options.offload_params) {
       host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
@@ -216,15 +217,17 @@ void ShardedAdamW::fetch_offloaded() {
   const std::size_t bytes = host_states_ * sizeof(float);
   const float* grads =
       stage_ == 1 ? full_->full_grads() + shard_begin_ : sharded_->grad_shard();
-  core::copy_to_host(host_grads_.data(), grads + split, bytes);
+  copies_->to_host(host_grads_.data(), grads + split, bytes);
   offload_stats_.to_host_bytes += bytes;
-  if (stage_ == 3 && sharded_->params_offloaded()) return;  // the shard is on the host already
-  std::size_t at = 0;
-  for (const auto& [ptr, n] : offloaded_pieces()) {
-    core::copy_to_host(host_params_.data() + at, ptr, n * sizeof(float));
-    at += n;
+  if (!(stage_ == 3 && sharded_->params_offloaded())) {  // else the shard is on the host already
+    std::size_t at = 0;
+    for (const auto& [ptr, n] : offloaded_pieces()) {
+      copies_->to_host(host_params_.data() + at, ptr, n * sizeof(float));
+      at += n;
+    }
+    offload_stats_.to_host_bytes += bytes;
   }
-  offload_stats_.to_host_bytes += bytes;
+  copies_->wait();
 }
 
 void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
@@ -237,9 +240,10 @@ void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
   host_adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
   std::size_t at = 0;
   for (const auto& [ptr, n] : offloaded_pieces()) {
-    core::copy_to_device(ptr, host_params_.data() + at, n * sizeof(float));
+    copies_->to_device(ptr, host_params_.data() + at, n * sizeof(float));
     at += n;
   }
+  copies_->wait();
   offload_stats_.to_device_bytes += host_states_ * sizeof(float);
 }
 
@@ -250,9 +254,11 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
     adamw_->update(full_->full_params(), full_->full_grads(), hp, step, grad_scale);
     return;
   }
-  // Offload: the host's share comes down first (a copy waits for the device), then the device's
-  // share is started and the host updates its share while the device's kernels run.
-  if (offload_) fetch_offloaded();
+  // Offload: the device's share is started first; the host's share comes down on the copy
+  // queue, is updated on the host threads and goes back up, all while the device's kernels run
+  // (the two shares are disjoint). The copy queue does not wait for Kokkos' stream, so the
+  // kernels that wrote the gradients are waited for first.
+  if (offload_) core::fence_kernels();
   if (stage_ == 1) {
     adamw_->start_update(full_->full_params() + shard_begin_, full_->full_grads() + shard_begin_,
                          hp, step, grad_scale);
@@ -262,7 +268,10 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
   } else if (!sharded_->params_offloaded()) {
     adamw_->start_update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
   }
-  if (offload_) offloaded_update(hp, step, grad_scale);
+  if (offload_) {
+    fetch_offloaded();
+    offloaded_update(hp, step, grad_scale);
+  }
   core::fence_kernels();
   if (stage_ == 1 && p > 1) {
     float* params = full_->full_params();

@@ -18,8 +18,9 @@
 // step copies the gradient shard and the parameter shard to the host and the updated parameter
 // shard back (offload_stats counts those bytes). With offload_fraction < 1 only the last
 // core::offloaded_states(shard, fraction) states do (Colossal-AI's offload_optim_frac): the first
-// ones keep their moments on the device, whose update is started before the host's runs, so the
-// two run side by side. With parameter offload (stage 3, the whole shard) the parameter shard
+// ones keep their moments on the device, whose update is started first; the offloaded states'
+// copies run on a queue of their own (core::CopyQueue: a CUDA stream beside Kokkos') and the
+// host's update between them, so all of that runs beside the device's update. With parameter offload (stage 3, the whole shard) the parameter shard
 // itself lives in host memory: the update writes it in place and every gather uploads this rank's
 // slice. On a host-only build both sides are host memory.
 #pragma once
@@ -96,8 +97,9 @@ class ShardedAdamW {
   std::vector<float> owned_parameters();
 
  private:
-  // Offload: the offloaded states' gradients and parameters to the host, before the device's
-  // update starts; then AdamW on them on the host and the parameters back (stages 1-3).
+  // Offload: the offloaded states' gradients and parameters to the host on the copy queue
+  // (after the device's update started); then AdamW on them on the host and the parameters back
+  // (stages 1-3).
   void fetch_offloaded();
   void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
   // The offloaded states' parameters, where they live on the device (or, offload_params, the
@@ -125,6 +127,7 @@ class ShardedAdamW {
   // Stage 2: this rank's unit slices split at the first offloaded state.
   std::vector<std::pair<std::size_t, std::size_t>> device_ranges_, host_ranges_;
   core::DeviceArray<float> host_grads_, host_params_;  // offload: the offloaded states' copies
+  std::unique_ptr<core::CopyQueue> copies_;  // offload: their transfers, beside the kernels
   OffloadStats offload_stats_;
 };
 
