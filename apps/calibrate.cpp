@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/memory_fit.hpp"
 #include "core/gemm.hpp"
 #include "core/host_threads.hpp"
 #include "core/kernels.hpp"
@@ -92,11 +93,6 @@ double adamw_bandwidth(core::MemoryTracker& tracker, bool on_host) {
   const double t = seconds_per_call(
       [&] { adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f); });
   return 28.0 * double(n) / t;
-}
-
-bool device_build() {
-  return !Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                     Kokkos::DefaultExecutionSpace::memory_space>::accessible;
 }
 
 // A GPU node (a CUDA Kokkos build; the GEMMs, kernels and AdamW above ran on the device): the
@@ -281,7 +277,7 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     h.memory_bandwidth = counted / t;
   }
   h.optimizer_bandwidth = adamw_bandwidth(tracker, /*on_host=*/false);
-  if (device_build()) {
+  if (device_resident_build()) {
     calibrate_device_extras(world, tracker, h);
     return h;
   }

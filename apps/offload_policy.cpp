@@ -3,7 +3,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <cmath>
 #include <stdexcept>
 #include <vector>
 
@@ -47,19 +46,13 @@ std::string device_categories(const planner::MemoryPrediction& m) {
   return out;
 }
 
-std::string fraction_text(double fraction) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.6g", fraction);
-  return text;
-}
-
 }  // namespace
 
 std::string OffloadDecision::describe() const {
   if (capacity <= 0) {
     return "nothing (no device limit: a CPU build keeps everything in host memory)";
   }
-  const int chunks = int(std::lround(fraction * kOffloadChunks));
+  const int chunks = core::offload_chunks(fraction);
   const std::string what =
       params                ? "optimizer states and parameters"
       : !optimizer          ? "nothing"
@@ -67,7 +60,7 @@ std::string OffloadDecision::describe() const {
                             : std::to_string(chunks) + " of " + std::to_string(kOffloadChunks) +
                                   " chunks of each rank's optimizer states "
                                   "(parallel.zero.offload.optimizer_fraction " +
-                                  fraction_text(fraction) + ")";
+                                  core::format_number(fraction) + ")";
   return what + " to the host: the device holds " + core::format_bytes(device_bytes) + " of " +
          core::format_bytes(capacity);
 }
@@ -91,7 +84,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   // may meet it.
   auto fits = [&](int chunks, bool params) {
     c.parallel.offload_optimizer = chunks > 0;
-    c.parallel.offload_fraction = chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
+    c.parallel.offload_fraction = core::offload_fraction(chunks);
     c.parallel.offload_params = params;
     try {
       need = device_need(c);
@@ -105,7 +98,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   auto decided = [&](int chunks, bool params) {
     fits(chunks, params);  // the need of the decision itself
     d.optimizer = chunks > 0;
-    d.fraction = chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
+    d.fraction = core::offload_fraction(chunks);
     d.params = params;
     d.device_bytes = need.bytes * share;
     return d;
@@ -117,13 +110,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   if (stage >= 1) {  // 2d / 2.5d / 3d too (ZeRO 1-2)
     tried = 1;
     if (fits(kOffloadChunks, false)) {
-      int lo = 1, hi = kOffloadChunks;  // hi fits
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (fits(mid, false)) hi = mid;
-        else lo = mid + 1;
-      }
-      return decided(hi, false);
+      return decided(core::fewest_offload_chunks([&](int k) { return fits(k, false); }), false);
     }
   }
   if (d1 && stage == 3) {

@@ -29,15 +29,6 @@
 
 namespace colossal::apps {
 
-namespace {
-// A number as %g writes it (0.5, 0.25, 1e-05).
-std::string shortest_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", value);
-  return text;
-}
-}  // namespace
-
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -453,7 +444,7 @@ void Trainer::agree_on_plan() {
                      ", offload_optimizer: " + (p.offload_optimizer ? "true" : "false") +
                      ", offload_params: " + (p.offload_params ? "true" : "false") +
                      (p.offload_optimizer && p.offload_fraction < 1.0
-                          ? ", optimizer_fraction: " + shortest_text(p.offload_fraction)
+                          ? ", optimizer_fraction: " + core::format_number(p.offload_fraction)
                           : std::string()) +
                      "}\n" +
                      "flat_parameters: " + per_stage(double(chunks_.front().model->flat_size())) +
@@ -651,7 +642,7 @@ TrainSummary Trainer::train() {
   if (dp_->size() > 1) {
     const std::string share =
         config_.parallel.offload_fraction < 1.0
-            ? " (the last " + shortest_text(config_.parallel.offload_fraction) +
+            ? " (the last " + core::format_number(config_.parallel.offload_fraction) +
                   " of each shard's states; the rest updated on the device beside it)"
             : std::string();
     print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),

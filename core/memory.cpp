@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +43,11 @@ void MemoryTracker::on_alloc(MemCategory category, std::size_t bytes) {
 void MemoryTracker::on_free(MemCategory category, std::size_t bytes) {
   current_[index(category)] -= bytes;
   current_total_ -= bytes;
+}
+
+std::string format_number(double value) {
+  char text[32];
+  return std::string(text, std::to_chars(text, text + sizeof text, value).ptr);
 }
 
 std::string format_bytes(double bytes) {

@@ -71,6 +71,8 @@ class OutOfMemory : public std::runtime_error {
 };
 
 std::string format_bytes(double bytes);
+// The shortest text that reads back as `value` (std::to_chars): 0.5, 0.015625, 1, 1e-05.
+std::string format_number(double value);
 
 namespace detail {
 // Memory of the default execution space. On the host it is 2 MiB aligned and advised for huge pages:

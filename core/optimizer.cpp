@@ -63,6 +63,22 @@ std::size_t offloaded_states(std::size_t states, double fraction) {
   return std::min(states, chunks * 16);
 }
 
+double offload_fraction(int chunks) {
+  return chunks > 0 ? double(chunks) / kOffloadChunks : 1.0;
+}
+
+int offload_chunks(double fraction) { return int(std::lround(fraction * kOffloadChunks)); }
+
+int fewest_offload_chunks(const std::function<bool(int)>& fits) {
+  int lo = 1, hi = kOffloadChunks;  // hi fits
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (fits(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  return hi;
+}
+
 AdamW::AdamW(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
              MemoryTracker& tracker, bool on_host)
     : begin_(begin),

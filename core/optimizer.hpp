@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,13 @@ std::size_t offloaded_states(std::size_t states, double fraction);
 // offload.policy: auto and the planner's search move each rank's optimizer state in 64ths (for
 // gpt2-124m on one rank, chunks of 1.9 M states, 7.8 MB a moment).
 inline constexpr int kOffloadChunks = 64;
+// The optimizer_fraction of `chunks` 64ths (0 chunks: 1, the key's default), and back.
+double offload_fraction(int chunks);
+int offload_chunks(double fraction);
+// The fewest chunks in [1, kOffloadChunks] for which fits(chunks) holds, given that it holds at
+// kOffloadChunks and keeps holding as chunks are added (each moved chunk only frees device
+// memory): a bisection of 6 calls.
+int fewest_offload_chunks(const std::function<bool(int)>& fits);
 
 // The optimizer state for the window [begin, end) of one flat parameter buffer described by a
 // parameter table: the whole buffer on one rank, a ZeRO shard otherwise. Weight decay is applied by

@@ -91,9 +91,6 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   return "";
 }
 
-// The bytes that count against a device's memory: without a host link (a CPU rank) offloaded
-// states live in the same memory.
-double on_device(const MemoryPrediction& m, const HardwareSpec& hw) { return m.against(hw); }
 
 // The rank layout of a 2d / 2.5d / 3d run on pipeline stage `stage` (every rank of a stage's
 // grid holds the same share).
@@ -133,7 +130,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     double largest = 0.0;
     for (int stage = 0; stage < run.pipeline; ++stage) {
       stages.push_back(grid_rank_layout(spec, run, stage));
-      largest = std::max(largest, on_device(predict_memory(spec, stages.back()), hw));
+      largest = std::max(largest, predict_memory(spec, stages.back()).against(hw));
     }
     plan.policy = policy.value_or(largest <= hw.memory_bytes ? CheckpointPolicy::none
                                                              : CheckpointPolicy::rotor);
@@ -148,7 +145,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
       l.selective = cp.selective;
       const MemoryPrediction m = predict_memory(spec, l);
       const TimePrediction t = predict_time(spec, l, hw);
-      if (stage == 0 || on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
+      if (stage == 0 || m.against(hw) > plan.memory.against(hw)) plan.memory = m;
       if (stage == 0 || t.step > plan.time.step) plan.time = t;
       busy += busy_seconds(t);
       const std::string who = run.pipeline > 1 ? "stage " + std::to_string(stage) : "every rank";
@@ -156,7 +153,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                    ? who + ": keep everything"
                                    : who + ": " + cp.description);
       if (!cp.feasible) minimum = std::max(minimum, cp.minimum_bytes);
-      plan.fits = plan.fits && cp.feasible && on_device(m, hw) <= hw.memory_bytes;
+      plan.fits = plan.fits && cp.feasible && m.against(hw) <= hw.memory_bytes;
     }
     if (cluster.oversubscribed()) {  // each stage's ranks take turns with the others' on the cores
       share_cores(plan.time, busy / run.pipeline * cluster.devices * cluster.threads(),
@@ -164,8 +161,8 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     }
     if (!plan.fits) {
       plan.why = "needs " +
-                 bytes_text(minimum > 0 ? std::max(minimum, on_device(plan.memory, hw))
-                                        : on_device(plan.memory, hw)) +
+                 bytes_text(minimum > 0 ? std::max(minimum, plan.memory.against(hw))
+                                        : plan.memory.against(hw)) +
                  " of " + bytes_text(hw.memory_bytes);
     }
     if (plan.policy != CheckpointPolicy::rotor) plan.budget_bytes = 0.0;
@@ -201,8 +198,8 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     RankLayout l = rank_layout(run, r);
     CheckpointPolicy chosen = plan.policy;
     if (!policy) {  // auto
-      chosen = on_device(predict_memory(spec, l), hw) <= memory ? CheckpointPolicy::none
-                                                         : CheckpointPolicy::rotor;
+      chosen = predict_memory(spec, l).against(hw) <= memory ? CheckpointPolicy::none
+                                                             : CheckpointPolicy::rotor;
       if (chosen == CheckpointPolicy::rotor) plan.policy = CheckpointPolicy::rotor;
     }
     const CheckpointPlan cp =
@@ -212,13 +209,13 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     const MemoryPrediction m = predict_memory(spec, l);
     const TimePrediction t = predict_time(spec, l, hw);
     plan.schedules.push_back("rank " + std::to_string(r) + ": " + cp.description);
-    if (!cp.feasible || on_device(m, hw) > memory) {
+    if (!cp.feasible || m.against(hw) > memory) {
       plan.fits = false;
       plan.why = "pipeline rank " + std::to_string(r) + " needs " +
-                 bytes_text(cp.feasible ? on_device(m, hw) : cp.minimum_bytes) + " of " +
+                 bytes_text(cp.feasible ? m.against(hw) : cp.minimum_bytes) + " of " +
                  bytes_text(memory);
     }
-    if (on_device(m, hw) > on_device(plan.memory, hw)) plan.memory = m;
+    if (m.against(hw) > plan.memory.against(hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
     stage_times.push_back(t);
   }
@@ -248,7 +245,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   const int G = cluster.devices;
   auto better = [&](const Plan& a, const Plan& b) {
     if (a.step_time != b.step_time) return a.step_time < b.step_time;
-    return on_device(a.memory, cluster.hw) < on_device(b.memory, cluster.hw);
+    return a.memory.against(cluster.hw) < b.memory.against(cluster.hw);
   };
   auto keep_best = [&](const Plan& p) {
     result.best.push_back(p);
@@ -389,7 +386,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         if (!plan.fits) {
           ++result.infeasible;
           if (result.closest.memory.total() == 0.0 ||
-              on_device(plan.memory, cluster.hw) < on_device(result.closest.memory, cluster.hw)) {
+              plan.memory.against(cluster.hw) < result.closest.memory.against(cluster.hw)) {
             result.closest = plan;
           }
           continue;
@@ -404,13 +401,9 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         // offload.policy: auto moves them (the device's share updates beside the host's, so
         // fewer is faster on a GPU node).
         if (offload && (!fits_kept || kept_recomputes)) {
-          int lo = 1, hi = core::kOffloadChunks;  // hi fits
-          while (lo < hi) {
-            const int mid = (lo + hi) / 2;
-            if (evaluate(double(mid) / core::kOffloadChunks).fits) hi = mid;
-            else lo = mid + 1;
-          }
-          if (hi < core::kOffloadChunks) keep_best(evaluate(double(hi) / core::kOffloadChunks));
+          const int fewest = core::fewest_offload_chunks(
+              [&](int k) { return evaluate(core::offload_fraction(k)).fits; });
+          if (fewest < core::kOffloadChunks) keep_best(evaluate(core::offload_fraction(fewest)));
         }
       }
     }
@@ -445,14 +438,12 @@ namespace {
 // " + offload", or " + offload 23/64" for a share of each shard's optimizer state.
 std::string offload_text(const RunLayout& r) {
   if (r.offload_fraction >= 1.0) return " + offload";
-  return " + offload " + std::to_string(int(std::lround(r.offload_fraction * core::kOffloadChunks))) +
-         "/" + std::to_string(core::kOffloadChunks);
+  return " + offload " + std::to_string(core::offload_chunks(r.offload_fraction)) + "/" +
+         std::to_string(core::kOffloadChunks);
 }
-// The optimizer_fraction key's value as the config reads it back exactly.
-std::string fraction_text(double fraction) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.17g", fraction);
-  return text;
+// The optimizer_fraction key's value (it reads back exactly).
+std::string fraction_text(const RunLayout& r) {
+  return core::format_number(r.offload_optimizer ? r.offload_fraction : 1.0);
 }
 }  // namespace
 
@@ -537,7 +528,7 @@ std::vector<std::string> plan_overrides(const Plan& p) {
       "parallel.zero.stage=" + std::to_string(r.zero_stage),
       "parallel.zero.offload.optimizer=" + std::string(r.offload_optimizer ? "true" : "false"),
       "parallel.zero.offload.optimizer_fraction=" +
-          fraction_text(r.offload_optimizer ? r.offload_fraction : 1.0),
+          fraction_text(r),
       "parallel.zero.offload.params=false",
       "train.micro_batch=" + std::to_string(r.micro_batch),
       std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy)};
@@ -569,7 +560,7 @@ std::string plan_yaml(const Plan& p) {
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", parallel::pipeline_schedule_name(r.schedule), r.chunks,
       r.zero_stage, r.offload_optimizer ? "true" : "false",
-      fraction_text(r.offload_optimizer ? r.offload_fraction : 1.0).c_str(), r.bucket_mb,
+      fraction_text(r).c_str(), r.bucket_mb,
       r.bf16_reduce ? "bf16" : "fp32",
       core::checkpoint_policy_name(p.policy),
       p.policy == core::CheckpointPolicy::rotor

@@ -99,3 +99,11 @@ TEST(MemoryTracker, ModelAndOptimizerBytesMatchTheTensorTable) {
   EXPECT_EQ(model.activation_bytes(), acts * 4);
   EXPECT_EQ(t.current_total(), t.current(MemCategory::parameters) * 4 + acts * 4 + model.temporary_bytes());
 }
+
+TEST(Format, NumbersReadBackExactly) {
+  EXPECT_EQ(colossal::core::format_number(0.015625), "0.015625");
+  EXPECT_EQ(colossal::core::format_number(0.75), "0.75");
+  EXPECT_EQ(colossal::core::format_number(0.3), "0.3");
+  EXPECT_EQ(colossal::core::format_number(1.0), "1");
+  EXPECT_EQ(std::stod(colossal::core::format_number(1.0 / 3.0)), 1.0 / 3.0);
+}

@@ -215,3 +215,26 @@ TEST(AdamW, PiecesMatchTheWholeWindow) {
   EXPECT_EQ(pf[0], p0[0]) << "elements outside the pieces are not touched";
   EXPECT_EQ(pf[45], p0[45]) << "alignment padding is not touched";
 }
+
+// The offload share's arithmetic, shared by the executor, offload.policy: auto and the planner:
+// the states offloaded (a multiple of 16 rounded up, at most all), 64ths to the key's fraction
+// and back, and the bisection for the fewest chunks that fit.
+TEST(OffloadShare, StatesChunksAndTheFewestThatFit) {
+  EXPECT_EQ(offloaded_states(1000, 1.0), 1000u);
+  EXPECT_EQ(offloaded_states(1000, 0.0), 0u);
+  EXPECT_EQ(offloaded_states(1000, 0.5), 512u);   // 500 rounded up to 16
+  EXPECT_EQ(offloaded_states(1000, 0.999), 1000u);  // 999 -> 1008, at most all
+  EXPECT_EQ(offloaded_states(4096, 0.25), 1024u);
+  EXPECT_EQ(offload_fraction(0), 1.0);
+  EXPECT_EQ(offload_fraction(16), 0.25);
+  for (int k = 1; k <= kOffloadChunks; ++k) EXPECT_EQ(offload_chunks(offload_fraction(k)), k);
+  for (int threshold : {1, 2, 23, 63, 64}) {
+    int calls = 0;
+    const int got = fewest_offload_chunks([&](int k) {
+      ++calls;
+      return k >= threshold;
+    });
+    EXPECT_EQ(got, threshold);
+    EXPECT_LE(calls, 6) << "a bisection of 64";
+  }
+}
