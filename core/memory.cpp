@@ -198,12 +198,13 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
 
 #ifdef KOKKOS_ENABLE_CUDA
 namespace {
-void check_copy(cudaError_t error, const char* call) {
+void check_cuda(cudaError_t error, const char* call, const char* who) {
   if (error != cudaSuccess) {
-    throw std::runtime_error(std::string("colossal::core::CopyQueue: ") + call + " failed: " +
+    throw std::runtime_error(std::string("colossal::core::") + who + ": " + call + " failed: " +
                              cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
   }
 }
+void check_copy(cudaError_t error, const char* call) { check_cuda(error, call, "CopyQueue"); }
 }  // namespace
 
 CopyQueue::CopyQueue() {
@@ -240,6 +241,23 @@ void CopyQueue::wait() {
                "cudaStreamSynchronize");
   }
 }
+
+void order_after_kernels(void* stream) {
+  if constexpr (kHostMemory) {
+    fence_kernels();
+  } else {
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate",
+               "order_after_kernels");
+    cudaError_t error = cudaEventRecord(event, Kokkos::Cuda().cuda_stream());
+    if (error == cudaSuccess) {
+      error = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
+    }
+    // Released once the device has passed it; the wait above keeps its recorded state.
+    cudaEventDestroy(event);
+    check_cuda(error, "cudaEventRecord / cudaStreamWaitEvent", "order_after_kernels");
+  }
+}
 #else
 CopyQueue::CopyQueue() = default;
 CopyQueue::~CopyQueue() = default;
@@ -250,6 +268,7 @@ void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t by
   std::memcpy(device_dst, host_src, bytes);
 }
 void CopyQueue::wait() {}
+void order_after_kernels(void* /*stream*/) { fence_kernels(); }
 #endif
 
 std::size_t peak_rss_bytes() {

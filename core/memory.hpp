@@ -191,6 +191,13 @@ class CopyQueue {
   void* stream_ = nullptr;  // the cudaStream_t of a CUDA build
 };
 
+// Orders a CUDA stream (`stream`, a cudaStream_t) after the kernels queued so far on Kokkos'
+// stream without the host waiting for them: an event recorded on Kokkos' stream that `stream`
+// waits for. Where Kokkos has no CUDA stream (a host build) the host waits for the kernels
+// instead (fence_kernels). The NCCL communicator runs it before each collective it enqueues, so
+// its callers need no fence before handing it what the kernels wrote.
+void order_after_kernels(void* stream);
+
 // Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 std::size_t peak_rss_bytes();
 

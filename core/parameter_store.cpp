@@ -12,9 +12,8 @@ FullParameterStore::FullParameterStore(std::vector<ParamUnit> units, std::size_t
       grads_(tracker, MemCategory::gradients, flat_size) {}
 
 void FullParameterStore::gradients_done(int unit) {
-  if (!gradients_ready_) return;
-  fence_kernels();  // the reduction reads what the kernels wrote
-  gradients_ready_(units()[unit].begin);
+  // The hook orders what it starts after the kernels (zero::GradientSync::gradients_ready).
+  if (gradients_ready_) gradients_ready_(units()[unit].begin);
 }
 
 void FullParameterStore::zero_gradients() { zero(grads_.data(), grads_.size()); }

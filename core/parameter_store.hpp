@@ -97,7 +97,8 @@ class FullParameterStore : public ParameterStore {
   }
 
   // Called from gradients_done() (empty: not called): lets data-parallel all-reduces of finished
-  // buckets start while backward continues.
+  // buckets start while backward continues. The kernels that wrote the unit's gradients may still
+  // be running: the hook orders its reads after them (a fence, or NCCL's event).
   void set_gradients_ready_hook(std::function<void(std::size_t offset)> hook) {
     gradients_ready_ = std::move(hook);
   }

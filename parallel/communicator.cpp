@@ -1,5 +1,7 @@
 #include "parallel/communicator.hpp"
 
+#include "core/kokkos_compat.hpp"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -13,6 +15,10 @@
 #include <vector>
 
 namespace colossal::parallel {
+
+void Communicator::fence_kernels_unless_ordered() const {
+  if (!orders_after_kernels()) core::fence_kernels();
+}
 
 namespace {
 

@@ -122,6 +122,12 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string_view backend() const = 0;  // "mpi" | "nccl" | "staged-mpi"
   virtual MemorySpace memory_space() const = 0;  // where float buffers must live
+  // Whether the transport orders its collectives after the kernels queued on Kokkos' stream by
+  // itself, without the host waiting (NCCL: core::order_after_kernels, an event its stream waits
+  // for). Otherwise a caller fences the kernels that wrote a buffer before handing it over:
+  // fence_kernels_unless_ordered() does whichever this transport needs.
+  virtual bool orders_after_kernels() const { return false; }
+  void fence_kernels_unless_ordered() const;
 
   // buffer <- sum over ranks of buffer (in place).
   void all_reduce_sum(std::span<float> buffer);

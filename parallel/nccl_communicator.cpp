@@ -1,6 +1,7 @@
 // Compiled only when COLOSSAL_HAVE_CUDA (see parallel/CMakeLists.txt).
 #include "parallel/nccl_communicator.hpp"
 
+#include "core/memory.hpp"
 #include "parallel/local_device.hpp"
 
 #include <cuda_runtime.h>
@@ -108,6 +109,11 @@ void NcclCommunicator::check_open(const char* call) const {
                            "): the job must end; restart with checkpoint.resume: auto");
 }
 
+void NcclCommunicator::enter(const char* call) {
+  check_open(call);
+  core::order_after_kernels(stream_);
+}
+
 void NcclCommunicator::check_nccl(int result, const char* call) const {
   const auto code = static_cast<ncclResult_t>(result);
   if (code == ncclSuccess) return;
@@ -181,7 +187,7 @@ void NcclCommunicator::synchronize(const char* what) {
 
 void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.all_reduce_sum(buffer);
-  check_open("ncclAllReduce");
+  enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "ncclAllReduce");
@@ -190,7 +196,7 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
 
 void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.all_reduce_max(buffer);
-  check_open("ncclAllReduce");
+  enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclMax, comm_,
                            stream_),
              "ncclAllReduce");
@@ -201,7 +207,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.reduce_scatter_sum(input, output);
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
-  check_open("ncclReduceScatter");
+  enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
              "ncclReduceScatter");
@@ -211,7 +217,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
 void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.all_gather(input, output);
   // NCCL is in place when input == output + rank * input.size(), exactly our in-place form.
-  check_open("ncclAllGather");
+  enter("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
   synchronize("ncclAllGather");
@@ -271,7 +277,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::pending(const char* what) {
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {
   if (any_host({buffer.data()})) return host_.start_all_reduce_sum(buffer);
-  check_open("ncclAllReduce");
+  enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
              "ncclAllReduce");
@@ -282,7 +288,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
   if (any_host({buffer.data()})) return host_.start_all_reduce_sum_bf16(buffer);
-  check_open("ncclAllReduce");
+  enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclBfloat16, ncclSum,
                            comm_, stream_),
              "ncclAllReduce");
@@ -293,7 +299,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
     std::span<std::uint16_t> buffer) {
   if (any_host({buffer.data()})) return host_.start_reduce_scatter_sum_bf16(buffer);
   const std::size_t c = buffer.size() / std::size_t(size());
-  check_open("ncclReduceScatter");
+  enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(buffer.data(), buffer.data() + std::size_t(rank()) * c, c,
                                ncclBfloat16, ncclSum, comm_, stream_),
              "ncclReduceScatter");
@@ -305,7 +311,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
   if (any_host({input.data(), output.data()})) {
     return host_.start_reduce_scatter_sum(input, output);
   }
-  check_open("ncclReduceScatter");
+  enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
                                comm_, stream_),
              "ncclReduceScatter");
@@ -315,7 +321,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
     std::span<const float> input, std::span<float> output) {
   if (any_host({input.data(), output.data()})) return host_.start_all_gather(input, output);
-  check_open("ncclAllGather");
+  enter("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
   return pending("ncclAllGather");
@@ -323,7 +329,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
 
 void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {
   if (any_host({buffer.data()})) return host_.broadcast(buffer, root);
-  check_open("ncclBroadcast");
+  enter("ncclBroadcast");
   check_nccl(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, root, comm_,
                            stream_),
              "ncclBroadcast");
@@ -340,14 +346,14 @@ double NcclCommunicator::do_all_reduce_sum_value(double value) {
 
 void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
   if (any_host({buffer.data()})) return host_.send(buffer, dest, tag);
-  check_open("ncclSend");
+  enter("ncclSend");
   check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
   synchronize("ncclSend");
 }
 
 void NcclCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
   if (any_host({buffer.data()})) return host_.recv(buffer, source, tag);
-  check_open("ncclRecv");
+  enter("ncclRecv");
   check_nccl(ncclRecv(buffer.data(), buffer.size(), ncclFloat32, source, comm_, stream_),
              "ncclRecv");
   synchronize("ncclRecv");
@@ -358,7 +364,7 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
   if (any_host({send_buffer.data(), recv_buffer.data()})) {
     return host_.send_recv(send_buffer, dest, recv_buffer, source, tag);
   }
-  check_open("ncclGroupStart");
+  enter("ncclGroupStart");
   check_nccl(ncclGroupStart(), "ncclGroupStart");
   const ncclResult_t sent =
       ncclSend(send_buffer.data(), send_buffer.size(), ncclFloat32, dest, comm_, stream_);

@@ -20,8 +20,9 @@
 // start_all_gather, start_reduce_scatter_sum) enqueue the same way and return at once with an
 // event recorded after the collective: test() queries it, wait() synchronises on it and then
 // checks NCCL's asynchronous error, so the collective runs on its stream beside the kernels the
-// caller launches meanwhile (callers fence the kernels that wrote the input before starting, as
-// for every collective). Tags are accepted and ignored: NCCL matches point-to-point messages in
+// caller launches meanwhile. Every collective on device buffers is ordered after the kernels
+// queued on Kokkos' stream by an event its stream waits for (core::order_after_kernels), so
+// callers need not fence before one (orders_after_kernels()); the host does not wait for them. Tags are accepted and ignored: NCCL matches point-to-point messages in
 // issue order per pair of ranks. A float buffer in host memory (by cudaPointerGetAttributes) goes
 // to the MPI control-plane communicator instead, so callers that mix device buffers with host
 // vectors work on every transport.
@@ -50,6 +51,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return host_.size(); }
   std::string_view backend() const override { return "nccl"; }
   MemorySpace memory_space() const override { return MemorySpace::device; }
+  bool orders_after_kernels() const override { return true; }
 
   int device() const { return device_; }
   const MpiCommunicator& host() const { return host_; }  // the control plane's communicator
@@ -91,6 +93,9 @@ class NcclCommunicator final : public Communicator {
   void check_nccl(int result, const char* call) const;
   // Throws (naming `call`) once the communicator was aborted: it may not be used again.
   void check_open(const char* call) const;
+  // Before enqueuing `call` on device buffers: check_open, then the stream ordered after the
+  // kernels queued on Kokkos' stream (core::order_after_kernels).
+  void enter(const char* call);
   void check_cuda(int error, const char* call) const;
 
   MpiCommunicator host_;

@@ -93,7 +93,7 @@ float* ShardedParameterStore::own_slice(int unit, float* work) {
     uploaded_bytes_ += s * sizeof(float);
   } else {
     k::copy(own, shard_.data() + shard_offset(unit), int64_t(s));
-    core::fence_kernels();
+    dp_.fence_kernels_unless_ordered();  // a gather reads what the copy wrote
   }
   return own;
 }
@@ -232,11 +232,11 @@ void ShardedParameterStore::gradients_done(int unit) {
   if (grad_wire_[sl].size() > 0) {  // bf16 on the wire; the fp32 buffer is free again
     std::uint16_t* wire = grad_wire_[sl].data();
     k::to_bf16(wire, work, int64_t(n));
-    core::fence_kernels();  // Kokkos' stream, not NCCL's in flight
+    dp_.fence_kernels_unless_ordered();  // the collective reads what the kernel wrote
     reducing_[sl] = Reduction{unit, nullptr, wire, dp_.start_reduce_scatter_sum_bf16({wire, n})};
     return;
   }
-  core::fence_kernels();  // the collective reads what the kernels wrote
+  dp_.fence_kernels_unless_ordered();  // the collective reads what the kernels wrote
   reducing_[sl] = Reduction{unit, work, nullptr,
                             dp_.start_reduce_scatter_sum({work, n}, {work + rank_ * s, s})};
 }

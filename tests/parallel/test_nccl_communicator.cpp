@@ -1,9 +1,11 @@
 // NcclCommunicator on GPUs. Built only with CUDA; every test skips (on all ranks alike) unless
 // each process on a node has a CUDA device of its own, so no GPU is ever required.
+#include <Kokkos_Core.hpp>
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "parallel/nccl_communicator.hpp"
@@ -145,6 +147,44 @@ TEST_F(NcclCommunicatorTest, StartedCollectivesMatchTheBlockingOnes) {
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(got[i], float((i / c) * 10000 + i % c)) << i;
   EXPECT_EQ(comm->stats().all_gather.calls, 2u);
   EXPECT_EQ(comm->stats().all_reduce.calls, 2u);
+}
+
+#ifdef KOKKOS_ENABLE_CUDA
+// A slow kernel on Kokkos' stream (each element a long dependent loop), with no fence after it.
+// A free function: nvcc's device lambdas may not live in a test's private TestBody.
+void write_slowly(float* out, std::size_t n, float base) {
+  Kokkos::parallel_for("write_slowly", Kokkos::RangePolicy<>(0, n), KOKKOS_LAMBDA(std::size_t i) {
+    float v = 0.0f;
+    for (int k = 0; k < 4000; ++k) v = v * 0.5f + 1.0f;  // converges to 2
+    out[i] = base + v + float(i % 7);
+  });
+}
+#endif
+
+// Collectives wait on the device for the kernels queued before them (an event NCCL's stream
+// waits for), not on the host: an all-gather of what a kernel is still writing, with no fence
+// in between, gathers what the kernel wrote.
+TEST_F(NcclCommunicatorTest, OrdersItselfAfterTheKernels) {
+  EXPECT_TRUE(comm->orders_after_kernels());
+#ifdef KOKKOS_ENABLE_CUDA
+  if constexpr (!std::is_same_v<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>) {
+    GTEST_SKIP() << "Kokkos runs its kernels on the host in this build";
+  }
+  // Kokkos is initialised on the first GPU by this test's main; one rank keeps both on it (a
+  // decision every rank takes alike, so no rank waits in a collective another skipped).
+  if (size() > 1) GTEST_SKIP() << "the kernel's GPU is rank 0's only";
+  const std::size_t c = std::size_t(1) << 22;
+  const std::size_t n = c * static_cast<std::size_t>(size());
+  DeviceBuffer block(c), gathered(n);
+  write_slowly(block.span().data(), c, float(rank() * 10));
+  comm->all_gather(block.span(), gathered.span());
+  const std::vector<float> got = gathered.download();
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(got[i], float((i / c) * 10) + 2.0f + float((i % c) % 7)) << i;
+  }
+#else
+  GTEST_SKIP() << "Kokkos without CUDA in this build";
+#endif
 }
 
 TEST_F(NcclCommunicatorTest, BroadcastAndStrings) {
