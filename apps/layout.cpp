@@ -50,6 +50,7 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.offload_optimizer = p.offload_optimizer;
   run.offload_params = p.offload_params;
   run.offload_fraction = p.offload_fraction;
+  run.offload_params_fraction = p.offload_params_fraction;
   run.bucket_mb = p.bucket_mb;
   run.bf16_reduce = p.bf16_grad_reduce();
   return run;

@@ -53,8 +53,14 @@ std::string OffloadDecision::describe() const {
     return "nothing (no device limit: a CPU build keeps everything in host memory)";
   }
   const int chunks = core::offload_chunks(fraction);
+  const int param_chunks = core::offload_chunks(params_fraction);
   const std::string what =
-      params                ? "optimizer states and parameters"
+      params && param_chunks == kOffloadChunks ? "optimizer states and parameters"
+      : params ? "optimizer states and " + std::to_string(param_chunks) + " of " +
+                     std::to_string(kOffloadChunks) +
+                     " chunks of each rank's parameter shard "
+                     "(parallel.zero.offload.params_fraction " +
+                     core::format_number(params_fraction) + ")"
       : !optimizer          ? "nothing"
       : chunks == kOffloadChunks ? "optimizer states"
                             : std::to_string(chunks) + " of " + std::to_string(kOffloadChunks) +
@@ -70,7 +76,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   d.capacity = capacity;
   io::Config c = config;
   c.parallel.offload_optimizer = c.parallel.offload_params = false;
-  c.parallel.offload_fraction = 1.0;
+  c.parallel.offload_fraction = c.parallel.offload_params_fraction = 1.0;
   if (capacity <= 0) return d;
   const int share = std::max(1, ranks_per_device);
   const bool d1 = config.parallel.tensor_mode == core::TensorMode::d1;
@@ -78,14 +84,15 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
   Need need;
   std::string budget_error;  // rotor's memory_budget unmet by the last candidate tried
   // Whether the device holds the worst rank's plan with `chunks` of kOffloadChunks of every
-  // shard's optimizer state on the host (and, with `params`, the parameter shard too). A
+  // shard's optimizer state on the host (and `params` of its parameter shard's). A
   // checkpointing.memory_budget that no schedule meets (apps::activation_plan throws) is a
   // candidate that does not fit: on a GPU the offloaded bytes leave the budget, so more offload
   // may meet it.
-  auto fits = [&](int chunks, bool params) {
+  auto fits = [&](int chunks, int params) {
     c.parallel.offload_optimizer = chunks > 0;
     c.parallel.offload_fraction = core::offload_fraction(chunks);
-    c.parallel.offload_params = params;
+    c.parallel.offload_params = params > 0;
+    c.parallel.offload_params_fraction = core::offload_fraction(params);
     try {
       need = device_need(c);
     } catch (const std::runtime_error& e) {
@@ -95,27 +102,32 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
     budget_error.clear();
     return need.bytes * share <= capacity;
   };
-  auto decided = [&](int chunks, bool params) {
+  auto decided = [&](int chunks, int params) {
     fits(chunks, params);  // the need of the decision itself
     d.optimizer = chunks > 0;
     d.fraction = core::offload_fraction(chunks);
-    d.params = params;
+    d.params = params > 0;
+    d.params_fraction = core::offload_fraction(params);
     d.device_bytes = need.bytes * share;
     return d;
   };
   // In order: nothing; the fewest chunks of the optimizer states (ZeRO >= 1, the device's need
-  // falls as chunks move, so a bisection finds them); also the parameters (ZeRO 3, 1d).
-  if (fits(0, false)) return decided(0, false);
+  // falls as chunks move, so a bisection finds them); with all of them, the fewest chunks of the
+  // parameter shards (ZeRO 3, 1d).
+  if (fits(0, 0)) return decided(0, 0);
   int tried = 0;  // 0 none, 1 every optimizer chunk, 2 also the parameters
   if (stage >= 1) {  // 2d / 2.5d / 3d too (ZeRO 1-2)
     tried = 1;
-    if (fits(kOffloadChunks, false)) {
-      return decided(core::fewest_offload_chunks([&](int k) { return fits(k, false); }), false);
+    if (fits(kOffloadChunks, 0)) {
+      return decided(core::fewest_offload_chunks([&](int k) { return fits(k, 0); }), 0);
     }
   }
   if (d1 && stage == 3) {
     tried = 2;
-    if (fits(kOffloadChunks, true)) return decided(kOffloadChunks, true);
+    if (fits(kOffloadChunks, kOffloadChunks)) {
+      return decided(kOffloadChunks, core::fewest_offload_chunks(
+                                         [&](int k) { return fits(kOffloadChunks, k); }));
+    }
   }
   // Not even the largest offload met the schedule's budget: that is the error to fix.
   if (!budget_error.empty()) {
@@ -175,6 +187,7 @@ io::Config apply_offload_policy(const io::Config& config, std::FILE* log) {
   out.parallel.offload_optimizer = d.optimizer;
   out.parallel.offload_params = d.params;
   out.parallel.offload_fraction = d.fraction;
+  out.parallel.offload_params_fraction = d.params_fraction;
   if (log != nullptr) {
     std::fprintf(log, "offload (parallel.zero.offload.policy: auto): %s\n", d.describe().c_str());
   }

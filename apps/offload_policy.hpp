@@ -3,8 +3,9 @@
 // capacity, decide what ZeRO moves to pinned host memory: nothing when the plan fits, else the
 // optimizer states chunk by chunk (offload.optimizer with offload.optimizer_fraction: the fewest
 // of kOffloadChunks equal chunks of every rank's optimizer state, the last ones in state order,
-// as Colossal-AI's Gemini places chunks), then also the parameter shards (offload.params), the
-// smallest step that fits. Parameters move as a whole shard (ZeRO 3, all optimizer chunks).
+// as Colossal-AI's Gemini places chunks), then, with all of them moved, the parameter shards'
+// chunks the same way (ZeRO 3: offload.params with offload.params_fraction): the smallest step
+// that fits.
 #pragma once
 
 #include <cstdio>
@@ -21,6 +22,7 @@ struct OffloadDecision {
   bool optimizer = false;     // parallel.zero.offload.optimizer
   double fraction = 1.0;      // parallel.zero.offload.optimizer_fraction (chunks / kOffloadChunks)
   bool params = false;        // parallel.zero.offload.params
+  double params_fraction = 1.0;  // parallel.zero.offload.params_fraction
   double device_bytes = 0.0;  // what the worst rank then keeps on the device, times sharing
   double capacity = 0.0;      // the device's bytes it was compared with (0: no limit)
   std::string describe() const;  // one line for the start-up log
@@ -37,8 +39,8 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
 // else 0 (a CPU build: the device is the host).
 double device_capacity(const io::Config& config, int* ranks_per_device);
 
-// Start-up, on every rank alike (collective): with policy auto, the config with the two offload
-// flags decided, the decision printed to `log` (rank 0's; null elsewhere); with static, unchanged.
+// Start-up, on every rank alike (collective): with policy auto, the config with the offload
+// flags and fractions decided, the decision printed to `log` (rank 0's; null elsewhere); with static, unchanged.
 io::Config apply_offload_policy(const io::Config& config, std::FILE* log);
 
 }  // namespace colossal::apps

@@ -237,6 +237,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                .offload_optimizer = par.offload_optimizer,
                                .offload_params = par.offload_params,
                                .offload_fraction = par.offload_fraction,
+                               .offload_params_fraction = par.offload_params_fraction,
                                .bf16_reduce = par.bf16_grad_reduce()});
     chunk.gradients = std::make_unique<zero::GradientSync>(
         table, chunk.optimizer->store(), *grad_, tracker_,
@@ -360,7 +361,7 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
     // ZeRO 2: each unit's gradients reduce-scattered over the data ranks as backward finishes it.
     store = [this](std::vector<core::ParamUnit> units, std::size_t flat) {
       return std::make_unique<zero::ShardedParameterStore>(
-          std::move(units), flat, 2, *grad_, tracker_, /*offload_params=*/false,
+          std::move(units), flat, 2, *grad_, tracker_, /*offload_params=*/0.0,
           config_.parallel.bf16_grad_reduce());
     };
   }
@@ -445,6 +446,9 @@ void Trainer::agree_on_plan() {
                      ", offload_params: " + (p.offload_params ? "true" : "false") +
                      (p.offload_optimizer && p.offload_fraction < 1.0
                           ? ", optimizer_fraction: " + core::format_number(p.offload_fraction)
+                          : std::string()) +
+                     (p.offload_params && p.offload_params_fraction < 1.0
+                          ? ", params_fraction: " + core::format_number(p.offload_params_fraction)
                           : std::string()) +
                      "}\n" +
                      "flat_parameters: " + per_stage(double(chunks_.front().model->flat_size())) +
@@ -645,10 +649,17 @@ TrainSummary Trainer::train() {
             ? " (the last " + core::format_number(config_.parallel.offload_fraction) +
                   " of each shard's states; the rest updated on the device beside it)"
             : std::string();
+    const std::string params =
+        !config_.parallel.offload_params ? std::string()
+        : config_.parallel.offload_params_fraction < 1.0
+            ? ", parameters offloaded (the last " +
+                  core::format_number(config_.parallel.offload_params_fraction) +
+                  " of each shard)"
+            : ", parameters offloaded";
     print("parallel: %d data-parallel ranks, ZeRO stage %d%s%s\n", dp_->size(),
           config_.parallel.zero_stage,
           config_.parallel.offload_optimizer ? (", optimizer offloaded" + share).c_str() : "",
-          config_.parallel.offload_params ? ", parameters offloaded" : "");
+          params.c_str());
   }
   print("plan (identical on every rank):\n%s", plan_.c_str());
   if (config_.checkpointing.policy != core::CheckpointPolicy::none) {

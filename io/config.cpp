@@ -361,6 +361,14 @@ const std::vector<KeySpec>& schema() {
               "rank's slice (needs parallel.zero.stage: 3 and offload.optimizer: true)",
        .choices = {"false", "true"},
        .cross_check = "needs parallel.zero.stage: 3 and parallel.zero.offload.optimizer: true"},
+      {.key = "parallel.zero.offload.params_fraction", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.parallel.offload_params_fraction; },
+       .doc = "with offload.params: true, the share of each rank's parameter shard kept in host "
+              "memory (its last chunks, in 16-float steps); the rest stays on the device, so only "
+              "those slices are uploaded by each gather (Gemini's chunks); offload.policy: auto "
+              "sets it",
+       .range = Range{0.0, true, 1.0, false},
+       .cross_check = "< 1 needs offload.params: true"},
       // ZeRO offload decided from the memory plan (apps/offload_policy.hpp).
       {.key = "parallel.zero.offload.policy", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.parallel.offload_policy; },
@@ -1273,6 +1281,15 @@ class Resolver {
             "true with parallel.zero.offload.optimizer = false",
             "host-resident parameter shards are updated by the host optimizer",
             "set parallel.zero.offload.optimizer: true as well");
+    }
+    if (config.parallel.offload_params_fraction < 1.0 && !config.parallel.offload_params) {
+      raise(where_first({"parallel.zero.offload.params_fraction",
+                         "parallel.zero.offload.params"}),
+            "parallel.zero.offload.params_fraction",
+            format_number(config.parallel.offload_params_fraction) +
+                " with parallel.zero.offload.params = false",
+            "the fraction says how much of the offloaded parameter shard goes to the host",
+            "set parallel.zero.offload.params: true, or remove params_fraction");
     }
     const OptimizerConfig& o = t.optimizer;
     if (o.min_lr > o.lr)

@@ -105,6 +105,8 @@ struct ParallelConfig {
   double offload_fraction = 1.0;   // with offload_optimizer: the share of each rank's optimizer
                                    // state (its last chunks) on the host; the rest stays on the
                                    // device (core::offloaded_states)
+  double offload_params_fraction = 1.0;  // with offload_params: the share of each rank's
+                                         // parameter shard (its last chunks) in host memory
   int tensor = 1;                  // tensor-parallel ranks (1D, Megatron)
   core::TensorMode tensor_mode = core::TensorMode::d1;  // 1d | 2d | 2.5d | 3d
   int tensor_depth = 1;            // 2.5d: depth layers d (tensor = q * q * d)

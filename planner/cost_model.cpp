@@ -108,10 +108,12 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
 // (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters are
 // `param_bytes` each, as zero::ShardedAdamW::step runs it: the device's update starts, and beside
 // it the host share's gradients and parameters come down on a copy stream of their own (the
-// parameters not when the shard lives on the host, params_on_host), are updated on the host and
-// go back up.
+// parameters not where the shard lives on the host: params_on_host, its last params_fraction),
+// are updated on the host and go back up. The gradients' copies hide in `grads_window` seconds
+// of backward that ran beside them (ZeRO 2-3: they start as their units' reductions complete).
 double optimizer_time(const HardwareSpec& hw, double states, double offloaded, double param_bytes,
-                      bool params_on_host = false) {
+                      bool params_on_host = false, double params_fraction = 1.0,
+                      double grads_window = 0.0) {
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double host = std::clamp(offloaded, 0.0, 1.0) * states;
   const double device = (states - host) * 28.0 / hw.optimizer_bandwidth;
@@ -120,8 +122,14 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded, d
                                                        : hw.optimizer_bandwidth;
   const double on_host = host * 28.0 / rate;
   if (hw.host_link_bandwidth <= 0) return device + on_host;  // one memory, one set of threads
-  const double moved = params_on_host ? 0.0 : host * param_bytes;
-  const double down = (host * kF + moved) / hw.host_link_bandwidth;
+  // With parameter offload only the device's part of the parameter shard travels.
+  const double moved =
+      (params_on_host ? host - double(core::offloaded_states(std::size_t(host), params_fraction))
+                      : host) *
+      param_bytes;
+  const double down =
+      std::max(0.0, host * kF / hw.host_link_bandwidth - grads_window) +
+      moved / hw.host_link_bandwidth;
   const double up = moved / hw.host_link_bandwidth;
   return std::max(device, down + on_host + up);
 }
@@ -438,8 +446,15 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
         m[MemCategory::offloaded] += 2 * OH;
         break;
       default:  // 3: the shard, plus two gather buffers unless one rank holds everything, and
-                // on several ranks a third for the block unit gathered ahead (prefetch)
-        m[l.offload_params ? MemCategory::offloaded : MemCategory::parameters] += S;
+                // on several ranks a third for the block unit gathered ahead (prefetch). With
+                // parameter offload the shard's last states (offload.params_fraction) live on
+                // the host, which holds a whole shard (the rest: the optimizer's copy).
+        m[MemCategory::parameters] +=
+            S - (l.offload_params ? double(core::offloaded_states(std::size_t(shard_states),
+                                                                  l.offload_params_fraction)) *
+                                        pb
+                                  : 0.0);
+        if (l.offload_params) m[MemCategory::offloaded] += S;
         if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
         if (D > 1) m[MemCategory::parameters] += p.widest * pb;
         m[MemCategory::gradients] += GS + (D > 1 ? gwork : 0.0);
@@ -752,8 +767,23 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                                                          : m * (forward + backward));
   }
   const double updated = l.zero_stage == 0 ? flat : flat / D;
+  // Parameter offload (ZeRO 3): every gather first uploads this rank's slice's host part, and a
+  // micro-batch gathers each unit twice (forward, backward), the host's thread waiting for it.
+  if (l.offload_params && hw.host_link_bandwidth > 0) {
+    const double uploaded =
+        double(core::offloaded_states(std::size_t(updated), l.offload_params_fraction));
+    t.data_comm += m * 2.0 * uploaded * (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
+  }
+  // Stages 2-3: the offloaded gradients go down during the last micro-batch's backward, each
+  // unit's as its reduction completes (zero::ShardedAdamW), hidden as far as that backward lasts;
+  // not under sequence_split, whose partial sums reduce() still changes after backward.
+  double grads_window = 0.0;
+  if (l.offload_optimizer && l.zero_stage >= 2 && !(l.sequence_split && l.tensor > 1)) {
+    for (double b : t.micro_backward) grads_window += b;
+  }
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
-                               l.bf16 ? 2.0 : kF, l.offload_params);
+                               l.bf16 ? 2.0 : kF, l.offload_params, l.offload_params_fraction,
+                               grads_window);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

@@ -33,6 +33,8 @@ struct RankLayout {
   bool offload_optimizer = false, offload_params = false;
   double offload_fraction = 1.0;  // with offload_optimizer: the share of each shard's
                                   // states on the host (core::offloaded_states)
+  double offload_params_fraction = 1.0;  // with offload_params: the share of each stage-3
+                                         // parameter shard in host memory
   double bucket_mb = 25.0;       // stages 0-1: gradient all-reduce buckets, MiB (infinity: one)
   bool bf16_reduce = false;      // the data-parallel gradient sums travel as bf16 (a bf16 copy of
                                  // what is in flight: the flat buffer at stages 0-1, the work

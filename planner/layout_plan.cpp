@@ -31,6 +31,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.offload_optimizer = run.offload_optimizer;
   l.offload_params = run.offload_params;
   l.offload_fraction = run.offload_fraction;
+  l.offload_params_fraction = run.offload_params_fraction;
   l.bucket_mb = run.bucket_mb;
   l.bf16_reduce = run.bf16_reduce;
   l.keep = keep;

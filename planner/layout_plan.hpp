@@ -33,6 +33,8 @@ struct RunLayout {
   bool offload_optimizer = false, offload_params = false;
   double offload_fraction = 1.0;  // with offload_optimizer: the share of each shard's
                                   // states on the host (core::offloaded_states)
+  double offload_params_fraction = 1.0;  // with offload_params: the share of each stage-3
+                                         // parameter shard in host memory
   // Stages 0-1: the gradient all-reduce's bucket size, MiB (parallel.bucket_mb); infinity: the
   // whole buffer in one call after backward, as Megatron-LM (2021) did.
   double bucket_mb = 25.0;

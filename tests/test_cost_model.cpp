@@ -229,20 +229,67 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
       EXPECT_EQ(some.device(), kept.device() - 8 * H);
       // Time, as zero::ShardedAdamW::step runs it: the device's update, and beside it the host
       // share's gradients and parameters down, their update on the host and the parameters up.
+      // At stages 2-3 (1d) the gradients went down during the last micro-batch's backward: only
+      // what that backward did not cover is left.
+      double window = 0.0;
+      if (stage >= 2 && !grid) {
+        for (double b : planner::predict_time(spec, l, hw).micro_backward) window += b;
+        ASSERT_GT(window, 0.0);
+      }
+      auto gradients_down = [&](double states) {
+        return std::max(0.0, states * 4 / hw.host_link_bandwidth - window);
+      };
       const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
       const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
       const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  std::max(device, 2 * link + host + link), 1e-9) << stage << grid;
+                  std::max(device, gradients_down(0.3 * S) + link + host + link), 1e-9)
+          << stage << grid;
       l.offload_fraction = 1.0;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  S * 28 / hw.host_optimizer_bandwidth + 3 * S * 4 / hw.host_link_bandwidth,
+                  S * 28 / hw.host_optimizer_bandwidth + gradients_down(S) +
+                      2 * S * 4 / hw.host_link_bandwidth,
                   1e-9);
+      if (stage >= 2 && !grid) {  // a micro-batch 8 times larger: its backward covers them
+        planner::RankLayout more = l;
+        more.micro_batch = 32;
+        double longer = 0.0;
+        for (double b : planner::predict_time(spec, more, hw).micro_backward) longer += b;
+        ASSERT_GT(longer, S * 4 / hw.host_link_bandwidth);
+        EXPECT_NEAR(planner::predict_time(spec, more, hw).optimizer,
+                    S * 28 / hw.host_optimizer_bandwidth + 2 * S * 4 / hw.host_link_bandwidth,
+                    1e-9);
+      }
       if (stage == 3 && !grid) {  // the parameter shard on the host: only the gradients move
+        const planner::TimePrediction on_device = planner::predict_time(spec, l, hw);
         l.offload_params = true;
-        EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                    S * 28 / hw.host_optimizer_bandwidth + S * 4 / hw.host_link_bandwidth, 1e-9);
+        const planner::TimePrediction whole = planner::predict_time(spec, l, hw);
+        EXPECT_NEAR(whole.optimizer, S * 28 / hw.host_optimizer_bandwidth + gradients_down(S),
+                    1e-9);
+        // Every gather uploads this rank's slice first: twice per micro-batch.
+        const double m = l.micro_batches;
+        EXPECT_NEAR(whole.data_comm - on_device.data_comm,
+                    m * 2 * S * 4 / hw.host_link_bandwidth, 1e-9);
+        const planner::MemoryPrediction home = planner::predict_memory(spec, l);
+        // A share of the shard on the host (offload.params_fraction): the host holds the whole
+        // shard still (the rest: the optimizer's copy), the device keeps the rest, which goes
+        // down and back up around the host's update, and gathers upload only the host's part.
+        l.offload_params_fraction = 0.3;
+        const double HP = double(core::offloaded_states(std::size_t(S), 0.3));
+        const planner::MemoryPrediction part = planner::predict_memory(spec, l);
+        EXPECT_EQ(part[core::MemCategory::offloaded], home[core::MemCategory::offloaded]);
+        EXPECT_EQ(part[core::MemCategory::offloaded], 16 * S);
+        EXPECT_EQ(part[core::MemCategory::parameters],
+                  home[core::MemCategory::parameters] + 4 * (S - HP));
+        const planner::TimePrediction t = planner::predict_time(spec, l, hw);
+        EXPECT_NEAR(t.optimizer,
+                    S * 28 / hw.host_optimizer_bandwidth + gradients_down(S) +
+                        2 * (S - HP) * 4 / hw.host_link_bandwidth,
+                    1e-9);
+        EXPECT_NEAR(t.data_comm - on_device.data_comm, m * 2 * HP * 4 / hw.host_link_bandwidth,
+                    1e-9);
         l.offload_params = false;
+        l.offload_params_fraction = 1.0;
       }
       // One memory (the host preset, no link and the same AdamW rate): both parts on the same
       // threads in turn, as without offload.

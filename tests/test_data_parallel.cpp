@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -28,7 +29,8 @@ std::string shared_data(parallel::Communicator& world) {
 // its own.
 io::Config config(const std::string& data, const std::string& arch, int dp, int stage,
                   const std::string& run = "dp", bool offload = false, bool offload_params = false,
-                  bool bf16_reduce = false, double offload_fraction = 1.0) {
+                  bool bf16_reduce = false, double offload_fraction = 1.0,
+                  double params_fraction = 1.0) {
   const std::string text =
       "model: {arch: " + arch + (arch == "llama" ? ", kv_heads: 2, ffn_hidden: 96" : "") +
       ", layers: 2, hidden: 32, heads: 4, vocab: 256, max_seq: 16}\n"
@@ -40,6 +42,8 @@ io::Config config(const std::string& data, const std::string& arch, int dp, int 
       ", params: " + (offload_params ? "true" : "false") +
       (offload_fraction < 1.0 ? ", optimizer_fraction: " + std::to_string(offload_fraction)
                               : std::string()) +
+      (params_fraction < 1.0 ? ", params_fraction: " + std::to_string(params_fraction)
+                             : std::string()) +
       "}}, bucket_mb: 0.01" +
       (bf16_reduce ? ", grad_reduce: bf16" : "") + "}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
@@ -54,6 +58,7 @@ struct Param {
   bool offload_params = false;
   bool bf16_reduce = false;  // parallel.grad_reduce: bf16
   double offload_fraction = 1.0;  // parallel.zero.offload.optimizer_fraction
+  double params_fraction = 1.0;   // parallel.zero.offload.params_fraction
 };
 
 class DataParallel : public ::testing::TestWithParam<Param> {};
@@ -62,7 +67,8 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size();
   const std::string data = shared_data(world);
-  const auto [arch, stage, offload, offload_params, bf16_reduce, fraction] = GetParam();
+  const auto [arch, stage, offload, offload_params, bf16_reduce, fraction, params_fraction] =
+      GetParam();
   // Gradients summed in bf16 (8 bits of mantissa) on several ranks follow the fp32 run closely,
   // not to fp32 rounding.
   const bool rounded = bf16_reduce && dp > 1;
@@ -73,8 +79,9 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   const apps::TrainSummary expected = reference.train();
 
   apps::Trainer trainer(
-      config(data, arch, dp, stage, "dp", offload, offload_params, bf16_reduce, fraction), nullptr,
-      &world);
+      config(data, arch, dp, stage, "dp", offload, offload_params, bf16_reduce, fraction,
+             params_fraction),
+      nullptr, &world);
   EXPECT_NE(trainer.plan().find("mesh: {data: " + std::to_string(dp) + ","), std::string::npos)
       << trainer.plan();
   EXPECT_NE(trainer.plan().find("zero: {stage: " + std::to_string(stage) + ","), std::string::npos);
@@ -132,8 +139,17 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     wire_halves = stage >= 2 ? U0 + W : P;
     if (stage >= 2) grads -= W;
   }
+  // Parameter offload: the shard's last HP states live on the host (all at params_fraction 1).
+  const std::size_t HP = offload_params ? core::offloaded_states(S, params_fraction) : 0;
+  if (params_fraction < 1.0) {
+    EXPECT_GT(HP, 0u);
+    EXPECT_LT(HP, S) << "a fraction must split the shard";
+    EXPECT_EQ(dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store())
+                  .host_param_states(),
+              HP);
+  }
   if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
-    params = (offload_params ? 0 : S) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
+    params = (S - HP) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
   }
   // Offloaded: the shard's last H states keep their moments, gradients and parameters on the
   // host; the others' moments stay on the device (all of them move at fraction 1).
@@ -145,7 +161,7 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   }
   if (offload) {
     optimizer = 2 * (S - H);
-    offloaded = 4 * H;  // moments, gradient shard, parameter shard
+    offloaded = 4 * H;  // moments, gradient shard, parameter shard (host copy or home)
   }
   EXPECT_EQ(mem.current(core::MemCategory::parameters), 4 * params);
   EXPECT_EQ(mem.current(core::MemCategory::gradients), 4 * grads + 2 * wire_halves);
@@ -161,13 +177,24 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   if (offload) {
     const auto& off = trainer.optimizer().offload_stats();
     const uint64_t shard_bytes = 4 * S;
+    // Stages 2-3: every unit's offloaded gradients went down as its last reduction completed (no
+    // pipeline or sequence split here changes them after backward), none in the step itself.
+    EXPECT_EQ(off.early_to_host_bytes, stage >= 2 ? steps * 4 * H : 0u);
     if (offload_params) {
-      // Gradient shard down each step; every gather (2 per micro-batch, 1 for the weights
-      // gathered at the end of train) uploads this rank's slices, but backward's skips the
-      // embeddings (the LM head ran its backward in forward).
-      EXPECT_EQ(off.to_host_bytes, steps * shard_bytes);
-      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * shard_bytes -
-                                         steps * micro * 4 * uint64_t(U0) / dp);
+      // Gradient shard and the device part of the parameter shard down each step, that part
+      // back up; every gather (2 per micro-batch, 1 for the weights gathered at the end of
+      // train, 1 for the snapshot above) uploads the host part of this rank's slice of the unit,
+      // but backward's skips the embeddings (the LM head ran its backward in forward).
+      auto uploaded = [&](std::size_t u) {  // bytes: slice u's states at or past S - HP
+        const std::size_t begin = units[u].begin / dp, end = begin + units[u].size() / dp;
+        return uint64_t(4 * (end - std::min(end, std::max(begin, S - HP))));
+      };
+      uint64_t every_unit = 0;
+      for (std::size_t u = 0; u < units.size(); ++u) every_unit += uploaded(u);
+      if (params_fraction == 1.0) EXPECT_EQ(every_unit, shard_bytes);
+      EXPECT_EQ(off.to_host_bytes, steps * (shard_bytes + 4 * (S - HP)));
+      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * every_unit -
+                                         steps * micro * uploaded(0) + steps * 4 * (S - HP));
     } else {
       // Only the offloaded states' gradients and parameters travel.
       EXPECT_EQ(off.to_host_bytes, steps * 2 * 4 * H);
@@ -237,13 +264,19 @@ INSTANTIATE_TEST_SUITE_P(
                       // inside a unit's slice.
                       Param{"gpt2", 1, true, false, false, 0.5},
                       Param{"gpt2", 2, true, false, false, 0.3},
-                      Param{"opt", 3, true, false, false, 0.5}),
+                      Param{"opt", 3, true, false, false, 0.5},
+                      // A share of the parameter shard offloaded (the rest on the device).
+                      Param{"gpt2", 3, true, true, false, 1.0, 0.5},
+                      Param{"opt", 3, true, true, false, 1.0, 0.2}),
     [](const auto& info) {
       return info.param.arch + "_zero" + std::to_string(info.param.stage) +
              (info.param.offload ? "_offload" : "") + (info.param.offload_params ? "_params" : "") +
              (info.param.bf16_reduce ? "_bf16reduce" : "") +
              (info.param.offload_fraction < 1.0
                   ? "_share" + std::to_string(int(info.param.offload_fraction * 100))
+                  : "") +
+             (info.param.params_fraction < 1.0
+                  ? "_paramshare" + std::to_string(int(info.param.params_fraction * 100))
                   : "");
     });
 
@@ -259,4 +292,67 @@ TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {
   }
 }
 
+}  // namespace
+
+namespace {
+// The sharded store's final listener (ZeRO-Offload's gradient copies during backward): in the
+// final pass each unit the sync allows is reported once, after its reduction completed, with this
+// rank's summed slice; other units and earlier micro-batches are not, and zero_gradients() starts
+// a new generation. Backward's order: unit 0 open throughout, the blocks from the last down.
+TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const int dp = world.size(), rank = world.rank();
+  const std::size_t q = std::size_t(dp) * 16;
+  const std::vector<core::ParamUnit> units = {{0, 2 * q}, {2 * q, 5 * q}, {5 * q, 6 * q},
+                                              {6 * q, 9 * q}};
+  for (const int stage : {2, 3}) {
+    core::MemoryTracker tracker;
+    zero::ShardedParameterStore store(units, 9 * q, stage, world, tracker);
+    store.set_final_units({true, true, false, true});
+    std::vector<std::pair<int, std::vector<float>>> heard;
+    store.set_final_listener([&](int unit, const float* slice) {
+      std::vector<float> values(store.slice_size(unit));
+      core::copy_to_host(values.data(), slice, values.size() * sizeof(float));
+      heard.emplace_back(unit, std::move(values));
+    });
+    store.zero_gradients();
+    const uint64_t generation = store.gradient_generation();
+    // Rank r adds (r + 1) * (micro + 1) * (element + 1) to each element of a unit.
+    auto add = [&](float* grads, std::size_t n, int micro) {
+      std::vector<float> host(n);
+      core::copy_to_host(host.data(), grads, n * sizeof(float));
+      for (std::size_t e = 0; e < n; ++e) host[e] += float((rank + 1) * (micro + 1) * (e + 1));
+      core::copy_to_device(grads, host.data(), n * sizeof(float));
+    };
+    for (int micro = 0; micro < 2; ++micro) {
+      store.set_final_pass(micro == 1);
+      float* embeddings = store.gradients(0);
+      for (int u = 3; u >= 1; --u) {
+        add(store.gradients(u), units[u].size(), micro);
+        store.gradients_done(u);
+      }
+      add(embeddings, units[0].size(), micro);
+      store.gradients_done(0);
+      store.set_final_pass(false);
+      if (micro == 0) EXPECT_TRUE(heard.empty()) << "stage " << stage;
+    }
+    store.grad_shard();  // completes the reductions still in flight
+    std::vector<int> order;
+    for (const auto& [unit, values] : heard) order.push_back(unit);
+    std::sort(order.begin(), order.end());
+    EXPECT_EQ(order, (std::vector<int>{0, 1, 3})) << "stage " << stage;
+    // Element e of the unit summed over ranks and both micro-batches: (1 + 2) x dp(dp+1)/2 x
+    // (e + 1); this rank's slice starts at rank x slice.
+    const float ranks = float(dp * (dp + 1) / 2);
+    for (const auto& [unit, values] : heard) {
+      const std::size_t s = store.slice_size(unit);
+      ASSERT_EQ(values.size(), units[unit].size() / dp);
+      for (std::size_t i = 0; i < s; ++i) {
+        ASSERT_EQ(values[i], 3 * ranks * float(rank * s + i + 1)) << unit << " " << i;
+      }
+    }
+    store.zero_gradients();
+    EXPECT_EQ(store.gradient_generation(), generation + 1);
+  }
+}
 }  // namespace

@@ -1,6 +1,6 @@
 // parallel.zero.offload.policy: auto: the decisions from the memory plan for made-up device
 // sizes (fits: nothing; a little short: the fewest 64ths of the optimizer states; more: all of
-// them, then parameters too; impossible: an
+// them, then the fewest 64ths of the parameter shards too; impossible: an
 // error naming the categories), the 2d grid's optimizer offload, the static policy untouched, and
 // the keys' validation.
 #include <gtest/gtest.h>
@@ -31,10 +31,12 @@ io::Config config(int zero_stage, const std::string& extra = "") {
 }
 
 // The worst rank's device bytes with the given flags, as the planner predicts them.
-double need(io::Config c, bool opt, bool params, double fraction = 1.0) {
+double need(io::Config c, bool opt, bool params, double fraction = 1.0,
+            double params_fraction = 1.0) {
   c.parallel.offload_optimizer = opt;
   c.parallel.offload_params = params;
   c.parallel.offload_fraction = fraction;
+  c.parallel.offload_params_fraction = params_fraction;
   double worst = 0;
   for (int r = 0; r < c.parallel.world_size(); ++r) {
     worst = std::max(worst, rank_memory(c, r).device());
@@ -82,10 +84,31 @@ TEST(OffloadPolicy, DecidesFromTheMemoryPlanAndTheDeviceSize) {
   EXPECT_EQ(d.fraction, 1.0);
   EXPECT_EQ(d.device_bytes, opt);
   EXPECT_NE(d.describe().find("optimizer states to the host"), std::string::npos);
-  // Much too big: the parameters too.
+  // Too big for that: all of the optimizer state and the fewest 64ths of each parameter shard
+  // (one fewer does not fit), down to the whole shard.
+  ASSERT_GT(opt, need(c, true, true, 1.0, 1.0 / kOffloadChunks));
   d = decide_offload(c, opt - 1);
-  EXPECT_TRUE(d.optimizer);
-  EXPECT_TRUE(d.params);
+  EXPECT_TRUE(d.optimizer && d.params);
+  EXPECT_EQ(d.fraction, 1.0);
+  EXPECT_EQ(d.params_fraction, 1.0 / kOffloadChunks);
+  EXPECT_EQ(d.device_bytes, need(c, true, true, 1.0, 1.0 / kOffloadChunks));
+  EXPECT_NE(d.describe().find("optimizer states and 1 of 64 chunks of each rank's parameter "
+                              "shard (parallel.zero.offload.params_fraction 0.015625)"),
+            std::string::npos) << d.describe();
+  for (double cap : {opt - (opt - both) / 4, (opt + both) / 2, both + (opt - both) / 10}) {
+    d = decide_offload(c, cap);
+    const int chunks = int(std::lround(d.params_fraction * kOffloadChunks));
+    EXPECT_TRUE(d.optimizer && d.params);
+    EXPECT_EQ(d.fraction, 1.0);
+    EXPECT_GT(chunks, 1);
+    EXPECT_LT(chunks, kOffloadChunks);
+    EXPECT_LE(d.device_bytes, cap);
+    EXPECT_EQ(d.device_bytes, need(c, true, true, 1.0, d.params_fraction));
+    EXPECT_GT(need(c, true, true, 1.0, double(chunks - 1) / kOffloadChunks), cap) << chunks;
+  }
+  d = decide_offload(c, both);
+  EXPECT_TRUE(d.optimizer && d.params);
+  EXPECT_EQ(d.params_fraction, 1.0);
   EXPECT_EQ(d.device_bytes, both);
   EXPECT_NE(d.describe().find("optimizer states and parameters to the host"), std::string::npos);
   // Two ranks sharing the device need twice the room.
@@ -96,7 +119,8 @@ TEST(OffloadPolicy, DecidesFromTheMemoryPlanAndTheDeviceSize) {
     EXPECT_EQ(d.device_bytes, 2 * need(c, true, false, d.fraction));
     EXPECT_LE(d.device_bytes, none * 1.5);
   } else {
-    EXPECT_EQ(d.device_bytes, 2 * both);
+    EXPECT_TRUE(d.params);
+    EXPECT_EQ(d.device_bytes, 2 * need(c, true, true, 1.0, d.params_fraction));
   }
   // Impossible: the error names the device's categories, the capacity and what would help.
   try {
@@ -246,13 +270,21 @@ TEST(OffloadPolicy, KeysAreValidated) {
     return std::string("accepted");
   };
   EXPECT_EQ(offload("optimizer: true, optimizer_fraction: 0.25"), "accepted");
+  EXPECT_EQ(offload("optimizer: true, params: true, params_fraction: 0.25"), "accepted");
   for (const auto& [keys, want] : std::vector<std::pair<std::string, std::string>>{
            {"optimizer: true, optimizer_fraction: 0", "parallel.zero.offload.optimizer_fraction"},
            {"optimizer: true, optimizer_fraction: 1.5",
             "parallel.zero.offload.optimizer_fraction"},
            {"optimizer_fraction: 0.5", "with parallel.zero.offload.optimizer = false"},
            {"optimizer: true, params: true, optimizer_fraction: 0.5",
-            "with parallel.zero.offload.params = true"}}) {
+            "with parallel.zero.offload.params = true"},
+           // A share of the parameter shard: in (0, 1], with the parameters offloaded.
+           {"optimizer: true, params: true, params_fraction: 0",
+            "parallel.zero.offload.params_fraction"},
+           {"optimizer: true, params: true, params_fraction: 2",
+            "parallel.zero.offload.params_fraction"},
+           {"optimizer: true, params_fraction: 0.5",
+            "0.5 with parallel.zero.offload.params = false"}}) {
     const std::string got = offload(keys);
     EXPECT_NE(got.find(want), std::string::npos) << keys << ": " << got;
   }

@@ -148,6 +148,7 @@ struct Layout {
   std::string layers = "[]";
   int chunks = 1;
   int recompute_every = 0;  // activation checkpointing
+  bool offload = false;     // parallel.zero.offload.optimizer (ZeRO >= 1)
 };
 
 io::Config config(const std::string& data, const Layout& l, bool parallel, const std::string& run) {
@@ -166,7 +167,8 @@ io::Config config(const std::string& data, const Layout& l, bool parallel, const
                       ", pipeline: {size: " + std::to_string(l.pipeline) + ", schedule: " +
                       l.schedule + ", layers: " + l.layers + ", chunks: " +
                       std::to_string(l.chunks) + "}, zero: {stage: " +
-                      std::to_string(l.stage) + "}, bucket_mb: 0.01}\n"
+                      std::to_string(l.stage) +
+                      (l.offload ? ", offload: {optimizer: true}" : "") + "}, bucket_mb: 0.01}\n"
                 : std::string()) +
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -222,6 +224,14 @@ TEST_P(Pipeline, TrainsTheSingleRankModel) {
   EXPECT_EQ(pp.stats().recv.calls, sends);
 
   test::expect_same_weights(trainer, reference);
+  if (layout.offload && layout.stage >= 2) {
+    // The offloaded gradients go down during backward, but the tied embedding's unit 0 (summed
+    // over the first and last stage after backward), which waits for the step on both stages.
+    const auto& off = trainer.optimizer().offload_stats();
+    const uint64_t gradients = off.to_host_bytes / 2;  // the other half: parameters
+    EXPECT_GT(off.early_to_host_bytes, 0u);
+    if (layout.arch != "llama") EXPECT_LT(off.early_to_host_bytes, gradients);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -242,7 +252,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // LLaMA (untied lm_head on the last stage): 1F1B, with ZeRO-3 and data,
                       // with tensor parallelism and recompute.
                       Layout{"llama", 2, "1f1b"}, Layout{"llama", 2, "1f1b", 2, 1, 1, 3},
-                      Layout{"llama", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1}),
+                      Layout{"llama", 2, "1f1b", 1, 2, 1, 0, "[]", 1, 1},
+                      // ZeRO-2 with the optimizer offloaded (copies during backward).
+                      Layout{"gpt2", 2, "1f1b", 2, 1, 1, 2, "[]", 1, 0, true}),
     [](const auto& info) {
       const Layout& l = info.param;
       std::string name = l.arch + "_pp" + std::to_string(l.pipeline) + "_" + l.schedule;
@@ -253,6 +265,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (l.layers != "[]") name += "_given";
       if (l.chunks > 1) name += "_chunks" + std::to_string(l.chunks);
       if (l.recompute_every > 0) name += "_recompute";
+      if (l.offload) name += "_offload";
       return name;
     });
 

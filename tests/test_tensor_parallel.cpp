@@ -30,6 +30,7 @@ struct Layout {
   bool split = false;       // parallel.tensor.sequence_split
   int sequence = 1;         // parallel.sequence (ring self-attention)
   bool bf16 = false;        // train.precision: bf16 (emulated here), bf16-saved operands
+  bool offload = false;     // parallel.zero.offload.optimizer (ZeRO >= 1)
 };
 
 io::Config config(const std::string& data, const Layout& l, int tensor, int dp, int sequence,
@@ -47,6 +48,8 @@ io::Config config(const std::string& data, const Layout& l, int tensor, int dp, 
       ", sequence_split: " + (l.split && tensor > 1 ? "true" : "false") + "}, sequence: " +
       std::to_string(sequence) + ", zero: {stage: " +
       std::to_string(tensor > 1 || dp > 1 || sequence > 1 ? l.stage : 0) +
+      (l.offload && (tensor > 1 || dp > 1 || sequence > 1) ? ", offload: {optimizer: true}"
+                                                           : "") +
       "}, bucket_mb: 0.01}\n"
       "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
       (std::filesystem::temp_directory_path() / ("colossal_" + run)).string() + "}\n";
@@ -153,6 +156,13 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
 
   // Final weights: the logical tensors (padding rows dropped) against the single-rank model.
   if (!layout.bf16) test::expect_same_weights(trainer, reference);
+  if (layout.offload) {
+    // Under sequence_split reduce() still sums the layernorms' partial gradients after backward,
+    // so no offloaded gradient goes down during backward: all of them in the step.
+    const auto& off = trainer.optimizer().offload_stats();
+    EXPECT_GT(off.to_host_bytes, 0u);
+    EXPECT_EQ(off.early_to_host_bytes, layout.split ? 0u : off.to_host_bytes / 2);
+  }
 
   // Activation memory per rank: with t tensor ranks, per block 3 (B,T,C) tensors (ln1, mid, ln2)
   // and 4 per-token statistics stay whole, divided by t only under sequence_split (s = t then,
@@ -216,14 +226,18 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, 1, 0, 200, 16, false, 1, true},
                       Layout{"opt", 2, 1, 0, 200, 16, true, 1, true},
                       Layout{"llama", 1, 1, 0, 200, 16, false, 2, true},
-                      Layout{"gpt2", 2, 2, 2, 200, 16, false, 1, true}),
+                      Layout{"gpt2", 2, 2, 2, 200, 16, false, 1, true},
+                      // ZeRO-2 with the optimizer offloaded: the gradients' copies wait for
+                      // the sequence-split sums, or go down during backward without them.
+                      Layout{"gpt2", 2, 2, 2, 200, 16, true, 1, false, true},
+                      Layout{"opt", 2, 2, 2, 200, 16, false, 1, false, true}),
     [](const auto& info) {
       const Layout& l = info.param;
       return l.arch + "_tp" + std::to_string(l.tensor) + "_sp" + std::to_string(l.sequence) +
              (l.data > 1 ? "_dp" + std::to_string(l.data) + "_zero" + std::to_string(l.stage)
                          : std::string()) +
              (l.vocab == 50257 ? "_vocab50257" : "") + (l.split ? "_sequence_split" : "") +
-             (l.bf16 ? "_bf16" : "");
+             (l.bf16 ? "_bf16" : "") + (l.offload ? "_offload" : "");
     });
 
 }  // namespace

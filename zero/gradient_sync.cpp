@@ -38,6 +38,13 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
   }
   if (pipeline_.stages != nullptr && pipeline_.stages->size() == 1) pipeline_ = {};
   const std::size_t flat_size = store.flat_size();
+  if (sharded_ != nullptr && !options.counted_ranges) {
+    // The units backward leaves final (set_overlap): reduce() still sums the tied embedding over
+    // the first and last stage, and the layernorms' partial sums under sequence_split.
+    std::vector<bool> final(store.units().size(), !(options.sequence_split && tp_ != nullptr));
+    if (pipeline_.tied != nullptr) final[0] = false;
+    sharded_->set_final_units(std::move(final));
+  }
   if (full_ != nullptr) {
     full_->set_gradients_ready_hook([this](std::size_t offset) { gradients_ready(offset); });
     const auto bucket_floats =

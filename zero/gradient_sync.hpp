@@ -76,8 +76,14 @@ class GradientSync {
   GradientSync& operator=(const GradientSync&) = delete;
 
   // Stages 0-1: whether buckets start reducing as soon as backward finishes them (set for the
-  // step's last micro-batch; earlier micro-batches only accumulate).
-  void set_overlap(bool on) { overlap_ = on; }
+  // step's last micro-batch; earlier micro-batches only accumulate). Stages 2-3: the store's final
+  // pass (ShardedParameterStore::set_final_pass): units whose gradients reduce() leaves as they
+  // are (all but the tied embedding's unit 0 on a pipeline, none under sequence_split) are final
+  // as their reductions complete, so the optimizer's offload copies can start during backward.
+  void set_overlap(bool on) {
+    overlap_ = on;
+    if (sharded_ != nullptr) sharded_->set_final_pass(on);
+  }
   // Sums the gradients over the data-parallel group (stages 0-1: buckets not started yet start
   // now, then all are waited for; stages 2-3: already reduced during backward), sums the tied
   // embedding and the sequence partial sums, and returns the global gradient norm, identical on

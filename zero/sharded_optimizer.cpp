@@ -27,7 +27,10 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
     store_ = full_;
   } else {
     own_sharded_ = std::make_unique<ShardedParameterStore>(std::move(units), flat_size, stage_, dp,
-                                                           tracker, options.offload_params,
+                                                           tracker,
+                                                           options.offload_params
+                                                               ? options.offload_params_fraction
+                                                               : 0.0,
                                                            options.bf16_reduce);
     sharded_ = own_sharded_.get();
     store_ = sharded_;
@@ -78,6 +81,11 @@ void ShardedAdamW::check_options(const OptimizerOptions& options, std::size_t fl
   if (!(options.offload_fraction > 0.0 && options.offload_fraction <= 1.0)) {
     throw std::invalid_argument("parallel.zero.offload.optimizer_fraction " +
                                 std::to_string(options.offload_fraction) +
+                                " is not in (0, 1]");
+  }
+  if (!(options.offload_params_fraction > 0.0 && options.offload_params_fraction <= 1.0)) {
+    throw std::invalid_argument("parallel.zero.offload.params_fraction " +
+                                std::to_string(options.offload_params_fraction) +
                                 " is not in (0, 1]");
   }
   if (options.offload_params && options.offload_fraction < 1.0) {
@@ -132,6 +140,10 @@ void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
   }
   if (offload_) {
     copies_ = std::make_unique<core::CopyQueue>();
+    if (stage_ >= 2) {
+      sharded_->set_final_listener(
+          [this](int unit, const float* slice) { fetch_unit_gradients(unit, slice, true); });
+    }
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
     if (!options.offload_params) {
       host_params_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
@@ -185,8 +197,14 @@ void ShardedAdamW::set_state(int which, const std::vector<float>& values) {
 
 std::vector<float> ShardedAdamW::owned_parameters() {
   std::vector<float> host(stage_ == 0 ? padded_ : shard_size_);
-  if (stage_ == 3) {
-    core::copy_to_host(host.data(), sharded_->param_shard(), host.size() * sizeof(float));
+  if (stage_ == 3) {  // the device part, then the host part (parameter offload)
+    const std::size_t on_host = sharded_->host_param_states(), split = host.size() - on_host;
+    if (split > 0) {
+      core::copy_to_host(host.data(), sharded_->param_shard(), split * sizeof(float));
+    }
+    if (on_host > 0) {
+      std::copy_n(sharded_->host_param_shard() + split, on_host, host.data() + split);
+    }
     return host;
   }
   // Stages 0-2 hold the whole flat buffer.
@@ -203,7 +221,9 @@ std::vector<std::pair<float*, std::size_t>> ShardedAdamW::offloaded_pieces() {
   if (stage_ == 1) {
     pieces.emplace_back(full_->full_params() + shard_begin_ + split, host_states_);
   } else if (stage_ == 3) {
-    pieces.emplace_back(sharded_->param_shard() + split, host_states_);
+    // With parameter offload every state is offloaded (split 0) and only the device part moves.
+    const std::size_t n = host_states_ - sharded_->host_param_states();
+    if (n > 0) pieces.emplace_back(sharded_->param_shard() + split, n);
   } else {
     for (const auto& [begin, end] : host_ranges_) {
       pieces.emplace_back(sharded_->full_params() + begin, end - begin);
@@ -212,39 +232,68 @@ std::vector<std::pair<float*, std::size_t>> ShardedAdamW::offloaded_pieces() {
   return pieces;
 }
 
-void ShardedAdamW::fetch_offloaded() {
-  const std::size_t split = shard_size_ - host_states_;
-  const std::size_t bytes = host_states_ * sizeof(float);
-  const float* grads =
-      stage_ == 1 ? full_->full_grads() + shard_begin_ : sharded_->grad_shard();
-  copies_->to_host(host_grads_.data(), grads + split, bytes);
-  offload_stats_.to_host_bytes += bytes;
-  if (!(stage_ == 3 && sharded_->params_offloaded())) {  // else the shard is on the host already
-    std::size_t at = 0;
-    for (const auto& [ptr, n] : offloaded_pieces()) {
-      copies_->to_host(host_params_.data() + at, ptr, n * sizeof(float));
-      at += n;
-    }
-    offload_stats_.to_host_bytes += bytes;
+float* ShardedAdamW::host_params() {
+  return stage_ == 3 && sharded_->params_offloaded() ? sharded_->host_param_shard()
+                                                     : host_params_.data();
+}
+
+void ShardedAdamW::fetch_unit_gradients(int unit, const float* slice, bool early) {
+  const uint64_t generation = sharded_->gradient_generation();
+  if (fetched_generation_ != generation || fetched_.empty()) {  // a new step's gradients
+    fetched_.assign(sharded_->units().size(), false);
+    fetched_generation_ = generation;
   }
+  if (fetched_[std::size_t(unit)]) return;
+  fetched_[std::size_t(unit)] = true;
+  // The unit's slice is states [at, at + n) of the shard; the offloaded ones are [split, S).
+  const std::size_t split = shard_size_ - host_states_;
+  const std::size_t at = sharded_->slice_offset(unit), n = sharded_->slice_size(unit);
+  const std::size_t from = std::max(at, split);
+  if (from >= at + n) return;
+  const std::size_t bytes = (at + n - from) * sizeof(float);
+  copies_->to_host(host_grads_.data() + (from - split), slice + (from - at), bytes);
+  offload_stats_.to_host_bytes += bytes;
+  if (early) offload_stats_.early_to_host_bytes += bytes;
+}
+
+void ShardedAdamW::fetch_offloaded() {
+  if (stage_ == 1) {
+    const std::size_t split = shard_size_ - host_states_;
+    const std::size_t bytes = host_states_ * sizeof(float);
+    copies_->to_host(host_grads_.data(), full_->full_grads() + shard_begin_ + split, bytes);
+    offload_stats_.to_host_bytes += bytes;
+  } else {
+    // Completing the reductions in flight may finish units (the listener fetches them); the
+    // units not fetched during backward come down now.
+    const float* shard = sharded_->grad_shard();
+    for (std::size_t u = 0; u < sharded_->units().size(); ++u) {
+      fetch_unit_gradients(int(u), shard + sharded_->slice_offset(int(u)), false);
+    }
+  }
+  // The parameters that live on the device (with parameter offload, the rest are on the host).
+  float* host = host_params();
+  std::size_t at = 0;
+  for (const auto& [ptr, n] : offloaded_pieces()) {
+    copies_->to_host(host + at, ptr, n * sizeof(float));
+    at += n;
+  }
+  offload_stats_.to_host_bytes += at * sizeof(float);
   copies_->wait();
+  fetched_.clear();  // this step's gradients are all down
 }
 
 void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
                                     float grad_scale) {
-  if (stage_ == 3 && sharded_->params_offloaded()) {
-    // The parameter shard lives on the host: update it in place.
-    host_adamw_->update(sharded_->param_shard(), host_grads_.data(), hp, step, grad_scale);
-    return;
-  }
-  host_adamw_->update(host_params_.data(), host_grads_.data(), hp, step, grad_scale);
+  // In place where the parameters live on the host; the device's part goes back up.
+  float* host = host_params();
+  host_adamw_->update(host, host_grads_.data(), hp, step, grad_scale);
   std::size_t at = 0;
   for (const auto& [ptr, n] : offloaded_pieces()) {
-    copies_->to_device(ptr, host_params_.data() + at, n * sizeof(float));
+    copies_->to_device(ptr, host + at, n * sizeof(float));
     at += n;
   }
   copies_->wait();
-  offload_stats_.to_device_bytes += host_states_ * sizeof(float);
+  offload_stats_.to_device_bytes += at * sizeof(float);
 }
 
 void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_scale) {

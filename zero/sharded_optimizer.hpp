@@ -20,9 +20,15 @@
 // core::offloaded_states(shard, fraction) states do (Colossal-AI's offload_optim_frac): the first
 // ones keep their moments on the device, whose update is started first; the offloaded states'
 // copies run on a queue of their own (core::CopyQueue: a CUDA stream beside Kokkos') and the
-// host's update between them, so all of that runs beside the device's update. With parameter offload (stage 3, the whole shard) the parameter shard
-// itself lives in host memory: the update writes it in place and every gather uploads this rank's
-// slice. On a host-only build both sides are host memory.
+// host's update between them, so all of that runs beside the device's update. At stages 2-3 the
+// gradients do not wait for the step: each unit's offloaded gradients start down as soon as its
+// last micro-batch's reduce-scatter has completed (ShardedParameterStore's final listener), beside
+// the rest of backward, as ZeRO-Offload overlaps them; only the units the gradient sync still
+// changes after backward (zero::GradientSync::set_overlap) wait for the step. With parameter
+// offload (stage 3, all of the optimizer state on the host) the parameter shard's last
+// offload_params_fraction of states live in host memory: the update writes them in place (and
+// the device part goes down and back up as above), and every gather uploads this rank's slice's
+// host part. On a host-only build both sides are host memory.
 #pragma once
 
 #include <cstddef>
@@ -46,6 +52,8 @@ struct OptimizerOptions {
   bool offload_params = false;     // the parameter shard on the host (stage 3, with the above)
   double offload_fraction = 1.0;   // with offload_optimizer: the share of the shard's states
                                    // (its last ones) on the host; 1 with offload_params
+  double offload_params_fraction = 1.0;  // with offload_params: the share of the parameter shard
+                                         // (its last states) in host memory
   bool bf16_reduce = false;        // stages 2-3: gradients reduce-scattered as bf16
                                    // (parallel.grad_reduce: bf16)
 };
@@ -72,6 +80,9 @@ class ShardedAdamW {
 
   struct OffloadStats {
     uint64_t to_host_bytes = 0, to_device_bytes = 0;
+    // Of to_host_bytes: gradients copied as their unit became final in the last micro-batch's
+    // backward (stages 2-3), not in step().
+    uint64_t early_to_host_bytes = 0;
   };
   OffloadStats offload_stats() const;
 
@@ -101,10 +112,18 @@ class ShardedAdamW {
   // (after the device's update started); then AdamW on them on the host and the parameters back
   // (stages 1-3).
   void fetch_offloaded();
+  // Stages 2-3: starts copying unit `unit`'s offloaded gradients (its slice `slice` in the
+  // gradient shard) to the host on the copy queue, without waiting; `early`: from the store's
+  // final listener, during backward.
+  void fetch_unit_gradients(int unit, const float* slice, bool early);
   void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
-  // The offloaded states' parameters, where they live on the device (or, offload_params, the
-  // host's parameter shard): one range (stages 1, 3) or one slice of several units (stage 2).
+  // The offloaded states' parameters that live on the device, in state order from the first
+  // offloaded state: one range (stages 1, 3; stage 3 with parameter offload: the device part of
+  // the shard, maybe empty) or one slice of several units (stage 2).
   std::vector<std::pair<float*, std::size_t>> offloaded_pieces();
+  // The host's copy of the offloaded states' parameters, in state order: host_params_, or with
+  // parameter offload the store's host shard (where the host part lives).
+  float* host_params();
 
   int stage_;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
@@ -128,6 +147,10 @@ class ShardedAdamW {
   std::vector<std::pair<std::size_t, std::size_t>> device_ranges_, host_ranges_;
   core::DeviceArray<float> host_grads_, host_params_;  // offload: the offloaded states' copies
   std::unique_ptr<core::CopyQueue> copies_;  // offload: their transfers, beside the kernels
+  // Stages 2-3: the units whose offloaded gradients went down during backward, and the store's
+  // gradient generation they belong to.
+  std::vector<bool> fetched_;
+  uint64_t fetched_generation_ = 0;
   OffloadStats offload_stats_;
 };
 

@@ -16,18 +16,18 @@ namespace k = core::kernels;
 ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
                                              std::size_t flat_size, int stage,
                                              parallel::Communicator& dp,
-                                             core::MemoryTracker& tracker, bool offload_params,
-                                             bool bf16_reduce)
+                                             core::MemoryTracker& tracker,
+                                             double offload_params, bool bf16_reduce)
     : ParameterStore(std::move(units), flat_size),
       stage_(stage),
       dp_(dp),
       ranks_(dp.size()),
       rank_(dp.rank()),
-      offload_params_(offload_params) {
+      offload_params_(offload_params > 0.0) {
   if (stage != 2 && stage != 3) {
     throw std::invalid_argument("sharded parameter store for ZeRO stage " + std::to_string(stage));
   }
-  if (offload_params && stage != 3) {
+  if (offload_params_ && stage != 3) {
     throw std::invalid_argument("parameter offload needs ZeRO stage 3");
   }
   std::size_t widest = 0;
@@ -43,8 +43,12 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
   if (stage == 2) {
     params_ = core::DeviceArray<float>(tracker, MemCategory::parameters, flat_size);
   } else {
-    shard_ = core::DeviceArray<float>(
-        tracker, offload_params ? MemCategory::offloaded : MemCategory::parameters, shard_size());
+    host_states_ = offload_params_ ? core::offloaded_states(shard_size(), offload_params) : 0;
+    shard_ = core::DeviceArray<float>(tracker, MemCategory::parameters,
+                                      shard_size() - host_states_);
+    if (offload_params_) {
+      host_shard_ = core::DeviceArray<float>(tracker, MemCategory::offloaded, shard_size());
+    }
     if (!direct()) {
       param_work_[0] = core::DeviceArray<float>(tracker, MemCategory::parameters, first);
       param_work_[1] = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
@@ -85,16 +89,33 @@ void ShardedParameterStore::take(int unit, int holders[2], const char* what) {
   holder = unit;
 }
 
+void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t n) {
+  const std::size_t split = shard_size() - host_states_;
+  const std::size_t on_device = at < split ? std::min(n, split - at) : 0;
+  if (on_device > 0) k::copy(device, shard_.data() + at, int64_t(on_device));
+  if (n > on_device) {
+    core::copy_to_device(device + on_device, host_shard_.data() + at + on_device,
+                         (n - on_device) * sizeof(float));
+    uploaded_bytes_ += (n - on_device) * sizeof(float);
+  }
+  dp_.fence_kernels_unless_ordered();  // a gather reads what the copy wrote
+}
+
+void ShardedParameterStore::shard_from(const float* device, std::size_t at, std::size_t n) {
+  const std::size_t split = shard_size() - host_states_;
+  const std::size_t on_device = at < split ? std::min(n, split - at) : 0;
+  if (on_device > 0) k::copy(shard_.data() + at, device, int64_t(on_device));
+  core::fence_kernels();
+  if (n > on_device) {
+    core::copy_to_host(host_shard_.data() + at + on_device, device + on_device,
+                       (n - on_device) * sizeof(float));
+  }
+}
+
 float* ShardedParameterStore::own_slice(int unit, float* work) {
   const std::size_t s = slice(unit);
   float* own = work + rank_ * s;
-  if (offload_params_) {
-    core::copy_to_device(own, shard_.data() + shard_offset(unit), s * sizeof(float));
-    uploaded_bytes_ += s * sizeof(float);
-  } else {
-    k::copy(own, shard_.data() + shard_offset(unit), int64_t(s));
-    dp_.fence_kernels_unless_ordered();  // a gather reads what the copy wrote
-  }
+  shard_to(own, shard_offset(unit), s);
   return own;
 }
 
@@ -164,13 +185,7 @@ void ShardedParameterStore::commit(int unit) {
   if (stage_ == 2 || direct()) return;
   drop_prefetch();
   const std::size_t s = slice(unit);
-  const float* own = param_work_[slot(unit)].data() + rank_ * s;
-  if (offload_params_) {
-    core::copy_to_host(shard_.data() + shard_offset(unit), own, s * sizeof(float));
-  } else {
-    k::copy(shard_.data() + shard_offset(unit), own, int64_t(s));
-    core::fence_kernels();
-  }
+  shard_from(param_work_[slot(unit)].data() + rank_ * s, shard_offset(unit), s);
   release(unit);
 }
 
@@ -207,7 +222,9 @@ void ShardedParameterStore::finish_reduction(int sl) {
     k::add(shard, r.work + rank_ * s, int64_t(s));
   }
   core::fence_kernels();
+  const Reduction done = std::move(r);
   r = Reduction{};
+  if (done.final) final_listener_(done.unit, shard);
 }
 
 void ShardedParameterStore::finish_reductions() {
@@ -216,7 +233,13 @@ void ShardedParameterStore::finish_reductions() {
 }
 
 void ShardedParameterStore::gradients_done(int unit) {
-  if (ranks_ == 1) return;
+  if (ranks_ == 1) {  // accumulated in the shard itself: final now in the final pass
+    if (final_unit(unit)) {
+      core::fence_kernels();
+      final_listener_(unit, grad_shard_.data() + shard_offset(unit));
+    }
+    return;
+  }
   const int sl = slot(unit);
   if (grad_holder_[sl] != unit) {
     throw std::logic_error("ZeRO store: gradients_done of unit " + std::to_string(unit) +
@@ -233,11 +256,12 @@ void ShardedParameterStore::gradients_done(int unit) {
     std::uint16_t* wire = grad_wire_[sl].data();
     k::to_bf16(wire, work, int64_t(n));
     dp_.fence_kernels_unless_ordered();  // the collective reads what the kernel wrote
-    reducing_[sl] = Reduction{unit, nullptr, wire, dp_.start_reduce_scatter_sum_bf16({wire, n})};
+    reducing_[sl] = Reduction{unit, final_unit(unit), nullptr, wire,
+                              dp_.start_reduce_scatter_sum_bf16({wire, n})};
     return;
   }
   dp_.fence_kernels_unless_ordered();  // the collective reads what the kernels wrote
-  reducing_[sl] = Reduction{unit, work, nullptr,
+  reducing_[sl] = Reduction{unit, final_unit(unit), work, nullptr,
                             dp_.start_reduce_scatter_sum({work, n}, {work + rank_ * s, s})};
 }
 
@@ -256,6 +280,7 @@ std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_piec
 
 void ShardedParameterStore::zero_gradients() {
   finish_reductions();  // nothing in flight may add to the shard after it is cleared
+  ++generation_;
   core::zero(grad_shard_.data(), grad_shard_.size());
 }
 

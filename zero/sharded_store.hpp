@@ -21,8 +21,11 @@
 //            gathered as before and the prefetch is dropped. So parameter memory is the shard
 //            plus the embeddings and two blocks. A prefetch never outlives the parameters it
 //            read: param_shard(), begin_write() and commit() drop it first.
-//            With parameter offload the shard lives in host memory and each gather first copies
-//            this rank's slice to the device.
+//            With parameter offload the shard's last host_param_states() states live in host
+//            memory (all of them at offload.params_fraction 1) and each gather first uploads
+//            this rank's slice's part of them; the others stay in the device shard. The host
+//            shard holds all of the shard's states: its first ones are the optimizer's host copy
+//            of the device part (zero::ShardedAdamW refreshes them before its host update).
 // With one rank nothing is communicated: the shard is the flat buffer and gradients accumulate in
 // it directly. Gradients are reduced on every micro-batch (traffic per step is the accumulation
 // count times the gradient bytes), which is what frees the full gradient buffer.
@@ -30,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -41,9 +45,11 @@ namespace colossal::zero {
 
 class ShardedParameterStore : public core::ParameterStore {
  public:
+  // `offload_params` (stage 3): the share of the shard's states (its last ones,
+  // core::offloaded_states) that live in host memory; 0: none.
   ShardedParameterStore(std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
                         parallel::Communicator& dp, core::MemoryTracker& tracker,
-                        bool offload_params = false, bool bf16_reduce = false);
+                        double offload_params = 0.0, bool bf16_reduce = false);
 
   const float* gather(int unit) override;
   void release(int unit) override;
@@ -68,15 +74,39 @@ class ShardedParameterStore : public core::ParameterStore {
   }
   // Completes every reduce-scatter in flight and adds its slice to the gradient shard.
   void finish_reductions();
-  // Stage 3: the parameter shard (host memory when offloaded). The caller may write it: a
-  // prefetched unit is dropped first.
+  // Stage 3: the device's part of the parameter shard, its first shard_size() -
+  // host_param_states() states (all of them without parameter offload). The caller may write
+  // it: a prefetched unit is dropped first.
   float* param_shard() {
     drop_prefetch();
     return shard_.data();
   }
+  // Stage 3 with parameter offload: the host shard, shard_size() states in state order, of which
+  // the last host_param_states() are where those parameters live (the first ones: a host copy of
+  // the device part, for the optimizer); null without. Writable as param_shard().
+  float* host_param_shard() {
+    drop_prefetch();
+    return host_shard_.data();
+  }
   bool params_offloaded() const { return offload_params_; }
+  std::size_t host_param_states() const { return host_states_; }
   // Stage 2: all-gathers every unit in place from each rank's updated slice.
   void all_gather_params();
+
+  // Final gradients (ZeRO-Offload's copies during backward). While the final pass is on (the
+  // step's last micro-batch: zero::GradientSync::set_overlap), a unit in `units` (set_final_units;
+  // none by default) whose reduction is started is final once it completes: as soon as its slice
+  // is in the gradient shard (the kernels that added it waited for), listener(unit, slice) is
+  // called with the slice's first element in the shard. With one rank, when backward finishes the
+  // unit. zero_gradients() starts a new generation: a listener's copies of an older one are stale.
+  using FinalListener = std::function<void(int unit, const float* slice)>;
+  void set_final_listener(FinalListener listener) { final_listener_ = std::move(listener); }
+  void set_final_units(std::vector<bool> units) { final_units_ = std::move(units); }
+  void set_final_pass(bool on) { final_pass_ = on; }
+  uint64_t gradient_generation() const { return generation_; }
+  // Unit `unit`'s slice: its first state in the shard, and its length.
+  std::size_t slice_offset(int unit) const { return shard_offset(unit); }
+  std::size_t slice_size(int unit) const { return slice(unit); }
   // Stage 3 with parameter offload: bytes copied from the host shard to the device by gathers.
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
   // Stage 3 on several ranks: block-unit gathers served by a prefetch, and prefetches dropped
@@ -105,7 +135,14 @@ class ShardedParameterStore : public core::ParameterStore {
   int ranks_, rank_;
   bool offload_params_;
   core::DeviceArray<float> params_;         // stage 2: the whole flat buffer
-  core::DeviceArray<float> shard_;          // stage 3: this rank's parameter slices
+  // Stage 3: this rank's parameter slices in state order: the first shard_size() - host_states_
+  // on the device, the rest (parameter offload) in host_shard_ at the same state positions.
+  core::DeviceArray<float> shard_, host_shard_;
+  std::size_t host_states_ = 0;
+  // Copies states [at, at + n) of the shard to (upload) or from a device buffer, each part from
+  // where it lives.
+  void shard_to(float* device, std::size_t at, std::size_t n);
+  void shard_from(const float* device, std::size_t at, std::size_t n);
   core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
   core::DeviceArray<float> prefetch_work_;  // stage 3, several ranks: the block unit expected next
   int prefetched_ = -1;                     // the unit in prefetch_work_, -1: none
@@ -121,6 +158,7 @@ class ShardedParameterStore : public core::ParameterStore {
   core::DeviceArray<std::uint16_t> grad_wire_[2];
   struct Reduction {                        // a unit's reduce-scatter in flight
     int unit = -1;
+    bool final = false;                     // started in the final pass: tell the listener
     float* work = nullptr;                  // fp32: the work buffer reduced in place
     std::uint16_t* wire = nullptr;          // bf16: its copy reduced in place instead
     std::unique_ptr<parallel::PendingCollective> op;
@@ -128,6 +166,14 @@ class ShardedParameterStore : public core::ParameterStore {
   Reduction reducing_[2];                   // per slot
   int param_holder_[2] = {-1, -1}, grad_holder_[2] = {-1, -1};
   uint64_t uploaded_bytes_ = 0;
+  FinalListener final_listener_;
+  std::vector<bool> final_units_;
+  bool final_pass_ = false;
+  uint64_t generation_ = 0;
+  bool final_unit(int unit) const {
+    return final_pass_ && final_listener_ && std::size_t(unit) < final_units_.size() &&
+           final_units_[std::size_t(unit)];
+  }
 };
 
 }  // namespace colossal::zero
