@@ -59,8 +59,15 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
     return "global batch not a multiple of data x micro-batch";
   }
   if (std::string why = invalid_pipeline(spec, r); !why.empty()) return why;
-  if (r.zero_stage > 0 && r.data * r.sequence == 1) return "ZeRO needs data or sequence ranks";
+  // One data rank shards nothing: ZeRO there only to offload (ZeRO-Offload on one GPU).
+  if (r.zero_stage > 0 && r.data * r.sequence == 1 && !r.offload_optimizer) {
+    return "ZeRO needs data or sequence ranks (or offload)";
+  }
   if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
+  if (r.offload_params && (r.zero_stage != 3 || r.tensor_mode != core::TensorMode::d1 ||
+                           !r.offload_optimizer || r.offload_fraction < 1.0)) {
+    return "parameter offload needs ZeRO 3 in 1d with every optimizer chunk offloaded";
+  }
   return "";
 }
 
@@ -363,11 +370,17 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   for (const Shape& shape : shapes) {
     const bool d1 = shape.run.tensor_mode == core::TensorMode::d1;
     const int D = d1 ? shape.run.data * shape.run.sequence : 1;
-    for (int z = 0; z <= (options.zero && D > 1 ? 3 : 0); ++z) {
+    // One data rank (1d) shards nothing, so there a ZeRO stage only matters for what it
+    // offloads: stage 1 the optimizer states, stage 3 the parameter shard too. (The grids'
+    // ZeRO is not searched.)
+    const int top = !options.zero ? 0 : D > 1 ? 3 : options.offload && d1 ? 3 : 0;
+    for (int z = 0; z <= top; ++z) {
+      if (D == 1 && z == 2) continue;
       // This stage without offload: whether it fit, and whether only by recomputing (rotor).
       bool fits_kept = false, kept_recomputes = false;
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
+        if (D == 1 && z > 0 && !offload) continue;
         ++result.candidates;
         if (options.prune && shape.bound >= bar()) {
           ++result.pruned;
@@ -382,7 +395,23 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           return evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
                                options.memory_slots);
         };
-        const Plan plan = evaluate(1.0);
+        Plan plan = evaluate(1.0);
+        if (!plan.fits && offload && z == 3 && d1) {
+          // Not even with every optimizer chunk on the host: ZeRO 3 can move the parameter
+          // shards too, the fewest 64ths of them that fit (as offload.policy: auto does).
+          auto with_params = [&](int chunks) {
+            run.offload_params = true;
+            run.offload_params_fraction = core::offload_fraction(chunks);
+            return evaluate(1.0);
+          };
+          if (with_params(core::kOffloadChunks).fits) {
+            plan = with_params(core::fewest_offload_chunks(
+                [&](int k) { return with_params(k).fits; }));
+          } else {
+            run.offload_params = false;
+            run.offload_params_fraction = 1.0;
+          }
+        }
         if (!plan.fits) {
           ++result.infeasible;
           if (result.closest.memory.total() == 0.0 ||
@@ -435,15 +464,23 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
 }
 
 namespace {
-// " + offload", or " + offload 23/64" for a share of each shard's optimizer state.
+// " + offload", or " + offload 23/64" for a share of each shard's optimizer state; then
+// " + params" or " + params 51/64" for the parameter shards.
 std::string offload_text(const RunLayout& r) {
-  if (r.offload_fraction >= 1.0) return " + offload";
-  return " + offload " + std::to_string(core::offload_chunks(r.offload_fraction)) + "/" +
-         std::to_string(core::kOffloadChunks);
+  auto share = [](double fraction) {
+    return fraction >= 1.0 ? std::string()
+                           : " " + std::to_string(core::offload_chunks(fraction)) + "/" +
+                                 std::to_string(core::kOffloadChunks);
+  };
+  return " + offload" + share(r.offload_fraction) +
+         (r.offload_params ? " + params" + share(r.offload_params_fraction) : std::string());
 }
-// The optimizer_fraction key's value (it reads back exactly).
+// The optimizer_fraction and params_fraction keys' values (they read back exactly).
 std::string fraction_text(const RunLayout& r) {
   return core::format_number(r.offload_optimizer ? r.offload_fraction : 1.0);
+}
+std::string params_fraction_text(const RunLayout& r) {
+  return core::format_number(r.offload_params ? r.offload_params_fraction : 1.0);
 }
 }  // namespace
 
@@ -529,7 +566,8 @@ std::vector<std::string> plan_overrides(const Plan& p) {
       "parallel.zero.offload.optimizer=" + std::string(r.offload_optimizer ? "true" : "false"),
       "parallel.zero.offload.optimizer_fraction=" +
           fraction_text(r),
-      "parallel.zero.offload.params=false",
+      "parallel.zero.offload.params=" + std::string(r.offload_params ? "true" : "false"),
+      "parallel.zero.offload.params_fraction=" + params_fraction_text(r),
       "train.micro_batch=" + std::to_string(r.micro_batch),
       std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy)};
   if (p.policy == core::CheckpointPolicy::rotor) {
@@ -551,7 +589,8 @@ std::string plan_yaml(const Plan& p) {
       "parallel:\n  data: %d\n  tensor: {size: %d, mode: %s, depth: %d, sequence_split: %s}\n"
       "  sequence: %d\n"
       "  pipeline: {size: %d, layers: [%s], schedule: %s, chunks: %d}\n"
-      "  zero: {stage: %d, offload: {optimizer: %s, optimizer_fraction: %s, params: false}}\n"
+      "  zero: {stage: %d, offload: {optimizer: %s, optimizer_fraction: %s, params: %s, "
+      "params_fraction: %s}}\n"
       "  bucket_mb: %g\n"
       "  grad_reduce: %s\n"
       "checkpointing: {policy: %s%s}\n",
@@ -560,7 +599,8 @@ std::string plan_yaml(const Plan& p) {
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       r.pipeline > 1 ? layers.c_str() : "", parallel::pipeline_schedule_name(r.schedule), r.chunks,
       r.zero_stage, r.offload_optimizer ? "true" : "false",
-      fraction_text(r).c_str(), r.bucket_mb,
+      fraction_text(r).c_str(), r.offload_params ? "true" : "false",
+      params_fraction_text(r).c_str(), r.bucket_mb,
       r.bf16_reduce ? "bf16" : "fp32",
       core::checkpoint_policy_name(p.policy),
       p.policy == core::CheckpointPolicy::rotor
@@ -589,7 +629,8 @@ std::string plan_json(const Plan& p) {
       "\"sequence\": %d, \"pipeline\": %d, \"schedule\": \"%s\", \"chunks\": %d, \"layers\": [%s], "
       "\"micro_batch\": %d, \"micro_batches\": %d, \"zero_stage\": %d, \"offload_optimizer\": %s, "
       "\"offload_fraction\": %.17g, "
-      "\"offload_params\": false, \"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
+      "\"offload_params\": %s, \"offload_params_fraction\": %.17g, "
+      "\"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
       "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
       r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
@@ -597,7 +638,8 @@ std::string plan_json(const Plan& p) {
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
       parallel::pipeline_schedule_name(r.schedule), r.chunks, layers.c_str(), r.micro_batch,
       r.micro_batches(), r.zero_stage, r.offload_optimizer ? "true" : "false",
-      r.offload_optimizer ? r.offload_fraction : 1.0,
+      r.offload_optimizer ? r.offload_fraction : 1.0, r.offload_params ? "true" : "false",
+      r.offload_params ? r.offload_params_fraction : 1.0,
       core::checkpoint_policy_name(p.policy), schedules.c_str(),
       p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
       memory.c_str(), p.memory.total());

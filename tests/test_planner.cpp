@@ -213,6 +213,59 @@ TEST(Search, NothingFitsReportsTheClosest) {
 // of each shard's optimizer state on the host: on a GPU node the device's share updates beside
 // the host's, so that plan is faster than offloading everything, and one chunk fewer would not
 // fit. Its --set words carry the share.
+// One GPU (ZeRO-Offload on one device): a model whose optimizer states alone cannot leave enough
+// room is planned at ZeRO 3 with every optimizer chunk and the fewest 64ths of the parameter
+// shard on the host (as offload.policy: auto moves them), and the plan's words carry that share.
+TEST(Search, OneGpuOffloadsTheParameterShardsTheMemoryNeeds) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 8, 768, 12, 3072, 50304, 1024);
+  planner::Cluster cluster{planner::hardware_preset("h200"), 1};
+  planner::RunLayout one;
+  one.global_batch = 1;  // activations small against the state: no recomputation saves it
+  one.micro_batch = 1;
+  one.seq_len = 128;
+  one.layers = {8};
+  one.zero_stage = 3;
+  one.offload_optimizer = true;
+  const double optimizer = planner::evaluate_plan(spec, one, cluster).memory.device();
+  one.offload_params = true;
+  const double both = planner::evaluate_plan(spec, one, cluster).memory.device();
+  ASSERT_LT(both, optimizer);
+  cluster.hw.memory_bytes = both + 0.3 * (optimizer - both);
+  planner::SearchOptions options;
+  options.top = 50;
+  options.prune = false;
+  options.micro_batches = {1};
+  options.tensor_modes = false;
+  const auto r = planner::search_plans(spec, 1, 128, false, cluster, options);
+  ASSERT_FALSE(r.best.empty()) << "nothing fits: " << planner::format_plan(r.closest);
+  const planner::Plan& p = r.best.front();
+  EXPECT_EQ(p.run.zero_stage, 3);
+  EXPECT_TRUE(p.run.offload_optimizer);
+  EXPECT_EQ(p.run.offload_fraction, 1.0);
+  ASSERT_TRUE(p.run.offload_params) << planner::format_plan(p);
+  const int chunks = int(std::lround(p.run.offload_params_fraction * core::kOffloadChunks));
+  EXPECT_GT(chunks, 1);
+  EXPECT_LT(chunks, core::kOffloadChunks);
+  planner::RunLayout fewer = p.run;
+  fewer.offload_params_fraction = double(chunks - 1) / core::kOffloadChunks;
+  EXPECT_FALSE(planner::evaluate_plan(spec, fewer, cluster).fits);
+  EXPECT_NE(planner::format_plan(p).find(" + offload + params " + std::to_string(chunks) + "/64"),
+            std::string::npos) << planner::format_plan(p);
+  int carried = 0;
+  for (const std::string& word : planner::plan_overrides(p)) {
+    if (word == "parallel.zero.offload.params=true") ++carried;
+    const std::string key = "parallel.zero.offload.params_fraction=";
+    if (word.rfind(key, 0) == 0 && std::stod(word.substr(key.size())) == chunks / 64.0) ++carried;
+  }
+  EXPECT_EQ(carried, 2) << planner::format_plan(p);
+  EXPECT_NE(planner::plan_yaml(p).find("params: true, params_fraction: "), std::string::npos)
+      << planner::plan_yaml(p);
+  EXPECT_NE(planner::plan_json(p).find("\"offload_params\": true"), std::string::npos);
+  // Without offload the search has nothing to offer this device.
+  options.offload = false;
+  EXPECT_TRUE(planner::search_plans(spec, 1, 128, false, cluster, options).best.empty());
+}
+
 TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
   // One block of three heads: no pipeline or tensor split, so data and sequence ranks with ZeRO
   // are what fits; the embedding dominates the optimizer state.
