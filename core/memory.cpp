@@ -246,15 +246,22 @@ void order_after_kernels(void* stream) {
   if constexpr (kHostMemory) {
     fence_kernels();
   } else {
-    cudaEvent_t event = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate",
-               "order_after_kernels");
-    cudaError_t error = cudaEventRecord(event, Kokkos::Cuda().cuda_stream());
-    if (error == cudaSuccess) {
-      error = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event, 0);
+    // One event per thread, recorded again for each call: a wait already enqueued keeps the
+    // state the event had when it was enqueued.
+    thread_local struct Event {
+      cudaEvent_t event = nullptr;
+      ~Event() {
+        if (event != nullptr) cudaEventDestroy(event);
+      }
+    } kernels_done;
+    if (kernels_done.event == nullptr) {
+      check_cuda(cudaEventCreateWithFlags(&kernels_done.event, cudaEventDisableTiming),
+                 "cudaEventCreate", "order_after_kernels");
     }
-    // Released once the device has passed it; the wait above keeps its recorded state.
-    cudaEventDestroy(event);
+    cudaError_t error = cudaEventRecord(kernels_done.event, Kokkos::Cuda().cuda_stream());
+    if (error == cudaSuccess) {
+      error = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), kernels_done.event, 0);
+    }
     check_cuda(error, "cudaEventRecord / cudaStreamWaitEvent", "order_after_kernels");
   }
 }

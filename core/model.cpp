@@ -924,7 +924,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
       }
     });
     store_->release(bp.unit);
-    fence_kernels();
+    // No fence: the store orders what reads these gradients after the kernels (a fence for MPI
+    // and the staged path, NCCL's event; zero::GradientSync, zero::ShardedParameterStore).
     store_->gradients_done(bp.unit);
   }
   if (stage_.embeds) {
@@ -934,8 +935,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
                             spec_.position_offset() + position_begin_, vocab_begin_,
                             local_vocab_);
     });
-  }  // else input_gradient() goes to the previous stage
-  fence_kernels();
+  }  // else input_gradient() goes to the previous stage (the stage link fences first)
   if (GE != nullptr) store_->gradients_done(embed_unit_);
 }
 

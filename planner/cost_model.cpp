@@ -109,11 +109,11 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
 // `param_bytes` each, as zero::ShardedAdamW::step runs it: the device's update starts, and beside
 // it the host share's gradients and parameters come down on a copy stream of their own (the
 // parameters not where the shard lives on the host: params_on_host, its last params_fraction),
-// are updated on the host and go back up. The gradients' copies hide in `grads_window` seconds
-// of backward that ran beside them (ZeRO 2-3: they start as their units' reductions complete).
+// are updated on the host and go back up. `grads_hidden` seconds of the gradients' copies ran
+// beside backward (ZeRO 2-3: they start as their units' reductions complete).
 double optimizer_time(const HardwareSpec& hw, double states, double offloaded, double param_bytes,
                       bool params_on_host = false, double params_fraction = 1.0,
-                      double grads_window = 0.0) {
+                      double grads_hidden = 0.0) {
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double host = std::clamp(offloaded, 0.0, 1.0) * states;
   const double device = (states - host) * 28.0 / hw.optimizer_bandwidth;
@@ -128,7 +128,7 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded, d
                       : host) *
       param_bytes;
   const double down =
-      std::max(0.0, host * kF / hw.host_link_bandwidth - grads_window) +
+      std::max(0.0, host * kF / hw.host_link_bandwidth - grads_hidden) +
       moved / hw.host_link_bandwidth;
   const double up = moved / hw.host_link_bandwidth;
   return std::max(device, down + on_host + up);
@@ -690,6 +690,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                       (l.sequence_split && l.tensor > 1 ? l.tensor : 1);
   const int world = l.data * l.tensor * l.sequence * l.pipeline;
   double per_micro = 0.0, flat = 0.0, units = 0.0;
+  double late_units = 0.0;  // the first chunk's unit 0 and (several data ranks) first block
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -718,6 +719,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     t.micro_forward.push_back(forward);
     t.micro_backward.push_back(backward);
     const ChunkParams p = chunk_params(spec, l, chunk);
+    if (&chunk == &l.chunks.front()) {
+      late_units = p.first + (l.data * l.sequence > 1 ? p.widest : 0.0);
+    }
     flat += p.flat;
     units += p.units;
   }
@@ -776,14 +780,23 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   // Stages 2-3: the offloaded gradients go down during the last micro-batch's backward, each
   // unit's as its reduction completes (zero::ShardedAdamW), hidden as far as that backward lasts;
-  // not under sequence_split, whose partial sums reduce() still changes after backward.
-  double grads_window = 0.0;
-  if (l.offload_optimizer && l.zero_stage >= 2 && !(l.sequence_split && l.tensor > 1)) {
-    for (double b : t.micro_backward) grads_window += b;
+  // not the units whose reductions are still in flight when backward ends (unit 0, the
+  // embeddings, last; and on several data ranks the first block), which come down in the step,
+  // nor anything under sequence_split, whose partial sums reduce() still changes. The offloaded
+  // states are the shard's last, so those units (first in the shard) count only when the share
+  // reaches them.
+  double grads_hidden = 0.0;
+  if (l.offload_optimizer && l.zero_stage >= 2 && !(l.sequence_split && l.tensor > 1) &&
+      hw.host_link_bandwidth > 0) {
+    double window = 0.0;
+    for (double b : t.micro_backward) window += b;
+    const double host = double(core::offloaded_states(std::size_t(updated), l.offload_fraction));
+    const double late = std::max(0.0, late_units / D - (updated - host));
+    grads_hidden = std::min(window, std::max(0.0, host - late) * kF / hw.host_link_bandwidth);
   }
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
                                l.bf16 ? 2.0 : kF, l.offload_params, l.offload_params_fraction,
-                               grads_window);
+                               grads_hidden);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

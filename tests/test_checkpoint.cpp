@@ -341,6 +341,42 @@ void resumes_under_another_layout(const std::string& arch) {
 
 TEST(Checkpoint, ResumesUnderAnotherLayout) { resumes_under_another_layout("gpt2"); }
 
+// ZeRO-3 with every optimizer chunk and half of each parameter shard on the host: a checkpoint
+// taken there resumes under tensor parallelism, and one taken under tensor parallelism resumes
+// into it, with the losses of one uninterrupted rank (moments and parameters go through the
+// logical checkpoint wherever they live; the host shard's device copy is refreshed on load).
+TEST(Checkpoint, ResumesAcrossPartialParameterOffload) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string data = test::shared_training_text(world, "colossal_ckpt_data.txt", 99);
+  const std::string every = "checkpoint: {every: 4, resume: auto}\n";
+  auto offloaded = [&](const std::string& dir) {
+    io::Config c = config(data, dir, Layout{2, 1, 1, 3}, every);
+    c.parallel.offload_optimizer = true;
+    c.parallel.offload_params = true;
+    c.parallel.offload_params_fraction = 0.5;
+    return c;
+  };
+  const std::string dir = fresh_dir(world, "params_half");
+  apps::Trainer reference(config(data, dir + "/ref" + std::to_string(world.rank()), Layout{}),
+                          nullptr);
+  const apps::TrainSummary all = reference.train();
+  for (const bool into : {false, true}) {
+    const std::string run = dir + (into ? "/into" : "/out_of");
+    const io::Config tensor = config(data, run, Layout{1, 2, 1, 0}, every);
+    train_and_stop(into ? tensor : offloaded(run), world, 6);
+    apps::Trainer resumed(into ? offloaded(run) : tensor, nullptr, &world);
+    const apps::TrainSummary rest = resumed.train();
+    EXPECT_EQ(rest.first_step, 6);
+    ASSERT_EQ(rest.losses.size(), 4u);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_NEAR(rest.losses[i], all.losses[6 + i], 1e-5 * all.losses[6 + i])
+          << (into ? "into" : "out of") << " offload, step " << 7 + i;
+    }
+    test::expect_same_weights(resumed, reference);
+  }
+}
+
 // LLaMA's tensors (Hugging Face names, untied lm_head split by vocabulary rows under tensor
 // parallelism, grouped k/v) go through the same logical checkpoint.
 TEST(Checkpoint, ResumesLlamaUnderAnotherLayout) { resumes_under_another_layout("llama"); }

@@ -177,9 +177,18 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
   if (offload) {
     const auto& off = trainer.optimizer().offload_stats();
     const uint64_t shard_bytes = 4 * S;
-    // Stages 2-3: every unit's offloaded gradients went down as its last reduction completed (no
-    // pipeline or sequence split here changes them after backward), none in the step itself.
-    EXPECT_EQ(off.early_to_host_bytes, stage >= 2 ? steps * 4 * H : 0u);
+    // Stages 2-3: a unit's offloaded gradients went down during the last backward as soon as
+    // its reduction completed (no pipeline or sequence split here changes them after backward):
+    // on one rank every unit's; on several all but the two reductions still in flight when
+    // backward ended, the embeddings' (unit 0) and the first block's (unit 1), which come down
+    // in the step.
+    uint64_t early = 0;
+    for (std::size_t u = dp > 1 ? 2 : 0; u < units.size(); ++u) {
+      const std::size_t begin = units[u].begin / dp, end = begin + units[u].size() / dp;
+      early += 4 * (end - std::min(end, std::max(begin, S - H)));
+    }
+    EXPECT_EQ(off.early_to_host_bytes, stage >= 2 ? steps * early : 0u);
+    if (stage >= 2 && dp > 1 && H == S) EXPECT_LT(early, 4 * H);
     if (offload_params) {
       // Gradient shard and the device part of the parameter shard down each step, that part
       // back up; every gather (2 per micro-batch, 1 for the weights gathered at the end of
@@ -310,10 +319,12 @@ TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
     zero::ShardedParameterStore store(units, 9 * q, stage, world, tracker);
     store.set_final_units({true, true, false, true});
     std::vector<std::pair<int, std::vector<float>>> heard;
-    store.set_final_listener([&](int unit, const float* slice) {
+    std::vector<int> during(units.size(), -1);  // 1: reported during backward, 0: after it
+    store.set_final_listener([&](int unit, const float* slice, bool during_backward) {
       std::vector<float> values(store.slice_size(unit));
       core::copy_to_host(values.data(), slice, values.size() * sizeof(float));
       heard.emplace_back(unit, std::move(values));
+      during[std::size_t(unit)] = during_backward ? 1 : 0;
     });
     store.zero_gradients();
     const uint64_t generation = store.gradient_generation();
@@ -341,6 +352,10 @@ TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
     for (const auto& [unit, values] : heard) order.push_back(unit);
     std::sort(order.begin(), order.end());
     EXPECT_EQ(order, (std::vector<int>{0, 1, 3})) << "stage " << stage;
+    // One rank: each unit as backward finishes it. Several: unit 3's reduction completed while
+    // backward went on; the embeddings' and unit 1's were still in flight when it ended.
+    EXPECT_EQ(during, (dp == 1 ? std::vector<int>{1, 1, -1, 1} : std::vector<int>{0, 0, -1, 1}))
+        << "stage " << stage;
     // Element e of the unit summed over ranks and both micro-batches: (1 + 2) x dp(dp+1)/2 x
     // (e + 1); this rank's slice starts at rank x slice.
     const float ranks = float(dp * (dp + 1) / 2);
@@ -354,5 +369,60 @@ TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
     store.zero_gradients();
     EXPECT_EQ(store.gradient_generation(), generation + 1);
   }
+}
+}  // namespace
+
+namespace {
+// train.on_nonfinite: skip leaves a step's early gradient copies (the final listener's) unused:
+// the next step must not take them for its own. Two ZeRO-2 optimizers, one offloading, get the
+// same gradients: a skipped step's (no update; its gradients of the other sign) and then one
+// that updates, whose units are not final early (so only the generation tells the copies
+// apart); both must reach the same parameters.
+TEST(ShardedAdamWOffload, ASkippedStepsEarlyCopiesAreNotTakenForTheNext) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const int dp = world.size(), rank = world.rank();
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 2, 32, 4, 128, 64, 16);
+  const auto table = core::parameter_table(spec, std::size_t(dp) * 16);
+  const auto units = core::parameter_units(table, std::size_t(dp) * 16);
+  const std::size_t flat = units.back().end;
+  core::MemoryTracker t1, t2;
+  zero::ShardedAdamW plain(table, units, flat, world, t1, {.stage = 2});
+  zero::ShardedAdamW offload(table, units, flat, world, t2,
+                             {.stage = 2, .offload_optimizer = true});
+  std::vector<float> init(flat);
+  for (std::size_t i = 0; i < flat; ++i) init[i] = 0.01f * float(i % 97) - 0.4f;
+  auto backward = [&](zero::ShardedAdamW& opt, float sign, bool final) {
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(opt.store());
+    store.zero_gradients();
+    store.set_final_pass(final);
+    auto add = [&](float* grads, const core::ParamUnit& u) {
+      std::vector<float> host(u.size());
+      core::copy_to_host(host.data(), grads, host.size() * sizeof(float));
+      for (std::size_t e = 0; e < host.size(); ++e) {
+        host[e] += sign * float(rank + 1) * std::sin(0.37f * float(u.begin + e));
+      }
+      core::copy_to_device(grads, host.data(), host.size() * sizeof(float));
+    };
+    float* embeddings = store.gradients(0);
+    for (int u = int(units.size()) - 1; u >= 1; --u) {
+      add(store.gradients(u), units[std::size_t(u)]);
+      store.gradients_done(u);
+    }
+    add(embeddings, units[0]);
+    store.gradients_done(0);
+    store.set_final_pass(false);
+  };
+  for (zero::ShardedAdamW* opt : {&plain, &offload}) {
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(opt->store());
+    store.set_final_units(std::vector<bool>(units.size(), true));
+    core::copy_to_device(opt->store().full_params(), init.data(), flat * sizeof(float));
+    backward(*opt, -100.0f, true);  // the skipped step: copies made, no update
+    backward(*opt, 1.0f, false);    // the step that updates
+    opt->step(core::AdamWParams{.lr = 1e-2}, 1, 1.0f);
+  }
+  EXPECT_GT(offload.offload_stats().early_to_host_bytes, 0u) << "the skipped step copied early";
+  const std::vector<float> want = plain.owned_parameters(), got = offload.owned_parameters();
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-6) << i;
 }
 }  // namespace

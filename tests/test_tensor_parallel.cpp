@@ -158,10 +158,17 @@ TEST_P(TensorParallel, TrainsTheSingleRankModel) {
   if (!layout.bf16) test::expect_same_weights(trainer, reference);
   if (layout.offload) {
     // Under sequence_split reduce() still sums the layernorms' partial gradients after backward,
-    // so no offloaded gradient goes down during backward: all of them in the step.
+    // so no offloaded gradient goes down during backward: all of them in the step. Without it,
+    // all but the units still reducing when backward ended (the embeddings and the first block).
     const auto& off = trainer.optimizer().offload_stats();
-    EXPECT_GT(off.to_host_bytes, 0u);
-    EXPECT_EQ(off.early_to_host_bytes, layout.split ? 0u : off.to_host_bytes / 2);
+    const uint64_t gradients = off.to_host_bytes / 2;  // the other half: parameters
+    EXPECT_GT(gradients, 0u);
+    if (layout.split) {
+      EXPECT_EQ(off.early_to_host_bytes, 0u);
+    } else {
+      EXPECT_GT(off.early_to_host_bytes, 0u);
+      EXPECT_LT(off.early_to_host_bytes, gradients);
+    }
   }
 
   // Activation memory per rank: with t tensor ranks, per block 3 (B,T,C) tensors (ln1, mid, ln2)

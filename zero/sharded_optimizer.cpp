@@ -141,8 +141,9 @@ void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
   if (offload_) {
     copies_ = std::make_unique<core::CopyQueue>();
     if (stage_ >= 2) {
-      sharded_->set_final_listener(
-          [this](int unit, const float* slice) { fetch_unit_gradients(unit, slice, true); });
+      sharded_->set_final_listener([this](int unit, const float* slice, bool during_backward) {
+        fetch_unit_gradients(unit, slice, during_backward);
+      });
     }
     host_grads_ = core::DeviceArray<float>(tracker, core::MemCategory::offloaded, host_states_);
     if (!options.offload_params) {

@@ -80,8 +80,8 @@ class ShardedAdamW {
 
   struct OffloadStats {
     uint64_t to_host_bytes = 0, to_device_bytes = 0;
-    // Of to_host_bytes: gradients copied as their unit became final in the last micro-batch's
-    // backward (stages 2-3), not in step().
+    // Of to_host_bytes: gradients whose copies started during the last micro-batch's backward
+    // (stages 2-3), as their units became final; the rest start in step().
     uint64_t early_to_host_bytes = 0;
   };
   OffloadStats offload_stats() const;
@@ -113,8 +113,8 @@ class ShardedAdamW {
   // (stages 1-3).
   void fetch_offloaded();
   // Stages 2-3: starts copying unit `unit`'s offloaded gradients (its slice `slice` in the
-  // gradient shard) to the host on the copy queue, without waiting; `early`: from the store's
-  // final listener, during backward.
+  // gradient shard) to the host on the copy queue, without waiting; `early`: during backward
+  // (the store's final listener in its final pass).
   void fetch_unit_gradients(int unit, const float* slice, bool early);
   void offloaded_update(const core::AdamWParams& hp, int64_t step, float grad_scale);
   // The offloaded states' parameters that live on the device, in state order from the first

@@ -104,8 +104,10 @@ void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t 
 void ShardedParameterStore::shard_from(const float* device, std::size_t at, std::size_t n) {
   const std::size_t split = shard_size() - host_states_;
   const std::size_t on_device = at < split ? std::min(n, split - at) : 0;
-  if (on_device > 0) k::copy(shard_.data() + at, device, int64_t(on_device));
-  core::fence_kernels();
+  if (on_device > 0) {
+    k::copy(shard_.data() + at, device, int64_t(on_device));
+    core::fence_kernels();
+  }
   if (n > on_device) {
     core::copy_to_host(host_shard_.data() + at + on_device, device + on_device,
                        (n - on_device) * sizeof(float));
@@ -221,10 +223,12 @@ void ShardedParameterStore::finish_reduction(int sl) {
   } else {
     k::add(shard, r.work + rank_ * s, int64_t(s));
   }
-  core::fence_kernels();
   const Reduction done = std::move(r);
   r = Reduction{};
-  if (done.final) final_listener_(done.unit, shard);
+  if (done.final) {
+    core::fence_kernels();  // the listener's copy queue reads what the add wrote
+    final_listener_(done.unit, shard, final_pass_);
+  }
 }
 
 void ShardedParameterStore::finish_reductions() {
@@ -236,7 +240,7 @@ void ShardedParameterStore::gradients_done(int unit) {
   if (ranks_ == 1) {  // accumulated in the shard itself: final now in the final pass
     if (final_unit(unit)) {
       core::fence_kernels();
-      final_listener_(unit, grad_shard_.data() + shard_offset(unit));
+      final_listener_(unit, grad_shard_.data() + shard_offset(unit), true);
     }
     return;
   }

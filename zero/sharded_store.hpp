@@ -82,8 +82,9 @@ class ShardedParameterStore : public core::ParameterStore {
     return shard_.data();
   }
   // Stage 3 with parameter offload: the host shard, shard_size() states in state order, of which
-  // the last host_param_states() are where those parameters live (the first ones: a host copy of
-  // the device part, for the optimizer); null without. Writable as param_shard().
+  // the last host_param_states() are where those parameters live: writing them changes the
+  // parameters. The first ones are only the optimizer's host copy of the device part (writing
+  // them changes nothing until it copies them up). Null without parameter offload.
   float* host_param_shard() {
     drop_prefetch();
     return host_shard_.data();
@@ -96,10 +97,13 @@ class ShardedParameterStore : public core::ParameterStore {
   // Final gradients (ZeRO-Offload's copies during backward). While the final pass is on (the
   // step's last micro-batch: zero::GradientSync::set_overlap), a unit in `units` (set_final_units;
   // none by default) whose reduction is started is final once it completes: as soon as its slice
-  // is in the gradient shard (the kernels that added it waited for), listener(unit, slice) is
-  // called with the slice's first element in the shard. With one rank, when backward finishes the
-  // unit. zero_gradients() starts a new generation: a listener's copies of an older one are stale.
-  using FinalListener = std::function<void(int unit, const float* slice)>;
+  // is in the gradient shard (the kernels that added it waited for), listener(unit, slice,
+  // during_backward) is called with the slice's first element in the shard; during_backward is
+  // false for the reductions still in flight when backward ended, completed later (by
+  // grad_shard(): the last block's and the embeddings'). With one rank, when backward finishes
+  // the unit. zero_gradients() starts a new generation: a listener's copies of an older one are
+  // stale.
+  using FinalListener = std::function<void(int unit, const float* slice, bool during_backward)>;
   void set_final_listener(FinalListener listener) { final_listener_ = std::move(listener); }
   void set_final_units(std::vector<bool> units) { final_units_ = std::move(units); }
   void set_final_pass(bool on) { final_pass_ = on; }
