@@ -691,6 +691,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   const int world = l.data * l.tensor * l.sequence * l.pipeline;
   double per_micro = 0.0, flat = 0.0, units = 0.0;
   double late_units = 0.0;  // the first chunk's unit 0 and (several data ranks) first block
+  double first_unit = 0.0;  // the first chunk's unit 0 (the embeddings)
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -721,6 +722,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     const ChunkParams p = chunk_params(spec, l, chunk);
     if (&chunk == &l.chunks.front()) {
       late_units = p.first + (l.data * l.sequence > 1 ? p.widest : 0.0);
+      first_unit = p.first;
     }
     flat += p.flat;
     units += p.units;
@@ -771,12 +773,17 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                                                          : m * (forward + backward));
   }
   const double updated = l.zero_stage == 0 ? flat : flat / D;
-  // Parameter offload (ZeRO 3): every gather first uploads this rank's slice's host part, and a
-  // micro-batch gathers each unit twice (forward, backward), the host's thread waiting for it.
+  // Parameter offload (ZeRO 3): every gather first uploads this rank's slice's host part, the
+  // host's thread waiting for it. A micro-batch gathers each unit before its forward and again
+  // before its backward, but for the embeddings' unit 0 (first in the shard, so on the host only
+  // where the offloaded share reaches it), whose backward needs no parameters. Recomputed
+  // segments' extra gathers are not counted.
   if (l.offload_params && hw.host_link_bandwidth > 0) {
     const double uploaded =
         double(core::offloaded_states(std::size_t(updated), l.offload_params_fraction));
-    t.data_comm += m * 2.0 * uploaded * (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
+    const double embeddings = std::max(0.0, first_unit / D - (updated - uploaded));
+    t.data_comm +=
+        m * (2.0 * uploaded - embeddings) * (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
   }
   // Stages 2-3: the offloaded gradients go down during the last micro-batch's backward, each
   // unit's as its reduction completes (zero::ShardedAdamW), hidden as far as that backward lasts;
