@@ -935,7 +935,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
                             spec_.position_offset() + position_begin_, vocab_begin_,
                             local_vocab_);
     });
-  }  // else input_gradient() goes to the previous stage (the stage link fences first)
+  }  // else input_gradient() goes to the previous stage (the stage link orders its sends and
+     // receives after the kernels)
   if (GE != nullptr) store_->gradients_done(embed_unit_);
 }
 

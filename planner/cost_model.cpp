@@ -691,7 +691,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   const int world = l.data * l.tensor * l.sequence * l.pipeline;
   double per_micro = 0.0, flat = 0.0, units = 0.0;
   double late_units = 0.0;  // the first chunk's unit 0 and (several data ranks) first block
-  double first_unit = 0.0;  // the first chunk's unit 0 (the embeddings)
+  double unskipped = 0.0;   // the first chunk's unit 0 where backward does not gather it
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -722,7 +722,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     const ChunkParams p = chunk_params(spec, l, chunk);
     if (&chunk == &l.chunks.front()) {
       late_units = p.first + (l.data * l.sequence > 1 ? p.widest : 0.0);
-      first_unit = p.first;
+      // Backward gathers the embeddings only for a tied LM head that runs its backward there
+      // (tensor > 1: ActivationSizes::head_in_forward is false); unit 0 of a stage without them
+      // is a block.
+      const bool gathered = !chunk.stage.embeds ||
+                            (chunk.stage.head && spec.tied() && l.tensor > 1);
+      unskipped = gathered ? 0.0 : p.first;
     }
     flat += p.flat;
     units += p.units;
@@ -775,13 +780,13 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   const double updated = l.zero_stage == 0 ? flat : flat / D;
   // Parameter offload (ZeRO 3): every gather first uploads this rank's slice's host part, the
   // host's thread waiting for it. A micro-batch gathers each unit before its forward and again
-  // before its backward, but for the embeddings' unit 0 (first in the shard, so on the host only
-  // where the offloaded share reaches it), whose backward needs no parameters. Recomputed
+  // before its backward, but for the embeddings' unit 0 where backward needs no parameters (first
+  // in the shard, so on the host only where the offloaded share reaches it). Recomputed
   // segments' extra gathers are not counted.
   if (l.offload_params && hw.host_link_bandwidth > 0) {
     const double uploaded =
         double(core::offloaded_states(std::size_t(updated), l.offload_params_fraction));
-    const double embeddings = std::max(0.0, first_unit / D - (updated - uploaded));
+    const double embeddings = std::max(0.0, unskipped / D - (updated - uploaded));
     t.data_comm +=
         m * (2.0 * uploaded - embeddings) * (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
   }

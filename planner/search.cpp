@@ -374,10 +374,13 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     // offloads: stage 1 the optimizer states, stage 3 the parameter shard too. (The grids'
     // ZeRO is not searched.)
     const int top = !options.zero ? 0 : D > 1 ? 3 : options.offload && d1 ? 3 : 0;
+    bool zero_fits = false, zero_recomputes = false;  // ZeRO 0 without offload
     for (int z = 0; z <= top; ++z) {
-      if (D == 1 && z == 2) continue;
-      // This stage without offload: whether it fit, and whether only by recomputing (rotor).
-      bool fits_kept = false, kept_recomputes = false;
+      // One data rank: offload only where ZeRO 0 did not fit, or only by recomputing.
+      if (D == 1 && z > 0 && (z == 2 || (zero_fits && !zero_recomputes))) continue;
+      // This stage without offload: whether it fit, and whether only by recomputing (rotor). With
+      // one data rank ZeRO 0's (the stages shard nothing).
+      bool fits_kept = D == 1 && zero_fits, kept_recomputes = D == 1 && zero_recomputes;
       for (bool offload : {false, true}) {
         if (offload && (z == 0 || !options.offload)) continue;
         if (D == 1 && z > 0 && !offload) continue;
@@ -404,12 +407,10 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
             run.offload_params_fraction = core::offload_fraction(chunks);
             return evaluate(1.0);
           };
-          if (with_params(core::kOffloadChunks).fits) {
+          plan = with_params(core::kOffloadChunks);  // if not even this fits: the closest
+          if (plan.fits) {
             plan = with_params(core::fewest_offload_chunks(
                 [&](int k) { return with_params(k).fits; }));
-          } else {
-            run.offload_params = false;
-            run.offload_params_fraction = 1.0;
           }
         }
         if (!plan.fits) {
@@ -423,13 +424,14 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         if (!offload) {
           fits_kept = true;
           kept_recomputes = plan.policy == core::CheckpointPolicy::rotor;
+          if (z == 0) std::tie(zero_fits, zero_recomputes) = std::pair(fits_kept, kept_recomputes);
         }
         keep_best(plan);
         // Offload that the memory needs (the stage did not fit without it, or only by
         // recomputing): also the fewest 64ths of each shard's optimizer state that fit, as
         // offload.policy: auto moves them (the device's share updates beside the host's, so
         // fewer is faster on a GPU node).
-        if (offload && (!fits_kept || kept_recomputes)) {
+        if (offload && !run.offload_params && (!fits_kept || kept_recomputes)) {
           const int fewest = core::fewest_offload_chunks(
               [&](int k) { return evaluate(core::offload_fraction(k)).fits; });
           if (fewest < core::kOffloadChunks) keep_best(evaluate(core::offload_fraction(fewest)));

@@ -315,6 +315,35 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
   }
 }
 
+// Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
+// and again before its backward, but the embeddings' second only where backward needs no
+// parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied
+// head's backward gathers them again, so every unit uploads twice.
+TEST(CostModel, ParameterOffloadUploadsFollowTheGathers) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  const planner::HardwareSpec hw = planner::hardware_preset("h200");
+  for (const int tensor : {1, 2}) {
+    planner::RankLayout l;
+    l.seq_len = 1024;
+    l.micro_batch = 4;
+    l.data = 2;
+    l.tensor = tensor;
+    l.zero_stage = 3;
+    const double S = planner::predict_memory(spec, l)[core::MemCategory::optimizer] / 8;
+    l.offload_optimizer = true;
+    const double before = planner::predict_time(spec, l, hw).data_comm;
+    l.offload_params = true;
+    const double uploads = planner::predict_time(spec, l, hw).data_comm - before;
+    const double twice = l.micro_batches * 2 * S * 4 / hw.host_link_bandwidth;
+    if (tensor == 1) {
+      EXPECT_LT(uploads, twice - 1e-6);
+      EXPECT_GT(uploads, twice / 2);
+    } else {
+      EXPECT_NEAR(uploads, twice, 1e-9);
+    }
+  }
+}
+
 // Ranks taking turns on fewer cores than their threads: the step is at least the node's busy
 // thread-seconds over its cores (a rank waiting in the bubble polls, so it counts); applying it
 // again changes nothing.

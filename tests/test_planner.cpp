@@ -209,10 +209,6 @@ TEST(Search, NothingFitsReportsTheClosest) {
   EXPECT_GT(r.infeasible, 0u);
 }
 
-// A stage that fits only with offload (the memory needs it) is also planned with the fewest 64ths
-// of each shard's optimizer state on the host: on a GPU node the device's share updates beside
-// the host's, so that plan is faster than offloading everything, and one chunk fewer would not
-// fit. Its --set words carry the share.
 // One GPU (ZeRO-Offload on one device): a model whose optimizer states alone cannot leave enough
 // room is planned at ZeRO 3 with every optimizer chunk and the fewest 64ths of the parameter
 // shard on the host (as offload.policy: auto moves them), and the plan's words carry that share.
@@ -266,6 +262,10 @@ TEST(Search, OneGpuOffloadsTheParameterShardsTheMemoryNeeds) {
   EXPECT_TRUE(planner::search_plans(spec, 1, 128, false, cluster, options).best.empty());
 }
 
+// A stage that fits only with offload (the memory needs it) is also planned with the fewest 64ths
+// of each shard's optimizer state on the host: on a GPU node the device's share updates beside
+// the host's, so that plan is faster than offloading everything, and one chunk fewer would not
+// fit. Its --set words carry the share.
 TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
   // One block of three heads: no pipeline or tensor split, so data and sequence ranks with ZeRO
   // are what fits; the embedding dominates the optimizer state.
