@@ -204,13 +204,13 @@ void check_cuda(cudaError_t error, const char* call, const char* who) {
                              cudaGetErrorName(error) + ": " + cudaGetErrorString(error));
   }
 }
-void check_copy(cudaError_t error, const char* call) { check_cuda(error, call, "CopyQueue"); }
 }  // namespace
 
 CopyQueue::CopyQueue() {
   if constexpr (!kHostMemory) {
     cudaStream_t stream = nullptr;
-    check_copy(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate",
+               "CopyQueue");
     stream_ = stream;
   }
 }
@@ -223,22 +223,22 @@ CopyQueue::~CopyQueue() {
 
 void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t bytes) {
   if (stream_ == nullptr) return (void)std::memcpy(host_dst, device_src, bytes);
-  check_copy(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+  check_cuda(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
                              static_cast<cudaStream_t>(stream_)),
-             "cudaMemcpyAsync to the host");
+             "cudaMemcpyAsync to the host", "CopyQueue");
 }
 
 void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t bytes) {
   if (stream_ == nullptr) return (void)std::memcpy(device_dst, host_src, bytes);
-  check_copy(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+  check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
                              static_cast<cudaStream_t>(stream_)),
-             "cudaMemcpyAsync to the device");
+             "cudaMemcpyAsync to the device", "CopyQueue");
 }
 
 void CopyQueue::wait() {
   if (stream_ != nullptr) {
-    check_copy(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
-               "cudaStreamSynchronize");
+    check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+               "cudaStreamSynchronize", "CopyQueue");
   }
 }
 

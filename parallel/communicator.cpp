@@ -269,14 +269,21 @@ std::unique_ptr<PendingCollective> Communicator::started(
 // On a communicator of one rank the in-place collectives (sum, max, broadcast, and reduce-scatter
 // or all-gather in place) leave the buffer as it is: no transport is called, so a one-rank run on
 // a GPU stages nothing through the host. Bytes are still counted, as the call asked for them.
+//
+// Every call that hands float buffers to the transport first orders it after the kernels that
+// may still write or read them (fence_kernels_unless_ordered): callers need no fence of their own.
 void Communicator::all_reduce_sum(std::span<float> buffer) {
   const WaitScope waiting = counted(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
-  if (size() > 1) do_all_reduce_sum(buffer);
+  if (size() == 1) return;
+  fence_kernels_unless_ordered();
+  do_all_reduce_sum(buffer);
 }
 
 void Communicator::all_reduce_max(std::span<float> buffer) {
   const WaitScope waiting = counted(CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
-  if (size() > 1) do_all_reduce_max(buffer);
+  if (size() == 1) return;
+  fence_kernels_unless_ordered();
+  do_all_reduce_max(buffer);
 }
 
 namespace {
@@ -289,9 +296,10 @@ class CompletedCollective final : public PendingCollective {
 // A started collective with input and output buffers: the backend's started form on several
 // ranks; on one, the copy the collective amounts to (none in place), completed at once.
 template <class Start, class Copy>
-std::unique_ptr<PendingCollective> start_or_copy(int ranks, bool in_place, Start&& start,
-                                                 Copy&& copy) {
-  if (ranks > 1) return start();
+std::unique_ptr<PendingCollective> start_or_copy(const Communicator& comm, bool in_place,
+                                                 Start&& start, Copy&& copy) {
+  if (comm.size() > 1 || !in_place) comm.fence_kernels_unless_ordered();
+  if (comm.size() > 1) return start();
   if (!in_place) copy();
   return std::make_unique<CompletedCollective>();
 }
@@ -303,15 +311,15 @@ double Communicator::all_reduce_sum_value(double value) {
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(std::span<float> buffer) {
-  auto pending = size() > 1 ? do_start_all_reduce_sum(buffer)
-                            : std::make_unique<CompletedCollective>();
+  auto pending = start_or_copy(
+      *this, true, [&] { return do_start_all_reduce_sum(buffer); }, [] {});
   return started(std::move(pending), CollectiveKind::all_reduce, buffer.size() * kFloatBytes);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
-  auto pending = size() > 1 ? do_start_all_reduce_sum_bf16(buffer)
-                            : std::make_unique<CompletedCollective>();
+  auto pending = start_or_copy(
+      *this, true, [&] { return do_start_all_reduce_sum_bf16(buffer); }, [] {});
   return started(std::move(pending), CollectiveKind::all_reduce,
                  buffer.size() * sizeof(std::uint16_t));
 }
@@ -323,8 +331,8 @@ std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum_bf16(
                     " elements are not a multiple of the " + std::to_string(size()) +
                     " ranks (each receives one block); pad the buffer to a multiple of size()");
   }
-  auto pending = size() > 1 ? do_start_reduce_scatter_sum_bf16(buffer)
-                            : std::make_unique<CompletedCollective>();
+  auto pending = start_or_copy(
+      *this, true, [&] { return do_start_reduce_scatter_sum_bf16(buffer); }, [] {});
   return started(std::move(pending), CollectiveKind::reduce_scatter,
                  buffer.size() * sizeof(std::uint16_t));
 }
@@ -374,14 +382,16 @@ bool Communicator::check_reduce_scatter(std::span<const float> input,
 void Communicator::reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_reduce_scatter(input, output);
   const WaitScope waiting = counted(CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
-  if (size() > 1 || !in_place) do_reduce_scatter_sum(input, output);
+  if (size() == 1 && in_place) return;
+  fence_kernels_unless_ordered();
+  do_reduce_scatter_sum(input, output);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
   const bool in_place = check_reduce_scatter(input, output);
   auto pending = start_or_copy(
-      size(), in_place, [&] { return do_start_reduce_scatter_sum(input, output); },
+      *this, in_place, [&] { return do_start_reduce_scatter_sum(input, output); },
       [&] { do_reduce_scatter_sum(input, output); });
   return started(std::move(pending), CollectiveKind::reduce_scatter, input.size() * kFloatBytes);
 }
@@ -412,14 +422,16 @@ bool Communicator::check_all_gather(std::span<const float> input, std::span<floa
 void Communicator::all_gather(std::span<const float> input, std::span<float> output) {
   const bool in_place = check_all_gather(input, output);
   const WaitScope waiting = counted(CollectiveKind::all_gather, output.size() * kFloatBytes);
-  if (size() > 1 || !in_place) do_all_gather(input, output);
+  if (size() == 1 && in_place) return;
+  fence_kernels_unless_ordered();
+  do_all_gather(input, output);
 }
 
 std::unique_ptr<PendingCollective> Communicator::start_all_gather(std::span<const float> input,
                                                                   std::span<float> output) {
   const bool in_place = check_all_gather(input, output);
   auto pending = start_or_copy(
-      size(), in_place, [&] { return do_start_all_gather(input, output); },
+      *this, in_place, [&] { return do_start_all_gather(input, output); },
       [&] { do_all_gather(input, output); });
   return started(std::move(pending), CollectiveKind::all_gather, output.size() * kFloatBytes);
 }
@@ -433,7 +445,9 @@ std::unique_ptr<PendingCollective> Communicator::do_start_all_gather(std::span<c
 void Communicator::broadcast(std::span<float> buffer, int root) {
   check_rank("broadcast", "root", root);
   const WaitScope waiting = counted(CollectiveKind::broadcast, buffer.size() * kFloatBytes);
-  if (size() > 1) do_broadcast(buffer, root);
+  if (size() == 1) return;
+  fence_kernels_unless_ordered();
+  do_broadcast(buffer, root);
 }
 
 void Communicator::broadcast_bytes(std::span<std::byte> buffer, int root) {
@@ -453,6 +467,7 @@ void Communicator::send(std::span<const float> buffer, int dest, int tag) {
   check_rank("send", "destination", dest);
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
   const WaitScope waiting = counted(CollectiveKind::send, buffer.size() * kFloatBytes);
+  fence_kernels_unless_ordered();
   do_send(buffer, dest, tag);
 }
 
@@ -460,6 +475,7 @@ std::unique_ptr<PendingCollective> Communicator::start_send(std::span<const floa
                                                             int tag) {
   check_rank("send", "destination", dest);
   if (tag < 0) fail(*this, "send: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
+  fence_kernels_unless_ordered();
   auto pending = do_start_send(buffer, dest, tag);
   return started(std::move(pending), CollectiveKind::send, buffer.size() * kFloatBytes);
 }
@@ -474,6 +490,7 @@ void Communicator::recv(std::span<float> buffer, int source, int tag) {
   check_rank("recv", "source", source);
   if (tag < 0) fail(*this, "recv: tag " + std::to_string(tag) + " is negative; use a tag >= 0");
   const WaitScope waiting = counted(CollectiveKind::recv, buffer.size() * kFloatBytes);
+  fence_kernels_unless_ordered();
   do_recv(buffer, source, tag);
 }
 
@@ -487,6 +504,7 @@ void Communicator::send_recv(std::span<const float> send_buffer, int dest,
     fail(*this, "send_recv: send and receive buffers overlap; use separate buffers");
   }
   const WaitScope waiting = counted(CollectiveKind::recv, recv_buffer.size() * kFloatBytes);
+  fence_kernels_unless_ordered();
   do_send_recv(send_buffer, dest, recv_buffer, source, tag);
   record(CollectiveKind::send, send_buffer.size() * kFloatBytes);
 }

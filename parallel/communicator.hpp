@@ -124,8 +124,9 @@ class Communicator {
   virtual MemorySpace memory_space() const = 0;  // where float buffers must live
   // Whether the transport orders its collectives after the kernels queued on Kokkos' stream by
   // itself, without the host waiting (NCCL: core::order_after_kernels, an event its stream waits
-  // for). Otherwise a caller fences the kernels that wrote a buffer before handing it over:
-  // fence_kernels_unless_ordered() does whichever this transport needs.
+  // for). Otherwise every call below that hands float buffers to the transport first waits for
+  // those kernels (core::fence_kernels): fence_kernels_unless_ordered() does whichever this
+  // transport needs, so callers never fence before a collective, send or receive.
   virtual bool orders_after_kernels() const { return false; }
   void fence_kernels_unless_ordered() const;
 

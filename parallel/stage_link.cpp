@@ -58,11 +58,7 @@ std::pair<std::size_t, std::size_t> StageLink::part(std::size_t floats) const {
 
 void StageLink::receive(float* buffer, std::size_t floats, int source, int tag) {
   // The buffer may still be read by kernels queued for an earlier micro-batch (the backward's
-  // running gradient, a slot's input): the receive writes it after them.
-  if (!pipeline_->orders_after_kernels() ||
-      (tensor_ != nullptr && !tensor_->orders_after_kernels())) {
-    core::fence_kernels();
-  }
+  // running gradient, a slot's input): the communicators order the receive after them.
   const auto [offset, count] = part(floats);
   pipeline_->recv({buffer + offset, count}, source, tag);
   if (count != floats) tensor_->all_gather({buffer + offset, count}, {buffer, floats});

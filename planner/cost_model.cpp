@@ -108,12 +108,12 @@ double all_reduce_time(double bytes, int p, const LinkSpec& link) {
 // (offload.optimizer_fraction, Colossal-AI's offload_optim_frac), whose parameters are
 // `param_bytes` each, as zero::ShardedAdamW::step runs it: the device's update starts, and beside
 // it the host share's gradients and parameters come down on a copy stream of their own (the
-// parameters not where the shard lives on the host: params_on_host, its last params_fraction),
-// are updated on the host and go back up. `grads_hidden` seconds of the gradients' copies ran
-// beside backward (ZeRO 2-3: they start as their units' reductions complete).
+// parameters not where they live on the host: the share `params_on_host` of the parameter shard,
+// offload.params_fraction), are updated on the host and go back up. `grads_hidden` seconds of the
+// gradients' copies ran beside backward (ZeRO 2-3: they start as their units' reductions
+// complete).
 double optimizer_time(const HardwareSpec& hw, double states, double offloaded, double param_bytes,
-                      bool params_on_host = false, double params_fraction = 1.0,
-                      double grads_hidden = 0.0) {
+                      double params_on_host = 0.0, double grads_hidden = 0.0) {
   // AdamW reads parameter, gradient, m and v and writes three of them: 28 bytes per parameter.
   const double host = std::clamp(offloaded, 0.0, 1.0) * states;
   const double device = (states - host) * 28.0 / hw.optimizer_bandwidth;
@@ -124,9 +124,7 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded, d
   if (hw.host_link_bandwidth <= 0) return device + on_host;  // one memory, one set of threads
   // With parameter offload only the device's part of the parameter shard travels.
   const double moved =
-      (params_on_host ? host - double(core::offloaded_states(std::size_t(host), params_fraction))
-                      : host) *
-      param_bytes;
+      (host - double(core::offloaded_states(std::size_t(host), params_on_host))) * param_bytes;
   const double down =
       std::max(0.0, host * kF / hw.host_link_bandwidth - grads_hidden) +
       moved / hw.host_link_bandwidth;
@@ -807,8 +805,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     grads_hidden = std::min(window, std::max(0.0, host - late) * kF / hw.host_link_bandwidth);
   }
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
-                               l.bf16 ? 2.0 : kF, l.offload_params, l.offload_params_fraction,
-                               grads_hidden);
+                               l.bf16 ? 2.0 : kF,
+                               l.offload_params ? l.offload_params_fraction : 0.0, grads_hidden);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

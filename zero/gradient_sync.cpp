@@ -97,10 +97,6 @@ GradientSync::GradientSync(const std::vector<core::ParamSpec>& table, core::Para
 
 void GradientSync::gradients_ready(std::size_t offset) {
   if (!overlap_ || dp_.size() == 1) return;
-  // The buckets read what backward's kernels wrote (NCCL orders itself after them).
-  if (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= offset) {
-    dp_.fence_kernels_unless_ordered();
-  }
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].first >= offset) {
     const auto [begin, end] = buckets_[next_bucket_++];
     start_bucket(begin, end);
@@ -117,11 +113,7 @@ void GradientSync::start_bucket(std::size_t begin, std::size_t end) {
     return;
   }
   std::uint16_t* wire = wire_.data() + begin;
-  core::kernels::to_bf16(wire, grads, int64_t(n));
-  // The collective reads what the kernel wrote: Kokkos' own stream only (Kokkos::fence() would
-  // also wait for the collectives in flight on NCCL's stream), and not even that on NCCL, whose
-  // stream waits for an event instead.
-  dp_.fence_kernels_unless_ordered();
+  core::kernels::to_bf16(wire, grads, int64_t(n));  // the collective is ordered after it
   in_flight_.push_back({begin, end, dp_.start_all_reduce_sum_bf16({wire, n})});
 }
 
@@ -129,7 +121,6 @@ double GradientSync::reduce() {
   if (full_ != nullptr) {
     float* grads = full_->full_grads();
     if (dp_.size() > 1) {
-      if (next_bucket_ < buckets_.size()) dp_.fence_kernels_unless_ordered();
       for (; next_bucket_ < buckets_.size(); ++next_bucket_) {
         const auto [begin, end] = buckets_[next_bucket_];
         start_bucket(begin, end);

@@ -240,7 +240,7 @@ float* ShardedAdamW::host_params() {
 
 void ShardedAdamW::fetch_unit_gradients(int unit, const float* slice, bool early) {
   const uint64_t generation = sharded_->gradient_generation();
-  if (fetched_generation_ != generation || fetched_.empty()) {  // a new step's gradients
+  if (fetched_.empty() || fetched_generation_ != generation) {  // a new step's gradients
     fetched_.assign(sharded_->units().size(), false);
     fetched_generation_ = generation;
   }
@@ -280,7 +280,6 @@ void ShardedAdamW::fetch_offloaded() {
   }
   offload_stats_.to_host_bytes += at * sizeof(float);
   copies_->wait();
-  fetched_.clear();  // this step's gradients are all down
 }
 
 void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,

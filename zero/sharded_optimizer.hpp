@@ -147,8 +147,8 @@ class ShardedAdamW {
   std::vector<std::pair<std::size_t, std::size_t>> device_ranges_, host_ranges_;
   core::DeviceArray<float> host_grads_, host_params_;  // offload: the offloaded states' copies
   std::unique_ptr<core::CopyQueue> copies_;  // offload: their transfers, beside the kernels
-  // Stages 2-3: the units whose offloaded gradients went down during backward, and the store's
-  // gradient generation they belong to.
+  // Stages 2-3: the units whose offloaded gradients went down this step, and the store's gradient
+  // generation they belong to (zero_gradients starts a new one: the marks no longer hold).
   std::vector<bool> fetched_;
   uint64_t fetched_generation_ = 0;
   OffloadStats offload_stats_;

@@ -98,7 +98,6 @@ void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t 
                          (n - on_device) * sizeof(float));
     uploaded_bytes_ += (n - on_device) * sizeof(float);
   }
-  dp_.fence_kernels_unless_ordered();  // a gather reads what the copy wrote
 }
 
 void ShardedParameterStore::shard_from(const float* device, std::size_t at, std::size_t n) {
@@ -258,13 +257,11 @@ void ShardedParameterStore::gradients_done(int unit) {
   float* work = grad_work_[sl].data();
   if (grad_wire_[sl].size() > 0) {  // bf16 on the wire; the fp32 buffer is free again
     std::uint16_t* wire = grad_wire_[sl].data();
-    k::to_bf16(wire, work, int64_t(n));
-    dp_.fence_kernels_unless_ordered();  // the collective reads what the kernel wrote
+    k::to_bf16(wire, work, int64_t(n));  // the collective is ordered after it
     reducing_[sl] = Reduction{unit, final_unit(unit), nullptr, wire,
                               dp_.start_reduce_scatter_sum_bf16({wire, n})};
     return;
   }
-  dp_.fence_kernels_unless_ordered();  // the collective reads what the kernels wrote
   reducing_[sl] = Reduction{unit, final_unit(unit), work, nullptr,
                             dp_.start_reduce_scatter_sum({work, n}, {work + rank_ * s, s})};
 }
