@@ -76,10 +76,11 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   s.head_in_forward = tensor == 1;
   s.logits = s.head_in_forward ? BTC : BT * V;
   if (s.head_in_forward) {
+    s.logits_ld = (V + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;
     const std::size_t rows = shape.logits_chunk_rows > 0
                                  ? shape.logits_chunk_rows
-                                 : std::max<std::size_t>(1, shape.logits_chunk_floats / V);
-    s.logits_chunk = std::min(BT, rows) * V;
+                                 : std::max<std::size_t>(1, shape.logits_chunk_floats / s.logits_ld);
+    s.logits_chunk = std::min(BT, rows) * s.logits_ld;
     s.logits_chunk_bf16 = shape.bf16_operands ? floats(true, s.logits_chunk) : 0;
   }
 

@@ -30,6 +30,13 @@ namespace colossal::core {
 constexpr std::size_t kLogitsChunkFloats = std::size_t(256) * 50304;
 constexpr std::size_t kDeviceLogitsChunkFloats = std::size_t(2048) * 50304;
 
+// Row stride of that chunk: the vocabulary rounded up to 64 floats, so every row of the logits
+// and of their bf16 gradient starts 256 (128) bytes aligned. GPT-2's 50257 is odd: with rows of
+// 50257 cuBLAS cannot take its tensor-core kernels' aligned loads (an H200 ran the LM head's
+// products at 94-130 TFLOP/s against 265-466 on the blocks' shapes; llm.c and nanoGPT pad the
+// vocabulary to 50304 for the same reason). The padded columns are never computed or read.
+constexpr std::size_t kLogitsRowAlign = 64;
+
 // One rank's share of a micro-batch: what sets the size of every activation.
 struct ActivationShape {
   int batch = 1;                // sequences per micro-batch (buffers hold the largest)
@@ -87,6 +94,7 @@ struct ActivationSizes {
   // not in scratch() below.
   bool head_in_forward = false;
   std::size_t logits_chunk = 0, logits_chunk_bf16 = 0;
+  std::size_t logits_ld = 0;  // the chunk's row stride: V rounded up to kLogitsRowAlign
   std::size_t lnf_mean = 0, lnf_rstd = 0;  // (B,T)/r
   std::size_t losses = 0;                  // (B,T)
   std::size_t logits = 0;                  // (B,T,V/t), or (B,T,C) under head_in_forward

@@ -456,20 +456,22 @@ void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t 
 
 // Per row: losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]. With grad_scale != 0 the
 // logits are overwritten by grad_scale * (softmax - onehot), the gradient of grad_scale * loss,
-// so the (N, V) buffer is reused for backward.
+// so the (N, V) buffer is reused for backward. Rows are `ld` >= V floats apart; the columns past
+// V are neither read nor written.
 template <class ExecSpace = Exec>
-void cross_entropy_forward_backward(float* logits,           // (N, V), in place
+void cross_entropy_forward_backward(float* logits,           // (N, ld), in place
                                     float* losses,           // (N)
                                     const int32_t* targets,  // (N)
-                                    int64_t N, int V, float grad_scale) {
+                                    int64_t N, int V, int ld, float grad_scale) {
   if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
-    team::cross_entropy_forward_backward<ExecSpace>(logits, losses, targets, N, V, grad_scale);
+    team::cross_entropy_forward_backward<ExecSpace>(logits, losses, targets, N, V, ld,
+                                                    grad_scale);
     return;
   }
   for_each<ExecSpace>(
       "colossal::core::cross_entropy", N, kRowGrain,
       KOKKOS_LAMBDA(int64_t n) {
-        float* l = logits + n * V;
+        float* l = logits + n * ld;
         const float mx = lane_max(l, V);
         const int target = targets[n];
         const float target_logit = l[target];
@@ -730,7 +732,7 @@ COLOSSAL_DEVICE_INSTANCE void copy_columns<Kokkos::Cuda>(float* dst, int ld_dst,
 COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,
                                                                            float* losses,
                                                                            const int32_t* targets,
-                                                                           int64_t N, int V,
+                                                                           int64_t N, int V, int ld,
                                                                            float grad_scale);
 COLOSSAL_DEVICE_INSTANCE void vocab_parallel_row_max<Kokkos::Cuda>(float* mx, const float* logits,
                                                                    int64_t N, int ld, int valid);

@@ -274,15 +274,16 @@ void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
 // Three passes over the row (max, sum of exp, gradient), the exp recomputed in the last one
 // rather than stored and reloaded.
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
-void cross_entropy_forward_backward(float* logits,          // (N, V), in place
+void cross_entropy_forward_backward(float* logits,          // (N, ld), in place
                                     float* losses,          // (N)
                                     const int32_t* targets, // (N)
-                                    int64_t N, int V, float grad_scale, int team_size = 0) {
+                                    int64_t N, int V, int ld, float grad_scale,
+                                    int team_size = 0) {
   Kokkos::parallel_for(
       "colossal::core::team_cross_entropy", policy<ExecSpace>(N, team_size),
       KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
         const int64_t n = team.league_rank();
-        float* l = logits + n * V;
+        float* l = logits + n * ld;
         const int target = targets[n];
         const float target_logit = l[target];
         float mx = -3.0e38f;
@@ -608,7 +609,7 @@ COLOSSAL_DEVICE_INSTANCE void causal_softmax_backward<Kokkos::Cuda, std::uint16_
 COLOSSAL_DEVICE_INSTANCE void cross_entropy_forward_backward<Kokkos::Cuda>(float* logits,
                                                                            float* losses,
                                                                            const int32_t* targets,
-                                                                           int64_t N, int V,
+                                                                           int64_t N, int V, int ld,
                                                                            float grad_scale,
                                                                            int team_size);
 COLOSSAL_DEVICE_INSTANCE void vocab_parallel_row_max<Kokkos::Cuda>(float* mx, const float* logits,

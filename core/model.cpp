@@ -666,20 +666,21 @@ void Model::mlp_op_forward(int i, Acts& A, int B, const float* P) {
 void Model::chunked_head_forward(Acts& A, const float* W, float* GW, const int32_t* targets,
                                  int64_t N, float grad_scale) {
   const int C = spec_.hidden, V = int(local_vocab_);
-  const int64_t R = int64_t(activations_.sizes.logits_chunk / std::size_t(V));
+  const int ld = int(activations_.sizes.logits_ld);  // V rounded up: aligned rows
+  const int64_t R = int64_t(activations_.sizes.logits_chunk / std::size_t(ld));
   auto* dlogits_bf16 = reinterpret_cast<std::uint16_t*>(logits_chunk_bf16_);
   for (int64_t r0 = 0; r0 < N; r0 += R) {
     const int64_t rows = std::min(R, N - r0);
     const GemmOperand lnf = norm_operand(A.lnf) + r0 * C;
     timed(WorkKind::gemm, [&] {
       gemm_.gemm_mixed(Trans::N, Trans::T, rows, V, C, 1.0f, lnf, C, W, C, 0.0f, logits_chunk_,
-                       V);
+                       ld);
     });
     timed(WorkKind::loss, [&] {
       k::cross_entropy_forward_backward(logits_chunk_, A.losses + r0, targets + r0, rows, V,
-                                        grad_scale);
+                                        ld, grad_scale);
       if (grad_scale != 0.0f && dlogits_bf16 != nullptr) {
-        k::to_bf16(dlogits_bf16, logits_chunk_, rows * V);
+        k::to_bf16(dlogits_bf16, logits_chunk_, rows * ld);  // padding too: one aligned pass
       }
     });
     if (grad_scale == 0.0f) continue;
@@ -688,9 +689,9 @@ void Model::chunked_head_forward(Acts& A, const float* W, float* GW, const int32
     const GemmOperand dlogits = dlogits_bf16 != nullptr ? GemmOperand(dlogits_bf16)
                                                         : GemmOperand(logits_chunk_);
     timed(WorkKind::gemm, [&] {
-      gemm_.gemm_mixed(Trans::N, Trans::N, rows, C, V, 1.0f, dlogits, V, W, C, 0.0f,
+      gemm_.gemm_mixed(Trans::N, Trans::N, rows, C, V, 1.0f, dlogits, ld, W, C, 0.0f,
                        A.logits + r0 * C, C);
-      gemm_.gemm_mixed(Trans::T, Trans::N, V, C, rows, 1.0f, dlogits, V, lnf, C, 1.0f, GW, C);
+      gemm_.gemm_mixed(Trans::T, Trans::N, V, C, rows, 1.0f, dlogits, ld, lnf, C, 1.0f, GW, C);
     });
   }
 }
@@ -787,7 +788,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
                                  vocab_begin_, grad_scale, ce_buf_, profiler_);
   } else {
     Profiler::Scope loss_scope(profiler_, WorkKind::loss);
-    k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, grad_scale);
+    k::cross_entropy_forward_backward(A.logits, A.losses, targets, N, V, V, grad_scale);
   }
   Profiler::Scope loss_scope(profiler_, WorkKind::loss);
   return k::sum(A.losses, N) / static_cast<double>(N);

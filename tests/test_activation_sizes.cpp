@@ -23,6 +23,8 @@ ModelSpec small_spec(Arch arch = Arch::gpt2) {
   return spec;
 }
 constexpr std::size_t B = 3, T = 32, C = 64, H = 8, F = 256, V = 250;
+// The LM head's chunk of logits has rows of V rounded up to 64 floats (kLogitsRowAlign).
+constexpr std::size_t Vld = 256;
 
 std::vector<Keep> parse(const std::string& text) {
   std::vector<Keep> keep;
@@ -58,7 +60,8 @@ TEST(ActivationSizes, OneRankIsTheDenseLayout) {
   // temporary).
   EXPECT_TRUE(s.head_in_forward);
   EXPECT_EQ(s.logits, B * T * C);
-  EXPECT_EQ(s.logits_chunk, B * T * V);  // 24000
+  EXPECT_EQ(s.logits_ld, Vld);
+  EXPECT_EQ(s.logits_chunk, B * T * Vld);  // 24576
   EXPECT_EQ(s.logits_chunk_bf16, 0u);
   EXPECT_EQ(s.head_saved(), 6144u + 96 + 96 + 96);
   // Temporaries: one batch row of score gradients, nothing for the ring, split or vocab-parallel
@@ -87,8 +90,8 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   const ActivationSizes s = sizes(small_spec(), ActivationShape{3, 32});
   EXPECT_TRUE(s.bf16_norms && s.bf16_qkv && s.bf16_atty && s.head_in_forward);
   EXPECT_EQ(s.logits, B * T * C) << "the head's input gradient, in fp32";
-  EXPECT_EQ(s.logits_chunk, B * T * V) << "96 rows, fewer than a chunk";
-  EXPECT_EQ(s.logits_chunk_bf16, B * T * V / 2) << "the chunk's gradient in bf16 patterns";
+  EXPECT_EQ(s.logits_chunk, B * T * Vld) << "96 rows, fewer than a chunk";
+  EXPECT_EQ(s.logits_chunk_bf16, B * T * Vld / 2) << "the chunk's gradient in bf16 patterns";
   EXPECT_EQ(fp32.logits_chunk, s.logits_chunk);
   EXPECT_EQ(fp32.logits_chunk_bf16, 0u);
   EXPECT_EQ(s.ln1, B * T * C / 2);
@@ -125,23 +128,31 @@ TEST(ActivationSizes, Bf16OperandsTakeHalfTheirFloats) {
   EXPECT_EQ(split.qkv, 3 * B * T * (C / 2) / 2);
 
   // A chunk holds as many rows as kLogitsChunkFloats does: all 288 rows of this 250-entry
-  // vocabulary, and 256 rows of gpt2-124m's 50257 (one rank never pads). Fewer rows than the
+  // vocabulary, and 256 rows of gpt2-124m's 50257 (one rank never pads the vocabulary; the
+  // chunk's rows are 50304 floats apart, the stride cuBLAS's aligned kernels need). Fewer rows than the
   // micro-batch's: those rows of fp32 logits and their gradient's bf16 patterns, on the head
   // stage only.
   const ActivationSizes all = sizes(small_spec(), ActivationShape{9, 32});
-  EXPECT_EQ(all.logits_chunk, 9 * 32 * V);
+  EXPECT_EQ(all.logits_chunk, 9 * 32 * Vld);
   const ModelSpec gpt2 = *find_preset("gpt2-124m");
-  EXPECT_EQ(activation_sizes(gpt2, ActivationShape{4, 256}).logits_chunk, 256 * 50257u);
+  const ActivationSizes gpt2_sizes = activation_sizes(gpt2, ActivationShape{4, 256});
+  EXPECT_EQ(gpt2_sizes.logits_ld, 50304u);
+  EXPECT_EQ(gpt2_sizes.logits_chunk, 256 * 50304u);
+  EXPECT_EQ(activation_sizes(gpt2, ActivationShape{16, 256, 1, false, 1, false, false,
+                                                    kDeviceLogitsChunkFloats})
+                .logits_chunk,
+            2048 * 50304u)
+      << "a GPU's chunk: 2048 rows";
   ActivationShape shape{9, 32};
   shape.logits_chunk_rows = 64;
   const ActivationSizes many = sizes(small_spec(), shape);
-  EXPECT_EQ(many.logits_chunk, 64 * V);
-  EXPECT_EQ(many.logits_chunk_bf16, 64 * V / 2);
+  EXPECT_EQ(many.logits_chunk, 64 * Vld);
+  EXPECT_EQ(many.logits_chunk_bf16, 64 * Vld / 2);
   shape.bf16_operands = true;
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{0, 2, true, false}).scratch,
             many.scratch());
   EXPECT_EQ(stage_activations(small_spec(), shape, StageRange{2, 4, false, true}).scratch,
-            many.scratch() + 64 * V * 3 / 2);
+            many.scratch() + 64 * Vld * 3 / 2);
 
   const ModelSpec odd = model_spec(Arch::gpt2, 2, 9, 3, 36, 50, 16);
   EXPECT_EQ(sizes(odd, ActivationShape{1, 3}).ln1, 14u) << "27 bf16 values need 14 floats";
@@ -192,7 +203,7 @@ TEST(ActivationSizes, RingAttentionSeesEveryKey) {
   EXPECT_EQ(s.ring_blocks, 2 * B * Tl * C);
   EXPECT_EQ(s.ring_dkv, 2 * S * B * Tl * C);
   EXPECT_EQ(s.logits, B * Tl * C) << "the head's input gradient of this rank's rows";
-  EXPECT_EQ(s.logits_chunk, B * Tl * V);
+  EXPECT_EQ(s.logits_chunk, B * Tl * Vld);
 }
 
 TEST(ActivationSizes, FusedAttentionSavesTheLogSumExp) {
@@ -239,7 +250,7 @@ TEST(StageActivations, KeepingEverythingSavesEveryBlockAndTheHead) {
   EXPECT_EQ(a.logits, B * T * C);
   EXPECT_EQ(a.arena, 0u);
   EXPECT_EQ(a.selective_att, 0u);
-  EXPECT_EQ(a.scratch, a.sizes.scratch() + B * T * V) << "the head's chunk of logits";
+  EXPECT_EQ(a.scratch, a.sizes.scratch() + B * T * Vld) << "the head's chunk of logits";
   EXPECT_EQ(a.temporaries(), a.scratch);
 }
 
@@ -273,7 +284,7 @@ TEST(StageActivations, SelectiveMovesKeptProbabilitiesToOneBuffer) {
   EXPECT_EQ(a.saved, 8 * o.x + 3 * (o.A - o.att) + 3 * o.M + (B * T * C + 3 * B * T));
   EXPECT_EQ(a.arena, o.A + o.x + o.M);
   EXPECT_EQ(a.selective_att, o.att);
-  EXPECT_EQ(a.temporaries(), a.sizes.scratch() + B * T * V + o.A + o.x + o.M + o.att);
+  EXPECT_EQ(a.temporaries(), a.sizes.scratch() + B * T * Vld + o.A + o.x + o.M + o.att);
   // Nothing to drop with fused attention, nor where no attention op keeps its set.
   ModelSpec fused = small_spec();
   fused.fused_attention = true;

@@ -685,19 +685,45 @@ TEST_F(Kernels, CrossEntropyMatchesReferenceAndFiniteDifferences) {
     for (int j = 0; j < V; ++j) s += std::exp(logits[n * V + j] - mx);
     const double ref = std::log(s) + mx - logits[n * V + targets[n]];
     work = logits;
-    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, 0.0f);
+    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, V, 0.0f);
     EXPECT_NEAR(losses[n], ref, 1e-5);
   }
   EXPECT_EQ(work, logits) << "grad_scale 0 must leave the logits untouched";
   const float scale = 0.5f;
   auto f = [&] {
     work = logits;
-    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, 0.0f);
+    kernels::cross_entropy_forward_backward(work.data(), losses.data(), targets.data(), N, V, V, 0.0f);
     return scale * (double(losses[0]) + losses[1] + losses[2]);
   };
   std::vector<float> grad = logits;
-  kernels::cross_entropy_forward_backward(grad.data(), losses.data(), targets.data(), N, V, scale);
+  kernels::cross_entropy_forward_backward(grad.data(), losses.data(), targets.data(), N, V, V, scale);
   EXPECT_EQ(check_gradient("dlogits", f, logits, grad, 1, 1e-3), 0);
+}
+
+// The LM head's chunk has rows of an aligned stride (ActivationSizes::logits_ld): the loss and
+// gradient of each row are those of the compact row, and the padding is never touched.
+TEST_F(Kernels, CrossEntropyOverPaddedRowsMatchesCompactRows) {
+  const int N = 4, V = 7, ld = 16;
+  const auto compact = random_vector(N * V, 9, 3.0f);
+  std::vector<int32_t> targets = {6, 0, 3, 5};
+  for (float scale : {0.0f, 0.5f}) {
+    std::vector<float> packed = compact, strided(std::size_t(N) * ld, 1e30f);
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(compact.begin() + n * V, V, strided.begin() + std::ptrdiff_t(n) * ld);
+    }
+    std::vector<float> loss(N), strided_loss(N);
+    kernels::cross_entropy_forward_backward(packed.data(), loss.data(), targets.data(), N, V, V,
+                                            scale);
+    kernels::cross_entropy_forward_backward(strided.data(), strided_loss.data(), targets.data(), N,
+                                            V, ld, scale);
+    EXPECT_EQ(strided_loss, loss) << "scale " << scale;
+    for (int n = 0; n < N; ++n) {
+      for (int j = 0; j < ld; ++j) {
+        const float want = j < V ? packed[std::size_t(n) * V + j] : 1e30f;
+        ASSERT_EQ(strided[std::size_t(n) * ld + j], want) << "row " << n << " column " << j;
+      }
+    }
+  }
 }
 
 TEST_F(Kernels, LinearBackwardMatchesFiniteDifferencesInBothLayouts) {

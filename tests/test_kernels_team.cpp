@@ -270,13 +270,36 @@ TEST_F(TeamKernels, CrossEntropyMatchesHostAtGpt2Vocabulary) {
       auto l = logits, ref = logits;
       std::vector<float> loss(N), ref_loss(N);
       kernels::cross_entropy_forward_backward<RefExec>(ref.data(), ref_loss.data(),
-                                                       targets.data(), N, V, scale);
+                                                       targets.data(), N, V, V, scale);
       team::cross_entropy_forward_backward<TeamExec>(l.data(), loss.data(), targets.data(), N, V,
-                                                     scale, team_size());
+                                                     V, scale, team_size());
       Kokkos::fence();
       expect_close("cross-entropy loss", loss, ref_loss, 2e-5, 1e-5);
       expect_close(scale == 0 ? "cross-entropy logits kept" : "cross-entropy gradient", l, ref,
                    1e-8, 1e-5);
+    }
+  }
+  // Rows of a padded stride: the same values as compact rows, the padding untouched.
+  {
+    const int N = 5, V = 1031, ld = 1088;
+    auto compact = random_vector(int64_t(N) * V, 23, 6.0f);
+    std::vector<float> strided(std::size_t(N) * ld, -2.0f);
+    for (int n = 0; n < N; ++n) {
+      std::copy_n(compact.begin() + int64_t(n) * V, V, strided.begin() + int64_t(n) * ld);
+    }
+    std::vector<int32_t> targets = {0, 1030, 517, 3, 1029};
+    std::vector<float> loss(N), strided_loss(N);
+    team::cross_entropy_forward_backward<TeamExec>(compact.data(), loss.data(), targets.data(), N,
+                                                   V, V, 0.25f, team_size());
+    team::cross_entropy_forward_backward<TeamExec>(strided.data(), strided_loss.data(),
+                                                   targets.data(), N, V, ld, 0.25f, team_size());
+    Kokkos::fence();
+    EXPECT_EQ(strided_loss, loss);
+    for (int n = 0; n < N; ++n) {
+      for (int j = 0; j < ld; ++j) {
+        const float want = j < V ? compact[std::size_t(n) * V + j] : -2.0f;
+        ASSERT_EQ(strided[std::size_t(n) * ld + j], want) << "row " << n << " column " << j;
+      }
     }
   }
   // Finite differences of sum(loss) * scale (the gradient is that of scale * loss per row).
@@ -287,7 +310,7 @@ TEST_F(TeamKernels, CrossEntropyMatchesHostAtGpt2Vocabulary) {
     auto l = logits;
     std::vector<float> loss(N);
     team::cross_entropy_forward_backward<TeamExec>(l.data(), loss.data(), targets.data(), N, V,
-                                                   0.0f, team_size());
+                                                   V, 0.0f, team_size());
     Kokkos::fence();
     double s = 0;
     for (float v : loss) s += 0.5 * v;
@@ -296,7 +319,7 @@ TEST_F(TeamKernels, CrossEntropyMatchesHostAtGpt2Vocabulary) {
   auto grad = logits;
   std::vector<float> loss(N);
   team::cross_entropy_forward_backward<TeamExec>(grad.data(), loss.data(), targets.data(), N, V,
-                                                 0.5f, team_size());
+                                                 V, 0.5f, team_size());
   Kokkos::fence();
   EXPECT_EQ(check_gradient("dlogits", f, logits, grad, 1, 1e-3), 0);
 }
@@ -676,18 +699,25 @@ TEST(DeviceTeamKernels, RowAndColumnKernelsMatchHost) {
   team::causal_softmax_forward<Dev>(datt.data(), rows, T, T, 0);
   expect_close("gpu softmax forward", to_host(datt), ref_att, 1e-6, 1e-5);
 
-  const int V = 50257, rowsV = 8;
-  auto logits = random_vector(int64_t(rowsV) * V, 6, 6.0f), ref_logits = logits;
+  // GPT-2's vocabulary in rows of the model's aligned stride (ActivationSizes::logits_ld), the
+  // padding a sentinel that neither side may touch.
+  const int V = 50257, ldV = 50304, rowsV = 8;
+  auto logits = random_vector(int64_t(rowsV) * ldV, 6, 6.0f);
+  for (int n = 0; n < rowsV; ++n) {
+    std::fill(logits.begin() + int64_t(n) * ldV + V, logits.begin() + int64_t(n + 1) * ldV, 7.5f);
+  }
+  auto ref_logits = logits;
   std::vector<int32_t> targets(rowsV);
   for (int n = 0; n < rowsV; ++n) targets[n] = (n * 7919 + 3) % V;
   std::vector<float> loss(rowsV);
   kernels::cross_entropy_forward_backward<RefExec>(ref_logits.data(), loss.data(), targets.data(),
-                                                   rowsV, V, 0.125f);
+                                                   rowsV, V, ldV, 0.125f);
   auto dlogits = to_device(logits);
   auto dtargets = to_device(targets);
   auto dloss = to_device(std::vector<float>(rowsV));
   team::cross_entropy_forward_backward<Dev>(dlogits.data(), dloss.data(), dtargets.data(), rowsV,
-                                            V, 0.125f);
+                                            V, ldV, 0.125f);
+  EXPECT_EQ(ref_logits[int64_t(rowsV) * ldV - 1], 7.5f);
   expect_close("gpu cross-entropy loss", to_host(dloss), loss, 5e-5, 1e-5);
   expect_close("gpu cross-entropy grad", to_host(dlogits), ref_logits, 1e-8, 1e-5);
 

@@ -375,7 +375,9 @@ TEST(ModelHeadInForward, ChunkedLogitsTrainAsWholeOnes) {
       const ActivationSizes& s = model.activations().sizes;
       EXPECT_TRUE(s.head_in_forward);
       EXPECT_EQ(model.activations().logits, rows * std::size_t(spec.hidden));
-      EXPECT_EQ(s.logits_chunk, std::min(chunk_rows, rows) * V);
+      EXPECT_EQ(V, 40u);
+      EXPECT_EQ(s.logits_ld, 64u) << "rows of 40 logits are 64 floats apart (aligned)";
+      EXPECT_EQ(s.logits_chunk, std::min(chunk_rows, rows) * s.logits_ld);
       EXPECT_EQ(s.logits_chunk_bf16, bf16_operands ? (s.logits_chunk + 1) / 2 : 0u);
       std::vector<float> out;
       for (int step = 0; step < 2; ++step) {

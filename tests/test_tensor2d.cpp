@@ -224,7 +224,7 @@ TEST(Tensor2D, CrossEntropyOverTheGridRowMatchesTheDenseLoss) {
   std::vector<float> dense = logits, losses(R);
   const float scale = 1.0f / float(R);
   core::kernels::cross_entropy_forward_backward(dense.data(), losses.data(), targets.data(), R,
-                                                int(V), scale);
+                                                int(V), int(V), scale);
   Kokkos::fence();
   // This rank: rows of grid row i, vocabulary columns [v0, v0 + valid) with leading dimension vl.
   const int64_t r = R / q;
