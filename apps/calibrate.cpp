@@ -128,6 +128,8 @@ void calibrate_device_extras(parallel::Communicator& world, core::MemoryTracker&
   }
   // The host's AdamW on host memory (its threads), as ZeRO offload runs it.
   h.host_optimizer_bandwidth = adamw_bandwidth(tracker, /*on_host=*/true);
+  // The node's memory, which the offloaded bytes of all its ranks share.
+  h.host_memory_bytes = total_memory_bytes();
   // The ranks' link: all-reduces of 1 float (latency) and 16 Mi floats (bandwidth) in device
   // memory over the transport the trainer would choose, priced back through the ring model the
   // cost model uses (2(p-1) steps of latency + bytes/p/bandwidth).

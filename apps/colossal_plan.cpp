@@ -23,7 +23,11 @@ planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) 
   const std::string name = inv.flag("--hardware");
   if (name.empty()) return apps::hardware_spec(inv.config, threads);
   for (const std::string& preset : planner::hardware_presets()) {
-    if (preset == name) return planner::scaled_to_threads(planner::hardware_preset(name), threads);
+    if (preset == name) {
+      planner::HardwareSpec hw = planner::hardware_preset(name);
+      apps::with_host_memory(hw, inv.config);
+      return planner::scaled_to_threads(hw, threads);
+    }
   }
   if (!std::ifstream(name)) {
     std::string names;
@@ -31,7 +35,9 @@ planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) 
     throw apps::UsageError("--hardware: '" + name + "' is neither a preset (" + names +
                            ") nor a readable hardware file");
   }
-  return planner::scaled_to_threads(planner::read_hardware(name), threads);
+  planner::HardwareSpec hw = planner::read_hardware(name);
+  apps::with_host_memory(hw, inv.config);
+  return planner::scaled_to_threads(hw, threads);
 }
 
 int calibrate(apps::Invocation& inv) {
@@ -237,6 +243,7 @@ int plan(apps::Invocation& inv) {
           std::to_string(result.candidates) + " layouts tried); the closest needs " +
           core::format_bytes(result.closest.memory.device()) + " per device: " +
           planner::format_plan(result.closest) +
+          (result.closest.device_fits ? "    but " + result.closest.why + "\n" : "") +
           "use more devices (--gpus), a device with more memory (--hardware), or a smaller "
           "train.global_batch / train.seq_len");
     }

@@ -70,10 +70,17 @@ void predict_rank(const io::Config& config, int pipeline_rank, const ActivationP
   time = planner::predict_time(config.model, layout, hw);
 }
 
+void with_host_memory(planner::HardwareSpec& hw, const io::Config& config) {
+  if (config.hardware.host_memory_gib > 0) {
+    hw.host_memory_bytes = config.hardware.host_memory_gib * 1024.0 * 1024.0 * 1024.0;
+  }
+}
+
 planner::HardwareSpec hardware_spec(const io::Config& config, int threads) {
-  const planner::HardwareSpec hw = config.hardware.file.empty()
-                                       ? planner::hardware_preset(config.hardware.preset)
-                                       : planner::read_hardware(config.hardware.file);
+  planner::HardwareSpec hw = config.hardware.file.empty()
+                                 ? planner::hardware_preset(config.hardware.preset)
+                                 : planner::read_hardware(config.hardware.file);
+  with_host_memory(hw, config);
   return planner::scaled_to_threads(hw, threads);
 }
 
@@ -120,7 +127,15 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
     try {
       // The nodes' cores as the thread decision saw them (mpirun --oversubscribe shares them).
       const core::ThreadPlan node = core::current_thread_plan();
-      const planner::Cluster cluster = make_cluster(hardware_spec(config, threads), world.size(),
+      planner::HardwareSpec hw = hardware_spec(config, threads);
+      // On GPUs the offloaded bytes go to this node's memory: plan for what it has now, unless
+      // hardware.host_memory_gib says otherwise.
+      if (device_resident_build() && config.hardware.host_memory_gib <= 0) {
+        if (const double available = host_available_bytes(); available > 0) {
+          hw.host_memory_bytes = available;
+        }
+      }
+      const planner::Cluster cluster = make_cluster(hw, world.size(),
                                                     node.node_cores * node.nodes(world.size()),
                                                     node.pinned, node.nodes(world.size()));
       // fp32 storage whatever train.precision says (see run_layout).
@@ -136,6 +151,7 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
                 " per rank; the closest needs " +
                 core::format_bytes(result.closest.memory.device()) + " (" +
                 planner::format_plan(result.closest) +
+                (result.closest.device_fits ? "    it " + result.closest.why + "\n" : "") +
                 "); start more ranks, lower train.micro_batch or train.seq_len, or give a larger "
                 "memory in hardware.file";
       } else {

@@ -36,6 +36,8 @@ planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
 // hardware.file when set, else hardware.preset, with host rates scaled to `threads` per rank
 // (0: as written).
 planner::HardwareSpec hardware_spec(const io::Config& config, int threads);
+// hardware.host_memory_gib, when set, as the spec's host memory per node.
+void with_host_memory(planner::HardwareSpec& hw, const io::Config& config);
 
 struct ActivationPlan {
   std::vector<core::Keep> keep;  // per op of the whole model; empty keeps all

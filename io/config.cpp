@@ -481,6 +481,13 @@ const std::vector<KeySpec>& schema() {
        .doc = "GiB of device memory per GPU that offload.policy: auto plans for; 0 = the GPU's "
               "free memory (CUDA builds) or no device limit (CPU builds: the device is the host)",
        .range = at_least(0)},
+      // The host memory the planner lets a GPU node's offloaded bytes use (planner/hardware.hpp).
+      {.key = "hardware.host_memory_gib", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.hardware.host_memory_gib; },
+       .doc = "GiB of host memory per node that the planner lets the ranks' offloaded bytes use "
+              "(ZeRO offload on GPUs); 0 = the hardware spec's (preset or file), and under "
+              "parallel.mode: auto on a GPU build the node's available memory",
+       .range = at_least(0)},
       {.key = "hardware.file", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.hardware.file; },
        .doc = "a hardware YAML written by colossal_plan --calibrate; overrides hardware.preset "

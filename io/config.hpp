@@ -141,6 +141,7 @@ struct HardwareConfig {
   std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
   int gpus = 0;                  // devices to plan for (colossal_plan); 0 = the config's ranks
   double device_memory_gib = 0.0;  // device capacity offload.policy: auto plans for; 0 = measured
+  double host_memory_gib = 0.0;  // a node's host memory the planner lets offload use; 0 = spec's
   std::string gemm = "openblas"; // host GEMM backend: openblas | blis | onednn | auto
 };
 

@@ -31,7 +31,8 @@ constexpr double G = 1e9, T = 1e12, GiB = 1024.0 * 1024.0 * 1024.0;
 // direction, one InfiniBand port per GPU. Achieved rates are fixed fractions of the peaks (GEMM
 // 70%, attention 50%, memory-bound kernels 80% of HBM bandwidth): refine them by calibrating.
 HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, double hbm_tbs,
-                 double memory_gb, double nvlink_gbs, double ib_gbits, double pcie_gbs) {
+                 double memory_gb, double nvlink_gbs, double ib_gbits, double pcie_gbs,
+                 double host_memory_gib) {
   HardwareSpec h;
   h.name = name;
   h.fp32_flops = fp32_tflops * T;
@@ -44,6 +45,7 @@ HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, doubl
   h.memory_bytes = memory_gb * 1e9;
   h.host_link_bandwidth = pcie_gbs * G;
   h.host_optimizer_bandwidth = 5 * G;  // a node's CPU AdamW shared by its 8 GPUs
+  h.host_memory_bytes = host_memory_gib * GiB;
   h.devices_per_node = 8;
   // NCCL moves started collectives on its own stream, but takes SMs and HBM bandwidth from the
   // kernels beside it: half its time hidden. Fitted to Megatron-LM (2021) Table 2's ZeRO-3 rows
@@ -85,11 +87,14 @@ HardwareSpec hardware_preset(const std::string& name) {
   // Links at the bus bandwidth NCCL reaches on them (nccl-tests all-reduce busbw: about 230 GB/s
   // on A100 NVSwitch of a 300 GB/s per-direction NVLink, 360 on H100/H200 of 450, 130 on V100 of
   // 150) and about 92% of the InfiniBand line rate.
-  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 230, 0.92 * 200, 25);
-  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 230, 0.92 * 200, 25);
-  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 360, 0.92 * 400, 50);
-  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 360, 0.92 * 400, 50);
-  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 130, 0.92 * 100, 12);
+  // Host memory per node as NVIDIA's 8-GPU systems ship it: DGX A100 1 TB (40 GB GPUs) or 2 TB
+  // (80 GB), DGX H100 and H200 2 TB, DGX-1 (V100) 512 GB; a cluster's own nodes may have less,
+  // which host_memory_gib in a hardware file (or --calibrate's MemTotal) says.
+  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 230, 0.92 * 200, 25, 1024);
+  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 230, 0.92 * 200, 25, 2048);
+  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 360, 0.92 * 400, 50, 2048);
+  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 360, 0.92 * 400, 50, 2048);
+  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 130, 0.92 * 100, 12, 512);
   std::string names;
   for (const std::string& n : hardware_presets()) names += (names.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown hardware preset '" + name + "' (known: " + names +
@@ -127,6 +132,7 @@ const Field kFields[] = {
     {"memory_gib", &HardwareSpec::memory_bytes, GiB},
     {"host_link_gbs", &HardwareSpec::host_link_bandwidth, G},
     {"host_optimizer_gbs", &HardwareSpec::host_optimizer_bandwidth, G},
+    {"host_memory_gib", &HardwareSpec::host_memory_bytes, GiB},
     {"comm_overlap", &HardwareSpec::comm_overlap, 1.0},
 };
 

@@ -37,6 +37,10 @@ struct HardwareSpec {
   // bandwidth means host and device share memory (a CPU rank): offload costs no transfer.
   double host_link_bandwidth = 0.0;
   double host_optimizer_bandwidth = 0.0;
+  // The host memory of one node, which its ranks' offloaded (pinned) bytes share. 0: not known,
+  // not checked. Only where the device has a host link of its own: on a CPU rank offloaded
+  // bytes already count against memory_bytes.
+  double host_memory_bytes = 0.0;
   // The share of a started (non-blocking) data-parallel collective's time that runs beside the
   // compute: 0.5 on the GPU presets (NCCL moves it on its own stream but takes SMs and bandwidth
   // from the kernels beside it; planner/README.md), 0 where it moves only inside MPI calls (host

@@ -107,6 +107,24 @@ RankLayout grid_rank_layout(const core::ModelSpec& spec, RunLayout r, int stage 
   return rank_layout(r, stage);
 }
 
+// The host side of a plan whose ranks offload at most `offloaded` bytes each: a node's ranks
+// share its host memory. A CPU rank has no host link: there the offloaded bytes count against
+// the device's (the host's) memory already.
+void check_host_memory(Plan& plan, double offloaded, const Cluster& cluster) {
+  const HardwareSpec& hw = cluster.hw;
+  plan.device_fits = plan.fits;
+  if (hw.host_link_bandwidth <= 0.0 || offloaded <= 0.0) return;
+  const int ranks = std::max(1, std::min(cluster.devices, hw.devices_per_node));
+  plan.host_bytes = offloaded * ranks;
+  if (hw.host_memory_bytes <= 0.0 || plan.host_bytes <= hw.host_memory_bytes) return;
+  if (plan.fits) {
+    plan.why = "its " + std::to_string(ranks) + " rank(s) per node offload " +
+               bytes_text(plan.host_bytes) + " to the host, which has " +
+               bytes_text(hw.host_memory_bytes) + " (host_memory_gib)";
+  }
+  plan.fits = false;
+}
+
 }  // namespace
 
 Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cluster,
@@ -143,7 +161,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                                              : CheckpointPolicy::rotor);
     plan.budget_bytes = budget_bytes > 0 ? budget_bytes : hw.memory_bytes;
     plan.fits = true;
-    double busy = 0.0, minimum = 0.0;
+    double busy = 0.0, minimum = 0.0, offloaded = 0.0;
     for (std::size_t stage = 0; stage < stages.size(); ++stage) {
       RankLayout& l = stages[stage];
       const CheckpointPlan cp = plan_checkpointing(spec, l, hw, plan.policy, plan.budget_bytes,
@@ -161,6 +179,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                    : who + ": " + cp.description);
       if (!cp.feasible) minimum = std::max(minimum, cp.minimum_bytes);
       plan.fits = plan.fits && cp.feasible && m.against(hw) <= hw.memory_bytes;
+      offloaded = std::max(offloaded, m[core::MemCategory::offloaded]);
     }
     if (cluster.oversubscribed()) {  // each stage's ranks take turns with the others' on the cores
       share_cores(plan.time, busy / run.pipeline * cluster.devices * cluster.threads(),
@@ -172,6 +191,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
                                         : plan.memory.against(hw)) +
                  " of " + bytes_text(hw.memory_bytes);
     }
+    check_host_memory(plan, offloaded, cluster);
     if (plan.policy != CheckpointPolicy::rotor) plan.budget_bytes = 0.0;
     plan.step_time = plan.time.step;
     const double tokens = double(run.global_batch) * run.seq_len;
@@ -201,6 +221,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   plan.policy = policy.value_or(CheckpointPolicy::none);
   plan.budget_bytes = budget_bytes > 0 ? budget_bytes : memory;
   std::vector<TimePrediction> stage_times;  // per pipeline rank, when they all are costed
+  double offloaded = 0.0;                   // the most any costed rank moves to the host
   for (int r : ranks) {
     RankLayout l = rank_layout(run, r);
     CheckpointPolicy chosen = plan.policy;
@@ -225,7 +246,9 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     if (m.against(hw) > plan.memory.against(hw)) plan.memory = m;
     if (t.step > plan.time.step) plan.time = t;
     stage_times.push_back(t);
+    offloaded = std::max(offloaded, m[core::MemCategory::offloaded]);
   }
+  check_host_memory(plan, offloaded, cluster);
   if (cluster.oversubscribed()) {
     const int nodes = std::max(1, cluster.nodes);
     const SharedCoresLayout shared{run.data,          run.tensor,   run.sequence,
@@ -399,7 +422,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
                                options.memory_slots);
         };
         Plan plan = evaluate(1.0);
-        if (!plan.fits && offload && z == 3 && d1) {
+        bool fewest_chunks = false;  // plan already offloads the fewest chunks the device needs
+        if (!plan.device_fits && offload && z == 3 && d1) {
           // Not even with every optimizer chunk on the host: ZeRO 3 can move the parameter
           // shards too, the fewest 64ths of them that fit (as offload.policy: auto does).
           auto with_params = [&](int chunks) {
@@ -407,11 +431,20 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
             run.offload_params_fraction = core::offload_fraction(chunks);
             return evaluate(1.0);
           };
+          // The device's memory decides the fewest chunks; each one more needs more of the
+          // host's, so if the fewest do not fit there, none does.
           plan = with_params(core::kOffloadChunks);  // if not even this fits: the closest
-          if (plan.fits) {
+          if (plan.device_fits) {
             plan = with_params(core::fewest_offload_chunks(
-                [&](int k) { return with_params(k).fits; }));
+                [&](int k) { return with_params(k).device_fits; }));
           }
+        } else if (!plan.fits && plan.device_fits && offload) {
+          // The device holds it but the host cannot hold every optimizer chunk: the fewest
+          // chunks the device needs are the least the host must hold.
+          const int fewest = core::fewest_offload_chunks(
+              [&](int k) { return evaluate(core::offload_fraction(k)).device_fits; });
+          plan = evaluate(core::offload_fraction(fewest));
+          fewest_chunks = true;
         }
         if (!plan.fits) {
           ++result.infeasible;
@@ -431,10 +464,13 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         // recomputing): also the fewest 64ths of each shard's optimizer state that fit, as
         // offload.policy: auto moves them (the device's share updates beside the host's, so
         // fewer is faster on a GPU node).
-        if (offload && !run.offload_params && (!fits_kept || kept_recomputes)) {
+        if (offload && !fewest_chunks && !run.offload_params && (!fits_kept || kept_recomputes)) {
           const int fewest = core::fewest_offload_chunks(
-              [&](int k) { return evaluate(core::offload_fraction(k)).fits; });
-          if (fewest < core::kOffloadChunks) keep_best(evaluate(core::offload_fraction(fewest)));
+              [&](int k) { return evaluate(core::offload_fraction(k)).device_fits; });
+          if (fewest < core::kOffloadChunks) {
+            const Plan fewer = evaluate(core::offload_fraction(fewest));
+            if (fewer.fits) keep_best(fewer);  // less on the host than all chunks: it does
+          }
         }
       }
     }
@@ -515,6 +551,10 @@ std::string format_plan(const Plan& p) {
                 p.step_time, waiting, p.tokens_per_s, p.tflops_per_device, 100.0 * p.mfu,
                 p.memory.format().c_str());
   out += line;
+  if (p.host_bytes > 0.0) {
+    out += "    host memory per node (its ranks' offloaded bytes): " +
+           core::format_bytes(p.host_bytes) + "\n";
+  }
   return out;
 }
 
@@ -634,7 +674,8 @@ std::string plan_json(const Plan& p) {
       "\"offload_params\": %s, \"offload_params_fraction\": %.17g, "
       "\"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
-      "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}}}",
+      "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}, "
+      "\"host_bytes_per_node\": %.0f}}",
       r.data, r.tensor, core::tensor_mode_name(r.tensor_mode),
       core::tensor_depth(r.tensor_mode, r.depth),
       r.sequence_split ? "true" : "false", r.sequence, r.pipeline,
@@ -644,7 +685,7 @@ std::string plan_json(const Plan& p) {
       r.offload_params ? r.offload_params_fraction : 1.0,
       core::checkpoint_policy_name(p.policy), schedules.c_str(),
       p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
-      memory.c_str(), p.memory.total());
+      memory.c_str(), p.memory.total(), p.host_bytes);
   return text;
 }
 

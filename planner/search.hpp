@@ -40,7 +40,9 @@ struct Plan {
   core::CheckpointPolicy policy = core::CheckpointPolicy::none;  // none, or rotor under memory
   double budget_bytes = 0.0;       // rotor's checkpointing.memory_budget
   std::vector<std::string> schedules;  // per pipeline rank, the checkpoint schedule
-  bool fits = false;
+  bool fits = false;                // device_fits, and the node's host memory holds host_bytes
+  bool device_fits = false;         // every rank fits in its device's memory
+  double host_bytes = 0.0;          // offloaded bytes of one node's ranks (GPU nodes; 0: none)
   double step_time = 0.0;          // the slowest pipeline rank's
   double tokens_per_s = 0.0;
   double tflops_per_device = 0.0;  // model FLOPs (6N + 12LTd per token; recompute excluded)
@@ -50,7 +52,9 @@ struct Plan {
   std::string why;                 // why it lost, or did not fit
 };
 
-// Predicts a fixed layout. `policy` is a checkpointing policy, or nullopt (auto): none when
+// Predicts a fixed layout. Where the device has a host link (a GPU), the offloaded bytes of the
+// ranks of one node (the largest rank's times min(devices, devices_per_node)) must also fit in
+// hw.host_memory_bytes, when that is known. `policy` is a checkpointing policy, or nullopt (auto): none when
 // everything fits, else rotor under the device memory (2d / 2.5d / 3d: over whole blocks,
 // plan_grid_checkpointing). run.layers empty: parallel::balanced_stage_layers (the trainer's
 // default).

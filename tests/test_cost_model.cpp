@@ -47,6 +47,7 @@ TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   EXPECT_NEAR(back.inter_node.bandwidth_Bps, h.inter_node.bandwidth_Bps, 1e-5 * h.inter_node.bandwidth_Bps);
   EXPECT_EQ(back.devices_per_node, 8);
   EXPECT_EQ(back.comm_overlap, 0.5);  // NCCL moves started collectives beside the kernels
+  EXPECT_EQ(back.host_memory_bytes, 2048.0 * 1024 * 1024 * 1024) << "a DGX A100 80GB's 2 TB";
   const planner::HardwareSpec host = planner::hardware_preset("host");
   std::ofstream(path) << planner::hardware_yaml(host);
   EXPECT_EQ(planner::read_hardware(path.string()).gemm_curve.size(), host.gemm_curve.size());

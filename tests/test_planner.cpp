@@ -262,6 +262,102 @@ TEST(Search, OneGpuOffloadsTheParameterShardsTheMemoryNeeds) {
   EXPECT_TRUE(planner::search_plans(spec, 1, 128, false, cluster, options).best.empty());
 }
 
+// The offloaded bytes of a node's ranks share its host memory: a plan that moves more there than
+// the node has does not fit, and the fewest parameter chunks the device needs are also the least
+// the host must hold, so when those do not fit nothing does. A CPU rank counts them against its
+// own memory instead.
+TEST(Search, HostMemoryBoundsWhatANodeOffloads) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 8, 768, 12, 3072, 50304, 1024);
+  planner::Cluster cluster{planner::hardware_preset("h200"), 1};
+  EXPECT_EQ(cluster.hw.host_memory_bytes, 2048.0 * 1024 * 1024 * 1024);
+  planner::RunLayout one;
+  one.global_batch = 1;
+  one.micro_batch = 1;
+  one.seq_len = 128;
+  one.layers = {8};
+  one.zero_stage = 3;
+  one.offload_optimizer = true;
+  const double optimizer = planner::evaluate_plan(spec, one, cluster).memory.device();
+  one.offload_params = true;
+  const planner::Plan all = planner::evaluate_plan(spec, one, cluster);
+  ASSERT_TRUE(all.fits);
+  EXPECT_EQ(all.host_bytes, all.memory[core::MemCategory::offloaded]) << "one rank on the node";
+  EXPECT_NE(planner::format_plan(all).find("host memory per node (its ranks' offloaded bytes): " +
+                                           core::format_bytes(all.host_bytes)),
+            std::string::npos)
+      << planner::format_plan(all);
+  EXPECT_NE(planner::plan_json(all).find("\"host_bytes_per_node\": "), std::string::npos);
+
+  cluster.hw.memory_bytes = all.memory.device() + 0.3 * (optimizer - all.memory.device());
+  planner::SearchOptions options;
+  options.top = 50;
+  options.prune = false;
+  options.micro_batches = {1};
+  options.tensor_modes = false;
+  const auto roomy = planner::search_plans(spec, 1, 128, false, cluster, options);
+  ASSERT_FALSE(roomy.best.empty());
+  const planner::Plan& p = roomy.best.front();
+  ASSERT_TRUE(p.run.offload_params);
+  ASSERT_GT(p.host_bytes, 0.0);
+  // Just enough host memory for that plan: it stays; a little less: nothing fits, and the
+  // closest plan says the host is why.
+  cluster.hw.host_memory_bytes = p.host_bytes;
+  const auto tight = planner::search_plans(spec, 1, 128, false, cluster, options);
+  ASSERT_FALSE(tight.best.empty());
+  EXPECT_EQ(tight.best.front().run.offload_params_fraction, p.run.offload_params_fraction);
+  cluster.hw.host_memory_bytes = 0.99 * p.host_bytes;
+  const auto none = planner::search_plans(spec, 1, 128, false, cluster, options);
+  EXPECT_TRUE(none.best.empty()) << planner::format_plan(none.best.front());
+  EXPECT_TRUE(none.closest.device_fits);
+  EXPECT_FALSE(none.closest.fits);
+  EXPECT_NE(none.closest.why.find("offload " + core::format_bytes(none.closest.host_bytes) +
+                                  " to the host, which has " +
+                                  core::format_bytes(cluster.hw.host_memory_bytes)),
+            std::string::npos)
+      << none.closest.why;
+  cluster.hw.host_memory_bytes = 0.0;  // unknown: not checked
+  EXPECT_FALSE(planner::search_plans(spec, 1, 128, false, cluster, options).best.empty());
+
+  // A device that needs half the optimizer state moved, beside a host that cannot hold all of
+  // it: the plan moves the fewest chunks the device needs, which the host can.
+  planner::RunLayout z1 = one;
+  z1.zero_stage = 1;
+  z1.offload_params = false;
+  const planner::Plan moved = planner::evaluate_plan(spec, z1, cluster);
+  z1.offload_optimizer = false;
+  z1.zero_stage = 0;
+  const double kept = planner::evaluate_plan(spec, z1, cluster).memory.device();
+  cluster.hw.memory_bytes = moved.memory.device() + 0.5 * (kept - moved.memory.device());
+  cluster.hw.host_memory_bytes = 0.75 * moved.host_bytes;
+  const auto part = planner::search_plans(spec, 1, 128, false, cluster, options);
+  ASSERT_FALSE(part.best.empty()) << planner::format_plan(part.closest) << part.closest.why;
+  const planner::Plan& some = part.best.front();
+  EXPECT_TRUE(some.run.offload_optimizer);
+  EXPECT_FALSE(some.run.offload_params);
+  EXPECT_LT(some.run.offload_fraction, 1.0) << planner::format_plan(some);
+  EXPECT_LE(some.host_bytes, cluster.hw.host_memory_bytes);
+
+  // Eight ranks of one node offload eight ranks' bytes.
+  planner::Cluster node{planner::hardware_preset("h200"), 8};
+  planner::RunLayout dp8 = one;
+  dp8.data = 8;
+  dp8.global_batch = 8;
+  const planner::Plan eight = planner::evaluate_plan(spec, dp8, node);
+  ASSERT_TRUE(eight.fits) << eight.why;
+  EXPECT_DOUBLE_EQ(eight.host_bytes, 8 * eight.memory[core::MemCategory::offloaded]);
+  node.hw.host_memory_bytes = 7.5 * eight.memory[core::MemCategory::offloaded];
+  const planner::Plan over = planner::evaluate_plan(spec, dp8, node);
+  EXPECT_FALSE(over.fits);
+  EXPECT_TRUE(over.device_fits);
+  EXPECT_NE(over.why.find("its 8 rank(s) per node offload"), std::string::npos) << over.why;
+
+  // A CPU rank: the offloaded bytes are its own memory's.
+  planner::Cluster cpu{planner::hardware_preset("host"), 1};
+  const planner::Plan host = planner::evaluate_plan(spec, one, cpu);
+  EXPECT_EQ(host.host_bytes, 0.0);
+  EXPECT_EQ(host.memory.against(cpu.hw), host.memory.total());
+}
+
 // A stage that fits only with offload (the memory needs it) is also planned with the fewest 64ths
 // of each shard's optimizer state on the host: on a GPU node the device's share updates beside
 // the host's, so that plan is faster than offloading everything, and one chunk fewer would not
