@@ -218,7 +218,29 @@ CopyQueue::CopyQueue() {
 CopyQueue::~CopyQueue() {
   if (stream_ == nullptr) return;
   cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));  // best effort: cannot report here
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
   cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void CopyQueue::follow_kernels() {
+  if (stream_ != nullptr) order_after_kernels(stream_);
+}
+
+void CopyQueue::precede(void* stream) {
+  if (stream_ == nullptr) return;
+  if (event_ == nullptr) {
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate",
+               "CopyQueue");
+    event_ = event;
+  }
+  const cudaStream_t target =
+      stream != nullptr ? static_cast<cudaStream_t>(stream) : Kokkos::Cuda().cuda_stream();
+  // A wait already enqueued keeps the state the event had when it was enqueued.
+  cudaError_t error = cudaEventRecord(static_cast<cudaEvent_t>(event_),
+                                      static_cast<cudaStream_t>(stream_));
+  if (error == cudaSuccess) error = cudaStreamWaitEvent(target, static_cast<cudaEvent_t>(event_), 0);
+  check_cuda(error, "cudaEventRecord / cudaStreamWaitEvent", "CopyQueue");
 }
 
 void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t bytes) {
@@ -275,6 +297,8 @@ void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t by
   std::memcpy(device_dst, host_src, bytes);
 }
 void CopyQueue::wait() {}
+void CopyQueue::follow_kernels() {}
+void CopyQueue::precede(void* /*stream*/) {}
 void order_after_kernels(void* /*stream*/) { fence_kernels(); }
 #endif
 

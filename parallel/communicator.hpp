@@ -129,6 +129,10 @@ class Communicator {
   // transport needs, so callers never fence before a collective, send or receive.
   virtual bool orders_after_kernels() const { return false; }
   void fence_kernels_unless_ordered() const;
+  // The CUDA stream (a cudaStream_t) the transport queues its work on, where it has one (NCCL):
+  // work on other streams (copies) orders the transport after itself through it. Null for
+  // transports the host drives (MPI, staged), which need such work complete before a call.
+  virtual void* transport_stream() const { return nullptr; }
 
   // buffer <- sum over ranks of buffer (in place).
   void all_reduce_sum(std::span<float> buffer);

@@ -52,6 +52,7 @@ class NcclCommunicator final : public Communicator {
   std::string_view backend() const override { return "nccl"; }
   MemorySpace memory_space() const override { return MemorySpace::device; }
   bool orders_after_kernels() const override { return true; }
+  void* transport_stream() const override { return stream_; }
 
   int device() const { return device_; }
   const MpiCommunicator& host() const { return host_; }  // the control plane's communicator

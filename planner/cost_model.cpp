@@ -52,7 +52,7 @@ constexpr double kF = 4.0;  // bytes per fp32 value
 
 // One chunk's flat parameter buffer as the trainer pads and shards it.
 struct ChunkParams {
-  double flat = 0, first = 0, widest = 0, units = 0;
+  double flat = 0, first = 0, second = 0, widest = 0, last = 0, units = 0;
   double layernorm_owned = 0;  // layernorm floats in the pieces this rank's optimizer updates
 };
 
@@ -93,6 +93,8 @@ ChunkParams chunk_params(const core::ModelSpec& spec, const RankLayout& l,
   }
   for (double size : sizes) p.flat += size;
   p.first = sizes.front();
+  p.second = sizes.size() > 1 ? sizes[1] : 0.0;
+  p.last = sizes.back();
   p.units = double(sizes.size());
   for (std::size_t u = 1; u < sizes.size(); ++u) p.widest = std::max(p.widest, sizes[u]);
   return p;
@@ -444,7 +446,8 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
         m[MemCategory::offloaded] += 2 * OH;
         break;
       default:  // 3: the shard, plus two gather buffers unless one rank holds everything, and
-                // on several ranks a third for the block unit gathered ahead (prefetch). With
+                // on several ranks or with parameter offload a third for the block unit
+                // gathered (or uploaded) ahead (prefetch). With
                 // parameter offload the shard's last states (offload.params_fraction) live on
                 // the host, which holds a whole shard (the rest: the optimizer's copy).
         m[MemCategory::parameters] +=
@@ -454,7 +457,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
                                   : 0.0);
         if (l.offload_params) m[MemCategory::offloaded] += S;
         if (D > 1 || l.offload_params) m[MemCategory::parameters] += work;
-        if (D > 1) m[MemCategory::parameters] += p.widest * pb;
+        if (D > 1 || l.offload_params) m[MemCategory::parameters] += p.widest * pb;
         m[MemCategory::gradients] += GS + (D > 1 ? gwork : 0.0);
         m[MemCategory::optimizer] += 2 * (OS - OH);
         m[MemCategory::offloaded] += 2 * OH;
@@ -690,6 +693,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   double per_micro = 0.0, flat = 0.0, units = 0.0;
   double late_units = 0.0;  // the first chunk's unit 0 and (several data ranks) first block
   double unskipped = 0.0;   // the first chunk's unit 0 where backward does not gather it
+  double first_unit = 0.0, first_block = 0.0, last_unit = 0.0;  // the first chunk's, the last's
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -726,7 +730,10 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       const bool gathered = !chunk.stage.embeds ||
                             (chunk.stage.head && spec.tied() && l.tensor > 1);
       unskipped = gathered ? 0.0 : p.first;
+      first_unit = p.first;
+      first_block = p.second;
     }
+    last_unit = p.last;
     flat += p.flat;
     units += p.units;
   }
@@ -739,6 +746,14 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // keeps them).
   const int D = l.data * l.sequence;
   const double P = flat * (l.bf16_reduce ? 2.0 : kF), W = flat * (l.bf16 ? 2.0 : kF);
+  // Stage 3 keeps the unit it gathered last in its buffer (zero::ShardedParameterStore): on one
+  // pipeline stage each micro-batch's backward starts on the unit its forward ended on (the last
+  // unit), and each micro-batch after the first starts on the block the backward before ended on
+  // (unit 1): neither is gathered or uploaded again. (Recomputed segments' reuse is not counted,
+  // nor are their extra gathers.)
+  const bool reuses = l.zero_stage == 3 && l.pipeline == 1;
+  const double reused_floats = reuses ? m * last_unit + (m - 1) * first_block : 0.0;
+  const double reused_calls = reuses ? 2 * m - 1 : 0.0;
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   if (D > 1) {
     // Each bucket's all-reduce pays the ring's latency again; the bytes are the buffer's.
@@ -757,7 +772,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
         break;
       default:
         t.data_comm = m * (gather_time(P, D, dp_link) + 2 * gather_time(W, D, dp_link)) +
-                      3 * (m * units - m) * (D - 1) * dp_link.latency_s;
+                      3 * (m * units - m) * (D - 1) * dp_link.latency_s -
+                      (D - 1) * (reused_calls * dp_link.latency_s +
+                                 reused_floats * (l.bf16 ? 2.0 : kF) / D / dp_link.bandwidth_Bps);
         break;
     }
     // Overlap: what the executor starts early runs beside compute where the transport moves it
@@ -776,17 +793,47 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                                                          : m * (forward + backward));
   }
   const double updated = l.zero_stage == 0 ? flat : flat / D;
-  // Parameter offload (ZeRO 3): every gather first uploads this rank's slice's host part, the
-  // host's thread waiting for it. A micro-batch gathers each unit before its forward and again
-  // before its backward, but for the embeddings' unit 0 where backward needs no parameters (first
-  // in the shard, so on the host only where the offloaded share reaches it). Recomputed
-  // segments' extra gathers are not counted.
+  // Parameter offload (ZeRO 3): every gather uploads this rank's slice's host part. A
+  // micro-batch gathers each unit before its forward and again before its backward, but for the
+  // embeddings' unit 0 where backward needs no parameters (first in the shard, so on the host only
+  // where the offloaded share reaches it) and the units kept in their buffer (above).
+  //
+  // The store uploads the block unit expected next while the kernels of the one in use run
+  // (zero::ShardedParameterStore's prefetch), so those uploads hide behind the micro-batches'
+  // compute, as far as the gathers (several data ranks) have not taken it (they overlap on
+  // NCCL's stream; over MPI, which the host drives, the host waits for each upload: priced as
+  // NCCL, like every GPU run). Not the gathers that start a pass, with no unit before them to
+  // hide behind: unit 0 (again in backward where backward gathers it), the first block in
+  // forward and the last unit in backward (on one stage: only the first micro-batch's first
+  // block; the rest are kept in their buffer, above), each model chunk's. The offloaded states
+  // are the shard's last: a unit uploads its part at or past updated - uploaded.
   if (l.offload_params && hw.host_link_bandwidth > 0) {
     const double uploaded =
         double(core::offloaded_states(std::size_t(updated), l.offload_params_fraction));
     const double embeddings = std::max(0.0, unskipped / D - (updated - uploaded));
-    t.data_comm +=
-        m * (2.0 * uploaded - embeddings) * (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
+    const double byte_s = (l.bf16 ? 2.0 : kF) / hw.host_link_bandwidth;
+    const double host_from = updated - uploaded;  // the first offloaded state
+    auto on_host = [&](double begin, double size) {  // states of [begin, begin + size) there
+      return std::max(0.0, begin + size - std::max(begin, host_from));
+    };
+    const double unit0 = on_host(0.0, first_unit / D);
+    const double block1 = on_host(first_unit / D, first_block / D);
+    const double last = std::min(last_unit / D, uploaded);
+    const double chunks = double(l.chunks.size());
+    double total = m * (2.0 * uploaded - embeddings);
+    double starts = chunks * m * unit0 * (unskipped > 0.0 ? 1.0 : 2.0);
+    if (reuses) {
+      total -= m * last + (m - 1) * block1;
+      starts += block1;
+    } else {
+      starts += chunks * m * (block1 + last);
+    }
+    t.data_comm += total * byte_s;
+    double compute = 0.0;
+    for (double f : t.micro_forward) compute += f;
+    for (double b : t.micro_backward) compute += b;
+    const double window = std::max(0.0, m * compute - t.hidden_comm);
+    t.hidden_comm += std::min(window, std::max(0.0, total - starts) * byte_s);
   }
   // Stages 2-3: the offloaded gradients go down during the last micro-batch's backward, each
   // unit's as its reduction completes (zero::ShardedAdamW), hidden as far as that backward lasts;

@@ -104,7 +104,8 @@ struct TimePrediction {
   double pipeline_comm = 0.0;   // stage-boundary sends
   double bubble = 0.0;          // pipeline fill and drain
   double data_comm = 0.0;       // gradient reduction and ZeRO gathers (their whole time)
-  double hidden_comm = 0.0;     // of which running beside compute (HardwareSpec::comm_overlap)
+  double hidden_comm = 0.0;     // of which running beside compute (HardwareSpec::comm_overlap;
+                                // parameter offload's prefetched uploads)
   double optimizer = 0.0;
   double shared_cores = 0.0;    // waiting for cores shared by more threads (see share_cores)
   double step = 0.0;            // the sum, less hidden_comm

@@ -18,6 +18,7 @@
 #      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), dp2 ZeRO-2
 #      with half of the optimizer state offloaded (the device's and the host's AdamW side by
 #      side), dp2 ZeRO-3 with half of each parameter shard on the host (params_fraction 0.5),
+#      and the same on one rank (its uploads prefetched on the copy stream beside the kernels),
 #      and dp2 ZeRO-2 with parallel.grad_reduce: bf16 (the bf16 sums staged; 2e-4);
 #      10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
 #   5. the same gpt2-124m in PyTorch on the GPU (bench/pytorch_peer.py: eager fp32, eager bf16
@@ -250,9 +251,11 @@ if section 4; then
       [dp2-zero2-bf16reduce]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.grad_reduce=bf16"
       [dp2-zero3-offload]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true"
       [dp2-zero2-offload-half]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.optimizer_fraction=0.5"
-      [dp2-zero3-params-half]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true --set parallel.zero.offload.params_fraction=0.5")
+      [dp2-zero3-params-half]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true --set parallel.zero.offload.params_fraction=0.5"
+      [1rank-zero3-params-half]="1 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true --set parallel.zero.offload.params_fraction=0.5")
     for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b 2d-4ranks dp2-zero2-bf16reduce \
-                dp2-zero3-offload dp2-zero2-offload-half dp2-zero3-params-half; do
+                dp2-zero3-offload dp2-zero2-offload-half dp2-zero3-params-half \
+                1rank-zero3-params-half; do
       t0=$SECONDS
       # Gradients summed in bf16 (parallel.grad_reduce) follow fp32 sums to 2e-4 (the host tests').
       tolerance=1e-5

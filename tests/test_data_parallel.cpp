@@ -148,8 +148,9 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
                   .host_param_states(),
               HP);
   }
-  if (stage == 3) {  // the shard, the work buffers and (several ranks) the prefetch buffer
-    params = (S - HP) + (dp > 1 || offload_params ? U0 + W : 0) + (dp > 1 ? W : 0);
+  if (stage == 3) {  // the shard, the work buffers and the prefetch buffer (several ranks or
+                     // parameter offload)
+    params = (S - HP) + (dp > 1 || offload_params ? U0 + 2 * W : 0);
   }
   // Offloaded: the shard's last H states keep their moments, gradients and parameters on the
   // host; the others' moments stay on the device (all of them move at fraction 1).
@@ -188,7 +189,9 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
       early += 4 * (end - std::min(end, std::max(begin, S - H)));
     }
     EXPECT_EQ(off.early_to_host_bytes, stage >= 2 ? steps * early : 0u);
-    if (stage >= 2 && dp > 1 && H == S) EXPECT_LT(early, 4 * H);
+    if (stage >= 2 && dp > 1 && H == S) {
+      EXPECT_LT(early, 4 * H);
+    }
     if (offload_params) {
       // Gradient shard and the device part of the parameter shard down each step, that part
       // back up; every gather (2 per micro-batch, 1 for the weights gathered at the end of
@@ -200,15 +203,35 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
       };
       uint64_t every_unit = 0;
       for (std::size_t u = 0; u < units.size(); ++u) every_unit += uploaded(u);
-      if (params_fraction == 1.0) EXPECT_EQ(every_unit, shard_bytes);
+      if (params_fraction == 1.0) {
+        EXPECT_EQ(every_unit, shard_bytes);
+      }
       EXPECT_EQ(off.to_host_bytes, steps * (shard_bytes + 4 * (S - HP)));
-      EXPECT_EQ(off.to_device_bytes, (steps * 2 * micro + 1 + 1) * every_unit -
-                                         steps * micro * uploaded(0) + steps * 4 * (S - HP));
+      // Gathers served by the unit still in its buffer upload nothing: each backward's first
+      // (the final layernorm's unit, which forward gathered last) and each micro-batch's first
+      // block after the first of a step (the backward before gathered it last).
+      const std::size_t last = units.size() - 1;
+      EXPECT_EQ(off.to_device_bytes,
+                (steps * 2 * micro + 1 + 1) * every_unit - steps * micro * uploaded(0) -
+                    steps * (micro * uploaded(last) + (micro - 1) * uploaded(1)) +
+                    steps * 4 * (S - HP));
     } else {
       // Only the offloaded states' gradients and parameters travel.
       EXPECT_EQ(off.to_host_bytes, steps * 2 * 4 * H);
       EXPECT_EQ(off.to_device_bytes, steps * 4 * H);
     }
+  }
+  if (stage == 3 && (dp > 1 || offload_params)) {
+    // Every block unit but the first of each pass (forward from unit 1 up, backward from the
+    // final layernorm's unit down) arrives prefetched (gathered, or with parameter offload
+    // uploaded, ahead), and no prefetch is wasted: the bytes above and below are those of
+    // gathering each unit once per use.
+    // And none is gathered twice in a row: backward's first unit and a micro-batch's first
+    // block after the first (the parameters unchanged since) are served from their buffer.
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store());
+    EXPECT_GE(store.prefetch_hits(), steps * micro * 2 * (unit_count - 2));
+    EXPECT_EQ(store.prefetch_misses(), 0u);
+    EXPECT_EQ(store.reused_gathers(), steps * (2 * micro - 1));
   }
   if (dp == 1) {
     // One rank moves nothing: only the scalar all-reduces are called.
@@ -218,14 +241,6 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     return;
   }
   EXPECT_EQ(gather_calls, stage == 3 ? unit_count : 0u);
-  if (stage == 3) {
-    // Every block unit but the first of each pass (forward from unit 1 up, backward from the
-    // last block down) arrives prefetched, and no prefetch is wasted: the bytes below are those
-    // of gathering each unit once per use.
-    auto& store = dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store());
-    EXPECT_GT(store.prefetch_hits(), steps * micro * (unit_count - 3));
-    EXPECT_EQ(store.prefetch_misses(), 0u);
-  }
   const double f = double(dp - 1) / dp;  // ring: (p-1)/p of the payload per rank
   if (stage < 2) {
     EXPECT_EQ(stats.all_reduce.payload_bytes, steps * (grad_bytes + 8));
@@ -250,9 +265,14 @@ TEST_P(DataParallel, TrainsTheSingleRankModel) {
     // Backward leaves the embedding unit out of its gathers: the embedding's gradient needs no
     // parameters, and the LM head ran its backward in forward (ActivationSizes::
     // head_in_forward), while the tied embeddings were gathered for it.
+    // Nor the units still in their buffer (above): backward's first, a later micro-batch's
+    // first block.
     const uint64_t embedding_skips = steps * micro * 4 * uint64_t(U0);
-    const uint64_t gathered =
-        stage == 2 ? steps * bytes : (steps * 2 * micro + 1 + 1) * bytes - embedding_skips;
+    const uint64_t reused =
+        steps * 4 * (micro * uint64_t(units.back().size()) + (micro - 1) * uint64_t(units[1].size()));
+    const uint64_t gathered = stage == 2 ? steps * bytes
+                                         : (steps * 2 * micro + 1 + 1) * bytes - embedding_skips -
+                                               reused;
     EXPECT_EQ(stats.all_gather.payload_bytes, gathered);
     EXPECT_NEAR(stats.all_gather.wire_bytes, f * gathered, 1.0);
   }
@@ -345,7 +365,9 @@ TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
       add(embeddings, units[0].size(), micro);
       store.gradients_done(0);
       store.set_final_pass(false);
-      if (micro == 0) EXPECT_TRUE(heard.empty()) << "stage " << stage;
+      if (micro == 0) {
+        EXPECT_TRUE(heard.empty()) << "stage " << stage;
+      }
     }
     store.grad_shard();  // completes the reductions still in flight
     std::vector<int> order;
@@ -368,6 +390,81 @@ TEST(ShardedStoreFinal, ReportsEachFinishedUnitOnceWithItsSum) {
     }
     store.zero_gradients();
     EXPECT_EQ(store.gradient_generation(), generation + 1);
+  }
+}
+}  // namespace
+
+namespace {
+// Stage 3's gathers under full recomputation (checkpointing.policy: full): backward runs each
+// block's forward again right before its backward, so a block is gathered twice in a row.
+// Forward prefetches each next unit, backward's first unit and every block's second gather are
+// served from the buffer, and no prefetch is wasted: each block is uploaded (parameter offload)
+// or gathered once per pass, as without recomputation. Every gather returns the unit's values.
+TEST(ShardedStorePrefetch, FullRecomputationGathersEachBlockOncePerPass) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const int dp = world.size();
+  const std::size_t q = std::size_t(dp) * 16;
+  // Embeddings, four blocks, the final layernorm's unit.
+  const std::vector<core::ParamUnit> units = {{0, 2 * q},      {2 * q, 5 * q},  {5 * q, 8 * q},
+                                              {8 * q, 11 * q}, {11 * q, 14 * q}, {14 * q, 15 * q}};
+  const int last = int(units.size()) - 1;
+  for (const double offload : {0.0, 1.0, 0.5}) {
+    if (dp == 1 && offload == 0.0) continue;  // one rank without offload gathers nothing
+    SCOPED_TRACE("params offloaded " + std::to_string(offload));
+    core::MemoryTracker tracker;
+    zero::ShardedParameterStore store(units, 15 * q, 3, world, tracker, offload);
+    for (int u = 0; u <= last; ++u) {  // parameter i of the flat buffer is i
+      float* w = store.begin_write(u);
+      std::vector<float> values(units[u].size());
+      for (std::size_t i = 0; i < values.size(); ++i) values[i] = float(units[u].begin + i);
+      core::copy_to_device(w, values.data(), values.size() * sizeof(float));
+      store.commit(u);
+    }
+    const uint64_t uploaded_before = store.uploaded_bytes();
+    auto use = [&](int u) {
+      const float* p = store.gather(u);
+      std::vector<float> got(units[u].size());
+      core::copy_to_host(got.data(), p, got.size() * sizeof(float));
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i], float(units[u].begin + i)) << "unit " << u << " element " << i;
+      }
+      store.release(u);
+    };
+    const int micro = 3;
+    for (int m = 0; m < micro; ++m) {
+      for (int u = 0; u <= last; ++u) use(u);  // forward
+      use(last);                               // backward: the final layernorm
+      for (int u = last - 1; u >= 1; --u) {
+        use(u);  // its forward again
+        use(u);  // its backward
+      }
+    }
+    const uint64_t blocks = uint64_t(last);  // units 1 .. last
+    EXPECT_EQ(store.prefetch_misses(), 0u);
+    // Forward: units 2 .. last prefetched; backward: every block's recomputed forward.
+    EXPECT_EQ(store.prefetch_hits(), micro * ((blocks - 1) + (blocks - 1)));
+    // Backward's first unit, each block's backward, and each micro-batch's first block after
+    // the first (the backward before gathered it last).
+    EXPECT_EQ(store.reused_gathers(), micro * (1 + (blocks - 1)) + (micro - 1));
+    if (offload > 0.0) {
+      // Once per pass: forward uploads every unit, backward every block but the last unit; minus
+      // the first block of every micro-batch after the first.
+      // Backward, ending on block 1 gathered twice, turns up again and prefetches block 2 for
+      // the next forward: after the last micro-batch one block's upload waits for the step,
+      // which drops it.
+      const std::size_t S = 15 * q / std::size_t(dp), HP = store.host_param_states();
+      auto host_bytes = [&](int u) {
+        const std::size_t begin = units[u].begin / dp, end = begin + units[u].size() / dp;
+        return uint64_t(4 * (end - std::min(end, std::max(begin, S - HP))));
+      };
+      uint64_t forward = 0, backward = 0;
+      for (int u = 0; u <= last; ++u) forward += host_bytes(u);
+      for (int u = 1; u < last; ++u) backward += host_bytes(u);
+      EXPECT_EQ(store.uploaded_bytes() - uploaded_before,
+                micro * (forward + backward) - (micro - 1) * host_bytes(1) + host_bytes(2));
+    }
+    store.param_shard();  // the step: the parameters change
+    EXPECT_EQ(store.prefetch_misses(), 1u) << "the next forward's block 2, dropped";
   }
 }
 }  // namespace

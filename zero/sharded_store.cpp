@@ -53,9 +53,10 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
       param_work_[0] = core::DeviceArray<float>(tracker, MemCategory::parameters, first);
       param_work_[1] = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
     }
-    if (ranks_ > 1) {
+    if (prefetching()) {
       prefetch_work_ = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
     }
+    if (offload_params_) uploads_ = std::make_unique<core::CopyQueue>();
   }
   grad_shard_ = core::DeviceArray<float>(tracker, MemCategory::gradients, shard_size());
   if (ranks_ > 1) {
@@ -89,9 +90,13 @@ void ShardedParameterStore::take(int unit, int holders[2], const char* what) {
   holder = unit;
 }
 
-void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t n) {
+std::size_t ShardedParameterStore::on_device(std::size_t at, std::size_t n) const {
   const std::size_t split = shard_size() - host_states_;
-  const std::size_t on_device = at < split ? std::min(n, split - at) : 0;
+  return at < split ? std::min(n, split - at) : 0;
+}
+
+void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t n) {
+  const std::size_t on_device = this->on_device(at, n);
   if (on_device > 0) k::copy(device, shard_.data() + at, int64_t(on_device));
   if (n > on_device) {
     core::copy_to_device(device + on_device, host_shard_.data() + at + on_device,
@@ -101,8 +106,7 @@ void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t 
 }
 
 void ShardedParameterStore::shard_from(const float* device, std::size_t at, std::size_t n) {
-  const std::size_t split = shard_size() - host_states_;
-  const std::size_t on_device = at < split ? std::min(n, split - at) : 0;
+  const std::size_t on_device = this->on_device(at, n);
   if (on_device > 0) {
     k::copy(shard_.data() + at, device, int64_t(on_device));
     core::fence_kernels();
@@ -122,18 +126,75 @@ float* ShardedParameterStore::own_slice(int unit, float* work) {
 
 void ShardedParameterStore::start_prefetch(int unit) {
   float* work = prefetch_work_.data();
-  if (work == nullptr) return;  // a dry run (MemoryTracker::set_dry_run) or one rank
-  const std::size_t s = slice(unit);
-  prefetch_pending_ = dp_.start_all_gather({own_slice(unit, work), s}, {work, units()[unit].size()});
-  prefetched_ = unit;
+  if (work == nullptr) return;  // a dry run (MemoryTracker::set_dry_run)
+  const std::size_t s = slice(unit), at = shard_offset(unit);
+  float* own = work + rank_ * s;
+  // A dropped prefetch's upload may still be writing this buffer: the kernel below waits for it.
+  order_kernels_after_uploads();
+  // The slice's device part by a kernel; its host part on the upload queue, beside the kernels
+  // of the unit in use. The buffer was the previous unit's, which kernels queued so far may
+  // still read: the upload waits for them, not for those queued after it.
+  const std::size_t on_device = this->on_device(at, s);
+  if (on_device > 0) k::copy(own, shard_.data() + at, int64_t(on_device));
+  if (s > on_device) {
+    uploads_->follow_kernels();
+    uploads_->to_device(own + on_device, host_shard_.data() + at + on_device,
+                        (s - on_device) * sizeof(float));
+    uploaded_bytes_ += (s - on_device) * sizeof(float);
+    upload_pending_ = uploads_unordered_ = uploads_unwaited_ = true;
+  }
+  prefetched_ = unit;  // from here on drop_prefetch() completes whatever was started
+  if (ranks_ > 1) {
+    // The gather reads the uploaded part: NCCL's stream waits for the upload; a transport the
+    // host drives needs it done.
+    if (upload_pending_) {
+      if (void* stream = dp_.transport_stream()) {
+        uploads_->precede(stream);
+      } else {
+        wait_uploads();
+      }
+    }
+    prefetch_pending_ = dp_.start_all_gather({own, s}, {work, units()[unit].size()});
+  }
+}
+
+void ShardedParameterStore::order_kernels_after_uploads() {
+  if (!uploads_unordered_) return;
+  uploads_->precede();
+  uploads_unordered_ = false;
+}
+
+void ShardedParameterStore::wait_uploads() {
+  if (!uploads_unwaited_) return;
+  uploads_->wait();
+  uploads_unwaited_ = uploads_unordered_ = false;
+}
+
+void ShardedParameterStore::take_prefetch() {
+  auto pending = std::move(prefetch_pending_);
+  const bool upload = upload_pending_;
+  prefetched_ = -1;
+  upload_pending_ = false;
+  if (pending) pending->wait();
+  if (upload) order_kernels_after_uploads();  // the kernels from now on read the uploaded part
+}
+
+void ShardedParameterStore::discard_prefetch() {
+  if (prefetched_ < 0) return;
+  auto pending = std::move(prefetch_pending_);
+  prefetched_ = -1;
+  upload_pending_ = false;
+  ++prefetch_misses_;
+  // Its gather completes; its upload may run on: the next upload queues behind it, the next
+  // kernel writing its buffer waits for it (start_prefetch), and so do writers of the host shard
+  // (drop_prefetch).
+  if (pending) pending->wait();
 }
 
 void ShardedParameterStore::drop_prefetch() {
-  if (prefetched_ < 0) return;
-  prefetch_pending_->wait();
-  prefetch_pending_.reset();
-  prefetched_ = -1;
-  ++prefetch_misses_;
+  discard_prefetch();
+  wait_uploads();  // the caller may write what an upload reads
+  resident_ = -1;  // and the parameters param_work_[1] holds may change
 }
 
 const float* ShardedParameterStore::gather(int unit) {
@@ -141,23 +202,30 @@ const float* ShardedParameterStore::gather(int unit) {
   if (stage_ == 2) return params_.data() + u.begin;
   if (direct()) return shard_.data() + u.begin;
   take(unit, param_holder_, "gather");
-  if (unit > 0 && prefetched_ == unit) {  // gathered ahead: wait for it and swap it in
-    prefetch_pending_->wait();
-    prefetch_pending_.reset();
-    prefetched_ = -1;
+  if (unit > 0 && unit == resident_) {
+    // Still in its buffer since it was last gathered (backward starting on the unit forward
+    // ended on, a recomputed segment's last unit, the next micro-batch's first block): nothing
+    // to gather or upload.
+    ++reused_;
+  } else if (unit > 0 && prefetched_ == unit) {  // gathered ahead: wait for it and swap it in
+    take_prefetch();
     ++prefetch_hits_;
     std::swap(param_work_[1], prefetch_work_);
   } else {
-    if (unit > 0) drop_prefetch();
+    if (unit > 0) discard_prefetch();
     float* work = param_work_[slot(unit)].data();
     const std::size_t s = slice(unit);
     float* own = own_slice(unit, work);
     if (ranks_ > 1) dp_.all_gather({own, s}, {work, u.size()});
   }
-  if (unit > 0 && ranks_ > 1) {
-    // Ascending (forward, or the first gather after a step) unless this unit lies below the
-    // last one (backward); the embeddings' unit 0 has its own buffer and is never prefetched.
-    const int next = unit < last_block_ ? unit - 1 : unit + 1;
+  if (unit > 0) resident_ = unit;
+  if (unit > 0 && prefetching()) {
+    // The direction of travel: up past the last block unit gathered (forward), down below it
+    // (backward), and the other way on the same unit again: backward starts on the unit forward
+    // ended on, and the next forward (or a recomputed segment) on the one backward ended on.
+    // The embeddings' unit 0 has its own buffer and is never prefetched.
+    ascending_ = unit > last_block_ || (unit == last_block_ && !ascending_);
+    const int next = ascending_ ? unit + 1 : unit - 1;
     last_block_ = unit;
     if (prefetched_ < 0 && next >= 1 && next < int(units().size())) start_prefetch(next);
   }

@@ -16,16 +16,25 @@
 //            embeddings' or the one shared by the other units) and release(u) frees it for the
 //            next unit. Each gather of a block unit also starts (non-blocking) the all-gather of
 //            the unit expected next into a third buffer: u + 1 while units are gathered in
-//            ascending order (forward), u - 1 in descending order (backward). When that unit is
-//            asked for, its buffer is swapped in after the gather completes; any other unit is
-//            gathered as before and the prefetch is dropped. So parameter memory is the shard
-//            plus the embeddings and two blocks. A prefetch never outlives the parameters it
-//            read: param_shard(), begin_write() and commit() drop it first.
+//            ascending order (forward), u - 1 in descending order (backward), the other way than
+//            last time when u is the last unit gathered again (where backward starts). When that
+//            unit is asked for, its buffer is swapped in after the gather completes; the unit
+//            last gathered, asked again, is served from its buffer; any other unit is gathered
+//            as before and the prefetch is dropped. So parameter memory is the shard plus the
+//            embeddings and two blocks. A prefetch or a kept unit never outlives the parameters
+//            it read: param_shard(), host_param_shard(), begin_write() and commit() drop it
+//            first.
 //            With parameter offload the shard's last host_param_states() states live in host
 //            memory (all of them at offload.params_fraction 1) and each gather first uploads
 //            this rank's slice's part of them; the others stay in the device shard. The host
 //            shard holds all of the shard's states: its first ones are the optimizer's host copy
 //            of the device part (zero::ShardedAdamW refreshes them before its host update).
+//            The unit expected next is prefetched then on one rank too: its host part is
+//            uploaded on a copy queue of its own while the kernels of the unit in use run (after
+//            those queued before, which may still read the buffer). The next unit's kernels wait
+//            for that upload by an event; on several ranks the transport's gather waits for it
+//            by an event (NCCL) or the host (MPI, which the host drives). So the uploads hide
+//            behind compute (ZeRO-Infinity's prefetch).
 // With one rank nothing is communicated: the shard is the flat buffer and gradients accumulate in
 // it directly. Gradients are reduced on every micro-batch (traffic per step is the accumulation
 // count times the gradient bytes), which is what frees the full gradient buffer.
@@ -113,10 +122,16 @@ class ShardedParameterStore : public core::ParameterStore {
   std::size_t slice_size(int unit) const { return slice(unit); }
   // Stage 3 with parameter offload: bytes copied from the host shard to the device by gathers.
   uint64_t uploaded_bytes() const { return uploaded_bytes_; }
-  // Stage 3 on several ranks: block-unit gathers served by a prefetch, and prefetches dropped
-  // unused (a unit asked out of order, e.g. by a recomputed segment, or parameters written).
+  // Stage 3 on several ranks or with parameter offload: block-unit gathers served by a
+  // prefetch, and prefetches dropped unused (a unit asked out of order, e.g. by a recomputed
+  // segment, or parameters written).
   uint64_t prefetch_hits() const { return prefetch_hits_; }
   uint64_t prefetch_misses() const { return prefetch_misses_; }
+  // Stage 3 (not one rank without offload): block-unit gathers served by the unit still in its
+  // buffer from the gather before (nothing gathered or uploaded): backward's first unit, which
+  // forward gathered last; a micro-batch's first block, which the backward before gathered last
+  // (unless the parameters changed since: the step); a recomputed segment's last unit.
+  uint64_t reused_gathers() const { return reused_; }
 
  private:
   std::size_t slice(int unit) const { return units()[unit].size() / ranks_; }
@@ -124,13 +139,27 @@ class ShardedParameterStore : public core::ParameterStore {
   int slot(int unit) const { return unit == 0 ? 0 : 1; }
   // Direct addressing of the shard as the flat buffer (one rank, no offload).
   bool direct() const { return ranks_ == 1 && !offload_params_; }
+  // Stage 3 gathers the block unit expected next ahead of use: on several ranks (the
+  // all-gather), or with parameter offload (the upload).
+  bool prefetching() const { return ranks_ > 1 || offload_params_; }
+  // Of states [at, at + n) of the shard, how many (the first ones) live on the device.
+  std::size_t on_device(std::size_t at, std::size_t n) const;
   void take(int unit, int holders[2], const char* what);
   // This rank's slice of `unit` into its block of `work` (uploaded when offloaded).
   float* own_slice(int unit, float* work);
-  // Starts gathering `unit` into prefetch_work_ (stage 3, several ranks, block units only).
+  // Starts gathering `unit` into prefetch_work_ (stage 3, block units only, prefetching()).
   void start_prefetch(int unit);
-  // Completes and forgets an outstanding prefetch (counted as a miss).
+  // The prefetched unit is put to use: its gather completes, and the kernels queued from now on
+  // wait for its upload.
+  void take_prefetch();
+  // A prefetch not wanted (counted as a miss): its gather completes; its upload may run on.
+  void discard_prefetch();
+  // Before the parameters may change: discards the prefetch, waits for every upload on the host
+  // and forgets the unit param_work_[1] holds.
   void drop_prefetch();
+  // Kokkos' stream, or the host, waits for the uploads queued so far.
+  void order_kernels_after_uploads();
+  void wait_uploads();
   // Completes slot `slot`'s reduce-scatter in flight, if any, into the gradient shard.
   void finish_reduction(int slot);
 
@@ -148,10 +177,17 @@ class ShardedParameterStore : public core::ParameterStore {
   void shard_to(float* device, std::size_t at, std::size_t n);
   void shard_from(const float* device, std::size_t at, std::size_t n);
   core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
-  core::DeviceArray<float> prefetch_work_;  // stage 3, several ranks: the block unit expected next
+  core::DeviceArray<float> prefetch_work_;  // stage 3, prefetching(): the block unit expected next
   int prefetched_ = -1;                     // the unit in prefetch_work_, -1: none
-  std::unique_ptr<parallel::PendingCollective> prefetch_pending_;
+  std::unique_ptr<parallel::PendingCollective> prefetch_pending_;  // its gather (several ranks)
+  std::unique_ptr<core::CopyQueue> uploads_;  // parameter offload: the prefetches' uploads
+  bool upload_pending_ = false;     // the prefetch's upload is queued there
+  bool uploads_unordered_ = false;  // an upload queued that Kokkos' stream does not wait for
+  bool uploads_unwaited_ = false;   // an upload queued that the host has not waited for
+  int resident_ = -1;  // the block unit param_work_[1] holds as gathered (-1: none or stale)
+  uint64_t reused_ = 0;
   int last_block_ = -1;                     // the last block unit gathered (direction of travel)
+  bool ascending_ = true;                   // and the direction it was gathered in
   uint64_t prefetch_hits_ = 0, prefetch_misses_ = 0;
   core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
