@@ -212,26 +212,39 @@ TEST(Search, NothingFitsReportsTheClosest) {
 // One GPU (ZeRO-Offload on one device): a model whose optimizer states alone cannot leave enough
 // room is planned at ZeRO 3 with every optimizer chunk and the fewest 64ths of the parameter
 // shard on the host (as offload.policy: auto moves them), and the plan's words carry that share.
-TEST(Search, OneGpuOffloadsTheParameterShardsTheMemoryNeeds) {
-  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 8, 768, 12, 3072, 50304, 1024);
-  planner::Cluster cluster{planner::hardware_preset("h200"), 1};
+// One GPU, an 8-block gpt2 at ZeRO 3 with its optimizer state offloaded: activations small
+// against the state, so no recomputation saves it.
+planner::RunLayout one_gpu_zero3_offload() {
   planner::RunLayout one;
-  one.global_batch = 1;  // activations small against the state: no recomputation saves it
+  one.global_batch = 1;
   one.micro_batch = 1;
   one.seq_len = 128;
   one.layers = {8};
   one.zero_stage = 3;
   one.offload_optimizer = true;
-  const double optimizer = planner::evaluate_plan(spec, one, cluster).memory.device();
-  one.offload_params = true;
-  const double both = planner::evaluate_plan(spec, one, cluster).memory.device();
-  ASSERT_LT(both, optimizer);
-  cluster.hw.memory_bytes = both + 0.3 * (optimizer - both);
+  return one;
+}
+
+// Every plan of one micro-batch size kept, none pruned, 1d only: what the one-GPU cases compare.
+planner::SearchOptions every_one_gpu_plan() {
   planner::SearchOptions options;
   options.top = 50;
   options.prune = false;
   options.micro_batches = {1};
   options.tensor_modes = false;
+  return options;
+}
+
+TEST(Search, OneGpuOffloadsTheParameterShardsTheMemoryNeeds) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 8, 768, 12, 3072, 50304, 1024);
+  planner::Cluster cluster{planner::hardware_preset("h200"), 1};
+  planner::RunLayout one = one_gpu_zero3_offload();
+  const double optimizer = planner::evaluate_plan(spec, one, cluster).memory.device();
+  one.offload_params = true;
+  const double both = planner::evaluate_plan(spec, one, cluster).memory.device();
+  ASSERT_LT(both, optimizer);
+  cluster.hw.memory_bytes = both + 0.3 * (optimizer - both);
+  planner::SearchOptions options = every_one_gpu_plan();
   const auto r = planner::search_plans(spec, 1, 128, false, cluster, options);
   ASSERT_FALSE(r.best.empty()) << "nothing fits: " << planner::format_plan(r.closest);
   const planner::Plan& p = r.best.front();
@@ -270,13 +283,7 @@ TEST(Search, HostMemoryBoundsWhatANodeOffloads) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 8, 768, 12, 3072, 50304, 1024);
   planner::Cluster cluster{planner::hardware_preset("h200"), 1};
   EXPECT_EQ(cluster.hw.host_memory_bytes, 2048.0 * 1024 * 1024 * 1024);
-  planner::RunLayout one;
-  one.global_batch = 1;
-  one.micro_batch = 1;
-  one.seq_len = 128;
-  one.layers = {8};
-  one.zero_stage = 3;
-  one.offload_optimizer = true;
+  planner::RunLayout one = one_gpu_zero3_offload();
   const double optimizer = planner::evaluate_plan(spec, one, cluster).memory.device();
   one.offload_params = true;
   const planner::Plan all = planner::evaluate_plan(spec, one, cluster);
@@ -289,11 +296,7 @@ TEST(Search, HostMemoryBoundsWhatANodeOffloads) {
   EXPECT_NE(planner::plan_json(all).find("\"host_bytes_per_node\": "), std::string::npos);
 
   cluster.hw.memory_bytes = all.memory.device() + 0.3 * (optimizer - all.memory.device());
-  planner::SearchOptions options;
-  options.top = 50;
-  options.prune = false;
-  options.micro_batches = {1};
-  options.tensor_modes = false;
+  const planner::SearchOptions options = every_one_gpu_plan();
   const auto roomy = planner::search_plans(spec, 1, 128, false, cluster, options);
   ASSERT_FALSE(roomy.best.empty());
   const planner::Plan& p = roomy.best.front();
