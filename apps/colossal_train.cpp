@@ -23,16 +23,24 @@ namespace {
 // write a checkpoint, exit 0.
 extern "C" void on_stop_signal(int signal) { apps::request_stop(signal); }
 
-// --memory-plan's report (rank 0): whose memory `summary` is, and the largest rank's bytes.
+// --memory-plan's report (rank 0): whose memory `summary` is, and the largest rank's bytes, and
+// where ZeRO offloads some to the host, the largest rank's bytes without them (what a GPU holds).
 // `rows`: whose memory (e.g. "rank 0") and its summary, one line each.
 void print_memory_plan(std::FILE* log,
                        const std::vector<std::pair<std::string, std::string>>& rows,
-                       double largest) {
+                       double largest, double largest_not_offloaded) {
   for (const auto& [whose, summary] : rows) {
     std::fprintf(log, "memory plan (%s): %s\n", whose.c_str(), summary.c_str());
   }
   std::fprintf(log, "memory plan: largest rank needs %s (%.0f bytes)\n",
                colossal::core::format_bytes(largest).c_str(), largest);
+  if (largest_not_offloaded < largest) {
+    std::fprintf(log,
+                 "memory plan: largest rank needs %s (%.0f bytes) without its offloaded "
+                 "(host) bytes, the device's part on a GPU\n",
+                 colossal::core::format_bytes(largest_not_offloaded).c_str(),
+                 largest_not_offloaded);
+  }
 }
 
 // The end-of-run summary (rank 0), for every tensor mode.
@@ -139,30 +147,37 @@ int main(int argc, char** argv) {
         const std::string mode = core::tensor_mode_name(p.tensor_mode);
         const int per_stage = p.data * p.tensor * p.sequence;  // the mesh: the stage outermost
         std::vector<std::pair<std::string, std::string>> rows;
-        double largest = 0.0;
+        double largest = 0.0, device = 0.0;
         for (int stage = 0; stage < p.pipeline; ++stage) {
           const planner::MemoryPrediction m = apps::rank_memory(inv.config, per_stage * stage);
           largest = std::max(largest, m.total());
+          device = std::max(device, m.device());
           rows.emplace_back("every rank" +
                                 (p.pipeline > 1 ? " of pipeline stage " + std::to_string(stage)
                                                 : std::string()) +
                                 ", " + mode,
                             m.format());
         }
-        print_memory_plan(log, rows, largest);
+        print_memory_plan(log, rows, largest, device);
         return 0;
       }
     }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
+      // The offloaded (pinned host) bytes are allocated once, at start-up: without them the
+      // peak is the device's.
       const double mine = double(plan.memory().peak_total());
-      std::vector<double> all(std::size_t(inv.world_size), 0.0);
+      const double offloaded = double(plan.memory().peak(core::MemCategory::offloaded));
+      std::vector<double> all(std::size_t(inv.world_size), 0.0), device(all.size(), 0.0);
       all[std::size_t(inv.rank)] = mine;
+      device[std::size_t(inv.rank)] = mine - offloaded;
       for (double& v : all) v = inv.world->all_reduce_sum_value(v);
+      for (double& v : device) v = inv.world->all_reduce_sum_value(v);
       if (log) {
         print_memory_plan(log, {{"rank 0", plan.memory().summary()}},
-                          *std::max_element(all.begin(), all.end()));
+                          *std::max_element(all.begin(), all.end()),
+                          *std::max_element(device.begin(), device.end()));
       }
       return 0;
     }

@@ -23,9 +23,10 @@
 #      10 fp32 steps of quickstart against one rank on the GPU, 1e-5 relative;
 #   5. the same gpt2-124m in PyTorch on the GPU (bench/pytorch_peer.py: eager fp32, eager bf16
 #      autocast, compile + bf16), when the machine's python3 has torch with CUDA;
-#   6. ZeRO offload on the GPU: gpt2-1.5b (GPU_CHECK_OFFLOAD_PRESET) at B=1, T=1024, bf16, ZeRO 1
-#      with offload.policy: auto under a device cap of 70% of its plan, against no offload:
-#      the decision, tokens/s and the predicted steps.
+#   6. ZeRO offload on the GPU: gpt2-1.5b (GPU_CHECK_OFFLOAD_PRESET) at B=1, T=1024, bf16, with
+#      offload.policy: auto under a device cap of 70% of its plan (ZeRO 1) and one that needs part
+#      of the parameter shard moved (ZeRO 3), against no offload: the decisions, tokens/s and the
+#      predicted steps.
 # Sections run in the order 1 to 6; GPU_CHECK_SECTIONS="1 2" runs a subset.
 #
 #   scripts/gpu_check.sh                 run the checks (on the GPU machine)
@@ -285,25 +286,46 @@ if section 5; then
 fi
 if section 6; then
   # ZeRO offload that means something on a GPU: a model whose plan is capped (hardware.
-  # device_memory_gib) at 70% of what it needs without offload trains with offload.policy: auto
-  # (the fewest 64ths of the optimizer state on the host, the rest updated on the device beside
-  # them), against the same model with nothing offloaded (the real device has the room), with
-  # tokens/s and the planner's predicted step of each (the "cost model (rank 0)" line).
+  # device_memory_gib) below what it needs without offload trains with offload.policy: auto,
+  # against the same model with nothing offloaded (the real device has the room), with tokens/s
+  # and the planner's predicted step of each (the "cost model (rank 0)" line: predicted against
+  # measured, so the slowdown the planner predicts can be checked). Two caps: 70% of the plan at
+  # ZeRO 1 (the fewest 64ths of the optimizer state move; the rest updates on the device beside
+  # them), and at ZeRO 3 halfway between what the device keeps with the optimizer state offloaded
+  # and with the parameters offloaded too, so part of the parameter shard must move (its uploads
+  # prefetched beside the kernels); the line before the runs says how many times what the device
+  # holds the model needs.
   preset=${GPU_CHECK_OFFLOAD_PRESET:-gpt2-1.5b}
-  say "== 6. offload.policy: auto on one GPU: $preset, B=1 T=1024 bf16, ZeRO 1, capped at 70% of its plan"
+  say "== 6. offload.policy: auto on one GPU: $preset, B=1 T=1024 bf16, capped (ZeRO 1: 70% of its plan; ZeRO 3: parameters offloaded too)"
   common=(configs/gpt2-124m.yaml --set model.preset="$preset" --set train.seq_len=1024
           --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
-          --set train.precision=bf16 --set parallel.zero.stage=1 --set hardware.preset=h200
+          --set train.precision=bf16 --set hardware.preset=h200
           --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0)
-  need=$(cd "$root" && timeout 60 "$bin/colossal_train" "${common[@]}" --memory-plan 2>&1 |
-         sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes).*/\1/p')
-  if [ -n "$need" ]; then
-    cap=$(awk -v n="$need" 'BEGIN { printf "%.4f", 0.7 * n / 1073741824 }')
-    say "plan without offload: $need bytes; cap hardware.device_memory_gib=$cap"
-    for run in kept auto; do
+  device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
+    local out d
+    out=$(cd "$root" && timeout 60 "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
+    d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes) without its offloaded.*/\1/p' <<< "$out")
+    [ -n "$d" ] || d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes)$/\1/p' <<< "$out")
+    echo "$d"
+  }
+  offload3=(--set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true)
+  need=$(device_need --set parallel.zero.stage=1)
+  mid=$(device_need "${offload3[@]}")
+  floor=$(device_need "${offload3[@]}" --set parallel.zero.offload.params=true)
+  if [ -n "$need" ] && [ -n "$mid" ] && [ -n "$floor" ]; then
+    gib() { awk -v n="$1" 'BEGIN { printf "%.4f", n / 1073741824 }'; }
+    cap1=$(gib "$(awk -v n="$need" 'BEGIN { print 0.7 * n }')")
+    cap3=$(gib "$(awk -v a="$mid" -v b="$floor" 'BEGIN { print (a + b) / 2 }')")
+    say "device bytes: $need without offload, $mid with the optimizer state offloaded, $floor with the parameters too; caps ${cap1} GiB (ZeRO 1) and ${cap3} GiB (ZeRO 3: the model needs $(awk -v n="$need" -v c="$cap3" 'BEGIN { printf "%.2f", n / 1073741824 / c }')x that)"
+    for run in kept zero1-capped zero3-capped; do
       sets=(--set log.dir=/tmp/gpu_check-offload-$run)
-      [ $run = auto ] && sets+=(--set parallel.zero.offload.policy=auto
-                                --set hardware.device_memory_gib="$cap")
+      case $run in
+        kept) sets+=(--set parallel.zero.stage=1) ;;
+        zero1-capped) sets+=(--set parallel.zero.stage=1 --set parallel.zero.offload.policy=auto
+                             --set hardware.device_memory_gib="$cap1") ;;
+        zero3-capped) sets+=(--set parallel.zero.stage=3 --set parallel.zero.offload.policy=auto
+                             --set hardware.device_memory_gib="$cap3") ;;
+      esac
       t0=$SECONDS
       if (cd "$root" && timeout 200 "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "/tmp/offload-$run.log"; then

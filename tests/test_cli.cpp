@@ -278,6 +278,31 @@ TEST_F(Cli, ALayoutTooBigForTheNodeStopsBeforeAllocating) {
       << r.output;
 }
 
+// --memory-plan with ZeRO offload also names the largest rank's bytes without its offloaded
+// (pinned host) ones: what a GPU holds, which offload.policy: auto and its caps are about.
+TEST_F(Cli, MemoryPlanNamesTheBytesLeftOnTheDevice) {
+  const std::string config = write_config("offload_plan.yaml");
+  auto bytes = [](const std::string& out, const std::string& tail) -> double {
+    const std::size_t at = out.find(tail);
+    if (at == std::string::npos) return -1.0;
+    const std::size_t open = out.rfind('(', at);
+    return std::stod(out.substr(open + 1, at - open - 1));
+  };
+  Result r = run(bin("colossal_train") + " " + config + " --memory-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("without its offloaded"), std::string::npos) << r.output;
+  const double kept = bytes(r.output, " bytes)\n");
+  r = run(bin("colossal_train") + " " + config +
+          " --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true"
+          " --set parallel.zero.offload.params=true --memory-plan");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double total = bytes(r.output, " bytes)\n"),
+               device = bytes(r.output, " bytes) without its offloaded (host) bytes");
+  ASSERT_GT(device, 0.0) << r.output;
+  EXPECT_LT(device, total);
+  EXPECT_LT(device, kept) << "offloading everything leaves less on the device";
+}
+
 // parallel.tensor.mode 2d under mpirun -np 4: it trains, writes the model file, the end-of-run
 // sample and a checkpoint that one rank in 1d resumes, and --memory-plan predicts its tracked
 // peak; --profile-steps prints its table, --trace writes every rank's spans and --eval-only
