@@ -22,20 +22,15 @@ namespace {
 planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) {
   const std::string name = inv.flag("--hardware");
   if (name.empty()) return apps::hardware_spec(inv.config, threads);
-  for (const std::string& preset : planner::hardware_presets()) {
-    if (preset == name) {
-      planner::HardwareSpec hw = planner::hardware_preset(name);
-      apps::with_host_memory(hw, inv.config);
-      return planner::scaled_to_threads(hw, threads);
-    }
-  }
-  if (!std::ifstream(name)) {
+  const std::vector<std::string> presets = planner::hardware_presets();
+  const bool preset = std::find(presets.begin(), presets.end(), name) != presets.end();
+  if (!preset && !std::ifstream(name)) {
     std::string names;
-    for (const std::string& n : planner::hardware_presets()) names += (names.empty() ? "" : ", ") + n;
+    for (const std::string& n : presets) names += (names.empty() ? "" : ", ") + n;
     throw apps::UsageError("--hardware: '" + name + "' is neither a preset (" + names +
                            ") nor a readable hardware file");
   }
-  planner::HardwareSpec hw = planner::read_hardware(name);
+  planner::HardwareSpec hw = preset ? planner::hardware_preset(name) : planner::read_hardware(name);
   apps::with_host_memory(hw, inv.config);
   return planner::scaled_to_threads(hw, threads);
 }

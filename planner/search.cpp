@@ -421,6 +421,12 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           return evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
                                options.memory_slots);
         };
+        // The fewest 64ths of each shard's optimizer state the device needs, as offload.policy:
+        // auto moves them; each one more needs more of the host's memory.
+        auto fewest_optimizer_chunks = [&] {
+          return evaluate(core::offload_fraction(core::fewest_offload_chunks(
+              [&](int k) { return evaluate(core::offload_fraction(k)).device_fits; })));
+        };
         Plan plan = evaluate(1.0);
         bool fewest_chunks = false;  // plan already offloads the fewest chunks the device needs
         if (!plan.device_fits && offload && z == 3 && d1) {
@@ -441,9 +447,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         } else if (!plan.fits && plan.device_fits && offload) {
           // The device holds it but the host cannot hold every optimizer chunk: the fewest
           // chunks the device needs are the least the host must hold.
-          const int fewest = core::fewest_offload_chunks(
-              [&](int k) { return evaluate(core::offload_fraction(k)).device_fits; });
-          plan = evaluate(core::offload_fraction(fewest));
+          plan = fewest_optimizer_chunks();
           fewest_chunks = true;
         }
         if (!plan.fits) {
@@ -465,12 +469,9 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         // offload.policy: auto moves them (the device's share updates beside the host's, so
         // fewer is faster on a GPU node).
         if (offload && !fewest_chunks && !run.offload_params && (!fits_kept || kept_recomputes)) {
-          const int fewest = core::fewest_offload_chunks(
-              [&](int k) { return evaluate(core::offload_fraction(k)).device_fits; });
-          if (fewest < core::kOffloadChunks) {
-            const Plan fewer = evaluate(core::offload_fraction(fewest));
-            if (fewer.fits) keep_best(fewer);  // less on the host than all chunks: it does
-          }
+          const Plan fewer = fewest_optimizer_chunks();
+          // Less on the host than all chunks, so it fits there too.
+          if (fewer.fits && fewer.run.offload_fraction < 1.0) keep_best(fewer);
         }
       }
     }

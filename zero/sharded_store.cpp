@@ -95,14 +95,24 @@ std::size_t ShardedParameterStore::on_device(std::size_t at, std::size_t n) cons
   return at < split ? std::min(n, split - at) : 0;
 }
 
-void ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t n) {
+bool ShardedParameterStore::shard_to(float* device, std::size_t at, std::size_t n,
+                                     core::CopyQueue* queue) {
   const std::size_t on_device = this->on_device(at, n);
   if (on_device > 0) k::copy(device, shard_.data() + at, int64_t(on_device));
-  if (n > on_device) {
-    core::copy_to_device(device + on_device, host_shard_.data() + at + on_device,
-                         (n - on_device) * sizeof(float));
-    uploaded_bytes_ += (n - on_device) * sizeof(float);
+  if (n == on_device) return false;
+  float* dst = device + on_device;
+  const float* src = host_shard_.data() + at + on_device;
+  const std::size_t bytes = (n - on_device) * sizeof(float);
+  if (queue != nullptr) {
+    // Beside the kernels queued after it, but after those queued so far, which may still read
+    // the buffer.
+    queue->follow_kernels();
+    queue->to_device(dst, src, bytes);
+  } else {
+    core::copy_to_device(dst, src, bytes);
   }
+  uploaded_bytes_ += bytes;
+  return true;
 }
 
 void ShardedParameterStore::shard_from(const float* device, std::size_t at, std::size_t n) {
@@ -132,15 +142,8 @@ void ShardedParameterStore::start_prefetch(int unit) {
   // A dropped prefetch's upload may still be writing this buffer: the kernel below waits for it.
   order_kernels_after_uploads();
   // The slice's device part by a kernel; its host part on the upload queue, beside the kernels
-  // of the unit in use. The buffer was the previous unit's, which kernels queued so far may
-  // still read: the upload waits for them, not for those queued after it.
-  const std::size_t on_device = this->on_device(at, s);
-  if (on_device > 0) k::copy(own, shard_.data() + at, int64_t(on_device));
-  if (s > on_device) {
-    uploads_->follow_kernels();
-    uploads_->to_device(own + on_device, host_shard_.data() + at + on_device,
-                        (s - on_device) * sizeof(float));
-    uploaded_bytes_ += (s - on_device) * sizeof(float);
+  // of the unit in use.
+  if (shard_to(own, at, s, uploads_.get())) {
     upload_pending_ = uploads_unordered_ = uploads_unwaited_ = true;
   }
   prefetched_ = unit;  // from here on drop_prefetch() completes whatever was started

@@ -174,7 +174,9 @@ class ShardedParameterStore : public core::ParameterStore {
   std::size_t host_states_ = 0;
   // Copies states [at, at + n) of the shard to (upload) or from a device buffer, each part from
   // where it lives.
-  void shard_to(float* device, std::size_t at, std::size_t n);
+  // With `queue`, the host part's upload is queued there (after the kernels queued so far)
+  // instead of waited for. Returns whether anything was uploaded.
+  bool shard_to(float* device, std::size_t at, std::size_t n, core::CopyQueue* queue = nullptr);
   void shard_from(const float* device, std::size_t at, std::size_t n);
   core::DeviceArray<float> param_work_[2];  // stage 3: gathered unit 0 | any other unit
   core::DeviceArray<float> prefetch_work_;  // stage 3, prefetching(): the block unit expected next
