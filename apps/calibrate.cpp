@@ -247,10 +247,10 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     });
     h.attention_flops = 12.0 * pairs * hd / dense;
     const double fused = seconds_per_call([&] {
-      core::fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(), work.data(), B, T,
-                                    C, H);
-      core::fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), qkv.data(),
-                                     att.data(), work.data(), B, T, C, H);
+      core::model_fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(), work.data(),
+                                          B, T, C, H);
+      core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(),
+                                           qkv.data(), att.data(), work.data(), B, T, C, H);
     });
     h.fused_attention_flops = 12.0 * pairs * hd / fused;
   }

@@ -12,6 +12,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -218,6 +219,79 @@ void attention_table(Gemm& gemm) {
   }
 }
 
+// The device's forms at gpt2-124m's heads, 16384 tokens per call (a B=16, T=1024 step's):
+// the dense path in fp32 (cuBLAS, B*H*T*T probabilities kept), the fused path in fp32 (Kokkos
+// teams) and with q/k/v in bf16 (tensor cores, core/attention_tc.hpp). Milliseconds per forward
+// + backward, the bytes kept between them, and the causal FLOP rate of the fused bf16 form
+// (forward 2 products, backward 5, over the T(T+1)/2 query-key pairs).
+void device_attention_table(Gemm& gemm) {
+  const int C = 768, H = 12, hd = C / H, tokens = 16384;
+  std::printf("attention fwd+bwd on the GPU, %d heads of %d, %d tokens per call: ms "
+              "(activation MiB kept)\n", H, hd, tokens);
+  std::printf("%6s %4s %18s %18s %18s %16s\n", "T", "B", "dense fp32", "fused fp32 teams",
+              "fused bf16 tc", "tc TFLOP/s");
+  MemoryTracker tracker;
+  for (int T : {256, 512, 1024, 2048, 4096}) {
+    const int B = std::max(1, tokens / T);
+    const std::size_t BT = std::size_t(B) * T;
+    std::vector<float> host(BT * 3 * C);
+    for (std::size_t i = 0; i < host.size(); ++i) host[i] = float((i * 7919) % 1000) * 2e-3f - 1.0f;
+    std::vector<std::uint16_t> host16(host.size());
+    for (std::size_t i = 0; i < host.size(); ++i) host16[i] = bf16_bits(host[i]);
+    DeviceArray<float> qkv(tracker, MemCategory::temporaries, host.size()),
+        qkv16(tracker, MemCategory::temporaries, (host.size() + 1) / 2),
+        y(tracker, MemCategory::temporaries, BT * C), dy(tracker, MemCategory::temporaries, BT * C),
+        dqkv(tracker, MemCategory::temporaries, BT * 3 * C),
+        lse(tracker, MemCategory::temporaries, BT * H);
+    copy_to_device(qkv.data(), host.data(), host.size() * 4);
+    copy_to_device(qkv16.data(), host16.data(), host16.size() * 2);
+    copy_to_device(dy.data(), host.data(), BT * C * 4);
+    const auto* q16 = reinterpret_cast<const std::uint16_t*>(qkv16.data());
+    auto best_of = [](int n, auto&& f) {
+      double best = 1e300;
+      for (int r = 0; r <= n; ++r) {
+        Kokkos::fence();
+        const auto t0 = Clock::now();
+        f();
+        Kokkos::fence();
+        if (r > 0) best = std::min(best, seconds(t0));
+      }
+      return best * 1e3;
+    };
+    std::printf("%6d %4d", T, B);
+    {
+      const std::size_t att_floats = BT * H * T;
+      try {
+        DeviceArray<float> att(tracker, MemCategory::temporaries, att_floats),
+            datt(tracker, MemCategory::temporaries, std::size_t(H) * T * T);
+        const double ms = best_of(3, [&] {
+          attention_forward(gemm, att.data(), y.data(), qkv.data(), B, T, C, H);
+          attention_backward(gemm, dqkv.data(), datt.data(), dy.data(), qkv.data(), att.data(), B,
+                             T, C, H);
+        });
+        std::printf(" %9.2f (%6.0f)", ms, double(att_floats) * 4 / 1048576.0);
+      } catch (const std::exception&) {
+        std::printf(" %18s", "out of memory");
+      }
+    }
+    const double team_ms = best_of(3, [&] {
+      model_fused_attention_forward(gemm, lse.data(), y.data(), qkv.data(), nullptr, B, T, C, H);
+      model_fused_attention_backward(gemm, dqkv.data(), dy.data(), y.data(), qkv.data(),
+                                     lse.data(), nullptr, B, T, C, H);
+    });
+    std::printf(" %9.2f (%6.2f)", team_ms, double(BT * H) * 4 / 1048576.0);
+    const double tc_ms = best_of(3, [&] {
+      model_fused_attention_forward(gemm, lse.data(), y.data(), q16, nullptr, B, T, C, H);
+      model_fused_attention_backward(gemm, dqkv.data(), dy.data(), y.data(), q16, lse.data(),
+                                     nullptr, B, T, C, H);
+    });
+    const double flops = 7.0 * 2.0 * double(B) * H * (double(T) * (T + 1) / 2) * hd;
+    std::printf(" %9.2f (%6.2f) %16.1f\n", tc_ms, double(BT * H) * 4 / 1048576.0,
+                flops / (tc_ms * 1e-3) / 1e12);
+    std::fflush(stdout);
+  }
+}
+
 struct TrainRate {
   double tokens_per_s, flops_per_s;
   std::size_t tracked_bytes;
@@ -262,7 +336,7 @@ TrainRate train_rate(Gemm& gemm, const Case& c, int steps, bool bf16) {
 int main(int argc, char** argv) {
   int steps = 5, threads = 0, batch = 0, seq_len = 0;
   double peak_tflops = kDevice ? 989.0 : 0.0;
-  bool table = false, attention = false, tf32 = false;
+  bool table = false, attention = false, tf32 = false, fused = false;
   std::string backend = "openblas", precision = "fp32";
   std::vector<std::string> only;
   for (int i = 1; i < argc; ++i) {
@@ -270,7 +344,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--threads N]\n"
           "                      [--batch B] [--seq-len T] [--peak-tflops F] [--tf32]\n"
-          "                      [--gemm-table | --attention]\n\n"
+          "                      [--fused-attention] [--gemm-table | --attention]\n\n"
           "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
           "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
           "(FLOPs per token = 6N + 12 L T d, N = 12 L d^2 + 13 L d + 2 d + V d) and its share of the\n"
@@ -291,12 +365,17 @@ int main(int argc, char** argv) {
           "                 H100/H200's dense bf16 peak, in Kokkos CUDA builds; none on the host)\n"
           "                 In a Kokkos CUDA build every array is on the GPU and the products run\n"
           "                 on cuBLAS; --gemm-table times cuBLAS fp32, TF32 and bf16 there,\n"
-          "                 and --attention is host-only.\n"
+          "                 and --attention times the device's attention forms.\n"
           "  --gemm-table   instead, each case's training GEMM shapes timed with every host\n"
           "                 backend that loads here and cuBLAS fp32/bf16 where a GPU is visible\n"
           "                 (GFLOP/s, transfers included), the table behind hardware.gemm\n"
+          "  --fused-attention\n"
+          "                 train with model.fused_attention: true (on a GPU: the tensor-core\n"
+          "                 attention in bf16, the Kokkos teams' in fp32)\n"
           "  --attention    instead, dense against tiled fused causal attention (fwd + bwd) at\n"
-          "                 T = 128..2048, gpt2-124m's heads, 4096 tokens per call\n");
+          "                 T = 128..2048, gpt2-124m's heads, 4096 tokens per call; on a GPU\n"
+          "                 the dense fp32, fused fp32 (teams) and fused bf16 (tensor cores)\n"
+          "                 forms at T = 256..4096, 16384 tokens per call\n");
       return 0;
     }
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) {
@@ -321,6 +400,8 @@ int main(int argc, char** argv) {
       table = true;
     } else if (!std::strcmp(argv[i], "--attention")) {
       attention = true;
+    } else if (!std::strcmp(argv[i], "--fused-attention")) {
+      fused = true;
     } else {
       std::fprintf(stderr, "colossal_bench: unknown argument '%s'; see --help\n", argv[i]);
       return 2;
@@ -329,11 +410,6 @@ int main(int argc, char** argv) {
   if (steps < 1 || batch < 0 || seq_len < 0 || peak_tflops < 0) {
     std::fprintf(stderr, "colossal_bench: --steps must be >= 1 and --batch, --seq-len, "
                          "--peak-tflops >= 0; see --help\n");
-    return 2;
-  }
-  if (kDevice && attention) {
-    std::fprintf(stderr, "colossal_bench: --attention times host arrays; this build keeps its "
-                         "arrays on the GPU (run it with the host build)\n");
     return 2;
   }
   int kokkos_argc = 1;  // our flags are not Kokkos's (it would claim --threads)
@@ -355,6 +431,7 @@ int main(int argc, char** argv) {
                              {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
                              {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
   for (Case& c : cases) {
+    c.spec.fused_attention = fused;
     if (batch > 0) c.batch = batch;
     if (seq_len > 0) {
       if (seq_len > c.spec.max_seq) {
@@ -368,7 +445,11 @@ int main(int argc, char** argv) {
     }
   }
   if (attention) {
-    attention_table(*gemm);
+    if (kDevice) {
+      device_attention_table(*gemm);
+    } else {
+      attention_table(*gemm);
+    }
     return 0;
   }
   if (table) {
@@ -401,9 +482,9 @@ int main(int argc, char** argv) {
                 r.flops_per_s / 1e9, 100.0 * r.flops_per_s / ceiling,
                 format_bytes(double(r.tracked_bytes)).c_str());
     if (peak_tflops > 0) std::printf(" %8.1f%%", 100.0 * r.flops_per_s / (peak_tflops * 1e12));
-    std::printf("\nRESULT peer=colossal preset=%s precision=%s%s B=%d T=%d tokens_per_s=%.2f\n",
-                c.name.c_str(), precision.c_str(), tf32 ? "+tf32" : "", c.batch, c.seq_len,
-                r.tokens_per_s);
+    std::printf("\nRESULT peer=colossal preset=%s precision=%s%s%s B=%d T=%d tokens_per_s=%.2f\n",
+                c.name.c_str(), precision.c_str(), tf32 ? "+tf32" : "",
+                fused ? " attention=fused" : "", c.batch, c.seq_len, r.tokens_per_s);
     std::fflush(stdout);
   }
   std::printf("peak RSS %s\n", format_bytes(double(peak_rss_bytes())).c_str());

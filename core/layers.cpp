@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "core/attention_tc.hpp"
+#include "core/attention_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/tensor_group.hpp"
@@ -357,6 +359,47 @@ void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const
     }
   }
   fence_kernels();
+}
+
+}  // namespace colossal::core
+
+namespace colossal::core {
+
+void model_fused_attention_forward(Gemm& gemm, float* lse, float* atty, GemmOperand qkv,
+                                   float* work, int B, int T, int C, int H) {
+  if constexpr (device_memory_v<kernels::Exec>) {
+    if (qkv.bf16 != nullptr) {
+      tc::device_forward(lse, atty, qkv.bf16, B, T, C, H);
+    } else {
+      team::attention_forward<kernels::Exec>(lse, atty, qkv.f32, B, T, C, H);
+    }
+  } else {
+    fused_attention_forward(gemm, lse, atty, qkv, work, B, T, C, H);
+  }
+}
+
+void model_fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty,
+                                    const float* atty, GemmOperand qkv, const float* lse,
+                                    float* work, int B, int T, int C, int H) {
+  if constexpr (device_memory_v<kernels::Exec>) {
+    if (qkv.bf16 != nullptr) {
+      tc::device_backward(dqkv, datty, atty, qkv.bf16, lse, B, T, C, H);
+    } else {
+      team::attention_backward<kernels::Exec>(dqkv, datty, atty, qkv.f32, lse, B, T, C, H);
+    }
+  } else {
+    fused_attention_backward(gemm, dqkv, datty, atty, qkv, lse, work, B, T, C, H);
+  }
+}
+
+std::string fused_attention_unsupported(int head_size, bool bf16_qkv) {
+  if (!device_memory_v<kernels::Exec> || !bf16_qkv || tc::tc_head_supported(head_size)) return {};
+  return "model.fused_attention with train.precision: bf16 on a GPU runs the tensor-core "
+         "attention, which needs a head size (model.hidden / model.heads) that is a multiple of "
+         "16 up to 256, not " +
+         std::to_string(head_size) +
+         "; set model.fused_attention: false, or train.precision: fp32 (its fused attention runs "
+         "any head size)";
 }
 
 }  // namespace colossal::core

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "core/gemm.hpp"
 
@@ -96,5 +97,18 @@ void fused_attention_forward(Gemm& gemm,
 void fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty, const float* atty,
                               GemmOperand qkv, const float* lse, float* work, int B, int T,
                               int C, int H, int tile = kAttentionTile);
+
+// The fused attention a model runs (`model.fused_attention: true`). Where Kokkos runs on a GPU:
+// with q/k/v in bf16 the tensor-core kernels (core/attention_tc.hpp), in fp32 the Kokkos team
+// kernels (core/attention_team.hpp), neither with a work buffer and each a few launches on
+// Kokkos' stream; elsewhere fused_attention_forward/backward above. Same arguments.
+void model_fused_attention_forward(Gemm& gemm, float* lse, float* atty, GemmOperand qkv,
+                                   float* work, int B, int T, int C, int H);
+void model_fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty,
+                                    const float* atty, GemmOperand qkv, const float* lse,
+                                    float* work, int B, int T, int C, int H);
+// Why `model.fused_attention` cannot run this head on this build (empty when it can): a GPU build
+// runs bf16 q/k/v on the tensor cores, whose steps need a head size that is a multiple of 16.
+std::string fused_attention_unsupported(int head_size, bool bf16_qkv);
 
 }  // namespace colossal::core

@@ -181,6 +181,10 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;
   bf16_qkv_ = sz.bf16_qkv;
+  if (spec.fused_attention) {
+    const std::string why = fused_attention_unsupported(spec.hidden / spec.heads, bf16_qkv_);
+    if (!why.empty()) throw std::invalid_argument(why);
+  }
   bf16_atty_ = sz.bf16_atty;
   head_in_forward_ = sz.head_in_forward;
   bf16_att_ = sz.bf16_att;
@@ -542,7 +546,7 @@ void Model::attention_core_forward(BlockActs& a, int B) {
     if (ring_) {  // q/k/v and the output in fp32 (ActivationSizes)
       ring_attention_forward(gemm_, *ring_, a.att, a.atty, a.qkv, ring_block_, B, T, Cl, H);
     } else if (spec_.fused_attention) {  // the output in fp32: its backward reads it
-      fused_attention_forward(gemm_, a.att, a.atty, qkv_operand(a), datt_, B, T, Cl, H);
+      model_fused_attention_forward(gemm_, a.att, a.atty, qkv_operand(a), datt_, B, T, Cl, H);
     } else {
       // The output staged in dbuf_c_, free here in forward and where backward recomputes.
       // bf16 probabilities: one sequence's at a time in datt_ (free there too), then saved.
@@ -897,8 +901,8 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
         ring_attention_backward(gemm_, *ring_, dqkv_, datt_, dbuf_c_, a.qkv, a.att, ring_block_,
                                 dkv_all_, B, T, Cl, H);
       } else if (spec_.fused_attention) {
-        fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, qkv_operand(a), a.att, datt_, B,
-                                 T, Cl, H);
+        model_fused_attention_backward(gemm_, dqkv_, dbuf_c_, a.atty, qkv_operand(a), a.att, datt_,
+                                       B, T, Cl, H);
       } else {
         attention_backward(gemm_, dqkv_, datt_, dbuf_c_, qkv_operand(a), operand(a.att, bf16_att_),
                            B, T, Cl, H);

@@ -3,15 +3,16 @@
 # scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or from the
 # repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
 # or hang costs its step only. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt).
-#   1. the GPU tests of build-cuda (test_kernels_team, test_kernels, test_gemm_cuda,
+#   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
 #      if the training runs below fail;
 #   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml) and a tiny OPT
-#      (configs/opt-tiny.yaml) on the GPU, and 10 bf16 steps of the GPT-2; per-step losses
-#      against the host build's, 1e-4 relative (bf16: 2e-3; both from metrics.csv, 9
-#      significant digits);
-#   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16; then its GEMM shapes one
-#      by one), a profiled bf16 colossal_train step, and colossal_plan --calibrate (the node's
+#      (configs/opt-tiny.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
+#      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
+#      2e-3, fused bf16: 1e-2; all from metrics.csv, 9 significant digits);
+#   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
+#      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
+#      T=256..4096), a profiled bf16 colossal_train step, and colossal_plan --calibrate (the node's
 #      hardware YAML, written to $OUT/hardware-gpu.yaml);
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
@@ -72,14 +73,20 @@ if [ -z "$image_mpi" ] && [ -d "$root/mpi" ]; then
   done
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-models=(quickstart opt-tiny quickstart-bf16)
+models=(quickstart opt-tiny quickstart-bf16 quickstart-fused quickstart-fused-bf16)
 steps=10
-# A check's config, extra keys and tolerance: quickstart-bf16 is the quickstart under
-# train.precision: bf16 (activations saved in bf16 on both sides; the host rounds as cuBLAS's
-# operands are rounded, but sums in another order, so a rounding can flip: 2e-3 relative).
-model_config() { case "$1" in *-bf16) echo "${1%-bf16}" ;; *) echo "$1" ;; esac; }
-model_sets() { case "$1" in *-bf16) echo "--set train.precision=bf16" ;; esac; }
-model_tolerance() { case "$1" in *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
+# A check's config, extra keys and tolerance: -bf16 runs under train.precision: bf16
+# (activations saved in bf16 on both sides; the host rounds as cuBLAS's operands are rounded,
+# but sums in another order, so a rounding can flip: 2e-3 relative); -fused under
+# model.fused_attention: true (fp32: the GPU's Kokkos-team attention against the host's tiled
+# one; bf16: the GPU's tensor-core attention rounds its probabilities and dY to bf16 for the
+# products, where the host multiplies them in fp32: 1e-2).
+model_config() { local m=${1%-bf16}; echo "${m%-fused}"; }
+model_sets() {
+  case "$1" in *-fused*) printf '%s ' --set model.fused_attention=true ;; esac
+  case "$1" in *-bf16) printf '%s ' --set train.precision=bf16 ;; esac
+}
+model_tolerance() { case "$1" in *-fused-bf16) echo 1e-2 ;; *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
 sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5 6}
 batch=${GPU_CHECK_BATCH:-16}
 budget=${GPU_CHECK_BUDGET:-420}
@@ -161,7 +168,8 @@ PY
 
 if section 1; then
   say "== 1. GPU tests"
-  for t in test_kernels_team test_kernels test_gemm_cuda test_model_grad test_nccl_communicator; do
+  for t in test_kernels_team test_attention_tc test_kernels test_gemm_cuda test_model_grad \
+           test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
       if timeout 90 "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
@@ -206,7 +214,7 @@ fi
 if section 3; then
   say "== 3. gpt2-124m, B=$batch T=1024: colossal_bench and colossal_train --profile-steps"
   if [ -x "$bin/colossal_bench" ]; then
-    for p in "fp32" "fp32 --tf32" "bf16"; do
+    for p in "fp32" "fp32 --tf32" "bf16" "bf16 --fused-attention"; do
       # shellcheck disable=SC2086  # the precision's flags are separate words
       timeout 120 "$bin/colossal_bench" --case gpt2-124m --batch "$batch" --seq-len 1024 \
         --steps 5 --precision $p 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
@@ -214,6 +222,9 @@ if section 3; then
     done
     timeout 60 "$bin/colossal_bench" --gemm-table --case gpt2-124m --batch "$batch" \
       --seq-len 1024 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report"
+    timeout 60 "$bin/colossal_bench" --attention 2>&1 |
+      grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
+      say "colossal_bench --attention: failed or timed out (rc $?)"
   else say "colossal_bench: not built"; fi
   (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \

@@ -1,0 +1,281 @@
+// The tensor-core attention (core/attention_tc.hpp). Its kernels are written once against a block
+// interface; here the host's block runs them (every build) against a dense causal attention in
+// double precision over the same bf16 q/k/v, and, in a CUDA build on a GPU, the device's block
+// against the host's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include <Kokkos_Core.hpp>
+
+#include "core/attention_tc.hpp"
+#include "core/bf16.hpp"
+#include "core/gemm.hpp"
+#include "core/layers.hpp"
+#include "grad_check.hpp"
+
+using namespace colossal;
+using namespace colossal::core;
+using colossal::test::random_vector;
+
+namespace {
+
+struct Case {
+  int B, T, C, H, tile;
+};
+
+// Dense causal attention in double over the bf16 values: y (B,T,C), lse (B,H,T), and, for the
+// output gradient dy, dqkv (B,T,3C).
+struct Reference {
+  std::vector<double> y, lse, dqkv;
+};
+
+Reference dense_attention(const std::vector<std::uint16_t>& qkv16, const std::vector<float>& dy,
+                          int B, int T, int C, int H) {
+  const int hs = C / H;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  auto q = [&](int b, int t, int col) { return double(bf16_value(qkv16[(int64_t(b) * T + t) * 3 * C + col])); };
+  Reference r;
+  r.y.assign(std::size_t(B) * T * C, 0.0);
+  r.lse.assign(std::size_t(B) * H * T, 0.0);
+  r.dqkv.assign(std::size_t(B) * T * 3 * C, 0.0);
+  std::vector<double> p(T), dp(T);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h) {
+      const int qc = h * hs, kc = C + h * hs, vc = 2 * C + h * hs;
+      for (int i = 0; i < T; ++i) {
+        double mx = -1e300;
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < hs; ++c) s += q(b, i, qc + c) * q(b, j, kc + c);
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (int j = 0; j <= i; ++j) p[j] /= sum;
+        r.lse[(int64_t(b) * H + h) * T + i] = mx + std::log(sum);
+        double* yi = &r.y[(int64_t(b) * T + i) * C + qc];
+        for (int j = 0; j <= i; ++j) {
+          for (int c = 0; c < hs; ++c) yi[c] += p[j] * q(b, j, vc + c);
+        }
+        // Backward of row i: dP = dy V^T, dS = P (dP - sum_j P dP), dq = scale dS K,
+        // dk_j += scale dS_j q_i, dv_j += P_j dy_i.
+        const float* dyi = &dy[(int64_t(b) * T + i) * C + qc];
+        double D = 0;
+        for (int j = 0; j <= i; ++j) {
+          double s = 0;
+          for (int c = 0; c < hs; ++c) s += double(dyi[c]) * q(b, j, vc + c);
+          dp[j] = s;
+          D += p[j] * s;
+        }
+        double* g = &r.dqkv[int64_t(b) * T * 3 * C];
+        for (int j = 0; j <= i; ++j) {
+          const double ds = scale * p[j] * (dp[j] - D);
+          for (int c = 0; c < hs; ++c) {
+            g[int64_t(i) * 3 * C + qc + c] += ds * q(b, j, kc + c);
+            g[int64_t(j) * 3 * C + kc + c] += ds * q(b, i, qc + c);
+            g[int64_t(j) * 3 * C + vc + c] += p[j] * dyi[c];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// max |a - b| <= tol * max |b|: the tensor cores' bf16 probabilities and dy round to 2^-9.
+void expect_near_scaled(const char* what, const std::vector<float>& a,
+                        const std::vector<double>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0, scale = 1e-30;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    scale = std::max(scale, std::abs(b[i]));
+    const double d = std::abs(double(a[i]) - b[i]);
+    if (!(d <= worst)) {
+      worst = d;
+      at = i;
+    }
+  }
+  std::printf("  %-22s max |tc - reference| = %.3g (%.3g of the largest) at %zu\n", what, worst,
+              worst / scale, at);
+  EXPECT_LE(worst, tol * scale) << what << "[" << at << "]: " << a[at] << " vs " << b[at];
+}
+
+std::vector<std::uint16_t> bf16_vector(const std::vector<float>& x) {
+  std::vector<std::uint16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bf16_bits(x[i]);
+  return out;
+}
+
+struct Result {
+  std::vector<float> y, lse, dqkv;
+};
+
+Result emulate(const std::vector<std::uint16_t>& qkv16, const std::vector<float>& dy,
+               const Case& c) {
+  Result r;
+  r.y.assign(std::size_t(c.B) * c.T * c.C, -7.0f);
+  r.lse.assign(std::size_t(c.B) * c.H * c.T, -7.0f);
+  r.dqkv.assign(std::size_t(c.B) * c.T * 3 * c.C, -7.0f);  // assigned: the sentinel must go
+  tc::TcArgs a;
+  a.qkv = qkv16.data();
+  a.atty = r.y.data();
+  a.lse = r.lse.data();
+  a.datty = dy.data();
+  a.dqkv = r.dqkv.data();
+  a.B = c.B;
+  a.T = c.T;
+  a.C = c.C;
+  a.H = c.H;
+  a.tile = c.tile;
+  tc::emulate_forward(a);
+  tc::emulate_backward(a);
+  return r;
+}
+
+}  // namespace
+
+TEST(TensorCoreAttention, HostBlockMatchesDenseReference) {
+  // Head sizes 16, 32, 64 and 128; tiles 16, 32 and 64; T below, at and past a tile, one position.
+  const Case cases[] = {{2, 37, 32, 2, 16}, {1, 64, 64, 1, 64}, {2, 100, 128, 2, 32},
+                        {1, 130, 128, 1, 64}, {1, 1, 64, 2, 16}, {1, 50, 96, 3, 32}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
+                 " C=" + std::to_string(c.C) + " H=" + std::to_string(c.H) +
+                 " tile=" + std::to_string(c.tile));
+    const auto qkv16 = bf16_vector(random_vector(int64_t(c.B) * c.T * 3 * c.C, 11, 2.0f));
+    const auto dy = random_vector(int64_t(c.B) * c.T * c.C, 12);
+    const Result got = emulate(qkv16, dy, c);
+    const Reference ref = dense_attention(qkv16, dy, c.B, c.T, c.C, c.H);
+    expect_near_scaled("y", got.y, ref.y, 1e-2);
+    expect_near_scaled("lse", got.lse, ref.lse, 1e-3);
+    expect_near_scaled("dqkv", got.dqkv, ref.dqkv, 2e-2);
+  }
+}
+
+TEST(TensorCoreAttention, TilesAgree) {
+  // The same head cut into tiles of 16, 32 and 64 positions: the masks and the online softmax's
+  // rescaling differ, the result may not (beyond the bf16 rounding of the probabilities).
+  const Case base{2, 90, 128, 2, 16};
+  const auto qkv16 = bf16_vector(random_vector(int64_t(base.B) * base.T * 3 * base.C, 3, 3.0f));
+  const auto dy = random_vector(int64_t(base.B) * base.T * base.C, 4);
+  const Result r16 = emulate(qkv16, dy, base);
+  for (int tile : {32, 64}) {
+    Case c = base;
+    c.tile = tile;
+    const Result r = emulate(qkv16, dy, c);
+    expect_near_scaled("y vs tile 16", r.y, std::vector<double>(r16.y.begin(), r16.y.end()), 1e-2);
+    expect_near_scaled("dqkv vs tile 16", r.dqkv,
+                       std::vector<double>(r16.dqkv.begin(), r16.dqkv.end()), 2e-2);
+  }
+}
+
+// The contract the model relies on when a GPU build swaps it in for the host's tiled fused
+// attention: the same outputs from the same bf16 q/k/v (the host multiplies the probabilities
+// in fp32, so bf16 rounding apart), and a backward that takes the forward's y and lse as they are.
+TEST(TensorCoreAttention, HostBlockMatchesHostFusedPath) {
+  if (!test::host_memory()) GTEST_SKIP() << "the host fused path takes host pointers here";
+  const int B = 2, T = 75, C = 128, H = 2;
+  const auto qkv16 = bf16_vector(random_vector(int64_t(B) * T * 3 * C, 31, 2.0f));
+  const auto dy = random_vector(int64_t(B) * T * C, 32);
+  auto gemm = make_host_gemm();
+  std::vector<float> work(fused_attention_work_floats(16)), lse(B * H * T), y(B * T * C),
+      dqkv(B * T * 3 * C);
+  fused_attention_forward(*gemm, lse.data(), y.data(), qkv16.data(), work.data(), B, T, C, H, 16);
+  fused_attention_backward(*gemm, dqkv.data(), dy.data(), y.data(), qkv16.data(), lse.data(),
+                           work.data(), B, T, C, H, 16);
+  const Result tc = emulate(qkv16, dy, Case{B, T, C, H, 32});
+  expect_near_scaled("y vs host fused", tc.y, std::vector<double>(y.begin(), y.end()), 1e-2);
+  expect_near_scaled("lse vs host fused", tc.lse, std::vector<double>(lse.begin(), lse.end()),
+                     1e-4);
+  expect_near_scaled("dqkv vs host fused", tc.dqkv, std::vector<double>(dqkv.begin(), dqkv.end()),
+                     2e-2);
+}
+
+TEST(TensorCoreAttention, SharedMemoryLayout) {
+  // gpt2's head (64) in 64-position tiles: every region 128-byte aligned and within the total;
+  // the forward kernel fits the 99 KiB every sm_80+ GPU offers a block, dK/dV the H100's 227 KiB.
+  for (auto kernel : {tc::TcKernel::forward, tc::TcKernel::dkv, tc::TcKernel::dq}) {
+    const tc::TcLayout L(kernel, 64, 64);
+    for (std::size_t offset : {L.q, L.k, L.v, L.dy, L.o, L.dk, L.dv, L.s, L.dp, L.p, L.ds, L.part,
+                               L.row_a, L.row_b, L.row_c}) {
+      EXPECT_EQ(offset % 128, 0u);
+      EXPECT_LT(offset, L.bytes);
+    }
+  }
+  EXPECT_LE(tc::TcLayout(tc::TcKernel::forward, 64, 64).bytes, 99u * 1024);
+  EXPECT_LE(tc::TcLayout(tc::TcKernel::dkv, 64, 128).bytes, 227u * 1024);
+  EXPECT_TRUE(tc::tc_head_supported(64));
+  EXPECT_FALSE(tc::tc_head_supported(72));
+  EXPECT_FALSE(tc::tc_head_supported(512));
+  if (!tc::device_available()) {
+    EXPECT_THROW(tc::device_tile(64), std::logic_error);
+  }
+}
+
+#if defined(KOKKOS_ENABLE_CUDA)
+namespace {
+
+using Dev = Kokkos::Cuda;
+
+template <class T>
+Kokkos::View<T*, Dev::memory_space> to_device(const std::vector<T>& h) {
+  Kokkos::View<T*, Dev::memory_space> d("colossal::test::device", h.size());
+  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
+                           h.data(), h.size()));
+  return d;
+}
+
+template <class T>
+std::vector<T> to_host(const Kokkos::View<T*, Dev::memory_space>& d) {
+  std::vector<T> h(d.extent(0));
+  Kokkos::deep_copy(
+      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()), d);
+  return h;
+}
+
+}  // namespace
+
+// On a GPU: the WMMA kernels against the host block on the same bf16 inputs (the sums' order
+// differs, and a probability may round to the neighbouring bf16), and against the dense
+// reference; gpt2's head at T = 1024 too.
+TEST(TensorCoreAttention, DeviceMatchesHostBlock) {
+  const Case cases[] = {{2, 100, 128, 2, 0}, {1, 130, 256, 2, 0}, {1, 1024, 128, 2, 0},
+                        {2, 70, 64, 4, 32}};
+  for (Case c : cases) {
+    if (c.tile == 0) c.tile = tc::device_tile(c.C / c.H);
+    SCOPED_TRACE("T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) +
+                 " tile=" + std::to_string(c.tile));
+    const auto qkv16 = bf16_vector(random_vector(int64_t(c.B) * c.T * 3 * c.C, 21, 2.0f));
+    const auto dy = random_vector(int64_t(c.B) * c.T * c.C, 22);
+    const Result host = emulate(qkv16, dy, c);
+    auto dqkv16 = to_device(qkv16);
+    auto ddy = to_device(dy);
+    auto dlse = to_device(std::vector<float>(host.lse.size(), -7.0f));
+    auto dyo = to_device(std::vector<float>(host.y.size(), -7.0f));
+    auto dgrad = to_device(std::vector<float>(host.dqkv.size(), -7.0f));
+    tc::device_forward(dlse.data(), dyo.data(), dqkv16.data(), c.B, c.T, c.C, c.H, c.tile);
+    tc::device_backward(dgrad.data(), ddy.data(), dyo.data(), dqkv16.data(), dlse.data(), c.B,
+                        c.T, c.C, c.H, c.tile);
+    Kokkos::fence();
+    const auto y = to_host(dyo), lse = to_host(dlse), grad = to_host(dgrad);
+    expect_near_scaled("gpu y vs host block", y, std::vector<double>(host.y.begin(), host.y.end()),
+                       2e-3);
+    expect_near_scaled("gpu lse vs host block", lse,
+                       std::vector<double>(host.lse.begin(), host.lse.end()), 1e-4);
+    expect_near_scaled("gpu dqkv vs host block", grad,
+                       std::vector<double>(host.dqkv.begin(), host.dqkv.end()), 5e-3);
+    if (c.T <= 200) {
+      const Reference ref = dense_attention(qkv16, dy, c.B, c.T, c.C, c.H);
+      expect_near_scaled("gpu y vs dense", y, ref.y, 1e-2);
+      expect_near_scaled("gpu dqkv vs dense", grad, ref.dqkv, 2e-2);
+    }
+  }
+}
+#endif  // KOKKOS_ENABLE_CUDA
