@@ -4,6 +4,7 @@
 #include "core/attention_tc.hpp"
 
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -45,6 +46,7 @@ struct DeviceBlock {
     using LayoutB = std::conditional_t<TransB, w::col_major, w::row_major>;
     const auto* a16 = reinterpret_cast<const __nv_bfloat16*>(A);
     const auto* b16 = reinterpret_cast<const __nv_bfloat16*>(B);
+    __syncwarp();  // the warp reconverged after the phase before, for the .aligned WMMA calls
     const int warp = int(threadIdx.x) / 32, warps = int(blockDim.x) / 32;
     const int tiles_n = N / 16, tiles = (M / 16) * tiles_n;
     for (int tile = warp; tile < tiles; tile += warps) {
@@ -107,10 +109,22 @@ std::size_t largest_bytes(int tile, int hs) {
 }
 
 void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char* name) {
+  if (a.blocks() == 0) return;
   const std::size_t bytes = TcLayout(which, a.tile, a.C / a.H).bytes;
-  check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-        name);
+  // The opt-in above 48 KiB, raised once per kernel to the most asked of it (per process: a
+  // rank drives one device).
+  static std::mutex mutex;
+  static std::size_t allowed[3] = {0, 0, 0};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    std::size_t& have = allowed[int(which)];
+    if (bytes > have) {
+      check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+            name);
+      have = bytes;
+    }
+  }
   kernel<<<a.blocks(), kTcThreads, bytes, Kokkos::Cuda().cuda_stream()>>>(a);
   check(cudaGetLastError(), name);
 }
@@ -127,6 +141,10 @@ TcArgs args_for(int B, int T, int C, int H, int tile) {
   a.C = C;
   a.H = H;
   a.tile = tile > 0 ? tile : device_tile(hs);
+  if (!tc_tile_supported(a.tile)) {
+    throw std::invalid_argument("tensor-core attention: tile " + std::to_string(a.tile) +
+                                " is not 16, 32 or 64 positions");
+  }
   return a;
 }
 
@@ -135,7 +153,17 @@ TcArgs args_for(int B, int T, int C, int H, int tile) {
 bool device_available() { return true; }
 
 int device_tile(int hs) {
-  const int optin = optin_shared_bytes();
+  static std::mutex mutex;
+  static int device = -1, optin = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    int now = 0;
+    check(cudaGetDevice(&now), "cudaGetDevice");
+    if (now != device) {
+      optin = optin_shared_bytes();
+      device = now;
+    }
+  }
   for (int tile : {64, 32, 16}) {
     if (largest_bytes(tile, hs) <= std::size_t(optin)) return tile;
   }

@@ -30,6 +30,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/bf16.hpp"
@@ -100,6 +102,8 @@ struct TcLayout {
 
 // The head sizes the kernels take: whole 16-wide WMMA steps, at most 256.
 constexpr bool tc_head_supported(int hs) { return hs > 0 && hs % 16 == 0 && hs <= 256; }
+// The tiles: whole WMMA steps, and rows a whole number of lanes of kTcThreads threads wide.
+constexpr bool tc_tile_supported(int tile) { return tile == 16 || tile == 32 || tile == 64; }
 
 struct TcArgs {
   const std::uint16_t* qkv = nullptr;  // (B,T,3C) bf16
@@ -112,6 +116,10 @@ struct TcArgs {
   KOKKOS_INLINE_FUNCTION int blocks() const { return B * H * tiles(); }
 };
 
+// A phase's lambdas capture by value (pointers and indices), so a test may run them after the
+// function that queued them has returned, in any order the device could (tests/
+// test_attention_tc.cpp's schedule check).
+//
 // The host's stand-in for a CUDA block: a phase's elements one after another, products as
 // loops in fp32 over the exact values of the bf16 operands. (Marked for the device too only so
 // that a CUDA build's host code may instantiate the kernels' bodies with it.)
@@ -156,30 +164,34 @@ template <class Blk>
 KOKKOS_INLINE_FUNCTION void load_rows(const Blk& blk, std::uint16_t* dst, const std::uint16_t* src,
                                       int64_t ld, int row0, int n, int tile, int hs) {
   const int ldh = ld_bf16(hs);
-  blk.each(tile * hs, [&](int e) {
+  blk.each(tile * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
     dst[i * ldh + c] = i < n ? src[int64_t(row0 + i) * ld + c] : std::uint16_t(0);
   });
 }
 
-// dY's rows in bf16, and the lane-partial sums of D_i = dy_i . y_i in fp32 (part[i*lanes + p]).
+// dY's rows in bf16, and the lane-partial sums of D_i = dy_i . y_i in fp32 over the bf16 dy
+// (part[i*lanes + p]).
 template <class Blk>
 KOKKOS_INLINE_FUNCTION void load_dy(const Blk& blk, std::uint16_t* dy16, float* part,
                                     const float* dy, const float* y, int64_t ld, int row0, int n,
                                     int tile, int hs) {
   const int ldh = ld_bf16(hs);
-  blk.each(tile * hs, [&](int e) {
+  blk.each(tile * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
     dy16[i * ldh + c] = i < n ? bf16_bits(dy[int64_t(row0 + i) * ld + c]) : std::uint16_t(0);
   });
   const int lanes = kTcThreads / tile, width = hs / lanes;
-  blk.each(tile * lanes, [&](int e) {
+  blk.each(tile * lanes, [=](int e) {
     const int i = e / lanes, lane = e % lanes;
     float sum = 0.0f;
     if (i < n) {
       const float* dyi = dy + int64_t(row0 + i) * ld;
       const float* yi = y + int64_t(row0 + i) * ld;
-      for (int c = lane * width; c < (lane + 1) * width; ++c) sum += dyi[c] * yi[c];
+      // dY as the products see it (bf16), so that sum_j P_ij (dP_ij - D_i) is 0 as it should.
+      for (int c = lane * width; c < (lane + 1) * width; ++c) {
+        sum += bf16_value(bf16_bits(dyi[c])) * yi[c];
+      }
     }
     part[e] = sum;
   });
@@ -194,7 +206,7 @@ KOKKOS_INLINE_FUNCTION void block_gradients(const Blk& blk, std::uint16_t* P, st
                                             const float* D, int tile, int n_q, int n_k,
                                             bool diagonal, float scale) {
   const int lds = ld_f32(tile), ldp = ld_bf16(tile);
-  blk.each(tile * tile, [&](int e) {
+  blk.each(tile * tile, [=](int e) {
     const int i = e / tile, j = e % tile;
     const bool valid = i < n_q && j < n_k && (!diagonal || j <= i);
     float p = 0.0f, ds = 0.0f;
@@ -230,13 +242,13 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
   float* l = at<float>(smem, L.row_b);
   float* corr = at<float>(smem, L.row_c);
   const int ldh = ld_bf16(hs), ldo = ld_f32(hs), lds = ld_f32(t), ldp = ld_bf16(t);
-  const int lanes = kTcThreads / t, width = t / lanes;
+  const int lanes = kTcThreads / t;
   const int64_t ld = 3 * int64_t(C);
   const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
 
   detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
-  blk.each(t * hs, [&](int e) { O[(e / hs) * ldo + e % hs] = 0.0f; });
-  blk.each(t, [&](int i) {
+  blk.each(t * hs, [=](int e) { O[(e / hs) * ldo + e % hs] = 0.0f; });
+  blk.each(t, [=](int i) {
     m[i] = kNoMax;
     l[i] = 0.0f;
   });
@@ -249,37 +261,37 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
     blk.sync();
     blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
     blk.sync();
-    // Each row's new maximum from `lanes` partial maxima over `width` columns each.
-    blk.each(t * lanes, [&](int e) {
+    // Each row's new maximum from `lanes` partial maxima, lane p over columns p, p + lanes, ...
+    // (interleaved: neighbouring lanes read neighbouring words).
+    blk.each(t * lanes, [=](int e) {
       const int i = e / lanes, lane = e % lanes;
       const int valid = diagonal ? detail::min_int(i + 1, nc) : nc;
-      const int end = detail::min_int((lane + 1) * width, valid);
       float mx = kNoMax;
-      for (int j = lane * width; j < end; ++j) mx = detail::max_float(mx, scale * S[i * lds + j]);
+      for (int j = lane; j < valid; j += lanes) mx = detail::max_float(mx, scale * S[i * lds + j]);
       part[e] = mx;
     });
     blk.sync();
-    blk.each(t, [&](int i) {
+    blk.each(t, [=](int i) {
       float mx = m[i];
       for (int lane = 0; lane < lanes; ++lane) mx = detail::max_float(mx, part[i * lanes + lane]);
       corr[i] = kmath::exp(m[i] - mx);
       m[i] = mx;
     });
     blk.sync();
-    blk.each(t * lanes, [&](int e) {
+    blk.each(t * lanes, [=](int e) {
       const int i = e / lanes, lane = e % lanes;
       const int valid = diagonal ? detail::min_int(i + 1, nc) : nc;
       float sum = 0.0f;
-      for (int j = lane * width; j < (lane + 1) * width; ++j) {
+      for (int j = lane; j < t; j += lanes) {
         const float p = j < valid ? kmath::exp(scale * S[i * lds + j] - m[i]) : 0.0f;
         P[i * ldp + j] = bf16_bits(p);
         sum += p;
       }
       part[e] = sum;
     });
-    blk.each(t * hs, [&](int e) { O[(e / hs) * ldo + e % hs] *= corr[e / hs]; });
+    blk.each(t * hs, [=](int e) { O[(e / hs) * ldo + e % hs] *= corr[e / hs]; });
     blk.sync();
-    blk.each(t, [&](int i) {
+    blk.each(t, [=](int i) {
       float sum = 0.0f;
       for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
       l[i] = l[i] * corr[i] + sum;
@@ -288,12 +300,12 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
   }
   blk.sync();
   float* y = a.atty + int64_t(b) * T * C + int64_t(h) * hs;
-  blk.each(nr * hs, [&](int e) {
+  blk.each(nr * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
     y[int64_t(r0 + i) * C + c] = O[i * ldo + c] / l[i];
   });
   float* lse = a.lse + int64_t(bh) * T + r0;
-  blk.each(nr, [&](int i) { lse[i] = m[i] + kmath::log(l[i]); });
+  blk.each(nr, [=](int i) { lse[i] = m[i] + kmath::log(l[i]); });
 }
 
 // One dK/dV block: key tile and (batch, head) from `index`, the key tiles with the most query
@@ -328,7 +340,7 @@ KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned 
 
   detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs);
   detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs);
-  blk.each(t * hs, [&](int e) {
+  blk.each(t * hs, [=](int e) {
     dK[(e / hs) * ldo + e % hs] = 0.0f;
     dV[(e / hs) * ldo + e % hs] = 0.0f;
   });
@@ -337,9 +349,10 @@ KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned 
     blk.sync();  // the last tile's products have read Q, dY, P and dS
     detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
     detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
-    blk.each(t, [&](int i) { lse[i] = i < nr ? a.lse[int64_t(bh) * T + r0 + i] : 0.0f; });
+    const float* row_lse = a.lse + int64_t(bh) * T + r0;
+    blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
     blk.sync();
-    blk.each(t, [&](int i) {
+    blk.each(t, [=](int i) {
       float sum = 0.0f;
       for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
       D[i] = sum;
@@ -355,7 +368,7 @@ KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned 
   blk.sync();
   float* dk = a.dqkv + int64_t(b) * T * ld + C + int64_t(h) * hs;
   float* dv = dk + C;
-  blk.each(nc * hs, [&](int e) {
+  blk.each(nc * hs, [=](int e) {
     const int j = e / hs, c = e % hs;
     dk[int64_t(c0 + j) * ld + c] = dK[j * ldo + c];
     dv[int64_t(c0 + j) * ld + c] = dV[j * ldo + c];
@@ -391,10 +404,11 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
 
   detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
   detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
-  blk.each(t, [&](int i) { lse[i] = i < nr ? a.lse[int64_t(bh) * T + r0 + i] : 0.0f; });
-  blk.each(t * hs, [&](int e) { dQ[(e / hs) * ldo + e % hs] = 0.0f; });
+  const float* row_lse = a.lse + int64_t(bh) * T + r0;
+  blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
+  blk.each(t * hs, [=](int e) { dQ[(e / hs) * ldo + e % hs] = 0.0f; });
   blk.sync();
-  blk.each(t, [&](int i) {
+  blk.each(t, [=](int i) {
     float sum = 0.0f;
     for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
     D[i] = sum;
@@ -415,7 +429,7 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
   }
   blk.sync();
   float* dq = a.dqkv + int64_t(b) * T * ld + int64_t(h) * hs;
-  blk.each(nr * hs, [&](int e) {
+  blk.each(nr * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
     dq[int64_t(r0 + i) * ld + c] = dQ[i * ldo + c];
   });
@@ -423,11 +437,20 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
 
 // The kernels run by HostBlock over host memory, one block after another: what the device
 // computes, up to the order of the products' sums (tests).
+inline void check_tile(const TcArgs& a) {
+  if (!tc_tile_supported(a.tile) || !tc_head_supported(a.C / a.H) || a.C % a.H != 0) {
+    throw std::invalid_argument("tensor-core attention: tile " + std::to_string(a.tile) +
+                                " and head size " + std::to_string(a.C / a.H) +
+                                " (tiles: 16, 32, 64; heads: multiples of 16 up to 256)");
+  }
+}
 inline void emulate_forward(const TcArgs& a) {
+  check_tile(a);
   std::vector<unsigned char> smem(TcLayout(TcKernel::forward, a.tile, a.C / a.H).bytes);
   for (int i = 0; i < a.blocks(); ++i) forward_block(HostBlock{}, a, smem.data(), i);
 }
 inline void emulate_backward(const TcArgs& a) {
+  check_tile(a);
   std::vector<unsigned char> smem(TcLayout(TcKernel::dkv, a.tile, a.C / a.H).bytes);
   for (int i = 0; i < a.blocks(); ++i) dkv_block(HostBlock{}, a, smem.data(), i);
   for (int i = 0; i < a.blocks(); ++i) dq_block(HostBlock{}, a, smem.data(), i);

@@ -8,6 +8,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
 #include <vector>
 
 #include <Kokkos_Core.hpp>
@@ -198,6 +202,127 @@ TEST(TensorCoreAttention, HostBlockMatchesHostFusedPath) {
                      2e-2);
 }
 
+namespace {
+
+// A block run as the device may run it: each() hands element e to thread e % kTcThreads and
+// gemm() a 16 x 16 output tile to warp (tile index % 8); nothing runs until the next barrier
+// (or the end), when every thread's and warp's queue runs in an order of `order`'s choosing:
+// threads ascending, descending, the warps' products first, or a random interleaving that keeps
+// each queue's own order. A read that a missing barrier leaves racing with a write sees another
+// value in some order (shared memory starts as NaN).
+class ScheduledBlock {
+ public:
+  ScheduledBlock(int order, unsigned seed) : order_(order), rng_(seed), queues_(kQueues) {}
+  template <class F>
+  void each(int n, F&& f) const {
+    for (int e = 0; e < n; ++e) queues_[e % tc::kTcThreads].push_back([f, e] { f(e); });
+  }
+  void sync() const { run(); }
+  template <bool TransA, bool TransB>
+  void gemm(int M, int N, int K, const std::uint16_t* A, int lda, const std::uint16_t* B, int ldb,
+            float* C, int ldc, bool accumulate) const {
+    const int tiles_n = N / 16;
+    for (int tile = 0; tile < (M / 16) * tiles_n; ++tile) {
+      const int i0 = (tile / tiles_n) * 16, j0 = (tile % tiles_n) * 16;
+      queues_[tc::kTcThreads + tile % 8].push_back([=] {
+        tc::HostBlock{}.gemm<TransA, TransB>(16, 16, K, TransA ? A + i0 : A + int64_t(i0) * lda,
+                                             lda, TransB ? B + int64_t(j0) * ldb : B + j0, ldb,
+                                             C + int64_t(i0) * ldc + j0, ldc, accumulate);
+      });
+    }
+  }
+  void run() const {
+    const int n = kQueues;
+    if (order_ == 0 || order_ == 1) {
+      for (int k = 0; k < n; ++k) drain(order_ == 0 ? k : n - 1 - k);
+    } else if (order_ == 2) {
+      for (int k = tc::kTcThreads; k < n; ++k) drain(k);
+      for (int k = tc::kTcThreads - 1; k >= 0; --k) drain(k);
+    } else {
+      std::vector<std::size_t> next(n, 0);
+      std::size_t left = 0;
+      for (const auto& q : queues_) left += q.size();
+      while (left > 0) {
+        const int k = int(rng_() % unsigned(n));
+        if (next[k] < queues_[k].size()) {
+          queues_[k][next[k]++]();
+          --left;
+        }
+      }
+      for (auto& q : queues_) q.clear();
+    }
+  }
+
+ private:
+  static constexpr int kQueues = tc::kTcThreads + 8;
+  void drain(int k) const {
+    for (auto& f : queues_[k]) f();
+    queues_[k].clear();
+  }
+  int order_;
+  mutable std::mt19937 rng_;
+  mutable std::vector<std::vector<std::function<void()>>> queues_;
+};
+
+}  // namespace
+
+// Every barrier the kernels need is there: run as the device schedules them, in several orders,
+// each kernel gives the host block's results bit for bit. (Removing any one of the barriers
+// fails this.)
+TEST(TensorCoreAttention, BarriersHoldUnderTheDeviceSchedule) {
+  const Case cases[] = {{1, 100, 128, 2, 64}, {1, 70, 64, 4, 32}, {1, 33, 32, 2, 16},
+                        {1, 130, 256, 1, 32}};
+  for (const Case& c : cases) {
+    const auto qkv16 = bf16_vector(random_vector(int64_t(c.B) * c.T * 3 * c.C, 41, 3.0f));
+    const auto dy = random_vector(int64_t(c.B) * c.T * c.C, 42);
+    const Result host = emulate(qkv16, dy, c);
+    for (int order = 0; order < 5; ++order) {
+      SCOPED_TRACE("T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) +
+                   " tile=" + std::to_string(c.tile) + " order=" + std::to_string(order));
+      Result got;
+      got.y.assign(host.y.size(), -7.0f);
+      got.lse.assign(host.lse.size(), -7.0f);
+      got.dqkv.assign(host.dqkv.size(), -7.0f);
+      tc::TcArgs a;
+      a.qkv = qkv16.data();
+      a.datty = dy.data();
+      a.B = c.B;
+      a.T = c.T;
+      a.C = c.C;
+      a.H = c.H;
+      a.tile = c.tile;
+      const ScheduledBlock blk(order, unsigned(order + 1));
+      std::vector<unsigned char> smem(tc::TcLayout(tc::TcKernel::dkv, c.tile, c.C / c.H).bytes);
+      auto poison = [&smem] { std::memset(smem.data(), 0xFF, smem.size()); };  // NaN floats
+      a.atty = got.y.data();
+      a.lse = got.lse.data();
+      for (int i = 0; i < a.blocks(); ++i) {
+        poison();
+        tc::forward_block(blk, a, smem.data(), i);
+        blk.run();
+      }
+      // Backward from the host's forward, so that only backward's schedule is under test.
+      a.atty = const_cast<float*>(host.y.data());
+      a.lse = const_cast<float*>(host.lse.data());
+      a.dqkv = got.dqkv.data();
+      for (int i = 0; i < a.blocks(); ++i) {
+        poison();
+        tc::dkv_block(blk, a, smem.data(), i);
+        blk.run();
+      }
+      for (int i = 0; i < a.blocks(); ++i) {
+        poison();
+        tc::dq_block(blk, a, smem.data(), i);
+        blk.run();
+      }
+      EXPECT_EQ(0, std::memcmp(got.y.data(), host.y.data(), host.y.size() * 4)) << "y";
+      EXPECT_EQ(0, std::memcmp(got.lse.data(), host.lse.data(), host.lse.size() * 4)) << "lse";
+      EXPECT_EQ(0, std::memcmp(got.dqkv.data(), host.dqkv.data(), host.dqkv.size() * 4))
+          << "dqkv";
+    }
+  }
+}
+
 TEST(TensorCoreAttention, SharedMemoryLayout) {
   // gpt2's head (64) in 64-position tiles: every region 128-byte aligned and within the total;
   // the forward kernel fits the 99 KiB every sm_80+ GPU offers a block, dK/dV the H100's 227 KiB.
@@ -214,6 +339,12 @@ TEST(TensorCoreAttention, SharedMemoryLayout) {
   EXPECT_TRUE(tc::tc_head_supported(64));
   EXPECT_FALSE(tc::tc_head_supported(72));
   EXPECT_FALSE(tc::tc_head_supported(512));
+  tc::TcArgs odd;
+  odd.B = odd.T = 1;
+  odd.C = 64;
+  odd.H = 1;
+  odd.tile = 48;  // 256 threads' lanes do not divide its rows
+  EXPECT_THROW(tc::emulate_forward(odd), std::invalid_argument);
   if (!tc::device_available()) {
     EXPECT_THROW(tc::device_tile(64), std::logic_error);
   }
