@@ -213,14 +213,24 @@ namespace {
 class ScheduledBlock {
  public:
   ScheduledBlock(int order, unsigned seed) : order_(order), rng_(seed), queues_(kQueues) {}
+  // Marked for the device only because the kernels' bodies are; a CUDA build's device pass
+  // compiles them empty (never called there).
   template <class F>
-  void each(int n, F&& f) const {
+  KOKKOS_INLINE_FUNCTION void each(int n, F&& f) const {
+#ifndef __CUDA_ARCH__
     for (int e = 0; e < n; ++e) queues_[e % tc::kTcThreads].push_back([f, e] { f(e); });
+#endif
   }
-  void sync() const { run(); }
+  KOKKOS_INLINE_FUNCTION void sync() const {
+#ifndef __CUDA_ARCH__
+    run();
+#endif
+  }
   template <bool TransA, bool TransB>
-  void gemm(int M, int N, int K, const std::uint16_t* A, int lda, const std::uint16_t* B, int ldb,
-            float* C, int ldc, bool accumulate) const {
+  KOKKOS_INLINE_FUNCTION void gemm(int M, int N, int K, const std::uint16_t* A, int lda,
+                                   const std::uint16_t* B, int ldb, float* C, int ldc,
+                                   bool accumulate) const {
+#ifndef __CUDA_ARCH__
     const int tiles_n = N / 16;
     for (int tile = 0; tile < (M / 16) * tiles_n; ++tile) {
       const int i0 = (tile / tiles_n) * 16, j0 = (tile % tiles_n) * 16;
@@ -230,6 +240,7 @@ class ScheduledBlock {
                                              C + int64_t(i0) * ldc + j0, ldc, accumulate);
       });
     }
+#endif
   }
   void run() const {
     const int n = kQueues;
