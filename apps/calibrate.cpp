@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/memory_fit.hpp"
+#include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/host_threads.hpp"
 #include "core/kernels.hpp"
@@ -253,6 +254,23 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
                                            qkv.data(), att.data(), work.data(), B, T, C, H);
     });
     h.fused_attention_flops = 12.0 * pairs * hd / fused;
+    // With q/k/v in bf16, as train.precision: bf16 stores them (a GPU's tensor-core kernels).
+    core::DeviceArray<float> qkv16(tracker, core::MemCategory::temporaries, B * T * 3 * C / 2);
+    {
+      std::vector<std::uint16_t> bits(std::size_t(B) * T * 3 * C);
+      for (std::size_t i = 0; i < bits.size(); ++i) {
+        bits[i] = core::bf16_bits(0.1f * float((i * 7919) % 1000) / 1000.0f);
+      }
+      core::copy_to_device(qkv16.data(), bits.data(), bits.size() * sizeof(std::uint16_t));
+    }
+    const core::GemmOperand q16(reinterpret_cast<const std::uint16_t*>(qkv16.data()));
+    const double fused_bf16 = seconds_per_call([&] {
+      core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q16, work.data(), B, T,
+                                          C, H);
+      core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q16,
+                                           att.data(), work.data(), B, T, C, H);
+    });
+    h.fused_attention_bf16_flops = 12.0 * pairs * hd / fused_bf16;
   }
   // Memory-bound work: layernorm (forward bytes 2NC, forward + backward counted as 3x) and GELU
   // (forward bytes 2NF, counted 3.5x with its recomputation in backward).

@@ -490,9 +490,13 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
     t.backward = std::max(op.backward_flops / hw.gemm_rate(op.backward_flops / 2, l.bf16), 2 * memory);
     if (op.recomputed) t.recompute = t.forward;
   } else if (kind == "attention") {
-    // One rate per precision: the GPU presets' attention rate (half the TF32 peak) stands for the
-    // unfused core whose softmax and masking are memory-bound, in bf16 as in fp32.
-    const double rate = fused_attention ? hw.fused_attention_flops : hw.attention_flops;
+    // The dense core at one rate (the GPU presets' half the TF32 peak stands for its
+    // memory-bound softmax and masking, in bf16 as in fp32); the fused core at its precision's:
+    // with q/k/v in bf16 a GPU runs it on the tensor cores.
+    const bool bf16_core = (l.bf16 || l.bf16_operands) && hw.fused_attention_bf16_flops > 0;
+    const double rate = !fused_attention ? hw.attention_flops
+                        : bf16_core      ? hw.fused_attention_bf16_flops
+                                         : hw.fused_attention_flops;
     t.forward = std::max(op.forward_flops / rate, memory);
     t.backward = std::max(op.backward_flops / rate, 2 * memory);
     if (op.recomputed) t.recompute = t.forward;

@@ -27,19 +27,24 @@ double HardwareSpec::gemm_rate(double flops, bool bf16) const {
 namespace {
 constexpr double G = 1e9, T = 1e12, GiB = 1024.0 * 1024.0 * 1024.0;
 
-// A data-centre GPU from its datasheet: dense peaks, HBM bandwidth and capacity, NVLink per
-// direction, one InfiniBand port per GPU. Achieved rates are fixed fractions of the peaks (GEMM
-// 70%, attention 50%, memory-bound kernels 80% of HBM bandwidth): refine them by calibrating.
-HardwareSpec gpu(const char* name, double fp32_tflops, double bf16_tflops, double hbm_tbs,
-                 double memory_gb, double nvlink_gbs, double ib_gbits, double pcie_gbs,
-                 double host_memory_gib) {
+// A data-centre GPU from its datasheet: dense peaks (fp32 on the tensor cores as TF32, and on
+// the CUDA cores), HBM bandwidth and capacity, NVLink per direction, one InfiniBand port per GPU.
+// Achieved rates are fixed fractions of the peaks (GEMM 70%, dense attention 50%, memory-bound
+// kernels 80% of HBM bandwidth): refine them by calibrating. The fused attention's rates count
+// the dense core's FLOPs, as the step graph does, so skipping the causal half counts double:
+// fp32 (Kokkos team kernels, plain FMAs from shared memory) 25% of the CUDA cores' peak, bf16
+// (WMMA tensor cores) 30% of the bf16 peak. Both are estimates until a GPU's --calibrate.
+HardwareSpec gpu(const char* name, double fp32_tflops, double cuda_core_fp32_tflops,
+                 double bf16_tflops, double hbm_tbs, double memory_gb, double nvlink_gbs,
+                 double ib_gbits, double pcie_gbs, double host_memory_gib) {
   HardwareSpec h;
   h.name = name;
   h.fp32_flops = fp32_tflops * T;
   h.bf16_flops = bf16_tflops * T;
   h.gemm_efficiency = 0.7;
   h.attention_flops = 0.5 * h.fp32_flops;
-  h.fused_attention_flops = 0.5 * h.fp32_flops;
+  h.fused_attention_flops = 0.25 * cuda_core_fp32_tflops * T;
+  h.fused_attention_bf16_flops = 0.3 * h.bf16_flops;
   h.memory_bandwidth = 0.8 * hbm_tbs * T;
   h.optimizer_bandwidth = 0.8 * hbm_tbs * T;
   h.memory_bytes = memory_gb * 1e9;
@@ -90,11 +95,17 @@ HardwareSpec hardware_preset(const std::string& name) {
   // Host memory per node as NVIDIA's 8-GPU systems ship it: DGX A100 1 TB (40 GB GPUs) or 2 TB
   // (80 GB), DGX H100 and H200 2 TB, DGX-1 (V100) 512 GB; a cluster's own nodes may have less,
   // which host_memory_gib in a hardware file (or --calibrate's MemTotal) says.
-  if (name == "a100-40g") return gpu("a100-40g", 156, 312, 1.555, 40, 230, 0.92 * 200, 25, 1024);
-  if (name == "a100-80g") return gpu("a100-80g", 156, 312, 2.039, 80, 230, 0.92 * 200, 25, 2048);
-  if (name == "h100") return gpu("h100", 494, 989, 3.35, 80, 360, 0.92 * 400, 50, 2048);
-  if (name == "h200") return gpu("h200", 494, 989, 4.8, 141, 360, 0.92 * 400, 50, 2048);
-  if (name == "v100") return gpu("v100", 15.7, 125, 0.9, 32, 130, 0.92 * 100, 12, 512);
+  // CUDA-core fp32 peaks: A100 19.5, H100/H200 SXM 67, V100 15.7 TFLOP/s.
+  if (name == "a100-40g") return gpu("a100-40g", 156, 19.5, 312, 1.555, 40, 230, 0.92 * 200, 25, 1024);
+  if (name == "a100-80g") return gpu("a100-80g", 156, 19.5, 312, 2.039, 80, 230, 0.92 * 200, 25, 2048);
+  if (name == "h100") return gpu("h100", 494, 67, 989, 3.35, 80, 360, 0.92 * 400, 50, 2048);
+  if (name == "h200") return gpu("h200", 494, 67, 989, 4.8, 141, 360, 0.92 * 400, 50, 2048);
+  if (name == "v100") {
+    // No bf16 tensor cores (WMMA's bf16 needs sm_80): bf16 runs' fused attention at fp32's rate.
+    HardwareSpec h = gpu("v100", 15.7, 15.7, 125, 0.9, 32, 130, 0.92 * 100, 12, 512);
+    h.fused_attention_bf16_flops = 0.0;
+    return h;
+  }
   std::string names;
   for (const std::string& n : hardware_presets()) names += (names.empty() ? "" : ", ") + n;
   throw std::invalid_argument("unknown hardware preset '" + name + "' (known: " + names +
@@ -110,6 +121,7 @@ HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads) {
   for (auto& point : h.gemm_curve) point.second *= k;
   h.attention_flops *= k;
   h.fused_attention_flops *= k;
+  h.fused_attention_bf16_flops *= k;
   h.threads = threads;
   return h;
 }
@@ -127,6 +139,7 @@ const Field kFields[] = {
     {"gemm_efficiency", &HardwareSpec::gemm_efficiency, 1.0},
     {"attention_gflops", &HardwareSpec::attention_flops, G},
     {"fused_attention_gflops", &HardwareSpec::fused_attention_flops, G},
+    {"fused_attention_bf16_gflops", &HardwareSpec::fused_attention_bf16_flops, G},
     {"memory_bandwidth_gbs", &HardwareSpec::memory_bandwidth, G},
     {"optimizer_bandwidth_gbs", &HardwareSpec::optimizer_bandwidth, G},
     {"memory_gib", &HardwareSpec::memory_bytes, GiB},
@@ -187,10 +200,12 @@ HardwareSpec read_hardware(const std::string& path) {
   HardwareSpec h;
   h.name = root["name"] ? root["name"].as<std::string>() : path;
   for (const Field& f : kFields) {
-    // The offload keys and comm_overlap came later: absent means a CPU host (no transfer, the
-    // device's rate, collectives progressed only inside MPI calls).
-    const bool optional =
-        std::string(f.key).rfind("host_", 0) == 0 || std::string(f.key) == "comm_overlap";
+    // The offload keys, comm_overlap and the bf16 fused attention came later: absent means a
+    // CPU host (no transfer, the device's rate, collectives progressed only inside MPI calls)
+    // and the fp32 fused attention's rate.
+    const bool optional = std::string(f.key).rfind("host_", 0) == 0 ||
+                          std::string(f.key) == "comm_overlap" ||
+                          std::string(f.key) == "fused_attention_bf16_gflops";
     if (optional && !root[f.key]) continue;
     h.*(f.value) = positive(root[f.key], f.key) * f.unit;
   }

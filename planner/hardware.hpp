@@ -28,6 +28,9 @@ struct HardwareSpec {
   // tiled online-softmax kernel), forward and backward.
   double attention_flops = 0.0;
   double fused_attention_flops = 0.0;
+  // The fused core with q/k/v in bf16 (train.precision: bf16): on a GPU the tensor-core kernels
+  // (core/attention_tc.hpp), on a host the same tiled path as fp32. 0: fused_attention_flops.
+  double fused_attention_bf16_flops = 0.0;
   // Effective bytes/s of memory-bound kernels (layernorm, activation, embedding, loss) counted as
   // the step graph counts their bytes, and of the optimizer step (28 bytes per parameter).
   double memory_bandwidth = 0.0;

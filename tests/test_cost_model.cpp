@@ -48,6 +48,10 @@ TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   EXPECT_EQ(back.devices_per_node, 8);
   EXPECT_EQ(back.comm_overlap, 0.5);  // NCCL moves started collectives beside the kernels
   EXPECT_EQ(back.host_memory_bytes, 2048.0 * 1024 * 1024 * 1024) << "a DGX A100 80GB's 2 TB";
+  EXPECT_NEAR(back.fused_attention_bf16_flops, 0.3 * 312e12, 1e-5 * 312e12)
+      << "the tensor cores' fused attention at 30% of the bf16 peak";
+  EXPECT_NEAR(back.fused_attention_flops, 0.25 * 19.5e12, 1e-5 * 19.5e12)
+      << "the team kernels at 25% of the CUDA cores' fp32 peak, not the TF32 one";
   const planner::HardwareSpec host = planner::hardware_preset("host");
   std::ofstream(path) << planner::hardware_yaml(host);
   EXPECT_EQ(planner::read_hardware(path.string()).gemm_curve.size(), host.gemm_curve.size());
@@ -102,6 +106,18 @@ TEST(CostModel, OpTimeIsRooflinePlusAlphaBeta) {
   planner::Op core{"core", "attention", 1e9, 2e9, 1e3, 0.0};
   EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, false).forward, 1e-2);
   EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 5e-2);
+  // bf16 q/k/v take the fused core's bf16 rate where the hardware has one (a GPU's tensor
+  // cores), else the fp32 one; the dense core keeps its single rate.
+  l.bf16 = true;
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 5e-2);
+  hw.fused_attention_bf16_flops = 4e11;
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 2.5e-3);
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, false).forward, 1e-2);
+  l.bf16 = false;
+  l.bf16_operands = true;  // a host's bf16 storage: q/k/v in bf16 too
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).forward, 2.5e-3);
+  l.bf16_operands = false;
+  EXPECT_DOUBLE_EQ(planner::op_time(core, l, hw, true).backward, 1e-1);
 }
 
 // Stage 0's gradient all-reduce: the buffer's bytes once, plus one ring latency per extra bucket
