@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "core/kernels.hpp"
+#include "core/layers.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/hf_export.hpp"
@@ -674,6 +675,18 @@ TrainSummary Trainer::train() {
             ? "; the host kernels share its OpenMP threads"
             : "",
         tf32_ignored ? "; train.tf32 ignored: these products have no TF32" : "");
+  {
+    const core::ModelSpec& spec = config_.model;
+    const int ring = config_.parallel.sequence;
+    const std::string attention =
+        ring > 1 ? "ring self-attention over " + std::to_string(ring) +
+                       " ranks (parallel.sequence), probabilities kept"
+        : spec.fused_attention
+            ? core::fused_attention_description(spec.hidden / spec.heads, bf16_operands(config_))
+            : "dense, (B,H,T,T) probabilities kept (model.fused_attention: true keeps one value "
+              "per row)";
+    print("attention: %s\n", attention.c_str());
+  }
   print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "
         "communication %.3g exposed, bubble %.3g, optimizer %.3g, waiting for shared cores %.3g)\n",
         hardware_name_.c_str(), core::format_bytes(predicted_memory_.total()).c_str(),

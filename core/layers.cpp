@@ -402,4 +402,14 @@ std::string fused_attention_unsupported(int head_size, bool bf16_qkv) {
          "any head size)";
 }
 
+std::string fused_attention_description(int head_size, bool bf16_qkv) {
+  if (!device_memory_v<kernels::Exec>) {
+    return "fused (FlashAttention's tiles of " + std::to_string(kAttentionTile) +
+           " positions on the host, one log-sum-exp per row kept)";
+  }
+  if (!bf16_qkv) return "fused (Kokkos team kernels in fp32, one log-sum-exp per row kept)";
+  return "fused (tensor cores: bf16 WMMA products, fp32 sums, tiles of " +
+         std::to_string(tc::device_tile(head_size)) + " positions; one log-sum-exp per row kept)";
+}
+
 }  // namespace colossal::core

@@ -110,5 +110,8 @@ void model_fused_attention_backward(Gemm& gemm, float* dqkv, const float* datty,
 // Why `model.fused_attention` cannot run this head on this build (empty when it can): a GPU build
 // runs bf16 q/k/v on the tensor cores, whose steps need a head size that is a multiple of 16.
 std::string fused_attention_unsupported(int head_size, bool bf16_qkv);
+// What `model.fused_attention: true` runs on this build for a head of `head_size` with q/k/v
+// in bf16 or not, for the trainer's start-up lines (a GPU build asks the device for its tile).
+std::string fused_attention_description(int head_size, bool bf16_qkv);
 
 }  // namespace colossal::core

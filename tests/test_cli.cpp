@@ -892,6 +892,15 @@ TEST_F(Cli, ProfileStepsPrintsTimePerKindOfWork) {
                            "communication", "ms per step"}) {
     EXPECT_NE(r.output.find(kind), std::string::npos) << kind << "\n" << r.output;
   }
+  // The start-up lines say which attention runs.
+  EXPECT_NE(r.output.find("attention: dense, (B,H,T,T) probabilities kept"), std::string::npos)
+      << r.output;
+  r = run(bin("colossal_train") + " " + config +
+          " --profile-steps 1 --set model.fused_attention=true");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("attention: fused (FlashAttention's tiles of 128 positions on the host"),
+            std::string::npos)
+      << r.output;
   for (const char* bad : {"0", "x", "3"}) {  // train.steps is 3: at most 2 after the warm-up
     r = run(bin("colossal_train") + " " + config + " --profile-steps " + bad);
     EXPECT_EQ(r.code, 2) << bad << ": " << r.output;
