@@ -6,8 +6,8 @@
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
 #      if the training runs below fail;
-#   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml) and a tiny OPT
-#      (configs/opt-tiny.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
+#   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml), a tiny OPT
+#      (configs/opt-tiny.yaml) and a tiny LLaMA (configs/llama-quickstart.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
 #      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
 #      2e-3, fused bf16: 1e-2; all from metrics.csv, 9 significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
@@ -73,7 +73,7 @@ if [ -z "$image_mpi" ] && [ -d "$root/mpi" ]; then
   done
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-models=(quickstart opt-tiny quickstart-bf16 quickstart-fused quickstart-fused-bf16)
+models=(quickstart opt-tiny llama-quickstart quickstart-bf16 quickstart-fused quickstart-fused-bf16)
 steps=10
 # A check's config, extra keys and tolerance: -bf16 runs under train.precision: bf16
 # (activations saved in bf16 on both sides; the host rounds as cuBLAS's operands are rounded,
