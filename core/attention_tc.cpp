@@ -176,6 +176,7 @@ void device_forward(float* lse, float* atty, const std::uint16_t* qkv, int B, in
                     int tile) {
   TcArgs a = args_for(B, T, C, H, tile);
   a.qkv = qkv;
+  a.vector_loads = tc_vector_loads(qkv, C);
   a.atty = atty;
   a.lse = lse;
   launch(forward_kernel, TcKernel::forward, a, "forward kernel");
@@ -186,6 +187,7 @@ void device_backward(float* dqkv, const float* datty, const float* atty,
                      int tile) {
   TcArgs a = args_for(B, T, C, H, tile);
   a.qkv = qkv;
+  a.vector_loads = tc_vector_loads(qkv, C);
   a.atty = const_cast<float*>(atty);
   a.lse = const_cast<float*>(lse);
   a.datty = datty;

@@ -112,6 +112,9 @@ struct TcArgs {
   const float* datty = nullptr;        // backward in
   float* dqkv = nullptr;               // backward out (assigned)
   int B = 0, T = 0, C = 0, H = 0, tile = 64;
+  // Whether q/k/v rows may be read 16 bytes at a time: qkv 16-byte aligned, 3C a multiple of 8
+  // (tc_vector_loads).
+  bool vector_loads = false;
   KOKKOS_INLINE_FUNCTION int tiles() const { return (T + tile - 1) / tile; }
   KOKKOS_INLINE_FUNCTION int blocks() const { return B * H * tiles(); }
 };
@@ -120,6 +123,10 @@ struct TcArgs {
 // function that queued them has returned, in any order the device could (tests/
 // test_attention_tc.cpp's schedule check).
 //
+inline bool tc_vector_loads(const std::uint16_t* qkv, int C) {
+  return reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && (3 * C) % 8 == 0;
+}
+
 // The host's stand-in for a CUDA block: a phase's elements one after another, products as
 // loops in fp32 over the exact values of the bf16 operands. (Marked for the device too only so
 // that a CUDA build's host code may instantiate the kernels' bodies with it.)
@@ -158,12 +165,34 @@ KOKKOS_INLINE_FUNCTION T* at(unsigned char* smem, std::size_t offset) {
 KOKKOS_INLINE_FUNCTION int min_int(int a, int b) { return a < b ? a : b; }
 KOKKOS_INLINE_FUNCTION float max_float(float a, float b) { return a > b ? a : b; }
 
-// Rows [row0, row0 + n) of one head's Q, K or V block (column offset `col`) into a bf16 tile,
-// zero rows past n.
+// 8 bf16 values (16 bytes, both addresses 16-byte aligned), or zeros when src is null: one
+// 128-bit load and store on the device.
+struct alignas(16) Bits128 {
+  std::uint32_t w[4];
+};
+KOKKOS_INLINE_FUNCTION void copy8(std::uint16_t* dst, const std::uint16_t* src) {
+#ifdef __CUDA_ARCH__
+  *reinterpret_cast<Bits128*>(dst) =
+      src != nullptr ? *reinterpret_cast<const Bits128*>(src) : Bits128{{0u, 0u, 0u, 0u}};
+#else
+  for (int k = 0; k < 8; ++k) dst[k] = src != nullptr ? src[k] : std::uint16_t(0);
+#endif
+}
+
+// Rows [row0, row0 + n) of one head's Q, K or V block into a bf16 tile, zero rows past n. With
+// `vector` (the source's rows 16-byte aligned: TcArgs::vector_loads) 8 values per element.
 template <class Blk>
 KOKKOS_INLINE_FUNCTION void load_rows(const Blk& blk, std::uint16_t* dst, const std::uint16_t* src,
-                                      int64_t ld, int row0, int n, int tile, int hs) {
+                                      int64_t ld, int row0, int n, int tile, int hs, bool vector) {
   const int ldh = ld_bf16(hs);
+  if (vector) {
+    const int groups = hs / 8;
+    blk.each(tile * groups, [=](int e) {
+      const int i = e / groups, c = (e % groups) * 8;
+      copy8(dst + i * ldh + c, i < n ? src + int64_t(row0 + i) * ld + c : nullptr);
+    });
+    return;
+  }
   blk.each(tile * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
     dst[i * ldh + c] = i < n ? src[int64_t(row0 + i) * ld + c] : std::uint16_t(0);
@@ -246,7 +275,7 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
   const int64_t ld = 3 * int64_t(C);
   const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
 
-  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
+  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
   blk.each(t * hs, [=](int e) { O[(e / hs) * ldo + e % hs] = 0.0f; });
   blk.each(t, [=](int i) {
     m[i] = kNoMax;
@@ -256,8 +285,8 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
     const int c0 = kt * t, nc = detail::min_int(t, T - c0);
     const bool diagonal = kt == qt;
     blk.sync();  // the last tile's P V has read K, V and P
-    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs);
-    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs);
+    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
+    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
     blk.sync();
     blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
     blk.sync();
@@ -338,8 +367,8 @@ KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned 
   const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
   const int64_t head = int64_t(b) * T * C + int64_t(h) * hs;
 
-  detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs);
-  detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs);
+  detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
+  detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
   blk.each(t * hs, [=](int e) {
     dK[(e / hs) * ldo + e % hs] = 0.0f;
     dV[(e / hs) * ldo + e % hs] = 0.0f;
@@ -347,7 +376,7 @@ KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned 
   for (int qt = kt; qt < a.tiles(); ++qt) {
     const int r0 = qt * t, nr = detail::min_int(t, T - r0);
     blk.sync();  // the last tile's products have read Q, dY, P and dS
-    detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
+    detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
     detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
     const float* row_lse = a.lse + int64_t(bh) * T + r0;
     blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
@@ -402,7 +431,7 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
   const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
   const int64_t head = int64_t(b) * T * C + int64_t(h) * hs;
 
-  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs);
+  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
   detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
   const float* row_lse = a.lse + int64_t(bh) * T + r0;
   blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
@@ -416,8 +445,8 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
   for (int kt = 0; kt <= qt; ++kt) {
     const int c0 = kt * t, nc = detail::min_int(t, T - c0);
     blk.sync();  // the last tile's dS K has read K and dS
-    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs);
-    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs);
+    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
+    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
     blk.sync();
     blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
     blk.template gemm<false, true>(t, t, hs, dY, ldh, V, ldh, dP, lds, false);

@@ -12,7 +12,8 @@
 #      2e-3, fused bf16: 1e-2; all from metrics.csv, 9 significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
-#      T=256..4096), a profiled bf16 colossal_train step, and colossal_plan --calibrate (the node's
+#      T=256..4096), a profiled bf16 colossal_train step (dense, then fused attention), and
+#      colossal_plan --calibrate (the node's
 #      hardware YAML, written to $OUT/hardware-gpu.yaml);
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
@@ -231,6 +232,14 @@ if section 3; then
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
+  # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
+  # path kept (B,H,T,T) probabilities.
+  (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+     --set train.precision=bf16 --set model.fused_attention=true \
+     --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
+     --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof-fused \
+     2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
+    say "colossal_train --profile-steps with model.fused_attention: failed"
   # The GPU node's hardware YAML (the planner's rates: GEMM curve fp32 and bf16, kernels, host
   # link, host AdamW), next to the report.
   (cd "$root" && timeout 60 "$bin/colossal_plan" --calibrate \

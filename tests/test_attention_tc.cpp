@@ -121,8 +121,9 @@ struct Result {
   std::vector<float> y, lse, dqkv;
 };
 
+// vector: q/k/v read 8 values at a time (TcArgs::vector_loads), as a GPU does where aligned.
 Result emulate(const std::vector<std::uint16_t>& qkv16, const std::vector<float>& dy,
-               const Case& c) {
+               const Case& c, bool vector = false) {
   Result r;
   r.y.assign(std::size_t(c.B) * c.T * c.C, -7.0f);
   r.lse.assign(std::size_t(c.B) * c.H * c.T, -7.0f);
@@ -138,6 +139,8 @@ Result emulate(const std::vector<std::uint16_t>& qkv16, const std::vector<float>
   a.C = c.C;
   a.H = c.H;
   a.tile = c.tile;
+  a.vector_loads = vector && tc::tc_vector_loads(qkv16.data(), c.C);
+  EXPECT_EQ(a.vector_loads, vector) << "std::vector's data is 16-byte aligned";
   tc::emulate_forward(a);
   tc::emulate_backward(a);
   return r;
@@ -160,6 +163,11 @@ TEST(TensorCoreAttention, HostBlockMatchesDenseReference) {
     expect_near_scaled("y", got.y, ref.y, 1e-2);
     expect_near_scaled("lse", got.lse, ref.lse, 1e-3);
     expect_near_scaled("dqkv", got.dqkv, ref.dqkv, 2e-2);
+    // Loading q/k/v 8 values at a time changes nothing.
+    const Result vec = emulate(qkv16, dy, c, true);
+    EXPECT_EQ(vec.y, got.y);
+    EXPECT_EQ(vec.lse, got.lse);
+    EXPECT_EQ(vec.dqkv, got.dqkv);
   }
 }
 
@@ -302,6 +310,7 @@ TEST(TensorCoreAttention, BarriersHoldUnderTheDeviceSchedule) {
       a.C = c.C;
       a.H = c.H;
       a.tile = c.tile;
+      a.vector_loads = order % 2 == 1;  // both ways of loading q/k/v
       const ScheduledBlock blk(order, unsigned(order + 1));
       std::vector<unsigned char> smem(tc::TcLayout(tc::TcKernel::dkv, c.tile, c.C / c.H).bytes);
       auto poison = [&smem] { std::memset(smem.data(), 0xFF, smem.size()); };  // NaN floats
