@@ -18,6 +18,7 @@
 
 #include "apps/layout.hpp"
 #include "apps/trainer.hpp"
+#include "core/layers.hpp"
 #include "core/memory.hpp"
 #include "parallel/mesh.hpp"
 #include "planner/search.hpp"
@@ -149,6 +150,14 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
       try_set("checkpointing.policy=full");
     }
   }
+  // The fused attention keeps one value per row of the (B,H,T,T) probabilities (not with ring
+  // attention, which the schema refuses, nor where this build cannot run the head size).
+  if (!config.model.fused_attention &&
+      core::fused_attention_unsupported(config.model.hidden / config.model.heads,
+                                        bf16_operands(config))
+          .empty()) {
+    try_set("model.fused_attention=true");
+  }
   for (int stage = config.parallel.zero_stage + 1; stage <= 3; ++stage) {
     if (try_set("parallel.zero.stage=" + std::to_string(stage))) break;
   }
@@ -172,8 +181,8 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     out << "; or search every layout and checkpoint schedule with 'colossal_plan "
         << config.source << " --gpus " << config.parallel.world_size() << "'";
   } else {
-    out << "No change of checkpointing.policy, parallel.zero.stage or train.micro_batch alone "
-           "fits: search every layout with 'colossal_plan "
+    out << "No change of checkpointing.policy, model.fused_attention, parallel.zero.stage or "
+           "train.micro_batch alone fits: search every layout with 'colossal_plan "
         << config.source << " --gpus N' for more ranks, or use a smaller model";
   }
   return out.str();

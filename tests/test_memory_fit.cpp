@@ -71,6 +71,23 @@ TEST(MemoryFit, ShortfallNamesThePlanAndTheNearestChangesThatFit) {
   EXPECT_FALSE(has(message, "parallel.zero.stage")) << message;
 }
 
+// Long sequences: the attention's probabilities are most of the activations, and the fused
+// attention, which keeps one value per row of them, is offered (not where it is on already).
+TEST(MemoryFit, FusedAttentionIsOfferedWhenTheProbabilitiesDominate) {
+  const io::Config c = config("layers: 2, hidden: 64, heads: 8",
+                              "seq_len: 256, global_batch: 16, micro_batch: 16");
+  const double bytes = need(c, {0});
+  const double fused =
+      need(io::parse_config(c.text, c.source, {"model.fused_attention=true"}), {0});
+  // 2 layers of (16, 8, 256, 256) probabilities: 64 MiB of the activations
+  ASSERT_LT(fused, bytes - 60 * 1048576.0);
+  const std::string message = apps::memory_shortfall(c, {0}, fused * 1.001, "n0");
+  EXPECT_TRUE(has(message, "--set model.fused_attention=true (" + core::format_bytes(fused) + ")"))
+      << message;
+  const io::Config on = io::parse_config(c.text, c.source, {"model.fused_attention=true"});
+  EXPECT_FALSE(has(apps::memory_shortfall(on, {0}, fused * 0.5, "n0"), "fused_attention=true"));
+}
+
 TEST(MemoryFit, RanksOfANodeAddUpAndZeroIsOfferedWhenItShards) {
   const io::Config c = config("layers: 4, hidden: 256, heads: 4",
                               "seq_len: 16, global_batch: 16, micro_batch: 4", "parallel: {data: 4}\n");
@@ -91,8 +108,8 @@ TEST(MemoryFit, RanksOfANodeAddUpAndZeroIsOfferedWhenItShards) {
 TEST(MemoryFit, NothingFitsSaysSo) {
   const io::Config c = config();
   const std::string message = apps::memory_shortfall(c, {0}, 1024.0, "n0");
-  EXPECT_TRUE(has(message, "No change of checkpointing.policy, parallel.zero.stage or "
-                           "train.micro_batch alone fits"))
+  EXPECT_TRUE(has(message, "No change of checkpointing.policy, model.fused_attention, "
+                           "parallel.zero.stage or train.micro_batch alone fits"))
       << message;
   EXPECT_FALSE(has(message, "--set")) << message;
 }
