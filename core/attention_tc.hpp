@@ -248,47 +248,151 @@ KOKKOS_INLINE_FUNCTION void block_gradients(const Blk& blk, std::uint16_t* P, st
   });
 }
 
+// What a block derives from its index: its tile (`tile`: first position `first`, `n` of them
+// real), its (batch, head), its scale, the strides of the shared arrays and where its head starts
+// in q/k/v (`base`, rows `ld` apart) and in atty/datty (`head`, rows C apart). Query tiles run
+// heaviest (last) first, key tiles (dK/dV) the one with the most query tiles first.
+struct Frame {
+  int t, hs, T, C, tile, first, n, bh, h, b, ldh, ldo, lds, ldp, lanes;
+  float scale;
+  int64_t ld, head;
+  const std::uint16_t* base;
+  KOKKOS_INLINE_FUNCTION Frame(const TcArgs& a, int index, bool heaviest_last) {
+    t = a.tile;
+    hs = a.C / a.H;
+    T = a.T;
+    C = a.C;
+    const int BH = a.B * a.H;
+    tile = heaviest_last ? a.tiles() - 1 - index / BH : index / BH;
+    bh = index % BH;
+    h = bh % a.H;
+    b = bh / a.H;
+    first = tile * t;
+    n = positions(tile);
+    scale = 1.0f / kmath::sqrt(float(hs));
+    ldh = ld_bf16(hs);
+    ldo = ld_f32(hs);
+    lds = ld_f32(t);
+    ldp = ld_bf16(t);
+    lanes = kTcThreads / t;
+    ld = 3 * int64_t(C);
+    base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
+    head = int64_t(b) * T * C + int64_t(h) * hs;
+  }
+  // The real positions of tile k (the last may be short).
+  KOKKOS_INLINE_FUNCTION int positions(int k) const { return min_int(t, T - k * t); }
+};
+
+// One kernel's shared arrays (TcLayout's regions; dQ's accumulator is dK's region).
+struct Shared {
+  std::uint16_t *Q, *K, *V, *dY, *P, *dS;
+  float *O, *dK, *dV, *S, *dP, *part, *row_a, *row_b, *row_c;
+  KOKKOS_INLINE_FUNCTION Shared(TcKernel kernel, const Frame& f, unsigned char* smem) {
+    const TcLayout L(kernel, f.t, f.hs);
+    Q = at<std::uint16_t>(smem, L.q);
+    K = at<std::uint16_t>(smem, L.k);
+    V = at<std::uint16_t>(smem, L.v);
+    dY = at<std::uint16_t>(smem, L.dy);
+    P = at<std::uint16_t>(smem, L.p);
+    dS = at<std::uint16_t>(smem, L.ds);
+    O = at<float>(smem, L.o);
+    dK = at<float>(smem, L.dk);
+    dV = at<float>(smem, L.dv);
+    S = at<float>(smem, L.s);
+    dP = at<float>(smem, L.dp);
+    part = at<float>(smem, L.part);
+    row_a = at<float>(smem, L.row_a);
+    row_b = at<float>(smem, L.row_b);
+    row_c = at<float>(smem, L.row_c);
+  }
+};
+
+// Backward's per-row inputs of the query tile starting at `first` (n real rows): dY in bf16, the
+// saved lse, and D_i = dy_i . y_i, whose lane-partial sums the caller reduces (reduce_d) after
+// the next barrier.
+template <class Blk>
+KOKKOS_INLINE_FUNCTION void load_query_rows(const Blk& blk, const TcArgs& a, const Frame& f,
+                                            const Shared& s, int first, int n) {
+  load_dy(blk, s.dY, s.part, a.datty + f.head, a.atty + f.head, f.C, first, n, f.t, f.hs);
+  const float* saved = a.lse + int64_t(f.bh) * f.T + first;
+  float* lse = s.row_a;
+  blk.each(f.t, [=](int i) { lse[i] = i < n ? saved[i] : 0.0f; });
+}
+template <class Blk>
+KOKKOS_INLINE_FUNCTION void reduce_d(const Blk& blk, const Frame& f, const Shared& s) {
+  const float* part = s.part;
+  float* D = s.row_b;
+  const int lanes = f.lanes;
+  blk.each(f.t, [=](int i) {
+    float sum = 0.0f;
+    for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
+    D[i] = sum;
+  });
+}
+
+// Key tile `k` (n_k real keys) into K and V.
+template <class Blk>
+KOKKOS_INLINE_FUNCTION void load_keys(const Blk& blk, const TcArgs& a, const Frame& f,
+                                      const Shared& s, int k) {
+  const int n_k = f.positions(k);
+  load_rows(blk, s.K, f.base + f.C, f.ld, k * f.t, n_k, f.t, f.hs, a.vector_loads);
+  load_rows(blk, s.V, f.base + 2 * f.C, f.ld, k * f.t, n_k, f.t, f.hs, a.vector_loads);
+}
+
+// S = Q K^T and dP = dY V^T, then P and dS of the block (query tile q, key tile k).
+template <class Blk>
+KOKKOS_INLINE_FUNCTION void block_scores_and_gradients(const Blk& blk, const Frame& f,
+                                                       const Shared& s, std::uint16_t* P, int q,
+                                                       int k) {
+  blk.template gemm<false, true>(f.t, f.t, f.hs, s.Q, f.ldh, s.K, f.ldh, s.S, f.lds, false);
+  blk.template gemm<false, true>(f.t, f.t, f.hs, s.dY, f.ldh, s.V, f.ldh, s.dP, f.lds, false);
+  blk.sync();
+  block_gradients(blk, P, s.dS, s.S, s.dP, s.row_a, s.row_b, f.t, f.positions(q),
+                  f.positions(k), q == k, f.scale);
+}
+
+// Rows [first, first + n) of a fp32 tile (stride ldo) into columns `col` of dqkv's rows.
+template <class Blk>
+KOKKOS_INLINE_FUNCTION void store_rows(const Blk& blk, const TcArgs& a, const Frame& f,
+                                       const float* tile, int col, int first, int n) {
+  float* out = a.dqkv + int64_t(f.b) * f.T * f.ld + col + int64_t(f.h) * f.hs;
+  const int hs = f.hs, ldo = f.ldo;
+  const int64_t ld = f.ld;
+  blk.each(n * hs, [=](int e) {
+    const int i = e / hs, c = e % hs;
+    out[int64_t(first + i) * ld + c] = tile[i * ldo + c];
+  });
+}
+
 }  // namespace detail
 
-// One forward block: query tile and (batch, head) from `index`, the heaviest tiles first.
+// One forward block (query tile `f.tile`).
 template <class Blk>
 KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsigned char* smem,
                                           int index) {
-  using detail::at;
-  const int t = a.tile, hs = a.C / a.H, BH = a.B * a.H, T = a.T, C = a.C;
-  const int qt = a.tiles() - 1 - index / BH, bh = index % BH, h = bh % a.H, b = bh / a.H;
-  const int r0 = qt * t, nr = detail::min_int(t, T - r0);
-  const float scale = 1.0f / kmath::sqrt(float(hs));
-  const TcLayout L(TcKernel::forward, t, hs);
-  std::uint16_t* Q = at<std::uint16_t>(smem, L.q);
-  std::uint16_t* K = at<std::uint16_t>(smem, L.k);
-  std::uint16_t* V = at<std::uint16_t>(smem, L.v);
-  std::uint16_t* P = at<std::uint16_t>(smem, L.p);
-  float* O = at<float>(smem, L.o);
-  float* S = at<float>(smem, L.s);
-  float* part = at<float>(smem, L.part);
-  float* m = at<float>(smem, L.row_a);
-  float* l = at<float>(smem, L.row_b);
-  float* corr = at<float>(smem, L.row_c);
-  const int ldh = ld_bf16(hs), ldo = ld_f32(hs), lds = ld_f32(t), ldp = ld_bf16(t);
-  const int lanes = kTcThreads / t;
-  const int64_t ld = 3 * int64_t(C);
-  const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
+  const detail::Frame f(a, index, true);
+  const detail::Shared s(TcKernel::forward, f, smem);
+  const int t = f.t, hs = f.hs, qt = f.tile, lanes = f.lanes, lds = f.lds, ldp = f.ldp,
+            ldo = f.ldo;
+  const float scale = f.scale;
+  float* O = s.O;
+  const float* S = s.S;
+  std::uint16_t* P = s.P;
+  float *part = s.part, *m = s.row_a, *l = s.row_b, *corr = s.row_c;
 
-  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
+  detail::load_rows(blk, s.Q, f.base, f.ld, f.first, f.n, t, hs, a.vector_loads);
   blk.each(t * hs, [=](int e) { O[(e / hs) * ldo + e % hs] = 0.0f; });
   blk.each(t, [=](int i) {
     m[i] = kNoMax;
     l[i] = 0.0f;
   });
   for (int kt = 0; kt <= qt; ++kt) {
-    const int c0 = kt * t, nc = detail::min_int(t, T - c0);
+    const int nc = f.positions(kt);
     const bool diagonal = kt == qt;
     blk.sync();  // the last tile's P V has read K, V and P
-    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
-    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
+    detail::load_keys(blk, a, f, s, kt);
     blk.sync();
-    blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
+    blk.template gemm<false, true>(t, t, hs, s.Q, f.ldh, s.K, f.ldh, s.S, lds, false);
     blk.sync();
     // Each row's new maximum from `lanes` partial maxima, lane p over columns p, p + lanes, ...
     // (interleaved: neighbouring lanes read neighbouring words).
@@ -325,143 +429,74 @@ KOKKOS_INLINE_FUNCTION void forward_block(const Blk& blk, const TcArgs& a, unsig
       for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
       l[i] = l[i] * corr[i] + sum;
     });
-    blk.template gemm<false, false>(t, hs, t, P, ldp, V, ldh, O, ldo, true);
+    blk.template gemm<false, false>(t, hs, t, P, ldp, s.V, f.ldh, O, ldo, true);
   }
   blk.sync();
-  float* y = a.atty + int64_t(b) * T * C + int64_t(h) * hs;
-  blk.each(nr * hs, [=](int e) {
+  float* y = a.atty + f.head + int64_t(f.first) * f.C;
+  const int C = f.C;
+  blk.each(f.n * hs, [=](int e) {
     const int i = e / hs, c = e % hs;
-    y[int64_t(r0 + i) * C + c] = O[i * ldo + c] / l[i];
+    y[int64_t(i) * C + c] = O[i * ldo + c] / l[i];
   });
-  float* lse = a.lse + int64_t(bh) * T + r0;
-  blk.each(nr, [=](int i) { lse[i] = m[i] + kmath::log(l[i]); });
+  float* lse = a.lse + int64_t(f.bh) * f.T + f.first;
+  blk.each(f.n, [=](int i) { lse[i] = m[i] + kmath::log(l[i]); });
 }
 
-// One dK/dV block: key tile and (batch, head) from `index`, the key tiles with the most query
-// tiles first.
+// One dK/dV block (key tile `f.tile`), walking the query tiles from the diagonal on.
 template <class Blk>
 KOKKOS_INLINE_FUNCTION void dkv_block(const Blk& blk, const TcArgs& a, unsigned char* smem,
                                       int index) {
-  using detail::at;
-  const int t = a.tile, hs = a.C / a.H, BH = a.B * a.H, T = a.T, C = a.C;
-  const int kt = index / BH, bh = index % BH, h = bh % a.H, b = bh / a.H;
-  const int c0 = kt * t, nc = detail::min_int(t, T - c0);
-  const float scale = 1.0f / kmath::sqrt(float(hs));
-  const TcLayout L(TcKernel::dkv, t, hs);
-  std::uint16_t* Q = at<std::uint16_t>(smem, L.q);
-  std::uint16_t* K = at<std::uint16_t>(smem, L.k);
-  std::uint16_t* V = at<std::uint16_t>(smem, L.v);
-  std::uint16_t* dY = at<std::uint16_t>(smem, L.dy);
-  std::uint16_t* P = at<std::uint16_t>(smem, L.p);
-  std::uint16_t* dS = at<std::uint16_t>(smem, L.ds);
-  float* dK = at<float>(smem, L.dk);
-  float* dV = at<float>(smem, L.dv);
-  float* S = at<float>(smem, L.s);
-  float* dP = at<float>(smem, L.dp);
-  float* part = at<float>(smem, L.part);
-  float* lse = at<float>(smem, L.row_a);
-  float* D = at<float>(smem, L.row_b);
-  const int ldh = ld_bf16(hs), ldo = ld_f32(hs), lds = ld_f32(t), ldp = ld_bf16(t);
-  const int lanes = kTcThreads / t;
-  const int64_t ld = 3 * int64_t(C);
-  const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
-  const int64_t head = int64_t(b) * T * C + int64_t(h) * hs;
+  const detail::Frame f(a, index, false);
+  const detail::Shared s(TcKernel::dkv, f, smem);
+  const int t = f.t, hs = f.hs, kt = f.tile, ldo = f.ldo;
+  float *dK = s.dK, *dV = s.dV;
 
-  detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
-  detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
+  detail::load_keys(blk, a, f, s, kt);
   blk.each(t * hs, [=](int e) {
     dK[(e / hs) * ldo + e % hs] = 0.0f;
     dV[(e / hs) * ldo + e % hs] = 0.0f;
   });
   for (int qt = kt; qt < a.tiles(); ++qt) {
-    const int r0 = qt * t, nr = detail::min_int(t, T - r0);
+    const int r0 = qt * t, nr = f.positions(qt);
     blk.sync();  // the last tile's products have read Q, dY, P and dS
-    detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
-    detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
-    const float* row_lse = a.lse + int64_t(bh) * T + r0;
-    blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
+    detail::load_rows(blk, s.Q, f.base, f.ld, r0, nr, t, hs, a.vector_loads);
+    detail::load_query_rows(blk, a, f, s, r0, nr);
     blk.sync();
-    blk.each(t, [=](int i) {
-      float sum = 0.0f;
-      for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
-      D[i] = sum;
-    });
-    blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
-    blk.template gemm<false, true>(t, t, hs, dY, ldh, V, ldh, dP, lds, false);
+    detail::reduce_d(blk, f, s);
+    detail::block_scores_and_gradients(blk, f, s, s.P, qt, kt);
     blk.sync();
-    detail::block_gradients(blk, P, dS, S, dP, lse, D, t, nr, nc, qt == kt, scale);
-    blk.sync();
-    blk.template gemm<true, false>(t, hs, t, P, ldp, dY, ldh, dV, ldo, true);
-    blk.template gemm<true, false>(t, hs, t, dS, ldp, Q, ldh, dK, ldo, true);
+    blk.template gemm<true, false>(t, hs, t, s.P, f.ldp, s.dY, f.ldh, dV, ldo, true);
+    blk.template gemm<true, false>(t, hs, t, s.dS, f.ldp, s.Q, f.ldh, dK, ldo, true);
   }
   blk.sync();
-  float* dk = a.dqkv + int64_t(b) * T * ld + C + int64_t(h) * hs;
-  float* dv = dk + C;
-  blk.each(nc * hs, [=](int e) {
-    const int j = e / hs, c = e % hs;
-    dk[int64_t(c0 + j) * ld + c] = dK[j * ldo + c];
-    dv[int64_t(c0 + j) * ld + c] = dV[j * ldo + c];
-  });
+  detail::store_rows(blk, a, f, dK, f.C, f.first, f.n);
+  detail::store_rows(blk, a, f, dV, 2 * f.C, f.first, f.n);
 }
 
-// One dQ block: query tile and (batch, head) from `index`, the heaviest tiles first.
+// One dQ block (query tile `f.tile`), walking the key tiles up to the diagonal.
 template <class Blk>
 KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned char* smem,
                                      int index) {
-  using detail::at;
-  const int t = a.tile, hs = a.C / a.H, BH = a.B * a.H, T = a.T, C = a.C;
-  const int qt = a.tiles() - 1 - index / BH, bh = index % BH, h = bh % a.H, b = bh / a.H;
-  const int r0 = qt * t, nr = detail::min_int(t, T - r0);
-  const float scale = 1.0f / kmath::sqrt(float(hs));
-  const TcLayout L(TcKernel::dq, t, hs);
-  std::uint16_t* Q = at<std::uint16_t>(smem, L.q);
-  std::uint16_t* K = at<std::uint16_t>(smem, L.k);
-  std::uint16_t* V = at<std::uint16_t>(smem, L.v);
-  std::uint16_t* dY = at<std::uint16_t>(smem, L.dy);
-  std::uint16_t* dS = at<std::uint16_t>(smem, L.ds);
-  float* dQ = at<float>(smem, L.dk);
-  float* S = at<float>(smem, L.s);
-  float* dP = at<float>(smem, L.dp);
-  float* part = at<float>(smem, L.part);
-  float* lse = at<float>(smem, L.row_a);
-  float* D = at<float>(smem, L.row_b);
-  const int ldh = ld_bf16(hs), ldo = ld_f32(hs), lds = ld_f32(t), ldp = ld_bf16(t);
-  const int lanes = kTcThreads / t;
-  const int64_t ld = 3 * int64_t(C);
-  const std::uint16_t* base = a.qkv + int64_t(b) * T * ld + int64_t(h) * hs;
-  const int64_t head = int64_t(b) * T * C + int64_t(h) * hs;
+  const detail::Frame f(a, index, true);
+  const detail::Shared s(TcKernel::dq, f, smem);
+  const int t = f.t, hs = f.hs, qt = f.tile, ldo = f.ldo;
+  float* dQ = s.dK;
 
-  detail::load_rows(blk, Q, base, ld, r0, nr, t, hs, a.vector_loads);
-  detail::load_dy(blk, dY, part, a.datty + head, a.atty + head, C, r0, nr, t, hs);
-  const float* row_lse = a.lse + int64_t(bh) * T + r0;
-  blk.each(t, [=](int i) { lse[i] = i < nr ? row_lse[i] : 0.0f; });
+  detail::load_rows(blk, s.Q, f.base, f.ld, f.first, f.n, t, hs, a.vector_loads);
+  detail::load_query_rows(blk, a, f, s, f.first, f.n);
   blk.each(t * hs, [=](int e) { dQ[(e / hs) * ldo + e % hs] = 0.0f; });
   blk.sync();
-  blk.each(t, [=](int i) {
-    float sum = 0.0f;
-    for (int lane = 0; lane < lanes; ++lane) sum += part[i * lanes + lane];
-    D[i] = sum;
-  });
+  detail::reduce_d(blk, f, s);
   for (int kt = 0; kt <= qt; ++kt) {
-    const int c0 = kt * t, nc = detail::min_int(t, T - c0);
     blk.sync();  // the last tile's dS K has read K and dS
-    detail::load_rows(blk, K, base + C, ld, c0, nc, t, hs, a.vector_loads);
-    detail::load_rows(blk, V, base + 2 * C, ld, c0, nc, t, hs, a.vector_loads);
+    detail::load_keys(blk, a, f, s, kt);
     blk.sync();
-    blk.template gemm<false, true>(t, t, hs, Q, ldh, K, ldh, S, lds, false);
-    blk.template gemm<false, true>(t, t, hs, dY, ldh, V, ldh, dP, lds, false);
+    detail::block_scores_and_gradients(blk, f, s, nullptr, qt, kt);
     blk.sync();
-    detail::block_gradients(blk, static_cast<std::uint16_t*>(nullptr), dS, S, dP, lse, D, t, nr,
-                            nc, kt == qt, scale);
-    blk.sync();
-    blk.template gemm<false, false>(t, hs, t, dS, ldp, K, ldh, dQ, ldo, true);
+    blk.template gemm<false, false>(t, hs, t, s.dS, f.ldp, s.K, f.ldh, dQ, ldo, true);
   }
   blk.sync();
-  float* dq = a.dqkv + int64_t(b) * T * ld + int64_t(h) * hs;
-  blk.each(nr * hs, [=](int e) {
-    const int i = e / hs, c = e % hs;
-    dq[int64_t(r0 + i) * ld + c] = dQ[i * ldo + c];
-  });
+  detail::store_rows(blk, a, f, dQ, 0, f.first, f.n);
 }
 
 // The kernels run by HostBlock over host memory, one block after another: what the device

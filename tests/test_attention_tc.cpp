@@ -20,6 +20,7 @@
 #include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/layers.hpp"
+#include "device_arrays.hpp"
 #include "grad_check.hpp"
 
 using namespace colossal;
@@ -128,17 +129,8 @@ Result emulate(const std::vector<std::uint16_t>& qkv16, const std::vector<float>
   r.y.assign(std::size_t(c.B) * c.T * c.C, -7.0f);
   r.lse.assign(std::size_t(c.B) * c.H * c.T, -7.0f);
   r.dqkv.assign(std::size_t(c.B) * c.T * 3 * c.C, -7.0f);  // assigned: the sentinel must go
-  tc::TcArgs a;
-  a.qkv = qkv16.data();
-  a.atty = r.y.data();
-  a.lse = r.lse.data();
-  a.datty = dy.data();
-  a.dqkv = r.dqkv.data();
-  a.B = c.B;
-  a.T = c.T;
-  a.C = c.C;
-  a.H = c.H;
-  a.tile = c.tile;
+  tc::TcArgs a{.qkv = qkv16.data(), .atty = r.y.data(), .lse = r.lse.data(), .datty = dy.data(),
+               .dqkv = r.dqkv.data(), .B = c.B, .T = c.T, .C = c.C, .H = c.H, .tile = c.tile};
   a.vector_loads = vector && tc::tc_vector_loads(qkv16.data(), c.C);
   EXPECT_EQ(a.vector_loads, vector) << "std::vector's data is 16-byte aligned";
   tc::emulate_forward(a);
@@ -302,14 +294,8 @@ TEST(TensorCoreAttention, BarriersHoldUnderTheDeviceSchedule) {
       got.y.assign(host.y.size(), -7.0f);
       got.lse.assign(host.lse.size(), -7.0f);
       got.dqkv.assign(host.dqkv.size(), -7.0f);
-      tc::TcArgs a;
-      a.qkv = qkv16.data();
-      a.datty = dy.data();
-      a.B = c.B;
-      a.T = c.T;
-      a.C = c.C;
-      a.H = c.H;
-      a.tile = c.tile;
+      tc::TcArgs a{.qkv = qkv16.data(), .datty = dy.data(), .B = c.B, .T = c.T, .C = c.C,
+                   .H = c.H, .tile = c.tile};
       a.vector_loads = order % 2 == 1;  // both ways of loading q/k/v
       const ScheduledBlock blk(order, unsigned(order + 1));
       std::vector<unsigned char> smem(tc::TcLayout(tc::TcKernel::dkv, c.tile, c.C / c.H).bytes);
@@ -359,11 +345,8 @@ TEST(TensorCoreAttention, SharedMemoryLayout) {
   EXPECT_TRUE(tc::tc_head_supported(64));
   EXPECT_FALSE(tc::tc_head_supported(72));
   EXPECT_FALSE(tc::tc_head_supported(512));
-  tc::TcArgs odd;
-  odd.B = odd.T = 1;
-  odd.C = 64;
-  odd.H = 1;
-  odd.tile = 48;  // 256 threads' lanes do not divide its rows
+  // 256 threads' lanes do not divide a tile of 48 positions' rows.
+  const tc::TcArgs odd{.B = 1, .T = 1, .C = 64, .H = 1, .tile = 48};
   EXPECT_THROW(tc::emulate_forward(odd), std::invalid_argument);
   if (!tc::device_available()) {
     EXPECT_THROW(tc::device_tile(64), std::logic_error);
@@ -371,27 +354,9 @@ TEST(TensorCoreAttention, SharedMemoryLayout) {
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)
-namespace {
-
-using Dev = Kokkos::Cuda;
-
-template <class T>
-Kokkos::View<T*, Dev::memory_space> to_device(const std::vector<T>& h) {
-  Kokkos::View<T*, Dev::memory_space> d("colossal::test::device", h.size());
-  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                           h.data(), h.size()));
-  return d;
-}
-
-template <class T>
-std::vector<T> to_host(const Kokkos::View<T*, Dev::memory_space>& d) {
-  std::vector<T> h(d.extent(0));
-  Kokkos::deep_copy(
-      Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(), h.size()), d);
-  return h;
-}
-
-}  // namespace
+using colossal::test::Dev;
+using colossal::test::to_device;
+using colossal::test::to_host;
 
 // On a GPU: the WMMA kernels against the host block on the same bf16 inputs (the sums' order
 // differs, and a probability may round to the neighbouring bf16), and against the dense

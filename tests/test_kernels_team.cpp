@@ -23,6 +23,7 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/optimizer.hpp"
+#include "device_arrays.hpp"
 #include "grad_check.hpp"
 
 using namespace colossal;
@@ -647,28 +648,9 @@ TEST(TeamAttention, TileFollowsScratchSize) {
 // On a GPU (a CUDA build of Kokkos, where a binary only starts with a GPU visible): every team
 // kernel on Kokkos::Cuda over device buffers, with the team sizes Kokkos chooses there, against
 // the host kernels on the same inputs.
-namespace {
-
-using Dev = Kokkos::Cuda;
-
-template <class T>
-Kokkos::View<T*, Dev::memory_space> to_device(const std::vector<T>& h) {
-  Kokkos::View<T*, Dev::memory_space> d("colossal::test::device", h.size());
-  Kokkos::deep_copy(d, Kokkos::View<const T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(
-                           h.data(), h.size()));
-  return d;
-}
-
-template <class T>
-std::vector<T> to_host(const Kokkos::View<T*, Dev::memory_space>& d) {
-  std::vector<T> h(d.extent(0));
-  Kokkos::deep_copy(Kokkos::View<T*, Kokkos::HostSpace, Kokkos::MemoryUnmanaged>(h.data(),
-                                                                                h.size()),
-                    d);
-  return h;
-}
-
-}  // namespace
+using colossal::test::Dev;
+using colossal::test::to_device;
+using colossal::test::to_host;
 
 TEST(DeviceTeamKernels, RowAndColumnKernelsMatchHost) {
   const int N = 64, C = 768;
