@@ -73,7 +73,7 @@ struct DeviceBlock {
   }
 };
 
-__global__ void __launch_bounds__(kTcThreads) forward_kernel(TcArgs a) {
+__global__ void __launch_bounds__(kTcThreads, 2) forward_kernel(TcArgs a) {
   extern __shared__ __align__(128) unsigned char smem[];
   forward_block(DeviceBlock{}, a, smem, int(blockIdx.x));
 }
