@@ -9,7 +9,7 @@
 #   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml), a tiny OPT
 #      (configs/opt-tiny.yaml) and a tiny LLaMA (configs/llama-quickstart.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
 #      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
-#      2e-3, fused bf16: 1e-2; all from metrics.csv, 9 significant digits);
+#      2e-3; all from metrics.csv, 9 significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
 #      T=256..4096), a profiled bf16 colossal_train step (dense, then fused attention), and
@@ -81,13 +81,15 @@ steps=10
 # but sums in another order, so a rounding can flip: 2e-3 relative); -fused under
 # model.fused_attention: true (fp32: the GPU's Kokkos-team attention against the host's tiled
 # one; bf16: the GPU's tensor-core attention rounds its probabilities and dY to bf16 for the
-# products, where the host multiplies them in fp32: 1e-2).
+# products, where the host multiplies them in fp32; the kernels' source, run by the host's block
+# inside a bf16 quickstart on the CPU, followed the host's losses within 8.2e-6 over 10 steps,
+# so 2e-3 as for bf16).
 model_config() { local m=${1%-bf16}; echo "${m%-fused}"; }
 model_sets() {
   case "$1" in *-fused*) printf '%s ' --set model.fused_attention=true ;; esac
   case "$1" in *-bf16) printf '%s ' --set train.precision=bf16 ;; esac
 }
-model_tolerance() { case "$1" in *-fused-bf16) echo 1e-2 ;; *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
+model_tolerance() { case "$1" in *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
 sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5 6}
 batch=${GPU_CHECK_BATCH:-16}
 budget=${GPU_CHECK_BUDGET:-420}
