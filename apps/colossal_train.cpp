@@ -1,4 +1,6 @@
 // colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
+#include <mpi.h>
+
 #include <cstdio>
 #include <algorithm>
 #include <csignal>
@@ -167,18 +169,13 @@ int main(int argc, char** argv) {
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
       // The offloaded (pinned host) bytes are allocated once, at start-up: without them the
       // peak is the device's.
+      // The largest of every rank's total and device bytes: one max over MPI_COMM_WORLD (the
+      // world communicator has no double max; its scalar sums took two calls a rank).
       const double mine = double(plan.memory().peak_total());
       const double offloaded = double(plan.memory().peak(core::MemCategory::offloaded));
-      std::vector<double> all(std::size_t(inv.world_size), 0.0), device(all.size(), 0.0);
-      all[std::size_t(inv.rank)] = mine;
-      device[std::size_t(inv.rank)] = mine - offloaded;
-      for (double& v : all) v = inv.world->all_reduce_sum_value(v);
-      for (double& v : device) v = inv.world->all_reduce_sum_value(v);
-      if (log) {
-        print_memory_plan(log, {{"rank 0", plan.memory().summary()}},
-                          *std::max_element(all.begin(), all.end()),
-                          *std::max_element(device.begin(), device.end()));
-      }
+      double largest[2] = {mine, mine - offloaded};
+      MPI_Allreduce(MPI_IN_PLACE, largest, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (log) print_memory_plan(log, {{"rank 0", plan.memory().summary()}}, largest[0], largest[1]);
       return 0;
     }
     apps::Trainer trainer(inv.config, log, inv.world);

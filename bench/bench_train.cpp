@@ -12,7 +12,6 @@
 
 #include <Kokkos_Core.hpp>
 
-#include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -171,6 +170,21 @@ void gemm_backend_table(const Case& c, int repeats) {
   std::printf(" %11.1f\n\n", total / best_time);
 }
 
+// Milliseconds of f's best of n calls after a warm-up one, each between fences (device work
+// done; nothing on the host).
+template <class F>
+double best_of(int n, F&& f) {
+  double best = 1e300;
+  for (int r = 0; r <= n; ++r) {
+    Kokkos::fence();
+    const auto t0 = Clock::now();
+    f();
+    Kokkos::fence();
+    if (r > 0) best = std::min(best, seconds(t0));
+  }
+  return best * 1e3;
+}
+
 // Causal attention of gpt2-124m's shape (12 heads of 64) at several sequence lengths, forward +
 // backward: the dense path (stores B*H*T*T probabilities) against the tiled fused path at several
 // tile sizes; milliseconds per call and the bytes each keeps between forward and backward.
@@ -186,15 +200,6 @@ void attention_table(Gemm& gemm) {
     std::vector<float> qkv(BT * 3 * C), y(BT * C), dy(BT * C), dqkv(BT * 3 * C);
     for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = float((i * 7919) % 1000) * 1e-3f - 0.5f;
     for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = float((i * 104729) % 1000) * 1e-3f - 0.5f;
-    auto best_of = [](int n, auto&& f) {
-      double best = 1e300;
-      for (int r = 0; r <= n; ++r) {
-        const auto t0 = Clock::now();
-        f();
-        if (r > 0) best = std::min(best, seconds(t0));
-      }
-      return best * 1e3;
-    };
     std::printf("%6d %4d", T, B);
     {
       std::vector<float> att(BT * H * T), datt(std::size_t(H) * T * T);
@@ -237,7 +242,7 @@ void device_attention_table(Gemm& gemm) {
     std::vector<float> host(BT * 3 * C);
     for (std::size_t i = 0; i < host.size(); ++i) host[i] = float((i * 7919) % 1000) * 2e-3f - 1.0f;
     std::vector<std::uint16_t> host16(host.size());
-    for (std::size_t i = 0; i < host.size(); ++i) host16[i] = bf16_bits(host[i]);
+    to_bf16_bits(host.data(), host16.data(), host.size());
     DeviceArray<float> qkv(tracker, MemCategory::temporaries, host.size()),
         qkv16(tracker, MemCategory::temporaries, (host.size() + 1) / 2),
         y(tracker, MemCategory::temporaries, BT * C), dy(tracker, MemCategory::temporaries, BT * C),
@@ -247,17 +252,6 @@ void device_attention_table(Gemm& gemm) {
     copy_to_device(qkv16.data(), host16.data(), host16.size() * 2);
     copy_to_device(dy.data(), host.data(), BT * C * 4);
     const auto* q16 = reinterpret_cast<const std::uint16_t*>(qkv16.data());
-    auto best_of = [](int n, auto&& f) {
-      double best = 1e300;
-      for (int r = 0; r <= n; ++r) {
-        Kokkos::fence();
-        const auto t0 = Clock::now();
-        f();
-        Kokkos::fence();
-        if (r > 0) best = std::min(best, seconds(t0));
-      }
-      return best * 1e3;
-    };
     std::printf("%6d %4d", T, B);
     {
       const std::size_t att_floats = BT * H * T;

@@ -93,9 +93,8 @@ void check(cudaError_t error, const char* what) {
   }
 }
 
-int optin_shared_bytes() {
-  int device = 0, bytes = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
+int optin_shared_bytes(int device) {
+  int bytes = 0;
   check(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
         "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
   return bytes;
@@ -129,22 +128,12 @@ void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char*
   check(cudaGetLastError(), name);
 }
 
+// The launch's arguments, its tile the device's choice unless given; check_tile refuses a head
+// size or tile the kernels cannot take.
 TcArgs args_for(int B, int T, int C, int H, int tile) {
-  const int hs = C / H;
-  if (!tc_head_supported(hs) || C % H != 0) {
-    throw std::invalid_argument("tensor-core attention: head size " + std::to_string(hs) +
-                                " is not a multiple of 16 up to 256");
-  }
-  TcArgs a;
-  a.B = B;
-  a.T = T;
-  a.C = C;
-  a.H = H;
-  a.tile = tile > 0 ? tile : device_tile(hs);
-  if (!tc_tile_supported(a.tile)) {
-    throw std::invalid_argument("tensor-core attention: tile " + std::to_string(a.tile) +
-                                " is not 16, 32 or 64 positions");
-  }
+  TcArgs a{.B = B, .T = T, .C = C, .H = H, .tile = tile > 0 ? tile : 64};
+  check_tile(a);
+  if (tile <= 0) a.tile = device_tile(C / H);
   return a;
 }
 
@@ -160,7 +149,7 @@ int device_tile(int hs) {
     int now = 0;
     check(cudaGetDevice(&now), "cudaGetDevice");
     if (now != device) {
-      optin = optin_shared_bytes();
+      optin = optin_shared_bytes(now);
       device = now;
     }
   }

@@ -119,17 +119,25 @@ struct TcArgs {
   KOKKOS_INLINE_FUNCTION int blocks() const { return B * H * tiles(); }
 };
 
-// A phase's lambdas capture by value (pointers and indices), so a test may run them after the
-// function that queued them has returned, in any order the device could (tests/
-// test_attention_tc.cpp's schedule check).
-//
 inline bool tc_vector_loads(const std::uint16_t* qkv, int C) {
   return reinterpret_cast<std::uintptr_t>(qkv) % 16 == 0 && (3 * C) % 8 == 0;
 }
 
+// The head size and tile a launch may take (std::invalid_argument otherwise).
+inline void check_tile(const TcArgs& a) {
+  if (!tc_tile_supported(a.tile) || !tc_head_supported(a.C / a.H) || a.C % a.H != 0) {
+    throw std::invalid_argument("tensor-core attention: tile " + std::to_string(a.tile) +
+                                " and head size " + std::to_string(a.C / a.H) +
+                                " (tiles: 16, 32, 64; heads: multiples of 16 up to 256)");
+  }
+}
+
 // The host's stand-in for a CUDA block: a phase's elements one after another, products as
 // loops in fp32 over the exact values of the bf16 operands. (Marked for the device too only so
-// that a CUDA build's host code may instantiate the kernels' bodies with it.)
+// that a CUDA build's host code may instantiate the kernels' bodies with it.) A phase's lambdas
+// capture by value (pointers and indices), so a test may also run them after the function that
+// queued them has returned, in any order the device could (tests/test_attention_tc.cpp's
+// schedule check).
 struct HostBlock {
   template <class F>
   KOKKOS_INLINE_FUNCTION void each(int n, F&& f) const {
@@ -501,13 +509,6 @@ KOKKOS_INLINE_FUNCTION void dq_block(const Blk& blk, const TcArgs& a, unsigned c
 
 // The kernels run by HostBlock over host memory, one block after another: what the device
 // computes, up to the order of the products' sums (tests).
-inline void check_tile(const TcArgs& a) {
-  if (!tc_tile_supported(a.tile) || !tc_head_supported(a.C / a.H) || a.C % a.H != 0) {
-    throw std::invalid_argument("tensor-core attention: tile " + std::to_string(a.tile) +
-                                " and head size " + std::to_string(a.C / a.H) +
-                                " (tiles: 16, 32, 64; heads: multiples of 16 up to 256)");
-  }
-}
 inline void emulate_forward(const TcArgs& a) {
   check_tile(a);
   std::vector<unsigned char> smem(TcLayout(TcKernel::forward, a.tile, a.C / a.H).bytes);

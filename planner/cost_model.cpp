@@ -759,6 +759,11 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   const double reused_floats = reuses ? m * last_unit + (m - 1) * first_block : 0.0;
   const double reused_calls = reuses ? 2 * m - 1 : 0.0;
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
+  // One micro-batch's compute, forward and backward (every chunk), which started collectives and
+  // uploads may run beside.
+  double forward = 0.0, backward = 0.0;
+  for (double f : t.micro_forward) forward += f;
+  for (double b : t.micro_backward) backward += b;
   if (D > 1) {
     // Each bucket's all-reduce pays the ring's latency again; the bytes are the buffer's.
     const double buckets = std::max(1.0, std::ceil(flat * kF / (l.bucket_mb * 1024 * 1024)));
@@ -787,9 +792,6 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     // but each micro-batch's last, beside the next unit's backward. Stage 3: the gathers too,
     // prefetched a unit ahead in forward and backward. The all-gather after the update
     // (stages 1-2) never hides.
-    double forward = 0.0, backward = 0.0;
-    for (double f : t.micro_forward) forward += f;
-    for (double b : t.micro_backward) backward += b;
     const double after = l.zero_stage == 1 || l.zero_stage == 2 ? gather_time(W, D, dp_link) : 0.0;
     t.hidden_comm = hidden_reduction(hw, t.data_comm, after, l.zero_stage < 2 ? buckets : units,
                                      l.zero_stage < 2    ? backward
@@ -833,10 +835,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       starts += chunks * m * (block1 + last);
     }
     t.data_comm += total * byte_s;
-    double compute = 0.0;
-    for (double f : t.micro_forward) compute += f;
-    for (double b : t.micro_backward) compute += b;
-    const double window = std::max(0.0, m * compute - t.hidden_comm);
+    const double window = std::max(0.0, m * (forward + backward) - t.hidden_comm);
     t.hidden_comm += std::min(window, std::max(0.0, total - starts) * byte_s);
   }
   // Stages 2-3: the offloaded gradients go down during the last micro-batch's backward, each
@@ -849,11 +848,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   double grads_hidden = 0.0;
   if (l.offload_optimizer && l.zero_stage >= 2 && !(l.sequence_split && l.tensor > 1) &&
       hw.host_link_bandwidth > 0) {
-    double window = 0.0;
-    for (double b : t.micro_backward) window += b;
     const double host = double(core::offloaded_states(std::size_t(updated), l.offload_fraction));
     const double late = std::max(0.0, late_units / D - (updated - host));
-    grads_hidden = std::min(window, std::max(0.0, host - late) * kF / hw.host_link_bandwidth);
+    grads_hidden = std::min(backward, std::max(0.0, host - late) * kF / hw.host_link_bandwidth);
   }
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
                                l.bf16 ? 2.0 : kF,

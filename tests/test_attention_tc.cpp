@@ -94,14 +94,15 @@ Reference dense_attention(const std::vector<std::uint16_t>& qkv16, const std::ve
 }
 
 // max |a - b| <= tol * max |b|: the tensor cores' bf16 probabilities and dy round to 2^-9.
-void expect_near_scaled(const char* what, const std::vector<float>& a,
-                        const std::vector<double>& b, double tol) {
+template <class Ref>
+void expect_near_scaled(const char* what, const std::vector<float>& a, const std::vector<Ref>& b,
+                        double tol) {
   ASSERT_EQ(a.size(), b.size());
   double worst = 0, scale = 1e-30;
   std::size_t at = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::abs(b[i]));
-    const double d = std::abs(double(a[i]) - b[i]);
+    scale = std::max(scale, std::abs(double(b[i])));
+    const double d = std::abs(double(a[i]) - double(b[i]));
     if (!(d <= worst)) {
       worst = d;
       at = i;
@@ -114,7 +115,7 @@ void expect_near_scaled(const char* what, const std::vector<float>& a,
 
 std::vector<std::uint16_t> bf16_vector(const std::vector<float>& x) {
   std::vector<std::uint16_t> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = bf16_bits(x[i]);
+  to_bf16_bits(x.data(), out.data(), x.size());
   return out;
 }
 
@@ -174,9 +175,9 @@ TEST(TensorCoreAttention, TilesAgree) {
     Case c = base;
     c.tile = tile;
     const Result r = emulate(qkv16, dy, c);
-    expect_near_scaled("y vs tile 16", r.y, std::vector<double>(r16.y.begin(), r16.y.end()), 1e-2);
+    expect_near_scaled("y vs tile 16", r.y, r16.y, 1e-2);
     expect_near_scaled("dqkv vs tile 16", r.dqkv,
-                       std::vector<double>(r16.dqkv.begin(), r16.dqkv.end()), 2e-2);
+                       r16.dqkv, 2e-2);
   }
 }
 
@@ -195,10 +196,10 @@ TEST(TensorCoreAttention, HostBlockMatchesHostFusedPath) {
   fused_attention_backward(*gemm, dqkv.data(), dy.data(), y.data(), qkv16.data(), lse.data(),
                            work.data(), B, T, C, H, 16);
   const Result tc = emulate(qkv16, dy, Case{B, T, C, H, 32});
-  expect_near_scaled("y vs host fused", tc.y, std::vector<double>(y.begin(), y.end()), 1e-2);
-  expect_near_scaled("lse vs host fused", tc.lse, std::vector<double>(lse.begin(), lse.end()),
+  expect_near_scaled("y vs host fused", tc.y, y, 1e-2);
+  expect_near_scaled("lse vs host fused", tc.lse, lse,
                      1e-4);
-  expect_near_scaled("dqkv vs host fused", tc.dqkv, std::vector<double>(dqkv.begin(), dqkv.end()),
+  expect_near_scaled("dqkv vs host fused", tc.dqkv, dqkv,
                      2e-2);
 }
 
@@ -381,12 +382,12 @@ TEST(TensorCoreAttention, DeviceMatchesHostBlock) {
                         c.T, c.C, c.H, c.tile);
     Kokkos::fence();
     const auto y = to_host(dyo), lse = to_host(dlse), grad = to_host(dgrad);
-    expect_near_scaled("gpu y vs host block", y, std::vector<double>(host.y.begin(), host.y.end()),
+    expect_near_scaled("gpu y vs host block", y, host.y,
                        2e-3);
     expect_near_scaled("gpu lse vs host block", lse,
-                       std::vector<double>(host.lse.begin(), host.lse.end()), 1e-4);
+                       host.lse, 1e-4);
     expect_near_scaled("gpu dqkv vs host block", grad,
-                       std::vector<double>(host.dqkv.begin(), host.dqkv.end()), 5e-3);
+                       host.dqkv, 5e-3);
     if (c.T <= 200) {
       const Reference ref = dense_attention(qkv16, dy, c.B, c.T, c.C, c.H);
       expect_near_scaled("gpu y vs dense", y, ref.y, 1e-2);
