@@ -60,6 +60,23 @@ TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   overlapped.replace(overlapped.find("comm_overlap: 0.5"), 17, "comm_overlap: 1.5");
   std::ofstream(path) << overlapped;
   EXPECT_THROW(planner::read_hardware(path.string()), std::runtime_error);
+  // The bf16 fused attention's rate may be absent (an older file: the fp32 rate), not bad.
+  std::string text = planner::hardware_yaml(h);
+  const std::size_t key = text.find("fused_attention_bf16_gflops: ");
+  ASSERT_NE(key, std::string::npos);
+  const std::size_t eol = text.find('\n', key);
+  std::ofstream(path) << text.substr(0, key) + "fused_attention_bf16_gflops: fast" +
+                             text.substr(eol);
+  try {
+    planner::read_hardware(path.string());
+    FAIL() << "a bad fused_attention_bf16_gflops must be rejected";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("fused_attention_bf16_gflops must be a number"),
+              std::string::npos)
+        << e.what();
+  }
+  std::ofstream(path) << text.substr(0, key) + text.substr(eol + 1);
+  EXPECT_EQ(planner::read_hardware(path.string()).fused_attention_bf16_flops, 0.0);
 
   std::ofstream(path) << "name: x\nfp32_tflops: 1\n";
   try {
