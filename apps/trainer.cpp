@@ -1049,8 +1049,11 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
                                                    const std::string& now_text) {
   std::string model_changes, other_changes;
   for (const std::string& key : io::changed_keys(before_text, now_text)) {
-    // model.init_from names where the weights came from, not another model.
-    const bool model = key.rfind("model.", 0) == 0 && key != "model.init_from";
+    // model.init_from names where the weights came from, and model.fused_attention how the
+    // attention is computed (model.fused_attention: auto may decide it otherwise on another
+    // node), not another model.
+    const bool model = key.rfind("model.", 0) == 0 && key != "model.init_from" &&
+                       key != "model.fused_attention";
     std::string& list = model ? model_changes : other_changes;
     list += (list.empty() ? "" : ", ") + key;
   }

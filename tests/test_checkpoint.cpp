@@ -111,6 +111,19 @@ TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
   ASSERT_EQ(last.losses.size(), 1u);
   EXPECT_EQ(last.losses[0], all.losses[9]);
 
+  // The attention's algorithm is not another model: the checkpoint resumes under the fused one
+  // (model.fused_attention: auto may choose otherwise on a requeued job's node).
+  {
+    io::Config fused = config(data, dir + "/run", layout, every);
+    fused.model.fused_attention = true;
+    fused.train.steps = 11;
+    fused.text = io::to_yaml(fused);
+    apps::Trainer resumed(fused, nullptr, &world);
+    const apps::TrainSummary one = resumed.train();
+    EXPECT_EQ(one.first_step, 10);
+    ASSERT_EQ(one.losses.size(), 1u);
+    EXPECT_TRUE(std::isfinite(one.losses[0]));
+  }
   // A checkpoint of another model is refused, naming the keys that differ.
   io::Config other = config(data, dir + "/run", layout, every);
   other.model.ffn_hidden = 128;
