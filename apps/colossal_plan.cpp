@@ -11,6 +11,7 @@
 #include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 #include "core/host_threads.hpp"
+#include "core/layers.hpp"
 #include "planner/cost_model.hpp"
 #include "planner/step_graph.hpp"
 
@@ -214,9 +215,17 @@ int plan(apps::Invocation& inv) {
                              " devices but " + std::to_string(devices) +
                              " are planned for; drop --gpus / hardware.gpus or change the sizes");
     }
-    chosen = planner::evaluate_plan(c.model, run, cluster, c.checkpointing.policy,
-                                    c.checkpointing.every, c.checkpointing.blocks,
-                                    c.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0);
+    // model.fused_attention: auto: the faster attention that fits, as colossal_train decides.
+    chosen = c.fused_attention_auto
+                 ? planner::evaluate_attention_choice(
+                       c.model, run, cluster, !apps::fused_attention_unavailable(c).empty(),
+                       nullptr, c.checkpointing.policy, c.checkpointing.every,
+                       c.checkpointing.blocks,
+                       c.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0)
+                 : planner::evaluate_plan(c.model, run, cluster, c.checkpointing.policy,
+                                          c.checkpointing.every, c.checkpointing.blocks,
+                                          c.checkpointing.memory_budget * 1024.0 * 1024.0 *
+                                              1024.0);
     if (!chosen.why.empty() && chosen.step_time == 0.0) {
       throw apps::UsageError("--evaluate: the config's layout is not valid: " + chosen.why);
     }
@@ -229,6 +238,10 @@ int plan(apps::Invocation& inv) {
     options.top = top;
     options.bucket_mb = c.parallel.bucket_mb;
     options.bf16_reduce = c.parallel.bf16_grad_reduce();
+    // model.fused_attention: auto: the search costs each layout with either attention.
+    options.try_fused_attention =
+        c.fused_attention_auto &&
+        core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
     const planner::SearchResult result = planner::search_plans(
         c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
     if (result.best.empty()) {

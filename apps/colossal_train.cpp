@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
                      report.c_str());
       }
     }
+    // model.fused_attention: auto on a fixed layout (parallel.mode: auto has decided it).
+    inv.config = apps::plan_attention(inv.config, *inv.world, core::HostThreads::shared().size(),
+                                      log);
     // parallel.zero.offload.policy: auto decides the offload flags from the memory plan.
     try {
       inv.config = apps::apply_offload_policy(inv.config, log);

@@ -1,9 +1,15 @@
 #include "apps/layout.hpp"
 
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "apps/errors.hpp"
 #include "apps/memory_fit.hpp"
+#include "apps/offload_policy.hpp"
+#include "core/layers.hpp"
 #include "core/host_threads.hpp"
 #include "core/memory.hpp"
 #include "parallel/stage_partition.hpp"
@@ -120,28 +126,129 @@ planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, 
   return planner::Cluster{hw, devices, cores, pinned, nodes};
 }
 
+namespace {
+
+// The cluster colossal_train's start-up plans for (rank 0): the config's hardware, host rates
+// scaled to `threads` per rank, the nodes' cores as the thread decision saw them (mpirun
+// --oversubscribe shares them).
+planner::Cluster planning_cluster(const io::Config& config, int ranks, int threads) {
+  const core::ThreadPlan node = core::current_thread_plan();
+  planner::HardwareSpec hw = hardware_spec(config, threads);
+  // On GPUs the offloaded bytes go to this node's memory: plan for what it has now, unless
+  // hardware.host_memory_gib says otherwise.
+  if (device_resident_build() && config.hardware.host_memory_gib <= 0) {
+    if (const double available = host_available_bytes(); available > 0) {
+      hw.host_memory_bytes = available;
+    }
+  }
+  return make_cluster(hw, ranks, node.node_cores * node.nodes(ranks), node.pinned,
+                      node.nodes(ranks));
+}
+
+// Whether this build runs the fused attention at the config's head size and precision.
+bool fused_attention_runs(const io::Config& config) {
+  return core::fused_attention_unsupported(config.model.hidden / config.model.heads,
+                                           bf16_operands(config))
+      .empty();
+}
+
+}  // namespace
+
+std::string fused_attention_unavailable(const io::Config& config) {
+  const auto& p = config.parallel;
+  if (p.sequence > 1) {
+    return "ring attention (parallel.sequence " + std::to_string(p.sequence) +
+           ") keeps its rows of the probabilities";
+  }
+  if (p.tensor_mode != core::TensorMode::d1) {
+    return std::string("the ") + core::tensor_mode_name(p.tensor_mode) +
+           " model runs the dense attention only";
+  }
+  if (!fused_attention_runs(config)) {
+    return "this build's fused attention does not run head size " +
+           std::to_string(config.model.hidden / config.model.heads) + " in bf16";
+  }
+  return "";
+}
+
+io::Config plan_attention(const io::Config& config, parallel::Communicator& world, int threads,
+                          std::FILE* log) {
+  if (!config.fused_attention_auto) return config;
+  // What each rank may hold (collective): the GPU's free memory over the ranks sharing it, or
+  // hardware.device_memory_gib; on a host build this node's available memory over its ranks.
+  int share = 1;
+  double capacity = device_capacity(config, &share) / std::max(1, share);
+  if (!device_resident_build() && config.hardware.device_memory_gib <= 0) {
+    MPI_Comm node;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
+    int locals = 1;
+    MPI_Comm_size(node, &locals);
+    MPI_Comm_free(&node);
+    double mine = 0.0;
+    try {
+      const double available = host_available_bytes();  // 0: unknown
+      if (available > 0) mine = std::max(0.0, available / locals - kRuntimeBytesPerRank);
+    } catch (const std::invalid_argument&) {
+      mine = 0.0;  // COLOSSAL_HOST_MEMORY_BYTES is bad: check_memory_fits names it next
+    }
+    double least = mine;
+    MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    capacity = least;
+  }
+  std::string decision, error;  // decision: "true" or "false", then the report's line
+  if (world.rank() == 0) {
+    try {
+      planner::Cluster cluster = planning_cluster(config, world.size(), threads);
+      if (capacity > 0) cluster.hw.memory_bytes = capacity;
+      const std::string unavailable = fused_attention_unavailable(config);
+      const auto& c = config.checkpointing;
+      planner::Plan other;
+      const planner::Plan chosen = planner::evaluate_attention_choice(
+          config.model, run_layout(config), cluster, !unavailable.empty(), &other, c.policy,
+          c.every, c.blocks, c.memory_budget * 1024.0 * 1024.0 * 1024.0);
+      auto predicted = [&](const planner::Plan& p) {
+        char text[160];
+        std::snprintf(text, sizeof text, "%.4g s a step, %s a rank%s", p.step_time,
+                      core::format_bytes(p.memory.against(cluster.hw)).c_str(),
+                      p.fits ? "" : ", does not fit");
+        return std::string(text);
+      };
+      const std::string name = chosen.fused_attention ? "fused" : "dense";
+      decision = std::string(chosen.fused_attention ? "true" : "false") + "\n" + name + " (";
+      if (!unavailable.empty()) {
+        decision += unavailable + ")";
+      } else {
+        decision += "predicted " + predicted(chosen) + "; " +
+                    (chosen.fused_attention ? "dense " : "fused ") + predicted(other) + "; " +
+                    core::format_bytes(cluster.hw.memory_bytes) + " a rank available)";
+      }
+    } catch (const std::exception& e) {
+      error = std::string("model.fused_attention: auto: ") + e.what();
+    }
+  }
+  world.broadcast_string(error, 0);
+  if (!error.empty()) throw CollectiveError(error);
+  world.broadcast_string(decision, 0);
+  const std::size_t cut = decision.find('\n');
+  if (log != nullptr) {
+    std::fprintf(log, "attention (model.fused_attention: auto): %s\n",
+                 decision.substr(cut + 1).c_str());
+  }
+  return io::parse_config(config.text, config.source,
+                          {"model.fused_attention=" + decision.substr(0, cut)});
+}
+
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
                               std::string* report) {
   std::string overrides, error;
   if (world.rank() == 0) {
     try {
-      // The nodes' cores as the thread decision saw them (mpirun --oversubscribe shares them).
-      const core::ThreadPlan node = core::current_thread_plan();
-      planner::HardwareSpec hw = hardware_spec(config, threads);
-      // On GPUs the offloaded bytes go to this node's memory: plan for what it has now, unless
-      // hardware.host_memory_gib says otherwise.
-      if (device_resident_build() && config.hardware.host_memory_gib <= 0) {
-        if (const double available = host_available_bytes(); available > 0) {
-          hw.host_memory_bytes = available;
-        }
-      }
-      const planner::Cluster cluster = make_cluster(hw, world.size(),
-                                                    node.node_cores * node.nodes(world.size()),
-                                                    node.pinned, node.nodes(world.size()));
+      const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
       // fp32 storage whatever train.precision says (see run_layout).
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;
       options.bf16_reduce = config.parallel.bf16_grad_reduce();
+      options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
           options);

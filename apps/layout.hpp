@@ -3,6 +3,7 @@
 // trainer's plan check compares them), usable without MPI by colossal_plan.
 #pragma once
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -72,5 +73,17 @@ planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, 
 // `report` (rank 0) receives the search's summary. No layout fits: a clear error on every rank.
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
                               std::string* report);
+// Why the config's fixed layout cannot run the fused attention (ring attention, a 2d / 2.5d /
+// 3d grid, a head size this build's bf16 kernels do not step through); empty when it can.
+std::string fused_attention_unavailable(const io::Config& config);
+// model.fused_attention: auto with a fixed layout (parallel.mode: manual; under auto,
+// plan_automatically's search decides it). Collective: every rank's memory (the GPU's free
+// memory over the ranks sharing it, hardware.device_memory_gib, or on a host build the node's
+// available memory over its ranks) gives the least capacity; rank 0 costs the layout with both
+// attentions (planner::evaluate_attention_choice, the config's checkpointing) and broadcasts the
+// choice: the faster one that fits, else the smaller. Prints it to `log` (rank 0's) and returns
+// the config re-read with it. Without auto the config is returned as it is.
+io::Config plan_attention(const io::Config& config, parallel::Communicator& world, int threads,
+                          std::FILE* log);
 
 }  // namespace colossal::apps

@@ -131,6 +131,21 @@ Choice resume_choice(CheckpointConfig* p) {
           }};
 }
 
+// model.fused_attention: false, true, or auto (Config::fused_attention_auto; the model's flag
+// stays false until colossal_train's start-up decides).
+Choice fused_attention_choice(Config* c) {
+  return {[c] {
+            return std::string(c->fused_attention_auto ? "auto"
+                               : c->model.fused_attention ? "true"
+                                                          : "false");
+          },
+          [c](std::string_view w) {
+            c->fused_attention_auto = w == "auto";
+            c->model.fused_attention = w == "true";
+            return w == "auto" || w == "true" || w == "false";
+          }};
+}
+
 using Field = std::variant<int*, int64_t*, uint64_t*, double*, std::string*, Choice, bool*,
                            Betas, std::vector<int>*>;
 
@@ -202,10 +217,11 @@ const std::vector<KeySpec>& schema() {
               "parallel.tensor.size * this; padded rows are masked and never saved",
        .range = at_least(1)},
       {.key = "model.fused_attention", .kind = Kind::choice,
-       .field = [](Config& c) -> Field { return &c.model.fused_attention; },
+       .field = [](Config& c) -> Field { return fused_attention_choice(&c); },
        .doc = "fused causal attention: no (B,H,T,T) matrix saved, memory linear in seq_len; "
-              "slower than the default at short sequences",
-       .choices = {"false", "true"}},
+              "slower than the default at short sequences; auto: the planner chooses at "
+              "start-up (the faster attention that fits)",
+       .choices = {"false", "true", "auto"}},
 
       // Starting weights (io/init_from.hpp, docs/init-from.md).
       {.key = "model.init_from", .kind = Kind::text,
@@ -478,7 +494,8 @@ const std::vector<KeySpec>& schema() {
       // The device size parallel.zero.offload.policy: auto plans for (apps/offload_policy.hpp).
       {.key = "hardware.device_memory_gib", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.hardware.device_memory_gib; },
-       .doc = "GiB of device memory per GPU that offload.policy: auto plans for; 0 = the GPU's "
+       .doc = "GiB of device memory per GPU that offload.policy: auto and "
+              "model.fused_attention: auto plan for; 0 = the GPU's "
               "free memory (CUDA builds) or no device limit (CPU builds: the device is the host)",
        .range = at_least(0)},
       // The host memory the planner lets a GPU node's offloaded bytes use (planner/hardware.hpp).

@@ -169,6 +169,10 @@ struct Config {
   // model.init_from (io/init_from.hpp): starting weights from a Hugging Face safetensors
   // checkpoint, a model.h5 or a training checkpoint; empty = the seeded initialisation.
   std::string model_init_from;
+  // model.fused_attention: auto. model.fused_attention (the spec's flag) stays false until
+  // colossal_train's start-up decides (apps/layout.hpp: plan_automatically with parallel.mode:
+  // auto, else plan_attention), which sets the flag and clears this.
+  bool fused_attention_auto = false;
   DataConfig data;
   TrainConfig train;
   ParallelConfig parallel;

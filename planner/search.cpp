@@ -137,6 +137,7 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
     run.layers = balanced_layers(spec, run);
   }
   plan.run = run;
+  plan.fused_attention = spec.fused_attention;
   plan.why = run.tensor_mode == core::TensorMode::d1 ? invalid(spec, run)
                                                      : invalid_tensor_mode(spec, run);
   if (!plan.why.empty()) return plan;
@@ -268,6 +269,32 @@ Plan evaluate_plan(const core::ModelSpec& spec, RunLayout run, const Cluster& cl
   return plan;
 }
 
+Plan evaluate_attention_choice(core::ModelSpec spec, const RunLayout& run, const Cluster& cluster,
+                               bool dense_only, Plan* other,
+                               std::optional<core::CheckpointPolicy> policy, int every,
+                               const std::vector<int>& blocks, double budget_bytes,
+                               int memory_slots) {
+  auto cost = [&](bool fused) {
+    spec.fused_attention = fused;
+    return evaluate_plan(spec, run, cluster, policy, every, blocks, budget_bytes, memory_slots);
+  };
+  Plan dense = cost(false), fused;
+  // An invalid layout is invalid with either attention; ring attention and the 2d / 2.5d / 3d
+  // grids run the dense one only.
+  if (!dense_only && dense.step_time > 0.0) fused = cost(true);
+  bool take_fused = false;
+  if (fused.step_time > 0.0) {
+    const double dense_bytes = dense.memory.against(cluster.hw);
+    const double fused_bytes = fused.memory.against(cluster.hw);
+    take_fused = dense.fits != fused.fits ? fused.fits
+                 : dense.fits && fused.step_time != dense.step_time
+                     ? fused.step_time < dense.step_time
+                     : fused_bytes < dense_bytes;
+  }
+  if (other != nullptr) *other = take_fused ? dense : fused;
+  return take_fused ? fused : dense;
+}
+
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
@@ -294,7 +321,13 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   struct Shape {
     RunLayout run;
     double bound;
+    bool fused = false;  // costed with the fused attention (options.try_fused_attention)
   };
+  core::ModelSpec fused_spec = spec;
+  fused_spec.fused_attention = true;
+  // The attentions each 1d shape is costed with.
+  std::vector<bool> attentions{spec.fused_attention};
+  if (options.try_fused_attention && !spec.fused_attention) attentions.push_back(true);
   std::vector<Shape> shapes;
   // The fields every candidate sets from the search's arguments and its own sizes.
   auto layout = [&](int micro_batch, int data, int tensor) {
@@ -340,12 +373,17 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
               run.chunks = v;
               if (!invalid(spec, run).empty()) continue;
               run.layers = balanced_layers(spec, run);
-              double bound = 0.0;
-              for (int r : {0, p - 1}) {
-                const TimePrediction tp = predict_time(spec, rank_layout(run, r), cluster.hw);
-                bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+              for (bool fused : attentions) {
+                const core::ModelSpec& sp = fused ? fused_spec : spec;
+                if (!invalid(sp, run).empty()) continue;  // ring attention: dense only
+                double bound = 0.0;
+                for (int r : {0, p - 1}) {
+                  const TimePrediction tp = predict_time(sp, rank_layout(run, r), cluster.hw);
+                  bound = std::max(bound,
+                                   tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+                }
+                shapes.push_back(Shape{run, bound, fused});
               }
-              shapes.push_back(Shape{run, bound});
             }
           }
         }
@@ -418,7 +456,8 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
         auto evaluate = [&](double fraction) {
           run.offload_fraction = fraction;
           ++result.evaluated;
-          return evaluate_plan(spec, run, cluster, std::nullopt, 0, {}, 0.0,
+          return evaluate_plan(shape.fused ? fused_spec : spec, run, cluster, std::nullopt, 0, {},
+                               0.0,
                                options.memory_slots);
         };
         // The fewest 64ths of each shard's optimizer state the device needs, as offload.policy:
@@ -530,7 +569,7 @@ std::string format_plan(const Plan& p) {
   for (int n : r.layers) layers += (layers.empty() ? "" : ",") + std::to_string(n);
   std::snprintf(line, sizeof line,
                 "data %d x tensor %d%s%s x sequence %d x pipeline %d (%s%s, layers [%s]) | "
-                "micro-batch %d x %d | ZeRO %d%s | checkpointing %s",
+                "micro-batch %d x %d | ZeRO %d%s | checkpointing %s%s",
                 r.data, r.tensor, r.sequence_split ? " (split)" : "",
                 r.tensor_mode == core::TensorMode::d1 ? ""
                 : r.tensor_mode == core::TensorMode::d2_5
@@ -540,7 +579,8 @@ std::string format_plan(const Plan& p) {
                 r.chunks > 1 ? (" x" + std::to_string(r.chunks) + " chunks").c_str() : "",
                 layers.c_str(), r.micro_batch, r.micro_batches(), r.zero_stage,
                 r.offload_optimizer ? offload_text(r).c_str() : "",
-                core::checkpoint_policy_name(p.policy));
+                core::checkpoint_policy_name(p.policy),
+                p.fused_attention ? " | fused attention" : "");
   std::string out = line;
   char waiting[64] = "";
   if (p.time.shared_cores > 0) {
@@ -612,7 +652,8 @@ std::vector<std::string> plan_overrides(const Plan& p) {
       "parallel.zero.offload.params=" + std::string(r.offload_params ? "true" : "false"),
       "parallel.zero.offload.params_fraction=" + params_fraction_text(r),
       "train.micro_batch=" + std::to_string(r.micro_batch),
-      std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy)};
+      std::string("checkpointing.policy=") + core::checkpoint_policy_name(p.policy),
+      "model.fused_attention=" + std::string(p.fused_attention ? "true" : "false")};
   if (p.policy == core::CheckpointPolicy::rotor) {
     char budget[64];
     std::snprintf(budget, sizeof budget, "checkpointing.memory_budget=%.6f",
@@ -649,6 +690,8 @@ std::string plan_yaml(const Plan& p) {
       p.policy == core::CheckpointPolicy::rotor
           ? (", memory_budget: " + std::to_string(p.budget_bytes / (1024.0 * 1024.0 * 1024.0))).c_str()
           : "");
+  // The attention is a model: key; the blocks above are parallel: and checkpointing:.
+  if (p.fused_attention) return text + std::string("# and in model: fused_attention: true\n");
   return text;
 }
 
@@ -673,7 +716,7 @@ std::string plan_json(const Plan& p) {
       "\"micro_batch\": %d, \"micro_batches\": %d, \"zero_stage\": %d, \"offload_optimizer\": %s, "
       "\"offload_fraction\": %.17g, "
       "\"offload_params\": %s, \"offload_params_fraction\": %.17g, "
-      "\"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s]}, "
+      "\"checkpointing\": \"%s\", \"checkpoint_schedules\": [%s], \"fused_attention\": %s}, "
       "\"prediction\": {\"fits\": %s, \"step_time_s\": %.6g, \"tokens_per_s\": %.6g, "
       "\"tflops_per_device\": %.6g, \"mfu\": %.6g, \"memory_bytes_per_device\": {%s, \"total\": %.0f}, "
       "\"host_bytes_per_node\": %.0f}}",
@@ -685,7 +728,7 @@ std::string plan_json(const Plan& p) {
       r.offload_optimizer ? r.offload_fraction : 1.0, r.offload_params ? "true" : "false",
       r.offload_params ? r.offload_params_fraction : 1.0,
       core::checkpoint_policy_name(p.policy), schedules.c_str(),
-      p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
+      p.fused_attention ? "true" : "false", p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
       memory.c_str(), p.memory.total(), p.host_bytes);
   return text;
 }

@@ -39,6 +39,7 @@ struct Plan {
   RunLayout run;
   core::CheckpointPolicy policy = core::CheckpointPolicy::none;  // none, or rotor under memory
   double budget_bytes = 0.0;       // rotor's checkpointing.memory_budget
+  bool fused_attention = false;     // costed with the fused attention (model.fused_attention)
   std::vector<std::string> schedules;  // per pipeline rank, the checkpoint schedule
   bool fits = false;                // device_fits, and the node's host memory holds host_bytes
   bool device_fits = false;         // every rank fits in its device's memory
@@ -76,6 +77,10 @@ struct SearchOptions {
   bool tensor_modes = true;              // also 2d, 2.5d and 3d grids (data, pipeline on top)
   double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
   bool bf16_reduce = false;              // parallel.grad_reduce: bf16
+  // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
+  // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
+  // probabilities' memory. The caller knows whether its build runs the head size.
+  bool try_fused_attention = false;
 };
 
 struct SearchResult {
@@ -90,6 +95,16 @@ struct SearchResult {
 
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options = {});
+
+// model.fused_attention: auto for a fixed layout: `run` costed as evaluate_plan does with the
+// dense attention and, unless `dense_only`, with the fused one; the plan that fits with the
+// shorter step (a tie: less memory); when neither fits, the one needing less memory. `other`
+// (when not null) receives the plan not chosen (step_time 0: not costed or not valid).
+Plan evaluate_attention_choice(core::ModelSpec spec, const RunLayout& run, const Cluster& cluster,
+                               bool dense_only, Plan* other = nullptr,
+                               std::optional<core::CheckpointPolicy> policy = std::nullopt,
+                               int every = 0, const std::vector<int>& blocks = {},
+                               double budget_bytes = 0.0, int memory_slots = 500);
 
 // Text: one plan per line (layout, schedule, checkpointing, step time, TFLOP/s per device, MFU,
 // memory per device by category) and, for the runner-ups, why they lost.

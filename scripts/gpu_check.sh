@@ -12,8 +12,8 @@
 #      2e-3; all from metrics.csv, 9 significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
-#      T=256..4096), a profiled bf16 colossal_train step (dense, then fused attention), and
-#      colossal_plan --calibrate (the node's
+#      T=256..4096), a profiled bf16 colossal_train step (dense, then fused attention), what
+#      model.fused_attention: auto decides for that step, and colossal_plan --calibrate (the node's
 #      hardware YAML, written to $OUT/hardware-gpu.yaml);
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
@@ -242,6 +242,13 @@ if section 3; then
      --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof-fused \
      2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
     say "colossal_train --profile-steps with model.fused_attention: failed"
+  # What model.fused_attention: auto decides for that step on this GPU (the preset's rates, the
+  # GPU's free memory; --memory-plan allocates nothing), to compare with the two profiles above.
+  (cd "$root" && timeout 60 "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
+     --set train.precision=bf16 --set model.fused_attention=auto \
+     --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
+     --set train.global_batch="$batch" --set hardware.preset=h200 2>&1) |
+    grep -E '^attention \(' >> "$report" || say "model.fused_attention: auto: no decision printed"
   # The GPU node's hardware YAML (the planner's rates: GEMM curve fp32 and bf16, kernels, host
   # link, host AdamW), next to the report.
   (cd "$root" && timeout 60 "$bin/colossal_plan" --calibrate \

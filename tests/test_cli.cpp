@@ -278,6 +278,59 @@ TEST_F(Cli, ALayoutTooBigForTheNodeStopsBeforeAllocating) {
       << r.output;
 }
 
+// model.fused_attention: auto is decided at start-up, alike on every rank: the dense attention
+// where both fit (faster by this host's cost model), the fused one where a device of
+// hardware.device_memory_gib holds only its plan (on one rank and on two), and the dense one
+// under ring attention.
+TEST_F(Cli, FusedAttentionAutoIsDecidedAtStartUp) {
+  const std::string config = write_config(
+      "auto_attention.yaml",
+      "model: {layers: 1, hidden: 32, heads: 4, vocab: 256, max_seq: 1024, fused_attention: auto}\n"
+      "data: {path: " + dir + "/data.txt}\n"
+      "train: {steps: 2, seq_len: 1024, global_batch: 8, micro_batch: 4}\n"
+      "eval: {every: 0}\nlog: {every: 1, dir: " + dir + "/run}\nsample: {tokens: 0}\n");
+  const std::string train = bin("colossal_train") + " " + config;
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  auto peak = [&](const std::string& fused) {  // --memory-plan's bytes of the largest rank
+    const Result r = run(train + " --memory-plan --set model.fused_attention=" + fused);
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::size_t at = r.output.find(" bytes)\n");
+    if (at == std::string::npos) return -1.0;
+    const std::size_t open = r.output.rfind('(', at);
+    return std::stod(r.output.substr(open + 1, at - open - 1));
+  };
+  const double dense = peak("false"), fused = peak("true");
+  ASSERT_GT(dense, fused + 64.0 * 1024 * 1024) << "the probabilities: 4 x 4 x 1024^2 floats";
+  Result r = run(train);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("attention (model.fused_attention: auto): dense (predicted"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("\nattention: dense"), std::string::npos) << r.output;
+  char cap[64];
+  std::snprintf(cap, sizeof cap, " --set hardware.device_memory_gib=%.6f",
+                (dense + fused) / 2 / (1024.0 * 1024 * 1024));
+  for (const std::string& launch : {std::string(), mpirun}) {
+    r = run(launch + train + cap + (launch.empty() ? "" : " --set parallel.data=2"));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::string line = "attention (model.fused_attention: auto): fused (predicted";
+    const std::size_t at = r.output.find(line);
+    EXPECT_NE(at, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find(line, at + 1), std::string::npos) << "printed by rank 0 only";
+    EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("\nattention: fused"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("== summary =="), std::string::npos) << r.output;
+  }
+  r = run(mpirun + train + " --set parallel.sequence=2 --set train.global_batch=4" + cap);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("attention (model.fused_attention: auto): dense (ring attention "
+                          "(parallel.sequence 2)"),
+            std::string::npos)
+      << r.output;
+}
+
 // --memory-plan with ZeRO offload also names the largest rank's bytes without its offloaded
 // (pinned host) ones: what a GPU holds, which offload.policy: auto and its caps are about.
 TEST_F(Cli, MemoryPlanNamesTheBytesLeftOnTheDevice) {

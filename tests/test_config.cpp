@@ -615,6 +615,42 @@ TEST(Config, ModeWordsParseToTheirEnumsAndWriteTheirNames) {
   EXPECT_EQ(parse_on_nonfinite(""), std::nullopt);
 }
 
+// model.fused_attention: false, true or auto. auto leaves the model's flag off until
+// colossal_train's start-up decides (apps/layout.hpp), reads back as auto, and is allowed where
+// true is not (ring attention, the 2d grid: the decision is the dense attention there).
+TEST(Config, FusedAttentionTakesAuto) {
+  for (auto [word, fused, automatic] : std::vector<std::tuple<std::string, bool, bool>>{
+           {"false", false, false}, {"true", true, false}, {"auto", false, true}}) {
+    SCOPED_TRACE(word);
+    const Config c =
+        parse_config("model: {preset: gpt2-124m, fused_attention: " + word + "}\ndata: {path: d}\n",
+                     "auto.yaml");
+    EXPECT_EQ(c.model.fused_attention, fused);
+    EXPECT_EQ(c.fused_attention_auto, automatic);
+    EXPECT_TRUE(Contains(to_yaml(c), "fused_attention: " + word));
+    const Config again = parse_config(to_yaml(c), "again.yaml");
+    EXPECT_EQ(again.fused_attention_auto, automatic);
+    EXPECT_EQ(again.model.fused_attention, fused);
+  }
+  const std::string automatic =
+      "model: {preset: gpt2-124m, fused_attention: auto}\ndata: {path: d}\n";
+  // --set true or false replaces auto.
+  const Config set = parse_config(automatic, "auto.yaml", {"model.fused_attention=true"});
+  EXPECT_FALSE(set.fused_attention_auto);
+  EXPECT_TRUE(set.model.fused_attention);
+  EXPECT_EQ(parse_config(automatic + "parallel: {sequence: 2}\n", "ring.yaml").parallel.sequence, 2);
+  EXPECT_EQ(parse_config(automatic + "parallel: {tensor: {size: 4, mode: 2d}}\n", "grid.yaml")
+                .parallel.tensor_mode,
+            core::TensorMode::d2);
+  try {
+    parse_config("model: {preset: gpt2-124m, fused_attention: maybe}\ndata: {path: d}\n", "bad.yaml");
+    ADD_FAILURE() << "accepted fused_attention: maybe";
+  } catch (const ConfigError& e) {
+    EXPECT_TRUE(Contains(e.what(), "model.fused_attention: invalid value 'maybe'"));
+    EXPECT_TRUE(Contains(e.what(), "one of: false, true, auto"));
+  }
+}
+
 // checkpoint.resume takes a file besides its two words; the fine-tune resets need that file.
 TEST(Config, ResumeTakesAFileAndTheResetsNeedOne) {
   const Config c = parse_config(std::string(kMinimal) +

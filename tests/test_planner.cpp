@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -415,6 +416,131 @@ TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
   EXPECT_GT(partial, 0) << "no plan offloads a share among " << r.best.size() << " ("
                         << r.candidates << " candidates, memory " << kept << " / " << moved
                         << ")" << (r.best.empty() ? r.closest.why : planner::format_plan(r.best[0]));
+}
+
+// model.fused_attention: auto. A fixed layout takes the faster attention that fits, the fused one
+// where only it fits, the smaller when neither does; ring attention stays dense. The search costs
+// each 1d shape with either attention: never slower than without, the fused attention's plans
+// where only they fit, and their overrides set the key colossal_train reads.
+TEST(AttentionChoice, TheFasterAttentionThatFitsAndTheSearchTriesBoth) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 2, 256, 4, 1024, 8000, 2048);
+  planner::Cluster cluster{planner::hardware_preset("h100"), 1};
+  planner::RunLayout run;
+  run.global_batch = 8;
+  run.micro_batch = 8;
+  run.seq_len = 2048;
+  run.layers = {2};
+  const auto none = std::optional(core::CheckpointPolicy::none);
+  core::ModelSpec fused_spec = spec;
+  fused_spec.fused_attention = true;
+  const planner::Plan dense = planner::evaluate_plan(spec, run, cluster, none);
+  const planner::Plan fused = planner::evaluate_plan(fused_spec, run, cluster, none);
+  ASSERT_TRUE(dense.fits && fused.fits);
+  EXPECT_FALSE(dense.fused_attention);
+  EXPECT_TRUE(fused.fused_attention);
+  const double dense_bytes = dense.memory.against(cluster.hw);
+  const double fused_bytes = fused.memory.against(cluster.hw);
+  // The (B,H,T,T) probabilities of two blocks: 8 x 4 x 2048^2 floats each, kept and in backward.
+  ASSERT_GT(dense_bytes, fused_bytes + 2 * 8.0 * 4 * 2048 * 2048 * 4);
+
+  planner::Plan other;
+  planner::Plan chosen = planner::evaluate_attention_choice(spec, run, cluster, false, &other, none);
+  EXPECT_EQ(chosen.fused_attention, fused.step_time < dense.step_time);
+  EXPECT_DOUBLE_EQ(chosen.step_time, std::min(dense.step_time, fused.step_time));
+  EXPECT_DOUBLE_EQ(other.step_time, std::max(dense.step_time, fused.step_time));
+  // Room for the fused attention's plan only: it is taken, whatever its speed.
+  planner::Cluster tight = cluster;
+  tight.hw.memory_bytes = (dense_bytes + fused_bytes) / 2;
+  chosen = planner::evaluate_attention_choice(spec, run, tight, false, &other, none);
+  EXPECT_TRUE(chosen.fused_attention && chosen.fits) << planner::format_plan(chosen);
+  EXPECT_FALSE(other.fits);
+  EXPECT_FALSE(other.fused_attention);
+  // Room for neither: the smaller (colossal_train's memory check then reports it).
+  tight.hw.memory_bytes = fused_bytes / 2;
+  chosen = planner::evaluate_attention_choice(spec, run, tight, false, nullptr, none);
+  EXPECT_TRUE(chosen.fused_attention);
+  EXPECT_FALSE(chosen.fits);
+  // Where the build or the layout cannot run it: the dense attention, costed alone.
+  tight.hw.memory_bytes = (dense_bytes + fused_bytes) / 2;
+  chosen = planner::evaluate_attention_choice(spec, run, tight, true, &other, none);
+  EXPECT_FALSE(chosen.fused_attention);
+  EXPECT_EQ(other.step_time, 0.0);
+  planner::RunLayout ring = run;
+  ring.sequence = 2;
+  planner::Cluster two = cluster;
+  two.devices = 2;
+  chosen = planner::evaluate_attention_choice(spec, ring, two, false, &other, none);
+  EXPECT_FALSE(chosen.fused_attention);
+  EXPECT_GT(chosen.step_time, 0.0) << chosen.why;
+  EXPECT_EQ(other.step_time, 0.0) << "ring attention with the fused attention was costed";
+
+  // The search, on a device where the dense attention's plan fits only by recomputing.
+  planner::SearchOptions options;
+  options.micro_batches = {8};
+  options.top = 50;
+  options.prune = false;
+  options.try_fused_attention = true;
+  planner::SearchOptions dense_only = options;
+  dense_only.try_fused_attention = false;
+  // Below the least the dense attention needs (every block recomputed), the fused one's plans
+  // are all there is.
+  const auto full = std::optional(core::CheckpointPolicy::full);
+  const double dense_least = planner::evaluate_plan(spec, run, cluster, full).memory.against(cluster.hw);
+  const double fused_least =
+      planner::evaluate_plan(fused_spec, run, cluster, full).memory.against(cluster.hw);
+  ASSERT_LT(fused_least, dense_least);
+  for (const double memory :
+       {4 * dense_bytes, (dense_bytes + fused_bytes) / 2, (dense_least + fused_least) / 2}) {
+    planner::Cluster c = cluster;
+    c.hw.memory_bytes = memory;
+    const auto with = planner::search_plans(spec, 8, 2048, false, c, options);
+    const auto without = planner::search_plans(spec, 8, 2048, false, c, dense_only);
+    ASSERT_FALSE(with.best.empty());
+    EXPECT_GT(with.candidates, without.candidates);
+    if (memory < dense_least) {
+      EXPECT_TRUE(without.best.empty()) << planner::format_plan(without.best.front());
+      EXPECT_TRUE(with.best.front().fused_attention);
+      std::printf("  %.2f GiB: only the fused attention fits: %.4f s\n",
+                  memory / (1024.0 * 1024 * 1024), with.best.front().step_time);
+      continue;
+    }
+    ASSERT_FALSE(without.best.empty());
+    EXPECT_LE(with.best.front().step_time, without.best.front().step_time);
+    int fused_plans = 0;
+    for (const planner::Plan& p : with.best) {
+      if (!p.fused_attention) continue;
+      ++fused_plans;
+      // Costed as the fixed layout with the fused attention is.
+      EXPECT_DOUBLE_EQ(planner::evaluate_plan(fused_spec, p.run, c).step_time, p.step_time);
+      EXPECT_EQ(p.run.sequence, 1) << "ring attention runs the dense attention only";
+    }
+    EXPECT_GT(fused_plans, 0);
+    for (const planner::Plan& p : without.best) EXPECT_FALSE(p.fused_attention);
+    std::printf("  %.2f GiB: best %s attention %.4f s, dense only %.4f s\n",
+                memory / (1024.0 * 1024 * 1024), with.best.front().fused_attention ? "fused" : "dense",
+                with.best.front().step_time, without.best.front().step_time);
+  }
+  // A fused plan's text, JSON, config blocks and overrides say so; the overrides set the key.
+  EXPECT_NE(planner::format_plan(fused).find(" | fused attention"), std::string::npos);
+  EXPECT_EQ(planner::format_plan(dense).find("fused attention"), std::string::npos);
+  EXPECT_NE(planner::plan_json(fused).find("\"fused_attention\": true"), std::string::npos);
+  EXPECT_NE(planner::plan_json(dense).find("\"fused_attention\": false"), std::string::npos);
+  EXPECT_NE(planner::plan_yaml(fused).find("# and in model: fused_attention: true"),
+            std::string::npos);
+  auto config_with = [](const std::vector<std::string>& sets) {
+    return io::parse_config(
+        "model: {arch: gpt2, layers: 2, hidden: 256, heads: 4, ffn_hidden: 1024, vocab: 8000, "
+        "max_seq: 2048, fused_attention: auto}\ndata: {path: d}\n"
+        "train: {seq_len: 2048, global_batch: 8}\nsample: {tokens: 0}\n",
+        "test", sets);
+  };
+  EXPECT_TRUE(config_with({}).fused_attention_auto);
+  EXPECT_FALSE(config_with({}).model.fused_attention);
+  for (const planner::Plan* p : {&dense, &fused}) {
+    const io::Config c = config_with(planner::plan_overrides(*p));
+    EXPECT_FALSE(c.fused_attention_auto);
+    EXPECT_EQ(c.model.fused_attention, p->fused_attention);
+  }
 }
 
 struct Published {
