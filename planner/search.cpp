@@ -90,6 +90,8 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
   if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 || spec.fused_attention) {
     return mode + " runs without sequence, ZeRO 3, bf16 and fused attention";
   }
+  if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
+  if (r.offload_params) return mode + " offloads no parameters (ZeRO 3 runs in 1d only)";
   if (std::string why = invalid_pipeline(spec, r); !why.empty()) return why;
   const int depth = core::tensor_depth(r.tensor_mode, r.depth);
   if (r.global_batch % (r.micro_batch * r.data * depth) != 0) {
@@ -430,11 +432,14 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
                    [](const Shape& a, const Shape& b) { return a.bound < b.bound; });
   for (const Shape& shape : shapes) {
     const bool d1 = shape.run.tensor_mode == core::TensorMode::d1;
-    const int D = d1 ? shape.run.data * shape.run.sequence : 1;
-    // One data rank (1d) shards nothing, so there a ZeRO stage only matters for what it
-    // offloads: stage 1 the optimizer states, stage 3 the parameter shard too. (The grids'
-    // ZeRO is not searched.)
-    const int top = !options.zero ? 0 : D > 1 ? 3 : options.offload && d1 ? 3 : 0;
+    // The ranks ZeRO shards over: 1d's data x sequence ranks; a grid's data ranks (each depth
+    // layer of 2.5d / 3d holds its own share of the grid's blocks).
+    const int D = d1 ? shape.run.data * shape.run.sequence : shape.run.data;
+    // One data rank shards nothing, so there a ZeRO stage only matters for what it offloads:
+    // stage 1 the optimizer states, stage 3 (1d) the parameter shard too. The grids' models run
+    // ZeRO 1 and 2.
+    const int deepest = d1 ? 3 : 2;
+    const int top = !options.zero ? 0 : D > 1 ? deepest : options.offload ? (d1 ? 3 : 1) : 0;
     bool zero_fits = false, zero_recomputes = false;  // ZeRO 0 without offload
     for (int z = 0; z <= top; ++z) {
       // One data rank: offload only where ZeRO 0 did not fit, or only by recomputing.

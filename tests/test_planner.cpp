@@ -732,7 +732,8 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   const auto a = planner::search_plans(spec, 32, 1024, false, cluster, with);
   const auto b = planner::search_plans(spec, 32, 1024, false, cluster, without);
   EXPECT_GT(a.candidates, b.candidates);
-  int grids = 0, pipelined = 0;
+  int grids = 0, pipelined = 0, sharded = 0;
+  const planner::Plan* grid_zero = nullptr;  // a grid plan with ZeRO 1 or 2 over its data ranks
   for (const planner::Plan& p : a.best) {
     if (p.run.tensor_mode == core::TensorMode::d1) continue;
     ++grids;
@@ -740,7 +741,15 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
     EXPECT_GT(p.step_time, 0.0);
     EXPECT_TRUE(p.run.chunks == 1 ||
                 p.run.schedule == parallel::PipelineSchedule::interleaved);
-    EXPECT_EQ(p.run.zero_stage, 0);
+    // The grids' models run ZeRO 1-2, over their data ranks (offload alone on one).
+    EXPECT_LE(p.run.zero_stage, 2);
+    EXPECT_TRUE(p.run.zero_stage == 0 || p.run.data > 1 || p.run.offload_optimizer);
+    if (p.run.zero_stage > 0) {
+      ++sharded;
+      if (grid_zero == nullptr) grid_zero = &p;
+      // Costed as the fixed layout is.
+      EXPECT_DOUBLE_EQ(planner::evaluate_plan(spec, p.run, cluster).step_time, p.step_time);
+    }
     if (p.run.pipeline == 1) continue;
     ++pipelined;
     // The plan holds its largest stage's memory and its slowest stage's step.
@@ -756,6 +765,7 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
     EXPECT_EQ(p.schedules.size(), std::size_t(p.run.pipeline));
   }
   EXPECT_GT(grids, 0) << "2d/2.5d/3d plans are costed and kept";
+  EXPECT_GT(sharded, 0) << "2d/2.5d/3d plans with ZeRO over their data ranks are costed and kept";
   EXPECT_GT(pipelined, 0) << "grids with pipeline stages are costed and kept";
   // An explicit 3d layout: its overrides give a config colossal_train accepts and runs as 3d.
   planner::RunLayout run;
@@ -776,6 +786,12 @@ TEST(TensorModes, JoinTheSearchAndRoundTripThroughTheConfig) {
   };
   const io::Config c = config_with(planner::plan_overrides(p));
   EXPECT_EQ(c.parallel.tensor_mode, core::TensorMode::d3);
+  if (grid_zero != nullptr) {  // its ZeRO stage reaches the config colossal_train reads
+    const io::Config z = config_with(planner::plan_overrides(*grid_zero));
+    EXPECT_EQ(z.parallel.tensor_mode, grid_zero->run.tensor_mode);
+    EXPECT_EQ(z.parallel.zero_stage, grid_zero->run.zero_stage);
+    EXPECT_EQ(z.parallel.data, grid_zero->run.data);
+  }
   EXPECT_EQ(c.parallel.tensor, 8);
   EXPECT_EQ(c.train.micro_batch, 4);
   // A 2d grid on two pipeline stages: its overrides carry the stages and their blocks.
