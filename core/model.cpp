@@ -293,6 +293,29 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   }
   head_pending_.assign(slots, 0);
   check_carved(cursor, scratch_, "temporaries");
+  // The order of backward's gathers of units other than 0 (a ZeRO-3 store prefetches by it):
+  // the final unit, then per block from the last: the segment recomputed for its MLP op, the
+  // block itself, and, where a segment ends at its attention op, that segment and the block
+  // again. As backward() and recompute_segment() run them.
+  auto add = [&](int unit) {
+    if (unit > 0) backward_gathers_.push_back(unit);
+  };
+  auto add_segment = [&](int last) {
+    int first = last;
+    while (keep_of(first) == Keep::none) --first;
+    for (int block = first / kOpsPerBlock; block <= last / kOpsPerBlock; ++block) {
+      add(blocks_[std::size_t(block)].unit);
+    }
+  };
+  if (stage_.head) add(final_unit_);
+  for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
+    if (segment_ends_at(i * kOpsPerBlock + 1)) add_segment(i * kOpsPerBlock + 1);
+    add(blocks_[std::size_t(i)].unit);
+    if (segment_ends_at(i * kOpsPerBlock)) {
+      add_segment(i * kOpsPerBlock);
+      add(blocks_[std::size_t(i)].unit);
+    }
+  }
 }
 
 const ParamSpec& Model::parameter(const std::string& name) const {
@@ -815,6 +838,7 @@ void Model::backward(const int32_t* tokens, int B, int slot) {
   // The head stage: LM head (dlnf = dlogits x wte, dwte += dlogits^T x lnf; under
   // head_in_forward_ forward did both) and the final layernorm. The embedding gradients stay
   // open until the end of backward.
+  store_->plan_gathers(backward_gathers_.data(), backward_gathers_.size());
   float* GE = nullptr;
   if (embed_unit_ >= 0 && (stage_.head || stage_.embeds)) GE = store_->gradients(embed_unit_);
   if (stage_.head) {

@@ -352,6 +352,8 @@ class Model final : public StageModel {
   int layer_begin_ = 0, layer_end_ = 0;
   int embed_unit_ = -1, final_unit_ = -1;  // -1 where this stage holds neither
   std::vector<BlockParams> blocks_;        // this stage's blocks (BlockParams::unit)
+  // The units other than 0 that backward gathers, in order (ParameterStore::plan_gathers).
+  std::vector<int> backward_gathers_;
 
   std::unique_ptr<FullParameterStore> own_store_;
   ParameterStore* store_ = nullptr;

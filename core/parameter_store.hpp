@@ -65,6 +65,14 @@ class ParameterStore {
                                                                       std::size_t end) = 0;
   // True when gather()/gradients_done() communicate (every rank must run the same forwards).
   virtual bool collective() const { return false; }
+  // The units other than 0 that the caller will gather next, in order (units[0] first; n of
+  // them, read before this returns): core::Model's backward, whose recomputed segments go up
+  // before their backward comes down. A store that gathers ahead uses it instead of guessing
+  // from the direction of travel, and after the last of them starts nothing ahead.
+  virtual void plan_gathers(const int* units, std::size_t n) {
+    (void)units;
+    (void)n;
+  }
 
  private:
   std::vector<ParamUnit> units_;

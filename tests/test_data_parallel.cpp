@@ -475,6 +475,47 @@ namespace {
 // same gradients: a skipped step's (no update; its gradients of the other sign) and then one
 // that updates, whose units are not final early (so only the generation tells the copies
 // apart); both must reach the same parameters.
+// Stage 3 under checkpointed segments (every_k 2, sqrt, full: the model recomputes a segment's
+// blocks upward, then runs their backward downward): the model tells the store the order of its
+// backward's gathers, so every block unit's gather but the first of each pass is served by a
+// prefetch or from its buffer, none is wasted (the step's last backward prefetches nothing for a
+// next forward that the step precedes), and the losses are the single-rank run's.
+TEST(ZeroThreePrefetch, CheckpointedSegmentsWasteNoPrefetch) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const int dp = world.size();
+  const std::string data = shared_data(world);
+  for (const std::string policy : {"full", "every_k", "sqrt"}) {
+    SCOPED_TRACE(policy);
+    auto with = [&](const io::Config& c) {
+      std::vector<std::string> sets{"model.layers=4", "train.steps=3",
+                                    "checkpointing.policy=" + policy};
+      if (policy == "every_k") sets.push_back("checkpointing.every=2");
+      return io::parse_config(c.text, "test", sets);
+    };
+    apps::Trainer reference(
+        with(config(data, "gpt2", 1, 0, "reference" + std::to_string(world.rank()))), nullptr);
+    const apps::TrainSummary expected = reference.train();
+    // One rank prefetches only what it uploads (parameter offload).
+    apps::Trainer trainer(
+        with(config(data, "gpt2", dp, 3, "dp", /*offload=*/dp == 1, /*offload_params=*/dp == 1)),
+        nullptr, &world);
+    const apps::TrainSummary got = trainer.train();
+    ASSERT_EQ(got.losses.size(), expected.losses.size());
+    for (std::size_t i = 0; i < got.losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], expected.losses[i], 1e-5 * std::abs(expected.losses[i]));
+    }
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store());
+    std::printf("  %s on %d rank(s): %llu prefetched, %llu kept, %llu wasted\n", policy.c_str(),
+                dp, (unsigned long long)store.prefetch_hits(),
+                (unsigned long long)store.reused_gathers(),
+                (unsigned long long)store.prefetch_misses());
+    EXPECT_EQ(store.prefetch_misses(), 0u);
+    // Every gather of a block unit is served ahead or from its buffer but the first block's
+    // after each update (3 steps) and after the last (the weights read at the end of train()).
+    EXPECT_EQ(store.prefetch_hits() + store.reused_gathers(), store.block_gathers() - (3 + 1));
+  }
+}
+
 TEST(ShardedAdamWOffload, ASkippedStepsEarlyCopiesAreNotTakenForTheNext) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   const int dp = world.size(), rank = world.rank();

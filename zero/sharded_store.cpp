@@ -57,6 +57,9 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
       prefetch_work_ = core::DeviceArray<float>(tracker, MemCategory::parameters, widest);
     }
     if (offload_params_) uploads_ = std::make_unique<core::CopyQueue>();
+    // A backward's gathers: the final unit, each block's up to four (its recomputed segments'
+    // for both of its ops, its MLP's and its attention's backward).
+    planned_.reserve(4 * this->units().size() + 4);
   }
   grad_shard_ = core::DeviceArray<float>(tracker, MemCategory::gradients, shard_size());
   if (ranks_ > 1) {
@@ -205,6 +208,7 @@ const float* ShardedParameterStore::gather(int unit) {
   if (stage_ == 2) return params_.data() + u.begin;
   if (direct()) return shard_.data() + u.begin;
   take(unit, param_holder_, "gather");
+  if (unit > 0) ++block_gathers_;
   if (unit > 0 && unit == resident_) {
     // Still in its buffer since it was last gathered (backward starting on the unit forward
     // ended on, a recomputed segment's last unit, the next micro-batch's first block): nothing
@@ -228,11 +232,33 @@ const float* ShardedParameterStore::gather(int unit) {
     // ended on, and the next forward (or a recomputed segment) on the one backward ended on.
     // The embeddings' unit 0 has its own buffer and is never prefetched.
     ascending_ = unit > last_block_ || (unit == last_block_ && !ascending_);
-    const int next = ascending_ ? unit + 1 : unit - 1;
+    int next = ascending_ ? unit + 1 : unit - 1;
     last_block_ = unit;
+    if (planning_ && planned_[planned_at_] == unit) {
+      // The caller's order (plan_gathers): the unit after this one, none after the last.
+      ++planned_at_;
+      next = planned_at_ < planned_.size() ? planned_[planned_at_] : -1;
+      if (planned_at_ == planned_.size()) {
+        // Backward came down to here: the next forward, turning up on this unit (kept in its
+        // buffer), prefetches the one above it.
+        planning_ = false;
+        ascending_ = false;
+      }
+      if (next == unit) next = -1;  // asked again at once: served from its buffer
+      if (prefetched_ >= 0 && prefetched_ != next) discard_prefetch();
+    } else {
+      planning_ = false;  // out of the caller's order: guess from here on
+    }
     if (prefetched_ < 0 && next >= 1 && next < int(units().size())) start_prefetch(next);
   }
   return param_work_[slot(unit)].data();
+}
+
+void ShardedParameterStore::plan_gathers(const int* units, std::size_t n) {
+  planning_ = stage_ == 3 && prefetching() && n > 0;
+  if (!planning_) return;
+  planned_.assign(units, units + n);  // within the capacity reserved at construction
+  planned_at_ = 0;
 }
 
 void ShardedParameterStore::release(int unit) {

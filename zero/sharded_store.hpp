@@ -20,7 +20,8 @@
 //            last time when u is the last unit gathered again (where backward starts). When that
 //            unit is asked for, its buffer is swapped in after the gather completes; the unit
 //            last gathered, asked again, is served from its buffer; any other unit is gathered
-//            as before and the prefetch is dropped. So parameter memory is the shard plus the
+//            as before and the prefetch is dropped (core::Model's backward says its order
+//            instead: plan_gathers). So parameter memory is the shard plus the
 //            embeddings and two blocks. A prefetch or a kept unit never outlives the parameters
 //            it read: param_shard(), host_param_shard(), begin_write() and commit() drop it
 //            first.
@@ -71,6 +72,11 @@ class ShardedParameterStore : public core::ParameterStore {
   std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
                                                               std::size_t end) override;
   bool collective() const override { return stage_ == 3 && ranks_ > 1; }
+  // Stage 3, prefetching: the block units gathered next in this order (core::Model's backward).
+  // Each gather of the next one prefetches the one after it; a unit asked out of this order
+  // ends the plan (the direction of travel guesses again); after the last one nothing is
+  // prefetched (the next forward turns up from it, or the step changes the parameters first).
+  void plan_gathers(const int* units, std::size_t n) override;
 
   int stage() const { return stage_; }
   std::size_t shard_size() const { return flat_size() / ranks_; }
@@ -132,6 +138,8 @@ class ShardedParameterStore : public core::ParameterStore {
   // forward gathered last; a micro-batch's first block, which the backward before gathered last
   // (unless the parameters changed since: the step); a recomputed segment's last unit.
   uint64_t reused_gathers() const { return reused_; }
+  // Stage 3 (not one rank without offload): gathers of units other than 0.
+  uint64_t block_gathers() const { return block_gathers_; }
 
  private:
   std::size_t slice(int unit) const { return units()[unit].size() / ranks_; }
@@ -187,9 +195,12 @@ class ShardedParameterStore : public core::ParameterStore {
   bool uploads_unordered_ = false;  // an upload queued that Kokkos' stream does not wait for
   bool uploads_unwaited_ = false;   // an upload queued that the host has not waited for
   int resident_ = -1;  // the block unit param_work_[1] holds as gathered (-1: none or stale)
-  uint64_t reused_ = 0;
+  uint64_t reused_ = 0, block_gathers_ = 0;
   int last_block_ = -1;                     // the last block unit gathered (direction of travel)
   bool ascending_ = true;                   // and the direction it was gathered in
+  std::vector<int> planned_;                // plan_gathers' units (capacity kept between passes)
+  std::size_t planned_at_ = 0;              // the next of them to be gathered
+  bool planning_ = false;                   // a plan is being followed
   uint64_t prefetch_hits_ = 0, prefetch_misses_ = 0;
   core::DeviceArray<float> grad_shard_;     // this rank's reduced gradient slices
   core::DeviceArray<float> grad_work_[2];   // a unit's gradients before reduction
