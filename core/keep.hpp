@@ -31,4 +31,52 @@ inline std::vector<Keep> keep_blocks(int layers, const std::vector<int>& blocks)
   return keep;
 }
 
+// Whether backward recomputes a segment ending at op `op` of `keep` (one model's or stage's ops):
+// the op keeps less than everything and the next op starts another segment, or there is none.
+inline bool segment_ends_at(const std::vector<Keep>& keep, int op) {
+  if (keep[std::size_t(op)] == Keep::all) return false;
+  return op + 1 == int(keep.size()) || keep[std::size_t(op) + 1] != Keep::none;
+}
+
+// The first op of the recomputed segment that ends at op `last`: the one whose input is kept.
+inline int segment_first(const std::vector<Keep>& keep, int last) {
+  int first = last;
+  while (keep[std::size_t(first)] == Keep::none) --first;
+  return first;
+}
+
+// The blocks (0 .. keep.size() / kOpsPerBlock - 1) whose parameters a backward over `keep`
+// gathers, in order, as core::Model runs it: from the last block down, the blocks of the segment
+// recomputed for its MLP op (going up), the block, and where a segment ends at its attention op,
+// that segment's blocks and the block again.
+inline std::vector<int> backward_block_gathers(const std::vector<Keep>& keep) {
+  std::vector<int> order;
+  auto segment = [&](int last) {
+    for (int b = segment_first(keep, last) / kOpsPerBlock; b <= last / kOpsPerBlock; ++b) {
+      order.push_back(b);
+    }
+  };
+  for (int i = int(keep.size()) / kOpsPerBlock - 1; i >= 0; --i) {
+    if (segment_ends_at(keep, i * kOpsPerBlock + 1)) segment(i * kOpsPerBlock + 1);
+    order.push_back(i);
+    if (segment_ends_at(keep, i * kOpsPerBlock)) {
+      segment(i * kOpsPerBlock);
+      order.push_back(i);
+    }
+  }
+  return order;
+}
+
+// Of those gathers, the ones that find another block in the one block buffer (ZeRO-3 all-gathers
+// or uploads the block for each): asked again at once, a block is still there. `held`: the block
+// in the buffer when backward starts (-1: another unit, e.g. the final layernorm's).
+inline int backward_block_transfers(const std::vector<Keep>& keep, int held) {
+  int transfers = 0;
+  for (int b : backward_block_gathers(keep)) {
+    transfers += b != held;
+    held = b;
+  }
+  return transfers;
+}
+
 }  // namespace colossal::core

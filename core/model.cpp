@@ -294,27 +294,10 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
   head_pending_.assign(slots, 0);
   check_carved(cursor, scratch_, "temporaries");
   // The order of backward's gathers of units other than 0 (a ZeRO-3 store prefetches by it):
-  // the final unit, then per block from the last: the segment recomputed for its MLP op, the
-  // block itself, and, where a segment ends at its attention op, that segment and the block
-  // again. As backward() and recompute_segment() run them.
-  auto add = [&](int unit) {
-    if (unit > 0) backward_gathers_.push_back(unit);
-  };
-  auto add_segment = [&](int last) {
-    int first = last;
-    while (keep_of(first) == Keep::none) --first;
-    for (int block = first / kOpsPerBlock; block <= last / kOpsPerBlock; ++block) {
-      add(blocks_[std::size_t(block)].unit);
-    }
-  };
-  if (stage_.head) add(final_unit_);
-  for (int i = int(blocks_.size()) - 1; i >= 0; --i) {
-    if (segment_ends_at(i * kOpsPerBlock + 1)) add_segment(i * kOpsPerBlock + 1);
-    add(blocks_[std::size_t(i)].unit);
-    if (segment_ends_at(i * kOpsPerBlock)) {
-      add_segment(i * kOpsPerBlock);
-      add(blocks_[std::size_t(i)].unit);
-    }
+  // the final unit, then the blocks as backward() and recompute_segment() gather them.
+  if (stage_.head && final_unit_ > 0) backward_gathers_.push_back(final_unit_);
+  for (int b : backward_block_gathers(keep_)) {
+    if (blocks_[std::size_t(b)].unit > 0) backward_gathers_.push_back(blocks_[std::size_t(b)].unit);
   }
 }
 
@@ -998,15 +981,11 @@ void Model::llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float*
   });
 }
 
-bool Model::segment_ends_at(int op) const {
-  if (keep_of(op) == Keep::all) return false;
-  return op + 1 == int(keep_.size()) || keep_of(op + 1) != Keep::none;
-}
+bool Model::segment_ends_at(int op) const { return core::segment_ends_at(keep_, op); }
 
 void Model::recompute_segment(Acts& A, int B, int last) {
   constexpr int kOps = kOpsPerBlock;
-  int first = last;
-  while (keep_of(first) == Keep::none) --first;  // keep_[0] is never none
+  const int first = segment_first(keep_, last);  // keep_[0] is never none
   for (int block = first / kOps; block <= last / kOps; ++block) {
     const float* P = store_->gather(blocks_[block].unit);
     if (first <= block * kOps) attention_op_forward(block, A, B, P);

@@ -698,6 +698,10 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   double late_units = 0.0;  // the first chunk's unit 0 and (several data ranks) first block
   double unskipped = 0.0;   // the first chunk's unit 0 where backward does not gather it
   double first_unit = 0.0, first_block = 0.0, last_unit = 0.0;  // the first chunk's, the last's
+  // Stage 3 under recomputed segments: the block units a micro-batch's backward gathers beyond
+  // one each (a segment recomputed upward, then its backward downward: core::
+  // backward_block_transfers), their floats and their count.
+  double regathered_floats = 0.0, regathers = 0.0;
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -740,6 +744,16 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     last_unit = p.last;
     flat += p.flat;
     units += p.units;
+    if (l.zero_stage == 3 && !graph.keep.empty()) {
+      // Backward starts with the final unit in the block buffer on the head's chunk, else with
+      // the chunk's last block (its forward ended on it).
+      const int blocks = int(graph.keep.size()) / core::kOpsPerBlock;
+      const int held = chunk.stage.head ? -1 : blocks - 1;
+      const double extra = core::backward_block_transfers(graph.keep, held) -
+                           (blocks - (held >= 0 ? 1 : 0));
+      regathers += extra;
+      regathered_floats += extra * p.widest;
+    }
   }
   // Fill and drain: (p - 1) / v micro-batch times (v model chunks per rank, Narayanan et al.).
   if (l.pipeline > 1) t.bubble = double(l.pipeline - 1) / double(l.chunks.size()) * per_micro;
@@ -753,8 +767,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // Stage 3 keeps the unit it gathered last in its buffer (zero::ShardedParameterStore): on one
   // pipeline stage each micro-batch's backward starts on the unit its forward ended on (the last
   // unit), and each micro-batch after the first starts on the block the backward before ended on
-  // (unit 1): neither is gathered or uploaded again. (Recomputed segments' reuse is not counted,
-  // nor are their extra gathers.)
+  // (unit 1): neither is gathered or uploaded again. Recomputed segments' gathers are counted
+  // with the chunks (regathers).
   const bool reuses = l.zero_stage == 3 && l.pipeline == 1;
   const double reused_floats = reuses ? m * last_unit + (m - 1) * first_block : 0.0;
   const double reused_calls = reuses ? 2 * m - 1 : 0.0;
@@ -783,7 +797,10 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
         t.data_comm = m * (gather_time(P, D, dp_link) + 2 * gather_time(W, D, dp_link)) +
                       3 * (m * units - m) * (D - 1) * dp_link.latency_s -
                       (D - 1) * (reused_calls * dp_link.latency_s +
-                                 reused_floats * (l.bf16 ? 2.0 : kF) / D / dp_link.bandwidth_Bps);
+                                 reused_floats * (l.bf16 ? 2.0 : kF) / D / dp_link.bandwidth_Bps) +
+                      m * (D - 1) *
+                          (regathers * dp_link.latency_s +
+                           regathered_floats * (l.bf16 ? 2.0 : kF) / D / dp_link.bandwidth_Bps);
         break;
     }
     // Overlap: what the executor starts early runs beside compute where the transport moves it
@@ -834,6 +851,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     } else {
       starts += chunks * m * (block1 + last);
     }
+    // The blocks recomputed segments gather again upload their host parts again (at the
+    // shard's offloaded share: which blocks they are decides how much of each is on the host).
+    total += m * regathered_floats / D * (updated > 0.0 ? uploaded / updated : 0.0);
     t.data_comm += total * byte_s;
     const double window = std::max(0.0, m * (forward + backward) - t.hidden_comm);
     t.hidden_comm += std::min(window, std::max(0.0, total - starts) * byte_s);

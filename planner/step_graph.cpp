@@ -84,6 +84,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   const char* boundary = split ? "reduce_scatter+all_gather(tp)" : tp ? "all_reduce(tp)" : "";
   const double boundary_bytes = tp ? N * C * f : 0.0;
   StepGraph g;
+  g.keep = acts.keep;
   auto add = [&g](Op op) { g.ops.push_back(std::move(op)); };
   // A GEMM of (M, K) x (K, Nout): 2MKN forward; backward computes both input and weight grads.
   auto gemm = [&](std::string name, double M, double K, double Nout, double saved,

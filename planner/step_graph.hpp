@@ -57,6 +57,9 @@ struct StepGraph {
   double selective_bytes = 0.0;
   // The temporaries every block's backward shares (core::ActivationSizes::scratch).
   double scratch_bytes = 0.0;
+  // The chunk's checkpoint schedule as core::Model runs it (core::stage_activations' keep: its
+  // blocks' ops, the first keeping its input).
+  std::vector<core::Keep> keep;
   double recompute_flops() const;
   double forward_flops() const;
   double backward_flops() const;

@@ -353,6 +353,42 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
   }
 }
 
+// ZeRO-3 under recomputed segments: a segment of k blocks is gathered going up for its recompute,
+// then going down for its backward, the top one still in its buffer: k - 1 gathers more per
+// segment and micro-batch (core::backward_block_transfers, which tests/test_data_parallel.cpp
+// checks against the store's own count). Whole-block recomputation gathers nothing more.
+TEST(CostModel, RecomputedSegmentsGatherTheirBlocksAgain) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 4, 1024, 8000, 1024);
+  const planner::HardwareSpec hw = planner::hardware_preset("h200");
+  using core::Keep;
+  const std::vector<Keep> every2{Keep::input, Keep::none, Keep::none, Keep::none,
+                                 Keep::input, Keep::none, Keep::none, Keep::none};
+  EXPECT_EQ(core::backward_block_gathers(every2), (std::vector<int>{2, 3, 3, 2, 0, 1, 1, 0}));
+  EXPECT_EQ(core::backward_block_transfers(every2, -1), 6);
+  const std::vector<Keep> full = core::keep_blocks(4, {0, 1, 2, 3});
+  EXPECT_EQ(core::backward_block_gathers(full), (std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}));
+  EXPECT_EQ(core::backward_block_transfers(full, -1), 4);
+  EXPECT_EQ(core::backward_block_transfers({}, -1), 0);
+  for (const int micro_batches : {1, 3}) {
+    planner::RankLayout l;
+    l.seq_len = 1024;
+    l.micro_batch = 2;
+    l.micro_batches = micro_batches;
+    l.data = 2;
+    l.zero_stage = 3;
+    const double kept = planner::predict_time(spec, l, hw).data_comm;
+    l.keep = full;
+    EXPECT_DOUBLE_EQ(planner::predict_time(spec, l, hw).data_comm, kept);
+    l.keep = every2;
+    const auto units = core::parameter_units(core::parameter_table(spec, 2 * 16), 2 * 16);
+    const double block_bytes = double(units[1].size()) * 4;
+    const planner::LinkSpec& link = hw.intra_node;
+    const double two_more = micro_batches * 2 * (link.latency_s + block_bytes / 2 / link.bandwidth_Bps);
+    EXPECT_NEAR(planner::predict_time(spec, l, hw).data_comm - kept, two_more, 1e-12 + 1e-9 * kept)
+        << micro_batches;
+  }
+}
+
 // Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
 // and again before its backward, but the embeddings' second only where backward needs no
 // parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied

@@ -513,6 +513,17 @@ TEST(ZeroThreePrefetch, CheckpointedSegmentsWasteNoPrefetch) {
     // Every gather of a block unit is served ahead or from its buffer but the first block's
     // after each update (3 steps) and after the last (the weights read at the end of train()).
     EXPECT_EQ(store.prefetch_hits() + store.reused_gathers(), store.block_gathers() - (3 + 1));
+    // The gathers that move a unit are the ones the cost model counts: per micro-batch forward's
+    // five (4 blocks and the final unit; the first block kept after the first micro-batch) and
+    // backward's blocks as core::backward_block_transfers counts them (the final unit kept
+    // since forward), and the five of the weights read at the end.
+    const auto& model = dynamic_cast<const core::Model&>(trainer.model());
+    const uint64_t m = 8 / (2 * dp);
+    const uint64_t backward =
+        uint64_t(core::backward_block_transfers(model.activations().keep, -1));
+    EXPECT_GT(backward, policy == "full" ? 3u : 4u) << "recomputed segments gather blocks again";
+    EXPECT_EQ(store.block_gathers() - store.reused_gathers(),
+              3 * (m * 5 - (m - 1) + m * backward) + 5);
   }
 }
 
