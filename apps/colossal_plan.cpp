@@ -216,9 +216,13 @@ int plan(apps::Invocation& inv) {
                              " are planned for; drop --gpus / hardware.gpus or change the sizes");
     }
     // model.fused_attention: auto: the faster attention that fits, as colossal_train decides.
+    // The attention the plan's precision can run (--precision, like the search).
+    const bool dense_only =
+        !apps::fused_attention_unavailable(c).empty() ||
+        !core::fused_attention_unsupported(c.model.hidden / c.model.heads, run.bf16).empty();
     chosen = c.fused_attention_auto
                  ? planner::evaluate_attention_choice(
-                       c.model, run, cluster, !apps::fused_attention_unavailable(c).empty(),
+                       c.model, run, cluster, dense_only,
                        nullptr, c.checkpointing.policy, c.checkpointing.every,
                        c.checkpointing.blocks,
                        c.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0)

@@ -171,13 +171,42 @@ std::string fused_attention_unavailable(const io::Config& config) {
   return "";
 }
 
+AttentionDecision decide_attention(const io::Config& config, const planner::Cluster& cluster,
+                                   double device, int share) {
+  AttentionDecision d;
+  d.unavailable = fused_attention_unavailable(config);
+  const auto& c = config.checkpointing;
+  // Each attention with the offload parallel.zero.offload.policy: auto then chooses for it
+  // (apply_offload_policy runs next): a dense attention that fits only by offloading is costed
+  // so, not as not fitting.
+  auto cost = [&](bool fused) {
+    io::Config v = config;
+    v.model.fused_attention = fused;
+    v.fused_attention_auto = false;
+    if (v.parallel.offload_policy == "auto") {
+      try {
+        decide_offload(v, device, share).apply(v);
+      } catch (const std::invalid_argument&) {
+        // Nothing the policy may move is enough: costed as written (it does not fit).
+      }
+    }
+    return planner::evaluate_plan(v.model, run_layout(v), cluster, c.policy, c.every, c.blocks,
+                                  c.memory_budget * 1024.0 * 1024.0 * 1024.0);
+  };
+  d.dense_plan = cost(false);
+  if (d.unavailable.empty() && d.dense_plan.step_time > 0.0) d.fused_plan = cost(true);
+  d.fused = &planner::pick_attention(d.dense_plan, d.fused_plan, cluster.hw) == &d.fused_plan;
+  return d;
+}
+
 io::Config plan_attention(const io::Config& config, parallel::Communicator& world, int threads,
                           std::FILE* log) {
   if (!config.fused_attention_auto) return config;
   // What each rank may hold (collective): the GPU's free memory over the ranks sharing it, or
   // hardware.device_memory_gib; on a host build this node's available memory over its ranks.
   int share = 1;
-  double capacity = device_capacity(config, &share) / std::max(1, share);
+  const double device = device_capacity(config, &share);
+  double capacity = device / std::max(1, share);
   if (!device_resident_build() && config.hardware.device_memory_gib <= 0) {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
@@ -200,27 +229,26 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
     try {
       planner::Cluster cluster = planning_cluster(config, world.size(), threads);
       if (capacity > 0) cluster.hw.memory_bytes = capacity;
-      const std::string unavailable = fused_attention_unavailable(config);
-      const auto& c = config.checkpointing;
-      planner::Plan other;
-      const planner::Plan chosen = planner::evaluate_attention_choice(
-          config.model, run_layout(config), cluster, !unavailable.empty(), &other, c.policy,
-          c.every, c.blocks, c.memory_budget * 1024.0 * 1024.0 * 1024.0);
+      const AttentionDecision d = decide_attention(config, cluster, device, share);
+      const planner::Plan& chosen = d.fused ? d.fused_plan : d.dense_plan;
+      const planner::Plan& other = d.fused ? d.dense_plan : d.fused_plan;
       auto predicted = [&](const planner::Plan& p) {
         char text[160];
-        std::snprintf(text, sizeof text, "%.4g s a step, %s a rank%s", p.step_time,
+        std::snprintf(text, sizeof text, "%.4g s a step, %s a rank%s%s", p.step_time,
                       core::format_bytes(p.memory.against(cluster.hw)).c_str(),
+                      p.run.offload_optimizer ? " with offload" : "",
                       p.fits ? "" : ", does not fit");
         return std::string(text);
       };
-      const std::string name = chosen.fused_attention ? "fused" : "dense";
-      decision = std::string(chosen.fused_attention ? "true" : "false") + "\n" + name + " (";
-      if (!unavailable.empty()) {
-        decision += unavailable + ")";
+      decision = std::string(d.fused ? "true\nfused (" : "false\ndense (");
+      if (chosen.step_time == 0.0) {  // the planner cannot cost this layout
+        decision += "the default; the cost model cannot price this layout: " + chosen.why + ")";
+      } else if (!d.unavailable.empty()) {
+        decision += d.unavailable + ")";
       } else {
-        decision += "predicted " + predicted(chosen) + "; " +
-                    (chosen.fused_attention ? "dense " : "fused ") + predicted(other) + "; " +
-                    core::format_bytes(cluster.hw.memory_bytes) + " a rank available)";
+        decision += "predicted " + predicted(chosen) + "; " + (d.fused ? "dense " : "fused ") +
+                    predicted(other) + "; " + core::format_bytes(cluster.hw.memory_bytes) +
+                    " a rank available)";
       }
     } catch (const std::exception& e) {
       error = std::string("model.fused_attention: auto: ") + e.what();

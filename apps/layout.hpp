@@ -76,13 +76,27 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
 // Why the config's fixed layout cannot run the fused attention (ring attention, a 2d / 2.5d /
 // 3d grid, a head size this build's bf16 kernels do not step through); empty when it can.
 std::string fused_attention_unavailable(const io::Config& config);
+// model.fused_attention: auto's decision for the config's fixed layout on `cluster` (its
+// memory_bytes what a rank may hold): each attention costed with the config's checkpointing and,
+// under parallel.zero.offload.policy: auto, the offload the policy would choose for it on a
+// device of `device` bytes shared by `share` ranks (apps/offload_policy.hpp); the fused one only
+// where the layout and the build run it (`unavailable` says why not). planner::pick_attention
+// chooses.
+struct AttentionDecision {
+  bool fused = false;
+  planner::Plan dense_plan, fused_plan;  // fused_plan.step_time 0: not costed
+  std::string unavailable;
+};
+AttentionDecision decide_attention(const io::Config& config, const planner::Cluster& cluster,
+                                   double device, int share = 1);
 // model.fused_attention: auto with a fixed layout (parallel.mode: manual; under auto,
 // plan_automatically's search decides it). Collective: every rank's memory (the GPU's free
 // memory over the ranks sharing it, hardware.device_memory_gib, or on a host build the node's
 // available memory over its ranks) gives the least capacity; rank 0 costs the layout with both
-// attentions (planner::evaluate_attention_choice, the config's checkpointing) and broadcasts the
-// choice: the faster one that fits, else the smaller. Prints it to `log` (rank 0's) and returns
-// the config re-read with it. Without auto the config is returned as it is.
+// attentions (the config's checkpointing; under parallel.zero.offload.policy: auto each with the
+// offload the policy would choose for it) and broadcasts the choice (planner::pick_attention:
+// the faster one that fits, else the smaller). Prints it to `log` (rank 0's) and returns the
+// config re-read with it. Without auto the config is returned as it is.
 io::Config plan_attention(const io::Config& config, parallel::Communicator& world, int threads,
                           std::FILE* log);
 

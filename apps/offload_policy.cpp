@@ -71,6 +71,13 @@ std::string OffloadDecision::describe() const {
          core::format_bytes(capacity);
 }
 
+void OffloadDecision::apply(io::Config& config) const {
+  config.parallel.offload_optimizer = optimizer;
+  config.parallel.offload_params = params;
+  config.parallel.offload_fraction = fraction;
+  config.parallel.offload_params_fraction = params_fraction;
+}
+
 OffloadDecision decide_offload(const io::Config& config, double capacity, int ranks_per_device) {
   OffloadDecision d;
   d.capacity = capacity;
@@ -184,10 +191,7 @@ io::Config apply_offload_policy(const io::Config& config, std::FILE* log) {
   const double capacity = device_capacity(config, &share);
   const OffloadDecision d = decide_offload(config, capacity, share);
   io::Config out = config;
-  out.parallel.offload_optimizer = d.optimizer;
-  out.parallel.offload_params = d.params;
-  out.parallel.offload_fraction = d.fraction;
-  out.parallel.offload_params_fraction = d.params_fraction;
+  d.apply(out);
   if (log != nullptr) {
     std::fprintf(log, "offload (parallel.zero.offload.policy: auto): %s\n", d.describe().c_str());
   }

@@ -26,6 +26,7 @@ struct OffloadDecision {
   double device_bytes = 0.0;  // what the worst rank then keeps on the device, times sharing
   double capacity = 0.0;      // the device's bytes it was compared with (0: no limit)
   std::string describe() const;  // one line for the start-up log
+  void apply(io::Config& config) const;  // the four parallel.zero.offload keys it decided
 };
 
 // The pure decision for a device of `capacity` bytes shared by `ranks_per_device` ranks

@@ -70,9 +70,18 @@ inline std::vector<int> backward_block_gathers(const std::vector<Keep>& keep) {
 // Of those gathers, the ones that find another block in the one block buffer (ZeRO-3 all-gathers
 // or uploads the block for each): asked again at once, a block is still there. `held`: the block
 // in the buffer when backward starts (-1: another unit, e.g. the final layernorm's).
-inline int backward_block_transfers(const std::vector<Keep>& keep, int held) {
+// `first_apart`: block 0 is the stage's unit 0 (a pipeline stage without the embeddings), which
+// has a buffer of its own and is never kept there: each of its gathers moves it, and none of
+// them takes the block buffer.
+inline int backward_block_transfers(const std::vector<Keep>& keep, int held,
+                                    bool first_apart = false) {
+  if (first_apart && held == 0) held = -1;
   int transfers = 0;
   for (int b : backward_block_gathers(keep)) {
+    if (first_apart && b == 0) {
+      ++transfers;
+      continue;
+    }
     transfers += b != held;
     held = b;
   }

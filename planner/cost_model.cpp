@@ -747,10 +747,13 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     if (l.zero_stage == 3 && !graph.keep.empty()) {
       // Backward starts with the final unit in the block buffer on the head's chunk, else with
       // the chunk's last block (its forward ended on it).
+      // A stage without the embeddings has its first block as unit 0, in a buffer of its own.
       const int blocks = int(graph.keep.size()) / core::kOpsPerBlock;
       const int held = chunk.stage.head ? -1 : blocks - 1;
-      const double extra = core::backward_block_transfers(graph.keep, held) -
-                           (blocks - (held >= 0 ? 1 : 0));
+      const bool apart = !chunk.stage.embeds;
+      const std::vector<core::Keep> kept(graph.keep.size(), core::Keep::all);
+      const double extra = core::backward_block_transfers(graph.keep, held, apart) -
+                           core::backward_block_transfers(kept, held, apart);
       regathers += extra;
       regathered_floats += extra * p.widest;
     }

@@ -59,10 +59,8 @@ std::string invalid(const core::ModelSpec& spec, const RunLayout& r) {
     return "global batch not a multiple of data x micro-batch";
   }
   if (std::string why = invalid_pipeline(spec, r); !why.empty()) return why;
-  // One data rank shards nothing: ZeRO there only to offload (ZeRO-Offload on one GPU).
-  if (r.zero_stage > 0 && r.data * r.sequence == 1 && !r.offload_optimizer) {
-    return "ZeRO needs data or sequence ranks (or offload)";
-  }
+  // (ZeRO on one data rank without offload shards nothing but runs: the search skips it,
+  // colossal_plan --evaluate and model.fused_attention: auto cost it.)
   if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
   if (r.offload_params && (r.zero_stage != 3 || r.tensor_mode != core::TensorMode::d1 ||
                            !r.offload_optimizer || r.offload_fraction < 1.0)) {
@@ -284,17 +282,19 @@ Plan evaluate_attention_choice(core::ModelSpec spec, const RunLayout& run, const
   // An invalid layout is invalid with either attention; ring attention and the 2d / 2.5d / 3d
   // grids run the dense one only.
   if (!dense_only && dense.step_time > 0.0) fused = cost(true);
-  bool take_fused = false;
-  if (fused.step_time > 0.0) {
-    const double dense_bytes = dense.memory.against(cluster.hw);
-    const double fused_bytes = fused.memory.against(cluster.hw);
-    take_fused = dense.fits != fused.fits ? fused.fits
-                 : dense.fits && fused.step_time != dense.step_time
-                     ? fused.step_time < dense.step_time
-                     : fused_bytes < dense_bytes;
-  }
+  const bool take_fused = &pick_attention(dense, fused, cluster.hw) == &fused;
   if (other != nullptr) *other = take_fused ? dense : fused;
   return take_fused ? fused : dense;
+}
+
+const Plan& pick_attention(const Plan& dense, const Plan& fused, const HardwareSpec& hw) {
+  if (fused.step_time == 0.0) return dense;
+  if (dense.step_time == 0.0) return fused;
+  if (dense.fits != fused.fits) return dense.fits ? dense : fused;
+  if (dense.fits && fused.step_time != dense.step_time) {
+    return fused.step_time < dense.step_time ? fused : dense;
+  }
+  return fused.memory.against(hw) < dense.memory.against(hw) ? fused : dense;
 }
 
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,

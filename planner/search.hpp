@@ -96,6 +96,12 @@ struct SearchResult {
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options = {});
 
+// model.fused_attention: auto's rule between a layout costed with the dense attention and with
+// the fused one (step_time 0: not costed): the one that fits with the shorter step (a tie: less
+// memory); when neither fits, the one needing less memory; the dense one when the fused one was
+// not costed.
+const Plan& pick_attention(const Plan& dense, const Plan& fused, const HardwareSpec& hw);
+
 // model.fused_attention: auto for a fixed layout: `run` costed as evaluate_plan does with the
 // dense attention and, unless `dense_only`, with the fused one; the plan that fits with the
 // shorter step (a tie: less memory); when neither fits, the one needing less memory. `other`

@@ -313,6 +313,10 @@ TEST_F(Cli, FusedAttentionAutoIsDecidedAtStartUp) {
   ASSERT_TRUE(word == "dense" || word == "fused") << r.output;
   EXPECT_NE(r.output.find("\nattention: " + word), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("does not fit"), std::string::npos) << r.output;
+  // ZeRO on one rank shards nothing but runs: it is costed like any layout.
+  r = run(train + " --set parallel.zero.stage=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(decided + word + " (predicted"), std::string::npos) << r.output;
   char cap[64];
   std::snprintf(cap, sizeof cap, " --set hardware.device_memory_gib=%.6f",
                 (dense + fused) / 2 / (1024.0 * 1024 * 1024));

@@ -369,6 +369,11 @@ TEST(CostModel, RecomputedSegmentsGatherTheirBlocksAgain) {
   EXPECT_EQ(core::backward_block_gathers(full), (std::vector<int>{3, 3, 2, 2, 1, 1, 0, 0}));
   EXPECT_EQ(core::backward_block_transfers(full, -1), 4);
   EXPECT_EQ(core::backward_block_transfers({}, -1), 0);
+  // A later pipeline stage's first block is its unit 0, in a buffer of its own: both of its
+  // gathers move it, and they leave the block buffer as it was.
+  EXPECT_EQ(core::backward_block_transfers(full, -1, /*first_apart=*/true), 5);
+  EXPECT_EQ(core::backward_block_transfers(every2, 3, true), 6);
+  EXPECT_EQ(core::backward_block_transfers(core::keep_blocks(1, {0}), 0, true), 2);
   for (const int micro_batches : {1, 3}) {
     planner::RankLayout l;
     l.seq_len = 1024;

@@ -16,6 +16,7 @@
 #include "apps/offload_policy.hpp"
 #include "io/config.hpp"
 #include "planner/layout_plan.hpp"
+#include "planner/search.hpp"
 
 namespace colossal::apps {
 namespace {
@@ -296,6 +297,53 @@ TEST(OffloadPolicy, KeysAreValidated) {
     EXPECT_NE(std::string(e.what()).find("hardware.device_memory_gib"), std::string::npos)
         << e.what();
   }
+}
+
+// model.fused_attention: auto under offload.policy: auto: each attention is costed with the offload
+// the policy would then choose for it. Where only offloading makes either fit (the optimizer
+// state of a large vocabulary dwarfs the probabilities), both fit with it and the faster wins,
+// with its offload; costed as written, neither would fit and the smaller (fused) would be taken
+// for nothing.
+TEST(AttentionAuto, EachAttentionIsCostedWithTheOffloadThePolicyChooses) {
+  const io::Config c = io::parse_config(
+      "model: {layers: 2, hidden: 256, heads: 4, vocab: 60000, max_seq: 256, "
+      "fused_attention: auto}\n"
+      "data: {path: unused.bin}\n"
+      "train: {steps: 3, seq_len: 256, global_batch: 8, micro_batch: 2}\n"
+      "parallel: {data: 2, zero: {stage: 1, offload: {policy: auto}}}\n",
+      "t.yaml");
+  ASSERT_TRUE(c.fused_attention_auto);
+  io::Config dense = c, fused = c;
+  dense.fused_attention_auto = fused.fused_attention_auto = false;
+  fused.model.fused_attention = true;
+  const double dense_kept = need(dense, false, false), dense_moved = need(dense, true, false);
+  const double fused_kept = need(fused, false, false), fused_moved = need(fused, true, false);
+  ASSERT_LT(fused_kept, dense_kept);
+  ASSERT_LT(std::max(dense_moved, fused_moved), fused_kept) << "the moments dominate";
+  const double cap = (std::max(dense_moved, fused_moved) + fused_kept) / 2;
+  planner::Cluster cluster{planner::hardware_preset("h100"), 2};
+  cluster.hw.memory_bytes = cap;
+  const AttentionDecision d = decide_attention(c, cluster, cap);
+  ASSERT_GT(d.fused_plan.step_time, 0.0) << d.unavailable;
+  EXPECT_TRUE(d.dense_plan.fits) << d.dense_plan.why;
+  EXPECT_TRUE(d.fused_plan.fits) << d.fused_plan.why;
+  EXPECT_TRUE(d.dense_plan.run.offload_optimizer && d.fused_plan.run.offload_optimizer);
+  EXPECT_EQ(d.fused, d.fused_plan.step_time < d.dense_plan.step_time);
+  // offload.policy: static, as written: neither fits, the smaller is taken.
+  io::Config fixed = c;
+  fixed.parallel.offload_policy = "static";
+  const AttentionDecision s = decide_attention(fixed, cluster, cap);
+  EXPECT_FALSE(s.dense_plan.fits);
+  EXPECT_FALSE(s.fused_plan.fits);
+  EXPECT_TRUE(s.fused);
+  // Ring attention keeps its rows of the probabilities: dense, the fused one not costed.
+  io::Config ring = c;
+  ring.parallel.data = 1;
+  ring.parallel.sequence = 2;
+  const AttentionDecision r = decide_attention(ring, cluster, cap);
+  EXPECT_FALSE(r.fused);
+  EXPECT_EQ(r.fused_plan.step_time, 0.0);
+  EXPECT_NE(r.unavailable.find("ring attention"), std::string::npos) << r.unavailable;
 }
 
 }  // namespace

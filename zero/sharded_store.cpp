@@ -235,16 +235,18 @@ const float* ShardedParameterStore::gather(int unit) {
     int next = ascending_ ? unit + 1 : unit - 1;
     last_block_ = unit;
     if (planning_ && planned_[planned_at_] == unit) {
-      // The caller's order (plan_gathers): the unit after this one, none after the last.
+      // The caller's order (plan_gathers): the next other unit (this one asked again at once is
+      // served from its buffer meanwhile), none after the last.
       ++planned_at_;
-      next = planned_at_ < planned_.size() ? planned_[planned_at_] : -1;
+      std::size_t ahead = planned_at_;
+      while (ahead < planned_.size() && planned_[ahead] == unit) ++ahead;
+      next = ahead < planned_.size() ? planned_[ahead] : -1;
       if (planned_at_ == planned_.size()) {
         // Backward came down to here: the next forward, turning up on this unit (kept in its
         // buffer), prefetches the one above it.
         planning_ = false;
         ascending_ = false;
       }
-      if (next == unit) next = -1;  // asked again at once: served from its buffer
       if (prefetched_ >= 0 && prefetched_ != next) discard_prefetch();
     } else {
       planning_ = false;  // out of the caller's order: guess from here on
