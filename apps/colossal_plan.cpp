@@ -122,6 +122,11 @@ int profile(apps::Invocation& inv) {
               stage, c.train.micro_batch, c.train.seq_len, layout.micro_batches, p.tensor,
               p.sequence_split ? " (sequence_split)" : "", p.sequence, p.data, p.zero_stage, ops, ms,
               hw.name.c_str(), threads, plan.description.c_str(), tables.c_str());
+  if (c.fused_attention_auto) {
+    std::printf("\nmodel.fused_attention: auto: profiled with the dense attention (--evaluate "
+                "chooses as colossal_train does; --set model.fused_attention=true profiles the "
+                "fused one)\n");
+  }
   std::printf("\npredicted memory per rank: %s\n", memory.format().c_str());
   std::printf("predicted step: %.4f s = compute %.4f (recompute %.4f) + layer collectives %.4f + "
               "pipeline sends %.4f + bubble %.4f + gradient reduction %.4f (of which %.4f hidden "
