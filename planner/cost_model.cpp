@@ -81,7 +81,9 @@ ChunkParams chunk_params(const core::ModelSpec& spec, const RankLayout& l,
     if (l.zero_stage >= 2) hi = std::min(hi, unit.begin + unit.size() / ranks);
     if (hi > lo) layernorm[std::size_t(param.unit)] += double(hi - lo);
   }
-  const std::size_t block = chunk.stage.embeds || chunk.stage.head ? 1 : 0;  // its unit index
+  // The block's unit index: 1 after the embeddings' unit 0, which a stage holds for its tokens or
+  // for a tied LM head (core::parameter_table).
+  const std::size_t block = chunk.stage.embeds || (chunk.stage.head && spec.tied()) ? 1 : 0;
   const int end = chunk.stage.layer_end < 0 ? spec.layers : chunk.stage.layer_end;
   const int blocks = end - chunk.stage.layer_begin;
   std::vector<double> sizes;
@@ -747,10 +749,11 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     if (l.zero_stage == 3 && !graph.keep.empty()) {
       // Backward starts with the final unit in the block buffer on the head's chunk, else with
       // the chunk's last block (its forward ended on it).
-      // A stage without the embeddings has its first block as unit 0, in a buffer of its own.
+      // A stage without the embeddings' unit 0 (no tokens to embed, no tied LM head) has its
+      // first block as unit 0, in a buffer of its own.
       const int blocks = int(graph.keep.size()) / core::kOpsPerBlock;
       const int held = chunk.stage.head ? -1 : blocks - 1;
-      const bool apart = !chunk.stage.embeds;
+      const bool apart = !(chunk.stage.embeds || (chunk.stage.head && spec.tied()));
       const std::vector<core::Keep> kept(graph.keep.size(), core::Keep::all);
       const double extra = core::backward_block_transfers(graph.keep, held, apart) -
                            core::backward_block_transfers(kept, held, apart);
