@@ -704,6 +704,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // one each (a segment recomputed upward, then its backward downward: core::
   // backward_block_transfers), their floats and their count.
   double regathered_floats = 0.0, regathers = 0.0;
+  // Stage 3: the gathers of units still in their buffer (floats, calls), per step.
+  double reused_floats = 0.0, reused_calls = 0.0;
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -760,6 +762,17 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       regathers += extra;
       regathered_floats += extra * p.widest;
     }
+    if (l.zero_stage == 3 && p.units > 1) {
+      // The last unit other than 0 gathered stays in the block buffer
+      // (zero::ShardedParameterStore; unit 0 has a buffer of its own): at F B the backward
+      // starts on the unit its forward ended on (the chunk's last), at B F the forward's first
+      // such unit (the chunk's second) is the one the backward ended on; neither is gathered or
+      // uploaded again.
+      const double forward_turns = chunk.forward_turns >= 0 ? chunk.forward_turns : m;
+      const double backward_turns = chunk.backward_turns >= 0 ? chunk.backward_turns : m - 1;
+      reused_floats += forward_turns * p.last + backward_turns * p.second;
+      reused_calls += forward_turns + backward_turns;
+    }
   }
   // Fill and drain: (p - 1) / v micro-batch times (v model chunks per rank, Narayanan et al.).
   if (l.pipeline > 1) t.bubble = double(l.pipeline - 1) / double(l.chunks.size()) * per_micro;
@@ -770,14 +783,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // keeps them).
   const int D = l.data * l.sequence;
   const double P = flat * (l.bf16_reduce ? 2.0 : kF), W = flat * (l.bf16 ? 2.0 : kF);
-  // Stage 3 keeps the unit it gathered last in its buffer (zero::ShardedParameterStore): on one
-  // pipeline stage each micro-batch's backward starts on the unit its forward ended on (the last
-  // unit), and each micro-batch after the first starts on the block the backward before ended on
-  // (unit 1): neither is gathered or uploaded again. Recomputed segments' gathers are counted
-  // with the chunks (regathers).
+  // Stage 3 keeps the unit it gathered last in its buffer: the gathers it saves are counted with
+  // the chunks (reused_*), from their schedules' turns (on one pipeline stage each micro-batch's
+  // backward starts on the last unit, and each micro-batch after the first on the first block);
+  // so are recomputed segments' extra gathers (regathers). Parameter offload's uploads below
+  // credit the reuse on one stage only.
   const bool reuses = l.zero_stage == 3 && l.pipeline == 1;
-  const double reused_floats = reuses ? m * last_unit + (m - 1) * first_block : 0.0;
-  const double reused_calls = reuses ? 2 * m - 1 : 0.0;
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   // One micro-batch's compute, forward and backward (every chunk), which started collectives and
   // uploads may run beside.

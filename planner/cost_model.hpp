@@ -63,6 +63,11 @@ struct RankLayout {
     core::StageRange stage{};
     int virtual_stage = 0;
     int slots = 1;               // micro-batches in flight (the schedule's peak)
+    // In the chunk's schedule: backwards right after a forward (F B) and forwards right after a
+    // backward (B F). ZeRO-3 keeps the unit a pass ended on in its buffer, so there the next
+    // pass finds it (the top unit at F B, the first block at B F). -1: one stage's
+    // F B F B ... (micro_batches and micro_batches - 1).
+    int forward_turns = -1, backward_turns = -1;
   };
   std::vector<Chunk> chunks{Chunk{}};
   // The step graph of one chunk's micro-batch.

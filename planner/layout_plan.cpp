@@ -59,6 +59,11 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
       if (a.chunk == c) mine.push_back(a);
     }
     chunk.slots = parallel::peak_in_flight(mine);
+    chunk.forward_turns = chunk.backward_turns = 0;
+    for (std::size_t i = 1; i < mine.size(); ++i) {
+      if (mine[i - 1].forward && !mine[i].forward) ++chunk.forward_turns;
+      if (!mine[i - 1].forward && mine[i].forward) ++chunk.backward_turns;
+    }
     l.chunks.push_back(chunk);
   }
   return l;

@@ -394,6 +394,39 @@ TEST(CostModel, RecomputedSegmentsGatherTheirBlocksAgain) {
   }
 }
 
+// ZeRO-3 on a pipeline stage finds the unit a pass ended on in its buffer at each turn of the
+// stage's schedule (tests/test_pipeline.cpp checks the store's count): GPipe's stage 0 of 4
+// micro-batches turns once (F F F F B B B B), 1F1B's three times F B and twice B F, so 1F1B
+// gathers four block units fewer a step.
+TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 4, 1024, 8000, 512);
+  const planner::HardwareSpec hw = planner::hardware_preset("h200");
+  planner::RunLayout run;
+  run.global_batch = 16;
+  run.micro_batch = 2;
+  run.seq_len = 512;
+  run.data = 2;
+  run.pipeline = 2;
+  run.zero_stage = 3;
+  run.layers = {2, 2};
+  run.schedule = parallel::PipelineSchedule::gpipe;
+  const planner::RankLayout gpipe = planner::rank_layout(run, 0);
+  run.schedule = parallel::PipelineSchedule::one_f_one_b;
+  const planner::RankLayout one_f_one_b = planner::rank_layout(run, 0);
+  ASSERT_EQ(gpipe.micro_batches, 4);
+  EXPECT_EQ(gpipe.chunks.front().forward_turns, 1);
+  EXPECT_EQ(gpipe.chunks.front().backward_turns, 0);
+  EXPECT_EQ(one_f_one_b.chunks.front().forward_turns, 3);
+  EXPECT_EQ(one_f_one_b.chunks.front().backward_turns, 2);
+  const auto units = core::parameter_units(
+      core::parameter_table(spec, 2 * 16, {}, core::StageRange{0, 2, true, false}), 2 * 16);
+  const double block_bytes = double(units[1].size()) * 4;
+  const planner::LinkSpec& link = hw.intra_node;
+  EXPECT_NEAR(planner::predict_time(spec, gpipe, hw).data_comm -
+                  planner::predict_time(spec, one_f_one_b, hw).data_comm,
+              4 * (link.latency_s + block_bytes / 2 / link.bandwidth_Bps), 1e-12);
+}
+
 // Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
 // and again before its backward, but the embeddings' second only where backward needs no
 // parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied

@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "apps/layout.hpp"
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/pipeline_schedule.hpp"
 #include "parallel/stage_partition.hpp"
+#include "planner/layout_plan.hpp"
 #include "train_parity.hpp"
+#include "zero/sharded_store.hpp"
 
 using namespace colossal;
 
@@ -223,6 +226,22 @@ TEST_P(Pipeline, TrainsTheSingleRankModel) {
   EXPECT_EQ(pp.stats().send.payload_bytes, sends * floats * 4);
   EXPECT_EQ(pp.stats().recv.calls, sends);
 
+  if (layout.stage == 3 && layout.chunks == 1) {
+    // ZeRO-3 keeps the last unit other than 0 it gathered in its buffer: at each F B turn of
+    // the stage's schedule the backward finds the forward's last unit there, at each B F turn
+    // the forward its first unit after 0 (the first block, or on a stage without the embeddings
+    // the second: its first block is its unit 0, in a buffer of its own), as the cost model
+    // counts them (planner::RankLayout::Chunk's turns).
+    const planner::RankLayout rank =
+        planner::rank_layout(apps::run_layout(config(data, layout, true, "pp")), stage);
+    const planner::RankLayout::Chunk& chunk = rank.chunks.front();
+    ASSERT_GE(chunk.forward_turns, 1);
+    const int64_t kept = chunk.forward_turns + chunk.backward_turns;
+    auto& store = dynamic_cast<zero::ShardedParameterStore&>(trainer.model().store());
+    EXPECT_EQ(int64_t(store.reused_gathers()), steps * kept)
+        << "stage " << stage << ": " << chunk.forward_turns << " F B and "
+        << chunk.backward_turns << " B F turns a step";
+  }
   test::expect_same_weights(trainer, reference);
   if (layout.offload && layout.stage >= 2) {
     // The offloaded gradients go down during backward, but the tied embedding's unit 0 (summed
@@ -245,6 +264,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, "1f1b", 1, 2}, Layout{"opt", 2, "1f1b", 1, 1, 2},
                       Layout{"gpt2", 2, "1f1b", 2, 2, 1, 1}, Layout{"opt", 2, "gpipe", 2, 2},
                       Layout{"gpt2", 2, "1f1b", 2, 1, 1, 2}, Layout{"opt", 2, "1f1b", 2, 1, 1, 3},
+                      Layout{"gpt2", 2, "gpipe", 2, 1, 1, 3},
                       // Interleaved: 2 model chunks per rank, 4 virtual stages of one block.
                       Layout{"gpt2", 2, "interleaved", 1, 1, 1, 0, "[]", 2},
                       Layout{"opt", 2, "interleaved", 2, 1, 1, 1, "[]", 2},
