@@ -1,6 +1,7 @@
 // colossal_train: trains a GPT-2/OPT model from a YAML experiment config.
 #include <mpi.h>
 
+#include <cmath>
 #include <cstdio>
 #include <algorithm>
 #include <csignal>
@@ -75,6 +76,16 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
                  step_s > 0 ? 100.0 * (s.predicted_step_seconds / step_s - 1.0) : 0.0,
                  core::format_bytes(s.predicted_peak_bytes).c_str(),
                  core::format_bytes(double(s.peak_tracked_bytes)).c_str());
+    // A preset is some other machine's rates: say how to get this one's, which the planner's
+    // choices (parallel.mode: auto, model.fused_attention: auto, rotor) then use.
+    if (config.hardware.file.empty() && step_s > 0 &&
+        std::abs(s.predicted_step_seconds / step_s - 1.0) > 0.5) {
+      std::fprintf(log,
+                   "cost model: hardware.preset %s is off by more than half here; "
+                   "'colossal_plan --calibrate --out hw.yaml' measures this machine in seconds, "
+                   "and hardware.file: hw.yaml makes the planner's choices with its rates\n",
+                   config.hardware.preset.c_str());
+    }
   }
   std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
                config.log.dir.c_str());

@@ -339,6 +339,18 @@ TEST_F(Cli, FusedAttentionAutoIsDecidedAtStartUp) {
       << r.output;
 }
 
+// A hardware preset far from this machine's speed (an H200's rates for a CPU run) is named at the
+// end of the run with the command that measures this machine instead.
+TEST_F(Cli, AFarOffPresetPointsToCalibration) {
+  const Result r = run(bin("colossal_train") + " " + write_config("preset.yaml") +
+                       " --set hardware.preset=h200");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("cost model: hardware.preset h200 is off by more than half here; "
+                          "'colossal_plan --calibrate --out hw.yaml'"),
+            std::string::npos)
+      << r.output;
+}
+
 // --memory-plan with ZeRO offload also names the largest rank's bytes without its offloaded
 // (pinned host) ones: what a GPU holds, which offload.policy: auto and its caps are about.
 TEST_F(Cli, MemoryPlanNamesTheBytesLeftOnTheDevice) {
