@@ -706,6 +706,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   double regathered_floats = 0.0, regathers = 0.0;
   // Stage 3: the gathers of units still in their buffer (floats, calls), per step.
   double reused_floats = 0.0, reused_calls = 0.0;
+  double turns_to_backward = 0.0, turns_to_forward = 0.0;  // F B and B F, every chunk's
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
@@ -772,6 +773,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       const double backward_turns = chunk.backward_turns >= 0 ? chunk.backward_turns : m - 1;
       reused_floats += forward_turns * p.last + backward_turns * p.second;
       reused_calls += forward_turns + backward_turns;
+      turns_to_backward += forward_turns;
+      turns_to_forward += backward_turns;
     }
   }
   // Fill and drain: (p - 1) / v micro-batch times (v model chunks per rank, Narayanan et al.).
@@ -786,9 +789,8 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // Stage 3 keeps the unit it gathered last in its buffer: the gathers it saves are counted with
   // the chunks (reused_*), from their schedules' turns (on one pipeline stage each micro-batch's
   // backward starts on the last unit, and each micro-batch after the first on the first block);
-  // so are recomputed segments' extra gathers (regathers). Parameter offload's uploads below
-  // credit the reuse on one stage only.
-  const bool reuses = l.zero_stage == 3 && l.pipeline == 1;
+  // so are recomputed segments' extra gathers (regathers), and parameter offload's uploads
+  // below follow the same turns.
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   // One micro-batch's compute, forward and backward (every chunk), which started collectives and
   // uploads may run beside.
@@ -862,12 +864,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     const double chunks = double(l.chunks.size());
     double total = m * (2.0 * uploaded - embeddings);
     double starts = chunks * m * unit0 * (unskipped > 0.0 ? 1.0 : 2.0);
-    if (reuses) {
-      total -= m * last + (m - 1) * block1;
-      starts += block1;
-    } else {
-      starts += chunks * m * (block1 + last);
-    }
+    // The units kept at the schedule's turns upload nothing (F B: the last unit; B F: the first
+    // block); every other pass starts cold on its first block unit (a forward on the first
+    // block, a backward on the last unit), with nothing before it to hide behind. One stage:
+    // only the step's first forward.
+    total -= turns_to_backward * last + turns_to_forward * block1;
+    starts += (chunks * m - turns_to_forward) * block1 + (chunks * m - turns_to_backward) * last;
     // The blocks recomputed segments gather again upload their host parts again (at the
     // shard's offloaded share: which blocks they are decides how much of each is on the host).
     total += m * regathered_floats / D * (updated > 0.0 ? uploaded / updated : 0.0);

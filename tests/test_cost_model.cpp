@@ -397,7 +397,7 @@ TEST(CostModel, RecomputedSegmentsGatherTheirBlocksAgain) {
 // ZeRO-3 on a pipeline stage finds the unit a pass ended on in its buffer at each turn of the
 // stage's schedule (tests/test_pipeline.cpp checks the store's count): GPipe's stage 0 of 4
 // micro-batches turns once (F F F F B B B B), 1F1B's three times F B and twice B F, so 1F1B
-// gathers four block units fewer a step.
+// gathers four block units fewer a step, and with parameter offload uploads them fewer too.
 TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 4, 1024, 8000, 512);
   const planner::HardwareSpec hw = planner::hardware_preset("h200");
@@ -413,6 +413,7 @@ TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
   const planner::RankLayout gpipe = planner::rank_layout(run, 0);
   run.schedule = parallel::PipelineSchedule::one_f_one_b;
   const planner::RankLayout one_f_one_b = planner::rank_layout(run, 0);
+  planner::RankLayout gpipe_offloaded = gpipe, one_f_one_b_offloaded = one_f_one_b;
   ASSERT_EQ(gpipe.micro_batches, 4);
   EXPECT_EQ(gpipe.chunks.front().forward_turns, 1);
   EXPECT_EQ(gpipe.chunks.front().backward_turns, 0);
@@ -422,9 +423,17 @@ TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
       core::parameter_table(spec, 2 * 16, {}, core::StageRange{0, 2, true, false}), 2 * 16);
   const double block_bytes = double(units[1].size()) * 4;
   const planner::LinkSpec& link = hw.intra_node;
+  const double gathers = 4 * (link.latency_s + block_bytes / 2 / link.bandwidth_Bps);
   EXPECT_NEAR(planner::predict_time(spec, gpipe, hw).data_comm -
                   planner::predict_time(spec, one_f_one_b, hw).data_comm,
-              4 * (link.latency_s + block_bytes / 2 / link.bandwidth_Bps), 1e-12);
+              gathers, 1e-12);
+  // With the parameter shards on the host, those four blocks' slices are not uploaded either.
+  for (planner::RankLayout* l : {&gpipe_offloaded, &one_f_one_b_offloaded}) {
+    l->offload_optimizer = l->offload_params = true;
+  }
+  EXPECT_NEAR(planner::predict_time(spec, gpipe_offloaded, hw).data_comm -
+                  planner::predict_time(spec, one_f_one_b_offloaded, hw).data_comm,
+              gathers + 4 * (block_bytes / 2) / hw.host_link_bandwidth, 1e-12);
 }
 
 // Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
