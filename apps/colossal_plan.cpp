@@ -225,16 +225,13 @@ int plan(apps::Invocation& inv) {
     const bool dense_only =
         !apps::fused_attention_unavailable(c).empty() ||
         !core::fused_attention_unsupported(c.model.hidden / c.model.heads, run.bf16).empty();
+    const auto& cp = c.checkpointing;
+    const double budget = cp.memory_budget * 1024.0 * 1024.0 * 1024.0;
     chosen = c.fused_attention_auto
-                 ? planner::evaluate_attention_choice(
-                       c.model, run, cluster, dense_only,
-                       nullptr, c.checkpointing.policy, c.checkpointing.every,
-                       c.checkpointing.blocks,
-                       c.checkpointing.memory_budget * 1024.0 * 1024.0 * 1024.0)
-                 : planner::evaluate_plan(c.model, run, cluster, c.checkpointing.policy,
-                                          c.checkpointing.every, c.checkpointing.blocks,
-                                          c.checkpointing.memory_budget * 1024.0 * 1024.0 *
-                                              1024.0);
+                 ? planner::evaluate_attention_choice(c.model, run, cluster, dense_only, nullptr,
+                                                      cp.policy, cp.every, cp.blocks, budget)
+                 : planner::evaluate_plan(c.model, run, cluster, cp.policy, cp.every, cp.blocks,
+                                          budget);
     if (!chosen.why.empty() && chosen.step_time == 0.0) {
       throw apps::UsageError("--evaluate: the config's layout is not valid: " + chosen.why);
     }

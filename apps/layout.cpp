@@ -179,7 +179,7 @@ AttentionDecision decide_attention(const io::Config& config, const planner::Clus
   // Each attention with the offload parallel.zero.offload.policy: auto then chooses for it
   // (apply_offload_policy runs next): a dense attention that fits only by offloading is costed
   // so, not as not fitting.
-  auto cost = [&](bool fused) {
+  auto run_for = [&](bool fused) {
     io::Config v = config;
     v.model.fused_attention = fused;
     v.fused_attention_auto = false;
@@ -190,12 +190,15 @@ AttentionDecision decide_attention(const io::Config& config, const planner::Clus
         // Nothing the policy may move is enough: costed as written (it does not fit).
       }
     }
-    return planner::evaluate_plan(v.model, run_layout(v), cluster, c.policy, c.every, c.blocks,
-                                  c.memory_budget * 1024.0 * 1024.0 * 1024.0);
+    return run_layout(v);
   };
-  d.dense_plan = cost(false);
-  if (d.unavailable.empty() && d.dense_plan.step_time > 0.0) d.fused_plan = cost(true);
-  d.fused = &planner::pick_attention(d.dense_plan, d.fused_plan, cluster.hw) == &d.fused_plan;
+  planner::Plan other;
+  planner::Plan chosen = planner::evaluate_attention_choice(
+      config.model, run_for, cluster, !d.unavailable.empty(), &other, c.policy, c.every,
+      c.blocks, c.memory_budget * 1024.0 * 1024.0 * 1024.0);
+  d.fused = chosen.fused_attention;
+  d.dense_plan = std::move(d.fused ? other : chosen);
+  d.fused_plan = std::move(d.fused ? chosen : other);
   return d;
 }
 

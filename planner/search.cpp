@@ -274,9 +274,21 @@ Plan evaluate_attention_choice(core::ModelSpec spec, const RunLayout& run, const
                                std::optional<core::CheckpointPolicy> policy, int every,
                                const std::vector<int>& blocks, double budget_bytes,
                                int memory_slots) {
+  return evaluate_attention_choice(
+      std::move(spec), [&](bool) { return run; }, cluster, dense_only, other, policy, every,
+      blocks, budget_bytes, memory_slots);
+}
+
+Plan evaluate_attention_choice(core::ModelSpec spec,
+                               const std::function<RunLayout(bool fused)>& run_for,
+                               const Cluster& cluster, bool dense_only, Plan* other,
+                               std::optional<core::CheckpointPolicy> policy, int every,
+                               const std::vector<int>& blocks, double budget_bytes,
+                               int memory_slots) {
   auto cost = [&](bool fused) {
     spec.fused_attention = fused;
-    return evaluate_plan(spec, run, cluster, policy, every, blocks, budget_bytes, memory_slots);
+    return evaluate_plan(spec, run_for(fused), cluster, policy, every, blocks, budget_bytes,
+                         memory_slots);
   };
   Plan dense = cost(false), fused;
   // An invalid layout is invalid with either attention; ring attention and the 2d / 2.5d / 3d
@@ -377,7 +389,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
               run.layers = balanced_layers(spec, run);
               for (bool fused : attentions) {
                 const core::ModelSpec& sp = fused ? fused_spec : spec;
-                if (!invalid(sp, run).empty()) continue;  // ring attention: dense only
+                if (fused && !invalid(sp, run).empty()) continue;  // ring attention: dense only
                 double bound = 0.0;
                 for (int r : {0, p - 1}) {
                   const TimePrediction tp = predict_time(sp, rank_layout(run, r), cluster.hw);

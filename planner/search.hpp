@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -108,6 +109,14 @@ const Plan& pick_attention(const Plan& dense, const Plan& fused, const HardwareS
 // (when not null) receives the plan not chosen (step_time 0: not costed or not valid).
 Plan evaluate_attention_choice(core::ModelSpec spec, const RunLayout& run, const Cluster& cluster,
                                bool dense_only, Plan* other = nullptr,
+                               std::optional<core::CheckpointPolicy> policy = std::nullopt,
+                               int every = 0, const std::vector<int>& blocks = {},
+                               double budget_bytes = 0.0, int memory_slots = 500);
+// The same where the layout depends on the attention (`run_for(fused)`: e.g. the offload
+// parallel.zero.offload.policy: auto would choose for each, apps::decide_attention).
+Plan evaluate_attention_choice(core::ModelSpec spec,
+                               const std::function<RunLayout(bool fused)>& run_for,
+                               const Cluster& cluster, bool dense_only, Plan* other = nullptr,
                                std::optional<core::CheckpointPolicy> policy = std::nullopt,
                                int every = 0, const std::vector<int>& blocks = {},
                                double budget_bytes = 0.0, int memory_slots = 500);
