@@ -640,6 +640,10 @@ TEST_F(Kernels, ReluBackwardMatchesFiniteDifferences) {
   };
   kernels::relu_backward(dx.data(), x.data(), g.data(), n);
   EXPECT_EQ(check_gradient("relu", f, x, dx, 1, 1e-3), 0);
+  // In place, as the model runs it (dinp aliases dout): the same values.
+  std::vector<float> inplace = g;
+  kernels::relu_backward(inplace.data(), x.data(), inplace.data(), n);
+  EXPECT_EQ(inplace, dx);
 }
 
 // The MLP epilogue: pre += bias, out = act(pre) in one pass equals the bias added first and the
