@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device checks for a machine with a GPU (one H200 in this project), from the folder that
+# The device checks for a machine with a GPU (an H100 or an H200 in this project), from the folder that
 # scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or from the
 # repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
 # or hang costs its step only. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt).
@@ -37,7 +37,8 @@
 #   scripts/gpu_check.sh --run CMD ...   run CMD in the bundle's folder with its libraries and MPI
 #                                        set up as for the checks (e.g. under cuda-gdb)
 # Environment: GPU_CHECK_BATCH (gpt2-124m micro-batch at T=1024, default 16); GPU_CHECK_BUDGET
-# (seconds after which no further section starts, default 420); GPU_CHECK_STOP_ON_FAIL=1 (stop
+# (seconds after which no further section starts, default 420); GPU_CHECK_PRESET (the planner's
+# hardware preset, default from nvidia-smi's GPU name: h100, h200, ...); GPU_CHECK_STOP_ON_FAIL=1 (stop
 # after section 2 if anything failed, to spend no more device time); GPU_CHECK_BIN
 # (in the repository: the programs' folder instead of build-cuda/bin, to try the script).
 set -uo pipefail
@@ -93,6 +94,17 @@ model_tolerance() { case "$1" in *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
 sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5 6}
 batch=${GPU_CHECK_BATCH:-16}
 budget=${GPU_CHECK_BUDGET:-420}
+# The planner's preset for the GPU found here (the lent kinds are an H100 and an H200), for the
+# profiled steps' and the offload runs' predictions; GPU_CHECK_PRESET overrides.
+gpu_preset() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$name" in
+    *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
+    *A100*) echo a100-40g ;; *V100*) echo v100 ;; *) echo h200 ;;
+  esac
+}
+preset=${GPU_CHECK_PRESET:-$(gpu_preset)}
 
 # Per-step training losses of a 10-step run, "STEP LOSS" per line, from metrics.csv.
 losses() {  # PROGRAM CONFIG [--set ...]
@@ -143,6 +155,7 @@ section() {  # N: whether section N runs (chosen, and the time budget not spent)
 fail=0
 t_start=$SECONDS
 say "gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+say "planner preset: $preset (GPU_CHECK_PRESET overrides)"
 say "libraries from the bundle: $(ls "$libs" | tr '\n' ' ')"
 if [ -n "${image_mpi:-}" ]; then
   say "mpi: the machine's $(mpirun --version 2>/dev/null | head -1) at $image_mpi"
@@ -232,14 +245,14 @@ if section 3; then
   (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof \
+     --set train.global_batch="$batch" --set hardware.preset="$preset" --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
   (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset=h200 --set log.dir=/tmp/gpu_check-prof-fused \
+     --set train.global_batch="$batch" --set hardware.preset="$preset" --set log.dir=/tmp/gpu_check-prof-fused \
      2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (the preset's rates, the
@@ -247,7 +260,7 @@ if section 3; then
   (cd "$root" && timeout 60 "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset=h200 2>&1) |
+     --set train.global_batch="$batch" --set hardware.preset="$preset" 2>&1) |
     grep -E '^attention \(' >> "$report" || say "model.fused_attention: auto: no decision printed"
   # The GPU node's hardware YAML (the planner's rates: GEMM curve fp32 and bf16, kernels, host
   # link, host AdamW), next to the report.
@@ -324,11 +337,11 @@ if section 6; then
   # and with the parameters offloaded too, so part of the parameter shard must move (its uploads
   # prefetched beside the kernels); the line before the runs says how many times what the device
   # holds the model needs.
-  preset=${GPU_CHECK_OFFLOAD_PRESET:-gpt2-1.5b}
-  say "== 6. offload.policy: auto on one GPU: $preset, B=1 T=1024 bf16, capped (ZeRO 1: 70% of its plan; ZeRO 3: parameters offloaded too)"
-  common=(configs/gpt2-124m.yaml --set model.preset="$preset" --set train.seq_len=1024
+  model_preset=${GPU_CHECK_OFFLOAD_PRESET:-gpt2-1.5b}
+  say "== 6. offload.policy: auto on one GPU: $model_preset, B=1 T=1024 bf16, capped (ZeRO 1: 70% of its plan; ZeRO 3: parameters offloaded too)"
+  common=(configs/gpt2-124m.yaml --set model.preset="$model_preset" --set train.seq_len=1024
           --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
-          --set train.precision=bf16 --set hardware.preset=h200
+          --set train.precision=bf16 --set hardware.preset="$preset"
           --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
     local out d
