@@ -1,5 +1,6 @@
 // Communicator over MPI with host buffers. Owns a duplicated MPI_Comm (so library traffic never
-// matches user traffic on the parent) and frees it on destruction. Errors on the duplicate are
+// matches user traffic on the parent) and frees it on destruction. Reduce-scatters run as a ring
+// of point-to-point steps (mpi_communicator.cpp) rather than MPI_Reduce_scatter_block. Errors on the duplicate are
 // returned rather than fatal, and every return code is checked: a failure throws
 // std::runtime_error naming the MPI call, the MPI error string and the rank.
 #pragma once
@@ -59,7 +60,14 @@ class MpiCommunicator final : public Communicator {
   void check(int code, const char* call) const;
   int checked_tag(int tag) const;
 
+  // The reduce-scatters' ring: point-to-point messages on a duplicate of comm_ of their own (so
+  // they never match a caller's sends and receives), each operation's under a tag of its own
+  // (every rank starts the collectives in the same order, so the counts agree).
+  int next_ring_tag();
+
   MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  unsigned ring_calls_ = 0;
   int rank_ = 0;
   int size_ = 1;
   int tag_upper_bound_ = 32767;  // the MPI standard's guaranteed minimum of MPI_TAG_UB
