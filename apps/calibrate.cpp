@@ -69,11 +69,13 @@ double total_memory_bytes() {
   }
   return 0.0;
 }
-// AdamW's rate in bytes/s, 28 per parameter (read p, g, m, v; write p, m, v), on 4 Mi
+// AdamW's rate in bytes/s, 28 per parameter (read p, g, m, v; write p, m, v), on 16 Mi
 // parameters: where the build runs its kernels, or (on_host) in host memory on the host's threads
 // as ZeRO offload runs it.
 double adamw_bandwidth(core::MemoryTracker& tracker, bool on_host) {
-  const std::size_t n = std::size_t(1) << 22;
+  // 16 Mi parameters, 448 MiB of state: past the caches, as a model's state is. (On 4 Mi a
+  // 2-core EPYC measured AdamW at twice the rate its steps ran it.)
+  const std::size_t n = std::size_t(1) << 24;
   std::vector<core::ParamSpec> table(1);
   table[0].name = "calibration";
   table[0].count = n;
@@ -194,104 +196,151 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
   h.gemm_efficiency = 1.0;
   core::MemoryTracker tracker;
   auto gemm = core::make_default_gemm(gemm_backend);
-  // GEMM: achieved FLOP/s against the FLOPs of one call, from attention-sized to MLP-sized.
-  struct Shape { int M, N, K; };
-  const Shape shapes[] = {{64, 64, 64},     {128, 128, 128},  {256, 256, 256},
-                          {512, 768, 768},  {1024, 768, 768}, {1024, 3072, 768},
-                          {2048, 2048, 2048}};
-  core::DeviceArray<float> A(tracker, core::MemCategory::temporaries, 2048 * 3072),
-      Bm(tracker, core::MemCategory::temporaries, 3072 * 2048),
-      Cm(tracker, core::MemCategory::temporaries, 2048 * 3072);
-  fill(A, 1.0f);
-  fill(Bm, 0.5f);
-  for (const Shape& s : shapes) {
-    const double flops = 2.0 * s.M * s.N * s.K;
-    const double t = seconds_per_call([&] {
-      gemm->gemm(core::Trans::N, core::Trans::N, s.M, s.N, s.K, 1.0f, A.data(), s.K, Bm.data(),
-                 s.N, 0.0f, Cm.data(), s.N);
-    }, flops > 1e9 ? 0.5 : 0.2);
-    h.gemm_curve.emplace_back(flops, flops / t);
+  // GEMM: achieved FLOP/s against the FLOPs of one call, measured as training runs them: each
+  // point is a linear layer's forward, input gradient and weight gradient (core::linear_forward
+  // and linear_backward: rows x in -> out, the weight gradient accumulated, the bias gradient's
+  // column sums with them, as the profiler counts them under GEMM), from a small head's
+  // to a large MLP's; its rate is the three products' FLOPs over their time, keyed by the FLOPs
+  // of one. (Square products of the same FLOPs ran 20-30% faster on a 2-core EPYC than the
+  // quickstart's (2048 x 256) x (256 x 1024) triples, which the planner then underpriced.)
+  struct Linear { int rows, in, out; };
+  const Linear linears[] = {{256, 64, 64},     {512, 128, 128},   {2048, 256, 256},
+                            {2048, 256, 1024}, {2048, 768, 768},  {2048, 768, 3072},
+                            {4096, 2048, 2048}};
+  std::size_t largest = 0;
+  for (const Linear& s : linears) {
+    largest = std::max({largest, std::size_t(s.rows) * s.in, std::size_t(s.rows) * s.out,
+                        std::size_t(s.in) * s.out});
+  }
+  core::DeviceArray<float> X(tracker, core::MemCategory::temporaries, largest),
+      W(tracker, core::MemCategory::temporaries, largest),
+      Y(tracker, core::MemCategory::temporaries, largest),
+      dX(tracker, core::MemCategory::temporaries, largest),
+      dW(tracker, core::MemCategory::temporaries, largest),
+      dB(tracker, core::MemCategory::temporaries, largest);
+  fill(X, 1.0f);
+  fill(W, 0.5f);
+  fill(Y, 0.25f);
+  fill(dW, 0.0f);
+  fill(dB, 0.0f);
+  // Returns the mean rate of the triple (the forward's FLOPs x 3 over the three's time).
+  auto linear_rate = [&](core::Gemm& g, const Linear& s) {
+    const double flops = 2.0 * s.rows * s.in * s.out;
+    const double budget = flops > 1e9 ? 0.5 : 0.2;
+    const double forward = seconds_per_call([&] {
+      core::linear_forward(g, core::WeightLayout::in_out, Y.data(), s.out, X.data(), s.in,
+                           W.data(), s.in, s.out, s.rows, false);
+    }, budget);
+    const double backward = seconds_per_call([&] {
+      core::linear_backward(g, core::WeightLayout::in_out, dX.data(), s.in, dW.data(), dB.data(),
+                            Y.data(), s.out, X.data(), s.in, W.data(), s.in, s.out, s.rows,
+                            false);
+    }, 2 * budget);
+    return 3.0 * flops / (forward + backward);
+  };
+  for (const Linear& s : linears) {
+    h.gemm_curve.emplace_back(2.0 * s.rows * s.in * s.out, linear_rate(*gemm, s));
   }
   h.fp32_flops = 0.0;
   for (const auto& point : h.gemm_curve) h.fp32_flops = std::max(h.fp32_flops, point.second);
-  // bf16 (train.precision: bf16): the backend the trainer would use, on the two largest shapes;
-  // the cost model scales the fp32 curve by bf16_flops / fp32_flops. On a host without bf16
-  // units the emulation measures slower than fp32, and plans price it so.
+  // bf16 (train.precision: bf16): the backend the trainer would use, on the two largest
+  // layers; the cost model scales the fp32 curve by bf16_flops / fp32_flops. On a host without
+  // bf16 units the emulation measures slower than fp32, and plans price it so.
   {
     auto bf16 = core::make_default_gemm(gemm_backend, core::GemmPrecision::bf16);
     h.bf16_flops = 0.0;
-    for (const Shape& s : {shapes[5], shapes[6]}) {
-      const double flops = 2.0 * s.M * s.N * s.K;
-      const double t = seconds_per_call([&] {
-        bf16->gemm(core::Trans::N, core::Trans::N, s.M, s.N, s.K, 1.0f, A.data(), s.K,
-                   Bm.data(), s.N, 0.0f, Cm.data(), s.N);
-      }, 0.5);
-      h.bf16_flops = std::max(h.bf16_flops, flops / t);
+    for (const Linear& s : {linears[5], linears[6]}) {
+      h.bf16_flops = std::max(h.bf16_flops, linear_rate(*bf16, s));
     }
   }
-  // Attention, forward + backward, counted as the step graph counts it (12 * pairs * head width).
+  // Attention, forward + backward, counted as the step graph counts it (12 * pairs * head
+  // width), for each form on a grid of sequence lengths and head widths: C = 256 (H = C / hd)
+  // and 2048 tokens per call on a host, C = 768 and 16384 tokens on a GPU. The scalar rates are
+  // those at T = 512, hd = 64.
   {
-    const int B = 1, T = 512, C = 256, H = 4, hd = C / H;
-    const double pairs = double(B) * H * T * T;
-    core::DeviceArray<float> qkv(tracker, core::MemCategory::temporaries, B * T * 3 * C),
-        att(tracker, core::MemCategory::temporaries, std::size_t(B) * H * T * T),
-        atty(tracker, core::MemCategory::temporaries, B * T * C),
-        dqkv(tracker, core::MemCategory::temporaries, B * T * 3 * C),
-        datt(tracker, core::MemCategory::temporaries, std::size_t(H) * T * T),
-        work(tracker, core::MemCategory::temporaries, core::fused_attention_work_floats());
+    const bool device = device_resident_build();
+    const int C = device ? 768 : 256, tokens = device ? 16384 : 2048;
+    const int lengths[] = {128, 512, 2048}, widths[] = {32, 64, 128};
+    const std::size_t pairs_max = std::size_t(tokens) * (C / widths[0]) * lengths[2];
+    core::DeviceArray<float> qkv(tracker, core::MemCategory::temporaries, tokens * 3 * C),
+        att(tracker, core::MemCategory::temporaries, pairs_max),
+        atty(tracker, core::MemCategory::temporaries, tokens * C),
+        dqkv(tracker, core::MemCategory::temporaries, tokens * 3 * C),
+        datt(tracker, core::MemCategory::temporaries,
+             std::size_t(C / widths[0]) * lengths[2] * lengths[2]),  // one sequence's
+        work(tracker, core::MemCategory::temporaries, core::fused_attention_work_floats()),
+        qkv16(tracker, core::MemCategory::temporaries, tokens * 3 * C / 2);
     fill(qkv, 0.1f);
     fill(atty, 0.1f);
-    const double dense = seconds_per_call([&] {
-      core::attention_forward(*gemm, att.data(), atty.data(), qkv.data(), B, T, C, H);
-      core::attention_backward(*gemm, dqkv.data(), datt.data(), atty.data(), qkv.data(), att.data(),
-                               B, T, C, H);
-    });
-    h.attention_flops = 12.0 * pairs * hd / dense;
-    const double fused = seconds_per_call([&] {
-      core::model_fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(), work.data(),
-                                          B, T, C, H);
-      core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(),
-                                           qkv.data(), att.data(), work.data(), B, T, C, H);
-    });
-    h.fused_attention_flops = 12.0 * pairs * hd / fused;
-    // With q/k/v in bf16, as train.precision: bf16 stores them (a GPU's tensor-core kernels).
-    core::DeviceArray<float> qkv16(tracker, core::MemCategory::temporaries, B * T * 3 * C / 2);
-    {
-      std::vector<std::uint16_t> bits(std::size_t(B) * T * 3 * C);
+    {  // q/k/v in bf16, as train.precision: bf16 stores them (a GPU's tensor-core kernels)
+      std::vector<std::uint16_t> bits(std::size_t(tokens) * 3 * C);
       for (std::size_t i = 0; i < bits.size(); ++i) {
         bits[i] = core::bf16_bits(0.1f * float((i * 7919) % 1000) / 1000.0f);
       }
       core::copy_to_device(qkv16.data(), bits.data(), bits.size() * sizeof(std::uint16_t));
     }
     const core::GemmOperand q16(reinterpret_cast<const std::uint16_t*>(qkv16.data()));
-    const double fused_bf16 = seconds_per_call([&] {
-      core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q16, work.data(), B, T,
-                                          C, H);
-      core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q16,
-                                           att.data(), work.data(), B, T, C, H);
-    });
-    h.fused_attention_bf16_flops = 12.0 * pairs * hd / fused_bf16;
+    for (const int T : lengths) {
+      for (const int hd : widths) {
+        const int B = tokens / T, H = C / hd;
+        const double counted = 12.0 * double(B) * H * T * T * hd;
+        auto point = [&](double seconds) {
+          return planner::AttentionPoint{double(T), double(hd), counted / seconds};
+        };
+        h.attention_curve.push_back(point(seconds_per_call([&] {
+          core::attention_forward(*gemm, att.data(), atty.data(), qkv.data(), B, T, C, H);
+          core::attention_backward(*gemm, dqkv.data(), datt.data(), atty.data(), qkv.data(),
+                                   att.data(), B, T, C, H);
+        })));
+        h.fused_attention_curve.push_back(point(seconds_per_call([&] {
+          core::model_fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(),
+                                              work.data(), B, T, C, H);
+          core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(),
+                                               qkv.data(), att.data(), work.data(), B, T, C, H);
+        })));
+        h.fused_attention_bf16_curve.push_back(point(seconds_per_call([&] {
+          core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q16, work.data(),
+                                              B, T, C, H);
+          core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q16,
+                                               att.data(), work.data(), B, T, C, H);
+        })));
+      }
+    }
+    h.attention_flops = h.attention_rate(planner::AttentionForm::dense, 512, 64);
+    h.fused_attention_flops = h.attention_rate(planner::AttentionForm::fused, 512, 64);
+    h.fused_attention_bf16_flops = h.attention_rate(planner::AttentionForm::fused_bf16, 512, 64);
   }
-  // Memory-bound work: layernorm (forward bytes 2NC, forward + backward counted as 3x) and GELU
-  // (forward bytes 2NF, counted 3.5x with its recomputation in backward).
+  // Memory-bound work in the forms a GPT-2 block runs it, counted as the step graph counts
+  // their bytes: a layernorm (forward bytes 2NC, forward + backward counted 3x) whose pass also
+  // writes the residual copy, and the MLP's activation (forward bytes 2NF, counted 3.5x): the
+  // bias + GELU epilogue forward, then backward's recomputed GELU and its gradient. (Timing GELU
+  // forward + backward alone and counting it 3.5x rated it 40% faster than training ran it.)
   {
     const int64_t N = 2048;
     const int C = 768, F = 3072;
-    core::DeviceArray<float> x(tracker, core::MemCategory::temporaries, N * F),
-        y(tracker, core::MemCategory::temporaries, N * F),
-        dy(tracker, core::MemCategory::temporaries, N * F),
-        stats(tracker, core::MemCategory::temporaries, 2 * N),
-        w(tracker, core::MemCategory::temporaries, 2 * C), dw(tracker, core::MemCategory::temporaries, 2 * C);
+    auto array = [&](std::size_t n) {
+      return core::DeviceArray<float>(tracker, core::MemCategory::temporaries, n);
+    };
+    core::DeviceArray<float> x = array(N * C), y = array(N * C), copy = array(N * C),
+                             dx = array(N * C), dy = array(N * C), stats = array(2 * N),
+                             w = array(2 * C), dw = array(2 * C), pre = array(N * F),
+                             act = array(N * F), dact = array(N * F), bias = array(F);
     fill(x, 1.0f);
     fill(dy, 0.01f);
     fill(w, 1.0f);
+    fill(pre, 1.0f);
+    fill(dact, 0.01f);
+    fill(bias, 0.0f);  // zeros: adding them every call leaves the pre-activations as they are
+    fill(dx, 0.0f);
+    namespace k = core::kernels;
     const double t = seconds_per_call([&] {
-      core::kernels::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), w.data(),
-                                 w.data() + C, N, C, 1e-5f);
-      core::kernels::layernorm_backward(x.data() + N * C, dw.data(), dw.data() + C, dy.data(), x.data(),
-                                  w.data(), stats.data(), stats.data() + N, N, C);
-      core::kernels::gelu_forward(y.data(), x.data(), N * F);
-      core::kernels::gelu_backward(dy.data(), x.data(), dy.data(), N * F);
+      k::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), w.data(),
+                           w.data() + C, N, C, 1e-5f, core::ResidualCopy{copy.data(), w.data()});
+      k::layernorm_backward(dx.data(), dw.data(), dw.data() + C, dy.data(), x.data(), w.data(),
+                            stats.data(), stats.data() + N, N, C);
+      k::bias_activation_forward(act.data(), pre.data(), bias.data(), N, F, /*gelu=*/true);
+      k::gelu_forward(act.data(), pre.data(), N * F);
+      k::gelu_backward(act.data(), pre.data(), dact.data(), N * F);
     });
     const double counted = 3.0 * 4.0 * 2 * N * C + 3.5 * 4.0 * 2 * N * F;
     h.memory_bandwidth = counted / t;

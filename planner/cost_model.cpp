@@ -136,6 +136,13 @@ double optimizer_time(const HardwareSpec& hw, double states, double offloaded, d
   return std::max(device, down + on_host + up);
 }
 
+// The step's gradient housekeeping on the device, beside AdamW: the norm reads and the zeroing
+// writes each of the `floats` gradients the rank holds (the whole buffer at ZeRO 0-1, the shard
+// at 2-3), 8 bytes each at the optimizer's rate.
+double gradient_housekeeping(const HardwareSpec& hw, double floats) {
+  return 2.0 * kF * floats / hw.optimizer_bandwidth;
+}
+
 // Overlap (planner/README.md): of a gradient reduction taking `reduction` seconds, started in
 // `pieces` as backward produces them, all but the last piece run beside `window` seconds of
 // compute, less `after` (the all-gather after the update, which waits for AdamW), in the share
@@ -268,7 +275,8 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   // Memory-bound kernels per layer and micro-batch, forward and backward: layernorms, residual
   // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
   const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
-  t.compute = m * (matmul / hw.gemm_rate(local_mlp) + attention / hw.attention_flops +
+  const double attention_rate = hw.attention_rate(AttentionForm::dense, T, C / spec.heads);
+  t.compute = m * (matmul / hw.gemm_rate(local_mlp) + attention / attention_rate +
                    elementwise / hw.memory_bandwidth);
   t.flops = m * (matmul + attention);
   // Collectives: the closed forms of one forward + backward, each group a ring on the link that
@@ -306,7 +314,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     // selective each kept block's attention forward (a third of its attention work).
     const int dropped = core::sharded::stage_recompute(l.keep, spec, stage).dropped_blocks();
     const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
-    const double block_attention = 12.0 * T * C * tokens / ranks / hw.attention_flops;
+    const double block_attention = 12.0 * T * C * tokens / ranks / attention_rate;
     const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
     const double block_forward = (block_matmul / hw.gemm_rate(local_mlp) + block_attention +
                                   block_elementwise / hw.memory_bandwidth) / 3.0;
@@ -358,7 +366,8 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     t.hidden_comm = hidden_reduction(hw, t.data_comm, after, pieces,
                                      l.zero_stage < 2 ? backward / m : backward);
   }
-  t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF);
+  t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF) +
+                gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated);
   if (l.pipeline > 1) {
     // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
     // between stages; the tied embedding summed over the first and the last stage.
@@ -495,10 +504,11 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
     // The dense core at one rate (the GPU presets' half the TF32 peak stands for its
     // memory-bound softmax and masking, in bf16 as in fp32); the fused core at its precision's:
     // with q/k/v in bf16 a GPU runs it on the tensor cores.
-    const bool bf16_core = (l.bf16 || l.bf16_operands) && hw.fused_attention_bf16_flops > 0;
-    const double rate = !fused_attention ? hw.attention_flops
-                        : bf16_core      ? hw.fused_attention_bf16_flops
-                                         : hw.fused_attention_flops;
+    // Calibrated hardware has each form's rate by block length and head width.
+    const AttentionForm form = !fused_attention         ? AttentionForm::dense
+                               : l.bf16 || l.bf16_operands ? AttentionForm::fused_bf16
+                                                         : AttentionForm::fused;
+    const double rate = hw.attention_rate(form, op.seq, op.head_dim);
     t.forward = std::max(op.forward_flops / rate, memory);
     t.backward = std::max(op.backward_flops / rate, 2 * memory);
     if (op.recomputed) t.recompute = t.forward;
@@ -713,6 +723,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
     for (const Op& op : graph.ops) {
       const OpTime o = op_time(op, l, hw, spec.fused_attention);
       t.compute += m * (o.forward + o.backward + o.recompute);
+      t.kind_compute[op.kind] += m * (o.forward + o.backward + o.recompute);
       t.recompute += m * o.recompute;
       t.tensor_comm += m * o.communication;
       per_micro += o.total();
@@ -894,6 +905,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
                                l.bf16 ? 2.0 : kF,
                                l.offload_params ? l.offload_params_fraction : 0.0, grads_hidden);
+  t.optimizer += gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated);
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -115,6 +116,10 @@ struct TimePrediction {
   double shared_cores = 0.0;    // waiting for cores shared by more threads (see share_cores)
   double step = 0.0;            // the sum, less hidden_comm
   double flops = 0.0;           // model FLOPs of this rank's step (recompute excluded)
+  // compute by the step graph's op kind (gemm, attention, layernorm, activation, embedding,
+  // loss: the profiler's core::work_kind_key names), forward + backward + recompute over all
+  // micro-batches and chunks. 1d layouts; the grid forms' closed form leaves it empty.
+  std::map<std::string, double> kind_compute;
   // Per model chunk, one micro-batch's forward and backward (recompute, the layers' collectives
   // and the stage-boundary sends included): the pieces pinned_step schedules.
   std::vector<double> micro_forward, micro_backward;

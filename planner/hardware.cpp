@@ -25,6 +25,63 @@ double HardwareSpec::gemm_rate(double flops, bool bf16) const {
 }
 
 namespace {
+// Where x lies between the sorted, distinct values xs: the bracketing indices and the weight of
+// the upper one in log space (clamped at both ends).
+struct Bracket {
+  std::size_t lo = 0, hi = 0;
+  double w = 0.0;
+};
+Bracket bracket(const std::vector<double>& xs, double x) {
+  if (xs.size() < 2 || x <= xs.front()) return {0, 0, 0.0};
+  if (x >= xs.back()) return {xs.size() - 1, xs.size() - 1, 0.0};
+  std::size_t hi = 1;
+  while (xs[hi] < x) ++hi;
+  return {hi - 1, hi, std::log(x / xs[hi - 1]) / std::log(xs[hi] / xs[hi - 1])};
+}
+
+std::vector<double> distinct(const std::vector<AttentionPoint>& curve,
+                             double AttentionPoint::*field) {
+  std::vector<double> v;
+  for (const AttentionPoint& p : curve) v.push_back(p.*field);
+  std::sort(v.begin(), v.end());
+  v.erase(std::unique(v.begin(), v.end()), v.end());
+  return v;
+}
+
+// The rate at grid point (seq, head_dim); 0 where the grid lacks it (read_hardware refuses that).
+double grid_rate(const std::vector<AttentionPoint>& curve, double seq, double head_dim) {
+  for (const AttentionPoint& p : curve) {
+    if (p.seq == seq && p.head_dim == head_dim) return p.flops;
+  }
+  return 0.0;
+}
+}  // namespace
+
+double HardwareSpec::attention_rate(AttentionForm form, double seq, double head_dim) const {
+  if (form == AttentionForm::fused_bf16 && fused_attention_bf16_curve.empty() &&
+      fused_attention_bf16_flops <= 0) {
+    form = AttentionForm::fused;
+  }
+  const std::vector<AttentionPoint>& curve = form == AttentionForm::dense ? attention_curve
+                                             : form == AttentionForm::fused
+                                                 ? fused_attention_curve
+                                                 : fused_attention_bf16_curve;
+  const double scalar = form == AttentionForm::dense ? attention_flops
+                        : form == AttentionForm::fused ? fused_attention_flops
+                                                       : fused_attention_bf16_flops;
+  if (curve.empty()) return scalar;
+  const std::vector<double> seqs = distinct(curve, &AttentionPoint::seq);
+  const std::vector<double> dims = distinct(curve, &AttentionPoint::head_dim);
+  const Bracket s = bracket(seqs, seq), d = bracket(dims, head_dim);
+  auto at = [&](std::size_t i, std::size_t j) {
+    return std::log(std::max(grid_rate(curve, seqs[i], dims[j]), 1.0));
+  };
+  const double low = (1 - d.w) * at(s.lo, d.lo) + d.w * at(s.lo, d.hi);
+  const double high = (1 - d.w) * at(s.hi, d.lo) + d.w * at(s.hi, d.hi);
+  return std::exp((1 - s.w) * low + s.w * high);
+}
+
+namespace {
 constexpr double G = 1e9, T = 1e12, GiB = 1024.0 * 1024.0 * 1024.0;
 
 // A data-centre GPU from its datasheet: dense peaks (fp32 on the tensor cores as TF32, and on
@@ -127,6 +184,9 @@ HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads) {
   h.attention_flops *= k;
   h.fused_attention_flops *= k;
   h.fused_attention_bf16_flops *= k;
+  for (auto* curve : {&h.attention_curve, &h.fused_attention_curve, &h.fused_attention_bf16_curve}) {
+    for (AttentionPoint& point : *curve) point.flops *= k;
+  }
   h.threads = threads;
   return h;
 }
@@ -159,6 +219,17 @@ std::string number(double v) {
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
+
+// The attention curves: key, and the member holding each.
+struct CurveField {
+  const char* key;
+  std::vector<AttentionPoint> HardwareSpec::*curve;
+};
+const CurveField kAttentionCurves[] = {
+    {"attention_curve", &HardwareSpec::attention_curve},
+    {"fused_attention_curve", &HardwareSpec::fused_attention_curve},
+    {"fused_attention_bf16_curve", &HardwareSpec::fused_attention_bf16_curve},
+};
 }  // namespace
 
 std::string hardware_yaml(const HardwareSpec& h) {
@@ -170,6 +241,15 @@ std::string hardware_yaml(const HardwareSpec& h) {
   out += "gemm_curve:   # [FLOPs of one call, achieved GFLOP/s]\n";
   for (const auto& [flops, rate] : h.gemm_curve) out += "  - [" + number(flops) + ", " + number(rate / G) + "]\n";
   if (h.gemm_curve.empty()) out += "  []\n";
+  for (const CurveField& c : kAttentionCurves) {
+    const std::vector<AttentionPoint>& curve = h.*(c.curve);
+    if (curve.empty()) continue;
+    out += std::string(c.key) + ":   # [sequence length, head width, achieved GFLOP/s]\n";
+    for (const AttentionPoint& p : curve) {
+      out += "  - [" + number(p.seq) + ", " + number(p.head_dim) + ", " + number(p.flops / G) +
+             "]\n";
+    }
+  }
   auto link = [&](const char* key, const LinkSpec& l) {
     out += std::string(key) + ": {latency_us: " + number(l.latency_s * 1e6) +
            ", bandwidth_gbs: " + number(l.bandwidth_Bps / G) + "}\n";
@@ -227,6 +307,35 @@ HardwareSpec read_hardware(const std::string& path) {
       h.gemm_curve.emplace_back(positive(curve[i][0], key), positive(curve[i][1], key) * G);
     }
     std::sort(h.gemm_curve.begin(), h.gemm_curve.end());
+  }
+  // The attention curves came later and are optional; each is a full grid (every sequence
+  // length with every head width), so the rate interpolates between measured points only.
+  for (const CurveField& c : kAttentionCurves) {
+    const YAML::Node curve = root[c.key];
+    if (!curve || curve.IsNull()) continue;
+    if (!curve.IsSequence()) throw bad(c.key, "must be a list of [seq, head_dim, gflops]");
+    std::vector<AttentionPoint>& points = h.*(c.curve);
+    for (std::size_t i = 0; i < curve.size(); ++i) {
+      const std::string key = std::string(c.key) + "[" + std::to_string(i) + "]";
+      if (!curve[i].IsSequence() || curve[i].size() != 3) {
+        throw bad(key, "must be [sequence length, head width, gflops]");
+      }
+      AttentionPoint p{positive(curve[i][0], key), positive(curve[i][1], key),
+                       positive(curve[i][2], key) * G};
+      if (p.seq <= 0 || p.head_dim <= 0 || p.flops <= 0) throw bad(key, "must be > 0");
+      if (grid_rate(points, p.seq, p.head_dim) > 0) {
+        throw bad(key, "repeats sequence length " + number(p.seq) + " and head width " +
+                           number(p.head_dim));
+      }
+      points.push_back(p);
+    }
+    const std::vector<double> seqs = distinct(points, &AttentionPoint::seq);
+    const std::vector<double> dims = distinct(points, &AttentionPoint::head_dim);
+    if (points.size() != seqs.size() * dims.size()) {
+      throw bad(c.key, "must measure every sequence length with every head width (" +
+                           std::to_string(seqs.size()) + " x " + std::to_string(dims.size()) +
+                           " points, " + std::to_string(points.size()) + " given)");
+    }
   }
   auto link = [&](const char* key) {
     const YAML::Node node = root[key];

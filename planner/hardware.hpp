@@ -15,6 +15,19 @@ struct LinkSpec {
   double bandwidth_Bps = 0.0;  // beta: bytes per second per direction
 };
 
+// The attention core's forms, as the cost model prices them: the dense (B,H,T,T) path, the fused
+// (tiled online-softmax) one in fp32, and the fused one with q/k/v in bf16.
+enum class AttentionForm { dense, fused, fused_bf16 };
+
+// One measured shape of an attention form: the length of the query and key blocks its products
+// multiply (T; a ring attention's local block), the head width, and the achieved FLOP/s of
+// forward + backward counted as the step graph counts them (12 x pairs x head width).
+struct AttentionPoint {
+  double seq = 0.0;
+  double head_dim = 0.0;
+  double flops = 0.0;
+};
+
 struct HardwareSpec {
   std::string name;
   // Peak GEMM FLOP/s per device by dtype (MFU is reported against the precision's peak).
@@ -31,6 +44,13 @@ struct HardwareSpec {
   // The fused core with q/k/v in bf16 (train.precision: bf16): on a GPU the tensor-core kernels
   // (core/attention_tc.hpp), on a host the same tiled path as fp32. 0: fused_attention_flops.
   double fused_attention_bf16_flops = 0.0;
+  // The same rates by shape (colossal_plan --calibrate: a grid of sequence lengths x head
+  // widths, every pair measured; its rate falls with the sequence and the head width, since
+  // short blocks and thin heads make small products and the softmax a larger share). Empty:
+  // the scalar rate above for every shape.
+  std::vector<AttentionPoint> attention_curve;
+  std::vector<AttentionPoint> fused_attention_curve;
+  std::vector<AttentionPoint> fused_attention_bf16_curve;
   // Effective bytes/s of memory-bound kernels (layernorm, activation, embedding, loss) counted as
   // the step graph counts their bytes, and of the optimizer step (28 bytes per parameter).
   double memory_bandwidth = 0.0;
@@ -57,6 +77,10 @@ struct HardwareSpec {
   // Achieved GEMM FLOP/s for one call of `flops` in this precision (log-log interpolation of the
   // curve, clamped at its ends; the bf16 peak scales it when the curve is fp32).
   double gemm_rate(double flops, bool bf16 = false) const;
+  // Achieved FLOP/s of an attention form at a block length and head width: log-log bilinear
+  // interpolation of its curve, clamped at the grid's edges; without a curve its scalar rate.
+  // fused_bf16 without a rate of its own (curve or scalar) is priced as fused.
+  double attention_rate(AttentionForm form, double seq, double head_dim) const;
   double peak_flops(bool bf16 = false) const { return bf16 && bf16_flops > 0 ? bf16_flops : fp32_flops; }
 };
 

@@ -116,6 +116,8 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
            f * (3 * N * Cl + 2 * pairs + N * Cl), saved(a.att + a.atty),
            ring ? "send_recv+reduce_scatter(sp)" : "",
            ring ? f * (4 * (l.sequence - 1) * N * Cl + 2 * l.sequence * N * Cl) : 0.0});
+    g.ops.back().seq = T;
+    g.ops.back().head_dim = hd;
     gemm(h + "attn.out", N, Cl, C, saved(a.residual), boundary, boundary_bytes);
     add(Op{h + "ln_2", "layernorm", 0.0, 0.0, f * 2 * rows * C,
            saved(a.ln2 + a.ln2_mean + a.ln2_rstd), split ? "all_gather(tp)" : "",

@@ -47,6 +47,11 @@ struct Op {
   // outputs, the embedding and sequence_split's gathers, 0.5 for a reduce-scatter forward +
   // all-gather backward pair, 0 for column-parallel inputs (their all-reduce is in backward).
   double forward_collective = 0.0;
+  // The attention core's shape, for its rate (HardwareSpec::attention_rate): the length of the
+  // query and key blocks its products multiply (this rank's T; a ring's local block) and the
+  // head width. 0 for other ops.
+  double seq = 0.0;
+  double head_dim = 0.0;
 };
 
 struct StepGraph {

@@ -90,6 +90,159 @@ TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   std::filesystem::remove(path);
 }
 
+// A calibrated host's attention curve: 2 lengths x 2 head widths, the rate rising with both.
+planner::HardwareSpec attention_grid() {
+  planner::HardwareSpec h;
+  h.fp32_flops = 1e12;
+  h.attention_flops = 7e10;  // the scalar rate: used where there is no curve only
+  h.fused_attention_flops = 5e10;
+  h.attention_curve = {{128, 32, 1e10}, {128, 128, 4e10}, {2048, 32, 9e10}, {2048, 128, 16e10}};
+  h.fused_attention_curve = {{128, 32, 2e10}, {128, 128, 2e10}, {2048, 32, 2e10},
+                             {2048, 128, 2e10}};
+  return h;
+}
+
+TEST(Hardware, AttentionRateInterpolatesTheCalibratedGrid) {
+  planner::HardwareSpec h = attention_grid();
+  using planner::AttentionForm;
+  // Measured points exactly; the corners are not blended with their neighbours.
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 128, 32), 1e10, 1.0);
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 2048, 128), 16e10, 1.0);
+  // Halfway in log T (512 between 128 and 2048) at one width: the geometric mean.
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 512, 32), 3e10, 1.0);
+  // Halfway in both: the geometric mean of the four corners (1, 4, 9 and 16 x 10^10).
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 512, 64), std::sqrt(std::sqrt(576.0)) * 1e10,
+              1e-3 * 1e10);
+  // Clamped beyond the grid, in each direction.
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 64, 16), 1e10, 1.0);
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 8192, 256), 16e10, 1.0);
+  EXPECT_NEAR(h.attention_rate(AttentionForm::dense, 8192, 32), 9e10, 1.0);
+  EXPECT_NEAR(h.attention_rate(AttentionForm::fused, 700, 80), 2e10, 1.0);
+  // No bf16 rate of its own: the fp32 fused one; a scalar one without a curve.
+  EXPECT_NEAR(h.attention_rate(AttentionForm::fused_bf16, 700, 80), 2e10, 1.0);
+  h.fused_attention_bf16_flops = 3e11;
+  EXPECT_EQ(h.attention_rate(AttentionForm::fused_bf16, 700, 80), 3e11);
+  // Without curves (the GPU presets), the scalar rates for every shape.
+  h.attention_curve.clear();
+  EXPECT_EQ(h.attention_rate(AttentionForm::dense, 128, 32), 7e10);
+  EXPECT_EQ(h.attention_rate(AttentionForm::dense, 4096, 128), 7e10);
+  // Threads scale the curves as they scale every compute rate.
+  const planner::HardwareSpec two = [] {
+    planner::HardwareSpec g = attention_grid();
+    g.threads = 2;
+    return g;
+  }();
+  EXPECT_NEAR(planner::scaled_to_threads(two, 4).attention_rate(AttentionForm::dense, 128, 32),
+              2e10, 1.0);
+}
+
+TEST(Hardware, AttentionCurvesRoundTripAndMustBeFullGrids) {
+  const auto path = std::filesystem::temp_directory_path() / "colossal_hw_attention.yaml";
+  planner::HardwareSpec h = attention_grid();
+  h.name = "grid";
+  h.memory_bandwidth = 1e10;
+  h.optimizer_bandwidth = 1e10;
+  h.bf16_flops = 1e12;
+  h.fused_attention_bf16_curve = {{256, 64, 3e10}};  // one point: a 1 x 1 grid
+  const std::string text = planner::hardware_yaml(h);
+  std::ofstream(path) << text;
+  const planner::HardwareSpec back = planner::read_hardware(path.string());
+  ASSERT_EQ(back.attention_curve.size(), 4u);
+  ASSERT_EQ(back.fused_attention_curve.size(), 4u);
+  ASSERT_EQ(back.fused_attention_bf16_curve.size(), 1u);
+  EXPECT_NEAR(back.attention_rate(planner::AttentionForm::dense, 512, 64),
+              h.attention_rate(planner::AttentionForm::dense, 512, 64), 1e-4 * 1e10);
+  EXPECT_NEAR(back.attention_rate(planner::AttentionForm::fused_bf16, 4096, 128), 3e10, 1e3);
+  // Files without curves (older ones, the presets) read as before.
+  EXPECT_TRUE(planner::read_hardware([&] {
+                const auto p = std::filesystem::temp_directory_path() / "colossal_hw_plain.yaml";
+                std::ofstream(p) << planner::hardware_yaml(planner::hardware_preset("h100"));
+                return p.string();
+              }()).attention_curve.empty());
+  auto expect_error = [&](const std::string& yaml, const std::string& message) {
+    std::ofstream(path) << yaml;
+    try {
+      planner::read_hardware(path.string());
+      ADD_FAILURE() << "accepted: " << message;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  const std::size_t at = text.find("  - [2048, 128, 160]");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::size_t eol = text.find('\n', at);
+  // A missing corner: the grid is 2 x 2 with 3 points.
+  expect_error(text.substr(0, at) + text.substr(eol + 1),
+               "attention_curve must measure every sequence length with every head width (2 x 2 "
+               "points, 3 given)");
+  expect_error(text.substr(0, at) + "  - [2048, 32, 5]\n" + text.substr(eol + 1),
+               "attention_curve[3] repeats sequence length 2048 and head width 32");
+  expect_error(text.substr(0, at) + "  - [2048, 128]\n" + text.substr(eol + 1),
+               "attention_curve[3] must be [sequence length, head width, gflops]");
+  expect_error(text.substr(0, at) + "  - [2048, 0, 5]\n" + text.substr(eol + 1),
+               "attention_curve[3] must be > 0");
+  std::filesystem::remove(path);
+}
+
+// The attention op is priced at its own shape's rate: this rank's block length (a ring's local
+// block) and the head width.
+TEST(CostModel, AttentionIsPricedAtItsShapesCalibratedRate) {
+  planner::HardwareSpec hw = attention_grid();
+  hw.memory_bandwidth = 1e15;  // its bytes bound nothing here
+  planner::RankLayout l;
+  planner::Op core{"core", "attention", 1e9, 2e9, 1e3, 0.0};
+  core.seq = 128;
+  core.head_dim = 32;
+  EXPECT_NEAR(planner::op_time(core, l, hw, false).forward, 1e9 / 1e10, 1e-12);
+  EXPECT_NEAR(planner::op_time(core, l, hw, false).backward, 2e9 / 1e10, 1e-12);
+  EXPECT_NEAR(planner::op_time(core, l, hw, true).forward, 1e9 / 2e10, 1e-12);
+  core.seq = 2048;
+  EXPECT_NEAR(planner::op_time(core, l, hw, false).forward, 1e9 / 9e10, 1e-12);
+  // The step graph gives the op its shape: gpt2's head width 64 at T = 256; under sequence
+  // parallelism (a ring of 2) the local block of 128.
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  planner::Layout layout;
+  layout.micro_batch = 1;
+  layout.seq_len = 256;
+  auto attention_op = [&](const planner::Layout& g) {
+    for (const planner::Op& op : planner::build_step_graph(spec, g).ops) {
+      if (std::string_view(op.kind) == "attention") return op;
+    }
+    return planner::Op{};
+  };
+  EXPECT_EQ(attention_op(layout).seq, 256);
+  EXPECT_EQ(attention_op(layout).head_dim, 64);
+  layout.sequence = 2;
+  EXPECT_EQ(attention_op(layout).seq, 128);
+  EXPECT_EQ(attention_op(layout).head_dim, 64);
+}
+
+// The compute split by op kind (what --profile-steps prints beside its measurements) adds up to
+// the compute, recomputation included, and each kind is its ops' time over the micro-batches.
+TEST(CostModel, ComputeByKindAddsUpToTheCompute) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  const planner::HardwareSpec hw = planner::hardware_preset("h100");
+  planner::RankLayout l;
+  l.seq_len = 512;
+  l.micro_batch = 2;
+  l.micro_batches = 3;
+  l.keep.assign(2 * spec.layers, core::Keep::none);  // full recomputation
+  const planner::TimePrediction t = planner::predict_time(spec, l, hw);
+  ASSERT_GT(t.recompute, 0.0);
+  double sum = 0.0, attention = 0.0;
+  for (const auto& [kind, seconds] : t.kind_compute) sum += seconds;
+  for (const planner::Op& op : planner::build_step_graph(spec, l.graph_layout(l.chunks[0])).ops) {
+    if (std::string_view(op.kind) != "attention") continue;
+    const planner::OpTime o = planner::op_time(op, l, hw, false);
+    attention += 3 * (o.forward + o.backward + o.recompute);
+  }
+  EXPECT_NEAR(sum, t.compute, 1e-12 * t.compute);
+  EXPECT_NEAR(t.kind_compute.at("attention"), attention, 1e-12 * attention);
+  for (const char* kind : {"gemm", "attention", "layernorm", "activation", "embedding", "loss"}) {
+    EXPECT_GT(t.kind_compute.count(kind), 0u) << kind;
+  }
+}
+
 TEST(CostModel, OpTimeIsRooflinePlusAlphaBeta) {
   planner::HardwareSpec hw;
   hw.fp32_flops = 1e12;
@@ -279,16 +432,22 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
         const double hidden = std::min(window, (states - after) * 4 / hw.host_link_bandwidth);
         return states * 4 / hw.host_link_bandwidth - hidden;
       };
+      // Beside AdamW the norm and the zeroing of the gradients the rank holds, on the device:
+      // the whole buffer (2S on 2 data ranks) at ZeRO 1, the shard at 2-3, 8 bytes each.
+      auto housekeeping = [&](const planner::HardwareSpec& h) {
+        return 8 * (stage <= 1 ? 2 * S : S) / h.optimizer_bandwidth;
+      };
       const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
       const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
       const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
-                  std::max(device, gradients_down(0.3 * S) + link + host + link), 1e-9)
+                  std::max(device, gradients_down(0.3 * S) + link + host + link) + housekeeping(hw),
+                  1e-9)
           << stage << grid;
       l.offload_fraction = 1.0;
       EXPECT_NEAR(planner::predict_time(spec, l, hw).optimizer,
                   S * 28 / hw.host_optimizer_bandwidth + gradients_down(S) +
-                      2 * S * 4 / hw.host_link_bandwidth,
+                      2 * S * 4 / hw.host_link_bandwidth + housekeeping(hw),
                   1e-9);
       if (stage >= 2 && !grid) {  // a micro-batch 8 times larger: its backward covers them,
                                   // but for the late units
@@ -300,14 +459,15 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
         ASSERT_GT(late, 0.0);
         EXPECT_NEAR(planner::predict_time(spec, more, hw).optimizer,
                     S * 28 / hw.host_optimizer_bandwidth + late * 4 / hw.host_link_bandwidth +
-                        2 * S * 4 / hw.host_link_bandwidth,
+                        2 * S * 4 / hw.host_link_bandwidth + housekeeping(hw),
                     1e-9);
       }
       if (stage == 3 && !grid) {  // the parameter shard on the host: only the gradients move
         const planner::TimePrediction on_device = planner::predict_time(spec, l, hw);
         l.offload_params = true;
         const planner::TimePrediction whole = planner::predict_time(spec, l, hw);
-        EXPECT_NEAR(whole.optimizer, S * 28 / hw.host_optimizer_bandwidth + gradients_down(S),
+        EXPECT_NEAR(whole.optimizer,
+                    S * 28 / hw.host_optimizer_bandwidth + gradients_down(S) + housekeeping(hw),
                     1e-9);
         // Every gather uploads this rank's slice first: twice per micro-batch, but the
         // embeddings' unit 0 only before forward.
@@ -335,7 +495,7 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
         const planner::TimePrediction t = planner::predict_time(spec, l, hw);
         EXPECT_NEAR(t.optimizer,
                     S * 28 / hw.host_optimizer_bandwidth + gradients_down(S) +
-                        2 * (S - HP) * 4 / hw.host_link_bandwidth,
+                        2 * (S - HP) * 4 / hw.host_link_bandwidth + housekeeping(hw),
                     1e-9);
         EXPECT_NEAR(t.data_comm - on_device.data_comm,
                     m * (2 * HP - L) * 4 / hw.host_link_bandwidth, 1e-9);
@@ -347,8 +507,8 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
       const planner::HardwareSpec cpu = planner::hardware_preset("host");
       ASSERT_EQ(cpu.host_link_bandwidth, 0.0);
       l.offload_fraction = 0.3;
-      EXPECT_NEAR(planner::predict_time(spec, l, cpu).optimizer, S * 28 / cpu.optimizer_bandwidth,
-                  1e-9);
+      EXPECT_NEAR(planner::predict_time(spec, l, cpu).optimizer,
+                  S * 28 / cpu.optimizer_bandwidth + housekeeping(cpu), 1e-9);
     }
   }
 }
