@@ -30,6 +30,28 @@
 
 namespace colossal::apps {
 
+namespace {
+// The cost model's seconds per step by profiler kind (negative: not predicted), for the
+// --profile-steps table: the step graph's op kinds, the optimizer, and as communication the
+// collectives inside the layers, the stage-boundary sends, the pipeline bubble (spent waiting in
+// them) and the exposed gradient reduction. The grid forms have no per-kind compute (-).
+std::vector<double> predicted_by_kind(const planner::TimePrediction& t) {
+  std::vector<double> out(core::Profiler::kKinds, -1.0);
+  for (int k = 0; k < core::Profiler::kKinds; ++k) {
+    const auto kind = core::WorkKind(k);
+    if (const auto it = t.kind_compute.find(core::work_kind_key(kind));
+        it != t.kind_compute.end()) {
+      out[k] = it->second;
+    }
+  }
+  out[int(core::WorkKind::optimizer)] = t.optimizer;
+  out[int(core::WorkKind::communication)] =
+      t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm;
+  return out;
+}
+
+}  // namespace
+
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -779,7 +801,9 @@ TrainSummary Trainer::train() {
       } else {
         profiled_seconds_ += record.seconds;
         if (step == profile_steps_) {
-          summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_);
+          summary.profile = profiler_.table(profile_steps_, profiled_seconds_ / profile_steps_,
+                                            predicted_by_kind(predicted_time_),
+                                            predicted_time_.step);
           print("\nprofile of %d steps (rank 0; gemm %s):\n%s", profile_steps_,
                 gemm_->name().c_str(), summary.profile.c_str());
           const double measured = profiled_seconds_ / profile_steps_;

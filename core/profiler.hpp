@@ -6,6 +6,7 @@
 #include <array>
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 
@@ -49,8 +50,11 @@ class Profiler {
   void reset() { seconds_.fill(0.0); }
   double seconds(WorkKind kind) const { return seconds_[static_cast<int>(kind)]; }
   double total() const;
-  // A table: kind, seconds per step, share of the measured step time.
-  std::string table(int steps, double step_seconds) const;
+  // A table: kind, seconds per step, share of the measured step time. With `predicted` (the
+  // cost model's seconds per step by kind, kKinds of them, negative where it has none) and the
+  // predicted step, a column of predictions and the measured time against each.
+  std::string table(int steps, double step_seconds, const std::vector<double>& predicted = {},
+                    double predicted_step = 0.0) const;
 
  private:
   bool enabled_ = false;

@@ -448,7 +448,7 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunWithProfileTraceAndEvalOnly) {
           " --set log.dir=" + dir + "/md_profile");
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* kind : {"profile of 2 steps", "GEMM", "attention", "layernorm", "optimizer",
-                           "communication", "ms per step"}) {
+                           "communication", "ms per step", "predicted ms"}) {
     EXPECT_NE(r.output.find(kind), std::string::npos) << kind << "\n" << r.output;
   }
   EXPECT_FALSE(std::filesystem::exists(dir + "/md_profile/model.h5")) << "a profile writes none";
@@ -962,7 +962,7 @@ TEST_F(Cli, ProfileStepsPrintsTimePerKindOfWork) {
   Result r = run(bin("colossal_train") + " " + config + " --profile-steps 2");
   ASSERT_EQ(r.code, 0) << r.output;
   for (const char* kind : {"profile of 2 steps", "GEMM", "attention", "layernorm", "optimizer",
-                           "communication", "ms per step"}) {
+                           "communication", "ms per step", "predicted ms"}) {
     EXPECT_NE(r.output.find(kind), std::string::npos) << kind << "\n" << r.output;
   }
   // The start-up lines say which attention runs.
