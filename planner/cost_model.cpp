@@ -528,7 +528,8 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
       const LinkSpec& link = link_for(inside_tp, hw);
       if (starts_with(c, "all_reduce")) {
         t.communication = all_reduce_time(op.collective_bytes, l.tensor, link);
-      } else if (starts_with(c, "reduce_scatter+all_gather")) {
+      } else if (starts_with(c, "reduce_scatter+all_gather") ||
+                 starts_with(c, "all_gather+all_gather")) {
         t.communication = 2 * gather_time(op.collective_bytes, l.tensor, link);
       } else {
         t.communication = gather_time(op.collective_bytes, l.tensor, link);

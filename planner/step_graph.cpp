@@ -81,6 +81,9 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   const core::ActivationSizes& a = acts.sizes;
   auto saved = [f](std::size_t floats) { return f * double(floats); };
   // A tensor-parallel boundary: all-reduce of (N, C), or reduce-scatter + all-gather under split.
+  // A column-parallel product's input gradient is summed over the group in backward: all-reduced,
+  // or under split reduce-scattered back to the rank's rows (the backward of the layernorm
+  // output's all-gather before it).
   const char* boundary = split ? "reduce_scatter+all_gather(tp)" : tp ? "all_reduce(tp)" : "";
   const double boundary_bytes = tp ? N * C * f : 0.0;
   StepGraph g;
@@ -105,11 +108,13 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   for (int layer = first; layer < last; ++layer) {
     const std::string h = "h." + std::to_string(layer) + ".";
     block_begin.push_back(g.ops.size());
+    // Under split a block's layernorm outputs are all-gathered for the column-parallel product
+    // and, kept as this rank's rows only, gathered again in backward for its weight gradient.
     add(Op{h + "ln_1", "layernorm", 0.0, 0.0, f * 2 * rows * C,
-           saved(a.ln1 + a.ln1_mean + a.ln1_rstd), split ? "all_gather(tp)" : "",
+           saved(a.ln1 + a.ln1_mean + a.ln1_rstd), split ? "all_gather+all_gather(tp)" : "",
            split ? N * C * f : 0.0});
-    gemm(h + "attn.qkv", N, C, qkv_cols, saved(a.qkv), split ? "" : tp ? "all_reduce(tp)" : "",
-         split ? 0.0 : boundary_bytes);
+    gemm(h + "attn.qkv", N, C, qkv_cols, saved(a.qkv),
+         split ? "reduce_scatter(tp)" : tp ? "all_reduce(tp)" : "", boundary_bytes);
     // Dense causal attention computes every (query, key) pair: QK^T and PV, 2 x 2BHT(keys)hd.
     const double pairs = B * H * T * keys, hd = C / s.heads;
     add(Op{h + "attn.core", "attention", 4 * pairs * hd, 8 * pairs * hd,
@@ -120,10 +125,10 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
     g.ops.back().head_dim = hd;
     gemm(h + "attn.out", N, Cl, C, saved(a.residual), boundary, boundary_bytes);
     add(Op{h + "ln_2", "layernorm", 0.0, 0.0, f * 2 * rows * C,
-           saved(a.ln2 + a.ln2_mean + a.ln2_rstd), split ? "all_gather(tp)" : "",
+           saved(a.ln2 + a.ln2_mean + a.ln2_rstd), split ? "all_gather+all_gather(tp)" : "",
            split ? N * C * f : 0.0});
-    gemm(h + "mlp.fc", N, C, fc_cols, saved(a.fch), split ? "" : tp ? "all_reduce(tp)" : "",
-         split ? 0.0 : boundary_bytes);
+    gemm(h + "mlp.fc", N, C, fc_cols, saved(a.fch),
+         split ? "reduce_scatter(tp)" : tp ? "all_reduce(tp)" : "", boundary_bytes);
     // Recomputed in backward; SwiGLU reads gate and up.
     add(Op{h + "mlp.act", "activation", 0.0, 0.0, f * (fc_cols + F) * N, 0.0});
     gemm(h + "mlp.out", N, F, C, saved(a.residual), boundary, boundary_bytes);
@@ -132,7 +137,7 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
     if (op.collective_bytes <= 0) continue;
     const std::string_view c = op.collective;
     const bool output = op.name == "embedding" || op.name.ends_with(".out");
-    if (c.starts_with("reduce_scatter+all_gather")) {
+    if (c.starts_with("reduce_scatter+all_gather") || c.starts_with("all_gather+all_gather")) {
       op.forward_collective = 0.5;
     } else if (output || c.starts_with("all_gather")) {
       op.forward_collective = 1.0;

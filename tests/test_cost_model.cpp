@@ -243,6 +243,32 @@ TEST(CostModel, ComputeByKindAddsUpToTheCompute) {
   }
 }
 
+// Megatron's sequence parallelism as core::Model runs it (tests/test_tensor_parallel.cpp counts
+// the same calls): per micro-batch 4L + 2 reduce-scatters of an (N, C) tensor (each block's two
+// row-parallel outputs in forward and two column-parallel input gradients in backward, the
+// embedding's and the LM head's) and 6L + 2 all-gathers (each block's two layernorm outputs in
+// forward and again in backward for the weight gradients, its two output gradients, the
+// embedding's gradient, ln_f), plus the cross-entropy's all-reduces of 3N floats. The layer
+// collectives' time is exactly those on a link without latency.
+TEST(CostModel, SequenceSplitPricesEveryCollectiveTheModelRuns) {
+  const int L = 3, C = 256;
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, L, C, 4, 4 * C, 1000, 256);
+  planner::HardwareSpec hw = planner::hardware_preset("h100");
+  hw.intra_node = {0.0, 1e11};
+  planner::RankLayout l;
+  l.seq_len = 256;
+  l.micro_batch = 2;
+  l.micro_batches = 3;
+  l.tensor = 2;
+  l.sequence_split = true;
+  const double N = 2.0 * 256, NC = 4.0 * N * C;
+  const double gather = NC / 2 / 1e11;               // ring over 2 ranks: half the payload
+  const double cross_entropy = 2 * (4.0 * 3 * N / 2) / 1e11;  // an all-reduce of 3N floats
+  const planner::TimePrediction t = planner::predict_time(spec, l, hw);
+  EXPECT_NEAR(t.tensor_comm, 3 * ((4 * L + 2 + 6 * L + 2) * gather + cross_entropy),
+              1e-9 * t.tensor_comm);
+}
+
 TEST(CostModel, OpTimeIsRooflinePlusAlphaBeta) {
   planner::HardwareSpec hw;
   hw.fp32_flops = 1e12;
