@@ -82,8 +82,9 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
         std::abs(s.predicted_step_seconds / step_s - 1.0) > 0.5) {
       std::fprintf(log,
                    "cost model: hardware.preset %s is off by more than half here; "
-                   "'colossal_plan --calibrate --out hw.yaml' measures this machine in seconds, "
-                   "and hardware.file: hw.yaml makes the planner's choices with its rates\n",
+                   "'colossal_plan --calibrate --out hw.yaml' measures this machine in under a "
+                   "minute, and hardware.file: hw.yaml makes the planner's choices with its "
+                   "rates\n",
                    config.hardware.preset.c_str());
     }
   }

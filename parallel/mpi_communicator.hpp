@@ -1,8 +1,8 @@
 // Communicator over MPI with host buffers. Owns a duplicated MPI_Comm (so library traffic never
 // matches user traffic on the parent) and frees it on destruction. Reduce-scatters run as a ring
-// of point-to-point steps (mpi_communicator.cpp) rather than MPI_Reduce_scatter_block. Errors on the duplicate are
-// returned rather than fatal, and every return code is checked: a failure throws
-// std::runtime_error naming the MPI call, the MPI error string and the rank.
+// of point-to-point steps (mpi_communicator.cpp) rather than MPI_Reduce_scatter_block. Errors on
+// the duplicate are returned rather than fatal, and every return code is checked: a failure
+// throws std::runtime_error naming the MPI call, the MPI error string and the rank.
 #pragma once
 
 #include <mpi.h>

@@ -184,7 +184,8 @@ HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads) {
   h.attention_flops *= k;
   h.fused_attention_flops *= k;
   h.fused_attention_bf16_flops *= k;
-  for (auto* curve : {&h.attention_curve, &h.fused_attention_curve, &h.fused_attention_bf16_curve}) {
+  for (auto* curve :
+       {&h.attention_curve, &h.fused_attention_curve, &h.fused_attention_bf16_curve}) {
     for (AttentionPoint& point : *curve) point.flops *= k;
   }
   h.threads = threads;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The device checks for a machine with a GPU (an H100 or an H200 in this project), from the folder that
-# scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or from the
-# repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
+# The device checks for a machine with a GPU (an H100 or an H200 in this project), from the
+# folder that scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or
+# from the repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
 # or hang costs its step only. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt).
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
@@ -12,9 +12,9 @@
 #      2e-3; all from metrics.csv, 9 significant digits);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
-#      T=256..4096), a profiled bf16 colossal_train step (dense, then fused attention), what
-#      model.fused_attention: auto decides for that step, and colossal_plan --calibrate (the node's
-#      hardware YAML, written to $OUT/hardware-gpu.yaml);
+#      T=256..4096), colossal_plan --calibrate (the node's hardware YAML, written to
+#      $OUT/hardware-gpu.yaml), a profiled bf16 colossal_train step (dense, then fused attention;
+#      predicted with that YAML, kind by kind), and what model.fused_attention: auto decides;
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
 #      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
 #      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), dp2 ZeRO-2
@@ -38,9 +38,9 @@
 #                                        set up as for the checks (e.g. under cuda-gdb)
 # Environment: GPU_CHECK_BATCH (gpt2-124m micro-batch at T=1024, default 16); GPU_CHECK_BUDGET
 # (seconds after which no further section starts, default 420); GPU_CHECK_PRESET (the planner's
-# hardware preset, default from nvidia-smi's GPU name: h100, h200, ...); GPU_CHECK_STOP_ON_FAIL=1 (stop
-# after section 2 if anything failed, to spend no more device time); GPU_CHECK_BIN
-# (in the repository: the programs' folder instead of build-cuda/bin, to try the script).
+# hardware preset, default from nvidia-smi's GPU name: h100, h200, ...); GPU_CHECK_STOP_ON_FAIL=1
+# (stop after section 2 if anything failed, to spend no more device time); GPU_CHECK_BIN (in
+# the repository: the programs' folder instead of build-cuda/bin, to try the script).
 set -uo pipefail
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
 here=$(cd "$(dirname "$0")" && pwd)
@@ -242,31 +242,36 @@ if section 3; then
       grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
       say "colossal_bench --attention: failed or timed out (rc $?)"
   else say "colossal_bench: not built"; fi
+  # The GPU node's hardware YAML first (the planner's rates: GEMM curve fp32 and bf16, the
+  # attention forms by sequence length and head width, kernels, host link, host AdamW), next to
+  # the report; the profiled steps below are then predicted with it (their tables put the cost
+  # model's milliseconds beside each kind of work), else with the preset.
+  hw_file="${OUT:-$PWD}/hardware-gpu.yaml"
+  (cd "$root" && timeout 90 "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
+    tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
+  hw_set="hardware.preset=$preset"
+  [ -s "$hw_file" ] && hw_set="hardware.file=$hw_file"
+  say "profiled steps predicted with $hw_set"
   (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset="$preset" --set log.dir=/tmp/gpu_check-prof \
+     --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
   (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset="$preset" --set log.dir=/tmp/gpu_check-prof-fused \
+     --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof-fused \
      2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
     say "colossal_train --profile-steps with model.fused_attention: failed"
-  # What model.fused_attention: auto decides for that step on this GPU (the preset's rates, the
-  # GPU's free memory; --memory-plan allocates nothing), to compare with the two profiles above.
+  # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
+  # free memory; --memory-plan allocates nothing), to compare with the two profiles above.
   (cd "$root" && timeout 60 "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set hardware.preset="$preset" 2>&1) |
+     --set train.global_batch="$batch" --set "$hw_set" 2>&1) |
     grep -E '^attention \(' >> "$report" || say "model.fused_attention: auto: no decision printed"
-  # The GPU node's hardware YAML (the planner's rates: GEMM curve fp32 and bf16, kernels, host
-  # link, host AdamW), next to the report.
-  (cd "$root" && timeout 60 "$bin/colossal_plan" --calibrate \
-     --out "${OUT:-$PWD}/hardware-gpu.yaml" 2>&1) | tail -n 40 >> "$report" ||
-    say "colossal_plan --calibrate: failed"
 fi
 
 if section 4; then
@@ -341,7 +346,7 @@ if section 6; then
   say "== 6. offload.policy: auto on one GPU: $model_preset, B=1 T=1024 bf16, capped (ZeRO 1: 70% of its plan; ZeRO 3: parameters offloaded too)"
   common=(configs/gpt2-124m.yaml --set model.preset="$model_preset" --set train.seq_len=1024
           --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
-          --set train.precision=bf16 --set hardware.preset="$preset"
+          --set train.precision=bf16 --set "${hw_set:-hardware.preset=$preset}"
           --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
     local out d
