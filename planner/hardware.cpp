@@ -194,9 +194,10 @@ HardwareSpec scaled_to_threads(const HardwareSpec& spec, int threads) {
 
 namespace {
 // Keys of the YAML, with the unit each is written in.
+using Rate = double HardwareSpec::*;  // an alias: nvcc's host pass warns on the bare declarator
 struct Field {
   const char* key;
-  double HardwareSpec::*value;
+  Rate value;
   double unit;
 };
 const Field kFields[] = {
@@ -222,9 +223,10 @@ std::string number(double v) {
 }
 
 // The attention curves: key, and the member holding each.
+using Curve = std::vector<AttentionPoint> HardwareSpec::*;
 struct CurveField {
   const char* key;
-  std::vector<AttentionPoint> HardwareSpec::*curve;
+  Curve curve;
 };
 const CurveField kAttentionCurves[] = {
     {"attention_curve", &HardwareSpec::attention_curve},

@@ -479,7 +479,9 @@ TEST(NonBlocking, Bf16SumsRoundEachPartialSumAndCountTwoBytes) {
       }
     }
   }
-  if (p > 1) EXPECT_GT(rounded, n / 8) << "the inputs must exercise the rounding";
+  if (p > 1) {
+    EXPECT_GT(rounded, n / 8) << "the inputs must exercise the rounding";
+  }
   EXPECT_EQ(world->stats().all_reduce.payload_bytes, n * 2);
   EXPECT_EQ(world->stats().reduce_scatter.payload_bytes, n * 2);
   EXPECT_NEAR(world->stats().all_reduce.wire_bytes, 2.0 * double(p - 1) / double(p) * double(n * 2),
