@@ -13,6 +13,10 @@
 
 namespace colossal::parallel {
 
+namespace detail {
+class RingScratch;  // the reduce-scatter rings' scratch buffers, kept between operations
+}  // namespace detail
+
 class MpiCommunicator final : public Communicator {
  public:
   // Duplicates `parent` (collective over it). MPI must be initialised.
@@ -64,9 +68,11 @@ class MpiCommunicator final : public Communicator {
   // they never match a caller's sends and receives), each operation's under a tag of its own
   // (every rank starts the collectives in the same order, so the counts agree).
   int next_ring_tag();
+  std::shared_ptr<detail::RingScratch> ring_scratch();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm ring_comm_ = MPI_COMM_NULL;
+  std::shared_ptr<detail::RingScratch> ring_scratch_;
   unsigned ring_calls_ = 0;
   int rank_ = 0;
   int size_ = 1;
