@@ -43,42 +43,40 @@ double Profiler::total() const {
 
 std::string Profiler::table(int steps, double step_seconds, const std::vector<double>& predicted,
                             double predicted_step) const {
-  const bool with = predicted.size() == std::size_t(kKinds);
+  const bool with = predicted.size() == std::size_t(kKinds) + 1;
   std::string out;
   char line[200];
-  // Measured against predicted: "+12%" where the kind took 12% longer than the cost model said.
+  // The prediction and the measurement against it: "+12%" where the kind took 12% longer than
+  // the cost model said; "-" where it predicts nothing (negative) or under 10 us (rounding).
   auto against = [&](double measured, double expected) -> std::string {
     char cell[64];
-    if (expected < 0) return "          -      -";
-    if (expected < 1e-5 || measured <= 0) {  // under 10 us: rounding, nothing to compare
-      std::snprintf(cell, sizeof cell, "%11.1f      -", 1e3 * expected);
+    if (expected < 0) {
+      std::snprintf(cell, sizeof cell, "%11s %6s", "-", "-");
+    } else if (expected < 1e-5 || measured <= 0) {
+      std::snprintf(cell, sizeof cell, "%11.1f %6s", 1e3 * expected, "-");
     } else {
       std::snprintf(cell, sizeof cell, "%11.1f %+5.0f%%", 1e3 * expected,
                     100.0 * (measured / expected - 1.0));
     }
-    return cell;
+    return "  " + std::string(cell);
   };
   std::snprintf(line, sizeof line, "%-38s %12s %8s%s\n", "work", "ms per step", "share",
-                with ? "   predicted ms  off" : "");
+                with ? "   predicted ms    off" : "");
   out += line;
-  double listed = 0.0;
   for (int k = 0; k < kKinds; ++k) {
     const double per_step = seconds_[k] / steps;
-    if (with && predicted[k] > 0) listed += predicted[k];
     std::snprintf(line, sizeof line, "%-38s %12.1f %7.1f%%%s\n",
                   work_kind_name(static_cast<WorkKind>(k)), 1e3 * per_step,
                   100.0 * per_step / step_seconds,
-                  with ? ("  " + against(per_step, predicted[k])).c_str() : "");
+                  with ? against(per_step, predicted[k]).c_str() : "");
     out += line;
   }
   const double other = step_seconds - total() / steps;
   std::snprintf(line, sizeof line, "%-38s %12.1f %7.1f%%%s\n", "other (untimed)", 1e3 * other,
-                100.0 * other / step_seconds,
-                with ? ("  " + against(other, std::max(0.0, predicted_step - listed))).c_str()
-                     : "");
+                100.0 * other / step_seconds, with ? against(other, predicted[kKinds]).c_str() : "");
   out += line;
-  std::snprintf(line, sizeof line, "%-38s %12.1f%s\n", "step", 1e3 * step_seconds,
-                with ? ("          " + against(step_seconds, predicted_step)).c_str() : "");
+  std::snprintf(line, sizeof line, "%-38s %12.1f %8s%s\n", "step", 1e3 * step_seconds, "",
+                with ? against(step_seconds, predicted_step).c_str() : "");
   out += line;
   return out;
 }

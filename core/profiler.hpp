@@ -51,8 +51,9 @@ class Profiler {
   double seconds(WorkKind kind) const { return seconds_[static_cast<int>(kind)]; }
   double total() const;
   // A table: kind, seconds per step, share of the measured step time. With `predicted` (the
-  // cost model's seconds per step by kind, kKinds of them, negative where it has none) and the
-  // predicted step, a column of predictions and the measured time against each.
+  // cost model's seconds per step by kind, kKinds of them and then the untimed rest; negative
+  // where it predicts none) and the predicted step, a column of predictions and the measured
+  // time against each.
   std::string table(int steps, double step_seconds, const std::vector<double>& predicted = {},
                     double predicted_step = 0.0) const;
 

@@ -201,7 +201,10 @@ RunCommunicator make_run_communicator(std::string_view requested) {
   run.choice = choose_comm(gather_comm_facts(), *request);
   switch (run.choice.transport) {
     case Transport::host_mpi:
+      run.world = std::move(mpi);
+      break;
     case Transport::cuda_aware_mpi:
+      mpi->set_device_buffers(true);  // reduce-scatters through MPI, not the host-side ring
       run.world = std::move(mpi);
       break;
     case Transport::staged_mpi:

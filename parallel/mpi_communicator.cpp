@@ -1,5 +1,6 @@
 #include "parallel/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -9,8 +10,13 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "core/bf16.hpp"
+
+#ifdef COLOSSAL_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace colossal::parallel {
 
@@ -29,6 +35,27 @@ int mpi_count(std::size_t count, const char* what) {
 
 // MPI takes non-const pointers in some implementations' older signatures; the data is not written.
 void* send_ptr(const void* p) { return const_cast<void*>(p); }
+
+// MPI's in-place reduce-scatter leaves the result at the start of the buffer; this moves it to
+// the rank's block (block 0 and block r > 0 never overlap), with cudaMemcpy where the buffer is
+// device memory (a CUDA-aware MPI's), else with memmove (host memory, or no CUDA device at all).
+void move_block(void* to, const void* from, std::size_t bytes) {
+  if (to == from || bytes == 0) return;
+#ifdef COLOSSAL_HAVE_CUDA
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, to) == cudaSuccess &&
+      (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged)) {
+    const cudaError_t e = cudaMemcpy(to, from, bytes, cudaMemcpyDefault);
+    if (e != cudaSuccess) {
+      throw std::runtime_error(std::string("colossal::parallel: moving a reduce-scatter's block "
+                                           "in device memory: ") + cudaGetErrorString(e));
+    }
+    return;
+  }
+  static_cast<void>(cudaGetLastError());  // a host pointer, or no device: not an error here
+#endif
+  std::memmove(to, from, bytes);
+}
 
 }  // namespace
 
@@ -200,34 +227,52 @@ MPI_Op bf16_sum_op() {
 }  // namespace
 
 namespace detail {
-// Scratch for the rings' partial sums, kept between operations: a fresh allocation of a few
-// hundred KB per reduce-scatter is a fresh mmap, whose page faults made ZeRO-2's per-unit
-// reductions 3% of a step slower than MPI's own. Buffers go back when their operation ends;
-// the pool is shared with the operations, so it outlives a communicator destroyed first.
-class RingScratch {
+// What a communicator's reduce-scatter rings share: their scratch, kept between operations (a
+// fresh allocation of a few hundred KB per call is a fresh mmap, whose page faults made ZeRO-2's
+// per-unit reductions 3% of a step slower than MPI's own), and the operations in flight, which
+// every test() and wait() advances together: a rank waiting on one ring keeps forwarding the
+// others' partial sums, so ranks may complete their operations in different orders (as MPI's
+// non-blocking collectives allow) without one waiting on a step its neighbour never posts.
+// Shared with the operations, so it outlives a communicator destroyed first.
+class RingShared {
  public:
+  class Op {
+   public:
+    virtual ~Op() = default;
+    // Completes the steps whose messages have arrived and posts the next; never blocks.
+    virtual void advance_arrived() = 0;
+  };
   struct Buffer {
     std::unique_ptr<std::byte[]> data;
     std::size_t bytes = 0;
   };
+  // The smallest kept buffer that holds `bytes`, else a new one.
   Buffer take(std::size_t bytes) {
+    std::size_t best = free_.size();
     for (std::size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].bytes >= bytes) {
-        Buffer b = std::move(free_[i]);
-        free_.erase(free_.begin() + std::ptrdiff_t(i));
-        return b;
+      if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) {
+        best = i;
       }
     }
-    return Buffer{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};
+    if (best == free_.size()) return Buffer{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};
+    Buffer b = std::move(free_[best]);
+    free_.erase(free_.begin() + std::ptrdiff_t(best));
+    return b;
   }
   void give(Buffer b) {
     if (b.data) free_.push_back(std::move(b));
   }
+  void enlist(Op* op) { active_.push_back(op); }
+  void delist(Op* op) { active_.erase(std::remove(active_.begin(), active_.end(), op), active_.end()); }
+  void advance_all() {
+    const std::vector<Op*> now = active_;  // an advance may finish its op, which stays listed
+    for (Op* op : now) op->advance_arrived();
+  }
 
  private:
   std::vector<Buffer> free_;
+  std::vector<Op*> active_;
 };
-
 }  // namespace detail
 
 namespace {
@@ -240,49 +285,68 @@ namespace {
 // buffer, and the sequence-split tensor layouts and ZeRO 2-3 reduce-scatter every block.
 // Each block's sum runs around the ring in a fixed order: on 2 ranks a + b, as any sum of two.
 // The input's other blocks are only read, so an in-place call leaves them as they were. Started
-// (non-blocking), each step is posted when the one before it completes, which test() sees
-// (MPI progresses the messages inside MPI calls, so callers poke test() while they compute).
+// (non-blocking), each step is posted when the one before it has arrived, which any test() or
+// wait() of the communicator's rings sees (MPI progresses messages inside MPI calls, so callers
+// poke test() while they compute). Host buffers only (the adds run on the host).
 template <class T>
-class RingReduceScatter final : public PendingCollective {
+class RingReduceScatter final : public PendingCollective, public detail::RingShared::Op {
  public:
-  RingReduceScatter(std::shared_ptr<detail::RingScratch> pool, MPI_Comm comm, MPI_Datatype type,
+  RingReduceScatter(std::shared_ptr<detail::RingShared> shared, MPI_Comm comm, MPI_Datatype type,
                     int rank, int size, int tag, const T* input, T* output, std::size_t count)
-      : pool_(std::move(pool)), comm_(comm), type_(type), rank_(rank), size_(size), tag_(tag),
+      : shared_(std::move(shared)), comm_(comm), type_(type), rank_(rank), size_(size), tag_(tag),
         input_(input), output_(output), count_(count) {
     if (size_ == 1) {
       if (output_ != input_) std::memmove(output_, input_, count_ * sizeof(T));
       return;
     }
     // Two ranks send only their input; more also forward a partial sum (cur_).
-    tmp_ = pool_->take(count_ * sizeof(T));
-    if (size_ > 2) cur_ = pool_->take(count_ * sizeof(T));
-    post(0);
+    tmp_ = shared_->take(count_ * sizeof(T));
+    if (size_ > 2) cur_ = shared_->take(count_ * sizeof(T));
+    try {
+      post(0);
+    } catch (...) {
+      // A receive may be posted into the scratch: never hand it back (the run ends here anyway).
+      static_cast<void>(tmp_.data.release());
+      static_cast<void>(cur_.data.release());
+      throw;
+    }
+    shared_->enlist(this);
   }
   ~RingReduceScatter() override {
+    bool clean = true;
     try {
       wait();
     } catch (...) {  // a destructor cannot report it; the operation's owner waits first
+      clean = false;
     }
-    pool_->give(std::move(cur_));
-    pool_->give(std::move(tmp_));
+    shared_->delist(this);
+    if (!clean) {  // requests may still be active on the scratch: keep it out of the pool
+      static_cast<void>(tmp_.data.release());
+      static_cast<void>(cur_.data.release());
+      return;
+    }
+    shared_->give(std::move(cur_));
+    shared_->give(std::move(tmp_));
   }
   bool test() override {
-    while (step_ < size_ - 1) {
-      int done = 0;
-      check(MPI_Testall(2, requests_, &done, MPI_STATUSES_IGNORE), "MPI_Testall");
-      if (done == 0) return false;
-      advance();
-    }
-    return true;
+    if (done()) return true;
+    shared_->advance_all();
+    return done();
   }
   void wait() override {
-    while (step_ < size_ - 1) {
-      check(MPI_Waitall(2, requests_, MPI_STATUSES_IGNORE), "MPI_Waitall");
+    while (!done()) shared_->advance_all();
+  }
+  void advance_arrived() override {
+    while (!done()) {
+      int arrived = 0;
+      check(MPI_Testall(2, requests_, &arrived, MPI_STATUSES_IGNORE), "MPI_Testall");
+      if (arrived == 0) return;
       advance();
     }
   }
 
  private:
+  bool done() const { return step_ >= size_ - 1; }
   std::size_t block(int s, int shift) const {  // (rank - s - shift) mod size, times count
     return std::size_t(((rank_ - s - shift) % size_ + size_) % size_) * count_;
   }
@@ -324,7 +388,7 @@ class RingReduceScatter final : public PendingCollective {
                              std::to_string(size_) + ")");
   }
 
-  std::shared_ptr<detail::RingScratch> pool_;
+  std::shared_ptr<detail::RingShared> shared_;
   MPI_Comm comm_;
   MPI_Datatype type_;
   int rank_, size_, tag_;
@@ -332,14 +396,14 @@ class RingReduceScatter final : public PendingCollective {
   T* output_;
   std::size_t count_;
   int step_ = 0;
-  detail::RingScratch::Buffer cur_, tmp_;  // the partial sum sent, the one received
+  detail::RingShared::Buffer cur_, tmp_;  // the partial sum sent, the one received
   MPI_Request requests_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
 };
 }  // namespace
 
-std::shared_ptr<detail::RingScratch> MpiCommunicator::ring_scratch() {
-  if (!ring_scratch_) ring_scratch_ = std::make_shared<detail::RingScratch>();
-  return ring_scratch_;
+std::shared_ptr<detail::RingShared> MpiCommunicator::ring_shared() {
+  if (!ring_shared_) ring_shared_ = std::make_shared<detail::RingShared>();
+  return ring_shared_;
 }
 
 int MpiCommunicator::next_ring_tag() {
@@ -359,15 +423,38 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum_bf16
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum_bf16(
     std::span<std::uint16_t> buffer) {
   const std::size_t c = buffer.size() / std::size_t(size());
-  mpi_count(c, "reduce_scatter_sum_bf16");
+  const int count = mpi_count(c, "reduce_scatter_sum_bf16");
+  if (device_buffers_) {  // MPI reads them; its in-place result moves to block rank() after
+    MPI_Request request = MPI_REQUEST_NULL;
+    check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T,
+                                    bf16_sum_op(), comm_, &request),
+          "MPI_Ireduce_scatter_block");
+    return std::make_unique<MpiPending>(request, [buffer, c, r = std::size_t(rank())] {
+      move_block(buffer.data() + r * c, buffer.data(), c * sizeof(std::uint16_t));
+    });
+  }
   return std::make_unique<RingReduceScatter<std::uint16_t>>(
-      ring_scratch(), ring_comm_, MPI_UINT16_T, rank(), size(), next_ring_tag(), buffer.data(),
+      ring_shared(), ring_comm_, MPI_UINT16_T, rank(), size(), next_ring_tag(), buffer.data(),
       buffer.data() + std::size_t(rank()) * c, c);
 }
 
 void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
-  mpi_count(output.size(), "reduce_scatter_sum");
-  RingReduceScatter<float>(ring_scratch(), ring_comm_, MPI_FLOAT, rank(), size(), next_ring_tag(),
+  const int count = mpi_count(output.size(), "reduce_scatter_sum");
+  if (device_buffers_) {
+    const std::size_t block = std::size_t(rank()) * output.size();
+    if (output.data() == input.data() + block) {  // in place: MPI leaves it at the start
+      float* whole = output.data() - block;
+      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block");
+      move_block(output.data(), whole, output.size_bytes());
+      return;
+    }
+    check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT,
+                                   MPI_SUM, comm_),
+          "MPI_Reduce_scatter_block");
+    return;
+  }
+  RingReduceScatter<float>(ring_shared(), ring_comm_, MPI_FLOAT, rank(), size(), next_ring_tag(),
                            input.data(), output.data(), output.size())
       .wait();
 }
@@ -396,8 +483,25 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_gather(
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
-  mpi_count(output.size(), "reduce_scatter_sum");
-  return std::make_unique<RingReduceScatter<float>>(ring_scratch(), ring_comm_, MPI_FLOAT, rank(),
+  const int count = mpi_count(output.size(), "reduce_scatter_sum");
+  if (device_buffers_) {
+    const std::size_t block = std::size_t(rank()) * output.size();
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (output.data() == input.data() + block) {  // in place: MPI leaves it at the start
+      float* whole = output.data() - block;
+      check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_,
+                                      &request),
+            "MPI_Ireduce_scatter_block");
+      return std::make_unique<MpiPending>(request, [whole, output] {
+        move_block(output.data(), whole, output.size_bytes());
+      });
+    }
+    check(MPI_Ireduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT,
+                                    MPI_SUM, comm_, &request),
+          "MPI_Ireduce_scatter_block");
+    return std::make_unique<MpiPending>(request);
+  }
+  return std::make_unique<RingReduceScatter<float>>(ring_shared(), ring_comm_, MPI_FLOAT, rank(),
                                                     size(), next_ring_tag(), input.data(),
                                                     output.data(), output.size());
 }
@@ -461,7 +565,9 @@ void MpiCommunicator::do_barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) const {
   MPI_Comm part = MPI_COMM_NULL;
   check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
-  return std::unique_ptr<Communicator>(new MpiCommunicator(Adopt{}, part));
+  auto* child = new MpiCommunicator(Adopt{}, part);
+  child->device_buffers_ = device_buffers_;
+  return std::unique_ptr<Communicator>(child);
 }
 
 std::unique_ptr<MpiCommunicator> make_world_communicator() {

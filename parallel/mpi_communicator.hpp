@@ -14,7 +14,7 @@
 namespace colossal::parallel {
 
 namespace detail {
-class RingScratch;  // the reduce-scatter rings' scratch buffers, kept between operations
+class RingShared;  // the reduce-scatter rings' scratch and the operations in flight
 }  // namespace detail
 
 class MpiCommunicator final : public Communicator {
@@ -26,10 +26,16 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
-  MemorySpace memory_space() const override { return MemorySpace::host; }
+  MemorySpace memory_space() const override {
+    return device_buffers_ ? MemorySpace::device : MemorySpace::host;
+  }
 
   // The owned communicator, for interop (e.g. bootstrapping NCCL, parallel HDF5). Still owned here.
   MPI_Comm native() const { return comm_; }
+  // Float buffers in device memory, handed to a CUDA-aware MPI (parallel.comm's cuda_aware_mpi
+  // transport): reduce-scatters then go through MPI's own collective, which can read them,
+  // instead of the ring, whose adds run on the host. split() passes it on.
+  void set_device_buffers(bool on) { device_buffers_ = on; }
 
  private:
   struct Adopt {};
@@ -68,11 +74,12 @@ class MpiCommunicator final : public Communicator {
   // they never match a caller's sends and receives), each operation's under a tag of its own
   // (every rank starts the collectives in the same order, so the counts agree).
   int next_ring_tag();
-  std::shared_ptr<detail::RingScratch> ring_scratch();
+  std::shared_ptr<detail::RingShared> ring_shared();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
+  bool device_buffers_ = false;
   MPI_Comm ring_comm_ = MPI_COMM_NULL;
-  std::shared_ptr<detail::RingScratch> ring_scratch_;
+  std::shared_ptr<detail::RingShared> ring_shared_;
   unsigned ring_calls_ = 0;
   int rank_ = 0;
   int size_ = 1;

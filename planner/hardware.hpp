@@ -45,7 +45,7 @@ struct HardwareSpec {
   // (core/attention_tc.hpp), on a host the same tiled path as fp32. 0: fused_attention_flops.
   double fused_attention_bf16_flops = 0.0;
   // The same rates by shape (colossal_plan --calibrate: a grid of sequence lengths x head
-  // widths, every pair measured; its rate falls with the sequence and the head width, since
+  // widths, every pair measured; its rate rises with the sequence and the head width, since
   // short blocks and thin heads make small products and the softmax a larger share). Empty:
   // the scalar rate above for every shape.
   std::vector<AttentionPoint> attention_curve;

@@ -247,6 +247,7 @@ if section 3; then
   # the report; the profiled steps below are then predicted with it (their tables put the cost
   # model's milliseconds beside each kind of work), else with the preset.
   hw_file="${OUT:-$PWD}/hardware-gpu.yaml"
+  rm -f "$hw_file"  # an earlier run's must not stand in for this GPU's
   (cd "$root" && timeout 90 "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
     tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
   hw_set="hardware.preset=$preset"

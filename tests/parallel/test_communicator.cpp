@@ -394,9 +394,9 @@ TEST(NonBlocking, StartedReduceScatterMatchesTheBlockingOneInPlaceAndApart) {
 }
 
 // The reduce-scatters run as a ring of point-to-point steps on a communicator of their own,
-// each operation under its own tag: several in flight complete in any order, beside the
-// caller's own messages on the same communicator and tag, and an in-place call leaves the other
-// blocks of its buffer as they were. Integer values: every sum exact.
+// each operation under its own tag: several in flight complete in any order, a different one on
+// each rank, beside the caller's own messages on the same communicator and tag, and an in-place
+// call leaves the other blocks of its buffer as they were. Integer values: every sum exact.
 TEST(NonBlocking, ReduceScattersInFlightCompleteInAnyOrderBesideCallersMessages) {
   auto world = colossal::parallel::make_world_communicator();
   const std::size_t p = std::size_t(world->size()), r = std::size_t(world->rank());
@@ -419,7 +419,15 @@ TEST(NonBlocking, ReduceScattersInFlightCompleteInAnyOrderBesideCallersMessages)
     world->send_recv(out, int((r + 1) % p), in, int((r + p - 1) % p), 0);
     EXPECT_EQ(in[0], float((r + p - 1) % p));
   }
-  for (std::size_t j = started.size(); j-- > 0;) started[j]->wait();
+  // Each rank completes them in its own order (rotated by rank, with polls of the others in
+  // between): the rings advance together, so no rank waits on a step its neighbour has not
+  // posted.
+  for (std::size_t k = 0; k < started.size(); ++k) {
+    started[(k + r) % started.size()]->test();
+  }
+  for (std::size_t k = 0; k < started.size(); ++k) {
+    started[(started.size() - 1 - k + 2 * r) % started.size()]->wait();
+  }
   const float ranks = float(p * (p + 1) / 2);
   for (std::size_t j = 0; j < buffers.size(); ++j) {
     const std::size_t c = sizes[j];
@@ -428,6 +436,46 @@ TEST(NonBlocking, ReduceScattersInFlightCompleteInAnyOrderBesideCallersMessages)
       ASSERT_EQ(buffers[j][i], mine ? ranks * float(i % 13 + j) : before[j][i])
           << "buffer " << j << " element " << i << (mine ? " (this rank's block)" : "");
     }
+  }
+}
+
+// With device buffers (a CUDA-aware MPI) the reduce-scatters go through MPI's own collective,
+// which can read them, and an in-place result moves to block rank() (cudaMemcpy for device
+// memory, memmove here): the same sums as the ring, blocking and started, in place and apart,
+// fp32 and bf16; split() passes the mode on.
+TEST(NonBlocking, DeviceBufferModeReduceScattersThroughMpi) {
+  auto ring = colossal::parallel::make_world_communicator();
+  auto mpi = colossal::parallel::make_world_communicator();
+  mpi->set_device_buffers(true);
+  EXPECT_EQ(mpi->memory_space(), colossal::parallel::MemorySpace::device);
+  EXPECT_EQ(mpi->split(0, mpi->rank())->memory_space(), colossal::parallel::MemorySpace::device);
+  const std::size_t p = std::size_t(ring->size()), r = std::size_t(ring->rank()), c = 77;
+  std::vector<float> input(c * p);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = float((r + 2) * (i % 11));
+  std::vector<float> want(c), apart(c), started_apart(c);
+  ring->reduce_scatter_sum(input, want);
+  mpi->reduce_scatter_sum(input, apart);
+  std::vector<float> in_place = input, started_in_place = input;
+  mpi->reduce_scatter_sum(in_place, std::span<float>(in_place).subspan(r * c, c));
+  mpi->start_reduce_scatter_sum(input, started_apart)->wait();
+  mpi->start_reduce_scatter_sum(started_in_place,
+                                std::span<float>(started_in_place).subspan(r * c, c))
+      ->wait();
+  for (std::size_t k = 0; k < c; ++k) {
+    ASSERT_EQ(apart[k], want[k]) << k;
+    ASSERT_EQ(in_place[r * c + k], want[k]) << k;
+    ASSERT_EQ(started_apart[k], want[k]) << k;
+    ASSERT_EQ(started_in_place[r * c + k], want[k]) << k;
+  }
+  if (p == 2) {  // bf16: each element exactly bf16(a + b) on two ranks, either way
+    std::vector<std::uint16_t> a(c * p), b;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = colossal::core::bf16_bits(float((r + 1) * (i % 7)) * 0.37f);
+    }
+    b = a;
+    ring->start_reduce_scatter_sum_bf16(a)->wait();
+    mpi->start_reduce_scatter_sum_bf16(b)->wait();
+    for (std::size_t k = 0; k < c; ++k) ASSERT_EQ(a[r * c + k], b[r * c + k]) << k;
   }
 }
 
