@@ -34,9 +34,10 @@ namespace {
 // The cost model's seconds per step by profiler kind, then the untimed rest (negative: not
 // predicted), for the --profile-steps table: the step graph's op kinds, the optimizer, and as
 // communication the collectives inside the layers, the stage-boundary sends, the pipeline bubble
-// (spent waiting in them) and the exposed gradient reduction; the rest is what the step has
-// beyond those but for waiting for shared cores, which slows every kind. The grid forms price
-// their compute in closed form, not by kind: their compute and the rest are "-".
+// (spent waiting in them), the exposed gradient reduction and the gradient norm after it; the
+// rest is what the step has beyond those but for waiting for shared cores, which slows every
+// kind. The grid forms price their compute in closed form, not by kind: their compute and the
+// rest are "-".
 std::vector<double> predicted_by_kind(const planner::TimePrediction& t) {
   std::vector<double> out(core::Profiler::kKinds + 1, -1.0);
   double listed = 0.0;
@@ -48,9 +49,10 @@ std::vector<double> predicted_by_kind(const planner::TimePrediction& t) {
       listed += it->second;
     }
   }
-  out[int(core::WorkKind::optimizer)] = t.optimizer;
+  // The gradient norm is timed with the reduction it follows.
+  out[int(core::WorkKind::optimizer)] = t.optimizer - t.gradient_norm;
   out[int(core::WorkKind::communication)] =
-      t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm;
+      t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm + t.gradient_norm;
   if (!t.kind_compute.empty()) {
     listed += out[int(core::WorkKind::optimizer)] + out[int(core::WorkKind::communication)];
     out[core::Profiler::kKinds] = std::max(0.0, t.step - t.shared_cores - listed);

@@ -368,6 +368,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   }
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF) +
                 gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated);
+  t.gradient_norm = gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated) / 2;
   if (l.pipeline > 1) {
     // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
     // between stages; the tied embedding summed over the first and the last stage.
@@ -398,6 +399,7 @@ TimePrediction grid_time(const core::ModelSpec& spec, const RankLayout& l,
     t.data_comm += c.data_comm;
     t.hidden_comm += c.hidden_comm;
     t.optimizer += c.optimizer;
+    t.gradient_norm += c.gradient_norm;
     t.flops += c.flops;
   }
   if (l.pipeline > 1) {
@@ -907,6 +909,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
                                l.bf16 ? 2.0 : kF,
                                l.offload_params ? l.offload_params_fraction : 0.0, grads_hidden);
   t.optimizer += gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated);
+  t.gradient_norm = gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated) / 2;
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

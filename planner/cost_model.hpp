@@ -113,6 +113,8 @@ struct TimePrediction {
   double hidden_comm = 0.0;     // of which running beside compute (HardwareSpec::comm_overlap;
                                 // parameter offload's prefetched uploads)
   double optimizer = 0.0;
+  double gradient_norm = 0.0;   // of optimizer: the norm's read of the gradients (which the
+                                // trainer's profile counts with the gradient reduction)
   double shared_cores = 0.0;    // waiting for cores shared by more threads (see share_cores)
   double step = 0.0;            // the sum, less hidden_comm
   double flops = 0.0;           // model FLOPs of this rank's step (recompute excluded)

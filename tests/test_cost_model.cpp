@@ -463,6 +463,9 @@ TEST(CostModel, PartialOffloadSplitsTheMomentsAndRunsBothUpdates) {
       auto housekeeping = [&](const planner::HardwareSpec& h) {
         return 8 * (stage <= 1 ? 2 * S : S) / h.optimizer_bandwidth;
       };
+      // Of it the norm's read, which the trainer's profile times with the reduction.
+      EXPECT_NEAR(planner::predict_time(spec, l, hw).gradient_norm, housekeeping(hw) / 2,
+                  1e-12);
       const double device = (S - 0.3 * S) * 28 / hw.optimizer_bandwidth;
       const double host = 0.3 * S * 28 / hw.host_optimizer_bandwidth;
       const double link = 0.3 * S * 4 / hw.host_link_bandwidth;
