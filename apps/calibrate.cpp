@@ -194,6 +194,23 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
   h.devices_per_node = std::max(1, core::available_cores() / std::max(1, h.threads));
   h.memory_bytes = total_memory_bytes() / h.devices_per_node;
   h.gemm_efficiency = 1.0;
+  // Each phase's result as it completes (rank 0), so a run of half a minute or more shows where
+  // it is.
+  auto phase_start = Clock::now();
+  auto phase = [&](const char* what, const std::string& result) {
+    const auto now = Clock::now();
+    if (world.rank() == 0) {
+      std::printf("  %s: %s (%.1f s)\n", what, result.c_str(),
+                  std::chrono::duration<double>(now - phase_start).count());
+      std::fflush(stdout);
+    }
+    phase_start = now;
+  };
+  auto gflops = [](double rate) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.4g", rate / 1e9);
+    return std::string(text);
+  };
   core::MemoryTracker tracker;
   auto gemm = core::make_default_gemm(gemm_backend);
   // GEMM: achieved FLOP/s against the FLOPs of one call, measured as training runs them: each
@@ -253,6 +270,9 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
       h.bf16_flops = std::max(h.bf16_flops, linear_rate(*bf16, s));
     }
   }
+  phase("GEMM curve, 7 linear layers forward + backward",
+        gflops(h.gemm_curve.front().second) + " to " + gflops(h.gemm_curve.back().second) +
+            " GFLOP/s fp32, " + gflops(h.bf16_flops) + " bf16");
   // Attention, forward + backward, counted as the step graph counts it (12 * pairs * head
   // width), for each form on a grid of sequence lengths and head widths: C = 256 (H = C / hd)
   // and 2048 tokens per call on a host, C = 768 and 16384 tokens on a GPU. The scalar rates are
@@ -310,6 +330,11 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     h.fused_attention_flops = h.attention_rate(planner::AttentionForm::fused, 512, 64);
     h.fused_attention_bf16_flops = h.attention_rate(planner::AttentionForm::fused_bf16, 512, 64);
   }
+  phase("attention, 3 forms x T 128-2048 x head width 32-128",
+        "dense " + gflops(h.attention_curve.front().flops) + " to " +
+            gflops(h.attention_curve.back().flops) + " GFLOP/s, fused " +
+            gflops(h.fused_attention_curve.front().flops) + " to " +
+            gflops(h.fused_attention_curve.back().flops));
   // Memory-bound work in the forms a GPT-2 block runs it, counted as the step graph counts
   // their bytes: a layernorm (forward bytes 2NC, forward + backward counted 3x) whose pass also
   // writes the residual copy, and the MLP's activation (forward bytes 2NF, counted 3.5x): the
@@ -346,6 +371,8 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     h.memory_bandwidth = counted / t;
   }
   h.optimizer_bandwidth = adamw_bandwidth(tracker, /*on_host=*/false);
+  phase("layernorm, GELU and AdamW", gflops(h.memory_bandwidth) + " and " +
+                                         gflops(h.optimizer_bandwidth) + " GB/s");
   if (device_resident_build()) {
     calibrate_device_extras(world, tracker, h);
     return h;

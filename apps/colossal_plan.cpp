@@ -40,13 +40,14 @@ int calibrate(apps::Invocation& inv) {
   const std::string out = inv.flag("--out", "hardware-host.yaml");
   if (inv.rank == 0) {
     if (apps::device_resident_build()) {
-      std::printf("calibrating this GPU node with %d rank(s): GEMM sizes (fp32, bf16), attention, "
-                  "memory-bound kernels and AdamW on the device, the host link, the host's "
-                  "AdamW%s ...\n",
+      std::printf("calibrating this GPU node with %d rank(s): linear layers' GEMMs (fp32, "
+                  "bf16), attention by length and head width, memory-bound kernels and AdamW on "
+                  "the device, the host link, the host's AdamW%s ...\n",
                   inv.world_size, inv.world_size > 1 ? ", all-reduces between the ranks" : "");
     } else {
-      std::printf("calibrating this host with %d thread(s) per rank, %d rank(s): GEMM sizes "
-                  "(fp32, bf16), attention, memory-bound kernels, AdamW%s ...\n",
+      std::printf("calibrating this host with %d thread(s) per rank, %d rank(s): linear layers' "
+                  "GEMMs (fp32, bf16), attention by length and head width, memory-bound "
+                  "kernels, AdamW%s (about half a minute) ...\n",
                   core::HostThreads::shared().size(), inv.world_size,
                   inv.world_size > 1 ? ", ping-pong between ranks 0 and 1" : "");
     }
@@ -302,9 +303,11 @@ int main(int argc, char** argv) {
       "hardware spec) and collectives; then the predicted memory per rank by category (what\n"
       "colossal_train's tracker will count) and the predicted step time. Nothing is allocated; no\n"
       "kernel runs. checkpointing.policy is solved as colossal_train would.\n\n"
-      "--calibrate measures this host with the real kernels (GEMM sizes in fp32 and bf16,\n"
-      "attention, memory-bound work, AdamW, and with 2+ ranks the link between ranks 0 and 1) and\n"
-      "writes a hardware YAML for hardware.file or --hardware. Built for CUDA it measures the GPU\n"
+      "--calibrate measures this host with the real kernels as training runs them (linear\n"
+      "layers' forward and backward in fp32 and bf16, each attention form on a grid of sequence\n"
+      "lengths and head widths, a block's layernorm and GELU, AdamW, and with 2+ ranks the link\n"
+      "between ranks 0 and 1; about half a minute) and writes a hardware YAML for\n"
+      "hardware.file or --hardware. Built for CUDA it measures the GPU\n"
       "node: the kernels on the device, its memory, the host link (pinned copies), the host's\n"
       "AdamW (ZeRO offload) and, with 2+ ranks, all-reduces over the trainer's transport (NCCL at\n"
       "one rank per GPU); run one rank per GPU of the node.\n\n"

@@ -143,6 +143,25 @@ TEST_F(Cli, CalibrateWritesAHardwareFileThatPlansRead) {
   Result r = run(bin("colossal_plan") + " --calibrate --out " + hw);
   ASSERT_EQ(r.code, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(hw));
+  // Each phase says what it measured as it ends; the file has the attention grids (3 x 3 each)
+  // that the planner prices each attention's shape with.
+  for (const char* phase : {"  GEMM curve, 7 linear layers", "  attention, 3 forms",
+                            "  layernorm, GELU and AdamW"}) {
+    EXPECT_NE(r.output.find(phase), std::string::npos) << phase << "\n" << r.output;
+  }
+  for (const char* curve : {"\nattention_curve:", "\nfused_attention_curve:",
+                            "\nfused_attention_bf16_curve:"}) {
+    const std::size_t at = r.output.find(curve);
+    ASSERT_NE(at, std::string::npos) << curve << "\n" << r.output;
+    const std::size_t end = r.output.find("\n", r.output.find("  - [2048, 128, ", at));
+    ASSERT_NE(end, std::string::npos) << curve << ": no T = 2048, head width 128 point";
+    int points = 0;
+    for (std::size_t i = r.output.find("\n  - [", at); i < end;
+         i = r.output.find("\n  - [", i + 1)) {
+      ++points;
+    }
+    EXPECT_EQ(points, 9) << curve << "\n" << r.output;
+  }
   // The bf16 products were measured too (the backend train.precision: bf16 would use): the
   // planner scales the fp32 curve by their rate.
   const auto bf16_at = r.output.find("bf16_tflops: ");
