@@ -312,18 +312,16 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
           core::attention_backward(*gemm, dqkv.data(), datt.data(), atty.data(), qkv.data(),
                                    att.data(), B, T, C, H);
         })));
-        h.fused_attention_curve.push_back(point(seconds_per_call([&] {
-          core::model_fused_attention_forward(*gemm, att.data(), atty.data(), qkv.data(),
-                                              work.data(), B, T, C, H);
-          core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(),
-                                               qkv.data(), att.data(), work.data(), B, T, C, H);
-        })));
-        h.fused_attention_bf16_curve.push_back(point(seconds_per_call([&] {
-          core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q16, work.data(),
-                                              B, T, C, H);
-          core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q16,
-                                               att.data(), work.data(), B, T, C, H);
-        })));
+        auto fused = [&](core::GemmOperand q) {  // q/k/v in fp32, or in bf16
+          return point(seconds_per_call([&] {
+            core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q, work.data(), B,
+                                                T, C, H);
+            core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q,
+                                                 att.data(), work.data(), B, T, C, H);
+          }));
+        };
+        h.fused_attention_curve.push_back(fused(qkv.data()));
+        h.fused_attention_bf16_curve.push_back(fused(q16));
       }
     }
     h.attention_flops = h.attention_rate(planner::AttentionForm::dense, 512, 64);

@@ -211,11 +211,7 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
   const double device = device_capacity(config, &share);
   double capacity = device / std::max(1, share);
   if (!device_resident_build() && config.hardware.device_memory_gib <= 0) {
-    MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
-    int locals = 1;
-    MPI_Comm_size(node, &locals);
-    MPI_Comm_free(&node);
+    const int locals = std::max(1, core::current_thread_plan().local_ranks);  // on this node
     double mine = 0.0;
     try {
       const double available = host_available_bytes();  // 0: unknown

@@ -250,11 +250,12 @@ class RingShared {
   Buffer take(std::size_t bytes) {
     std::size_t best = free_.size();
     for (std::size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) {
-        best = i;
-      }
+      const bool fits = free_[i].bytes >= bytes;
+      if (fits && (best == free_.size() || free_[i].bytes < free_[best].bytes)) best = i;
     }
-    if (best == free_.size()) return Buffer{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};
+    if (best == free_.size()) {
+      return Buffer{std::unique_ptr<std::byte[]>(new std::byte[bytes]), bytes};
+    }
     Buffer b = std::move(free_[best]);
     free_.erase(free_.begin() + std::ptrdiff_t(best));
     return b;
@@ -263,7 +264,9 @@ class RingShared {
     if (b.data) free_.push_back(std::move(b));
   }
   void enlist(Op* op) { active_.push_back(op); }
-  void delist(Op* op) { active_.erase(std::remove(active_.begin(), active_.end(), op), active_.end()); }
+  void delist(Op* op) {
+    active_.erase(std::remove(active_.begin(), active_.end(), op), active_.end());
+  }
   void advance_all() {
     const std::vector<Op*> now = active_;  // an advance may finish its op, which stays listed
     for (Op* op : now) op->advance_arrived();
@@ -439,24 +442,7 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum_
 }
 
 void MpiCommunicator::do_reduce_scatter_sum(std::span<const float> input, std::span<float> output) {
-  const int count = mpi_count(output.size(), "reduce_scatter_sum");
-  if (device_buffers_) {
-    const std::size_t block = std::size_t(rank()) * output.size();
-    if (output.data() == input.data() + block) {  // in place: MPI leaves it at the start
-      float* whole = output.data() - block;
-      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_),
-            "MPI_Reduce_scatter_block");
-      move_block(output.data(), whole, output.size_bytes());
-      return;
-    }
-    check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT,
-                                   MPI_SUM, comm_),
-          "MPI_Reduce_scatter_block");
-    return;
-  }
-  RingReduceScatter<float>(ring_shared(), ring_comm_, MPI_FLOAT, rank(), size(), next_ring_tag(),
-                           input.data(), output.data(), output.size())
-      .wait();
+  do_start_reduce_scatter_sum(input, output)->wait();  // the same ring, or MPI's collective
 }
 
 void MpiCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {

@@ -366,9 +366,10 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     t.hidden_comm = hidden_reduction(hw, t.data_comm, after, pieces,
                                      l.zero_stage < 2 ? backward / m : backward);
   }
-  t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF) +
-                gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated);
-  t.gradient_norm = gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated) / 2;
+  const double housekeeping = gradient_housekeeping(hw, l.zero_stage <= 1 ? params : updated);
+  t.optimizer = housekeeping +
+                optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0, kF);
+  t.gradient_norm = housekeeping / 2;
   if (l.pipeline > 1) {
     // Stages: each micro-batch's R x c boundary sent forward and its gradient back on the link
     // between stages; the tied embedding summed over the first and the last stage.
@@ -717,16 +718,18 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   // one each (a segment recomputed upward, then its backward downward: core::
   // backward_block_transfers), their floats and their count.
   double regathered_floats = 0.0, regathers = 0.0;
-  // Stage 3: the gathers of units still in their buffer (floats, calls), per step.
-  double reused_floats = 0.0, reused_calls = 0.0;
-  double turns_to_backward = 0.0, turns_to_forward = 0.0;  // F B and B F, every chunk's
+  // Stage 3: the floats of units still in their buffer when gathered, per step, and the turns
+  // that keep them, F B and B F, every chunk's (a gather saved at each).
+  double reused_floats = 0.0;
+  double turns_to_backward = 0.0, turns_to_forward = 0.0;
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
     double forward = 0.0, backward = 0.0;
     for (const Op& op : graph.ops) {
       const OpTime o = op_time(op, l, hw, spec.fused_attention);
-      t.compute += m * (o.forward + o.backward + o.recompute);
-      t.kind_compute[op.kind] += m * (o.forward + o.backward + o.recompute);
+      const double seconds = m * (o.forward + o.backward + o.recompute);
+      t.compute += seconds;
+      t.kind_compute[op.kind] += seconds;
       t.recompute += m * o.recompute;
       t.tensor_comm += m * o.communication;
       per_micro += o.total();
@@ -786,7 +789,6 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       const double forward_turns = chunk.forward_turns >= 0 ? chunk.forward_turns : m;
       const double backward_turns = chunk.backward_turns >= 0 ? chunk.backward_turns : m - 1;
       reused_floats += forward_turns * p.last + backward_turns * p.second;
-      reused_calls += forward_turns + backward_turns;
       turns_to_backward += forward_turns;
       turns_to_forward += backward_turns;
     }
@@ -801,10 +803,10 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   const int D = l.data * l.sequence;
   const double P = flat * (l.bf16_reduce ? 2.0 : kF), W = flat * (l.bf16 ? 2.0 : kF);
   // Stage 3 keeps the unit it gathered last in its buffer: the gathers it saves are counted with
-  // the chunks (reused_*), from their schedules' turns (on one pipeline stage each micro-batch's
-  // backward starts on the last unit, and each micro-batch after the first on the first block);
-  // so are recomputed segments' extra gathers (regathers), and parameter offload's uploads
-  // below follow the same turns.
+  // the chunks (reused_floats, turns_to_*), from their schedules' turns (on one pipeline stage
+  // each micro-batch's backward starts on the last unit, and each micro-batch after the first on
+  // the first block); so are recomputed segments' extra gathers (regathers), and parameter
+  // offload's uploads below follow the same turns.
   const LinkSpec& dp_link = link_for(l.tensor * l.sequence * l.data, hw);
   // One micro-batch's compute, forward and backward (every chunk), which started collectives and
   // uploads may run beside.
@@ -829,7 +831,7 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       default:
         t.data_comm = m * (gather_time(P, D, dp_link) + 2 * gather_time(W, D, dp_link)) +
                       3 * (m * units - m) * (D - 1) * dp_link.latency_s -
-                      (D - 1) * (reused_calls * dp_link.latency_s +
+                      (D - 1) * ((turns_to_backward + turns_to_forward) * dp_link.latency_s +
                                  reused_floats * (l.bf16 ? 2.0 : kF) / D / dp_link.bandwidth_Bps) +
                       m * (D - 1) *
                           (regathers * dp_link.latency_s +
@@ -908,8 +910,9 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
   t.optimizer = optimizer_time(hw, updated, l.offload_optimizer ? l.offload_fraction : 0.0,
                                l.bf16 ? 2.0 : kF,
                                l.offload_params ? l.offload_params_fraction : 0.0, grads_hidden);
-  t.optimizer += gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated);
-  t.gradient_norm = gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated) / 2;
+  const double housekeeping = gradient_housekeeping(hw, l.zero_stage <= 1 ? flat : updated);
+  t.optimizer += housekeeping;
+  t.gradient_norm = housekeeping / 2;
   t.step = t.compute + t.tensor_comm + t.pipeline_comm + t.bubble + t.data_comm - t.hidden_comm +
            t.optimizer;
   return t;

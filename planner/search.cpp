@@ -474,8 +474,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           run.offload_fraction = fraction;
           ++result.evaluated;
           return evaluate_plan(shape.fused ? fused_spec : spec, run, cluster, std::nullopt, 0, {},
-                               0.0,
-                               options.memory_slots);
+                               0.0, options.memory_slots);
         };
         // The fewest 64ths of each shard's optimizer state the device needs, as offload.policy:
         // auto moves them; each one more needs more of the host's memory.
@@ -745,7 +744,8 @@ std::string plan_json(const Plan& p) {
       r.offload_optimizer ? r.offload_fraction : 1.0, r.offload_params ? "true" : "false",
       r.offload_params ? r.offload_params_fraction : 1.0,
       core::checkpoint_policy_name(p.policy), schedules.c_str(),
-      p.fused_attention ? "true" : "false", p.fits ? "true" : "false", p.step_time, p.tokens_per_s, p.tflops_per_device, p.mfu,
+      p.fused_attention ? "true" : "false", p.fits ? "true" : "false", p.step_time,
+      p.tokens_per_s, p.tflops_per_device, p.mfu,
       memory.c_str(), p.memory.total(), p.host_bytes);
   return text;
 }
