@@ -86,15 +86,18 @@ void MpiCommunicator::init_from_comm() {
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
-    check(MPI_Comm_dup(comm_, &ring_comm_), "MPI_Comm_dup");
-    check(MPI_Comm_set_errhandler(ring_comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    MPI_Comm ring = MPI_COMM_NULL;
+    check(MPI_Comm_dup(comm_, &ring), "MPI_Comm_dup");
+    ring_shared_ = std::make_shared<detail::RingShared>(ring);  // owns it from here
+    check(MPI_Comm_set_errhandler(ring, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
     void* attribute = nullptr;
     int found = 0;
     check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &attribute, &found), "MPI_Comm_get_attr(MPI_TAG_UB)");
     if (found) tag_upper_bound_ = *static_cast<int*>(attribute);
   } catch (...) {
-    // The destructor does not run when a constructor throws.
-    if (ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
+    // The destructor does not run when a constructor throws (the ring's duplicate goes with
+    // ring_shared_).
+    ring_shared_.reset();
     MPI_Comm_free(&comm_);
     throw;
   }
@@ -105,8 +108,9 @@ MpiCommunicator::~MpiCommunicator() {
   int finalised = 0;
   MPI_Finalized(&finalised);
   if (finalised) return;
-  // Nothing useful to do with an error in a destructor.
-  if (ring_comm_ != MPI_COMM_NULL) MPI_Comm_free(&ring_comm_);
+  // Nothing useful to do with an error in a destructor. The rings' duplicate is freed by the
+  // last of ring_shared_'s owners: a started reduce-scatter still in flight keeps posting its
+  // steps on it until its owner waits.
   MPI_Comm_free(&comm_);
 }
 
@@ -233,9 +237,20 @@ namespace detail {
 // every test() and wait() advances together: a rank waiting on one ring keeps forwarding the
 // others' partial sums, so ranks may complete their operations in different orders (as MPI's
 // non-blocking collectives allow) without one waiting on a step its neighbour never posts.
-// Shared with the operations, so it outlives a communicator destroyed first.
+// Shared with the operations, so it outlives a communicator destroyed first; it owns the rings'
+// duplicate communicator for the same reason (a ring of 3 or more ranks posts its later steps
+// when the earlier ones arrive, which must not be on a freed communicator).
 class RingShared {
  public:
+  explicit RingShared(MPI_Comm comm) : comm_(comm) {}
+  RingShared(const RingShared&) = delete;
+  RingShared& operator=(const RingShared&) = delete;
+  ~RingShared() {
+    int finalised = 0;
+    MPI_Finalized(&finalised);
+    if (!finalised && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+  MPI_Comm comm() const { return comm_; }
   class Op {
    public:
     virtual ~Op() = default;
@@ -273,6 +288,7 @@ class RingShared {
   }
 
  private:
+  MPI_Comm comm_;
   std::vector<Buffer> free_;
   std::vector<Op*> active_;
 };
@@ -294,9 +310,9 @@ namespace {
 template <class T>
 class RingReduceScatter final : public PendingCollective, public detail::RingShared::Op {
  public:
-  RingReduceScatter(std::shared_ptr<detail::RingShared> shared, MPI_Comm comm, MPI_Datatype type,
-                    int rank, int size, int tag, const T* input, T* output, std::size_t count)
-      : shared_(std::move(shared)), comm_(comm), type_(type), rank_(rank), size_(size), tag_(tag),
+  RingReduceScatter(std::shared_ptr<detail::RingShared> shared, MPI_Datatype type, int rank,
+                    int size, int tag, const T* input, T* output, std::size_t count)
+      : shared_(std::move(shared)), comm_(shared_->comm()), type_(type), rank_(rank), size_(size), tag_(tag),
         input_(input), output_(output), count_(count) {
     if (size_ == 1) {
       if (output_ != input_) std::memmove(output_, input_, count_ * sizeof(T));
@@ -404,11 +420,6 @@ class RingReduceScatter final : public PendingCollective, public detail::RingSha
 };
 }  // namespace
 
-std::shared_ptr<detail::RingShared> MpiCommunicator::ring_shared() {
-  if (!ring_shared_) ring_shared_ = std::make_shared<detail::RingShared>();
-  return ring_shared_;
-}
-
 int MpiCommunicator::next_ring_tag() {
   return int(ring_calls_++ % (unsigned(tag_upper_bound_) + 1));
 }
@@ -437,7 +448,7 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum_
     });
   }
   return std::make_unique<RingReduceScatter<std::uint16_t>>(
-      ring_shared(), ring_comm_, MPI_UINT16_T, rank(), size(), next_ring_tag(), buffer.data(),
+      ring_shared_, MPI_UINT16_T, rank(), size(), next_ring_tag(), buffer.data(),
       buffer.data() + std::size_t(rank()) * c, c);
 }
 
@@ -487,7 +498,7 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum(
           "MPI_Ireduce_scatter_block");
     return std::make_unique<MpiPending>(request);
   }
-  return std::make_unique<RingReduceScatter<float>>(ring_shared(), ring_comm_, MPI_FLOAT, rank(),
+  return std::make_unique<RingReduceScatter<float>>(ring_shared_, MPI_FLOAT, rank(),
                                                     size(), next_ring_tag(), input.data(),
                                                     output.data(), output.size());
 }

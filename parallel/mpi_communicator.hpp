@@ -74,12 +74,10 @@ class MpiCommunicator final : public Communicator {
   // they never match a caller's sends and receives), each operation's under a tag of its own
   // (every rank starts the collectives in the same order, so the counts agree).
   int next_ring_tag();
-  std::shared_ptr<detail::RingShared> ring_shared();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool device_buffers_ = false;
-  MPI_Comm ring_comm_ = MPI_COMM_NULL;
-  std::shared_ptr<detail::RingShared> ring_shared_;
+  std::shared_ptr<detail::RingShared> ring_shared_;  // owns the rings' duplicate of comm_
   unsigned ring_calls_ = 0;
   int rank_ = 0;
   int size_ = 1;

@@ -439,6 +439,22 @@ TEST(NonBlocking, ReduceScattersInFlightCompleteInAnyOrderBesideCallersMessages)
   }
 }
 
+// A started reduce-scatter may outlive the communicator it came from: on 3 or more ranks its
+// later steps are posted after the communicator is gone (on the rings' duplicate, which the
+// operation keeps alive), and its sums are still right.
+TEST(NonBlocking, StartedReduceScatterOutlivesItsCommunicator) {
+  auto world = colossal::parallel::make_world_communicator();
+  const std::size_t p = std::size_t(world->size()), r = std::size_t(world->rank()), c = 1000;
+  std::vector<float> input(c * p), output(c, -1.0f);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = float((r + 1) * (i % 11));
+  auto pending = world->start_reduce_scatter_sum(input, output);
+  world.reset();
+  pending->wait();
+  pending.reset();
+  const float ranks = float(p * (p + 1) / 2);
+  for (std::size_t k = 0; k < c; ++k) ASSERT_EQ(output[k], ranks * float((r * c + k) % 11)) << k;
+}
+
 // With device buffers (a CUDA-aware MPI) the reduce-scatters go through MPI's own collective,
 // which can read them, and an in-place result moves to block rank() (cudaMemcpy for device
 // memory, memmove here): the same sums as the ring, blocking and started, in place and apart,
