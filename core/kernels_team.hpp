@@ -154,15 +154,21 @@ void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, 
           });
         });
         team.team_barrier();
+        // One lane of each team thread adds a column's total: outside a ThreadVectorRange every
+        // vector lane (on CUDA, the 32 lanes along threadIdx.x) runs the body, and 32 lanes
+        // reading and adding to one address are right only while they run in lockstep, which
+        // neither Kokkos nor Volta's independent thread scheduling promises.
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, width), [&](int w) {
-          for (int k = 0; k < K; ++k) {
-            float total = 0.0f;
-            for (int g = 0; g < kRowGroups; ++g) {
-              total += partial((k * kRowGroups + g) * kColumnWidth + w);
+          Kokkos::single(Kokkos::PerThread(team), [&] {
+            for (int k = 0; k < K; ++k) {
+              float total = 0.0f;
+              for (int g = 0; g < kRowGroups; ++g) {
+                total += partial((k * kRowGroups + g) * kColumnWidth + w);
+              }
+              float* out = k == 0 ? out0 : out1;
+              out[c0 + w] += total;
             }
-            float* out = k == 0 ? out0 : out1;
-            out[c0 + w] += total;
-          }
+          });
         });
       });
 }
