@@ -4,7 +4,6 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -147,46 +146,36 @@ void MpiCommunicator::do_all_reduce_max(std::span<float> buffer) {
 }
 
 namespace {
-// MPI_Iallreduce behind PendingCollective. MPI makes progress inside MPI calls, so callers poke
-// test() while they compute.
-// `then` (optional) runs once, when the operation is seen complete (an in-place reduce-scatter
-// moves its block into place).
+// A non-blocking MPI operation behind PendingCollective. MPI makes progress inside MPI calls, so
+// callers poke test() while they compute.
 class MpiPending final : public PendingCollective {
  public:
-  explicit MpiPending(MPI_Request request, std::function<void()> then = {})
-      : request_(request), then_(std::move(then)) {}
+  explicit MpiPending(MPI_Request request) : request_(request) {}
   ~MpiPending() override {
     if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
-    finish();
   }
   bool test() override {
-    if (request_ != MPI_REQUEST_NULL) {
-      int done = 0;
-      if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-        throw std::runtime_error("MPI_Test failed on a non-blocking operation");
-      }
-      if (done == 0) return false;
+    if (request_ == MPI_REQUEST_NULL) return true;
+    int done = 0;
+    if (MPI_Test(&request_, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+      throw std::runtime_error("MPI_Test failed on a non-blocking operation");
     }
-    finish();
-    return true;
+    return done != 0;
   }
   void wait() override {
     if (request_ != MPI_REQUEST_NULL && MPI_Wait(&request_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
       throw std::runtime_error("MPI_Wait failed on a non-blocking operation");
     }
-    finish();
   }
 
  private:
-  void finish() {
-    if (!then_) return;
-    auto then = std::move(then_);
-    then_ = nullptr;
-    then();
-  }
   MPI_Request request_;
-  std::function<void()> then_;
 };
+
+// A collective that ran to completion before its start_* call returned.
+std::unique_ptr<PendingCollective> completed() {
+  return std::make_unique<MpiPending>(MPI_REQUEST_NULL);
+}
 }  // namespace
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_send(std::span<const float> buffer,
@@ -200,6 +189,10 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_send(std::span<cons
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {
+  if (device_buffers_) {  // blocking: see set_device_buffers
+    do_all_reduce_sum(buffer);
+    return completed();
+  }
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), mpi_count(buffer.size(), "all_reduce_sum"),
                        MPI_FLOAT, MPI_SUM, comm_, &request),
@@ -426,10 +419,15 @@ int MpiCommunicator::next_ring_tag() {
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
+  const int count = mpi_count(buffer.size(), "all_reduce_sum_bf16");
+  if (device_buffers_) {  // blocking: see set_device_buffers
+    check(MPI_Allreduce(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T, bf16_sum_op(), comm_),
+          "MPI_Allreduce");
+    return completed();
+  }
   MPI_Request request = MPI_REQUEST_NULL;
-  check(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(),
-                       mpi_count(buffer.size(), "all_reduce_sum_bf16"), MPI_UINT16_T,
-                       bf16_sum_op(), comm_, &request),
+  check(MPI_Iallreduce(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T, bf16_sum_op(), comm_,
+                       &request),
         "MPI_Iallreduce");
   return std::make_unique<MpiPending>(request);
 }
@@ -438,14 +436,13 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum_
     std::span<std::uint16_t> buffer) {
   const std::size_t c = buffer.size() / std::size_t(size());
   const int count = mpi_count(c, "reduce_scatter_sum_bf16");
-  if (device_buffers_) {  // MPI reads them; its in-place result moves to block rank() after
-    MPI_Request request = MPI_REQUEST_NULL;
-    check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T,
-                                    bf16_sum_op(), comm_, &request),
-          "MPI_Ireduce_scatter_block");
-    return std::make_unique<MpiPending>(request, [buffer, c, r = std::size_t(rank())] {
-      move_block(buffer.data() + r * c, buffer.data(), c * sizeof(std::uint16_t));
-    });
+  if (device_buffers_) {  // blocking (set_device_buffers); the result moves to block rank()
+    check(MPI_Reduce_scatter_block(MPI_IN_PLACE, buffer.data(), count, MPI_UINT16_T,
+                                   bf16_sum_op(), comm_),
+          "MPI_Reduce_scatter_block");
+    move_block(buffer.data() + std::size_t(rank()) * c, buffer.data(),
+               c * sizeof(std::uint16_t));
+    return completed();
   }
   return std::make_unique<RingReduceScatter<std::uint16_t>>(
       ring_shared_, MPI_UINT16_T, rank(), size(), next_ring_tag(), buffer.data(),
@@ -471,6 +468,11 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_gather(
   mpi_count(output.size(), "all_gather");
   const bool in_place = input.data() == output.data() + static_cast<std::size_t>(rank_) * input.size();
   const void* send = in_place ? MPI_IN_PLACE : input.data();
+  if (device_buffers_) {  // blocking: see set_device_buffers
+    check(MPI_Allgather(send_ptr(send), count, MPI_FLOAT, output.data(), count, MPI_FLOAT, comm_),
+          "MPI_Allgather");
+    return completed();
+  }
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Iallgather(send_ptr(send), count, MPI_FLOAT, output.data(), count, MPI_FLOAT, comm_,
                        &request),
@@ -481,22 +483,19 @@ std::unique_ptr<PendingCollective> MpiCommunicator::do_start_all_gather(
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
   const int count = mpi_count(output.size(), "reduce_scatter_sum");
-  if (device_buffers_) {
+  if (device_buffers_) {  // blocking: see set_device_buffers
     const std::size_t block = std::size_t(rank()) * output.size();
-    MPI_Request request = MPI_REQUEST_NULL;
     if (output.data() == input.data() + block) {  // in place: MPI leaves it at the start
       float* whole = output.data() - block;
-      check(MPI_Ireduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_,
-                                      &request),
-            "MPI_Ireduce_scatter_block");
-      return std::make_unique<MpiPending>(request, [whole, output] {
-        move_block(output.data(), whole, output.size_bytes());
-      });
+      check(MPI_Reduce_scatter_block(MPI_IN_PLACE, whole, count, MPI_FLOAT, MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block");
+      move_block(output.data(), whole, output.size_bytes());
+    } else {
+      check(MPI_Reduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT,
+                                     MPI_SUM, comm_),
+            "MPI_Reduce_scatter_block");
     }
-    check(MPI_Ireduce_scatter_block(send_ptr(input.data()), output.data(), count, MPI_FLOAT,
-                                    MPI_SUM, comm_, &request),
-          "MPI_Ireduce_scatter_block");
-    return std::make_unique<MpiPending>(request);
+    return completed();
   }
   return std::make_unique<RingReduceScatter<float>>(ring_shared_, MPI_FLOAT, rank(),
                                                     size(), next_ring_tag(), input.data(),

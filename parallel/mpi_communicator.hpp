@@ -34,7 +34,11 @@ class MpiCommunicator final : public Communicator {
   MPI_Comm native() const { return comm_; }
   // Float buffers in device memory, handed to a CUDA-aware MPI (parallel.comm's cuda_aware_mpi
   // transport): reduce-scatters then go through MPI's own collective, which can read them,
-  // instead of the ring, whose adds run on the host. split() passes it on.
+  // instead of the ring, whose adds run on the host; and every start_* collective runs MPI's
+  // blocking form and returns it completed, because a CUDA-aware Open MPI takes device pointers
+  // in point-to-point calls and blocking collectives only (its reductions stage device buffers
+  // in host memory there; the non-blocking ones would add on the device pointers on the host).
+  // Sends stay non-blocking. split() passes it on.
   void set_device_buffers(bool on) { device_buffers_ = on; }
 
  private:

@@ -495,6 +495,35 @@ TEST(NonBlocking, DeviceBufferModeReduceScattersThroughMpi) {
   }
 }
 
+// A CUDA-aware Open MPI takes device buffers in blocking collectives only, so in device-buffer
+// mode every started collective has run to completion when start_* returns: its result is in
+// the buffer before any test() or wait() (a non-blocking MPI collective would not have
+// progressed yet), and test() says so at once.
+TEST(NonBlocking, DeviceBufferModeStartsCompletedCollectives) {
+  auto mpi = colossal::parallel::make_world_communicator();
+  mpi->set_device_buffers(true);
+  const std::size_t p = std::size_t(mpi->size()), r = std::size_t(mpi->rank()), c = 4099;
+  const float ranks = float(p * (p + 1) / 2);
+  std::vector<float> summed(c);
+  for (std::size_t i = 0; i < c; ++i) summed[i] = float((r + 1) * (i % 5));
+  auto all = mpi->start_all_reduce_sum(summed);
+  for (std::size_t i = 0; i < c; ++i) ASSERT_EQ(summed[i], ranks * float(i % 5)) << i;
+  EXPECT_TRUE(all->test());
+  std::vector<float> mine(c, float(r + 1)), gathered(c * p, -1.0f);
+  auto gather = mpi->start_all_gather(mine, gathered);
+  for (std::size_t i = 0; i < c * p; ++i) ASSERT_EQ(gathered[i], float(i / c + 1)) << i;
+  EXPECT_TRUE(gather->test());
+  std::vector<float> input(c * p), output(c);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = float((r + 1) * (i % 3));
+  auto scatter = mpi->start_reduce_scatter_sum(input, output);
+  for (std::size_t k = 0; k < c; ++k) ASSERT_EQ(output[k], ranks * float((r * c + k) % 3)) << k;
+  EXPECT_TRUE(scatter->test());
+  std::vector<std::uint16_t> halves(c, colossal::core::bf16_bits(float(r + 1)));
+  auto bf16 = mpi->start_all_reduce_sum_bf16(halves);
+  for (std::size_t i = 0; i < c; ++i) ASSERT_EQ(colossal::core::bf16_value(halves[i]), ranks) << i;
+  EXPECT_TRUE(bf16->test());
+}
+
 // Rank r's bf16 value at i: magnitudes spread over 2^-3..2^3 with 8 significant bits, so sums
 // of two need rounding back to bf16 about half the time.
 std::uint16_t bf16_input(std::size_t i, std::size_t r) {
