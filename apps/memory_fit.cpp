@@ -20,6 +20,7 @@
 #include "apps/trainer.hpp"
 #include "core/layers.hpp"
 #include "core/memory.hpp"
+#include "parallel/local_device.hpp"
 #include "parallel/mesh.hpp"
 #include "planner/search.hpp"
 
@@ -200,21 +201,24 @@ void check_memory_fits(const io::Config& config) {
   std::vector<int> ranks(std::size_t(locals), 0);
   MPI_Gather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, 0, node);
   // On a device build: each rank's current GPU (parallel::select_local_device chose it) and its
-  // free memory, so the ranks sharing a GPU are summed against it.
-  double device[2] = {-1.0, 0.0};  // ordinal, free bytes
+  // free memory, so the ranks sharing a GPU are summed against it. GPUs are told apart by UUID:
+  // ordinals differ per process under --gpus-per-task=1 (parallel/local_device.hpp).
+  parallel::GpuIdentity gpu;
+  double free_bytes = 0.0;
 #ifdef COLOSSAL_HAVE_CUDA
   if (device_resident_build()) {
-    int ordinal = -1;
-    std::size_t free_bytes = 0, total_bytes = 0;
-    if (cudaGetDevice(&ordinal) == cudaSuccess &&
-        cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) {
-      device[0] = ordinal;
-      device[1] = double(free_bytes);
+    gpu = parallel::current_gpu_identity();
+    std::size_t free_now = 0, total_bytes = 0;
+    if (gpu.uuid.empty() || cudaMemGetInfo(&free_now, &total_bytes) != cudaSuccess) {
+      cudaGetLastError();
+      gpu = {};
     }
+    free_bytes = double(free_now);
   }
 #endif
-  std::vector<double> devices(std::size_t(2 * locals), 0.0);
-  MPI_Gather(device, 2, MPI_DOUBLE, devices.data(), 2, MPI_DOUBLE, 0, node);
+  const std::vector<parallel::GpuIdentity> gpus = parallel::all_gather_gpu_identities(node, gpu);
+  std::vector<double> frees(std::size_t(locals), 0.0);
+  MPI_Gather(&free_bytes, 1, MPI_DOUBLE, frees.data(), 1, MPI_DOUBLE, 0, node);
   MPI_Comm_free(&node);
 
   std::string message;
@@ -225,17 +229,20 @@ void check_memory_fits(const io::Config& config) {
     try {
       const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source);
-      for (int gpu = 0; message.empty() && gpu < locals; ++gpu) {
+      std::vector<std::string> uuids;
+      for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
+      for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
+        if (!message.empty()) break;
         std::vector<int> sharing;
-        double free_bytes = 0.0;
-        for (int l = 0; l < locals; ++l) {
-          if (devices[2 * l] != gpu) continue;
+        double least_free = frees[std::size_t(group.front())];
+        for (int l : group) {
           sharing.push_back(ranks[std::size_t(l)]);
-          free_bytes = sharing.size() == 1 ? devices[2 * l + 1]
-                                           : std::min(free_bytes, devices[2 * l + 1]);
+          least_free = std::min(least_free, frees[std::size_t(l)]);
         }
-        message = memory_shortfall(config, sharing, free_bytes,
-                                   std::string(host) + " GPU " + std::to_string(gpu),
+        const parallel::GpuIdentity& id = gpus[std::size_t(group.front())];
+        message = memory_shortfall(config, sharing, least_free,
+                                   std::string(host) + " GPU " + std::to_string(id.ordinal) +
+                                       " (" + id.bus_id + ")",
                                    "free device memory, cudaMemGetInfo", MemoryPool::device);
       }
     } catch (const std::invalid_argument& e) {

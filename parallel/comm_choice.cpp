@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/kokkos_compat.hpp"
+#include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/staged_communicator.hpp"
 
@@ -124,24 +125,6 @@ bool mpi_is_cuda_aware() {
 #endif
 }
 
-int current_gpu() {
-#ifdef COLOSSAL_HAVE_CUDA
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    cudaGetLastError();
-    return -1;
-  }
-  int device = -1;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return device;
-#else
-  return -1;
-#endif
-}
-
 void check_mpi(int code, const char* call) {
   if (code != MPI_SUCCESS) {
     throw std::runtime_error(std::string("colossal::parallel: ") + call +
@@ -158,20 +141,28 @@ CommFacts gather_comm_facts() {
   f.nccl_built = true;
 #endif
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &f.ranks), "MPI_Comm_size");
-  // This node's ranks and their GPUs: how many use the same GPU as this one.
-  const int gpu = current_gpu();
+  // This node's ranks and their GPUs: how many use the same GPU as this one, by PCI bus id as
+  // NCCL tells (device ordinals differ per process under --gpus-per-task=1: local_device.hpp).
+  const GpuIdentity gpu = current_gpu_identity();
   MPI_Comm node = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
             "MPI_Comm_split_type");
-  int local = 1;
-  MPI_Comm_size(node, &local);
-  std::vector<int> gpus(static_cast<std::size_t>(local));
-  const int gathered = MPI_Allgather(&gpu, 1, MPI_INT, gpus.data(), 1, MPI_INT, node);
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  std::vector<GpuIdentity> ids;
+  try {
+    ids = all_gather_gpu_identities(node, gpu);
+  } catch (...) {
+    MPI_Comm_free(&node);
+    throw;
+  }
   MPI_Comm_free(&node);
-  check_mpi(gathered, "MPI_Allgather");
-  const int sharing = gpu < 0 ? 1 : int(std::ranges::count(gpus, gpu));
+  std::vector<std::string> buses;
+  for (const GpuIdentity& id : ids) buses.push_back(id.bus_id);
+  const int sharing = ranks_on_same_gpu(buses)[std::size_t(local)];
+  const bool has_gpu = !gpu.bus_id.empty();
   // Agreed over the world: every rank decides from the same facts.
-  int mine[3] = {sharing, gpu >= 0 ? 0 : 1, mpi_is_cuda_aware() ? 0 : 1}, all[3] = {};
+  int mine[3] = {sharing, has_gpu ? 0 : 1, mpi_is_cuda_aware() ? 0 : 1}, all[3] = {};
   check_mpi(MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
   f.ranks_per_gpu = all[0];
   f.every_rank_has_gpu = all[1] == 0;
@@ -216,7 +207,7 @@ RunCommunicator make_run_communicator(std::string_view requested) {
       break;
     case Transport::nccl:
 #ifdef COLOSSAL_HAVE_CUDA
-      run.world = std::make_unique<NcclCommunicator>(*mpi, current_gpu());
+      run.world = std::make_unique<NcclCommunicator>(*mpi, current_gpu_identity().ordinal);
 #else
       throw std::logic_error("NCCL chosen in a build without CUDA");
 #endif

@@ -1,6 +1,10 @@
 #include "parallel/local_device.hpp"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <stdexcept>
 
 #ifdef COLOSSAL_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -32,6 +36,82 @@ std::string DeviceChoice::describe() const {
   if (devices == 0) return "none (no CUDA device visible); " + rank;
   return "CUDA device " + std::to_string(device) + " of " + std::to_string(devices) +
          " visible = " + rank + " mod " + std::to_string(devices);
+}
+
+GpuIdentity current_gpu_identity() {
+  GpuIdentity id;
+#ifdef COLOSSAL_HAVE_CUDA
+  int devices = 0, device = -1;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+      cudaGetDevice(&device) != cudaSuccess) {
+    cudaGetLastError();  // no GPU here is not a failure
+    return id;
+  }
+  char bus[32] = {};
+  cudaDeviceProp prop{};
+  if (cudaDeviceGetPCIBusId(bus, int(sizeof bus) - 1, device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return id;
+  }
+  id.ordinal = device;
+  id.bus_id = bus;
+  char hex[3];
+  for (int i = 0; i < 16; ++i) {
+    std::snprintf(hex, sizeof hex, "%02x", unsigned(static_cast<unsigned char>(prop.uuid.bytes[i])));
+    id.uuid += hex;
+  }
+#endif
+  return id;
+}
+
+std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdentity& mine) {
+  // Fixed-width records: ordinal, then the bus id and the UUID NUL-padded.
+  constexpr std::size_t kBus = 32, kUuid = 40, kRecord = sizeof(int) + kBus + kUuid;
+  if (mine.bus_id.size() >= kBus || mine.uuid.size() >= kUuid) {
+    throw std::invalid_argument("colossal::parallel: GPU bus id or UUID too long to gather");
+  }
+  char record[kRecord] = {};
+  std::memcpy(record, &mine.ordinal, sizeof(int));
+  std::memcpy(record + sizeof(int), mine.bus_id.data(), mine.bus_id.size());
+  std::memcpy(record + sizeof(int) + kBus, mine.uuid.data(), mine.uuid.size());
+  int size = 1;
+  MPI_Comm_size(comm, &size);
+  std::vector<char> all(kRecord * std::size_t(size));
+  if (MPI_Allgather(record, int(kRecord), MPI_CHAR, all.data(), int(kRecord), MPI_CHAR, comm) !=
+      MPI_SUCCESS) {
+    throw std::runtime_error("colossal::parallel: MPI_Allgather of the GPUs' identities failed");
+  }
+  std::vector<GpuIdentity> ids(static_cast<std::size_t>(size));
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    const char* at = all.data() + r * kRecord;
+    std::memcpy(&ids[r].ordinal, at, sizeof(int));
+    ids[r].bus_id = std::string(at + sizeof(int), strnlen(at + sizeof(int), kBus));
+    ids[r].uuid = std::string(at + sizeof(int) + kBus, strnlen(at + sizeof(int) + kBus, kUuid));
+  }
+  return ids;
+}
+
+std::vector<int> ranks_on_same_gpu(const std::vector<std::string>& keys) {
+  std::vector<int> counts(keys.size(), 1);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (!keys[i].empty()) counts[i] = int(std::ranges::count(keys, keys[i]));
+  }
+  return counts;
+}
+
+std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys) {
+  std::vector<std::vector<int>> groups;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].empty()) continue;
+    const auto first = std::ranges::find(keys, keys[i]);
+    if (first != keys.begin() + std::ptrdiff_t(i)) continue;  // grouped at its first rank
+    std::vector<int>& group = groups.emplace_back();
+    for (std::size_t j = i; j < keys.size(); ++j) {
+      if (keys[j] == keys[i]) group.push_back(int(j));
+    }
+  }
+  return groups;
 }
 
 DeviceChoice select_local_device(int mpi_local_rank) {

@@ -7,6 +7,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+#include <mpi.h>
 
 namespace colossal::parallel {
 
@@ -29,6 +32,31 @@ struct DeviceChoice {
 
 // The pure rule: local_rank % devices, -1 when there is no device.
 int device_for(int local_rank, int devices);
+
+// A GPU as every process of a node names it, whatever each one's CUDA_VISIBLE_DEVICES: under
+// Slurm's --gpus-per-task=1 every task sees its own GPU as device 0, so device ordinals cannot
+// tell whether two ranks share one. The PCI bus id is what NCCL compares to refuse two ranks of
+// a communicator on one GPU; the UUID is a MIG instance's own, so slices of one GPU, each with
+// memory of its own, stay apart where memory is counted.
+struct GpuIdentity {
+  std::string bus_id;  // e.g. "0000:3B:00.0"; empty: no GPU
+  std::string uuid;    // 32 hex digits; empty: no GPU
+  int ordinal = -1;    // this process's CUDA device number (for messages only)
+};
+
+// The CUDA current device's identity; empty (ordinal -1) without CUDA or a device.
+GpuIdentity current_gpu_identity();
+
+// Every rank of `comm` gets every rank's identity, in rank order.
+std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdentity& mine);
+
+// For each entry of `keys` (one per rank of a node: bus ids or UUIDs, empty for no GPU), how
+// many entries name the same GPU (a rank without one counts 1).
+std::vector<int> ranks_on_same_gpu(const std::vector<std::string>& keys);
+
+// The ranks of a node grouped by GPU (indices into `keys`, each group in order, groups in the
+// order of their first rank); ranks without a GPU are left out.
+std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys);
 
 // Chooses this process's device and, in a CUDA build with a device visible, makes it current
 // (cudaSetDevice), before any cuBLAS handle or NCCL communicator exists. `mpi_local_rank` is used
