@@ -522,4 +522,12 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) const {
   return do_split(color, key);
 }
 
+std::unique_ptr<Communicator> Communicator::split_for_point_to_point(int color, int key) const {
+  if (color < 0) {
+    fail(*this, "split_for_point_to_point: color " + std::to_string(color) +
+                    " is negative (every rank must land in a group); use a color >= 0");
+  }
+  return do_split_for_point_to_point(color, key);
+}
+
 }  // namespace colossal::parallel

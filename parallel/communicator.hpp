@@ -203,6 +203,13 @@ class Communicator {
   // Collective: ranks with the same color form a new communicator, ordered by (key, old rank).
   // color must be >= 0 (every rank gets a group). The result has the same backend.
   std::unique_ptr<Communicator> split(int color, int key) const;
+  // split() for a group that carries the pipeline's point-to-point messages (StageLink): each
+  // stage posts its sends and receives in its own schedule's order, so a send must complete
+  // before the peer posts the matching receive, and messages must match by tag. MPI gives both.
+  // NCCL gives neither (an ncclSend completes only while the peer's ncclRecv runs, and messages
+  // between two ranks match in the order they were issued): its groups carry these messages over
+  // MPI through pinned host staging instead. Others: split().
+  std::unique_ptr<Communicator> split_for_point_to_point(int color, int key) const;
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
@@ -251,6 +258,9 @@ class Communicator {
                             std::span<float> recv_buffer, int source, int tag) = 0;
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) const = 0;
+  virtual std::unique_ptr<Communicator> do_split_for_point_to_point(int color, int key) const {
+    return do_split(color, key);
+  }
 
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
   // A call about to block: counted (record), and the process's wait for the scope's lifetime.

@@ -1,5 +1,6 @@
 // Compiled only when COLOSSAL_HAVE_CUDA (see parallel/CMakeLists.txt).
 #include "parallel/nccl_communicator.hpp"
+#include "parallel/staged_communicator.hpp"
 
 #include "core/memory.hpp"
 #include "parallel/local_device.hpp"
@@ -386,6 +387,15 @@ void NcclCommunicator::do_barrier() {
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) const {
   const std::unique_ptr<Communicator> part = host_.split(color, key);
   return std::make_unique<NcclCommunicator>(dynamic_cast<const MpiCommunicator&>(*part), device_);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::do_split_for_point_to_point(int color,
+                                                                            int key) const {
+  std::unique_ptr<Communicator> part = host_.split(color, key);
+  std::unique_ptr<MpiCommunicator> mpi(dynamic_cast<MpiCommunicator*>(part.get()));
+  if (!mpi) throw std::logic_error("NcclCommunicator: its host communicator split into a non-MPI one");
+  static_cast<void>(part.release());
+  return std::make_unique<StagedCommunicator>(std::move(mpi), cuda_staging_ops());
 }
 
 int node_local_device(const MpiCommunicator& world) {

@@ -81,6 +81,8 @@ class NcclCommunicator final : public Communicator {
                     int source, int tag) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
+  // MPI through pinned host staging (Communicator::split_for_point_to_point says why).
+  std::unique_ptr<Communicator> do_split_for_point_to_point(int color, int key) const override;
 
   void synchronize(const char* what);
   // Waits until `query` (a cudaStreamQuery or cudaEventQuery, as an int) says done, asking NCCL

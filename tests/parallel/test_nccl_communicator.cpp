@@ -219,5 +219,24 @@ TEST_F(NcclCommunicatorTest, SendRecvShiftAndSplit) {
   comm->barrier();
 }
 
+// The pipeline's group (split_for_point_to_point) runs over staged MPI: every rank first sends
+// 16 MB and only then receives, as pipeline stages do in their own schedule orders. Over NCCL
+// the sends would wait for receives nobody has posted yet.
+TEST_F(NcclCommunicatorTest, PointToPointGroupSendsBeforeTheReceiveIsPosted) {
+  const std::unique_ptr<Communicator> p2p = comm->split_for_point_to_point(0, rank());
+  EXPECT_EQ(p2p->backend(), "staged-mpi");
+  ASSERT_EQ(p2p->size(), size());
+  const std::size_t n = std::size_t(1) << 22;
+  DeviceBuffer out(n);
+  DeviceBuffer in(n);
+  out.upload(std::vector<float>(n, static_cast<float>(rank() + 1)));
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  auto sent = p2p->start_send(out.span(), next, 7);
+  p2p->recv(in.span(), prev, 7);
+  sent->wait();
+  EXPECT_EQ(in.download(), std::vector<float>(n, static_cast<float>(prev + 1)));
+}
+
 }  // namespace
 }  // namespace colossal::parallel
