@@ -159,6 +159,16 @@ double gather_time(double bytes, int p, const LinkSpec& link) {
 double send_time(double bytes, const LinkSpec& link) {
   return bytes <= 0 ? 0.0 : link.latency_s + bytes / link.bandwidth_Bps;
 }
+// A pipeline message between stages: on a GPU node (a host link) it crosses it twice, down to
+// pinned host memory and up on the peer, around the MPI send (under NCCL the pipeline group is
+// staged MPI: Communicator::split_for_point_to_point).
+double stage_send_time(double bytes, const LinkSpec& link, const HardwareSpec& hw) {
+  if (bytes <= 0) return 0.0;
+  const double staging = hw.pipeline_staged && hw.host_link_bandwidth > 0
+                             ? 2.0 * bytes / hw.host_link_bandwidth
+                             : 0.0;
+  return send_time(bytes, link) + staging;
+}
 
 bool starts_with(const char* text, const char* prefix) {
   return std::strncmp(text, prefix, std::strlen(prefix)) == 0;
@@ -376,7 +386,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     const LinkSpec& stage_link = link_for(l.tensor * l.data * l.pipeline, hw);
     const double boundary = kF * tokens / (cube ? q * q : q) * (C / q);
     const int sends = int(!stage.embeds) + int(!stage.head);
-    t.pipeline_comm = m * sends * (boundary / stage_link.bandwidth_Bps + stage_link.latency_s);
+    t.pipeline_comm = m * sends * stage_send_time(boundary, stage_link, hw);
     if (stage.embeds != stage.head) {  // this rank's token embedding block
       const int rows = cube ? q * q : q;
       const double vb = double((spec.vocab + rows - 1) / rows);
@@ -743,11 +753,12 @@ TimePrediction predict_time(const core::ModelSpec& spec, const RankLayout& l,
       const LinkSpec& link = link_for(world, hw);
       const int virtual_stages = l.pipeline * int(l.chunks.size());
       const int transfers = (chunk.virtual_stage > 0) + (chunk.virtual_stage < virtual_stages - 1);
-      t.pipeline_comm += m * transfers * send_time(bytes, link);
-      per_micro += transfers * send_time(bytes, link);
+      const double send = stage_send_time(bytes, link, hw);
+      t.pipeline_comm += m * transfers * send;
+      per_micro += transfers * send;
       // The activation leaves after the forward, its gradient after the backward.
-      if (chunk.virtual_stage < virtual_stages - 1) forward += send_time(bytes, link);
-      if (chunk.virtual_stage > 0) backward += send_time(bytes, link);
+      if (chunk.virtual_stage < virtual_stages - 1) forward += send;
+      if (chunk.virtual_stage > 0) backward += send;
     }
     t.micro_forward.push_back(forward);
     t.micro_backward.push_back(backward);

@@ -629,6 +629,39 @@ TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
 // and again before its backward, but the embeddings' second only where backward needs no
 // parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied
 // head's backward gathers them again, so every unit uploads twice.
+
+// On a GPU node each pipeline message crosses the host link twice (under NCCL the pipeline group
+// is staged MPI); priced as direct sends (Megatron-LM's NCCL point-to-point) without that.
+// pp2, 1F1B, 4 micro-batches: stage 0 sends 4 activations, stage 1 sends 4 gradients.
+TEST(CostModel, StagedPipelineMessagesCrossTheHostLinkTwice) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 4, 1024, 8000, 512);
+  planner::HardwareSpec hw = planner::hardware_preset("h200");
+  planner::RunLayout run;
+  run.global_batch = 8;
+  run.micro_batch = 2;
+  run.seq_len = 512;
+  run.pipeline = 2;
+  run.layers = {2, 2};
+  run.schedule = parallel::PipelineSchedule::one_f_one_b;
+  const double bytes = 2.0 * 512 * 256 * 4;  // one micro-batch's boundary, fp32
+  for (int stage = 0; stage < 2; ++stage) {
+    const planner::RankLayout layout = planner::rank_layout(run, stage);
+    ASSERT_EQ(layout.micro_batches, 4);
+    hw.pipeline_staged = true;
+    const double staged = planner::predict_time(spec, layout, hw).pipeline_comm;
+    hw.pipeline_staged = false;
+    const double direct = planner::predict_time(spec, layout, hw).pipeline_comm;
+    EXPECT_GT(direct, 0.0);
+    EXPECT_NEAR(staged - direct, 4 * 2 * bytes / hw.host_link_bandwidth, 1e-12) << stage;
+  }
+  // A CPU rank has no host link: nothing to stage.
+  planner::HardwareSpec host = planner::hardware_preset("host");
+  const planner::RankLayout layout = planner::rank_layout(run, 0);
+  host.pipeline_staged = true;
+  const double a = planner::predict_time(spec, layout, host).pipeline_comm;
+  host.pipeline_staged = false;
+  EXPECT_EQ(a, planner::predict_time(spec, layout, host).pipeline_comm);
+}
 TEST(CostModel, ParameterOffloadUploadsFollowTheGathers) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   const planner::HardwareSpec hw = planner::hardware_preset("h200");
