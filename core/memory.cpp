@@ -223,7 +223,11 @@ CopyQueue::~CopyQueue() {
 }
 
 void CopyQueue::follow_kernels() {
-  if (stream_ != nullptr) order_after_kernels(stream_);
+  if (stream_ != nullptr) {
+    order_after_kernels(stream_);
+  } else {
+    fence_kernels();  // the copies are done when queued: the kernels must be done first
+  }
 }
 
 void CopyQueue::precede(void* stream) {
@@ -297,7 +301,7 @@ void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t by
   std::memcpy(device_dst, host_src, bytes);
 }
 void CopyQueue::wait() {}
-void CopyQueue::follow_kernels() {}
+void CopyQueue::follow_kernels() { fence_kernels(); }  // the copies are done when queued
 void CopyQueue::precede(void* /*stream*/) {}
 void order_after_kernels(void* /*stream*/) { fence_kernels(); }
 #endif

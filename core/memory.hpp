@@ -186,9 +186,9 @@ class CopyQueue {
   void to_host(void* host_dst, const void* device_src, std::size_t bytes);
   void to_device(void* device_dst, const void* host_src, std::size_t bytes);
   void wait();
-  // Ordering without the host waiting (a CUDA build; on a host build every copy is done when
-  // queued and these do nothing). follow_kernels(): the copies queued from now on wait for the
-  // kernels queued so far on Kokkos' stream. precede(stream): the work queued from now on on
+  // Ordering without the host waiting (a CUDA build). follow_kernels(): the copies queued from
+  // now on wait for the kernels queued so far on Kokkos' stream (on a host build, where every
+  // copy is done when queued, the host waits for those kernels; precede does nothing there). precede(stream): the work queued from now on on
   // `stream` (a cudaStream_t; null: Kokkos' stream) waits for the copies queued so far.
   void follow_kernels();
   void precede(void* stream = nullptr);

@@ -252,6 +252,7 @@ void ShardedAdamW::fetch_unit_gradients(int unit, const float* slice, bool early
   const std::size_t from = std::max(at, split);
   if (from >= at + n) return;
   const std::size_t bytes = (at + n - from) * sizeof(float);
+  copies_->follow_kernels();  // after the kernels that summed the slice, without the host waiting
   copies_->to_host(host_grads_.data() + (from - split), slice + (from - at), bytes);
   offload_stats_.to_host_bytes += bytes;
   if (early) offload_stats_.early_to_host_bytes += bytes;

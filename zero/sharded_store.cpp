@@ -323,10 +323,9 @@ void ShardedParameterStore::finish_reduction(int sl) {
   }
   const Reduction done = std::move(r);
   r = Reduction{};
-  if (done.final) {
-    core::fence_kernels();  // the listener's copy queue reads what the add wrote
-    final_listener_(done.unit, shard, final_pass_);
-  }
+  // The listener orders its copies after the add (CopyQueue::follow_kernels), so the host need
+  // not wait here for the kernels queued so far (the current unit's backward).
+  if (done.final) final_listener_(done.unit, shard, final_pass_);
 }
 
 void ShardedParameterStore::finish_reductions() {
@@ -336,10 +335,7 @@ void ShardedParameterStore::finish_reductions() {
 
 void ShardedParameterStore::gradients_done(int unit) {
   if (ranks_ == 1) {  // accumulated in the shard itself: final now in the final pass
-    if (final_unit(unit)) {
-      core::fence_kernels();
-      final_listener_(unit, grad_shard_.data() + shard_offset(unit), true);
-    }
+    if (final_unit(unit)) final_listener_(unit, grad_shard_.data() + shard_offset(unit), true);
     return;
   }
   const int sl = slot(unit);

@@ -112,7 +112,8 @@ class ShardedParameterStore : public core::ParameterStore {
   // Final gradients (ZeRO-Offload's copies during backward). While the final pass is on (the
   // step's last micro-batch: zero::GradientSync::set_overlap), a unit in `units` (set_final_units;
   // none by default) whose reduction is started is final once it completes: as soon as its slice
-  // is in the gradient shard (the kernels that added it waited for), listener(unit, slice,
+  // is in the gradient shard (queued: the listener orders what reads it after the kernels that
+  // add it, CopyQueue::follow_kernels, so the host does not wait for them), listener(unit, slice,
   // during_backward) is called with the slice's first element in the shard; during_backward is
   // false for the reductions still in flight when backward ended, completed later (by
   // grad_shard(): the last block's and the embeddings'). With one rank, when backward finishes
