@@ -361,10 +361,11 @@ using colossal::test::to_host;
 
 // On a GPU: the WMMA kernels against the host block on the same bf16 inputs (the sums' order
 // differs, and a probability may round to the neighbouring bf16), and against the dense
-// reference; gpt2's head at T = 1024 too.
+// reference; gpt2's head at T = 1024 too. Head widths 64, 128 and 256 with the device's own
+// tile (256: the widest shared memory, over 48 KiB), 16, and the 16-row tile at width 64.
 TEST(TensorCoreAttention, DeviceMatchesHostBlock) {
   const Case cases[] = {{2, 100, 128, 2, 0}, {1, 130, 256, 2, 0}, {1, 1024, 128, 2, 0},
-                        {2, 70, 64, 4, 32}};
+                        {1, 130, 512, 2, 0}, {2, 70, 64, 4, 32}, {1, 100, 128, 2, 16}};
   for (Case c : cases) {
     if (c.tile == 0) c.tile = tc::device_tile(c.C / c.H);
     SCOPED_TRACE("T=" + std::to_string(c.T) + " C=" + std::to_string(c.C) +
