@@ -8,4 +8,5 @@
 #include "core/kernels.hpp"
 #include "core/kernels_team.hpp"
 #include "core/llama_kernels.hpp"
+#include "core/llama_kernels_team.hpp"
 #include "core/memory.hpp"

@@ -1,5 +1,6 @@
-// Vectorisable float exp and tanh, shared by the host kernels (core/kernels.hpp) and the team
-// kernels (core/kernels_team.hpp), so both paths compute the same values. Device-legal.
+// Vectorisable float exp, tanh and sigmoid, shared by the host kernels (core/kernels.hpp,
+// core/llama_kernels.hpp) and the team kernels (core/kernels_team.hpp,
+// core/llama_kernels_team.hpp), so both paths compute the same values. Device-legal.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,9 @@ KOKKOS_INLINE_FUNCTION float fast_tanh(float u) {
   const float r = (1.0f - t) / (1.0f + t);
   return u < 0.0f ? -r : r;
 }
+
+// The logistic function through fast_exp (SwiGLU's silu, core/llama_kernels.hpp).
+KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 // Row reductions of the host kernels: f(j) for j in [0, n) folded into kLanes interleaved
 // partials (lane k takes j = k mod kLanes), which are then combined pairwise. One fixed order

@@ -10,17 +10,17 @@
 //   H/KV query heads. The forward expands a (B,T,C+2*KV*hs) projection into the (B,T,3C) layout
 //   the multi-head attention kernels take (core/layers.hpp); the backward sums each KV head's
 //   gradient over its group of query heads. The expansion costs one (B,T,3C) buffer.
-// One source for host and device: labelled Kokkos loops over raw arrays (kernels::for_each).
+// One source for host and device: labelled Kokkos loops over raw arrays (kernels::for_each); on a
+// device (device_memory_v) each kernel takes its form in core/llama_kernels_team.hpp instead.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "core/kernels.hpp"
+#include "core/llama_kernels_team.hpp"
 
 namespace colossal::core::kernels {
-
-KOKKOS_INLINE_FUNCTION float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 // out = inp * rstd * weight per row, rstd = 1 / sqrt(mean(inp^2) + eps), saved for backward.
 // Out: float, or std::uint16_t for bf16 patterns (as layernorm_forward).
@@ -30,6 +30,10 @@ void rmsnorm_forward(Out* out,             // (N,C)
                      const float* inp,     // (N,C)
                      const float* weight,  // (C)
                      int64_t N, int C, float eps) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::rmsnorm_forward<ExecSpace, Out>(out, rstd, inp, weight, N, C, eps);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::rmsnorm_forward", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
@@ -51,6 +55,10 @@ void rmsnorm_backward(float* dinp,          // (N,C), accumulated
                       const float* weight,  // (C)
                       const float* rstd,    // (N)
                       int64_t N, int C) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::rmsnorm_backward<ExecSpace>(dinp, dweight, dout, inp, weight, rstd, N, C);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::rmsnorm_backward_input", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
         const float* x = inp + n * C;
@@ -98,6 +106,11 @@ inline void rope_table(float* cos_table, float* sin_table, int T, int hs, double
 template <class ExecSpace = Exec>
 void rope_rotate(float* x, int64_t B, int Tl, int ld, int col0, int heads, int hs, int pos0,
                  const float* cos_table, const float* sin_table, bool inverse) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::rope_rotate<ExecSpace>(x, B, Tl, ld, col0, heads, hs, pos0, cos_table, sin_table,
+                                 inverse);
+    return;
+  }
   const int half = hs / 2;
   const float sign = inverse ? -1.0f : 1.0f;
   for_each<ExecSpace>(
@@ -122,6 +135,10 @@ void rope_rotate(float* x, int64_t B, int Tl, int ld, int col0, int heads, int h
 // ld_in (the fused gate/up projection's output); out (N, F) dense.
 template <class ExecSpace = Exec>
 void swiglu_forward(float* out, const float* gate, const float* up, int ld_in, int64_t N, int F) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::swiglu_forward<ExecSpace>(out, gate, up, ld_in, N, F);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::swiglu_forward", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
         const float* g = gate + n * ld_in;
@@ -136,6 +153,10 @@ void swiglu_forward(float* out, const float* gate, const float* up, int ld_in, i
 template <class ExecSpace = Exec>
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int ld_in, int64_t N, int F) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::swiglu_backward<ExecSpace>(dgate, dup, dout, gate, up, ld_in, N, F);
+    return;
+  }
   for_each<ExecSpace>(
       "colossal::core::swiglu_backward", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
         const float* g = gate + n * ld_in;
@@ -157,6 +178,10 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // query head h's K and V from KV head h / (H / KV). H % KV == 0.
 template <class ExecSpace = Exec>
 void gqa_expand(float* qkv, const float* qkv_gqa, int64_t N, int H, int KV, int hs) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::gqa_expand<ExecSpace>(qkv, qkv_gqa, N, H, KV, hs);
+    return;
+  }
   const int group = H / KV, C = H * hs, row_in = (H + 2 * KV) * hs;
   for_each<ExecSpace>(
       "colossal::core::gqa_expand", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
@@ -178,6 +203,10 @@ void gqa_expand(float* qkv, const float* qkv_gqa, int64_t N, int H, int KV, int 
 // of dK and dV over its group of query heads, in head order.
 template <class ExecSpace = Exec>
 void gqa_reduce(float* dqkv_gqa, const float* dqkv, int64_t N, int H, int KV, int hs) {
+  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+    team::gqa_reduce<ExecSpace>(dqkv_gqa, dqkv, N, H, KV, hs);
+    return;
+  }
   const int group = H / KV, C = H * hs, row_out = (H + 2 * KV) * hs;
   for_each<ExecSpace>(
       "colossal::core::gqa_reduce", N, kRowGrain, KOKKOS_LAMBDA(int64_t n) {
