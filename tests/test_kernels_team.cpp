@@ -1,6 +1,7 @@
-// The team (device) kernels of core/kernels_team.hpp, core/attention_team.hpp and
-// core/adamw_team.hpp, run on the host's execution space, against the host kernels of
-// core/kernels.hpp / core/layers.hpp / core/optimizer.hpp on random inputs of odd sizes, and their
+// The team (device) kernels of core/kernels_team.hpp, core/llama_kernels_team.hpp,
+// core/attention_team.hpp and core/adamw_team.hpp, run on the host's execution space, against the
+// host kernels of core/kernels.hpp / core/llama_kernels.hpp / core/layers.hpp /
+// core/optimizer.hpp on random inputs of odd sizes, and their
 // backward passes against finite differences. COLOSSAL_TEAM_SIZE sets the team size (default:
 // Kokkos::AUTO; the Serial backend runs teams of one, an OpenMP build of Kokkos several threads,
 // which exercises the barriers). Each test prints its largest difference from the reference.
@@ -20,6 +21,8 @@
 #include "core/kernels.hpp"
 #include "core/kernels_team.hpp"
 #include "core/layers.hpp"
+#include "core/llama_kernels.hpp"
+#include "core/llama_kernels_team.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/optimizer.hpp"
@@ -233,6 +236,143 @@ TEST_F(TeamKernels, BiasBackwardMatchesHostAndDoubleSums) {
     SCOPED_TRACE("N " + std::to_string(N));
     expect_close("bias dbias vs host", db, ref, 1e-4);
     expect_close("bias dbias vs double", db, exact, 1e-4);
+  }
+}
+
+// RMSNorm: rows of a non-zero mean (which RMSNorm, unlike layernorm, keeps), C below and above
+// a team's width, the bf16 output exactly the rounded fp32 one.
+TEST_F(TeamKernels, RmsnormForwardMatchesHost) {
+  for (int C : {37, 768}) {
+    const int N = 13;
+    auto x = random_vector(N * C, 41, 3.0f), w = random_vector(C, 42);
+    for (auto& v : x) v += 0.7f;
+    std::vector<float> out(N * C), rstd(N), ref(N * C), ref_rstd(N);
+    kernels::rmsnorm_forward<RefExec>(ref.data(), ref_rstd.data(), x.data(), w.data(), N, C,
+                                      1e-5f);
+    team::rmsnorm_forward<TeamExec>(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f,
+                                    team_size());
+    std::vector<std::uint16_t> out16(N * C), want16(N * C);
+    std::vector<float> rstd16(N);
+    team::rmsnorm_forward<TeamExec, std::uint16_t>(out16.data(), rstd16.data(), x.data(),
+                                                   w.data(), N, C, 1e-5f, team_size());
+    Kokkos::fence();
+    SCOPED_TRACE("C " + std::to_string(C));
+    expect_close("rmsnorm out", out, ref, 1e-5, 1e-5);
+    expect_close("rmsnorm rstd", rstd, ref_rstd, 1e-6, 1e-5);
+    to_bf16_bits(out.data(), want16.data(), out.size());
+    EXPECT_EQ(out16, want16);
+    EXPECT_EQ(rstd16, rstd);
+  }
+}
+
+TEST_F(TeamKernels, RmsnormBackwardMatchesHostAndFiniteDifferences) {
+  for (int N : {70, 1000}) {  // rows not a multiple of 16; many rows per row group
+    const int C = 37;         // two column chunks, one ragged
+    auto x = random_vector(N * C, 43, 2.0f), w = random_vector(C, 44);
+    auto g = random_vector(N * C, 45);
+    std::vector<float> out(N * C), rstd(N);
+    kernels::rmsnorm_forward<RefExec>(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    // Both gradients accumulate: start from non-zero values.
+    auto dx = random_vector(N * C, 46), dw = random_vector(C, 47);
+    auto rdx = dx, rdw = dw;
+    kernels::rmsnorm_backward<RefExec>(rdx.data(), rdw.data(), g.data(), x.data(), w.data(),
+                                       rstd.data(), N, C);
+    team::rmsnorm_backward<TeamExec>(dx.data(), dw.data(), g.data(), x.data(), w.data(),
+                                     rstd.data(), N, C, team_size());
+    Kokkos::fence();
+    SCOPED_TRACE("N " + std::to_string(N));
+    expect_close("rmsnorm dinp", dx, rdx, 1e-5, 1e-5);
+    expect_close("rmsnorm dweight", dw, rdw, 1e-4, 1e-5);
+  }
+  const int N = 4, C = 9;
+  auto x = random_vector(N * C, 48, 2.0f), w = random_vector(C, 49), g = random_vector(N * C, 50);
+  std::vector<float> out(N * C), rstd(N);
+  auto f = [&] {
+    team::rmsnorm_forward<TeamExec>(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f,
+                                    team_size());
+    Kokkos::fence();
+    return dot(out, g);
+  };
+  f();
+  std::vector<float> dx(N * C, 0.5f), dw(C, 0.0f);
+  team::rmsnorm_backward<TeamExec>(dx.data(), dw.data(), g.data(), x.data(), w.data(),
+                                   rstd.data(), N, C, team_size());
+  Kokkos::fence();
+  for (auto& v : dx) v -= 0.5f;
+  EXPECT_EQ(check_gradient("dx", f, x, dx), 0);
+  EXPECT_EQ(check_gradient("dw", f, w, dw), 0);
+}
+
+// RoPE per pair: a column block inside wider rows (the columns around it a sentinel that must
+// stay), positions from an offset, both directions; the round trip gives the input back.
+TEST_F(TeamKernels, RopeMatchesHost) {
+  const int B = 3, Tl = 7, heads = 3, hs = 10, col0 = 5, ld = col0 + heads * hs + 4, pos0 = 11;
+  std::vector<float> cos_table((pos0 + Tl) * hs / 2), sin_table(cos_table.size());
+  kernels::rope_table(cos_table.data(), sin_table.data(), pos0 + Tl, hs, 10000.0);
+  auto x = random_vector(B * Tl * ld, 51, 2.0f);
+  for (bool inverse : {false, true}) {
+    auto got = x, ref = x;
+    kernels::rope_rotate<RefExec>(ref.data(), B, Tl, ld, col0, heads, hs, pos0, cos_table.data(),
+                                  sin_table.data(), inverse);
+    team::rope_rotate<TeamExec>(got.data(), B, Tl, ld, col0, heads, hs, pos0, cos_table.data(),
+                                sin_table.data(), inverse);
+    Kokkos::fence();
+    SCOPED_TRACE(inverse ? "inverse" : "forward");
+    expect_close("rope", got, ref, 1e-6, 1e-6);
+    for (int r = 0; r < B * Tl; ++r) {
+      for (int c = 0; c < ld; ++c) {
+        if (c < col0 || c >= col0 + heads * hs) {
+          ASSERT_EQ(got[r * ld + c], x[r * ld + c]);
+        }
+      }
+    }
+    if (inverse) break;
+    team::rope_rotate<TeamExec>(got.data(), B, Tl, ld, col0, heads, hs, pos0, cos_table.data(),
+                                sin_table.data(), true);
+    Kokkos::fence();
+    expect_close("rope round trip", got, x, 1e-5);
+  }
+}
+
+// SwiGLU per element: gate and up as column blocks of padded rows (the padding must stay).
+TEST_F(TeamKernels, SwigluMatchesHost) {
+  const int64_t N = 13;
+  const int F = 37, ld = 2 * F + 3;
+  auto in = random_vector(N * ld, 52, 4.0f), dout = random_vector(N * F, 53);
+  std::vector<float> out(N * F, 9.0f), ref = out;
+  kernels::swiglu_forward<RefExec>(ref.data(), in.data(), in.data() + F, ld, N, F);
+  team::swiglu_forward<TeamExec>(out.data(), in.data(), in.data() + F, ld, N, F);
+  std::vector<float> din(N * ld, 9.0f), rdin = din;
+  kernels::swiglu_backward<RefExec>(rdin.data(), rdin.data() + F, dout.data(), in.data(),
+                                    in.data() + F, ld, N, F);
+  team::swiglu_backward<TeamExec>(din.data(), din.data() + F, dout.data(), in.data(),
+                                  in.data() + F, ld, N, F);
+  Kokkos::fence();
+  expect_close("swiglu out", out, ref, 1e-6, 1e-6);
+  expect_close("swiglu dgate, dup", din, rdin, 1e-6, 1e-6);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int c = 2 * F; c < ld; ++c) ASSERT_EQ(din[n * ld + c], 9.0f);
+  }
+}
+
+// GQA's expand and reduce per element, bitwise the host's (copies, and each group added in head
+// order): groups of 3, of 1 (multi-head) and of all heads (multi-query).
+TEST_F(TeamKernels, GqaExpandAndReduceMatchHostBitwise) {
+  const int64_t N = 13;
+  const int H = 6, hs = 10, C = H * hs;
+  for (int KV : {2, 6, 1}) {
+    const int row = (H + 2 * KV) * hs;
+    auto in = random_vector(N * row, 54), din = random_vector(N * 3 * C, 55);
+    std::vector<float> qkv(N * 3 * C, 9.0f), ref = qkv;
+    kernels::gqa_expand<RefExec>(ref.data(), in.data(), N, H, KV, hs);
+    team::gqa_expand<TeamExec>(qkv.data(), in.data(), N, H, KV, hs);
+    std::vector<float> dgqa(N * row, 9.0f), rdgqa = dgqa;
+    kernels::gqa_reduce<RefExec>(rdgqa.data(), din.data(), N, H, KV, hs);
+    team::gqa_reduce<TeamExec>(dgqa.data(), din.data(), N, H, KV, hs);
+    Kokkos::fence();
+    SCOPED_TRACE("KV " + std::to_string(KV));
+    EXPECT_EQ(qkv, ref);
+    EXPECT_EQ(dgqa, rdgqa);
   }
 }
 
@@ -831,5 +971,63 @@ TEST(DeviceTeamKernels, AdamWAndAttentionMatchHost) {
   team::attention_backward<Dev>(ddqkv.data(), ddy.data(), dyo.data(), dqkv_in.data(), dlse.data(),
                                 B, T, C, H);
   expect_close("gpu attention dqkv", to_host(ddqkv), host_dqkv, 1e-4);
+}
+
+// The LLaMA kernels through their entry points (core/llama_kernels.hpp), which take the team
+// forms on the device, against the host kernels on the same inputs.
+TEST(DeviceTeamKernels, LlamaKernelsMatchHost) {
+  const int N = 64, C = 768;
+  auto x = random_vector(N * C, 61, 3.0f), w = random_vector(C, 62), g = random_vector(N * C, 63);
+  std::vector<float> out(N * C), rstd(N);
+  kernels::rmsnorm_forward<RefExec>(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+  auto dx = to_device(x), dw = to_device(w), dg = to_device(g);
+  auto dout = to_device(std::vector<float>(N * C)), drstd = to_device(std::vector<float>(N));
+  kernels::rmsnorm_forward<Dev>(dout.data(), drstd.data(), dx.data(), dw.data(), N, C, 1e-5f);
+  expect_close("gpu rmsnorm out", to_host(dout), out, 1e-5, 1e-5);
+  expect_close("gpu rmsnorm rstd", to_host(drstd), rstd, 1e-6, 1e-5);
+  std::vector<float> dinp(N * C, 0.5f), dweight(C, 0.25f);
+  auto ddinp = to_device(dinp), ddweight = to_device(dweight);
+  drstd = to_device(rstd);
+  kernels::rmsnorm_backward<RefExec>(dinp.data(), dweight.data(), g.data(), x.data(), w.data(),
+                                     rstd.data(), N, C);
+  kernels::rmsnorm_backward<Dev>(ddinp.data(), ddweight.data(), dg.data(), dx.data(), dw.data(),
+                                 drstd.data(), N, C);
+  expect_close("gpu rmsnorm dinp", to_host(ddinp), dinp, 1e-5, 1e-5);
+  expect_close("gpu rmsnorm dweight", to_host(ddweight), dweight, 1e-4, 1e-5);
+
+  const int B = 2, T = 32, H = 12, KV = 4, hs = 64, W = (H + 2 * KV) * hs, pos0 = 5;
+  std::vector<float> cos_table((pos0 + T) * hs / 2), sin_table(cos_table.size());
+  kernels::rope_table(cos_table.data(), sin_table.data(), pos0 + T, hs, 10000.0);
+  auto qkv_gqa = random_vector(B * T * W, 64, 2.0f);
+  auto dqkv_gqa = to_device(qkv_gqa), dcos = to_device(cos_table), dsin = to_device(sin_table);
+  kernels::rope_rotate<RefExec>(qkv_gqa.data(), B, T, W, 0, H, hs, pos0, cos_table.data(),
+                                sin_table.data(), false);
+  kernels::rope_rotate<Dev>(dqkv_gqa.data(), B, T, W, 0, H, hs, pos0, dcos.data(), dsin.data(),
+                            false);
+  expect_close("gpu rope", to_host(dqkv_gqa), qkv_gqa, 1e-6, 1e-6);
+  std::vector<float> qkv(B * T * 3 * H * hs);
+  auto dqkv = to_device(qkv);
+  kernels::gqa_expand<RefExec>(qkv.data(), qkv_gqa.data(), B * T, H, KV, hs);
+  dqkv_gqa = to_device(qkv_gqa);
+  kernels::gqa_expand<Dev>(dqkv.data(), dqkv_gqa.data(), B * T, H, KV, hs);
+  EXPECT_EQ(to_host(dqkv), qkv);
+  std::vector<float> reduced(B * T * W);
+  auto dreduced = to_device(reduced);
+  kernels::gqa_reduce<RefExec>(reduced.data(), qkv.data(), B * T, H, KV, hs);
+  kernels::gqa_reduce<Dev>(dreduced.data(), dqkv.data(), B * T, H, KV, hs);
+  EXPECT_EQ(to_host(dreduced), reduced);
+
+  const int F = 3 * 257;
+  auto fc = random_vector(N * 2 * F, 65, 4.0f), dact = random_vector(N * F, 66);
+  std::vector<float> act(N * F), dfc(N * 2 * F);
+  auto dfcv = to_device(fc), dactv = to_device(dact), actv = to_device(act), dfcout = to_device(dfc);
+  kernels::swiglu_forward<RefExec>(act.data(), fc.data(), fc.data() + F, 2 * F, N, F);
+  kernels::swiglu_forward<Dev>(actv.data(), dfcv.data(), dfcv.data() + F, 2 * F, N, F);
+  expect_close("gpu swiglu out", to_host(actv), act, 1e-6, 1e-5);
+  kernels::swiglu_backward<RefExec>(dfc.data(), dfc.data() + F, dact.data(), fc.data(),
+                                    fc.data() + F, 2 * F, N, F);
+  kernels::swiglu_backward<Dev>(dfcout.data(), dfcout.data() + F, dactv.data(), dfcv.data(),
+                                dfcv.data() + F, 2 * F, N, F);
+  expect_close("gpu swiglu dgate, dup", to_host(dfcout), dfc, 1e-6, 1e-5);
 }
 #endif  // KOKKOS_ENABLE_CUDA
