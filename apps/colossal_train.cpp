@@ -88,8 +88,13 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
                    config.hardware.preset.c_str());
     }
   }
-  std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
-               config.log.dir.c_str());
+  if (s.model_path.empty()) {
+    std::fprintf(log, "no model file (log.save_model: false); metrics in %s/metrics.csv\n",
+                 config.log.dir.c_str());
+  } else {
+    std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
+                 config.log.dir.c_str());
+  }
   if (!s.sample.empty()) {
     std::fprintf(log, "sample (%d tokens after \"%s\"):\n", config.sample.tokens,
                  config.sample.prompt.c_str());

@@ -855,9 +855,11 @@ TrainSummary Trainer::train() {
   summary.predicted_peak_bytes = predicted_memory_.total();
 
   write_trace();
-  summary.model_path = config_.log.dir + "/model.h5";
-  save_weights(summary.model_path);
-  print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
+  if (config_.log.save_model) {
+    summary.model_path = config_.log.dir + "/model.h5";
+    save_weights(summary.model_path);
+    print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
+  }
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
   if (config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,

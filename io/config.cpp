@@ -532,6 +532,11 @@ const std::vector<KeySpec>& schema() {
       {.key = "log.dir", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.log.dir; },
        .doc = "directory for metrics and the resolved config", .non_empty = true},
+      {.key = "log.save_model", .kind = Kind::choice,
+       .field = [](Config& c) -> Field { return &c.log.save_model; },
+       .doc = "at the end of the run, write the final weights to log.dir/model.h5 (false: "
+              "only the metrics, e.g. a benchmark of a large model; checkpoints are unaffected)",
+       .choices = {"false", "true"}},
       // Hugging Face export (colossal_export's output, written by the run itself).
       {.key = "log.export_hf", .kind = Kind::choice,
        .field = [](Config& c) -> Field { return &c.log.export_hf; },
@@ -559,7 +564,7 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.checkpoint.verify; },
        .doc = "check a checkpoint's whole-file checksum before HDF5 parses it (HDF5 can crash on "
               "damaged files); false also reads format-1 checkpoints, which have none",
-       .choices = {"true", "false"}},
+       .choices = {"false", "true"}},
 
       {.key = "sample.prompt", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.sample.prompt; },
@@ -1238,6 +1243,12 @@ class Resolver {
     check_pipeline(config);
     check_recompute(config);
     check_fine_tune(config);
+    if (config.log.export_hf && !config.log.save_model) {
+      raise(where_first({"log.export_hf", "log.save_model"}), "log.export_hf",
+            "true needs the model file, but log.save_model is false",
+            "the export converts log.dir/model.h5 at the end of the run",
+            "set log.save_model: true, or log.export_hf: false");
+    }
     const TrainConfig& t = config.train;
     if (t.seq_len > config.model.max_seq)
       raise(where_first({"train.seq_len", "model.max_seq", "model.preset"}), "train.seq_len",

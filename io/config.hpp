@@ -153,6 +153,9 @@ struct LogConfig {
   int64_t every = 10;            // steps between progress lines
   std::string dir = "runs/default";
 
+  // Whether the run ends by writing log.dir/model.h5 (false: runs that want only the metrics,
+  // such as benchmarks and sweeps of a large model).
+  bool save_model = true;
   // Hugging Face export (io/hf_export.hpp): log.dir/hf/ after the final model.h5.
   bool export_hf = false;
 };

@@ -247,6 +247,23 @@ TEST_F(Cli, AnUncreatableLogDirStopsEveryRank) {
             std::string::npos) << r.output;
 }
 
+// log.save_model: false ends the run with its metrics and no model file; the export, which
+// converts that file, is refused beside it with both keys named.
+TEST_F(Cli, SaveModelFalseWritesOnlyTheMetrics) {
+  Result r = run(bin("colossal_train") + " " + write_config("ok.yaml") +
+                 " --set log.save_model=false --set log.dir=" + dir + "/nomodel");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/nomodel/model.h5"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/nomodel/metrics.csv"));
+  EXPECT_NE(r.output.find("no model file (log.save_model: false)"), std::string::npos) << r.output;
+  r = run(bin("colossal_train") + " " + write_config("ok.yaml") +
+          " --set log.save_model=false --set log.export_hf=true --set log.dir=" + dir + "/nohf");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("log.export_hf: true needs the model file, but log.save_model is false"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Cli, BadInputUnderMpirunExitsEveryRankWithoutHanging) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 4 "
