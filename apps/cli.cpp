@@ -14,6 +14,7 @@
 #include <Kokkos_Core.hpp>
 
 #include "apps/launch_env.hpp"
+#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 #include "io/dataset.hpp"
 #include "io/hdf5_file.hpp"
@@ -21,6 +22,7 @@
 #include "parallel/comm_choice.hpp"
 #include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
+#include "planner/hardware.hpp"
 
 namespace colossal::apps {
 
@@ -131,10 +133,33 @@ io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* 
   if (rank == 0) {
     try {
       io::Config config = io::load_config(args.config_path, args.overrides, options);
+      bool changed = false;
       if (slurm != nullptr) {
         config.log.dir = slurm_run_dir(config.log.dir, *slurm);
-        config.text = io::to_yaml(config);
+        changed = true;
       }
+      // hardware.preset: host (the default) on a build whose tensors live on a GPU: the preset
+      // of rank 0's GPU instead (the planner's choices, predictions and MFU are that device's).
+      if (device_resident_build() && config.hardware.file.empty() &&
+          config.hardware.preset == "host") {
+        const std::string name = parallel::current_gpu_name();
+        const std::string preset = planner::preset_for_gpu(name);
+        if (!preset.empty()) {
+          config.hardware.preset = preset;
+          changed = true;
+          std::fprintf(stderr,
+                       "hardware: preset %s for this GPU (%s); hardware.preset or hardware.file "
+                       "override it\n",
+                       preset.c_str(), name.c_str());
+        } else if (!name.empty()) {
+          std::fprintf(stderr,
+                       "hardware: no preset for this GPU (%s): the planner keeps 'host' rates; "
+                       "'colossal_plan --calibrate --out hw.yaml' measures it for "
+                       "hardware.file\n",
+                       name.c_str());
+        }
+      }
+      if (changed) config.text = io::to_yaml(config);
       text = config.text;
     } catch (const std::exception& e) {
       error = e.what();

@@ -126,12 +126,16 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
   int index_;
 };
 
-double peak_flops(const io::HardwareConfig& hardware) {
+double peak_flops(const io::Config& config) {
+  const io::HardwareConfig& hardware = config.hardware;
   if (hardware.peak_tflops > 0) return hardware.peak_tflops * 1e12;
-  // The spec's fp32 peak ("host": the sgemm ceiling of the 2-core AVX-512 development machine,
-  // 2 x 177 GFLOP/s, shared/BUILD-NOTES.md). Set hardware.peak_tflops for other machines.
-  return hardware.file.empty() ? planner::hardware_preset(hardware.preset).peak_flops()
-                               : planner::read_hardware(hardware.file).peak_flops();
+  // The spec's peak in the run's precision (a GPU preset's bf16 tensor-core peak for bf16 runs,
+  // its fp32/TF32 one otherwise; "host": the sgemm ceiling of the 2-core AVX-512 development
+  // machine, 2 x 177 GFLOP/s, shared/BUILD-NOTES.md, for both). Set hardware.peak_tflops for
+  // other machines.
+  const bool bf16 = config.train.precision == core::GemmPrecision::bf16;
+  return hardware.file.empty() ? planner::hardware_preset(hardware.preset).peak_flops(bf16)
+                               : planner::read_hardware(hardware.file).peak_flops(bf16);
 }
 
 parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
@@ -636,7 +640,7 @@ TrainSummary Trainer::train() {
                                         .log = log_,
                                         .tokens_per_step = double(t.global_batch) * t.seq_len,
                                         .flops_per_token = core::flops_per_token(spec, t.seq_len),
-                                        .peak_flops = peak_flops(config_.hardware),
+                                        .peak_flops = peak_flops(config_),
                                         .memory = &tracker_});
   // What this run is and what the cost model predicts for it, beside the measurements.
   run_log.set_attribute("hardware", hardware_name_);

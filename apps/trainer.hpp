@@ -112,8 +112,8 @@ std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
 
 using PipelineStats = parallel::PipelineStats;
 
-// Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure.
-double peak_flops(const io::HardwareConfig& hardware);
+// Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure in the run's precision.
+double peak_flops(const io::Config& config);
 
 // A trainer's world: `world`, or a one-process communicator kept alive in `own` when it is null.
 // Throws CollectiveError naming the parallel sizes when its size is not the config's.

@@ -65,6 +65,22 @@ GpuIdentity current_gpu_identity() {
   return id;
 }
 
+std::string current_gpu_name() {
+#ifdef COLOSSAL_HAVE_CUDA
+  int devices = 0, device = -1;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+      cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return std::string(prop.name, strnlen(prop.name, sizeof prop.name));
+#else
+  return "";
+#endif
+}
+
 std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdentity& mine) {
   // Fixed-width records: ordinal, then the bus id and the UUID NUL-padded.
   constexpr std::size_t kBus = 32, kUuid = 40, kRecord = sizeof(int) + kBus + kUuid;

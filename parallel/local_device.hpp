@@ -46,6 +46,8 @@ struct GpuIdentity {
 
 // The CUDA current device's identity; empty (ordinal -1) without CUDA or a device.
 GpuIdentity current_gpu_identity();
+// The CUDA current device's name ("NVIDIA H100 80GB HBM3"); empty without CUDA or a device.
+std::string current_gpu_name();
 
 // Every rank of `comm` gets every rank's identity, in rank order.
 std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdentity& mine);

@@ -147,6 +147,16 @@ std::vector<std::string> hardware_presets() {
   return {"host", "a100-40g", "a100-80g", "h100", "h200", "v100"};
 }
 
+std::string preset_for_gpu(std::string_view name) {
+  const auto has = [&](std::string_view part) { return name.find(part) != std::string_view::npos; };
+  if (has("GH200")) return "";
+  if (has("H200")) return "h200";
+  if (has("H100")) return "h100";
+  if (has("A100")) return has("80GB") ? "a100-80g" : "a100-40g";
+  if (has("V100")) return "v100";
+  return "";
+}
+
 HardwareSpec hardware_preset(const std::string& name) {
   // fp32 is the TF32 tensor-core peak on A100/H100/H200 (what cuBLAS uses for fp32 GEMMs with
   // TF32 enabled); V100 has no TF32 and runs fp32 on CUDA cores.

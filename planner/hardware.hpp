@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -93,6 +94,10 @@ struct HardwareSpec {
 std::vector<std::string> hardware_presets();
 // Throws std::invalid_argument listing the presets for an unknown name.
 HardwareSpec hardware_preset(const std::string& name);
+// The preset of a GPU by its CUDA device name ("NVIDIA H100 80GB HBM3" -> "h100"; the PCIe and
+// NVL H100s get the SXM one), or "" where none fits (a GH200's memory differs from both
+// Hoppers', other GPUs have no preset): `colossal_plan --calibrate` measures those.
+std::string preset_for_gpu(std::string_view device_name);
 
 // The hardware YAML (docs in planner/README.md). read throws std::runtime_error naming the file
 // and the key on a missing or bad value.

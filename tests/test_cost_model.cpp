@@ -36,6 +36,31 @@ TEST(Hardware, GemmRateInterpolatesLogLogAndClamps) {
   EXPECT_DOUBLE_EQ(h.gemm_rate(1e7), 50e9);
 }
 
+// A CUDA build's default preset comes from the GPU's name.
+TEST(Hardware, PresetForGpuName) {
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA H200"), "h200");
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA H100 80GB HBM3"), "h100");
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA H100 PCIe"), "h100");
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA A100-SXM4-80GB"), "a100-80g");
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA A100-SXM4-40GB"), "a100-40g");
+  EXPECT_EQ(planner::preset_for_gpu("Tesla V100-SXM2-32GB"), "v100");
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA GH200 480GB"), "");  // its memory is neither's
+  EXPECT_EQ(planner::preset_for_gpu("NVIDIA L40S"), "");
+  EXPECT_EQ(planner::preset_for_gpu(""), "");
+  for (const char* name : {"NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}) {
+    EXPECT_NO_THROW(planner::hardware_preset(planner::preset_for_gpu(name))) << name;
+  }
+}
+
+// MFU's peak follows the precision: a GPU preset's bf16 tensor-core peak for bf16 runs.
+TEST(Hardware, PeakFlopsInTheRunsPrecision) {
+  const planner::HardwareSpec h100 = planner::hardware_preset("h100");
+  EXPECT_EQ(h100.peak_flops(false), 494e12);
+  EXPECT_EQ(h100.peak_flops(true), 989e12);
+  const planner::HardwareSpec host = planner::hardware_preset("host");
+  EXPECT_EQ(host.peak_flops(true), host.peak_flops(false));  // no bf16 figure: fp32's
+}
+
 TEST(Hardware, YamlRoundTripsAndBadFilesNameTheKey) {
   const planner::HardwareSpec h = planner::hardware_preset("a100-80g");
   const auto path = std::filesystem::temp_directory_path() / "colossal_hw.yaml";
