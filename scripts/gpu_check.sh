@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The device checks for a machine with a GPU (an H100 or an H200 in this project), from the
 # folder that scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or
-# from the repository with build-cuda/. About 6 minutes; every step has its own time limit, so one crash
-# or hang costs its step only. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt).
+# from the repository with build-cuda/. About 8 minutes on a healthy GPU; every step has its own
+# time limit, cut to what is left before GPU_CHECK_DEADLINE, so one crash or hang costs its step
+# only and the script always ends, report written, before the deadline. The report goes to
+# $OUT/gpu_check.txt (or ./gpu_check.txt), line by line as it runs.
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
 #      if the training runs below fail;
@@ -37,12 +39,14 @@
 #   scripts/gpu_check.sh --run CMD ...   run CMD in the bundle's folder with its libraries and MPI
 #                                        set up as for the checks (e.g. under cuda-gdb)
 # Environment: GPU_CHECK_BATCH (gpt2-124m micro-batch at T=1024, default 16); GPU_CHECK_BUDGET
-# (seconds after which no further section starts, default 420); GPU_CHECK_PRESET (the planner's
+# (seconds after which no further section starts, default 420); GPU_CHECK_DEADLINE (seconds
+# after which every step's limit is 5 s, default 500); GPU_CHECK_PRESET (the planner's
 # hardware preset, default from nvidia-smi's GPU name: h100, h200, ...); GPU_CHECK_STOP_ON_FAIL=1
 # (stop after section 2 if anything failed, to spend no more device time); GPU_CHECK_BIN (in
 # the repository: the programs' folder instead of build-cuda/bin, to try the script).
 set -uo pipefail
 usage() { awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac  # before any set-up below
 here=$(cd "$(dirname "$0")" && pwd)
 if [ -d "$here/bin" ]; then root=$here; bin=$here/bin; tests=$here/bin  # packed bundle
 else root=$(cd "$here/.." && pwd); bin=${GPU_CHECK_BIN:-$root/build-cuda/bin}; tests=$bin; fi
@@ -52,14 +56,20 @@ else root=$(cd "$here/.." && pwd); bin=${GPU_CHECK_BIN:-$root/build-cuda/bin}; t
 # and help folders linked where it looks for them.
 libs=/tmp/colossal-libs
 rm -rf "$libs" && mkdir -p "$libs"
+# The libraries the machine has (ldconfig -p lists "<tab>name (flags) => path").
+system_libs=$(ldconfig -p 2>/dev/null | awk 'NR > 1 { print $1 }')
+has_lib() { grep -qxF "$1" <<< "$system_libs"; }
+# The machine's MPI only where it is an Open MPI our programs link (libmpi.so.40): an image with
+# MPICH or Intel MPI has an mpirun but not that library, and mixing launchers fails.
 image_mpi=$(command -v mpirun || true)
+if [ -n "$image_mpi" ] && ! has_lib libmpi.so.40; then image_mpi=""; fi
 lib_dirs=("$root/lib")
 [ -z "$image_mpi" ] && [ -d "$root/lib-mpi" ] && lib_dirs+=("$root/lib-mpi")
 for dir in "${lib_dirs[@]}"; do
   [ -d "$dir" ] || continue
   for f in "$dir"/*.so*; do
     name=$(basename "$f")
-    ldconfig -p 2>/dev/null | grep -q " $name " || ln -sf "$f" "$libs/$name"
+    has_lib "$name" || ln -sf "$f" "$libs/$name"
   done
 done
 # NCCL from PyTorch's wheel when there is one: the H200 image's own libnccl.so.2 has no sm_90
@@ -70,6 +80,9 @@ torch_nccl=$(python3 -c 'import glob, nvidia; print(next(iter(glob.glob(nvidia._
 export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ -z "$image_mpi" ] && [ -d "$root/mpi" ]; then
   export PATH="$root/mpi/bin:$PATH"
+  # A program started without mpirun (every single-rank check) would have Open MPI look for
+  # orted, which the bundle does not carry: a singleton runs alone instead.
+  export OMPI_MCA_ess_singleton_isolated=1
   for d in /usr/lib/x86_64-linux-gnu/openmpi /usr/lib/x86_64-linux-gnu/pmix2 /usr/share/openmpi; do
     [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$root/mpi$d" "$d"; }
   done
@@ -94,13 +107,21 @@ model_tolerance() { case "$1" in *-bf16) echo 2e-3 ;; *) echo 1e-4 ;; esac; }
 sections=${GPU_CHECK_SECTIONS:-1 2 3 4 5 6}
 batch=${GPU_CHECK_BATCH:-16}
 budget=${GPU_CHECK_BUDGET:-420}
+# Every step's time limit is cut to what is left before the deadline (seconds from the start),
+# so the script ends, with its report and logs, before the device session's limit kills it.
+deadline=${GPU_CHECK_DEADLINE:-500}
+lim() {  # SECONDS: the step's own limit, or what is left before the deadline (at least 5)
+  local left=$((deadline - (SECONDS - t_start)))
+  [ "$left" -lt 5 ] && left=5
+  echo $(( $1 < left ? $1 : left ))
+}
 # The planner's preset for the GPU found here (the lent kinds are an H100 and an H200), for the
 # profiled steps' and the offload runs' predictions; GPU_CHECK_PRESET overrides.
 gpu_preset() {
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case "$name" in
-    *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
+    *GH200*) echo h200 ;; *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
     *A100*) echo a100-40g ;; *V100*) echo v100 ;; *) echo h200 ;;
   esac
 }
@@ -117,7 +138,6 @@ losses() {  # PROGRAM CONFIG [--set ...]
 }
 
 case "${1:-}" in
-  -h|--help) usage; exit 0 ;;
   --run) shift; cd "$root" && exec "$@" ;;
   --host-losses)
     host=${HOST_BIN:-$root/build/bin}
@@ -135,6 +155,7 @@ case "${1:-}" in
   *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
 esac
 
+mkdir -p "${OUT:-$PWD}"
 report=${OUT:-$PWD}/gpu_check.txt
 : > "$report"
 say() { echo "$*" | tee -a "$report"; }
@@ -145,7 +166,12 @@ if ldd "$bin/colossal_train" 2>/dev/null | grep -q 'not found'; then
         os.path.isdir(os.path.join(p, d, s))))' 2>/dev/null); do
     LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
   done
-  say "libraries from PyTorch's nvidia wheels; still missing: $(ldd "$bin/colossal_train" | grep 'not found' | tr -d '\t' | tr '\n' ' ')"
+  still=$(ldd "$bin/colossal_train" | grep 'not found' | tr -d '\t' | tr '\n' ' ')
+  say "libraries from PyTorch's nvidia wheels; still missing: ${still:-none}"
+  if [ -n "$still" ]; then
+    say "result: FAIL: the programs cannot start without those (CUDA 13's cudart, cuBLAS, NCCL)"
+    exit 1
+  fi
 fi
 section() {  # N: whether section N runs (chosen, and the time budget not spent)
   case " $sections " in *" $1 "*) ;; *) return 1 ;; esac
@@ -188,7 +214,7 @@ if section 1; then
            test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
-      if timeout 90 "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
+      if timeout "$(lim 90)" "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
       else say "$t: FAILED (rc $?, $((SECONDS - t0)) s)"; fail=1
         grep -E '^\[  FAILED|Failure|Expected|Which is|error|abort|what\(\)' "/tmp/$t.log" | head -40 >> "$report"
         tail -n 15 "/tmp/$t.log" >> "$report"; fi
@@ -203,7 +229,7 @@ if section 2; then
     ref="$root/host-losses/$m.txt"
     [ -f "$ref" ] || { say "$m: no $ref (run --host-losses on the CPU machine)"; fail=1; continue; }
     t0=$SECONDS
-    gpu=$(timeout 120 bash -c "$(declare -f losses); root='$root' steps=$steps \
+    gpu=$(timeout "$(lim 45)" bash -c "$(declare -f losses); root='$root' steps=$steps \
           losses '$bin/colossal_train' '$(model_config "$m")' $(model_sets "$m")" \
           2> "/tmp/train-$m.log")
     grep -E '^(gpu|gemm|comm|memory|kokkos)|rror|abort' "/tmp/train-$m.log" | head -12 >> "$report"
@@ -214,8 +240,9 @@ if section 2; then
       tail -n 20 "/tmp/train-$m.log" >> "$report"; fail=1
       if command -v compute-sanitizer >/dev/null && [ "$m" = quickstart ]; then
         say "-- compute-sanitizer, 2 steps of $m"
-        (cd "$root" && timeout 60 compute-sanitizer --print-limit 10 "$bin/colossal_train" \
-           "configs/$m.yaml" --set train.steps=2 --set sample.tokens=0 \
+        (cd "$root" && timeout "$(lim 90)" compute-sanitizer --print-limit 10 "$bin/colossal_train" \
+           "configs/$m.yaml" --set train.steps=2 --set sample.tokens=0 --set data.val_windows=2 \
+           --set log.save_model=false \
            --set log.dir=/tmp/gpu_check-sanitize 2>&1) | grep -v '^step' | head -60 >> "$report"
       fi
     fi
@@ -232,13 +259,13 @@ if section 3; then
   if [ -x "$bin/colossal_bench" ]; then
     for p in "fp32" "fp32 --tf32" "bf16" "bf16 --fused-attention"; do
       # shellcheck disable=SC2086  # the precision's flags are separate words
-      timeout 120 "$bin/colossal_bench" --case gpt2-124m --batch "$batch" --seq-len 1024 \
+      timeout "$(lim 120)" "$bin/colossal_bench" --case gpt2-124m --batch "$batch" --seq-len 1024 \
         --steps 5 --precision $p 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
         say "colossal_bench --precision $p: failed or timed out (rc $?)"
     done
-    timeout 60 "$bin/colossal_bench" --gemm-table --case gpt2-124m --batch "$batch" \
+    timeout "$(lim 60)" "$bin/colossal_bench" --gemm-table --case gpt2-124m --batch "$batch" \
       --seq-len 1024 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report"
-    timeout 60 "$bin/colossal_bench" --attention 2>&1 |
+    timeout "$(lim 60)" "$bin/colossal_bench" --attention 2>&1 |
       grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
       say "colossal_bench --attention: failed or timed out (rc $?)"
   else say "colossal_bench: not built"; fi
@@ -248,19 +275,19 @@ if section 3; then
   # model's milliseconds beside each kind of work), else with the preset.
   hw_file="${OUT:-$PWD}/hardware-gpu.yaml"
   rm -f "$hw_file"  # an earlier run's must not stand in for this GPU's
-  (cd "$root" && timeout 90 "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
+  (cd "$root" && timeout "$(lim 90)" "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
     tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
   hw_set="hardware.preset=$preset"
   [ -s "$hw_file" ] && hw_set="hardware.file=$hw_file"
   say "profiled steps predicted with $hw_set"
-  (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && timeout "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
-  (cd "$root" && timeout 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && timeout "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof-fused \
@@ -268,7 +295,7 @@ if section 3; then
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
   # free memory; --memory-plan allocates nothing), to compare with the two profiles above.
-  (cd "$root" && timeout 60 "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
+  (cd "$root" && timeout "$(lim 60)" "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" 2>&1) |
@@ -282,15 +309,19 @@ if section 4; then
   staged() {  # RANKS SETS...
     local n=$1; shift
     local dir="/tmp/gpu_check-staged-$n-$$-$RANDOM"
-    (cd "$root" && timeout 100 mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
+    (cd "$root" && timeout "$(lim 60)" mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
        configs/quickstart.yaml --set train.steps=$steps --set log.every=1 \
        --set eval.every=1000000 --set train.micro_batch=8 --set sample.tokens=0 \
        --set parallel.comm=mpi --set log.dir="$dir" "$@" 2>&1) > "/tmp/staged-$n.log"
     grep -m1 '^comm' "/tmp/staged-$n.log" >> "$report"
     [ -f "$dir/metrics.csv" ] && awk -F, 'NR > 1 { print $1, $2 }' "$dir/metrics.csv"
   }
-  if command -v mpirun >/dev/null; then
-    one=$(staged 1)
+  if ! command -v mpirun >/dev/null; then
+    say "mpirun: not installed, staged multi-rank runs skipped"; fail=1
+  elif ! one=$(staged 1) || [ -z "$one" ]; then
+    say "the one-rank reference failed, staged multi-rank runs skipped:"; fail=1
+    tail -n 12 /tmp/staged-1.log >> "$report"
+  else
     declare -A layouts=(
       [dp2-zero3]="2 --set parallel.data=2 --set parallel.zero.stage=3"
       [tp2-seqsplit]="2 --set parallel.tensor.size=2 --set parallel.tensor.sequence_split=true"
@@ -318,7 +349,7 @@ if section 4; then
         tail -n 12 "/tmp/staged-${layouts[$name]%% *}.log" >> "$report"
       fi
     done
-  else say "mpirun: not installed, staged multi-rank runs skipped"; fail=1; fi
+  fi
 fi
 if section 5; then
   say "== 5. PyTorch $(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) on the GPU, gpt2-124m B=$batch T=1024"
@@ -326,7 +357,7 @@ if section 5; then
   if [ -n "$peer" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     for args in "" "--bf16" "--bf16 --compile"; do
       # shellcheck disable=SC2086  # the configuration's flags are separate words
-      timeout 120 python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
+      timeout "$(lim 120)" python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
         --seq-len 1024 --steps 8 --warmup-steps 2 $args 2>/tmp/peer.log >> "$report" ||
         { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 /tmp/peer.log >> "$report"; }
     done
@@ -348,10 +379,11 @@ if section 6; then
   common=(configs/gpt2-124m.yaml --set model.preset="$model_preset" --set train.seq_len=1024
           --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
           --set train.precision=bf16 --set "${hw_set:-hardware.preset=$preset}"
-          --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0)
+          --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0
+          --set log.save_model=false)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
     local out d
-    out=$(cd "$root" && timeout 60 "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
+    out=$(cd "$root" && timeout "$(lim 60)" "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
     d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes) without its offloaded.*/\1/p' <<< "$out")
     [ -n "$d" ] || d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes)$/\1/p' <<< "$out")
     echo "$d"
@@ -375,7 +407,7 @@ if section 6; then
                              --set hardware.device_memory_gib="$cap3") ;;
       esac
       t0=$SECONDS
-      if (cd "$root" && timeout 200 "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
+      if (cd "$root" && timeout "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "/tmp/offload-$run.log"; then
         grep -E '^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
           "/tmp/offload-$run.log" | sed "s/^/$run: /" >> "$report"

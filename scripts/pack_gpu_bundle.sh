@@ -28,7 +28,19 @@ progs=()
 for f in "$bin"/*; do
   [ -f "$f" ] && [ -x "$f" ] && file -b "$f" | grep -q ELF && progs+=("$f")
 done
-[ ${#progs[@]} -gt 0 ] || { echo "pack_gpu_bundle.sh: no CUDA binaries found" >&2; exit 1; }
+# Everything gpu_check.sh runs, or a device session would find out the hard way.
+missing=()
+for p in colossal_train colossal_plan colossal_bench test_kernels_team test_attention_tc \
+         test_kernels test_gemm_cuda test_model_grad test_nccl_communicator; do
+  [ -x "$bin/$p" ] || missing+=("$p")
+done
+[ -d "$repo/host-losses" ] || missing+=("host-losses/ (scripts/gpu_check.sh --host-losses)")
+compgen -G "$repo/data/licenses_*.txt" >/dev/null || missing+=("data/licenses_*.txt (scripts/prepare_data.sh)")
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "pack_gpu_bundle.sh: missing ${missing[*]}; build them with" \
+       "'cmake --build --preset cuda-ci -j2' (programs) first" >&2
+  exit 1
+fi
 for f in "${progs[@]}"; do cp "$f" "$out/bin/"; done
 cp -a "$repo"/.deps/kokkos-cuda/lib*/libkokkos*.so* "$out/lib/"
 # Open MPI for a GPU machine without one: mpi/ mirrors the three folders Debian's Open MPI and
@@ -53,7 +65,7 @@ if command -v orterun >/dev/null; then
   mpi_objects+=("$out/mpi/bin/mpirun")
 fi
 # Libraries from ldd, minus what any Linux/CUDA image has.
-skip='^(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[a-z]*)\.so'
+skip='^(libc|libm|libdl|librt|libpthread|libresolv|libnsl|libutil|libanl|libgcc_s|libstdc\+\+|ld-linux-x86-64|linux-vdso|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[a-z]*)\.so'
 # The MPI stack: Open MPI's own libraries and what only its transports and launcher use.
 mpi_stack='^(libmpi|libopen-pal|libopen-rte|liboshmem|libompitrace|libmca_common|libpmix|libhwloc|libevent|libuc[mpst]|libfabric|libpsm|libibverbs|librdmacm|libnl-|libefa|libinfinipath|libnuma)'
 for f in "${progs[@]}" "${mpi_objects[@]}"; do
@@ -67,10 +79,9 @@ done
 strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* "$out"/lib-mpi/*.so* 2>/dev/null || true
 mkdir -p "$out/configs" "$out/data"
 cp "$repo"/configs/*.yaml "$out/configs/"
-cp "$repo"/data/licenses_*.txt "$out/data/" 2>/dev/null || true
+cp "$repo"/data/licenses_*.txt "$out/data/"
 cp "$repo/scripts/gpu_check.sh" "$out/"
-if [ -d "$repo/host-losses" ]; then cp -r "$repo/host-losses" "$out/"
-else echo "[pack] warning: no host-losses/ (run scripts/gpu_check.sh --host-losses first)" >&2; fi
+cp -r "$repo/host-losses" "$out/"
 [ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
 # The session carries the compressed archive (OpenBLAS alone is 36 MB unpacked); on the GPU
 # machine: tar -xzf gpu-bundle.tar.gz && gpu-bundle/gpu_check.sh
