@@ -465,24 +465,16 @@ KOKKOS_INLINE_FUNCTION void team_sort(const Team& team, int64_t* k, int n) {
 // every call, and before that an owner scan comparing O((BT)^2) tokens (13.4 ms of an H200's
 // bf16 step at BT = 16384). Calls on one execution space instance share the workspace in
 // stream order. The position gradient is one work item per (t, c), adding over b in order.
+//
+// The token part alone is embedding_backward_tokens, which also takes the gradient's element
+// (row, c) at dwte[row * row_stride + c * col_stride]: (C, 1) here, (1, ld) for a table stored
+// transposed (the 3D layout's hidden x vocabulary block, core/model3d.cpp).
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
-void embedding_backward(float* dwte,           // (rows,C)
-                        float* dwpe,           // (P,C) or null
-                        const float* dout,     // (B,T,C)
-                        const int32_t* tokens, // (B,T)
-                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
-                        int64_t rows = INT64_MAX, int team_size = 0) {
-  const int BT = B * T;
-  if (dwpe != nullptr) {
-    Kokkos::parallel_for(
-        "colossal::core::team_embedding_backward_positions",
-        Kokkos::RangePolicy<ExecSpace>(0, int64_t(T) * C), KOKKOS_LAMBDA(int64_t tc) {
-          const int64_t t = tc / C;
-          const int c = static_cast<int>(tc % C);
-          float* p = dwpe + (t + pos_offset) * C + c;
-          for (int b = 0; b < B; ++b) *p += dout[(int64_t(b) * T + t) * C + c];
-        });
-  }
+void embedding_backward_tokens(float* dwte,           // (rows,C) at the strides above
+                               int64_t row_stride, int64_t col_stride,
+                               const float* dout,     // (BT,C)
+                               const int32_t* tokens, // (BT)
+                               int BT, int C, int64_t v0, int64_t rows, int team_size) {
   if (BT == 0) return;
   using Workspace = detail::EmbeddingWorkspace<typename ExecSpace::memory_space>;
   constexpr int kBuckets = Workspace::kBuckets;
@@ -526,11 +518,32 @@ void embedding_backward(float* dwte,           // (rows,C)
         int64_t* k = keys + begin;
         detail::team_sort(team, k, n);
         for (int j = 0; j < n; ++j) {
-          float* e = dwte + (k[j] / BT) * C;
+          float* e = dwte + (k[j] / BT) * row_stride;
           const float* d = dout + (k[j] % BT) * C;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C), [&](int c) { e[c] += d[c]; });
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, C),
+                               [&](int c) { e[c * col_stride] += d[c]; });
         }
       });
+}
+
+template <class ExecSpace = Kokkos::DefaultExecutionSpace>
+void embedding_backward(float* dwte,           // (rows,C)
+                        float* dwpe,           // (P,C) or null
+                        const float* dout,     // (B,T,C)
+                        const int32_t* tokens, // (B,T)
+                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
+                        int64_t rows = INT64_MAX, int team_size = 0) {
+  if (dwpe != nullptr) {
+    Kokkos::parallel_for(
+        "colossal::core::team_embedding_backward_positions",
+        Kokkos::RangePolicy<ExecSpace>(0, int64_t(T) * C), KOKKOS_LAMBDA(int64_t tc) {
+          const int64_t t = tc / C;
+          const int c = static_cast<int>(tc % C);
+          float* p = dwpe + (t + pos_offset) * C + c;
+          for (int b = 0; b < B; ++b) *p += dout[(int64_t(b) * T + t) * C + c];
+        });
+  }
+  embedding_backward_tokens<ExecSpace>(dwte, C, 1, dout, tokens, B * T, C, v0, rows, team_size);
 }
 
 // out[b,t,:] = wte[tokens[b,t],:] + wpe[t + pos_offset,:], one work item per element (the host
@@ -632,6 +645,9 @@ COLOSSAL_DEVICE_INSTANCE void vocab_parallel_finish<Kokkos::Cuda>(float* logits,
                                                                   const int32_t* targets, int64_t N,
                                                                   int ld, int valid, int64_t v0,
                                                                   float grad_scale, int team_size);
+COLOSSAL_DEVICE_INSTANCE void embedding_backward_tokens<Kokkos::Cuda>(
+    float* dwte, int64_t row_stride, int64_t col_stride, const float* dout, const int32_t* tokens,
+    int BT, int C, int64_t v0, int64_t rows, int team_size);
 COLOSSAL_DEVICE_INSTANCE void embedding_backward<Kokkos::Cuda>(float* dwte, float* dwpe,
                                                                const float* dout,
                                                                const int32_t* tokens, int B, int T,
