@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
@@ -404,19 +405,24 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
     const float* wpe = P + wpe_;
     const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
     const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-    Kokkos::parallel_for(
-        "colossal::core::model2d_embedding", Kokkos::RangePolicy<>(0, BT),
-        KOKKOS_LAMBDA(int64_t n) {
-          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-          float* o = part + n * c;
-          for (int64_t s = 0; s < c; ++s) o[s] = 0.0f;
-          if (tok >= 0 && tok < vb) {
-            for (int64_t s = 0; s < c; ++s) o[s] += wte[tok * c + s];
-          }
-          if (p >= 0 && p < pb) {
-            for (int64_t s = 0; s < c; ++s) o[s] += wpe[p * c + s];
-          }
-        });
+    if constexpr (device_memory_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
+      team::grid_embedding_forward<k::Exec>(part, tokens, wte, c, 1, wpe, BT, T, int(c), v0, vb,
+                                            offset, p0, pb);
+    } else {
+      Kokkos::parallel_for(
+          "colossal::core::model2d_embedding", Kokkos::RangePolicy<>(0, BT),
+          KOKKOS_LAMBDA(int64_t n) {
+            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+            float* o = part + n * c;
+            for (int64_t s = 0; s < c; ++s) o[s] = 0.0f;
+            if (tok >= 0 && tok < vb) {
+              for (int64_t s = 0; s < c; ++s) o[s] += wte[tok * c + s];
+            }
+            if (p >= 0 && p < pb) {
+              for (int64_t s = 0; s < c; ++s) o[s] += wpe[p * c + s];
+            }
+          });
+    }
     fence_kernels();
     grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
@@ -501,15 +507,23 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   float* dwpe = grad(wpe_);
   const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
   const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-  Kokkos::parallel_for(
-      "colossal::core::model2d_embedding_backward", Kokkos::RangePolicy<>(0, c),
-      KOKKOS_LAMBDA(int64_t s) {
-        for (int64_t n = 0; n < BT; ++n) {
-          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-          if (tok >= 0 && tok < vb) dwte[tok * c + s] += d[n * c + s];
-          if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
-        }
-      });
+  if constexpr (device_memory_v<k::Exec>) {
+    // Deterministic: the token rows through team::embedding_backward's bucket sort (each
+    // element receives its positions in increasing order, as below), the position rows one
+    // work item per element adding over the batch in order (core/grid_kernels_team.hpp).
+    team::embedding_backward_tokens<k::Exec>(dwte, c, 1, d, tokens, int(BT), int(c), v0, vb, 0);
+    team::grid_position_backward<k::Exec>(dwpe, d, batch_, T, int(c), offset, p0, pb);
+  } else {
+    Kokkos::parallel_for(
+        "colossal::core::model2d_embedding_backward", Kokkos::RangePolicy<>(0, c),
+        KOKKOS_LAMBDA(int64_t s) {
+          for (int64_t n = 0; n < BT; ++n) {
+            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+            if (tok >= 0 && tok < vb) dwte[tok * c + s] += d[n * c + s];
+            if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
+          }
+        });
+  }
   close_gradients(0);
 }
 

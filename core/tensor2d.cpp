@@ -5,6 +5,7 @@
 #include <string>
 
 #include "core/gemm.hpp"
+#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/profiler.hpp"
@@ -111,36 +112,48 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
                              int64_t c, int64_t cols, float eps, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_row_sums", Kokkos::RangePolicy<>(0, r),
-      KOKKOS_LAMBDA(int64_t n) {
-        float s = 0.0f;
-        for (int64_t e = 0; e < c; ++e) s += x[n * c + e];
-        sums[n] = s;
-      });
-  fence_kernels();
-  across.all_reduce_sum(sums, std::size_t(r));
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_row_squares", Kokkos::RangePolicy<>(0, r),
-      KOKKOS_LAMBDA(int64_t n) {
-        const float m = sums[n] * inv_cols;
-        mean[n] = m;
-        float v = 0.0f;
-        for (int64_t e = 0; e < c; ++e) v += (x[n * c + e] - m) * (x[n * c + e] - m);
-        sums[n] = v;
-      });
-  fence_kernels();
-  across.all_reduce_sum(sums, std::size_t(r));
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_normalize", Kokkos::RangePolicy<>(0, r),
-      KOKKOS_LAMBDA(int64_t n) {
-        const float s = 1.0f / kmath::sqrt(sums[n] * inv_cols + eps);
-        rstd[n] = s;
-        for (int64_t e = 0; e < c; ++e) {
-          out[n * c + e] = (x[n * c + e] - mean[n]) * s * weight[e] + bias[e];
-        }
-      });
-  fence_kernels();
+  if constexpr (device_memory_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+    team::layernorm_split_row_sums<kernels::Exec>(sums, x, r, int(c));
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(r));
+    team::layernorm_split_row_squares<kernels::Exec>(sums, mean, x, r, int(c), inv_cols);
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(r));
+    team::layernorm_split_normalize<kernels::Exec>(out, rstd, x, mean, sums, weight, bias, r,
+                                                   int(c), inv_cols, eps);
+    fence_kernels();
+  } else {
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_row_sums", Kokkos::RangePolicy<>(0, r),
+        KOKKOS_LAMBDA(int64_t n) {
+          float s = 0.0f;
+          for (int64_t e = 0; e < c; ++e) s += x[n * c + e];
+          sums[n] = s;
+        });
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(r));
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_row_squares", Kokkos::RangePolicy<>(0, r),
+        KOKKOS_LAMBDA(int64_t n) {
+          const float m = sums[n] * inv_cols;
+          mean[n] = m;
+          float v = 0.0f;
+          for (int64_t e = 0; e < c; ++e) v += (x[n * c + e] - m) * (x[n * c + e] - m);
+          sums[n] = v;
+        });
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(r));
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_normalize", Kokkos::RangePolicy<>(0, r),
+        KOKKOS_LAMBDA(int64_t n) {
+          const float s = 1.0f / kmath::sqrt(sums[n] * inv_cols + eps);
+          rstd[n] = s;
+          for (int64_t e = 0; e < c; ++e) {
+            out[n * c + e] = (x[n * c + e] - mean[n]) * s * weight[e] + bias[e];
+          }
+        });
+    fence_kernels();
+  }
 }
 
 void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias, const float* dout,
@@ -157,43 +170,53 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
                               int64_t cols, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;  // r sums of dnorm, then r sums of dnorm * xhat (dnorm = dout * weight)
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_backward_sums", Kokkos::RangePolicy<>(0, r),
-      KOKKOS_LAMBDA(int64_t n) {
-        float a = 0.0f, b = 0.0f;
-        for (int64_t e = 0; e < c; ++e) {
-          const float dnorm = dout[n * c + e] * weight[e];
-          a += dnorm;
-          b += dnorm * (x[n * c + e] - mean[n]) * rstd[n];
-        }
-        sums[n] = a;
-        sums[r + n] = b;
-      });
-  fence_kernels();
-  across.all_reduce_sum(sums, std::size_t(2 * r));
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_backward_input", Kokkos::RangePolicy<>(0, r),
-      KOKKOS_LAMBDA(int64_t n) {
-        const float s = rstd[n], a = sums[n] * inv_cols, b = sums[r + n] * inv_cols;
-        for (int64_t e = 0; e < c; ++e) {
-          const float xhat = (x[n * c + e] - mean[n]) * s;
-          dx[n * c + e] += s * (dout[n * c + e] * weight[e] - a - xhat * b);
-        }
-      });
-  // One work item per column: no two write the same parameter gradient.
-  Kokkos::parallel_for(
-      "colossal::core::layernorm2d_backward_params", Kokkos::RangePolicy<>(0, c),
-      KOKKOS_LAMBDA(int64_t e) {
-        float dw = 0.0f, db = 0.0f;
-        for (int64_t n = 0; n < r; ++n) {
-          const float d = dout[n * c + e];
-          dw += d * (x[n * c + e] - mean[n]) * rstd[n];
-          db += d;
-        }
-        dweight[e] += dw;
-        dbias[e] += db;
-      });
-  fence_kernels();
+  if constexpr (device_memory_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+    team::layernorm_split_backward_sums<kernels::Exec>(sums, dout, x, weight, mean, rstd, r,
+                                                       int(c));
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(2 * r));
+    team::layernorm_split_backward_finish<kernels::Exec>(dx, dweight, dbias, sums, dout, x, weight,
+                                                         mean, rstd, r, int(c), inv_cols);
+    fence_kernels();
+  } else {
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_backward_sums", Kokkos::RangePolicy<>(0, r),
+        KOKKOS_LAMBDA(int64_t n) {
+          float a = 0.0f, b = 0.0f;
+          for (int64_t e = 0; e < c; ++e) {
+            const float dnorm = dout[n * c + e] * weight[e];
+            a += dnorm;
+            b += dnorm * (x[n * c + e] - mean[n]) * rstd[n];
+          }
+          sums[n] = a;
+          sums[r + n] = b;
+        });
+    fence_kernels();
+    across.all_reduce_sum(sums, std::size_t(2 * r));
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_backward_input", Kokkos::RangePolicy<>(0, r),
+        KOKKOS_LAMBDA(int64_t n) {
+          const float s = rstd[n], a = sums[n] * inv_cols, b = sums[r + n] * inv_cols;
+          for (int64_t e = 0; e < c; ++e) {
+            const float xhat = (x[n * c + e] - mean[n]) * s;
+            dx[n * c + e] += s * (dout[n * c + e] * weight[e] - a - xhat * b);
+          }
+        });
+    // One work item per column: no two write the same parameter gradient.
+    Kokkos::parallel_for(
+        "colossal::core::layernorm2d_backward_params", Kokkos::RangePolicy<>(0, c),
+        KOKKOS_LAMBDA(int64_t e) {
+          float dw = 0.0f, db = 0.0f;
+          for (int64_t n = 0; n < r; ++n) {
+            const float d = dout[n * c + e];
+            dw += d * (x[n * c + e] - mean[n]) * rstd[n];
+            db += d;
+          }
+          dweight[e] += dw;
+          dbias[e] += db;
+        });
+    fence_kernels();
+  }
 }
 
 void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* losses,
