@@ -1,7 +1,7 @@
 // The team (device) kernels of core/kernels_team.hpp, core/llama_kernels_team.hpp,
-// core/attention_team.hpp and core/adamw_team.hpp, run on the host's execution space, against the
-// host kernels of core/kernels.hpp / core/llama_kernels.hpp / core/layers.hpp /
-// core/optimizer.hpp on random inputs of odd sizes, and their
+// core/grid_kernels_team.hpp, core/attention_team.hpp and core/adamw_team.hpp, run on the host's
+// execution space, against the host kernels of core/kernels.hpp / core/llama_kernels.hpp /
+// core/tensor2d.hpp / core/layers.hpp / core/optimizer.hpp on random inputs of odd sizes, and their
 // backward passes against finite differences. COLOSSAL_TEAM_SIZE sets the team size (default:
 // Kokkos::AUTO; the Serial backend runs teams of one, an OpenMP build of Kokkos several threads,
 // which exercises the barriers). Each test prints its largest difference from the reference.
@@ -18,6 +18,7 @@
 #include "core/adamw_team.hpp"
 #include "core/attention_team.hpp"
 #include "core/gemm.hpp"
+#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kernels_team.hpp"
 #include "core/layers.hpp"
@@ -26,6 +27,8 @@
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/optimizer.hpp"
+#include "core/tensor2d.hpp"
+#include "core/tensor_group.hpp"
 #include "device_arrays.hpp"
 #include "grad_check.hpp"
 
@@ -614,6 +617,211 @@ TEST_F(TeamKernels, RowCopiesMatchHost) {
   EXPECT_EQ(c, rc);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The grid modes' kernels (core/grid_kernels_team.hpp).
+
+namespace {
+
+// One rank: the split layernorm's host form over all of a row's columns (its all-reduces are
+// then the identity).
+class OneRankGroup final : public TensorGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(float*, std::size_t) override {}
+  void all_reduce_max(float*, std::size_t) override {}
+  void all_gather(const float* in, std::size_t n, float* out) override {
+    std::copy(in, in + n, out);
+  }
+  void reduce_scatter(const float* in, std::size_t n, float* out) override {
+    std::copy(in, in + n, out);
+  }
+  void broadcast(float*, std::size_t, int) override {}
+  void send_recv(const float* send, std::size_t n, int, float* recv, int) override {
+    std::copy(send, send + n, recv);
+  }
+};
+
+// Columns [k c, (k + 1) c) of the r x (q c) matrix a: rank k's block.
+std::vector<float> column_block(const std::vector<float>& a, int64_t r, int c, int q, int k) {
+  std::vector<float> block(r * c);
+  for (int64_t n = 0; n < r; ++n) {
+    std::copy_n(a.begin() + n * q * c + k * c, c, block.begin() + n * c);
+  }
+  return block;
+}
+
+void put_column_block(std::vector<float>& a, const std::vector<float>& block, int64_t r, int c,
+                      int q, int k) {
+  for (int64_t n = 0; n < r; ++n) {
+    std::copy_n(block.begin() + n * c, c, a.begin() + n * q * c + k * c);
+  }
+}
+
+// The all-reduce over q simulated ranks: every rank's buffer becomes the sum in rank order.
+void sum_over_ranks(std::vector<std::vector<float>>& bufs) {
+  std::vector<float> total(bufs[0].size(), 0.0f);
+  for (const auto& b : bufs) {
+    for (std::size_t i = 0; i < b.size(); ++i) total[i] += b[i];
+  }
+  for (auto& b : bufs) b = total;
+}
+
+// The embedding blocks' host forms as core/model2d.cpp and core/model3d.cpp write them (one
+// loop for both: element (tok, s) of the token block at tok * rs + s * cs).
+void host_grid_embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t rs,
+                                 int64_t cs, const float* wpe, int64_t BT, int T, int64_t c,
+                                 int64_t v0, int64_t vb, int64_t offset, int64_t p0, int64_t pb) {
+  for (int64_t n = 0; n < BT; ++n) {
+    const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+    for (int64_t s = 0; s < c; ++s) {
+      float v = 0.0f;
+      if (tok >= 0 && tok < vb) v += wte[tok * rs + s * cs];
+      if (p >= 0 && p < pb) v += wpe[p * c + s];
+      out[n * c + s] = v;
+    }
+  }
+}
+
+void host_grid_embedding_backward(float* dwte, int64_t rs, int64_t cs, float* dwpe,
+                                  const float* d, const int32_t* tokens, int64_t BT, int T,
+                                  int64_t c, int64_t v0, int64_t vb, int64_t offset, int64_t p0,
+                                  int64_t pb) {
+  for (int64_t s = 0; s < c; ++s) {
+    for (int64_t n = 0; n < BT; ++n) {
+      const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+      if (tok >= 0 && tok < vb) dwte[tok * rs + s * cs] += d[n * c + s];
+      if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
+    }
+  }
+}
+
+}  // namespace
+
+// The split layernorm's team passes on q simulated ranks (each holding a block of c columns,
+// the row sums added across the ranks between the passes where the host form all-reduces them)
+// against the host form on one rank holding every column: the same values within float rounding.
+TEST_F(TeamKernels, SplitLayernormMatchesHostAcrossColumnBlocks) {
+  OneRankGroup one;
+  const int64_t r = 13;
+  for (int cols : {111, 768}) {
+    for (int q : {1, 3}) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + ", q " + std::to_string(q));
+      const int c = cols / q;
+      const float inv_cols = 1.0f / float(cols), eps = 1e-5f;
+      auto x = random_vector(r * cols, 21, 3.0f), w = random_vector(cols, 22),
+           b = random_vector(cols, 23), g = random_vector(r * cols, 24);
+      for (int64_t n = 0; n < r; ++n) x[n * cols] += 4.0f;  // a mean away from zero
+      std::vector<float> out(r * cols), mean(r), rstd(r), work(2 * r);
+      layernorm_split_forward(one, out.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                              b.data(), r, cols, cols, eps, work.data());
+      std::vector<std::vector<float>> xs, sums(q, std::vector<float>(r)), means(q), rstds(q);
+      for (int k = 0; k < q; ++k) xs.push_back(column_block(x, r, c, q, k));
+      for (int k = 0; k < q; ++k) {
+        team::layernorm_split_row_sums<TeamExec>(sums[k].data(), xs[k].data(), r, c, team_size());
+      }
+      Kokkos::fence();
+      sum_over_ranks(sums);
+      for (int k = 0; k < q; ++k) {
+        means[k].assign(r, -1.0f);
+        team::layernorm_split_row_squares<TeamExec>(sums[k].data(), means[k].data(),
+                                                    xs[k].data(), r, c, inv_cols, team_size());
+      }
+      Kokkos::fence();
+      sum_over_ranks(sums);
+      std::vector<float> team_out(r * cols);
+      for (int k = 0; k < q; ++k) {
+        std::vector<float> o(r * c), wk(w.begin() + k * c, w.begin() + (k + 1) * c),
+            bk(b.begin() + k * c, b.begin() + (k + 1) * c);
+        rstds[k].assign(r, -1.0f);
+        team::layernorm_split_normalize<TeamExec>(o.data(), rstds[k].data(), xs[k].data(),
+                                                  means[k].data(), sums[k].data(), wk.data(),
+                                                  bk.data(), r, c, inv_cols, eps, team_size());
+        Kokkos::fence();
+        put_column_block(team_out, o, r, c, q, k);
+        EXPECT_EQ(means[k], means[0]);  // every rank the same statistics
+        EXPECT_EQ(rstds[k], rstds[0]);
+      }
+      expect_close("split layernorm mean", means[0], mean, 1e-6, 1e-5);
+      expect_close("split layernorm rstd", rstds[0], rstd, 1e-6, 1e-5);
+      expect_close("split layernorm out", team_out, out, 1e-5, 1e-5);
+
+      // Backward from the host's saved statistics: dx accumulates, as do the parameter
+      // gradients (each rank its block of columns).
+      std::vector<float> dx(r * cols, 0.5f), dw(cols, 0.25f), db(cols, -0.125f);
+      auto team_dx = dx, team_dw = dw, team_db = db;
+      layernorm_split_backward(one, dx.data(), dw.data(), db.data(), g.data(), x.data(), w.data(),
+                               mean.data(), rstd.data(), r, cols, cols, work.data());
+      std::vector<std::vector<float>> bsums(q, std::vector<float>(2 * r));
+      std::vector<std::vector<float>> gs;
+      for (int k = 0; k < q; ++k) {
+        gs.push_back(column_block(g, r, c, q, k));
+        team::layernorm_split_backward_sums<TeamExec>(bsums[k].data(), gs[k].data(),
+                                                      xs[k].data(), w.data() + k * c,
+                                                      mean.data(), rstd.data(), r, c,
+                                                      team_size());
+      }
+      Kokkos::fence();
+      sum_over_ranks(bsums);
+      for (int k = 0; k < q; ++k) {
+        auto dxk = column_block(team_dx, r, c, q, k);
+        team::layernorm_split_backward_finish<TeamExec>(
+            dxk.data(), team_dw.data() + k * c, team_db.data() + k * c, bsums[k].data(),
+            gs[k].data(), xs[k].data(), w.data() + k * c, mean.data(), rstd.data(), r, c,
+            inv_cols, team_size());
+        Kokkos::fence();
+        put_column_block(team_dx, dxk, r, c, q, k);
+      }
+      expect_close("split layernorm dx", team_dx, dx, 1e-5, 1e-5);
+      expect_close("split layernorm dweight", team_dw, dw, 1e-5, 1e-5);
+      expect_close("split layernorm dbias", team_db, db, 1e-5, 1e-5);
+    }
+  }
+}
+
+// The embedding blocks of 2D (token block vb x c, row-major) and 3D (c x vb, transposed) on
+// every rank of a split of the vocabulary and position rows (the last blocks padded past the
+// tables' ends), against the host forms of core/model2d.cpp and core/model3d.cpp: bitwise, since
+// every element adds in the host's order.
+TEST_F(TeamKernels, GridEmbeddingBlocksMatchHostBitwise) {
+  const int B = 3, T = 7, V = 13, P = 10, offset = 2;
+  const int64_t BT = int64_t(B) * T;
+  std::vector<int32_t> tokens(BT);
+  for (int64_t i = 0; i < BT; ++i) tokens[i] = int32_t((i * 5 + i / 4) % V);  // repeats
+  for (int c : {6, 37}) {
+    for (int blocks : {1, 3}) {
+      const int64_t vb = (V + blocks - 1) / blocks, pb = (P + blocks - 1) / blocks;
+      auto d = random_vector(BT * c, 31);
+      for (int k = 0; k < blocks; ++k) {
+        const int64_t v0 = k * vb, p0 = k * pb;
+        auto wte = random_vector(vb * c, 32 + k), wpe = random_vector(pb * c, 35 + k);
+        for (bool transposed : {false, true}) {
+          SCOPED_TRACE("c " + std::to_string(c) + ", block " + std::to_string(k) + " of " +
+                       std::to_string(blocks) + (transposed ? ", 3D layout" : ", 2D layout"));
+          const int64_t rs = transposed ? 1 : c, cs = transposed ? vb : 1;
+          std::vector<float> out(BT * c, 7.0f), want(BT * c);
+          host_grid_embedding_forward(want.data(), tokens.data(), wte.data(), rs, cs, wpe.data(),
+                                      BT, T, c, v0, vb, offset, p0, pb);
+          team::grid_embedding_forward<TeamExec>(out.data(), tokens.data(), wte.data(), rs, cs,
+                                                 wpe.data(), BT, T, c, v0, vb, offset, p0, pb);
+          auto dwte = random_vector(vb * c, 38), dwpe = random_vector(pb * c, 39);
+          auto want_dwte = dwte, want_dwpe = dwpe;
+          host_grid_embedding_backward(want_dwte.data(), rs, cs, want_dwpe.data(), d.data(),
+                                       tokens.data(), BT, T, c, v0, vb, offset, p0, pb);
+          team::embedding_backward_tokens<TeamExec>(dwte.data(), rs, cs, d.data(), tokens.data(),
+                                                    int(BT), c, v0, vb, team_size());
+          team::grid_position_backward<TeamExec>(dwpe.data(), d.data(), B, T, c, offset, p0, pb);
+          Kokkos::fence();
+          EXPECT_EQ(out, want);
+          EXPECT_EQ(dwte, want_dwte);
+          EXPECT_EQ(dwpe, want_dwpe);
+        }
+      }
+    }
+  }
+  std::printf("  grid embedding blocks: bitwise equal to the host forms\n");
+}
+
 // AdamW over a small parameter table (decayed matrices, undecayed biases, padding between
 // tensors), both indexings, a ZeRO-style pair of pieces: bitwise the host optimizer's update.
 TEST_F(TeamKernels, FusedAdamWMatchesOptimizerBitwise) {
@@ -1029,5 +1237,94 @@ TEST(DeviceTeamKernels, LlamaKernelsMatchHost) {
   kernels::swiglu_backward<Dev>(dfcout.data(), dfcout.data() + F, dactv.data(), dfcv.data(),
                                 dfcv.data() + F, 2 * F, N, F);
   expect_close("gpu swiglu dgate, dup", to_host(dfcout), dfc, 1e-6, 1e-5);
+}
+// The grid modes' kernels on the device: the split layernorm's passes (one rank holding every
+// column, so the all-reduces between them are the identity) against the same passes on the
+// host's execution space, and the embedding blocks of both layouts bitwise against the host's
+// order (the host forms of core/model2d.cpp and core/model3d.cpp, written out).
+TEST(DeviceTeamKernels, GridKernelsMatchHost) {
+  const int64_t r = 64;
+  const int c = 384;
+  const float inv_cols = 1.0f / float(c), eps = 1e-5f;
+  auto x = random_vector(r * c, 71, 3.0f), w = random_vector(c, 72), b = random_vector(c, 73);
+  auto g = random_vector(r * c, 74);
+  std::vector<float> sums(2 * r), mean(r), rstd(r), out(r * c);
+  team::layernorm_split_row_sums<TeamExec>(sums.data(), x.data(), r, c);
+  team::layernorm_split_row_squares<TeamExec>(sums.data(), mean.data(), x.data(), r, c, inv_cols);
+  team::layernorm_split_normalize<TeamExec>(out.data(), rstd.data(), x.data(), mean.data(),
+                                            sums.data(), w.data(), b.data(), r, c, inv_cols, eps);
+  Kokkos::fence();
+  auto dx = to_device(x), dw = to_device(w), dbv = to_device(b), dg = to_device(g);
+  auto dsums = to_device(std::vector<float>(2 * r)), dmean = to_device(std::vector<float>(r)),
+       drstd = to_device(std::vector<float>(r)), dout = to_device(std::vector<float>(r * c));
+  team::layernorm_split_row_sums<Dev>(dsums.data(), dx.data(), r, c);
+  team::layernorm_split_row_squares<Dev>(dsums.data(), dmean.data(), dx.data(), r, c, inv_cols);
+  team::layernorm_split_normalize<Dev>(dout.data(), drstd.data(), dx.data(), dmean.data(),
+                                       dsums.data(), dw.data(), dbv.data(), r, c, inv_cols, eps);
+  expect_close("gpu split layernorm mean", to_host(dmean), mean, 1e-6, 1e-5);
+  expect_close("gpu split layernorm rstd", to_host(drstd), rstd, 1e-6, 1e-5);
+  expect_close("gpu split layernorm out", to_host(dout), out, 1e-5, 1e-5);
+  std::vector<float> dinp(r * c, 0.5f), dweight(c, 0.25f), dbias(c, 0.0f);
+  auto ddinp = to_device(dinp), ddweight = to_device(dweight), ddbias = to_device(dbias);
+  dmean = to_device(mean);
+  drstd = to_device(rstd);
+  team::layernorm_split_backward_sums<TeamExec>(sums.data(), g.data(), x.data(), w.data(),
+                                                mean.data(), rstd.data(), r, c);
+  team::layernorm_split_backward_finish<TeamExec>(dinp.data(), dweight.data(), dbias.data(),
+                                                  sums.data(), g.data(), x.data(), w.data(),
+                                                  mean.data(), rstd.data(), r, c, inv_cols);
+  Kokkos::fence();
+  team::layernorm_split_backward_sums<Dev>(dsums.data(), dg.data(), dx.data(), dw.data(),
+                                           dmean.data(), drstd.data(), r, c);
+  team::layernorm_split_backward_finish<Dev>(ddinp.data(), ddweight.data(), ddbias.data(),
+                                             dsums.data(), dg.data(), dx.data(), dw.data(),
+                                             dmean.data(), drstd.data(), r, c, inv_cols);
+  expect_close("gpu split layernorm dx", to_host(ddinp), dinp, 1e-5, 1e-5);
+  // column_sums adds in an order fixed by the shapes: the bias gradient (sums of dout alone)
+  // bitwise the host's team form; the weight gradient's terms are products that either compiler
+  // may contract into its sums.
+  expect_close("gpu split layernorm dweight", to_host(ddweight), dweight, 1e-5, 1e-5);
+  EXPECT_EQ(to_host(ddbias), dbias);
+
+  const int B = 4, T = 64, V = 300, P = 70, offset = 2;
+  const int64_t BT = int64_t(B) * T, vb = 100, pb = 35;
+  std::vector<int32_t> tokens(BT);
+  for (int64_t i = 0; i < BT; ++i) tokens[i] = int32_t((i * 13 + i / 7) % V);
+  auto d = random_vector(BT * c, 75);
+  auto dd = to_device(d);
+  auto dtokens = to_device(tokens);
+  for (bool transposed : {false, true}) {
+    const int64_t rs = transposed ? 1 : c, cs = transposed ? vb : 1, v0 = vb, p0 = pb;
+    auto wte = random_vector(vb * c, 76), wpe = random_vector(pb * c, 77);
+    std::vector<float> want(BT * c);
+    for (int64_t n = 0; n < BT; ++n) {
+      const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+      for (int64_t s = 0; s < c; ++s) {
+        float v = 0.0f;
+        if (tok >= 0 && tok < vb) v += wte[tok * rs + s * cs];
+        if (p >= 0 && p < pb) v += wpe[p * c + s];
+        want[n * c + s] = v;
+      }
+    }
+    auto dwte = to_device(wte), dwpe = to_device(wpe);
+    auto dembed = to_device(std::vector<float>(BT * c));
+    team::grid_embedding_forward<Dev>(dembed.data(), dtokens.data(), dwte.data(), rs, cs,
+                                      dwpe.data(), BT, T, c, v0, vb, offset, p0, pb);
+    EXPECT_EQ(to_host(dembed), want) << (transposed ? "3D layout" : "2D layout");
+    auto gwte = random_vector(vb * c, 78), gwpe = random_vector(pb * c, 79);
+    auto dgwte = to_device(gwte), dgwpe = to_device(gwpe);
+    for (int64_t s = 0; s < c; ++s) {
+      for (int64_t n = 0; n < BT; ++n) {
+        const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+        if (tok >= 0 && tok < vb) gwte[tok * rs + s * cs] += d[n * c + s];
+        if (p >= 0 && p < pb) gwpe[p * c + s] += d[n * c + s];
+      }
+    }
+    team::embedding_backward_tokens<Dev>(dgwte.data(), rs, cs, dd.data(), dtokens.data(), int(BT),
+                                         c, v0, vb, 0);
+    team::grid_position_backward<Dev>(dgwpe.data(), dd.data(), B, T, c, offset, p0, pb);
+    EXPECT_EQ(to_host(dgwte), gwte) << (transposed ? "3D layout" : "2D layout");
+    EXPECT_EQ(to_host(dgwpe), gwpe) << (transposed ? "3D layout" : "2D layout");
+  }
 }
 #endif  // KOKKOS_ENABLE_CUDA
