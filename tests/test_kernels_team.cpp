@@ -1286,7 +1286,7 @@ TEST(DeviceTeamKernels, GridKernelsMatchHost) {
   expect_close("gpu split layernorm dweight", to_host(ddweight), dweight, 1e-5, 1e-5);
   EXPECT_EQ(to_host(ddbias), dbias);
 
-  const int B = 4, T = 64, V = 300, P = 70, offset = 2;
+  const int B = 4, T = 64, V = 300, offset = 2;
   const int64_t BT = int64_t(B) * T, vb = 100, pb = 35;
   std::vector<int32_t> tokens(BT);
   for (int64_t i = 0; i < BT; ++i) tokens[i] = int32_t((i * 13 + i / 7) % V);
