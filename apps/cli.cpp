@@ -138,8 +138,10 @@ io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* 
         config.log.dir = slurm_run_dir(config.log.dir, *slurm);
         changed = true;
       }
-      // hardware.preset: host (the default) on a build whose tensors live on a GPU: the preset
-      // of rank 0's GPU instead (the planner's choices, predictions and MFU are that device's).
+      // hardware.preset: host (the default) on a build whose tensors live on a GPU (Kokkos
+      // CUDA): the preset of rank 0's GPU instead (the planner's choices, predictions and MFU
+      // are that device's; the host's rates mean nothing for it, so host is not kept even when
+      // given).
       if (device_resident_build() && config.hardware.file.empty() &&
           config.hardware.preset == "host") {
         const std::string name = parallel::current_gpu_name();
@@ -148,8 +150,8 @@ io::Config load_and_broadcast(const ParsedArgs& args, int rank, const SlurmEnv* 
           config.hardware.preset = preset;
           changed = true;
           std::fprintf(stderr,
-                       "hardware: preset %s for this GPU (%s); hardware.preset or hardware.file "
-                       "override it\n",
+                       "hardware: preset %s for this GPU (%s); another GPU preset in "
+                       "hardware.preset, or hardware.file, overrides it\n",
                        preset.c_str(), name.c_str());
         } else if (!name.empty()) {
           std::fprintf(stderr,

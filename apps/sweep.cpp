@@ -219,7 +219,8 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
   const fs::path run_dir = metrics.parent_path();
   r.run = fs::relative(run_dir, root).generic_string();
   if (r.run.empty()) r.run = ".";
-  r.finished = fs::exists(run_dir / "model.h5");
+  // log.dir/finished since 2026-12-06 (log.save_model may leave no model.h5); model.h5 before.
+  r.finished = fs::exists(run_dir / "finished") || fs::exists(run_dir / "model.h5");
   if (std::ifstream point(run_dir / "point.txt"); point) {
     std::vector<std::string> parts;
     for (std::string line; std::getline(point, line);) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <unordered_map>
 #include <span>
@@ -614,6 +615,12 @@ TrainSummary Trainer::train() {
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
   make_log_dir(*world_, config_);
+  if (world_->rank() == 0 && profile_steps_ == 0) {
+    // A run continuing in this directory has not finished (yet): log.dir/finished is written
+    // again when it reaches train.steps.
+    std::error_code ignored;
+    std::filesystem::remove(config_.log.dir + "/finished", ignored);
+  }
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
   Watchdog watchdog(t.watchdog_seconds, world_->rank());
@@ -863,6 +870,11 @@ TrainSummary Trainer::train() {
     summary.model_path = config_.log.dir + "/model.h5";
     save_weights(summary.model_path);
     print("%s", export_hf_over(*world_, config_, summary.model_path).c_str());
+  }
+  // The run reached train.steps: log.dir/finished says so (the sbatch scripts' and
+  // colossal_sweep's test of a finished run; model.h5 may be switched off).
+  if (world_->rank() == 0) {
+    std::ofstream(config_.log.dir + "/finished") << "step " << t.steps << "\n";
   }
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
   if (config_.sample.tokens > 0) {

@@ -2,8 +2,9 @@
 # The device checks for a machine with a GPU (an H100 or an H200 in this project), from the
 # folder that scripts/pack_gpu_bundle.sh made (bin/, lib/, configs/, data/, host-losses/), or
 # from the repository with build-cuda/. About 8 minutes on a healthy GPU; every step has its own
-# time limit, cut to what is left before GPU_CHECK_DEADLINE, so one crash or hang costs its step
-# only and the script always ends, report written, before the deadline. The report goes to
+# time limit, cut to what is left before GPU_CHECK_DEADLINE (a step past it still gets 5 s, and
+# a program that ignores TERM is killed 5 s later), so one crash or hang costs its step only and
+# the script ends, report written, close to the deadline. The report goes to
 # $OUT/gpu_check.txt (or ./gpu_check.txt), line by line as it runs.
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
@@ -121,7 +122,7 @@ gpu_preset() {
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   case "$name" in
-    *GH200*) echo h200 ;; *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
+    *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
     *A100*) echo a100-40g ;; *V100*) echo v100 ;; *) echo h200 ;;
   esac
 }
@@ -214,7 +215,7 @@ if section 1; then
            test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
-      if timeout "$(lim 90)" "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
+      if timeout -k 5 "$(lim 90)" "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
       else say "$t: FAILED (rc $?, $((SECONDS - t0)) s)"; fail=1
         grep -E '^\[  FAILED|Failure|Expected|Which is|error|abort|what\(\)' "/tmp/$t.log" | head -40 >> "$report"
         tail -n 15 "/tmp/$t.log" >> "$report"; fi
@@ -229,7 +230,7 @@ if section 2; then
     ref="$root/host-losses/$m.txt"
     [ -f "$ref" ] || { say "$m: no $ref (run --host-losses on the CPU machine)"; fail=1; continue; }
     t0=$SECONDS
-    gpu=$(timeout "$(lim 45)" bash -c "$(declare -f losses); root='$root' steps=$steps \
+    gpu=$(timeout -k 5 "$(lim 45)" bash -c "$(declare -f losses); root='$root' steps=$steps \
           losses '$bin/colossal_train' '$(model_config "$m")' $(model_sets "$m")" \
           2> "/tmp/train-$m.log")
     grep -E '^(gpu|gemm|comm|memory|kokkos)|rror|abort' "/tmp/train-$m.log" | head -12 >> "$report"
@@ -240,7 +241,7 @@ if section 2; then
       tail -n 20 "/tmp/train-$m.log" >> "$report"; fail=1
       if command -v compute-sanitizer >/dev/null && [ "$m" = quickstart ]; then
         say "-- compute-sanitizer, 2 steps of $m"
-        (cd "$root" && timeout "$(lim 90)" compute-sanitizer --print-limit 10 "$bin/colossal_train" \
+        (cd "$root" && timeout -k 5 "$(lim 90)" compute-sanitizer --print-limit 10 "$bin/colossal_train" \
            "configs/$m.yaml" --set train.steps=2 --set sample.tokens=0 --set data.val_windows=2 \
            --set log.save_model=false \
            --set log.dir=/tmp/gpu_check-sanitize 2>&1) | grep -v '^step' | head -60 >> "$report"
@@ -259,13 +260,13 @@ if section 3; then
   if [ -x "$bin/colossal_bench" ]; then
     for p in "fp32" "fp32 --tf32" "bf16" "bf16 --fused-attention"; do
       # shellcheck disable=SC2086  # the precision's flags are separate words
-      timeout "$(lim 120)" "$bin/colossal_bench" --case gpt2-124m --batch "$batch" --seq-len 1024 \
+      timeout -k 5 "$(lim 120)" "$bin/colossal_bench" --case gpt2-124m --batch "$batch" --seq-len 1024 \
         --steps 5 --precision $p 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
         say "colossal_bench --precision $p: failed or timed out (rc $?)"
     done
-    timeout "$(lim 60)" "$bin/colossal_bench" --gemm-table --case gpt2-124m --batch "$batch" \
+    timeout -k 5 "$(lim 60)" "$bin/colossal_bench" --gemm-table --case gpt2-124m --batch "$batch" \
       --seq-len 1024 2>&1 | grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report"
-    timeout "$(lim 60)" "$bin/colossal_bench" --attention 2>&1 |
+    timeout -k 5 "$(lim 60)" "$bin/colossal_bench" --attention 2>&1 |
       grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
       say "colossal_bench --attention: failed or timed out (rc $?)"
   else say "colossal_bench: not built"; fi
@@ -275,19 +276,19 @@ if section 3; then
   # model's milliseconds beside each kind of work), else with the preset.
   hw_file="${OUT:-$PWD}/hardware-gpu.yaml"
   rm -f "$hw_file"  # an earlier run's must not stand in for this GPU's
-  (cd "$root" && timeout "$(lim 90)" "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
+  (cd "$root" && timeout -k 5 "$(lim 90)" "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
     tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
   hw_set="hardware.preset=$preset"
   [ -s "$hw_file" ] && hw_set="hardware.file=$hw_file"
   say "profiled steps predicted with $hw_set"
-  (cd "$root" && timeout "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && timeout -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
-  (cd "$root" && timeout "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && timeout -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof-fused \
@@ -295,7 +296,7 @@ if section 3; then
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
   # free memory; --memory-plan allocates nothing), to compare with the two profiles above.
-  (cd "$root" && timeout "$(lim 60)" "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
+  (cd "$root" && timeout -k 5 "$(lim 60)" "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" --set "$hw_set" 2>&1) |
@@ -309,7 +310,7 @@ if section 4; then
   staged() {  # RANKS SETS...
     local n=$1; shift
     local dir="/tmp/gpu_check-staged-$n-$$-$RANDOM"
-    (cd "$root" && timeout "$(lim 60)" mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
+    (cd "$root" && timeout -k 5 "$(lim 60)" mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
        configs/quickstart.yaml --set train.steps=$steps --set log.every=1 \
        --set eval.every=1000000 --set train.micro_batch=8 --set sample.tokens=0 \
        --set parallel.comm=mpi --set log.dir="$dir" "$@" 2>&1) > "/tmp/staged-$n.log"
@@ -357,7 +358,7 @@ if section 5; then
   if [ -n "$peer" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     for args in "" "--bf16" "--bf16 --compile"; do
       # shellcheck disable=SC2086  # the configuration's flags are separate words
-      timeout "$(lim 120)" python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
+      timeout -k 5 "$(lim 120)" python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
         --seq-len 1024 --steps 8 --warmup-steps 2 $args 2>/tmp/peer.log >> "$report" ||
         { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 /tmp/peer.log >> "$report"; }
     done
@@ -383,7 +384,7 @@ if section 6; then
           --set log.save_model=false)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
     local out d
-    out=$(cd "$root" && timeout "$(lim 60)" "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
+    out=$(cd "$root" && timeout -k 5 "$(lim 60)" "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
     d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes) without its offloaded.*/\1/p' <<< "$out")
     [ -n "$d" ] || d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes)$/\1/p' <<< "$out")
     echo "$d"
@@ -407,7 +408,7 @@ if section 6; then
                              --set hardware.device_memory_gib="$cap3") ;;
       esac
       t0=$SECONDS
-      if (cd "$root" && timeout "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
+      if (cd "$root" && timeout -k 5 "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "/tmp/offload-$run.log"; then
         grep -E '^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
           "/tmp/offload-$run.log" | sed "s/^/$run: /" >> "$report"

@@ -255,6 +255,10 @@ TEST_F(Cli, SaveModelFalseWritesOnlyTheMetrics) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir + "/nomodel/model.h5"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/nomodel/metrics.csv"));
+  std::ifstream finished(dir + "/nomodel/finished");  // what the sbatch scripts and sweeps read
+  std::string line;
+  ASSERT_TRUE(std::getline(finished, line)) << "no log.dir/finished";
+  EXPECT_EQ(line, "step 3");
   EXPECT_NE(r.output.find("no model file (log.save_model: false)"), std::string::npos) << r.output;
   r = run(bin("colossal_train") + " " + write_config("ok.yaml") +
           " --set log.save_model=false --set log.export_hf=true --set log.dir=" + dir + "/nohf");

@@ -650,11 +650,6 @@ TEST(CostModel, ZeroThreeReusePerPipelineTurn) {
               gathers + 4 * (block_bytes / 2) / hw.host_link_bandwidth, 1e-12);
 }
 
-// Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
-// and again before its backward, but the embeddings' second only where backward needs no
-// parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied
-// head's backward gathers them again, so every unit uploads twice.
-
 // On a GPU node each pipeline message crosses the host link twice (under NCCL the pipeline group
 // is staged MPI); priced as direct sends (Megatron-LM's NCCL point-to-point) without that.
 // pp2, 1F1B, 4 micro-batches: stage 0 sends 4 activations, stage 1 sends 4 gradients.
@@ -687,6 +682,11 @@ TEST(CostModel, StagedPipelineMessagesCrossTheHostLinkTwice) {
   host.pipeline_staged = false;
   EXPECT_EQ(a, planner::predict_time(spec, layout, host).pipeline_comm);
 }
+// Parameter offload's uploads follow the store's gathers: each unit's host part before its forward
+// and again before its backward, but the embeddings' second only where backward needs no
+// parameters (tensor 1: the tied LM head ran its backward in forward); at tensor 2 the tied
+// head's backward gathers them again, so every unit uploads twice.
+
 TEST(CostModel, ParameterOffloadUploadsFollowTheGathers) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   const planner::HardwareSpec hw = planner::hardware_preset("h200");

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/run_log.hpp"
+#include "apps/trainer.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "metrics_h5.hpp"
@@ -301,4 +302,16 @@ TEST(RunLog, NeedsTheMemoryTracker) {
   const std::string dir = temp_dir("no_memory");
   apps::RunLogOptions none;
   EXPECT_THROW(apps::RunLog(config_for(dir, 1, 10), none), std::invalid_argument);
+}
+
+// MFU's peak (RunLogOptions::peak_flops, from apps::peak_flops): the preset's in the run's
+// precision, a GPU's bf16 tensor-core peak for bf16 runs; hardware.peak_tflops wins.
+TEST(RunLog, PeakFlopsFollowsThePrecision) {
+  io::Config config;
+  config.hardware.preset = "h100";
+  EXPECT_EQ(apps::peak_flops(config), 494e12);
+  config.train.precision = core::GemmPrecision::bf16;
+  EXPECT_EQ(apps::peak_flops(config), 989e12);
+  config.hardware.peak_tflops = 700;
+  EXPECT_EQ(apps::peak_flops(config), 700e12);
 }

@@ -189,6 +189,8 @@ EOF
     restarts=$(job_lines "$id" | field Restarts)
     [ "${restarts:-0}" -ge 1 ] || fail "Slurm counts ${restarts:-0} restarts of job $id"
     [ -f "$run/model.h5" ] || fail "the resumed run did not finish ($run/model.h5)"
+    [ "$(cat "$run/finished" 2> /dev/null)" = "step $(awk -F, 'END { print $1 }' "$run/metrics.csv")" ] ||
+      fail "the resumed run wrote no log.dir/finished for its last step"
     reference "$work/ref" "${args[@]}"
     same_losses "$run/metrics.csv" "$work/ref/metrics.csv"
     ;;
