@@ -4,6 +4,7 @@
 #include <vector>
 #include <cmath>
 
+#include "core/adamw_team.hpp"
 #include "core/host_threads.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
@@ -145,6 +146,10 @@ struct AdamWElement {
 };
 }  // namespace detail
 
+struct AdamW::DeviceBlocks {
+  team::AdamWBlockTable<kernels::Exec> table;
+};
+
 void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                    float grad_scale, Indexing params_at, Indexing grads_at) {
   start_update(params, grads, hp, step, grad_scale, params_at, grads_at);
@@ -178,14 +183,35 @@ void AdamW::start_update(float* params, const float* grads, const AdamWParams& h
       }
     });
   } else {
-    for (const Segment& s : segments_) {
-      const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
-      const std::ptrdiff_t p = shift(s, params_at), g = shift(s, grads_at);
-      Kokkos::parallel_for(
-          "colossal::core::adamw", Kokkos::RangePolicy<>(s.begin, s.begin + s.count),
-          KOKKOS_LAMBDA(std::size_t i) { element(i, p, g, wd); });
-    }
+    // One launch for every tensor of the window (team::adamw_update: the same float
+    // expression as `element`), not one per tensor.
+    const DeviceBlocks& blocks = device_blocks(params_at, grads_at);
+    team::adamw_update<kernels::Exec>(params, grads, m, v, blocks.table.data(),
+                                      blocks.table.size(),
+                                      team::adamw_scalars(hp, step, grad_scale));
   }
+}
+
+AdamW::~AdamW() = default;
+
+const AdamW::DeviceBlocks& AdamW::device_blocks(Indexing params_at, Indexing grads_at) {
+  std::unique_ptr<DeviceBlocks>& slot =
+      device_blocks_[2 * int(params_at == Indexing::flat) + int(grads_at == Indexing::flat)];
+  if (!slot) {
+    std::vector<team::AdamWBlock> blocks;
+    for (const Segment& s : segments_) {
+      const auto shift = [&](Indexing at) {
+        return at == Indexing::flat ? int64_t(s.flat) - int64_t(s.begin) : int64_t(0);
+      };
+      for (std::size_t b = 0; b < s.count; b += std::size_t(team::kAdamWBlock)) {
+        const std::size_t end = std::min(s.count, b + std::size_t(team::kAdamWBlock));
+        blocks.push_back({int64_t(s.begin + b), int64_t(s.begin + end), shift(params_at),
+                          shift(grads_at), s.decay ? 1 : 0});
+      }
+    }
+    slot = std::make_unique<DeviceBlocks>(DeviceBlocks{team::AdamWBlockTable<kernels::Exec>(blocks)});
+  }
+  return *slot;
 }
 
 }  // namespace colossal::core

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -73,6 +74,9 @@ class AdamW {
   AdamW(const std::vector<ParamSpec>& table,
         const std::vector<std::pair<std::size_t, std::size_t>>& pieces, MemoryTracker& tracker,
         bool on_host = false);
+  ~AdamW();
+  AdamW(const AdamW&) = delete;
+  AdamW& operator=(const AdamW&) = delete;
 
   // How update() indexes a buffer: by state position (the window's or pieces' elements packed in
   // order, as m and v are) or by flat offset (a whole flat buffer).
@@ -112,6 +116,13 @@ class AdamW {
   std::size_t begin_, end_;
   bool on_host_;
   DeviceArray<float> m_, v_;
+  // Where the update runs on a device's threads (not the host's): the segments cut into blocks of
+  // team::kAdamWBlock states in the execution space's memory, one table per (params, grads)
+  // indexing, made on its first update (core/adamw_team.hpp's fused kernel: one launch per update
+  // instead of one per tensor).
+  struct DeviceBlocks;
+  std::unique_ptr<DeviceBlocks> device_blocks_[4];
+  const DeviceBlocks& device_blocks(Indexing params_at, Indexing grads_at);
 };
 
 }  // namespace colossal::core

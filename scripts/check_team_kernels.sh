@@ -5,7 +5,9 @@
 # (scripts/build_kokkos_cuda.sh --openmp, into .deps/kokkos-openmp; a few minutes, once), the
 # `openmp` preset's test_kernels_team (build-openmp/), and runs it with teams of 2, 4 and 8
 # threads (COLOSSAL_TEAM_SIZE; 8 threads on 2 cores take about a minute) and with Kokkos'
-# own team size. CI runs it after the CUDA compile check.
+# own team size; and test_optimizer, whose AdamW takes the device's fused update
+# (team::adamw_update) wherever Kokkos' threads are not Serial. CI runs it after the CUDA
+# compile check.
 #
 #   scripts/check_team_kernels.sh [--jobs N]
 set -euo pipefail
@@ -13,7 +15,7 @@ cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
 case "${1:-}" in
   --jobs) jobs=${2:?--jobs needs a number} ;;
-  -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   "") ;;
   *) echo "check_team_kernels.sh: unknown argument '$1'" >&2; exit 2 ;;
 esac
@@ -36,7 +38,12 @@ for team in 2 4 8 auto; do
   echo "[teams] $threads OpenMP threads, team size $team: $(grep -E '^\[  (PASSED|FAILED)' \
     "build-openmp/team-$team.log" | head -1 | tr -s ' ') ($((SECONDS - t0)) s)"
 done
+t0=$SECONDS
+OMP_NUM_THREADS=4 OMP_PROC_BIND=false build-openmp/bin/test_optimizer \
+  > build-openmp/optimizer.log 2>&1 || fail=1
+echo "[teams] test_optimizer (the fused AdamW) on 4 OpenMP threads: $(grep -E \
+  '^\[  (PASSED|FAILED)' build-openmp/optimizer.log | head -1 | tr -s ' ') ($((SECONDS - t0)) s)"
 if [ "$fail" != 0 ]; then
-  grep -h -E 'FAILED|Failure|Expected|Which is' build-openmp/team-*.log | head -40 >&2
+  grep -h -E 'FAILED|Failure|Expected|Which is' build-openmp/team-*.log build-openmp/optimizer.log | head -40 >&2
   exit 1
 fi
