@@ -158,37 +158,29 @@ void AdamW::update(float* params, const float* grads, const AdamWParams& hp, int
 
 void AdamW::start_update(float* params, const float* grads, const AdamWParams& hp, int64_t step,
                          float grad_scale, Indexing params_at, Indexing grads_at) {
-  const float lr = static_cast<float>(hp.lr);
-  const float b1 = static_cast<float>(hp.beta1), b2 = static_cast<float>(hp.beta2);
-  const float eps = static_cast<float>(hp.eps);
-  const float correction1 = static_cast<float>(1.0 - std::pow(hp.beta1, double(step)));
-  const float correction2 = static_cast<float>(1.0 - std::pow(hp.beta2, double(step)));
+  const team::AdamWScalars k = team::adamw_scalars(hp, step, grad_scale);
   float* m = m_.data();
   float* v = v_.data();
-  // Element i in state order; p and g are the segment's shifts from state to buffer index.
-  const detail::AdamWElement element{params, grads, m, v, grad_scale, lr, b1, b2, eps, correction1,
-                             correction2};
-  auto shift = [](const Segment& s, Indexing at) {
-    return at == Indexing::flat ? std::ptrdiff_t(s.flat) - std::ptrdiff_t(s.begin)
-                                : std::ptrdiff_t(0);
-  };
   if (kSerialHost || on_host_) {
+    // Element i in state order; p and g are the segment's shifts from state to buffer index.
+    const detail::AdamWElement element{params,  grads,   m,         v,
+                                       k.grad_scale, k.lr, k.beta1, k.beta2,
+                                       k.eps,   k.correction1, k.correction2};
     // Elements [lo, hi) of the state on each host thread, tensor by tensor (decay by role).
     HostThreads::shared().run(m_.size(), [&](std::size_t, std::size_t lo, std::size_t hi) {
       for (const Segment& s : segments_) {
         const std::size_t a = std::max(lo, s.begin), b = std::min(hi, s.begin + s.count);
-        const float wd = s.decay ? static_cast<float>(hp.weight_decay) : 0.0f;
-        const std::ptrdiff_t p = shift(s, params_at), g = shift(s, grads_at);
+        const float wd = s.decay ? k.weight_decay : 0.0f;
+        const std::ptrdiff_t p = s.shift(params_at), g = s.shift(grads_at);
         for (std::size_t i = a; i < b; ++i) element(i, p, g, wd);
       }
     });
   } else {
     // One launch for every tensor of the window (team::adamw_update: the same float
-    // expression as `element`), not one per tensor.
+    // expression as detail::AdamWElement), not one per tensor.
     const DeviceBlocks& blocks = device_blocks(params_at, grads_at);
     team::adamw_update<kernels::Exec>(params, grads, m, v, blocks.table.data(),
-                                      blocks.table.size(),
-                                      team::adamw_scalars(hp, step, grad_scale));
+                                      blocks.table.size(), k);
   }
 }
 
@@ -200,13 +192,10 @@ const AdamW::DeviceBlocks& AdamW::device_blocks(Indexing params_at, Indexing gra
   if (!slot) {
     std::vector<team::AdamWBlock> blocks;
     for (const Segment& s : segments_) {
-      const auto shift = [&](Indexing at) {
-        return at == Indexing::flat ? int64_t(s.flat) - int64_t(s.begin) : int64_t(0);
-      };
       for (std::size_t b = 0; b < s.count; b += std::size_t(team::kAdamWBlock)) {
         const std::size_t end = std::min(s.count, b + std::size_t(team::kAdamWBlock));
-        blocks.push_back({int64_t(s.begin + b), int64_t(s.begin + end), shift(params_at),
-                          shift(grads_at), s.decay ? 1 : 0});
+        blocks.push_back({int64_t(s.begin + b), int64_t(s.begin + end), s.shift(params_at),
+                          s.shift(grads_at), s.decay ? 1 : 0});
       }
     }
     slot = std::make_unique<DeviceBlocks>(DeviceBlocks{team::AdamWBlockTable<kernels::Exec>(blocks)});

@@ -2,6 +2,7 @@
 // (linear warm-up, then cosine decay to min_lr).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -109,6 +110,10 @@ class AdamW {
     std::size_t begin, count;  // in state order
     std::size_t flat;          // flat offset of the first element
     bool decay;
+    // From a state position to the index of a buffer indexed `at`.
+    std::ptrdiff_t shift(Indexing at) const {
+      return at == Indexing::flat ? std::ptrdiff_t(flat) - std::ptrdiff_t(begin) : 0;
+    }
   };
   void add_segments(const std::vector<ParamSpec>& table, std::size_t begin, std::size_t end,
                     std::size_t state_offset);

@@ -38,19 +38,30 @@ std::string DeviceChoice::describe() const {
          " visible = " + rank + " mod " + std::to_string(devices);
 }
 
+#ifdef COLOSSAL_HAVE_CUDA
+namespace {
+// The CUDA current device and its properties; false (the sticky error cleared) without one.
+bool current_device(int& device, cudaDeviceProp& prop) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
+      cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();  // no GPU here is not a failure
+    return false;
+  }
+  return true;
+}
+}  // namespace
+#endif
+
 GpuIdentity current_gpu_identity() {
   GpuIdentity id;
 #ifdef COLOSSAL_HAVE_CUDA
-  int devices = 0, device = -1;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
-      cudaGetDevice(&device) != cudaSuccess) {
-    cudaGetLastError();  // no GPU here is not a failure
-    return id;
-  }
-  char bus[32] = {};
+  int device = -1;
   cudaDeviceProp prop{};
-  if (cudaDeviceGetPCIBusId(bus, int(sizeof bus) - 1, device) != cudaSuccess ||
-      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+  char bus[32] = {};
+  if (!current_device(device, prop) ||
+      cudaDeviceGetPCIBusId(bus, int(sizeof bus) - 1, device) != cudaSuccess) {
     cudaGetLastError();
     return id;
   }
@@ -67,18 +78,11 @@ GpuIdentity current_gpu_identity() {
 
 std::string current_gpu_name() {
 #ifdef COLOSSAL_HAVE_CUDA
-  int devices = 0, device = -1;
+  int device = -1;
   cudaDeviceProp prop{};
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 ||
-      cudaGetDevice(&device) != cudaSuccess ||
-      cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
-    cudaGetLastError();
-    return "";
-  }
-  return std::string(prop.name, strnlen(prop.name, sizeof prop.name));
-#else
-  return "";
+  if (current_device(device, prop)) return std::string(prop.name, strnlen(prop.name, sizeof prop.name));
 #endif
+  return "";
 }
 
 std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdentity& mine) {
