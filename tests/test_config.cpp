@@ -305,6 +305,15 @@ TEST(ConfigSet, BadValuesAndSyntaxNameTheOverride) {
              {"--set 'train.steps'", "missing '='", "key=value"});
 }
 
+// log.save_model: a choice of false/true; false beside log.export_hf: true is refused by name.
+TEST(ConfigSet, SaveModelValuesAndTheExportThatNeedsIt) {
+  expect_all(error_of(kMinimal, {"log.save_model=maybe"}),
+             {"log.save_model", "maybe", "false", "true"});
+  expect_all(error_of(kMinimal, {"log.save_model=false", "log.export_hf=true"}),
+             {"log.export_hf: true needs the model file, but log.save_model is false",
+              "set log.save_model: true, or log.export_hf: false"});
+}
+
 // ---- one test per class of bad input ------------------------------------------------------------
 
 TEST(ConfigError, UnknownKeySuggestsTheClosest) {
