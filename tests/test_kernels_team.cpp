@@ -1297,15 +1297,8 @@ TEST(DeviceTeamKernels, GridKernelsMatchHost) {
     const int64_t rs = transposed ? 1 : c, cs = transposed ? vb : 1, v0 = vb, p0 = pb;
     auto wte = random_vector(vb * c, 76), wpe = random_vector(pb * c, 77);
     std::vector<float> want(BT * c);
-    for (int64_t n = 0; n < BT; ++n) {
-      const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-      for (int64_t s = 0; s < c; ++s) {
-        float v = 0.0f;
-        if (tok >= 0 && tok < vb) v += wte[tok * rs + s * cs];
-        if (p >= 0 && p < pb) v += wpe[p * c + s];
-        want[n * c + s] = v;
-      }
-    }
+    host_grid_embedding_forward(want.data(), tokens.data(), wte.data(), rs, cs, wpe.data(), BT,
+                                T, c, v0, vb, offset, p0, pb);
     auto dwte = to_device(wte), dwpe = to_device(wpe);
     auto dembed = to_device(std::vector<float>(BT * c));
     team::grid_embedding_forward<Dev>(dembed.data(), dtokens.data(), dwte.data(), rs, cs,
