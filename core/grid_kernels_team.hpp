@@ -2,7 +2,7 @@
 // over split columns of core/tensor2d.cpp and the embedding blocks of core/model2d.cpp and
 // core/model3d.cpp. Templated on the execution space like core/kernels_team.hpp, whose policies,
 // column_sums and token-embedding backward they reuse; the host forms stay where they are and
-// call these only when the execution space's memory is the device's (device_memory_v).
+// call these where the kernels take their device forms (team_kernels_v).
 //
 // Shapes: a rank holds r rows of c columns (leading dimension c) of a layout whose rows have
 // `cols` columns in all; the row statistics are partial sums over this rank's columns, summed

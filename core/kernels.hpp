@@ -75,7 +75,7 @@ void embedding_forward(float* out,            // (B,T,C)
                        const float* wpe,      // (P,C) or null
                        int B, int T, int C, int pos_offset, int64_t v0 = 0,
                        int64_t rows = INT64_MAX) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::embedding_forward<ExecSpace>(out, tokens, wte, wpe, B, T, C, pos_offset, v0, rows);
     return;
   }
@@ -111,7 +111,7 @@ void embedding_backward(float* dwte,           // (rows,C)
                         const int32_t* tokens, // (B,T)
                         int B, int T, int C, int pos_offset, int64_t v0 = 0,
                         int64_t rows = INT64_MAX) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::embedding_backward<ExecSpace>(dwte, dwpe, dout, tokens, B, T, C, pos_offset, v0,
                                           rows);
     return;
@@ -152,7 +152,7 @@ void layernorm_forward(Out* out,            // (N,C)
                        const float* weight, // (C)
                        const float* bias,   // (C)
                        int64_t N, int C, float eps, ResidualCopy copy = {}) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::layernorm_forward<ExecSpace, Out>(out, mean, rstd, inp, weight, bias, N, C, eps, 0,
                                             copy);
     return;
@@ -192,7 +192,7 @@ void layernorm_backward(float* dinp,         // (N,C), accumulated
                         const float* mean,   // (N)
                         const float* rstd,   // (N)
                         int64_t N, int C) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::layernorm_backward<ExecSpace>(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N,
                                           C);
     return;
@@ -242,7 +242,7 @@ template <class ExecSpace = Exec>
 void broadcast_rows(float* out,        // (N, ld), columns [0, M) written
                     const float* bias, // (M)
                     int64_t N, int M, int ld) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::broadcast_rows<ExecSpace>(out, bias, N, M, ld);
     return;
   }
@@ -259,7 +259,7 @@ template <class ExecSpace = Exec>
 void bias_backward(float* dbias,      // (M)
                    const float* dout, // (N, ld), columns [0, M) read
                    int64_t N, int M, int ld) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::bias_backward<ExecSpace>(dbias, dout, N, M, ld);
     return;
   }
@@ -302,7 +302,7 @@ void bias_activation_forward(Out* out,          // (N,M)
                              float* pre,        // (N,M), in place
                              const float* bias, // (M)
                              int64_t N, int M, bool gelu) {
-  if constexpr (device_memory_v<ExecSpace>) {
+  if constexpr (team_kernels_v<ExecSpace>) {
     Kokkos::parallel_for(
         "colossal::core::bias_activation_forward", Kokkos::RangePolicy<ExecSpace>(0, N * M),
         KOKKOS_LAMBDA(int64_t i) {
@@ -388,7 +388,7 @@ void add(float* dst, const float* src, int64_t n) {
 template <class ExecSpace = Exec>
 void causal_softmax_forward(float* att,  // (B*H, Tq, Tk)
                             int64_t rows, int Tq, int Tk, int q_offset) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::causal_softmax_forward<ExecSpace>(att, rows, Tq, Tk, q_offset);
     return;
   }
@@ -423,7 +423,7 @@ template <class ExecSpace = Exec, class In = float>
 void causal_softmax_backward(float* datt,      // (B*H, Tq, Tk)
                              const In* att,    // (B*H, Tq, Tk)
                              int64_t rows, int Tq, int Tk, int q_offset, float scale) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::causal_softmax_backward<ExecSpace, In>(datt, att, rows, Tq, Tk, q_offset, scale);
     return;
   }
@@ -448,7 +448,7 @@ void causal_softmax_backward(float* datt, const In* att, int64_t rows, int T, fl
 // dst(rows, ld_dst)[:, :cols] = src(rows, ld_src)[:, :cols]
 template <class ExecSpace = Exec>
 void copy_columns(float* dst, int ld_dst, const float* src, int ld_src, int64_t rows, int cols) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::copy_columns<ExecSpace>(dst, ld_dst, src, ld_src, rows, cols);
     return;
   }
@@ -468,7 +468,7 @@ void cross_entropy_forward_backward(float* logits,           // (N, ld), in plac
                                     float* losses,           // (N)
                                     const int32_t* targets,  // (N)
                                     int64_t N, int V, int ld, float grad_scale) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::cross_entropy_forward_backward<ExecSpace>(logits, losses, targets, N, V, ld,
                                                     grad_scale);
     return;
@@ -504,7 +504,7 @@ void cross_entropy_forward_backward(float* logits,           // (N, ld), in plac
 // exp(logit - max) and the target logits (sum). The full logits never meet on one rank.
 template <class ExecSpace = Exec>
 void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, int valid) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::vocab_parallel_row_max<ExecSpace>(mx, logits, N, ld, valid);
     return;
   }
@@ -520,7 +520,7 @@ void vocab_parallel_row_max(float* mx, const float* logits, int64_t N, int ld, i
 template <class ExecSpace = Exec>
 void vocab_parallel_sums(float* sums, const float* logits, const float* mx,
                          const int32_t* targets, int64_t N, int ld, int valid, int64_t v0) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::vocab_parallel_sums<ExecSpace>(sums, logits, mx, targets, N, ld, valid, v0);
     return;
   }
@@ -541,7 +541,7 @@ template <class ExecSpace = Exec>
 void vocab_parallel_finish(float* logits, float* losses, const float* mx, const float* sums,
                            const int32_t* targets, int64_t N, int ld, int valid, int64_t v0,
                            float grad_scale) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::vocab_parallel_finish<ExecSpace>(logits, losses, mx, sums, targets, N, ld, valid, v0,
                                              grad_scale);
     return;
@@ -651,7 +651,7 @@ void residual_plus_bias(float* out,            // (N,C)
                         const float* residual, // (N,C)
                         const float* bias,     // (C)
                         int64_t N, int C) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/kernels_team.hpp)
     team::residual_plus_bias<ExecSpace>(out, residual, bias, N, C);
     return;
   }

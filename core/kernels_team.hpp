@@ -14,6 +14,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -24,12 +25,28 @@
 
 namespace colossal::core::team {
 
-// A team policy over `league` teams; team_size 0 lets Kokkos choose.
+// The host's team size for a call that leaves it to Kokkos (team_size 0): COLOSSAL_TEAM_SIZE
+// when set to a positive number (scripts/check_team_kernels.sh runs the host team forms with
+// teams of 2, 4 and 8 OpenMP threads), else 0 (Kokkos::AUTO). Read once.
+inline int host_team_size() {
+  static const int size = [] {
+    const char* v = std::getenv("COLOSSAL_TEAM_SIZE");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n > 0 ? n : 0;
+  }();
+  return size;
+}
+
+// A team policy over `league` teams; team_size 0 lets Kokkos choose (on the host, after
+// COLOSSAL_TEAM_SIZE).
 template <class ExecSpace>
 Kokkos::TeamPolicy<ExecSpace> policy(int64_t league, int team_size, int vector_length = 1) {
   if (league < 0 || league > INT_MAX) {
     throw std::invalid_argument("colossal::core::team: " + std::to_string(league) +
                                 " teams (Kokkos leagues hold at most 2^31 - 1); split the call");
+  }
+  if constexpr (!device_memory_v<ExecSpace>) {
+    if (team_size <= 0) team_size = host_team_size();
   }
   if (team_size <= 0) {
     return Kokkos::TeamPolicy<ExecSpace>(int(league), Kokkos::AUTO, vector_length);

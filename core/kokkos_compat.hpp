@@ -3,6 +3,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <type_traits>
+
 namespace colossal::core {
 // Math functions moved from Kokkos::Experimental to Kokkos in 3.7.
 #if KOKKOS_VERSION >= 30700
@@ -16,6 +18,28 @@ namespace kmath = ::Kokkos::Experimental;
 template <class ExecSpace>
 inline constexpr bool device_memory_v =
     !Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+
+// True where the kernels take their device (team) forms: on the device, and on a threaded host
+// space (OpenMP) too in a build configured with COLOSSAL_HOST_TEAM_KERNELS=ON (the `openmp`
+// preset), which runs the model, its 2D/3D layouts and LLaMA through the team forms on real
+// thread teams, so their dispatch, arguments and races are checked on a CPU
+// (scripts/check_team_kernels.sh). Kokkos::Serial keeps the host forms: the tests' reference.
+// Memory questions (who may read a pointer, chunk sizes, cuBLAS) stay with device_memory_v.
+#ifdef COLOSSAL_HOST_TEAM_KERNELS
+inline constexpr bool kHostTeamKernels = true;
+#else
+inline constexpr bool kHostTeamKernels = false;
+#endif
+template <class ExecSpace>
+inline constexpr bool is_serial_v =
+#ifdef KOKKOS_ENABLE_SERIAL
+    std::is_same_v<ExecSpace, Kokkos::Serial>;
+#else
+    false;
+#endif
+template <class ExecSpace>
+inline constexpr bool team_kernels_v =
+    device_memory_v<ExecSpace> || (kHostTeamKernels && !is_serial_v<ExecSpace>);
 
 // Waits for this rank's kernels: those of the default execution space instance, and cuBLAS, which
 // runs on its stream (core/gemm_cublas.cpp). Not for a collective in flight on its own stream

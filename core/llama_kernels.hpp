@@ -11,7 +11,7 @@
 //   the multi-head attention kernels take (core/layers.hpp); the backward sums each KV head's
 //   gradient over its group of query heads. The expansion costs one (B,T,3C) buffer.
 // One source for host and device: labelled Kokkos loops over raw arrays (kernels::for_each); on a
-// device (device_memory_v) each kernel takes its form in core/llama_kernels_team.hpp instead.
+// device (team_kernels_v) each kernel takes its form in core/llama_kernels_team.hpp instead.
 #pragma once
 
 #include <cmath>
@@ -30,7 +30,7 @@ void rmsnorm_forward(Out* out,             // (N,C)
                      const float* inp,     // (N,C)
                      const float* weight,  // (C)
                      int64_t N, int C, float eps) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::rmsnorm_forward<ExecSpace, Out>(out, rstd, inp, weight, N, C, eps);
     return;
   }
@@ -55,7 +55,7 @@ void rmsnorm_backward(float* dinp,          // (N,C), accumulated
                       const float* weight,  // (C)
                       const float* rstd,    // (N)
                       int64_t N, int C) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::rmsnorm_backward<ExecSpace>(dinp, dweight, dout, inp, weight, rstd, N, C);
     return;
   }
@@ -106,7 +106,7 @@ inline void rope_table(float* cos_table, float* sin_table, int T, int hs, double
 template <class ExecSpace = Exec>
 void rope_rotate(float* x, int64_t B, int Tl, int ld, int col0, int heads, int hs, int pos0,
                  const float* cos_table, const float* sin_table, bool inverse) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::rope_rotate<ExecSpace>(x, B, Tl, ld, col0, heads, hs, pos0, cos_table, sin_table,
                                  inverse);
     return;
@@ -135,7 +135,7 @@ void rope_rotate(float* x, int64_t B, int Tl, int ld, int col0, int heads, int h
 // ld_in (the fused gate/up projection's output); out (N, F) dense.
 template <class ExecSpace = Exec>
 void swiglu_forward(float* out, const float* gate, const float* up, int ld_in, int64_t N, int F) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::swiglu_forward<ExecSpace>(out, gate, up, ld_in, N, F);
     return;
   }
@@ -153,7 +153,7 @@ void swiglu_forward(float* out, const float* gate, const float* up, int ld_in, i
 template <class ExecSpace = Exec>
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate,
                      const float* up, int ld_in, int64_t N, int F) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::swiglu_backward<ExecSpace>(dgate, dup, dout, gate, up, ld_in, N, F);
     return;
   }
@@ -178,7 +178,7 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 // query head h's K and V from KV head h / (H / KV). H % KV == 0.
 template <class ExecSpace = Exec>
 void gqa_expand(float* qkv, const float* qkv_gqa, int64_t N, int H, int KV, int hs) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::gqa_expand<ExecSpace>(qkv, qkv_gqa, N, H, KV, hs);
     return;
   }
@@ -203,7 +203,7 @@ void gqa_expand(float* qkv, const float* qkv_gqa, int64_t N, int H, int KV, int 
 // of dK and dV over its group of query heads, in head order.
 template <class ExecSpace = Exec>
 void gqa_reduce(float* dqkv_gqa, const float* dqkv, int64_t N, int H, int KV, int hs) {
-  if constexpr (device_memory_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
+  if constexpr (team_kernels_v<ExecSpace>) {  // team form (core/llama_kernels_team.hpp)
     team::gqa_reduce<ExecSpace>(dqkv_gqa, dqkv, N, H, KV, hs);
     return;
   }

@@ -405,7 +405,7 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
     const float* wpe = P + wpe_;
     const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
     const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-    if constexpr (device_memory_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
+    if constexpr (team_kernels_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
       team::grid_embedding_forward<k::Exec>(part, tokens, wte, c, 1, wpe, BT, T, int(c), v0, vb,
                                             offset, p0, pb);
     } else {
@@ -507,7 +507,7 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   float* dwpe = grad(wpe_);
   const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
   const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-  if constexpr (device_memory_v<k::Exec>) {
+  if constexpr (team_kernels_v<k::Exec>) {
     // Deterministic: the token rows through team::embedding_backward's bucket sort (each
     // element receives its positions in increasing order, as below), the position rows one
     // work item per element adding over the batch in order (core/grid_kernels_team.hpp).

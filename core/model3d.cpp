@@ -391,7 +391,7 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch
     const float* wpe = P + wpe_;
     const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
     const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
-    if constexpr (device_memory_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
+    if constexpr (team_kernels_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
       team::grid_embedding_forward<k::Exec>(part, tokens, wte, 1, vb, wpe, BT, T, int(c), v0, vb,
                                             offset, p0, pb);
     } else {
@@ -492,7 +492,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
   float* dwpe = grad(wpe_);
   const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
   const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
-  if constexpr (device_memory_v<k::Exec>) {
+  if constexpr (team_kernels_v<k::Exec>) {
     // Deterministic: the token rows through team::embedding_backward's bucket sort (each
     // element receives its positions in increasing order, as below), the position rows one
     // work item per element adding over the batch in order (core/grid_kernels_team.hpp).

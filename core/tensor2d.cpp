@@ -112,7 +112,7 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
                              int64_t c, int64_t cols, float eps, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;
-  if constexpr (device_memory_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+  if constexpr (team_kernels_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
     team::layernorm_split_row_sums<kernels::Exec>(sums, x, r, int(c));
     fence_kernels();
     across.all_reduce_sum(sums, std::size_t(r));
@@ -170,7 +170,7 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
                               int64_t cols, float* work) {
   const float inv_cols = 1.0f / float(cols);
   float* sums = work;  // r sums of dnorm, then r sums of dnorm * xhat (dnorm = dout * weight)
-  if constexpr (device_memory_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+  if constexpr (team_kernels_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
     team::layernorm_split_backward_sums<kernels::Exec>(sums, dout, x, weight, mean, rstd, r,
                                                        int(c));
     fence_kernels();
