@@ -36,7 +36,11 @@
 #
 #   scripts/gpu_check.sh                 run the checks (on the GPU machine)
 #   scripts/gpu_check.sh --host-losses   write host-losses/*.txt with the host build (build/bin),
-#                                        before packing, on the CPU machine
+#                                        before packing, on the CPU machine (HOST_BIN and
+#                                        HOST_LOSSES_DIR: another build's programs, another folder)
+#   scripts/gpu_check.sh --compare-losses REF_DIR GOT_DIR
+#                                        section 2's comparison of two such folders, a line per
+#                                        model (scripts/check_team_kernels.sh uses it)
 #   scripts/gpu_check.sh --run CMD ...   run CMD in the bundle's folder with its libraries and MPI
 #                                        set up as for the checks (e.g. under cuda-gdb)
 # Environment: GPU_CHECK_BATCH (gpt2-124m micro-batch at T=1024, default 16); GPU_CHECK_BUDGET
@@ -138,20 +142,51 @@ losses() {  # PROGRAM CONFIG [--set ...]
   [ -f "$dir/metrics.csv" ] && awk -F, 'NR > 1 { print $1, $2 }' "$dir/metrics.csv"
 }
 
+# Compares two "STEP LOSS" lists; prints a line per step, fails past the tolerance.
+compare() {  # NAME TOLERANCE REFERENCE GOT
+  python3 - "$1" "$2" "$3" "$4" <<'PY'
+import sys
+name, tol, ref, got = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
+ref = [l.split() for l in ref.strip().splitlines()]
+got = [l.split() for l in got.strip().splitlines()]
+bad = len(got) != len(ref) or not ref
+worst = 0.0
+for (s, h), g in zip(ref, got):
+    rel = abs(float(g[1]) - float(h)) / abs(float(h))
+    worst = max(worst, rel)
+    print(f"{name} step {s}: reference {h} got {g[1]} rel {rel:.2e}")
+    bad |= not rel <= tol
+print(f"{name}: {len(got)} of {len(ref)} steps, worst rel {worst:.2e} (tolerance {tol:g})")
+sys.exit(1 if bad else 0)
+PY
+}
+
 case "${1:-}" in
   --run) shift; cd "$root" && exec "$@" ;;
   --host-losses)
     host=${HOST_BIN:-$root/build/bin}
-    mkdir -p "$root/host-losses"
+    out=${HOST_LOSSES_DIR:-$root/host-losses}
+    [ -x "$host/colossal_train" ] ||
+      { echo "gpu_check.sh: no $host/colossal_train (build it first: ./setup.sh)" >&2; exit 1; }
+    mkdir -p "$out"
     for m in "${models[@]}"; do
       # shellcheck disable=SC2046  # the extra keys split into words on purpose
       losses "$host/colossal_train" "$(model_config "$m")" $(model_sets "$m") \
-        > "$root/host-losses/$m.txt" 2>/dev/null
-      [ "$(wc -l < "$root/host-losses/$m.txt")" = "$steps" ] ||
-        { echo "gpu_check.sh: $m: expected $steps host losses" >&2; exit 1; }
-      echo "host losses: host-losses/$m.txt"
+        > "$out/$m.txt" 2>/dev/null
+      [ "$(wc -l < "$out/$m.txt")" = "$steps" ] ||
+        { echo "gpu_check.sh: $m: expected $steps losses from $host in $out/$m.txt" >&2; exit 1; }
+      echo "losses: $out/$m.txt"
     done
     exit 0 ;;
+  --compare-losses)
+    ref_dir=${2:?--compare-losses needs REF_DIR GOT_DIR}
+    got_dir=${3:?--compare-losses needs REF_DIR GOT_DIR}
+    bad=0
+    for m in "${models[@]}"; do
+      compare "$m" "$(model_tolerance "$m")" "$(cat "$ref_dir/$m.txt" 2>/dev/null)" \
+        "$(cat "$got_dir/$m.txt" 2>/dev/null)" | tail -n 1 || bad=1
+    done
+    exit $bad ;;
   "") ;;
   *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
 esac
@@ -189,25 +224,6 @@ if [ -n "${image_mpi:-}" ]; then
 else
   say "mpi: the bundle's"
 fi
-
-# Compares two "STEP LOSS" lists; prints a line per step, fails past the tolerance.
-compare() {  # NAME TOLERANCE REFERENCE GOT
-  python3 - "$1" "$2" "$3" "$4" <<'PY'
-import sys
-name, tol, ref, got = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4]
-ref = [l.split() for l in ref.strip().splitlines()]
-got = [l.split() for l in got.strip().splitlines()]
-bad = len(got) != len(ref) or not ref
-worst = 0.0
-for (s, h), g in zip(ref, got):
-    rel = abs(float(g[1]) - float(h)) / abs(float(h))
-    worst = max(worst, rel)
-    print(f"{name} step {s}: reference {h} got {g[1]} rel {rel:.2e}")
-    bad |= not rel <= tol
-print(f"{name}: {len(got)} of {len(ref)} steps, worst rel {worst:.2e} (tolerance {tol:g})")
-sys.exit(1 if bad else 0)
-PY
-}
 
 if section 1; then
   say "== 1. GPU tests"
