@@ -1,12 +1,15 @@
 # colossal_add_test(<name> SOURCES <files...> LIBS <targets...> [MPI_RANKS <n...>] [TIMEOUT <s>]
-#                   [LABELS <labels...>])
+#                   [LABELS <labels...>] [DEFER_COPIES_RANKS <n...>])
 #
 # Builds one GoogleTest executable. Without MPI_RANKS it is registered once as <name>, run as a
 # plain process with tests/test_main.cpp (Kokkos initialised). With MPI_RANKS it uses
 # tests/mpi_test_main.cpp and is registered once per rank count as <name>/np<N> under mpiexec
 # (--oversubscribe, root allowed), with PROCESSORS set; counts above COLOSSAL_TEST_MAX_RANKS are
 # skipped so a small machine still runs the rest. Tests are labelled "unit" (single process) or
-# "mpi", plus any LABELS given; the sanitizer run selects -L unit.
+# "mpi", plus any LABELS given; the sanitizer run selects -L unit. DEFER_COPIES_RANKS registers
+# <name>/np<N>/deferred-copies too (label "defer"): the same run with COLOSSAL_DEFER_COPIES=1, so
+# ZeRO offload's host-device copies are done at the last moment a GPU's could be
+# (core::CopyQueue) and a read before the copy's wait gets stale values, as on a GPU at random.
 #
 # Tests run OpenBLAS's Haswell (AVX2) kernels whatever the CPU (COLOSSAL_TEST_OPENBLAS_CORETYPE;
 # empty: the kernels OpenBLAS picks). The parity tolerances were set from runs on those kernels:
@@ -22,7 +25,8 @@ if(COLOSSAL_TEST_OPENBLAS_CORETYPE)
 endif()
 
 function(colossal_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;MPI_RANKS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;MPI_RANKS;LABELS;DEFER_COPIES_RANKS"
+                        ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
@@ -42,15 +46,36 @@ function(colossal_add_test name)
   endif()
   target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/mpi_test_main.cpp)
   target_link_libraries(${name} PRIVATE colossal::deps::kokkos MPI::MPI_CXX)
+  set(runs "")
   foreach(np IN LISTS ARG_MPI_RANKS)
+    list(APPEND runs "${np}:")
+  endforeach()
+  foreach(np IN LISTS ARG_DEFER_COPIES_RANKS)
+    list(APPEND runs "${np}:deferred-copies")
+  endforeach()
+  foreach(run IN LISTS runs)
+    string(REPLACE ":" ";" run "${run}")
+    list(GET run 0 np)
+    list(LENGTH run parts)
+    set(test ${name}/np${np})
+    set(labels "mpi;${ARG_LABELS}")
+    set(extra_env "")
+    if(parts GREATER 1)
+      list(GET run 1 variant)
+      if(variant)
+        set(test ${test}/${variant})
+        set(labels "mpi;defer")
+        set(extra_env ";COLOSSAL_DEFER_COPIES=1")
+      endif()
+    endif()
     if(np GREATER COLOSSAL_TEST_MAX_RANKS)
       continue()
     endif()
-    add_test(NAME ${name}/np${np}
+    add_test(NAME ${test}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${name}/np${np} PROPERTIES TIMEOUT ${ARG_TIMEOUT} PROCESSORS ${np}
-      LABELS "mpi;${ARG_LABELS}"
-      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;COLOSSAL_SOURCE_DIR=${PROJECT_SOURCE_DIR};COLOSSAL_BIN_DIR=${CMAKE_BINARY_DIR}/bin${_colossal_test_blas_env}")
+    set_tests_properties(${test} PROPERTIES TIMEOUT ${ARG_TIMEOUT} PROCESSORS ${np}
+      LABELS "${labels}"
+      ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1;COLOSSAL_SOURCE_DIR=${PROJECT_SOURCE_DIR};COLOSSAL_BIN_DIR=${CMAKE_BINARY_DIR}/bin${_colossal_test_blas_env}${extra_env}")
   endforeach()
 endfunction()

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <Kokkos_Core.hpp>
 
@@ -177,6 +178,12 @@ void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes);
 // they wrote); host memory must be pinned (the offloaded category) for a copy to be
 // asynchronous. On a host build each copy is a memcpy, done at once. wait() returns when every
 // copy queued so far is done.
+//
+// COLOSSAL_DEFER_COPIES=1 (a host build's check, not for production): each copy is done at the
+// last moment a GPU's could be, the next wait(), precede() or the queue's end, so it reads its
+// source and writes its destination then. A caller that reads a destination before waiting, or
+// overwrites a source still queued, then computes wrong values on the host as it would at
+// random on a GPU (tests/CMakeLists.txt runs the offload parity tests so: label defer).
 class CopyQueue {
  public:
   CopyQueue();
@@ -188,14 +195,25 @@ class CopyQueue {
   void wait();
   // Ordering without the host waiting (a CUDA build). follow_kernels(): the copies queued from
   // now on wait for the kernels queued so far on Kokkos' stream (on a host build, where every
-  // copy is done when queued, the host waits for those kernels; precede does nothing there). precede(stream): the work queued from now on on
-  // `stream` (a cudaStream_t; null: Kokkos' stream) waits for the copies queued so far.
+  // copy is done when queued, the host waits for those kernels). precede(stream): the work
+  // queued from now on on `stream` (a cudaStream_t; null: Kokkos' stream) waits for the copies
+  // queued so far (on a host build it does the deferred copies, if any).
   void follow_kernels();
   void precede(void* stream = nullptr);
 
  private:
+  struct Deferred {
+    void* dst;
+    const void* src;
+    std::size_t bytes;
+  };
+  void copy_or_defer(void* dst, const void* src, std::size_t bytes);
+  void run_deferred();
+
   void* stream_ = nullptr;  // the cudaStream_t of a CUDA build
   void* event_ = nullptr;   // precede's cudaEvent_t, recorded again for each call
+  bool defer_ = false;      // COLOSSAL_DEFER_COPIES (host builds)
+  std::vector<Deferred> deferred_;
 };
 
 // Orders a CUDA stream (`stream`, a cudaStream_t) after the kernels queued so far on Kokkos'
