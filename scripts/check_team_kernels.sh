@@ -11,7 +11,8 @@
 #      not Serial;
 #   2. the model through the device forms, as a GPU runs it: test_kernels, test_model_grad,
 #      test_llama_kernels and test_llama_model on teams of 2 threads (gradients against finite
-#      differences), and the layouts' parity with one rank: tensor and sequence parallelism
+#      differences), and the layouts' parity with one rank: data parallelism and ZeRO (the
+#      fused AdamW on shards; again with COLOSSAL_DEFER_COPIES=1), tensor and sequence parallelism
 #      (test_tensor_parallel: the vocabulary-parallel cross-entropy, ring attention, LLaMA,
 #      bf16), pipelines, 2D (test_tensor2d, test_model2d) on 4 ranks and 3D (test_model3d) on 8
 #      (teams of one thread there: oversubscribed ranks spinning in each other's team barriers
@@ -70,13 +71,17 @@ for t in test_kernels test_model_grad test_llama_kernels test_llama_model; do
   run "$t" "$t, every kernel in its team form, teams of 2" \
     env OMP_NUM_THREADS=2 COLOSSAL_TEAM_SIZE=2 "build-openmp/bin/$t"
 done
-for spec in "test_tensor_parallel 4" "test_pipeline 4" "test_tensor2d 4" "test_model2d 4" \
-            "test_model3d 8"; do
+for spec in "test_data_parallel 2" "test_tensor_parallel 4" "test_pipeline 4" "test_tensor2d 4" \
+            "test_model2d 4" "test_model3d 8"; do
   read -r t ranks <<< "$spec"
   run "$t-np$ranks" "$t on $ranks ranks against one, team forms" \
     mpirun -np "$ranks" --oversubscribe -x OMP_NUM_THREADS=1 -x OMP_PROC_BIND \
     "build-openmp/bin/$t"
 done
+# ZeRO offload beside the fused AdamW, its copies deferred to their waits (ctest -L defer).
+run test_data_parallel-np2-deferred "test_data_parallel on 2 ranks, team forms, copies deferred" \
+  mpirun -np 2 --oversubscribe -x OMP_NUM_THREADS=1 -x OMP_PROC_BIND -x COLOSSAL_DEFER_COPIES=1 \
+  build-openmp/bin/test_data_parallel
 
 # 3. Training runs against the host build's losses.
 t0=$SECONDS
