@@ -167,6 +167,7 @@ void free_bytes(void* ptr, std::size_t /*bytes*/, bool host) {
 }  // namespace detail
 
 void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;  // an empty part's pointer may be null (memcpy's arguments may not)
   if constexpr (kHostMemory) {
     std::memcpy(device_dst, host_src, bytes);
   } else {
@@ -183,6 +184,7 @@ void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) {
 }
 
 void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;  // as copy_to_device
   if constexpr (kHostMemory) {
     std::memcpy(host_dst, device_src, bytes);
   } else {
@@ -248,6 +250,7 @@ void CopyQueue::precede(void* stream) {
 }
 
 void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;  // as copy_to_device
   if (stream_ == nullptr) return (void)std::memcpy(host_dst, device_src, bytes);
   check_cuda(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
                              static_cast<cudaStream_t>(stream_)),
@@ -255,6 +258,7 @@ void CopyQueue::to_host(void* host_dst, const void* device_src, std::size_t byte
 }
 
 void CopyQueue::to_device(void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;  // as copy_to_device
   if (stream_ == nullptr) return (void)std::memcpy(device_dst, host_src, bytes);
   check_cuda(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
                              static_cast<cudaStream_t>(stream_)),
@@ -298,6 +302,7 @@ CopyQueue::CopyQueue() {
 }
 CopyQueue::~CopyQueue() { run_deferred(); }
 void CopyQueue::copy_or_defer(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;  // as copy_to_device
   if (defer_) {
     deferred_.push_back({dst, src, bytes});
   } else {
