@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/model2d.hpp"
@@ -200,6 +201,51 @@ void GridModel::check_micro_batch(int batch, int slot) const {
                                 std::to_string(slots_) + " activation slots; " +
                                 "got " + std::to_string(batch) + " sequences in slot " +
                                 std::to_string(slot));
+  }
+}
+
+void grid_embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t rs,
+                            int64_t cs, const float* wpe, int64_t BT, int T, int64_t c,
+                            int64_t v0, int64_t vb, int64_t offset, int64_t p0, int64_t pb) {
+  using Exec = kernels::Exec;
+  if constexpr (team_kernels_v<Exec>) {  // one item per element
+    team::grid_embedding_forward<Exec>(out, tokens, wte, rs, cs, wpe, BT, T, int(c), v0, vb,
+                                       offset, p0, pb);
+  } else {
+    Kokkos::parallel_for(
+        "colossal::core::grid_embedding_forward", Kokkos::RangePolicy<Exec>(0, BT),
+        KOKKOS_LAMBDA(int64_t n) {
+          const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+          float* o = out + n * c;
+          for (int64_t s = 0; s < c; ++s) {
+            float v = 0.0f;
+            if (tok >= 0 && tok < vb) v += wte[tok * rs + s * cs];
+            if (p >= 0 && p < pb) v += wpe[p * c + s];
+            o[s] = v;
+          }
+        });
+  }
+}
+
+void grid_embedding_backward(float* dwte, int64_t rs, int64_t cs, float* dwpe, const float* dout,
+                             const int32_t* tokens, int64_t BT, int batch, int T, int64_t c,
+                             int64_t v0, int64_t vb, int64_t offset, int64_t p0, int64_t pb) {
+  using Exec = kernels::Exec;
+  if constexpr (team_kernels_v<Exec>) {
+    // The token rows through team::embedding_backward_tokens' bucket sort, the position rows
+    // one work item per element adding over the batch in order.
+    team::embedding_backward_tokens<Exec>(dwte, rs, cs, dout, tokens, int(BT), int(c), v0, vb, 0);
+    team::grid_position_backward<Exec>(dwpe, dout, batch, T, int(c), offset, p0, pb);
+  } else {
+    Kokkos::parallel_for(
+        "colossal::core::grid_embedding_backward", Kokkos::RangePolicy<Exec>(0, c),
+        KOKKOS_LAMBDA(int64_t s) {
+          for (int64_t n = 0; n < BT; ++n) {
+            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
+            if (tok >= 0 && tok < vb) dwte[tok * rs + s * cs] += dout[n * c + s];
+            if (p >= 0 && p < pb) dwpe[p * c + s] += dout[n * c + s];
+          }
+        });
   }
 }
 

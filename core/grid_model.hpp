@@ -185,4 +185,19 @@ class GridModel : public StageModel {
   int open_unit_ = -1;                   // the open block unit
 };
 
+// The grid layouts' embedding blocks (2D, 2.5D, 3D). A rank holds token rows [v0, v0 + vb) of
+// wte, element (row, s) at wte[row * rs + s * cs] (2D: (c, 1); 3D's hidden x vocabulary block:
+// (1, vb)), and position rows [p0, p0 + pb) of wpe, (pb, c) row-major; position n % T + offset.
+// Forward: out (BT, c) = the rows it holds of each token's and position's embedding, zero for
+// the others. Backward: accumulates dout (BT, c) into the rows it holds, each element receiving
+// its positions in increasing order (deterministic). The team forms
+// (core/grid_kernels_team.hpp) where the kernels take them (team_kernels_v), else one work item
+// per token row (forward) or per column (backward).
+void grid_embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t rs,
+                            int64_t cs, const float* wpe, int64_t BT, int T, int64_t c,
+                            int64_t v0, int64_t vb, int64_t offset, int64_t p0, int64_t pb);
+void grid_embedding_backward(float* dwte, int64_t rs, int64_t cs, float* dwpe, const float* dout,
+                             const int32_t* tokens, int64_t BT, int batch, int T, int64_t c,
+                             int64_t v0, int64_t vb, int64_t offset, int64_t p0, int64_t pb);
+
 }  // namespace colossal::core

@@ -6,7 +6,6 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
@@ -403,26 +402,9 @@ double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch
     float* part = s_.embed;
     const float* wte = P + wte_;
     const float* wpe = P + wpe_;
-    const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
-    const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-    if constexpr (team_kernels_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
-      team::grid_embedding_forward<k::Exec>(part, tokens, wte, c, 1, wpe, BT, T, int(c), v0, vb,
-                                            offset, p0, pb);
-    } else {
-      Kokkos::parallel_for(
-          "colossal::core::model2d_embedding", Kokkos::RangePolicy<>(0, BT),
-          KOKKOS_LAMBDA(int64_t n) {
-            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-            float* o = part + n * c;
-            for (int64_t s = 0; s < c; ++s) o[s] = 0.0f;
-            if (tok >= 0 && tok < vb) {
-              for (int64_t s = 0; s < c; ++s) o[s] += wte[tok * c + s];
-            }
-            if (p >= 0 && p < pb) {
-              for (int64_t s = 0; s < c; ++s) o[s] += wpe[p * c + s];
-            }
-          });
-    }
+    const EmbeddingRows r = embedding_rows();
+    grid_embedding_forward(part, tokens, wte, c, 1, wpe, BT, T, c, r.v0, r.vb, r.offset, r.p0,
+                           r.pb);
     fence_kernels();
     grid_.col.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
@@ -505,25 +487,9 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
   const float* d = s_.embed;
   float* dwte = grad(wte_);
   float* dwpe = grad(wpe_);
-  const EmbeddingRows rows = embedding_rows();  // plain copies for the device lambda
-  const int64_t v0 = rows.v0, vb = rows.vb, p0 = rows.p0, pb = rows.pb, offset = rows.offset;
-  if constexpr (team_kernels_v<k::Exec>) {
-    // Deterministic: the token rows through team::embedding_backward's bucket sort (each
-    // element receives its positions in increasing order, as below), the position rows one
-    // work item per element adding over the batch in order (core/grid_kernels_team.hpp).
-    team::embedding_backward_tokens<k::Exec>(dwte, c, 1, d, tokens, int(BT), int(c), v0, vb, 0);
-    team::grid_position_backward<k::Exec>(dwpe, d, batch_, T, int(c), offset, p0, pb);
-  } else {
-    Kokkos::parallel_for(
-        "colossal::core::model2d_embedding_backward", Kokkos::RangePolicy<>(0, c),
-        KOKKOS_LAMBDA(int64_t s) {
-          for (int64_t n = 0; n < BT; ++n) {
-            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-            if (tok >= 0 && tok < vb) dwte[tok * c + s] += d[n * c + s];
-            if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
-          }
-        });
-  }
+  const EmbeddingRows r = embedding_rows();
+  grid_embedding_backward(dwte, c, 1, dwpe, d, tokens, BT, batch_, T, c, r.v0, r.vb, r.offset,
+                          r.p0, r.pb);
   close_gradients(0);
 }
 

@@ -5,7 +5,6 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
@@ -391,23 +390,7 @@ double Model3D::forward(const int32_t* tokens, const int32_t* targets, int batch
     const float* wpe = P + wpe_;
     const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
     const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
-    if constexpr (team_kernels_v<k::Exec>) {  // one item per element (core/grid_kernels_team.hpp)
-      team::grid_embedding_forward<k::Exec>(part, tokens, wte, 1, vb, wpe, BT, T, int(c), v0, vb,
-                                            offset, p0, pb);
-    } else {
-      Kokkos::parallel_for(
-          "colossal::core::model3d_embedding", Kokkos::RangePolicy<>(0, BT),
-          KOKKOS_LAMBDA(int64_t n) {
-            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-            float* o = part + n * c;
-            for (int64_t s = 0; s < c; ++s) {
-              float v = 0.0f;
-              if (tok >= 0 && tok < vb) v += wte[s * vb + tok];
-              if (p >= 0 && p < pb) v += wpe[p * c + s];
-              o[s] = v;
-            }
-          });
-    }
+    grid_embedding_forward(part, tokens, wte, 1, vb, wpe, BT, T, c, v0, vb, offset, p0, pb);
     fence_kernels();
     groups_.plane_l.reduce_scatter(part, std::size_t(BT * c), layer_acts_[0].x);
   }
@@ -492,23 +475,7 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
   float* dwpe = grad(wpe_);
   const int64_t plane = int64_t(j_) * q + i_, vb = vocab_block_, pb = position_block_;
   const int64_t v0 = plane * vb, p0 = plane * pb, offset = spec_.position_offset();
-  if constexpr (team_kernels_v<k::Exec>) {
-    // Deterministic: the token rows through team::embedding_backward's bucket sort (each
-    // element receives its positions in increasing order, as below), the position rows one
-    // work item per element adding over the batch in order (core/grid_kernels_team.hpp).
-    team::embedding_backward_tokens<k::Exec>(dwte, 1, vb, d, tokens, int(BT), int(c), v0, vb, 0);
-    team::grid_position_backward<k::Exec>(dwpe, d, batch_, T, int(c), offset, p0, pb);
-  } else {
-    Kokkos::parallel_for(
-        "colossal::core::model3d_embedding_backward", Kokkos::RangePolicy<>(0, c),
-        KOKKOS_LAMBDA(int64_t s) {
-          for (int64_t n = 0; n < BT; ++n) {
-            const int64_t tok = int64_t(tokens[n]) - v0, p = int64_t(n % T) + offset - p0;
-            if (tok >= 0 && tok < vb) dwte[s * vb + tok] += d[n * c + s];
-            if (p >= 0 && p < pb) dwpe[p * c + s] += d[n * c + s];
-          }
-        });
-  }
+  grid_embedding_backward(dwte, 1, vb, dwpe, d, tokens, BT, batch_, T, c, v0, vb, offset, p0, pb);
   close_gradients(0);
 }
 
