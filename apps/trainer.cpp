@@ -382,8 +382,22 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   }
   std::vector<parallel::PipelineExecutor::Chunk> executed;
   for (Chunk& chunk : chunks_) executed.push_back({chunk.stage.get(), chunk.link.get()});
-  executor_ = std::make_unique<parallel::PipelineExecutor>(std::move(executed), schedule_,
-                                                           &profiler_, &trace_);
+  // Under NCCL each schedule step's messages go as one group (parallel/pipeline_schedule.hpp).
+  std::vector<std::vector<parallel::PipelineMessage>> exchanges;
+  if (pp_->matches_in_issue_order()) {
+    const int micro = config_.accumulation_steps();
+    if (!parallel::exchanges_complete(par.pipeline_schedule, stages, micro, chunks)) {
+      throw std::logic_error(
+          std::string("the ") + parallel::pipeline_schedule_name(par.pipeline_schedule) +
+          " schedule's point-to-point groups deadlock or mismatch under " +
+          std::string(pp_->backend()) + " for " + std::to_string(stages) + " stages, " +
+          std::to_string(micro) + " micro-batches and " + std::to_string(chunks) +
+          " chunk(s); run with parallel.comm: mpi or another schedule");
+    }
+    exchanges = parallel::pipeline_exchanges(par.pipeline_schedule, stages, stage, micro, chunks);
+  }
+  executor_ = std::make_unique<parallel::PipelineExecutor>(
+      std::move(executed), schedule_, &profiler_, &trace_, std::move(exchanges));
 }
 
 Trainer::~Trainer() = default;
@@ -729,6 +743,11 @@ TrainSummary Trainer::train() {
             : "dense, (B,H,T,T) probabilities kept (model.fused_attention: true keeps one value "
               "per row)";
     print("attention: %s\n", attention.c_str());
+  }
+  if (executor_->grouped() && virtual_stages_ > 1) {
+    print("pipeline: each schedule step's sends and receives as one group on %s (a send there "
+          "completes only while its receive runs)\n",
+          std::string(pp_->backend()).c_str());
   }
   print("cost model (hardware %s, rank 0): memory %s; step %.3g s (compute %.3g, recompute %.3g, "
         "communication %.3g exposed, bubble %.3g, optimizer %.3g, waiting for shared cores %.3g)\n",

@@ -1,5 +1,6 @@
 # colossal_add_test(<name> SOURCES <files...> LIBS <targets...> [MPI_RANKS <n...>] [TIMEOUT <s>]
-#                   [LABELS <labels...>] [DEFER_COPIES_RANKS <n...>])
+#                   [LABELS <labels...>] [DEFER_COPIES_RANKS <n...>]
+#                   [GROUPED_P2P_RANKS <n...>])
 #
 # Builds one GoogleTest executable. Without MPI_RANKS it is registered once as <name>, run as a
 # plain process with tests/test_main.cpp (Kokkos initialised). With MPI_RANKS it uses
@@ -10,6 +11,9 @@
 # <name>/np<N>/deferred-copies too (label "defer"): the same run with COLOSSAL_DEFER_COPIES=1, so
 # ZeRO offload's host-device copies are done at the last moment a GPU's could be
 # (core::CopyQueue) and a read before the copy's wait gets stale values, as on a GPU at random.
+# GROUPED_P2P_RANKS registers <name>/np<N>/grouped-p2p (label "grouped"): the same run with
+# COLOSSAL_TEST_GROUPED_P2P=1, so MPI follows NCCL's point-to-point rule (synchronous sends,
+# messages matched in issue order) and the pipeline exchanges its messages in groups, as on NCCL.
 #
 # Tests run OpenBLAS's Haswell (AVX2) kernels whatever the CPU (COLOSSAL_TEST_OPENBLAS_CORETYPE;
 # empty: the kernels OpenBLAS picks). The parity tolerances were set from runs on those kernels:
@@ -25,7 +29,8 @@ if(COLOSSAL_TEST_OPENBLAS_CORETYPE)
 endif()
 
 function(colossal_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;MPI_RANKS;LABELS;DEFER_COPIES_RANKS"
+  cmake_parse_arguments(ARG "" "TIMEOUT"
+                        "SOURCES;LIBS;MPI_RANKS;LABELS;DEFER_COPIES_RANKS;GROUPED_P2P_RANKS"
                         ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
@@ -53,6 +58,9 @@ function(colossal_add_test name)
   foreach(np IN LISTS ARG_DEFER_COPIES_RANKS)
     list(APPEND runs "${np}:deferred-copies")
   endforeach()
+  foreach(np IN LISTS ARG_GROUPED_P2P_RANKS)
+    list(APPEND runs "${np}:grouped-p2p")
+  endforeach()
   foreach(run IN LISTS runs)
     string(REPLACE ":" ";" run "${run}")
     list(GET run 0 np)
@@ -62,10 +70,14 @@ function(colossal_add_test name)
     set(extra_env "")
     if(parts GREATER 1)
       list(GET run 1 variant)
-      if(variant)
+      if(variant STREQUAL "deferred-copies")
         set(test ${test}/${variant})
         set(labels "mpi;defer")
         set(extra_env ";COLOSSAL_DEFER_COPIES=1")
+      elseif(variant STREQUAL "grouped-p2p")
+        set(test ${test}/${variant})
+        set(labels "mpi;grouped")
+        set(extra_env ";COLOSSAL_TEST_GROUPED_P2P=1")
       endif()
     endif()
     if(np GREATER COLOSSAL_TEST_MAX_RANKS)

@@ -509,6 +509,27 @@ void Communicator::send_recv(std::span<const float> send_buffer, int dest,
   record(CollectiveKind::send, send_buffer.size() * kFloatBytes);
 }
 
+void Communicator::exchange(std::span<const PeerTransfer> transfers) {
+  std::uint64_t sent = 0, received = 0;
+  for (const PeerTransfer& t : transfers) {
+    check_rank("exchange", t.is_send() ? "destination" : "source", t.peer);
+    (t.is_send() ? sent : received) += t.count * kFloatBytes;
+  }
+  if (transfers.empty()) return;
+  const WaitScope waiting(*this, received > 0 ? CollectiveKind::recv : CollectiveKind::send,
+                          received > 0 ? received : sent);
+  fence_kernels_unless_ordered();
+  do_exchange(transfers);
+  for (const PeerTransfer& t : transfers) {
+    record(t.is_send() ? CollectiveKind::send : CollectiveKind::recv, t.count * kFloatBytes);
+  }
+}
+
+void Communicator::do_exchange(std::span<const PeerTransfer>) {
+  throw std::logic_error("colossal::parallel: the " + std::string(backend()) +
+                         " communicator has no grouped point-to-point (exchange)");
+}
+
 void Communicator::barrier() {
   const WaitScope waiting = counted(CollectiveKind::barrier, 0);
   do_barrier();
@@ -520,14 +541,6 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) const {
                     " is negative (every rank must land in a group); use a color >= 0");
   }
   return do_split(color, key);
-}
-
-std::unique_ptr<Communicator> Communicator::split_for_point_to_point(int color, int key) const {
-  if (color < 0) {
-    fail(*this, "split_for_point_to_point: color " + std::to_string(color) +
-                    " is negative (every rank must land in a group); use a color >= 0");
-  }
-  return do_split_for_point_to_point(color, key);
 }
 
 }  // namespace colossal::parallel

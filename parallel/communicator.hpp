@@ -109,6 +109,24 @@ class PendingCollective {
   virtual void wait() = 0;
 };
 
+// One send or receive of a point-to-point group (Communicator::exchange). `data` is read by a
+// send and written by a receive; it lives in the communicator's memory_space().
+struct PeerTransfer {
+  enum class Direction : std::uint8_t { send, recv };
+  Direction direction;
+  int peer;
+  float* data;
+  std::size_t count;
+
+  static PeerTransfer send(const float* data, std::size_t count, int peer) {
+    return {Direction::send, peer, const_cast<float*>(data), count};
+  }
+  static PeerTransfer recv(float* data, std::size_t count, int peer) {
+    return {Direction::recv, peer, data, count};
+  }
+  bool is_send() const { return direction == Direction::send; }
+};
+
 // Non-virtual public interface: the base class validates arguments and counts bytes once for all
 // backends; a backend implements only the private do_* hooks.
 class Communicator {
@@ -198,18 +216,27 @@ class Communicator {
   void send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
                  int source, int tag);
 
+  // A group of sends and receives that progress together and have all completed when it
+  // returns (NCCL: one ncclGroupStart/ncclGroupEnd, so a send and a receive of the group never
+  // wait on each other). No tags: messages between two ranks match in the order they are issued
+  // (calls in order, and within a call in the order of `transfers`), on every backend, so the
+  // two sides must list their messages alike. A receive gets exactly `count` floats (another
+  // size is an error). Counted per transfer as send / recv. A rank may list itself (a pipeline
+  // rank's chunks pass messages to each other).
+  void exchange(std::span<const PeerTransfer> transfers);
+  // Whether this transport's point-to-point traffic must go through exchange() in an order both
+  // sides agree on: it neither buffers a send nor matches by tag (NCCL: an ncclSend completes
+  // only while the peer's ncclRecv runs, and messages match in issue order). The pipeline then
+  // exchanges each schedule step's messages as one group (parallel/pipeline_schedule.hpp). MPI
+  // says so too under the test switch COLOSSAL_TEST_GROUPED_P2P=1, where its exchange() sends
+  // synchronously (MPI_Issend: complete only once matched) on one tag, NCCL's rule on the host.
+  virtual bool matches_in_issue_order() const { return false; }
+
   void barrier();
 
   // Collective: ranks with the same color form a new communicator, ordered by (key, old rank).
   // color must be >= 0 (every rank gets a group). The result has the same backend.
   std::unique_ptr<Communicator> split(int color, int key) const;
-  // split() for a group that carries the pipeline's point-to-point messages (StageLink): each
-  // stage posts its sends and receives in its own schedule's order, so a send must complete
-  // before the peer posts the matching receive, and messages must match by tag. MPI gives both.
-  // NCCL gives neither (an ncclSend completes only while the peer's ncclRecv runs, and messages
-  // between two ranks match in the order they were issued): its groups carry these messages over
-  // MPI through pinned host staging instead. Others: split().
-  std::unique_ptr<Communicator> split_for_point_to_point(int color, int key) const;
 
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
@@ -256,11 +283,10 @@ class Communicator {
   virtual void do_recv(std::span<float> buffer, int source, int tag) = 0;
   virtual void do_send_recv(std::span<const float> send_buffer, int dest,
                             std::span<float> recv_buffer, int source, int tag) = 0;
+  // A backend without grouped point-to-point throws std::logic_error naming itself.
+  virtual void do_exchange(std::span<const PeerTransfer> transfers);
   virtual void do_barrier() = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) const = 0;
-  virtual std::unique_ptr<Communicator> do_split_for_point_to_point(int color, int key) const {
-    return do_split(color, key);
-  }
 
   void record(CollectiveKind kind, std::uint64_t payload_bytes);
   // A call about to block: counted (record), and the process's wait for the scope's lifetime.

@@ -324,9 +324,7 @@ Groups make_groups(const Communicator& world, const DeviceMesh& mesh) {
   groups.tp = split(Axis::tensor);
   groups.sp = split(Axis::sequence);
   groups.dp = split(Axis::data);
-  // The pipeline's stages exchange point-to-point messages in their own schedule orders.
-  groups.pp = world.split_for_point_to_point(mesh.group_index(world.rank(), Axis::pipeline),
-                                             groups.coord[Axis::pipeline]);
+  groups.pp = split(Axis::pipeline);
   return groups;
 }
 

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -79,7 +81,18 @@ MpiCommunicator::MpiCommunicator(MPI_Comm parent) {
 
 MpiCommunicator::MpiCommunicator(Adopt, MPI_Comm owned) : comm_(owned) { init_from_comm(); }
 
+namespace {
+// COLOSSAL_TEST_GROUPED_P2P=1: NCCL's point-to-point rule on MPI (matches_in_issue_order).
+bool grouped_p2p_from_env() {
+  const char* v = std::getenv("COLOSSAL_TEST_GROUPED_P2P");
+  return v != nullptr && std::string_view(v) == "1";
+}
+// The one tag of exchange(): its messages match in issue order, as NCCL's do.
+constexpr int kExchangeTag = 32767;  // the MPI standard's guaranteed minimum of MPI_TAG_UB
+}  // namespace
+
 void MpiCommunicator::init_from_comm() {
+  in_issue_order_ = grouped_p2p_from_env();
   try {
     // Errors on our duplicate come back as codes, which check() turns into exceptions.
     check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
@@ -556,6 +569,49 @@ void MpiCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
   }
 }
 
+// Every receive and send of the group posted at once on one tag (non-overtaking: the messages
+// of a pair match in the order posted), then all completed. Under the test switch the sends are
+// synchronous, so, as under NCCL, none completes before its receive is posted.
+void MpiCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+  std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < transfers.size(); ++i) {
+    const PeerTransfer& t = transfers[i];
+    const int count = mpi_count(t.count, "exchange");
+    if (!t.is_send()) {
+      check(MPI_Irecv(t.data, count, MPI_FLOAT, t.peer, kExchangeTag, comm_, &requests[i]),
+            "MPI_Irecv");
+    }
+  }
+  for (std::size_t i = 0; i < transfers.size(); ++i) {
+    const PeerTransfer& t = transfers[i];
+    if (!t.is_send()) continue;
+    const int count = mpi_count(t.count, "exchange");
+    if (in_issue_order_) {
+      check(MPI_Issend(send_ptr(t.data), count, MPI_FLOAT, t.peer, kExchangeTag, comm_,
+                       &requests[i]),
+            "MPI_Issend");
+    } else {
+      check(MPI_Isend(send_ptr(t.data), count, MPI_FLOAT, t.peer, kExchangeTag, comm_,
+                      &requests[i]),
+            "MPI_Isend");
+    }
+  }
+  std::vector<MPI_Status> statuses(transfers.size());
+  check(MPI_Waitall(int(requests.size()), requests.data(), statuses.data()), "MPI_Waitall");
+  for (std::size_t i = 0; i < transfers.size(); ++i) {
+    if (transfers[i].is_send()) continue;
+    int received = 0;
+    check(MPI_Get_count(&statuses[i], MPI_FLOAT, &received), "MPI_Get_count");
+    if (static_cast<std::size_t>(received) != transfers[i].count) {
+      throw std::runtime_error("colossal::parallel: exchange expected " +
+                               std::to_string(transfers[i].count) + " floats from rank " +
+                               std::to_string(transfers[i].peer) + " but the message holds " +
+                               std::to_string(received) +
+                               "; both sides must list the same messages in the same order");
+    }
+  }
+}
+
 void MpiCommunicator::do_barrier() { check(MPI_Barrier(comm_), "MPI_Barrier"); }
 
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) const {
@@ -563,6 +619,7 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) cons
   check(MPI_Comm_split(comm_, color, key, &part), "MPI_Comm_split");
   auto* child = new MpiCommunicator(Adopt{}, part);
   child->device_buffers_ = device_buffers_;
+  child->in_issue_order_ = in_issue_order_;
   return std::unique_ptr<Communicator>(child);
 }
 

@@ -40,6 +40,11 @@ class MpiCommunicator final : public Communicator {
   // in host memory there; the non-blocking ones would add on the device pointers on the host).
   // Sends stay non-blocking. split() passes it on.
   void set_device_buffers(bool on) { device_buffers_ = on; }
+  // NCCL's point-to-point rule on the host, for tests (COLOSSAL_TEST_GROUPED_P2P=1 at
+  // construction, or this): exchange() sends synchronously on one tag, and the pipeline groups
+  // its messages as under NCCL. split() passes it on.
+  bool matches_in_issue_order() const override { return in_issue_order_; }
+  void set_matches_in_issue_order(bool on) { in_issue_order_ = on; }
 
  private:
   struct Adopt {};
@@ -68,6 +73,7 @@ class MpiCommunicator final : public Communicator {
   void do_recv(std::span<float> buffer, int source, int tag) override;
   void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
                     int source, int tag) override;
+  void do_exchange(std::span<const PeerTransfer> transfers) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
 
@@ -81,6 +87,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   bool device_buffers_ = false;
+  bool in_issue_order_ = false;
   std::shared_ptr<detail::RingShared> ring_shared_;  // owns the rings' duplicate of comm_
   unsigned ring_calls_ = 0;
   int rank_ = 0;

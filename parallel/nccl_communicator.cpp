@@ -378,6 +378,32 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
   synchronize("ncclSend/ncclRecv");
 }
 
+// One NCCL group: its sends and receives progress together on the stream, so two ranks that
+// each send to the other before receiving (a pipeline's neighbours in their steady state) never
+// wait on each other's send. Messages between two ranks match in the order issued.
+void NcclCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+  for (const PeerTransfer& t : transfers) {
+    if (any_host({t.data})) return host_.exchange(transfers);
+  }
+  enter("ncclGroupStart");
+  check_nccl(ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t first_error = ncclSuccess;
+  const char* failed = nullptr;
+  for (const PeerTransfer& t : transfers) {
+    const ncclResult_t r = t.is_send()
+                               ? ncclSend(t.data, t.count, ncclFloat32, t.peer, comm_, stream_)
+                               : ncclRecv(t.data, t.count, ncclFloat32, t.peer, comm_, stream_);
+    if (r != ncclSuccess && first_error == ncclSuccess) {
+      first_error = r;
+      failed = t.is_send() ? "ncclSend" : "ncclRecv";
+    }
+  }
+  const ncclResult_t ended = ncclGroupEnd();  // always close the group, even after an error
+  if (failed != nullptr) check_nccl(first_error, failed);
+  check_nccl(ended, "ncclGroupEnd");
+  synchronize("ncclSend/ncclRecv group");
+}
+
 void NcclCommunicator::do_barrier() {
   // Every NCCL call above has completed on its stream by the time it returns, so a host barrier
   // is a barrier for the device work too.
@@ -387,15 +413,6 @@ void NcclCommunicator::do_barrier() {
 std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key) const {
   const std::unique_ptr<Communicator> part = host_.split(color, key);
   return std::make_unique<NcclCommunicator>(dynamic_cast<const MpiCommunicator&>(*part), device_);
-}
-
-std::unique_ptr<Communicator> NcclCommunicator::do_split_for_point_to_point(int color,
-                                                                            int key) const {
-  std::unique_ptr<Communicator> part = host_.split(color, key);
-  std::unique_ptr<MpiCommunicator> mpi(dynamic_cast<MpiCommunicator*>(part.get()));
-  if (!mpi) throw std::logic_error("NcclCommunicator: its host communicator split into a non-MPI one");
-  static_cast<void>(part.release());
-  return std::make_unique<StagedCommunicator>(std::move(mpi), cuda_staging_ops());
 }
 
 int node_local_device(const MpiCommunicator& world) {

@@ -52,6 +52,7 @@ class NcclCommunicator final : public Communicator {
   std::string_view backend() const override { return "nccl"; }
   MemorySpace memory_space() const override { return MemorySpace::device; }
   bool orders_after_kernels() const override { return true; }
+  bool matches_in_issue_order() const override { return true; }
   void* transport_stream() const override { return stream_; }
 
   int device() const { return device_; }
@@ -79,10 +80,9 @@ class NcclCommunicator final : public Communicator {
   void do_recv(std::span<float> buffer, int source, int tag) override;
   void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
                     int source, int tag) override;
+  void do_exchange(std::span<const PeerTransfer> transfers) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
-  // MPI through pinned host staging (Communicator::split_for_point_to_point says why).
-  std::unique_ptr<Communicator> do_split_for_point_to_point(int color, int key) const override;
 
   void synchronize(const char* what);
   // Waits until `query` (a cudaStreamQuery or cudaEventQuery, as an int) says done, asking NCCL

@@ -11,6 +11,13 @@
 //               first).
 // then waits for every send. Slot = m % slots. Receives block and sends do not; neighbouring
 // stages run matching schedules, so this never deadlocks (parallel::schedule_completes).
+//
+// Grouped (the links are grouped(): NCCL, where a send waits for its receive and messages match
+// in issue order): before each action, and after the last, the step's group of sends and
+// receives (pipeline_exchanges) as one Communicator::exchange, then the receives' tensor
+// all-gathers; the actions run with nothing in flight (parallel::exchanges_complete proves the
+// groups deadlock-free). The host waits for each group, so the next action's kernels are
+// queued once the group has completed.
 #pragma once
 
 #include <cstddef>
@@ -63,10 +70,13 @@ class PipelineExecutor {
     StageLink* link;  // built for this chunk's virtual stage
   };
   // `schedule` is this rank's (pipeline_schedule); chunk c of it runs on chunks[c]. Spans go to
-  // `trace` and receive/send time to `profiler` (either may be null). Throws
-  // std::invalid_argument when an action names a chunk that is not given.
+  // `trace` and receive/send time to `profiler` (either may be null). Grouped links need the
+  // schedule's `exchanges` (pipeline_exchanges; one more than the actions). Throws
+  // std::invalid_argument when an action names a chunk that is not given, or the exchanges are
+  // missing or do not fit the schedule.
   PipelineExecutor(std::vector<Chunk> chunks, std::vector<PipelineAction> schedule,
-                   core::Profiler* profiler = nullptr, core::TraceRecorder* trace = nullptr);
+                   core::Profiler* profiler = nullptr, core::TraceRecorder* trace = nullptr,
+                   std::vector<std::vector<PipelineMessage>> exchanges = {});
 
   // One step: every action of the schedule, then every send completed. Returns the sum of the
   // forwards' losses on this rank (0 unless a chunk has the head).
@@ -77,10 +87,18 @@ class PipelineExecutor {
 
   const PipelineStats& stats() const { return stats_; }
   const std::vector<PipelineAction>& schedule() const { return schedule_; }
+  bool grouped() const { return grouped_; }
 
  private:
+  double forward(const PipelineAction& action);  // the action's compute, no messages
+  void backward(const PipelineAction& action);
+  void exchange(const std::vector<PipelineMessage>& group);  // one group (grouped)
+  const Chunk& chunk_at(int virtual_stage) const;
+
   std::vector<Chunk> chunks_;
   std::vector<PipelineAction> schedule_;
+  std::vector<std::vector<PipelineMessage>> exchanges_;
+  bool grouped_;
   core::Profiler* profiler_;
   core::TraceRecorder* trace_;
   PipelineStats stats_;

@@ -1,7 +1,9 @@
 #include "parallel/pipeline_schedule.hpp"
 
 #include <algorithm>
+#include <array>
 #include <stdexcept>
+#include <tuple>
 
 namespace colossal::parallel {
 namespace {
@@ -26,8 +28,12 @@ bool schedule_completes(std::string_view kind, int stages, int micro, int chunks
   return schedule_completes(schedule_named(kind), stages, micro, chunks);
 }
 
-std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages, int stage,
-                                              int micro, int chunks) {
+namespace {
+
+// The schedule, and for each action whether it is the backward of a steady-state pair of the
+// interleaved schedule (exchanged with the forward before it: pipeline_exchanges).
+std::vector<PipelineAction> make_schedule(PipelineSchedule kind, int stages, int stage, int micro,
+                                          int chunks, std::vector<char>* paired) {
   if (stages < 1 || stage < 0 || stage >= stages || micro < 1 || chunks < 1) {
     throw std::invalid_argument("pipeline_schedule: stage " + std::to_string(stage) + " of " +
                                 std::to_string(stages) + " with " + std::to_string(micro) +
@@ -60,11 +66,17 @@ std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages,
                            : std::min(total, (stages - stage - 1) * 2 + (chunks - 1) * stages);
     int f = 0, b = 0;
     for (; f < warmup; ++f) actions.push_back(forward(f));
+    if (paired) paired->assign(actions.size(), 0);
     while (f < total) {
       actions.push_back(forward(f++));
       actions.push_back(backward(b++));
+      if (paired) {
+        paired->push_back(0);
+        paired->push_back(1);
+      }
     }
     while (b < total) actions.push_back(backward(b++));
+    if (paired) paired->resize(actions.size(), 0);
     return actions;
   }
   // 1f1b
@@ -77,6 +89,113 @@ std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages,
   }
   while (next_backward < micro) actions.push_back({false, next_backward++});
   return actions;
+}
+
+}  // namespace
+
+std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages, int stage,
+                                              int micro, int chunks) {
+  return make_schedule(kind, stages, stage, micro, chunks, nullptr);
+}
+
+std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule kind, int stages,
+                                                             int stage, int micro, int chunks) {
+  std::vector<char> paired;
+  const std::vector<PipelineAction> actions =
+      make_schedule(kind, stages, stage, micro, chunks, &paired);
+  paired.resize(actions.size(), 0);
+  const int virtual_stages = stages * chunks;
+  const int next = (stage + 1) % stages, previous = (stage + stages - 1) % stages;
+  std::vector<std::vector<PipelineMessage>> groups(actions.size() + 1);
+  std::vector<PipelineMessage> sends;  // of the actions since the last group
+  std::size_t open = 0;                // the group the next receives join
+  for (std::size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& a = actions[i];
+    const int v = a.chunk * stages + stage;
+    if (!paired[i]) {
+      open = i;
+      groups[open] = std::move(sends);
+      sends.clear();
+    }
+    if (a.forward) {
+      if (v > 0) groups[open].push_back({false, false, v - 1, a.micro, previous});
+      if (v + 1 < virtual_stages) sends.push_back({true, false, v, a.micro, next});
+    } else {
+      if (v + 1 < virtual_stages) groups[open].push_back({false, true, v, a.micro, next});
+      if (v > 0) sends.push_back({true, true, v - 1, a.micro, previous});
+    }
+  }
+  groups.back() = std::move(sends);
+  for (auto& group : groups) {
+    std::sort(group.begin(), group.end(), [](const PipelineMessage& x, const PipelineMessage& y) {
+      return std::tie(x.gradient, x.boundary, x.micro, x.send) <
+             std::tie(y.gradient, y.boundary, y.micro, y.send);
+    });
+  }
+  return groups;
+}
+
+bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks) {
+  // Per rank its non-empty groups; per message the group that holds its counterpart.
+  struct Posted {
+    PipelineMessage message;
+    int sequence;  // among this rank's messages to (from) the peer
+  };
+  std::vector<std::vector<std::vector<Posted>>> groups(stages);
+  // where[rank][peer][send][sequence]: the group of `rank` holding that message; order: the
+  // messages themselves, in issue order.
+  std::vector<std::vector<std::array<std::vector<int>, 2>>> where(
+      stages, std::vector<std::array<std::vector<int>, 2>>(stages));
+  std::vector<std::vector<std::array<std::vector<PipelineMessage>, 2>>> order(
+      stages, std::vector<std::array<std::vector<PipelineMessage>, 2>>(stages));
+  for (int r = 0; r < stages; ++r) {
+    for (const auto& group : pipeline_exchanges(kind, stages, r, micro, chunks)) {
+      if (group.empty()) continue;
+      groups[r].emplace_back();
+      for (const PipelineMessage& m : group) {
+        auto& seq = where[r][m.peer][m.send];
+        groups[r].back().push_back({m, int(seq.size())});
+        seq.push_back(int(groups[r].size()) - 1);
+        order[r][m.peer][m.send].push_back(m);
+      }
+    }
+  }
+  // Each send meets the receive of the same rank in the same place, for the same message.
+  for (int r = 0; r < stages; ++r) {
+    for (int q = 0; q < stages; ++q) {
+      const auto& sent = order[r][q][1];
+      const auto& received = order[q][r][0];
+      if (sent.size() != received.size()) return false;
+      for (std::size_t n = 0; n < sent.size(); ++n) {
+        const PipelineMessage& a = sent[n];
+        const PipelineMessage& b = received[n];
+        if (a.gradient != b.gradient || a.boundary != b.boundary || a.micro != b.micro) return false;
+      }
+    }
+  }
+  std::vector<std::size_t> current(stages, 0);
+  for (;;) {
+    bool done = true, progress = false;
+    std::vector<std::size_t> after = current;
+    for (int r = 0; r < stages; ++r) {
+      if (current[r] == groups[r].size()) continue;
+      done = false;
+      bool ready = true;
+      for (const Posted& p : groups[r][current[r]]) {
+        const int q = p.message.peer;
+        // The counterpart: q's message of the other direction with r at the same sequence.
+        const int theirs = where[q][r][!p.message.send][std::size_t(p.sequence)];
+        if (std::size_t(theirs) > current[q]) ready = false;
+      }
+      if (ready) {
+        ++after[r];
+        progress = true;
+      }
+    }
+    if (done) return true;
+    if (!progress) return false;
+    current = after;
+  }
 }
 
 int peak_in_flight(const std::vector<PipelineAction>& actions) {

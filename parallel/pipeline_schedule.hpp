@@ -68,4 +68,38 @@ bool schedule_completes(std::string_view kind, int stages, int micro, int chunks
 // the largest over the chunks).
 int peak_in_flight(const std::vector<PipelineAction>& actions);
 
+// Grouped point-to-point (Communicator::matches_in_issue_order: NCCL, where a send completes only
+// while its receive runs and messages match in issue order). One message of a group: micro-batch
+// `micro`'s activation from virtual stage `boundary` to boundary + 1, or its gradient back.
+struct PipelineMessage {
+  bool send;      // this rank sends it; else receives it
+  bool gradient;  // the gradient from boundary + 1 back to boundary; else the activation
+  int boundary;   // between virtual stages boundary and boundary + 1
+  int micro;
+  int peer;       // the other pipeline rank
+  bool operator==(const PipelineMessage&) const = default;
+};
+
+// The groups this rank exchanges around its schedule's actions: element i before action i, the
+// last after every action (size actions + 1; empty groups are skipped). A group holds the sends
+// of the actions since the group before and the receives of the actions up to the next group:
+//   gpipe, 1f1b: a group before every action (Megatron's send_forward_recv_backward and
+//     send_backward_recv_forward in 1F1B's steady state);
+//   interleaved: one group per forward-backward pair of the steady state (Megatron's
+//     send_forward_backward_recv_forward_backward; its warm-up counts the extra step), so the
+//     pair's backward gets its gradient before the forward runs and the forward's output leaves
+//     with the backward's input gradient. Grouping those steps apart deadlocks.
+// Within a group the messages are ordered by (activation before gradient, boundary, micro) on
+// both sides, so a pair of ranks lists its messages alike.
+std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule kind, int stages,
+                                                             int stage, int micro,
+                                                             int chunks = 1);
+
+// Runs every rank's groups against the others under NCCL's rule: a group completes once the
+// peer of each of its messages has posted the group that holds the counterpart, and the n-th
+// message one rank sends another meets the n-th that rank receives from it. True when every
+// group completes and every message meets its own counterpart (same boundary, micro-batch and
+// kind); false on a deadlock or a mismatch.
+bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks = 1);
+
 }  // namespace colossal::parallel

@@ -9,7 +9,9 @@
 namespace colossal::parallel {
 
 StageLink::StageLink(const StageLinkOptions& options, core::MemoryTracker& tracker)
-    : pipeline_(options.pipeline), tensor_(options.tensor), virtual_stage_(options.virtual_stage),
+    : pipeline_(options.pipeline), grouped_(options.pipeline != nullptr &&
+                                           options.pipeline->matches_in_issue_order()),
+      tensor_(options.tensor), virtual_stage_(options.virtual_stage),
       virtual_stages_(options.virtual_stages), floats_(options.floats) {
   if (pipeline_ == nullptr) {
     throw std::invalid_argument("StageLink: no pipeline communicator (every link needs one)");
@@ -34,8 +36,9 @@ StageLink::StageLink(const StageLinkOptions& options, core::MemoryTracker& track
   forward_sends_.resize(std::size_t(options.slots));
   backward_sends_.resize(std::size_t(options.slots));
   if (!first()) {
+    // Grouped, a send completes before the next action: one buffer serves every slot.
     gradient_sends_ = core::DeviceArray<float>(tracker, core::MemCategory::temporaries,
-                                               floats_ * std::size_t(options.slots));
+                                               floats_ * std::size_t(grouped_ ? 1 : options.slots));
   }
 }
 
@@ -61,7 +64,7 @@ void StageLink::receive(float* buffer, std::size_t floats, int source, int tag) 
   // running gradient, a slot's input): the communicators order the receive after them.
   const auto [offset, count] = part(floats);
   pipeline_->recv({buffer + offset, count}, source, tag);
-  if (count != floats) tensor_->all_gather({buffer + offset, count}, {buffer, floats});
+  gather(buffer, floats);
 }
 
 void StageLink::receive_input(float* input, int micro) {
@@ -121,6 +124,33 @@ void StageLink::send_activation(const float* output, std::size_t floats) {
   core::fence_kernels();
   const auto [offset, count] = part(floats);
   pipeline_->send({output + offset, count}, next_rank(), 0);
+}
+
+PeerTransfer StageLink::output_send(const float* output, std::size_t floats) const {
+  const auto [offset, count] = part(floats);
+  return PeerTransfer::send(output + offset, count, next_rank());
+}
+
+PeerTransfer StageLink::input_receive(float* input, std::size_t floats) const {
+  const auto [offset, count] = part(floats);
+  return PeerTransfer::recv(input + offset, count, previous_rank());
+}
+
+PeerTransfer StageLink::output_gradient_receive(float* gradient) const {
+  const auto [offset, count] = part(floats_);
+  return PeerTransfer::recv(gradient + offset, count, next_rank());
+}
+
+PeerTransfer StageLink::input_gradient_send(const float* gradient) {
+  const auto [offset, count] = part(floats_);
+  core::kernels::copy(gradient_sends_.data(), gradient + offset, int64_t(count));
+  // The group orders itself after the copy (Communicator::exchange).
+  return PeerTransfer::send(gradient_sends_.data(), count, previous_rank());
+}
+
+void StageLink::gather(float* boundary, std::size_t floats) {
+  const auto [offset, count] = part(floats);
+  if (count != floats) tensor_->all_gather({boundary + offset, count}, {boundary, floats});
 }
 
 }  // namespace colossal::parallel

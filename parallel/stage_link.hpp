@@ -16,6 +16,13 @@
 // sends complete before its buffers are written again (wait_forward_send before the forward
 // that overwrites the slot's output; the input-gradient send copies into the link's own buffer
 // for the slot, after waiting for that slot's previous one).
+//
+// Grouped (the pipeline communicator matches_in_issue_order: NCCL): no tags and no sends left
+// in flight. The executor exchanges each schedule step's messages as one group
+// (pipeline_exchanges) built from the transfers below, which complete before the next action;
+// the input gradient still goes through the link's buffer (one slot), because the model
+// receives its next output gradient into the buffer it leaves the input gradient in, possibly
+// in the same group.
 #pragma once
 
 #include <cstddef>
@@ -77,14 +84,29 @@ class StageLink {
   void wait_slot(int slot);  // both of the slot's pending sends
   void wait_all();
 
-  // Evaluation and sampling: one forward of `floats` boundary floats, tag 0, blocking.
+  // Evaluation and sampling: one forward of `floats` boundary floats, tag 0, blocking (not
+  // grouped: the executor groups those messages itself).
   void receive_activation(float* input, std::size_t floats);
   void send_activation(const float* output, std::size_t floats);
+
+  // Grouped point-to-point (grouped()): this rank's part of a boundary as one transfer of a
+  // group on pipeline(); after the group, gather() all-gathers a received boundary's parts over
+  // the tensor group (scatter-gather; nothing otherwise).
+  bool grouped() const { return grouped_; }
+  Communicator& pipeline() const { return *pipeline_; }
+  int virtual_stage() const { return virtual_stage_; }
+  PeerTransfer output_send(const float* output, std::size_t floats) const;    // to the next stage
+  PeerTransfer input_receive(float* input, std::size_t floats) const;         // from the previous
+  PeerTransfer output_gradient_receive(float* gradient) const;                // from the next
+  // Copies this rank's part of `gradient` into the link's buffer and sends that copy.
+  PeerTransfer input_gradient_send(const float* gradient);                    // to the previous
+  void gather(float* boundary, std::size_t floats);
 
  private:
   void receive(float* buffer, std::size_t floats, int source, int tag);
 
   Communicator* pipeline_;
+  bool grouped_;
   Communicator* tensor_;
   int virtual_stage_, virtual_stages_;
   std::size_t floats_;

@@ -410,6 +410,31 @@ void StagedCommunicator::do_send_recv(std::span<const float> send_buffer, int de
   if (dev_recv) pool_->to_device(recv_buffer.data(), in.data(), recv_buffer.size());
 }
 
+// The group's device buffers staged in one lease: sends copied down first, the host group, then
+// the receives copied up.
+void StagedCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+  std::size_t staged = 0;
+  for (const PeerTransfer& t : transfers) {
+    if (on_device(pool_->ops, t.data, t.count)) staged += t.count;
+  }
+  Lease lease(pool_, staged);
+  std::span<float> space = lease.span();
+  std::vector<PeerTransfer> host(transfers.begin(), transfers.end());
+  for (PeerTransfer& t : host) {
+    if (!on_device(pool_->ops, t.data, t.count)) continue;
+    float* copy = space.data();
+    space = space.subspan(t.count);
+    if (t.is_send()) pool_->to_host(copy, t.data, t.count);
+    t.data = copy;
+  }
+  host_->exchange(host);
+  for (std::size_t i = 0; i < host.size(); ++i) {
+    if (!host[i].is_send() && host[i].data != transfers[i].data) {
+      pool_->to_device(transfers[i].data, host[i].data, host[i].count);
+    }
+  }
+}
+
 void StagedCommunicator::do_barrier() { host_->barrier(); }
 
 std::unique_ptr<Communicator> StagedCommunicator::do_split(int color, int key) const {

@@ -61,6 +61,7 @@ class StagedCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::device; }
 
   const MpiCommunicator& host() const { return *host_; }
+  bool matches_in_issue_order() const override { return host_->matches_in_issue_order(); }
   const StagingStats& staging_stats() const;
   const StagingOps& ops() const;
 
@@ -86,6 +87,7 @@ class StagedCommunicator final : public Communicator {
   void do_recv(std::span<float> buffer, int source, int tag) override;
   void do_send_recv(std::span<const float> send_buffer, int dest, std::span<float> recv_buffer,
                     int source, int tag) override;
+  void do_exchange(std::span<const PeerTransfer> transfers) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key) const override;
 

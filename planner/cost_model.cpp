@@ -159,9 +159,9 @@ double gather_time(double bytes, int p, const LinkSpec& link) {
 double send_time(double bytes, const LinkSpec& link) {
   return bytes <= 0 ? 0.0 : link.latency_s + bytes / link.bandwidth_Bps;
 }
-// A pipeline message between stages: on a GPU node (a host link) it crosses it twice, down to
-// pinned host memory and up on the peer, around the MPI send (under NCCL the pipeline group is
-// staged MPI: Communicator::split_for_point_to_point).
+// A pipeline message between stages: a send on the link, and where the transport stages it
+// (hw.pipeline_staged, on a GPU node with a host link) two crossings of the host link, down to
+// pinned host memory and up on the peer, around the MPI send.
 double stage_send_time(double bytes, const LinkSpec& link, const HardwareSpec& hw) {
   if (bytes <= 0) return 0.0;
   const double staging = hw.pipeline_staged && hw.host_link_bandwidth > 0

@@ -71,11 +71,12 @@ struct HardwareSpec {
   // Open MPI, which the executor pokes at unit boundaries). It follows the preset, not the
   // transport: a GPU run over staged MPI is priced as if on NCCL.
   double comm_overlap = 0.0;
-  // Where there is a host link, pipeline messages cross it twice around an MPI send: under NCCL
-  // the pipeline group is staged MPI (Communicator::split_for_point_to_point). False prices them
-  // as direct device-to-device sends, as Megatron-LM's NCCL point-to-point runs them (the
-  // validation against its published tables). Not a hardware YAML key: it is the executor's.
-  bool pipeline_staged = true;
+  // Where there is a host link, whether pipeline messages cross it twice around an MPI send, as
+  // the staged transport (ranks sharing a GPU) sends them. False, the default, prices them as
+  // direct device-to-device sends: NCCL's point-to-point, which the executor groups per
+  // schedule step (parallel::pipeline_exchanges), as Megatron-LM runs them. Not a hardware YAML
+  // key: it is the executor's.
+  bool pipeline_staged = false;
   int devices_per_node = 1;
   int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)
   LinkSpec intra_node, inter_node;

@@ -69,6 +69,85 @@ TEST(PipelineSchedule, NoScheduleDeadlocks) {
   }
 }
 
+// Under NCCL's point-to-point rule (a send completes only while its receive runs; messages of a
+// pair match in issue order) every schedule's groups complete, with each message meeting its
+// own counterpart, over every stage, micro-batch and chunk count tried.
+TEST(PipelineExchanges, EveryScheduleCompletesUnderNcclsRule) {
+  using parallel::PipelineSchedule;
+  for (int stages = 1; stages <= 8; ++stages) {
+    for (int micro = 1; micro <= 24; ++micro) {
+      EXPECT_TRUE(parallel::exchanges_complete(PipelineSchedule::gpipe, stages, micro))
+          << stages << " " << micro;
+      EXPECT_TRUE(parallel::exchanges_complete(PipelineSchedule::one_f_one_b, stages, micro))
+          << stages << " " << micro;
+      for (int chunks = 1; chunks <= 4 && micro % stages == 0; ++chunks) {
+        EXPECT_TRUE(
+            parallel::exchanges_complete(PipelineSchedule::interleaved, stages, micro, chunks))
+            << stages << " stages, " << micro << " micro-batches, " << chunks << " chunks";
+      }
+    }
+  }
+}
+
+// The groups of 1F1B on the first of two stages, 3 micro-batches (Megatron's steady state:
+// the forward's output leaves with the receive of the gradient the next backward needs).
+TEST(PipelineExchanges, OneFOneBGroupsSendsWithTheNextReceive) {
+  using M = parallel::PipelineMessage;
+  const auto groups =
+      parallel::pipeline_exchanges(parallel::PipelineSchedule::one_f_one_b, 2, 0, 3);
+  // Actions: F0 F1 B0 F2 B1 B2.
+  const std::vector<std::vector<M>> expected = {
+      {},                                                // before F0
+      {M{true, false, 0, 0, 1}},                         // before F1: send F0's output
+      {M{true, false, 0, 1, 1}, M{false, true, 0, 0, 1}},  // before B0: F1's out, B0's gradient
+      {},                                                // before F2: B0 sends nothing back
+      {M{true, false, 0, 2, 1}, M{false, true, 0, 1, 1}},  // before B1
+      {M{false, true, 0, 2, 1}},                         // before B2
+      {}};                                               // after
+  EXPECT_EQ(groups, expected);
+  // The last stage mirrors it: each forward's input arrives with the previous gradient sent.
+  const auto last = parallel::pipeline_exchanges(parallel::PipelineSchedule::one_f_one_b, 2, 1, 3);
+  // Actions: F0 B0 F1 B1 F2 B2.
+  const std::vector<std::vector<M>> mirrored = {
+      {M{false, false, 0, 0, 0}},                        // before F0
+      {},                                                // before B0
+      {M{false, false, 0, 1, 0}, M{true, true, 0, 0, 0}},  // before F1
+      {},
+      {M{false, false, 0, 2, 0}, M{true, true, 0, 1, 0}},  // before F2
+      {},
+      {M{true, true, 0, 2, 0}}};                         // after B2
+  EXPECT_EQ(last, mirrored);
+}
+
+// The interleaved schedule exchanges once per steady forward-backward pair: no group between
+// them, so the pair's backward gradient is received before the forward runs. Apart, the groups
+// deadlock (exchanges_complete says so for a schedule built that way: 2 stages, 4 micro-batches,
+// 2 chunks was the first case found).
+TEST(PipelineExchanges, InterleavedPairsShareOneGroup) {
+  const int stages = 2, micro = 4, chunks = 2;
+  for (int stage = 0; stage < stages; ++stage) {
+    const auto actions = parallel::pipeline_schedule("interleaved", stages, stage, micro, chunks);
+    const auto groups = parallel::pipeline_exchanges(parallel::PipelineSchedule::interleaved,
+                                                     stages, stage, micro, chunks);
+    ASSERT_EQ(groups.size(), actions.size() + 1);
+    const int warmup = (stages - stage - 1) * 2 + (chunks - 1) * stages;
+    for (std::size_t i = std::size_t(warmup); i + 1 < actions.size(); i += 2) {
+      if (i + 1 >= std::size_t(2 * micro * chunks - warmup)) break;  // the cool-down
+      ASSERT_TRUE(actions[i].forward && !actions[i + 1].forward) << i;
+      EXPECT_TRUE(groups[i + 1].empty()) << "no group inside the pair at action " << i + 1;
+    }
+    std::size_t messages = 0;
+    for (const auto& g : groups) messages += g.size();
+    // Every virtual stage but the ends sends and receives each micro-batch both ways.
+    std::size_t expected = 0;
+    for (int c = 0; c < chunks; ++c) {
+      const int v = c * stages + stage;
+      expected += std::size_t(micro) * ((v > 0 ? 2 : 0) + (v + 1 < stages * chunks ? 2 : 0));
+    }
+    EXPECT_EQ(messages, expected);
+  }
+}
+
 TEST(PipelineSchedule, InterleavedRunsEveryChunkOfEveryMicroBatchOnce) {
   const int stages = 4, micro = 8, chunks = 2;
   for (int stage = 0; stage < stages; ++stage) {

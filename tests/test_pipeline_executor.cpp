@@ -175,7 +175,16 @@ void check_schedule(const std::string& kind, int tensor, int micro, int chunks) 
   core::TraceRecorder trace;
   ASSERT_TRUE(trace.open(testing::TempDir() + "toy_trace_" + std::to_string(l.world->rank()) +
                          ".json"));
-  parallel::PipelineExecutor executor(std::move(executed), schedule, nullptr, &trace);
+  // NCCL's rule (COLOSSAL_TEST_GROUPED_P2P=1 on MPI): each step's messages as one group.
+  const bool grouped = pp.matches_in_issue_order();
+  const parallel::PipelineSchedule kind_value = *parallel::parse_pipeline_schedule(kind);
+  std::vector<std::vector<parallel::PipelineMessage>> exchanges;
+  if (grouped) {
+    EXPECT_TRUE(parallel::exchanges_complete(kind_value, stages, micro, chunks));
+    exchanges = parallel::pipeline_exchanges(kind_value, stages, pp.rank(), micro, chunks);
+  }
+  parallel::PipelineExecutor executor(std::move(executed), schedule, nullptr, &trace, exchanges);
+  EXPECT_EQ(executor.grouped(), grouped);
   pp.reset_stats();
   const double loss = executor.run_step();
   const double total = pp.all_reduce_sum_value(loss);
@@ -206,14 +215,22 @@ void check_schedule(const std::string& kind, int tensor, int micro, int chunks) 
   }
   EXPECT_EQ(forwards, micro * chunks);
   EXPECT_EQ(backwards, micro * chunks);
-  int expected_receives = 0;
-  for (int c = 0; c < chunks; ++c) {
+  int expected_receives = 0;  // one span per receive, or per group that receives
+  for (int c = 0; c < chunks && !grouped; ++c) {
     const int v = c * stages + pp.rank();
     expected_receives += (v > 0 ? micro : 0) + (v + 1 < virtual_stages ? micro : 0);
   }
+  for (const auto& group : exchanges) {
+    expected_receives += std::any_of(group.begin(), group.end(),
+                                     [](const parallel::PipelineMessage& m) { return !m.send; });
+  }
   EXPECT_EQ(receives, expected_receives);
   EXPECT_TRUE(names.count(chunks > 1 ? "F1.0" : "F0")) << "spans name the chunk when several";
-  EXPECT_TRUE(names.count("wait sends"));
+  if (grouped) {
+    EXPECT_EQ(names.count("exchange"), virtual_stages > 1 ? 1u : 0u) << "spans of groups, if any";
+  } else {
+    EXPECT_TRUE(names.count("wait sends"));
+  }
 
   // A second step accumulates the same gradients again and reports the same loss.
   EXPECT_EQ(executor.run_step(), loss);
@@ -263,8 +280,14 @@ TEST(PipelineExecutor, ForwardOnlyRunsEveryStageInTurn) {
         links.push_back(toy_link(l, v, virtual_stages, 1, tracker));
         executed.push_back({toys.back().get(), links.back().get()});
       }
+      std::vector<std::vector<parallel::PipelineMessage>> exchanges;
+      if (pp.matches_in_issue_order()) {
+        exchanges = parallel::pipeline_exchanges(parallel::PipelineSchedule::gpipe, stages,
+                                                 pp.rank(), 1, chunks);
+      }
       parallel::PipelineExecutor executor(
-          std::move(executed), parallel::pipeline_schedule("gpipe", stages, pp.rank(), 1, chunks));
+          std::move(executed), parallel::pipeline_schedule("gpipe", stages, pp.rank(), 1, chunks),
+          nullptr, nullptr, exchanges);
       const double loss = executor.forward_only(1);
       const Reference ref = single_process(virtual_stages, 1, 1);
       EXPECT_EQ(pp.all_reduce_sum_value(loss), ref.loss) << "tensor " << tensor;
@@ -303,9 +326,11 @@ TEST(StageLink, ScatterGatherPartsAndBadOptions) {
   const int t = l.tensor->size();
   const std::size_t share = std::size_t(12 / t);
   EXPECT_EQ(link.part(12), (std::pair<std::size_t, std::size_t>{share * l.tensor->rank(), share}));
-  // Gradient send buffers: slots x floats, except on the first stage, which sends none.
+  // Gradient send buffers: slots x floats (grouped: one, its send completes before the next
+  // action), except on the first stage, which sends none.
+  const std::size_t slots = l.pipeline->matches_in_issue_order() ? 1 : 3;
   EXPECT_EQ(tracker.current(core::MemCategory::temporaries) - before,
-            link.first() ? 0u : 3u * 12u * sizeof(float));
+            link.first() ? 0u : slots * 12u * sizeof(float));
   const int p = l.pipeline->size();
   EXPECT_EQ(link.previous_rank(), (l.pipeline->rank() + p - 1) % p);
   EXPECT_EQ(link.next_rank(), (l.pipeline->rank() + 1) % p);

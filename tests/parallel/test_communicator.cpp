@@ -260,6 +260,79 @@ TEST_F(MpiCommunicatorTest, PointToPointRejectsBadArguments) {
   EXPECT_THROW(comm->send_recv(buffer, 0, buffer, 0, 0), std::invalid_argument);  // overlap
 }
 
+// A group in which every rank sends to both neighbours (two messages to the next) before it
+// receives, matched in issue order on both sides. Under NCCL's rule (synchronous sends) separate
+// blocking calls in this order would deadlock; the group may not. A second group follows the
+// first on the same pairs, as the pipeline's steps do. On two ranks next == prev: the three
+// messages each way then match in the order listed, so both sides list them alike.
+TEST_F(MpiCommunicatorTest, ExchangeMatchesInIssueOrderWithoutDeadlock) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  for (bool nccl_rule : {false, true}) {
+    SCOPED_TRACE(nccl_rule ? "synchronous sends (NCCL's rule)" : "MPI's buffered sends");
+    comm->set_matches_in_issue_order(nccl_rule);
+    EXPECT_EQ(comm->matches_in_issue_order(), nccl_rule);
+    EXPECT_EQ(comm->split(0, rank())->matches_in_issue_order(), nccl_rule) << "split keeps it";
+    const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+    const std::size_t n = 1 << 16;  // past Open MPI's eager limit: a send waits for its receive
+    for (int round = 0; round < 2; ++round) {
+      const float base = float(100 * round);
+      std::vector<float> first(n, base + float(rank())), second(3, base - float(rank()));
+      std::vector<float> back(5, base + 0.5f * float(rank()));
+      std::vector<float> got_first(n), got_second(3), got_back(5);
+      std::vector<PeerTransfer> group = {PeerTransfer::send(first.data(), n, next),
+                                         PeerTransfer::send(second.data(), 3, next),
+                                         PeerTransfer::send(back.data(), 5, prev)};
+      if (size() == 2) {  // the peer's n, 3, 5 in that order
+        group.push_back(PeerTransfer::recv(got_first.data(), n, prev));
+        group.push_back(PeerTransfer::recv(got_second.data(), 3, prev));
+        group.push_back(PeerTransfer::recv(got_back.data(), 5, next));
+      } else {  // any order across peers; per peer, the order sent
+        group.push_back(PeerTransfer::recv(got_back.data(), 5, next));
+        group.push_back(PeerTransfer::recv(got_first.data(), n, prev));
+        group.push_back(PeerTransfer::recv(got_second.data(), 3, prev));
+      }
+      comm->reset_stats();
+      comm->exchange(group);
+      EXPECT_EQ(got_first, std::vector<float>(n, base + float(prev)));
+      EXPECT_EQ(got_second, std::vector<float>(3, base - float(prev)));
+      EXPECT_EQ(got_back, std::vector<float>(5, base + 0.5f * float(next)));
+      EXPECT_EQ(comm->stats().send.calls, 3u);
+      EXPECT_EQ(comm->stats().recv.calls, 3u);
+      EXPECT_EQ(comm->stats().recv.payload_bytes, (n + 8) * sizeof(float));
+    }
+  }
+  comm->set_matches_in_issue_order(false);
+}
+
+TEST_F(MpiCommunicatorTest, ExchangeWithItselfAndBadPeersAndSizes) {
+  std::vector<float> buffer(4, float(rank() + 1)), got(4);
+  comm->set_matches_in_issue_order(true);  // a synchronous send to itself, received in the group
+  const std::vector<PeerTransfer> to_self = {PeerTransfer::send(buffer.data(), 4, rank()),
+                                             PeerTransfer::recv(got.data(), 4, rank())};
+  comm->exchange(to_self);
+  comm->set_matches_in_issue_order(false);
+  EXPECT_EQ(got, buffer);
+  const std::vector<PeerTransfer> outside = {PeerTransfer::recv(buffer.data(), 4, size())};
+  EXPECT_THROW(comm->exchange(outside), std::invalid_argument);
+  comm->exchange({});  // nothing to do
+  if (size() < 2) return;
+  // Rank 0 sends 3 floats where rank 1 expects 4: an error on the receiver that names both.
+  if (rank() == 0) {
+    const std::vector<PeerTransfer> send = {PeerTransfer::send(buffer.data(), 3, 1)};
+    comm->exchange(send);
+  } else if (rank() == 1) {
+    const std::vector<PeerTransfer> recv = {PeerTransfer::recv(buffer.data(), 4, 0)};
+    try {
+      comm->exchange(recv);
+      ADD_FAILURE() << "a message of the wrong size was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("expected 4 floats from rank 0"), std::string::npos)
+          << e.what();
+    }
+  }
+  comm->barrier();
+}
+
 TEST_F(MpiCommunicatorTest, BarrierCountsCalls) {
   comm->barrier();
   comm->barrier();

@@ -164,50 +164,5 @@ TEST(MakeGroups, WrongWorldSizeFailsOnEveryRank) {
   }
 }
 
-// A one-rank communicator that says how it was made: the pipeline group comes from
-// split_for_point_to_point (NCCL's groups answer it with staged MPI: its sends wait for the
-// receive), the other axes from split.
-class SplitRecorder final : public Communicator {
- public:
-  explicit SplitRecorder(std::string_view made_by) : made_by_(made_by) {}
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string_view backend() const override { return made_by_; }
-  MemorySpace memory_space() const override { return MemorySpace::host; }
-
- private:
-  void do_all_reduce_sum(std::span<float>) override {}
-  void do_all_reduce_max(std::span<float>) override {}
-  void do_reduce_scatter_sum(std::span<const float>, std::span<float>) override {}
-  void do_all_gather(std::span<const float>, std::span<float>) override {}
-  void do_broadcast(std::span<float>, int) override {}
-  void do_broadcast_bytes(std::span<std::byte>, int) override {}
-  double do_all_reduce_sum_value(double value) override { return value; }
-  void do_send(std::span<const float>, int, int) override {}
-  void do_recv(std::span<float>, int, int) override {}
-  void do_send_recv(std::span<const float>, int, std::span<float>, int, int) override {}
-  void do_barrier() override {}
-  std::unique_ptr<Communicator> do_split(int, int) const override {
-    return std::make_unique<SplitRecorder>("split");
-  }
-  std::unique_ptr<Communicator> do_split_for_point_to_point(int, int) const override {
-    return std::make_unique<SplitRecorder>("point-to-point");
-  }
-  std::string_view made_by_;
-};
-
-TEST(MakeGroups, PipelineGroupIsSplitForPointToPoint) {
-  const SplitRecorder world("world");
-  const Groups groups = make_groups(world, DeviceMesh(MeshShape{}));
-  EXPECT_EQ(groups.pp->backend(), "point-to-point");
-  EXPECT_EQ(groups.tp->backend(), "split");
-  EXPECT_EQ(groups.sp->backend(), "split");
-  EXPECT_EQ(groups.dp->backend(), "split");
-  EXPECT_THROW((void)world.split_for_point_to_point(-1, 0), std::invalid_argument);
-  // MPI keeps its own kind for it: its sends never wait for the receive.
-  const auto mpi = make_world_communicator();
-  EXPECT_EQ(mpi->split_for_point_to_point(0, mpi->rank())->backend(), "mpi");
-}
-
 }  // namespace
 }  // namespace colossal::parallel

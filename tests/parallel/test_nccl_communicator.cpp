@@ -219,23 +219,31 @@ TEST_F(NcclCommunicatorTest, SendRecvShiftAndSplit) {
   comm->barrier();
 }
 
-// The pipeline's group (split_for_point_to_point) runs over staged MPI: every rank first sends
-// 16 MB and only then receives, as pipeline stages do in their own schedule orders. Over NCCL
-// the sends would wait for receives nobody has posted yet.
-TEST_F(NcclCommunicatorTest, PointToPointGroupSendsBeforeTheReceiveIsPosted) {
-  const std::unique_ptr<Communicator> p2p = comm->split_for_point_to_point(0, rank());
-  EXPECT_EQ(p2p->backend(), "staged-mpi");
-  ASSERT_EQ(p2p->size(), size());
+// The pipeline's messages: one group per schedule step (exchange). Every rank sends 16 MB to
+// the next rank and to the previous one and receives from both in the same group, the pattern of
+// 1F1B's steady state, where separate ncclSend/ncclRecv calls would wait on each other. Two
+// messages to one peer in one group match in the order listed. On one rank every message is to
+// itself (a pipeline rank's interleaved chunks), which NCCL allows within a group.
+TEST_F(NcclCommunicatorTest, ExchangeGroupsSendsWithTheReceivesTheyWaitFor) {
+  ASSERT_TRUE(comm->matches_in_issue_order());
   const std::size_t n = std::size_t(1) << 22;
-  DeviceBuffer out(n);
-  DeviceBuffer in(n);
-  out.upload(std::vector<float>(n, static_cast<float>(rank() + 1)));
+  DeviceBuffer to_next(n), to_prev(n), from_prev(n), from_next(n);
+  to_next.upload(std::vector<float>(n, static_cast<float>(rank() + 1)));
+  to_prev.upload(std::vector<float>(n, static_cast<float>(-(rank() + 1))));
   const int next = (rank() + 1) % size();
   const int prev = (rank() + size() - 1) % size();
-  auto sent = p2p->start_send(out.span(), next, 7);
-  p2p->recv(in.span(), prev, 7);
-  sent->wait();
-  EXPECT_EQ(in.download(), std::vector<float>(n, static_cast<float>(prev + 1)));
+  const std::vector<PeerTransfer> group = {
+      PeerTransfer::send(to_next.span().data(), n, next),
+      PeerTransfer::send(to_prev.span().data(), n, prev),
+      PeerTransfer::recv(from_prev.span().data(), n, prev),
+      PeerTransfer::recv(from_next.span().data(), n, next)};
+  comm->reset_stats();
+  comm->exchange(group);
+  // With one or two ranks next == prev: the first message sent to it is the first received.
+  EXPECT_EQ(from_prev.download(), std::vector<float>(n, static_cast<float>(prev + 1)));
+  EXPECT_EQ(from_next.download(), std::vector<float>(n, static_cast<float>(-(next + 1))));
+  EXPECT_EQ(comm->stats().send.payload_bytes, 2 * n * 4);
+  EXPECT_EQ(comm->stats().recv.payload_bytes, 2 * n * 4);
 }
 
 }  // namespace

@@ -222,6 +222,28 @@ TEST_F(Staged, PointToPointAsTheStageLinkUsesIt) {
   expect_bitwise(c, values(64, prev, 10), "send_recv");
 }
 
+// A group with a device send, a host send and a device receive: the device buffers are staged
+// once each way (the send down, the receive up), the host one goes as it is.
+TEST_F(Staged, ExchangeStagesOnlyItsDeviceBuffers) {
+  if (size() < 2) GTEST_SKIP() << "needs two ranks";
+  const int next = (rank() + 1) % size(), prev = (rank() + size() - 1) % size();
+  const std::vector<float>& out = device(values(300, rank(), 5));
+  const std::vector<float> host_out = values(7, rank(), 6);
+  std::vector<float>& in = device(std::vector<float>(300));
+  std::vector<float> host_in(7);
+  const std::vector<PeerTransfer> group = {PeerTransfer::send(out.data(), 300, next),
+                                           PeerTransfer::send(host_out.data(), 7, next),
+                                           PeerTransfer::recv(in.data(), 300, prev),
+                                           PeerTransfer::recv(host_in.data(), 7, prev)};
+  staged->exchange(group);
+  expect_bitwise(in, values(300, prev, 5), "device receive");
+  expect_bitwise(host_in, values(7, prev, 6), "host receive");
+  EXPECT_EQ(dev->to_host_calls, 1u);
+  EXPECT_EQ(dev->to_device_calls, 1u);
+  EXPECT_EQ(staged->stats().send.payload_bytes, 307u * sizeof(float));
+  EXPECT_EQ(staged->stats().recv.payload_bytes, 307u * sizeof(float));
+}
+
 TEST_F(Staged, StartedAllReduceLandsOnWait) {
   std::vector<float> want = values(4099, rank(), 11);
   std::vector<float>& got = device(want);
