@@ -100,11 +100,11 @@ void PipelineExecutor::exchange(const std::vector<PipelineMessage>& group) {
       transfers.push_back(link.input_receive(input, link.floats()));
       received.emplace_back(&link, input);
     } else if (m.send) {
-      if (gradient_sent == &link) {  // the link has one buffer for it (pipeline_exchanges: never)
+      if (gradient_sent == &link) {  // the model has one buffer for it (pipeline_exchanges: never)
         throw std::logic_error("PipelineExecutor: two input gradients of one chunk in one group");
       }
       gradient_sent = &link;
-      transfers.push_back(link.input_gradient_send(stage.input_gradient()));
+      transfers.push_back(link.input_gradient_send(stage.input_gradient(), slot));
     } else {
       float* gradient = stage.output_gradient();
       transfers.push_back(link.output_gradient_receive(gradient));

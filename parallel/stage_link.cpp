@@ -36,9 +36,8 @@ StageLink::StageLink(const StageLinkOptions& options, core::MemoryTracker& track
   forward_sends_.resize(std::size_t(options.slots));
   backward_sends_.resize(std::size_t(options.slots));
   if (!first()) {
-    // Grouped, a send completes before the next action: one buffer serves every slot.
     gradient_sends_ = core::DeviceArray<float>(tracker, core::MemCategory::temporaries,
-                                               floats_ * std::size_t(grouped_ ? 1 : options.slots));
+                                               floats_ * std::size_t(options.slots));
   }
 }
 
@@ -141,11 +140,12 @@ PeerTransfer StageLink::output_gradient_receive(float* gradient) const {
   return PeerTransfer::recv(gradient + offset, count, next_rank());
 }
 
-PeerTransfer StageLink::input_gradient_send(const float* gradient) {
+PeerTransfer StageLink::input_gradient_send(const float* gradient, int slot) {
   const auto [offset, count] = part(floats_);
-  core::kernels::copy(gradient_sends_.data(), gradient + offset, int64_t(count));
+  float* out = gradient_sends_.data() + std::size_t(slot) * count;
+  core::kernels::copy(out, gradient + offset, int64_t(count));
   // The group orders itself after the copy (Communicator::exchange).
-  return PeerTransfer::send(gradient_sends_.data(), count, previous_rank());
+  return PeerTransfer::send(out, count, previous_rank());
 }
 
 void StageLink::gather(float* boundary, std::size_t floats) {

@@ -20,9 +20,10 @@
 // Grouped (the pipeline communicator matches_in_issue_order: NCCL): no tags and no sends left
 // in flight. The executor exchanges each schedule step's messages as one group
 // (pipeline_exchanges) built from the transfers below, which complete before the next action;
-// the input gradient still goes through the link's buffer (one slot), because the model
-// receives its next output gradient into the buffer it leaves the input gradient in, possibly
-// in the same group.
+// the input gradient still goes through the slot's buffer, because the model receives its next
+// output gradient into the buffer it leaves the input gradient in, possibly in the same group
+// (one buffer would do; one per slot keeps the memory the planner predicts without knowing the
+// transport).
 #pragma once
 
 #include <cstddef>
@@ -98,8 +99,8 @@ class StageLink {
   PeerTransfer output_send(const float* output, std::size_t floats) const;    // to the next stage
   PeerTransfer input_receive(float* input, std::size_t floats) const;         // from the previous
   PeerTransfer output_gradient_receive(float* gradient) const;                // from the next
-  // Copies this rank's part of `gradient` into the link's buffer and sends that copy.
-  PeerTransfer input_gradient_send(const float* gradient);                    // to the previous
+  // Copies this rank's part of `gradient` into the slot's buffer and sends that copy.
+  PeerTransfer input_gradient_send(const float* gradient, int slot);          // to the previous
   void gather(float* boundary, std::size_t floats);
 
  private:
