@@ -19,7 +19,8 @@
 #      $OUT/hardware-gpu.yaml), a profiled bf16 colossal_train step (dense, then fused attention;
 #      predicted with that YAML, kind by kind), and what model.fused_attention: auto decides;
 #   4. several ranks sharing the one GPU through the staged MPI path (parallel.comm: mpi; NCCL
-#      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B, 2d on 4
+#      refuses two ranks on one GPU): dp2 ZeRO-3, tp2 + sequence_split, sp2, pp2 1F1B (and,
+#      under COLOSSAL_TEST_GROUPED_P2P=1, 1F1B and interleaved in NCCL's groups), 2d on 4
 #      ranks, dp2 ZeRO-3 with optimizer and parameter offload (pinned host memory), dp2 ZeRO-2
 #      with half of the optimizer state offloaded (the device's and the host's AdamW side by
 #      side), dp2 ZeRO-3 with half of each parameter shard on the host (params_fraction 0.5),
@@ -326,7 +327,9 @@ if section 4; then
   staged() {  # RANKS SETS...
     local n=$1; shift
     local dir="/tmp/gpu_check-staged-$n-$$-$RANDOM"
-    (cd "$root" && timeout -k 5 "$(lim 60)" mpirun --oversubscribe -np "$n" "$bin/colossal_train" \
+    local env_flags=()
+    [ -n "${COLOSSAL_TEST_GROUPED_P2P:-}" ] && env_flags=(-x COLOSSAL_TEST_GROUPED_P2P)
+    (cd "$root" && timeout -k 5 "$(lim 60)" mpirun --oversubscribe "${env_flags[@]}" -np "$n" "$bin/colossal_train" \
        configs/quickstart.yaml --set train.steps=$steps --set log.every=1 \
        --set eval.every=1000000 --set train.micro_batch=8 --set sample.tokens=0 \
        --set parallel.comm=mpi --set log.dir="$dir" "$@" 2>&1) > "/tmp/staged-$n.log"
@@ -344,21 +347,28 @@ if section 4; then
       [tp2-seqsplit]="2 --set parallel.tensor.size=2 --set parallel.tensor.sequence_split=true"
       [sp2]="2 --set parallel.sequence=2"
       [pp2-1f1b]="2 --set parallel.pipeline.size=2 --set parallel.pipeline.schedule=1f1b"
+      [pp2-1f1b-grouped]="2 --set parallel.pipeline.size=2 --set parallel.pipeline.schedule=1f1b"
+      [pp2-interleaved-grouped]="2 --set parallel.pipeline.size=2 --set parallel.pipeline.schedule=interleaved --set parallel.pipeline.chunks=2"
       [2d-4ranks]="4 --set parallel.tensor.size=4 --set parallel.tensor.mode=2d"
       [dp2-zero2-bf16reduce]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.grad_reduce=bf16"
       [dp2-zero3-offload]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true"
       [dp2-zero2-offload-half]="2 --set parallel.data=2 --set parallel.zero.stage=2 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.optimizer_fraction=0.5"
       [dp2-zero3-params-half]="2 --set parallel.data=2 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true --set parallel.zero.offload.params_fraction=0.5"
       [1rank-zero3-params-half]="1 --set parallel.zero.stage=3 --set parallel.zero.offload.optimizer=true --set parallel.zero.offload.params=true --set parallel.zero.offload.params_fraction=0.5")
-    for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b 2d-4ranks dp2-zero2-bf16reduce \
+    for name in dp2-zero3 tp2-seqsplit sp2 pp2-1f1b pp2-1f1b-grouped pp2-interleaved-grouped \
+                2d-4ranks dp2-zero2-bf16reduce \
                 dp2-zero3-offload dp2-zero2-offload-half dp2-zero3-params-half \
                 1rank-zero3-params-half; do
       t0=$SECONDS
       # Gradients summed in bf16 (parallel.grad_reduce) follow fp32 sums to 2e-4 (the host tests').
       tolerance=1e-5
       [ "$name" = dp2-zero2-bf16reduce ] && tolerance=2e-4
+      # *-grouped: the pipeline's groups (NCCL's exchange) over the staged transport's device
+      # buffers, MPI held to NCCL's rule (COLOSSAL_TEST_GROUPED_P2P=1).
+      grouped=
+      [ "${name%-grouped}" != "$name" ] && grouped=1
       # shellcheck disable=SC2086  # the layout's words are separate arguments
-      got=$(staged ${layouts[$name]})
+      got=$(COLOSSAL_TEST_GROUPED_P2P=$grouped staged ${layouts[$name]})
       if compare "$name" "$tolerance" "$one" "$got" >> "$report"; then
         say "$name: losses match one rank ($((SECONDS - t0)) s)"
       else
