@@ -241,7 +241,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // derives the same schedule from the same config.
   // 2d / 2.5d / 3d take whole-block schedules, costed with the grid's own block sizes.
   activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
-  const planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
+  planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
+  // The staged transport (ranks sharing a GPU) copies each pipeline message through the host.
+  hw.pipeline_staged = pp_->backend() == "staged-mpi";
   // The plan first: an allocation that fails, in the build below or mid-run, is told about it.
   predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
   tracker_.set_plan(predicted_memory_.bytes);

@@ -515,6 +515,15 @@ void Communicator::exchange(std::span<const PeerTransfer> transfers) {
     check_rank("exchange", t.is_send() ? "destination" : "source", t.peer);
     (t.is_send() ? sent : received) += t.count * kFloatBytes;
   }
+  for (std::size_t i = 0; i < transfers.size(); ++i) {
+    for (std::size_t j = 0; j < transfers.size() && !transfers[i].is_send(); ++j) {
+      if (j != i && overlap(transfers[i].data, transfers[i].count * kFloatBytes, transfers[j].data,
+                            transfers[j].count * kFloatBytes)) {
+        fail(*this, "exchange: the receive from rank " + std::to_string(transfers[i].peer) +
+                        " overlaps another transfer's buffer of the group; give it its own");
+      }
+    }
+  }
   if (transfers.empty()) return;
   const WaitScope waiting(*this, received > 0 ? CollectiveKind::recv : CollectiveKind::send,
                           received > 0 ? received : sent);

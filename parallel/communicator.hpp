@@ -220,9 +220,10 @@ class Communicator {
   // returns (NCCL: one ncclGroupStart/ncclGroupEnd, so a send and a receive of the group never
   // wait on each other). No tags: messages between two ranks match in the order they are issued
   // (calls in order, and within a call in the order of `transfers`), on every backend, so the
-  // two sides must list their messages alike. A receive gets exactly `count` floats (another
-  // size is an error). Counted per transfer as send / recv. A rank may list itself (a pipeline
-  // rank's chunks pass messages to each other).
+  // two sides must list their messages alike. A receive gets exactly `count` floats: another
+  // size is an error on MPI and undefined on NCCL, which cannot tell. A receive may not overlap
+  // another transfer's buffer. Counted per transfer as send / recv. A rank may list itself (a
+  // pipeline rank's chunks pass messages to each other).
   void exchange(std::span<const PeerTransfer> transfers);
   // Whether this transport's point-to-point traffic must go through exchange() in an order both
   // sides agree on: it neither buffers a send nor matches by tag (NCCL: an ncclSend completes

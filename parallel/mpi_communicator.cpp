@@ -573,27 +573,37 @@ void MpiCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
 // of a pair match in the order posted), then all completed. Under the test switch the sends are
 // synchronous, so, as under NCCL, none completes before its receive is posted.
 void MpiCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+  std::vector<int> counts;  // every count checked before anything is posted
+  for (const PeerTransfer& t : transfers) counts.push_back(mpi_count(t.count, "exchange"));
   std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
+  // A failure to post leaves nothing pending on the caller's buffers: what was posted is
+  // cancelled and completed before the error is thrown.
+  auto post = [&](int code, const char* call) {
+    if (code == MPI_SUCCESS) return;
+    for (MPI_Request& r : requests) {
+      if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
+    }
+    MPI_Waitall(int(requests.size()), requests.data(), MPI_STATUSES_IGNORE);
+    check(code, call);
+  };
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const PeerTransfer& t = transfers[i];
-    const int count = mpi_count(t.count, "exchange");
     if (!t.is_send()) {
-      check(MPI_Irecv(t.data, count, MPI_FLOAT, t.peer, kExchangeTag, comm_, &requests[i]),
-            "MPI_Irecv");
+      post(MPI_Irecv(t.data, counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_, &requests[i]),
+           "MPI_Irecv");
     }
   }
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const PeerTransfer& t = transfers[i];
     if (!t.is_send()) continue;
-    const int count = mpi_count(t.count, "exchange");
     if (in_issue_order_) {
-      check(MPI_Issend(send_ptr(t.data), count, MPI_FLOAT, t.peer, kExchangeTag, comm_,
-                       &requests[i]),
-            "MPI_Issend");
-    } else {
-      check(MPI_Isend(send_ptr(t.data), count, MPI_FLOAT, t.peer, kExchangeTag, comm_,
+      post(MPI_Issend(send_ptr(t.data), counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_,
                       &requests[i]),
-            "MPI_Isend");
+           "MPI_Issend");
+    } else {
+      post(MPI_Isend(send_ptr(t.data), counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_,
+                     &requests[i]),
+           "MPI_Isend");
     }
   }
   std::vector<MPI_Status> statuses(transfers.size());

@@ -382,8 +382,15 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
 // each send to the other before receiving (a pipeline's neighbours in their steady state) never
 // wait on each other's send. Messages between two ranks match in the order issued.
 void NcclCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
-  for (const PeerTransfer& t : transfers) {
-    if (any_host({t.data})) return host_.exchange(transfers);
+  std::size_t on_host = 0;
+  for (const PeerTransfer& t : transfers) on_host += any_host({t.data}) ? 1 : 0;
+  if (on_host == transfers.size()) return host_.exchange(transfers);
+  if (on_host > 0) {
+    // Half of a group over MPI and half over NCCL would split the peers' matching.
+    throw std::invalid_argument("colossal::parallel: exchange mixes host and device buffers (" +
+                                std::to_string(on_host) + " of " +
+                                std::to_string(transfers.size()) +
+                                " on the host); a group's buffers must all be on one side");
   }
   enter("ncclGroupStart");
   check_nccl(ncclGroupStart(), "ncclGroupStart");

@@ -100,6 +100,10 @@ std::vector<PipelineAction> pipeline_schedule(PipelineSchedule kind, int stages,
 
 std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule kind, int stages,
                                                              int stage, int micro, int chunks) {
+  if (chunks != 1 && kind != PipelineSchedule::interleaved) {
+    throw std::invalid_argument(std::string("pipeline_exchanges: ") + pipeline_schedule_name(kind) +
+                                " runs one chunk per rank, not " + std::to_string(chunks));
+  }
   std::vector<char> paired;
   const std::vector<PipelineAction> actions =
       make_schedule(kind, stages, stage, micro, chunks, &paired);
@@ -136,6 +140,22 @@ std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule ki
 }
 
 bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks) {
+  std::vector<std::vector<std::vector<PipelineMessage>>> groups;
+  for (int r = 0; r < stages; ++r) {
+    groups.push_back(pipeline_exchanges(kind, stages, r, micro, chunks));
+  }
+  return groups_complete(groups);
+}
+
+bool groups_complete(const std::vector<std::vector<std::vector<PipelineMessage>>>& by_rank) {
+  const int stages = int(by_rank.size());
+  for (const auto& rank_groups : by_rank) {
+    for (const auto& group : rank_groups) {
+      for (const PipelineMessage& m : group) {
+        if (m.peer < 0 || m.peer >= stages) return false;
+      }
+    }
+  }
   // Per rank its non-empty groups; per message the group that holds its counterpart.
   struct Posted {
     PipelineMessage message;
@@ -149,7 +169,7 @@ bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks
   std::vector<std::vector<std::array<std::vector<PipelineMessage>, 2>>> order(
       stages, std::vector<std::array<std::vector<PipelineMessage>, 2>>(stages));
   for (int r = 0; r < stages; ++r) {
-    for (const auto& group : pipeline_exchanges(kind, stages, r, micro, chunks)) {
+    for (const auto& group : by_rank[std::size_t(r)]) {
       if (group.empty()) continue;
       groups[r].emplace_back();
       for (const PipelineMessage& m : group) {

@@ -90,7 +90,8 @@ struct PipelineMessage {
 //     pair's backward gets its gradient before the forward runs and the forward's output leaves
 //     with the backward's input gradient. Grouping those steps apart deadlocks.
 // Within a group the messages are ordered by (activation before gradient, boundary, micro) on
-// both sides, so a pair of ranks lists its messages alike.
+// both sides, so a pair of ranks lists its messages alike. Chunks > 1 need the interleaved
+// schedule (std::invalid_argument otherwise).
 std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule kind, int stages,
                                                              int stage, int micro,
                                                              int chunks = 1);
@@ -101,5 +102,7 @@ std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule ki
 // group completes and every message meets its own counterpart (same boundary, micro-batch and
 // kind); false on a deadlock or a mismatch.
 bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks = 1);
+// The same for any groups: groups[rank][i] is rank's i-th group (empty ones are skipped).
+bool groups_complete(const std::vector<std::vector<std::vector<PipelineMessage>>>& groups);
 
 }  // namespace colossal::parallel

@@ -75,7 +75,7 @@ struct HardwareSpec {
   // the staged transport (ranks sharing a GPU) sends them. False, the default, prices them as
   // direct device-to-device sends: NCCL's point-to-point, which the executor groups per
   // schedule step (parallel::pipeline_exchanges), as Megatron-LM runs them. Not a hardware YAML
-  // key: it is the executor's.
+  // key: it is the executor's (colossal_train sets it when its pipeline group is staged).
   bool pipeline_staged = false;
   int devices_per_node = 1;
   int threads = 0;             // host: threads per rank the rates were measured with (0: n/a)

@@ -34,13 +34,14 @@ float bias_of(int v) { return float(v - 2); }
 // The first stage's input of micro-batch m, element i.
 float input_of(int m, int i) { return float((m + 1) * 3 - i % 5); }
 
-// One virtual stage of the toy model, holding `slots` micro-batches' inputs and outputs.
+// One virtual stage of the toy model, holding `slots` micro-batches' inputs and outputs. Like
+// core::Model it leaves its input gradient in the buffer its output gradient came in (dgrad_),
+// so a link that sent that buffer while receiving the next gradient into it would be caught.
 class ToyStage final : public parallel::PipelineStage {
  public:
   ToyStage(int v, int virtual_stages, int slots)
       : v_(v), last_(v + 1 == virtual_stages), a_(weight_of(v)), b_(bias_of(v)),
-        in_(std::size_t(slots) * kRows * kWidth), out_(in_.size()), dout_(kRows * kWidth),
-        din_(kRows * kWidth) {}
+        in_(std::size_t(slots) * kRows * kWidth), out_(in_.size()), dgrad_(kRows * kWidth) {}
 
   void load(int micro, int slot) override {
     ++loads;
@@ -51,10 +52,10 @@ class ToyStage final : public parallel::PipelineStage {
   void backward(int /*micro*/, int slot) override {
     EXPECT_TRUE(inside_) << "before_backward not called";
     for (int i = 0; i < kRows * kWidth; ++i) {
-      const float g = last_ ? 1.0f : dout_[i];
+      const float g = last_ ? 1.0f : dgrad_[i];
       grad_a += g * in_[offset(slot) + i];
       grad_b += g;
-      din_[i] = a_ * g;
+      dgrad_[i] = a_ * g;
     }
   }
   void before_backward(int /*micro*/) override { inside_ = true; }
@@ -68,8 +69,8 @@ class ToyStage final : public parallel::PipelineStage {
   std::size_t boundary_floats(int batch) const override { return std::size_t(batch) * kWidth; }
   float* stage_input(int slot) override { return in_.data() + offset(slot); }
   const float* stage_output(int slot) override { return out_.data() + offset(slot); }
-  float* output_gradient() override { return dout_.data(); }
-  const float* input_gradient() override { return din_.data(); }
+  float* output_gradient() override { return dgrad_.data(); }
+  const float* input_gradient() override { return dgrad_.data(); }
 
   float grad_a = 0.0f, grad_b = 0.0f;
   int loads = 0;
@@ -87,7 +88,7 @@ class ToyStage final : public parallel::PipelineStage {
   int v_;
   bool last_;
   float a_, b_;
-  std::vector<float> in_, out_, dout_, din_;
+  std::vector<float> in_, out_, dgrad_;
   bool inside_ = false;
 };
 
@@ -280,13 +281,16 @@ TEST(PipelineExecutor, ForwardOnlyRunsEveryStageInTurn) {
         links.push_back(toy_link(l, v, virtual_stages, 1, tracker));
         executed.push_back({toys.back().get(), links.back().get()});
       }
+      // A training schedule for the chunks (forward_only runs none of it).
+      const auto kind = chunks > 1 ? parallel::PipelineSchedule::interleaved
+                                   : parallel::PipelineSchedule::gpipe;
+      const int micro = chunks > 1 ? stages : 1;
       std::vector<std::vector<parallel::PipelineMessage>> exchanges;
       if (pp.matches_in_issue_order()) {
-        exchanges = parallel::pipeline_exchanges(parallel::PipelineSchedule::gpipe, stages,
-                                                 pp.rank(), 1, chunks);
+        exchanges = parallel::pipeline_exchanges(kind, stages, pp.rank(), micro, chunks);
       }
       parallel::PipelineExecutor executor(
-          std::move(executed), parallel::pipeline_schedule("gpipe", stages, pp.rank(), 1, chunks),
+          std::move(executed), parallel::pipeline_schedule(kind, stages, pp.rank(), micro, chunks),
           nullptr, nullptr, exchanges);
       const double loss = executor.forward_only(1);
       const Reference ref = single_process(virtual_stages, 1, 1);

@@ -315,6 +315,10 @@ TEST_F(MpiCommunicatorTest, ExchangeWithItselfAndBadPeersAndSizes) {
   const std::vector<PeerTransfer> outside = {PeerTransfer::recv(buffer.data(), 4, size())};
   EXPECT_THROW(comm->exchange(outside), std::invalid_argument);
   comm->exchange({});  // nothing to do
+  // A receive over a buffer another transfer of the group reads: refused before anything moves.
+  const std::vector<PeerTransfer> overlapping = {PeerTransfer::send(buffer.data() + 2, 2, rank()),
+                                                 PeerTransfer::recv(buffer.data(), 3, rank())};
+  EXPECT_THROW(comm->exchange(overlapping), std::invalid_argument);
   if (size() < 2) return;
   // Rank 0 sends 3 floats where rank 1 expects 4: an error on the receiver that names both.
   if (rank() == 0) {
