@@ -107,21 +107,14 @@ void layernorm2d_forward(Grid2D& grid, float* out, float* mean, float* rstd, con
                           cols / grid.q(), cols, eps, work);
 }
 
-void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float* rstd,
-                             const float* x, const float* weight, const float* bias, int64_t r,
-                             int64_t c, int64_t cols, float eps, float* work) {
-  const float inv_cols = 1.0f / float(cols);
-  float* sums = work;
-  if constexpr (team_kernels_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+namespace {
+
+// The split layernorm's passes, each in the team form (core/grid_kernels_team.hpp) where the
+// kernels run in teams, else one work item per row; the callers put the collectives between.
+// sums[n] <- the sum of row n's c elements.
+void split_row_sums(float* sums, const float* x, int64_t r, int64_t c) {
+  if constexpr (team_kernels_v<kernels::Exec>) {
     team::layernorm_split_row_sums<kernels::Exec>(sums, x, r, int(c));
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(r));
-    team::layernorm_split_row_squares<kernels::Exec>(sums, mean, x, r, int(c), inv_cols);
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(r));
-    team::layernorm_split_normalize<kernels::Exec>(out, rstd, x, mean, sums, weight, bias, r,
-                                                   int(c), inv_cols, eps);
-    fence_kernels();
   } else {
     Kokkos::parallel_for(
         "colossal::core::layernorm2d_row_sums", Kokkos::RangePolicy<>(0, r),
@@ -130,8 +123,15 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
           for (int64_t e = 0; e < c; ++e) s += x[n * c + e];
           sums[n] = s;
         });
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(r));
+  }
+}
+
+// mean[n] <- sums[n] / cols; sums[n] <- the sum of row n's squared deviations from it.
+void split_row_squares(float* sums, float* mean, const float* x, int64_t r, int64_t c,
+                       float inv_cols) {
+  if constexpr (team_kernels_v<kernels::Exec>) {
+    team::layernorm_split_row_squares<kernels::Exec>(sums, mean, x, r, int(c), inv_cols);
+  } else {
     Kokkos::parallel_for(
         "colossal::core::layernorm2d_row_squares", Kokkos::RangePolicy<>(0, r),
         KOKKOS_LAMBDA(int64_t n) {
@@ -141,8 +141,16 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
           for (int64_t e = 0; e < c; ++e) v += (x[n * c + e] - m) * (x[n * c + e] - m);
           sums[n] = v;
         });
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(r));
+  }
+}
+
+void split_normalize(float* out, float* rstd, const float* x, const float* mean,
+                     const float* sums, const float* weight, const float* bias, int64_t r,
+                     int64_t c, float inv_cols, float eps) {
+  if constexpr (team_kernels_v<kernels::Exec>) {
+    team::layernorm_split_normalize<kernels::Exec>(out, rstd, x, mean, sums, weight, bias, r,
+                                                   int(c), inv_cols, eps);
+  } else {
     Kokkos::parallel_for(
         "colossal::core::layernorm2d_normalize", Kokkos::RangePolicy<>(0, r),
         KOKKOS_LAMBDA(int64_t n) {
@@ -152,32 +160,15 @@ void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float
             out[n * c + e] = (x[n * c + e] - mean[n]) * s * weight[e] + bias[e];
           }
         });
-    fence_kernels();
   }
 }
 
-void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias, const float* dout,
-                          const float* x, const float* weight, const float* mean,
-                          const float* rstd, int64_t rows, int64_t cols, float* work) {
-  check_blocks(grid, rows, cols, grid.q());
-  layernorm_split_backward(grid.row, dx, dweight, dbias, dout, x, weight, mean, rstd,
-                           rows / grid.q(), cols / grid.q(), cols, work);
-}
-
-void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, float* dbias,
-                              const float* dout, const float* x, const float* weight,
-                              const float* mean, const float* rstd, int64_t r, int64_t c,
-                              int64_t cols, float* work) {
-  const float inv_cols = 1.0f / float(cols);
-  float* sums = work;  // r sums of dnorm, then r sums of dnorm * xhat (dnorm = dout * weight)
-  if constexpr (team_kernels_v<kernels::Exec>) {  // team forms (core/grid_kernels_team.hpp)
+// sums[n] <- the sum of row n's dnorm (dout * weight), sums[r + n] <- of dnorm * xhat.
+void split_backward_sums(float* sums, const float* dout, const float* x, const float* weight,
+                         const float* mean, const float* rstd, int64_t r, int64_t c) {
+  if constexpr (team_kernels_v<kernels::Exec>) {
     team::layernorm_split_backward_sums<kernels::Exec>(sums, dout, x, weight, mean, rstd, r,
                                                        int(c));
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(2 * r));
-    team::layernorm_split_backward_finish<kernels::Exec>(dx, dweight, dbias, sums, dout, x, weight,
-                                                         mean, rstd, r, int(c), inv_cols);
-    fence_kernels();
   } else {
     Kokkos::parallel_for(
         "colossal::core::layernorm2d_backward_sums", Kokkos::RangePolicy<>(0, r),
@@ -191,8 +182,18 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
           sums[n] = a;
           sums[r + n] = b;
         });
-    fence_kernels();
-    across.all_reduce_sum(sums, std::size_t(2 * r));
+  }
+}
+
+// dx += the input gradient from the summed rows; dweight, dbias += this block's columns'.
+void split_backward_finish(float* dx, float* dweight, float* dbias, const float* sums,
+                           const float* dout, const float* x, const float* weight,
+                           const float* mean, const float* rstd, int64_t r, int64_t c,
+                           float inv_cols) {
+  if constexpr (team_kernels_v<kernels::Exec>) {
+    team::layernorm_split_backward_finish<kernels::Exec>(dx, dweight, dbias, sums, dout, x, weight,
+                                                         mean, rstd, r, int(c), inv_cols);
+  } else {
     Kokkos::parallel_for(
         "colossal::core::layernorm2d_backward_input", Kokkos::RangePolicy<>(0, r),
         KOKKOS_LAMBDA(int64_t n) {
@@ -215,8 +216,45 @@ void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, fl
           dweight[e] += dw;
           dbias[e] += db;
         });
-    fence_kernels();
   }
+}
+
+}  // namespace
+
+void layernorm_split_forward(TensorGroup& across, float* out, float* mean, float* rstd,
+                             const float* x, const float* weight, const float* bias, int64_t r,
+                             int64_t c, int64_t cols, float eps, float* work) {
+  const float inv_cols = 1.0f / float(cols);
+  float* sums = work;
+  split_row_sums(sums, x, r, c);
+  fence_kernels();
+  across.all_reduce_sum(sums, std::size_t(r));
+  split_row_squares(sums, mean, x, r, c, inv_cols);
+  fence_kernels();
+  across.all_reduce_sum(sums, std::size_t(r));
+  split_normalize(out, rstd, x, mean, sums, weight, bias, r, c, inv_cols, eps);
+  fence_kernels();
+}
+
+void layernorm2d_backward(Grid2D& grid, float* dx, float* dweight, float* dbias, const float* dout,
+                          const float* x, const float* weight, const float* mean,
+                          const float* rstd, int64_t rows, int64_t cols, float* work) {
+  check_blocks(grid, rows, cols, grid.q());
+  layernorm_split_backward(grid.row, dx, dweight, dbias, dout, x, weight, mean, rstd,
+                           rows / grid.q(), cols / grid.q(), cols, work);
+}
+
+void layernorm_split_backward(TensorGroup& across, float* dx, float* dweight, float* dbias,
+                              const float* dout, const float* x, const float* weight,
+                              const float* mean, const float* rstd, int64_t r, int64_t c,
+                              int64_t cols, float* work) {
+  const float inv_cols = 1.0f / float(cols);
+  float* sums = work;  // r sums of dnorm, then r sums of dnorm * xhat (dnorm = dout * weight)
+  split_backward_sums(sums, dout, x, weight, mean, rstd, r, c);
+  fence_kernels();
+  across.all_reduce_sum(sums, std::size_t(2 * r));
+  split_backward_finish(dx, dweight, dbias, sums, dout, x, weight, mean, rstd, r, c, inv_cols);
+  fence_kernels();
 }
 
 void vocab_parallel_cross_entropy(TensorGroup& group, float* logits, float* losses,
