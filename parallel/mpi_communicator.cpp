@@ -573,9 +573,14 @@ void MpiCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
 // of a pair match in the order posted), then all completed. Under the test switch the sends are
 // synchronous, so, as under NCCL, none completes before its receive is posted.
 void MpiCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
-  std::vector<int> counts;  // every count checked before anything is posted
+  // Kept between calls (the pipeline exchanges a group every schedule step): no allocation.
+  std::vector<int>& counts = exchange_counts_;
+  std::vector<MPI_Request>& requests = exchange_requests_;
+  std::vector<MPI_Status>& statuses = exchange_statuses_;
+  counts.clear();  // every count checked before anything is posted
   for (const PeerTransfer& t : transfers) counts.push_back(mpi_count(t.count, "exchange"));
-  std::vector<MPI_Request> requests(transfers.size(), MPI_REQUEST_NULL);
+  requests.assign(transfers.size(), MPI_REQUEST_NULL);
+  statuses.resize(transfers.size());
   // A failure to post leaves nothing pending on the caller's buffers: what was posted is
   // cancelled and completed before the error is thrown.
   auto post = [&](int code, const char* call) {
@@ -593,20 +598,14 @@ void MpiCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
            "MPI_Irecv");
     }
   }
+  const auto isend = in_issue_order_ ? MPI_Issend : MPI_Isend;
+  const char* isend_name = in_issue_order_ ? "MPI_Issend" : "MPI_Isend";
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     const PeerTransfer& t = transfers[i];
     if (!t.is_send()) continue;
-    if (in_issue_order_) {
-      post(MPI_Issend(send_ptr(t.data), counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_,
-                      &requests[i]),
-           "MPI_Issend");
-    } else {
-      post(MPI_Isend(send_ptr(t.data), counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_,
-                     &requests[i]),
-           "MPI_Isend");
-    }
+    post(isend(send_ptr(t.data), counts[i], MPI_FLOAT, t.peer, kExchangeTag, comm_, &requests[i]),
+         isend_name);
   }
-  std::vector<MPI_Status> statuses(transfers.size());
   check(MPI_Waitall(int(requests.size()), requests.data(), statuses.data()), "MPI_Waitall");
   for (std::size_t i = 0; i < transfers.size(); ++i) {
     if (transfers[i].is_send()) continue;

@@ -8,6 +8,7 @@
 #include <mpi.h>
 
 #include <memory>
+#include <vector>
 
 #include "parallel/communicator.hpp"
 
@@ -93,6 +94,10 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   int tag_upper_bound_ = 32767;  // the MPI standard's guaranteed minimum of MPI_TAG_UB
+  // do_exchange's, reused between groups.
+  std::vector<int> exchange_counts_;
+  std::vector<MPI_Request> exchange_requests_;
+  std::vector<MPI_Status> exchange_statuses_;
 };
 
 // A duplicate of MPI_COMM_WORLD. The returned object must be destroyed before MPI_Finalize.

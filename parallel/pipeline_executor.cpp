@@ -37,8 +37,7 @@ PipelineExecutor::PipelineExecutor(std::vector<Chunk> chunks, std::vector<Pipeli
         std::to_string(exchanges_.size()) + " were given");
   }
   for (const auto& group : exchanges_) {
-    for (const PipelineMessage& m : group) (void)chunk_at(m.send == m.gradient ? m.boundary + 1
-                                                                               : m.boundary);
+    for (const PipelineMessage& m : group) (void)chunk_at(m.virtual_stage());
   }
 }
 
@@ -85,11 +84,13 @@ void PipelineExecutor::exchange(const std::vector<PipelineMessage>& group) {
   const bool receives = std::any_of(group.begin(), group.end(),
                                     [](const PipelineMessage& m) { return !m.send; });
   core::TraceRecorder::Span span(trace_, "exchange", receives ? "receive" : "send");
-  std::vector<PeerTransfer> transfers;
-  std::vector<std::pair<StageLink*, float*>> received;
+  std::vector<PeerTransfer>& transfers = transfers_;  // kept between groups: no allocation
+  std::vector<std::pair<StageLink*, float*>>& received = received_;
+  transfers.clear();
+  received.clear();
   const StageLink* gradient_sent = nullptr;
   for (const PipelineMessage& m : group) {
-    const Chunk& chunk = chunk_at(m.send == m.gradient ? m.boundary + 1 : m.boundary);
+    const Chunk& chunk = chunk_at(m.virtual_stage());
     PipelineStage& stage = *chunk.stage;
     StageLink& link = *chunk.link;
     const int slot = m.micro % link.slots();
@@ -179,7 +180,8 @@ double PipelineExecutor::forward_only(int batch) {
   if (grouped_) {
     // gpipe's forward groups: a chunk's output leaves with the next chunk's input receive, which
     // is this rank's own message when the pipeline has one rank.
-    std::vector<PeerTransfer> group;
+    std::vector<PeerTransfer>& group = transfers_;
+    group.clear();
     for (const Chunk& chunk : chunks_) {
       PipelineStage& stage = *chunk.stage;
       const std::size_t floats = stage.boundary_floats(batch);

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/profiler.hpp"
@@ -99,6 +100,8 @@ class PipelineExecutor {
   std::vector<PipelineAction> schedule_;
   std::vector<std::vector<PipelineMessage>> exchanges_;
   bool grouped_;
+  std::vector<PeerTransfer> transfers_;                 // exchange()'s, reused
+  std::vector<std::pair<StageLink*, float*>> received_;
   core::Profiler* profiler_;
   core::TraceRecorder* trace_;
   PipelineStats stats_;

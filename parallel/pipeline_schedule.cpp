@@ -130,13 +130,13 @@ std::vector<std::vector<PipelineMessage>> pipeline_exchanges(PipelineSchedule ki
     }
   }
   groups.back() = std::move(sends);
-  for (auto& group : groups) {
-    std::sort(group.begin(), group.end(), [](const PipelineMessage& x, const PipelineMessage& y) {
-      return std::tie(x.gradient, x.boundary, x.micro, x.send) <
-             std::tie(y.gradient, y.boundary, y.micro, y.send);
-    });
-  }
+  for (auto& group : groups) std::sort(group.begin(), group.end(), exchange_order);
   return groups;
+}
+
+bool exchange_order(const PipelineMessage& x, const PipelineMessage& y) {
+  return std::tie(x.gradient, x.boundary, x.micro, x.send) <
+         std::tie(y.gradient, y.boundary, y.micro, y.send);
 }
 
 bool exchanges_complete(PipelineSchedule kind, int stages, int micro, int chunks) {
@@ -156,39 +156,40 @@ bool groups_complete(const std::vector<std::vector<std::vector<PipelineMessage>>
       }
     }
   }
-  // Per rank its non-empty groups; per message the group that holds its counterpart.
+  // Per rank its non-empty groups, each message with its place among the rank's messages to
+  // (or from) that peer; posted[rank][peer][send]: those messages in issue order, with the
+  // group that holds each.
   struct Posted {
     PipelineMessage message;
-    int sequence;  // among this rank's messages to (from) the peer
+    int sequence;
+  };
+  struct InGroup {
+    PipelineMessage message;
+    std::size_t group;
   };
   std::vector<std::vector<std::vector<Posted>>> groups(stages);
-  // where[rank][peer][send][sequence]: the group of `rank` holding that message; order: the
-  // messages themselves, in issue order.
-  std::vector<std::vector<std::array<std::vector<int>, 2>>> where(
-      stages, std::vector<std::array<std::vector<int>, 2>>(stages));
-  std::vector<std::vector<std::array<std::vector<PipelineMessage>, 2>>> order(
-      stages, std::vector<std::array<std::vector<PipelineMessage>, 2>>(stages));
+  std::vector<std::vector<std::array<std::vector<InGroup>, 2>>> posted(
+      stages, std::vector<std::array<std::vector<InGroup>, 2>>(stages));
   for (int r = 0; r < stages; ++r) {
     for (const auto& group : by_rank[std::size_t(r)]) {
       if (group.empty()) continue;
       groups[r].emplace_back();
       for (const PipelineMessage& m : group) {
-        auto& seq = where[r][m.peer][m.send];
-        groups[r].back().push_back({m, int(seq.size())});
-        seq.push_back(int(groups[r].size()) - 1);
-        order[r][m.peer][m.send].push_back(m);
+        auto& issued = posted[r][m.peer][m.send];
+        groups[r].back().push_back({m, int(issued.size())});
+        issued.push_back({m, groups[r].size() - 1});
       }
     }
   }
   // Each send meets the receive of the same rank in the same place, for the same message.
   for (int r = 0; r < stages; ++r) {
     for (int q = 0; q < stages; ++q) {
-      const auto& sent = order[r][q][1];
-      const auto& received = order[q][r][0];
+      const auto& sent = posted[r][q][1];
+      const auto& received = posted[q][r][0];
       if (sent.size() != received.size()) return false;
       for (std::size_t n = 0; n < sent.size(); ++n) {
-        const PipelineMessage& a = sent[n];
-        const PipelineMessage& b = received[n];
+        const PipelineMessage& a = sent[n].message;
+        const PipelineMessage& b = received[n].message;
         if (a.gradient != b.gradient || a.boundary != b.boundary || a.micro != b.micro) return false;
       }
     }
@@ -204,8 +205,9 @@ bool groups_complete(const std::vector<std::vector<std::vector<PipelineMessage>>
       for (const Posted& p : groups[r][current[r]]) {
         const int q = p.message.peer;
         // The counterpart: q's message of the other direction with r at the same sequence.
-        const int theirs = where[q][r][!p.message.send][std::size_t(p.sequence)];
-        if (std::size_t(theirs) > current[q]) ready = false;
+        if (posted[q][r][!p.message.send][std::size_t(p.sequence)].group > current[q]) {
+          ready = false;
+        }
       }
       if (ready) {
         ++after[r];

@@ -78,7 +78,14 @@ struct PipelineMessage {
   int micro;
   int peer;       // the other pipeline rank
   bool operator==(const PipelineMessage&) const = default;
+  // The virtual stage this rank plays in it: the sender's end of an activation and the
+  // receiver's of a gradient are `boundary`, the other ends boundary + 1.
+  int virtual_stage() const { return send == gradient ? boundary + 1 : boundary; }
 };
+
+// The order of messages within a group, the same on both sides of each message: activations
+// before gradients, then by boundary and micro-batch.
+bool exchange_order(const PipelineMessage& x, const PipelineMessage& y);
 
 // The groups this rank exchanges around its schedule's actions: element i before action i, the
 // last after every action (size actions + 1; empty groups are skipped). A group holds the sends

@@ -7,7 +7,6 @@
 #include <mpi.h>
 
 #include <algorithm>
-#include <tuple>
 #include <filesystem>
 
 #include "apps/layout.hpp"
@@ -127,12 +126,7 @@ TEST(PipelineExchanges, TheSimulatorCatchesDeadlocksAndMismatches) {
         if (v > 0) groups[i + 1].push_back({true, true, v - 1, actions[i].micro, prev});
       }
     }
-    for (auto& g : groups) {  // ordered as pipeline_exchanges orders them
-      std::sort(g.begin(), g.end(), [](const M& x, const M& y) {
-        return std::tie(x.gradient, x.boundary, x.micro, x.send) <
-               std::tie(y.gradient, y.boundary, y.micro, y.send);
-      });
-    }
+    for (auto& g : groups) std::sort(g.begin(), g.end(), parallel::exchange_order);
     unpaired.push_back(groups);
   }
   EXPECT_FALSE(parallel::groups_complete(unpaired));
