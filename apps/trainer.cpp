@@ -88,10 +88,13 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
                        train.global_batch, t_.host_inputs_.data(), t_.host_targets_.data());
     t_.upload(slot, index_);
   }
-  double forward(int /*micro*/, int slot) override {
+  double forward(int micro, int slot) override {
     const auto& train = t_.config_.train;
     // Gradients summed over ranks are the gradient of the mean loss over the global batch.
     const float grad_scale = 1.0f / (float(train.global_batch) * float(train.seq_len));
+    // A step's later micro-batches see the weights its first one saw (a chunk's forwards run in
+    // micro-batch order; the optimizer steps after the last): bf16's copy of them is kept.
+    if (micro > 0) model().parameters_unchanged();
     return model().forward(t_.slot_inputs(slot, index_), t_.slot_targets(slot, index_),
                            train.micro_batch, grad_scale, slot);
   }

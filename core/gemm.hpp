@@ -83,16 +83,20 @@ class Gemm {
     gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
   }
   // [begin, begin + n) does not change until the next hold_stable call (n = 0: nothing held).
-  // oneDNN's bf16 backend converts that range to bf16 once, on its first use, and serves every
-  // operand lying inside it from the copy (2 bytes per float, host memory outside the tracker:
+  // oneDNN's and cuBLAS's bf16 backends convert that range to bf16 once, on its first use, and
+  // serve every operand lying inside it from the copy (2 bytes per float, outside the tracker:
   // the bf16 weight copy of mixed precision) instead of converting each weight again in every
   // product. The others ignore it (the emulation would need 4 bytes per float for its copy).
+  // `unchanged`: nor has the range changed since the hold before this one, which held the same
+  // range, so the copy made then still serves (the caller's promise: the micro-batches of one
+  // optimizer step); otherwise it is converted again on first use.
   // The model holds its parameters at the start of each forward (between a forward and the
   // backward after it they do not change) and lets go (n = 0) when it is destroyed, before its
-  // parameters are freed.
-  virtual void hold_stable(const float* begin, std::size_t n) {
+  // parameters are freed; under ZeRO-3 it holds the gathered LM head for the logits' chunks.
+  virtual void hold_stable(const float* begin, std::size_t n, bool unchanged) {
     (void)begin;
     (void)n;
+    (void)unchanged;
   }
   // How many times a held range has been converted (tests; 0 for backends that do not convert).
   virtual std::size_t stable_conversions() const { return 0; }
@@ -172,7 +176,7 @@ std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend);
 // cuBLAS on the current CUDA device; operates on device memory. Creates its own handle, on
 // Kokkos' stream in a Kokkos CUDA build. bf16 there: each fp32 operand rounded to bf16 on the
 // device (ties to even, as the host emulation rounds; the parameters held by hold_stable once per
-// forward, in a device copy of 2 bytes per parameter), bf16 operands taken as they are, then
+// optimizer step, in a device copy of 2 bytes per parameter), bf16 operands taken as they are, then
 // bf16 x bf16 with fp32 sums (CUBLAS_COMPUTE_32F): the host's bf16 results up to summation
 // order. The rounded copies of other operands grow to the two largest (outside the memory
 // tracker). In a host-Kokkos build (device arrays only in tests) cuBLAS rounds the fp32 arrays

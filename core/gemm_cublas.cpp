@@ -8,7 +8,7 @@
 // bf16 on device arrays: in a Kokkos CUDA build each fp32 operand is rounded to bf16 on the device
 // (round to nearest even, core/bf16.hpp, the host emulation's rounding) and multiplied bf16 x bf16
 // with fp32 sums (CUBLAS_COMPUTE_32F): the host's bf16 numerics up to summation order, at the
-// tensor cores' bf16 rate. The held parameters (Gemm::hold_stable) are rounded once per forward;
+// tensor cores' bf16 rate. The held parameters (Gemm::hold_stable) are rounded once per step;
 // operands stored in bf16 go in as they are. A host-Kokkos build has no device kernels: there
 // cuBLAS rounds fp32 device arrays itself (CUBLAS_COMPUTE_32F_FAST_16BF, test arrays only).
 #include <cublas_v2.h>
@@ -267,7 +267,7 @@ class CublasGemm : public MixedOperandGemm {
   }
 
   // Operands on the device, fp32 or bf16. bf16 precision: each fp32 operand rounded to bf16 on
-  // the device (the held parameters once per forward), then bf16 x bf16 with fp32 sums. fp32: a
+  // the device (the held parameters once per step), then bf16 x bf16 with fp32 sums. fp32: a
   // bf16 operand widened to the floats it represents, then the fp32 product.
   void gemm_mixed_batched(Trans ta, Trans tb, int M, int N, int K, float alpha, GemmOperand A,
                           int lda, int64_t stride_a, GemmOperand B, int ldb, int64_t stride_b,
@@ -291,7 +291,9 @@ class CublasGemm : public MixedOperandGemm {
                  stride_c, batch);
   }
 
-  void hold_stable(const float* begin, std::size_t n) override { stable_.hold(begin, n); }
+  void hold_stable(const float* begin, std::size_t n, bool unchanged) override {
+    stable_.hold(begin, n, unchanged);
+  }
   std::size_t stable_conversions() const override { return stable_.conversions(); }
   bool uses_tf32() const override { return tf32_; }
 
@@ -376,7 +378,7 @@ class CublasHostGemm final : public CublasGemm {
     Gemm::gemm_mixed_batched(ta, tb, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C,
                              ldc, stride_c, batch);
   }
-  void hold_stable(const float*, std::size_t) override {}
+  void hold_stable(const float*, std::size_t, bool) override {}
   std::size_t stable_conversions() const override { return 0; }
   std::string name() const override {
     return precision_ == GemmPrecision::bf16 ? "cublas (bf16 x bf16, fp32 sums), host arrays staged"

@@ -238,7 +238,9 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
         set_threads_);
   }
 
-  void hold_stable(const float* begin, std::size_t n) override { stable_.hold(begin, n); }
+  void hold_stable(const float* begin, std::size_t n, bool unchanged) override {
+    stable_.hold(begin, n, unchanged);
+  }
   std::size_t stable_conversions() const override { return stable_.conversions(); }
 
  private:

@@ -13,11 +13,15 @@ namespace colossal::core {
 template <class T, class Buffer = std::vector<T>>
 class StableOperands {
  public:
-  void hold(const float* begin, std::size_t n) {
+  // Holds [begin, begin + n) (nothing when n = 0). `unchanged`: the same range as held now, and
+  // its values too, so a copy already made is kept (Gemm::hold_stable).
+  void hold(const float* begin, std::size_t n, bool unchanged) {
     const bool any = begin != nullptr && n > 0;
-    begin_ = any ? begin : nullptr;
-    n_ = any ? n : 0;
-    converted_ = false;
+    const float* const b = any ? begin : nullptr;
+    const std::size_t count = any ? n : 0;
+    if (!unchanged || b != begin_ || count != n_) converted_ = false;
+    begin_ = b;
+    n_ = count;
   }
   // The converted `span` floats from `from`: out of the held copy when they lie inside the held
   // range (the whole range converted once, on its first use), else converted into `scratch`

@@ -717,9 +717,10 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   const int64_t N = int64_t(B) * T;
   const int64_t Nl = local_rows(N);  // rows of the residual stream on this rank
   // The parameters do not change until the next forward: a converting (bf16) GEMM converts the
-  // weights once for this forward and the backward after it (nothing held under ZeRO-3).
+  // weights once for this forward and the backward after it, or keeps the copy of the forward
+  // before when the caller says they have not changed since (nothing held under ZeRO-3).
   float* whole = store_->full_params();
-  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size());
+  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size(), take_parameters_unchanged());
 
   // The embeddings stay gathered from the token embedding to the tied LM head (one stage that
   // does both gathers them once per forward).
@@ -782,7 +783,11 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
       GW = spec_.tied() ? store_->gradients(embed_unit_) + wte_
                         : store_->gradients(final_unit_) + lm_head_;
     }
+    // Under ZeRO-3 (nothing held) the gathered head weight is held for its chunks, which
+    // would otherwise convert it twice each.
+    if (whole == nullptr) gemm_.hold_stable(W, std::size_t(V) * std::size_t(C), false);
     chunked_head_forward(A, W, GW, targets, N, grad_scale);
+    if (whole == nullptr) gemm_.hold_stable(nullptr, 0, false);
   } else {
     timed(WorkKind::gemm, [&] {
       gemm_.gemm_mixed(Trans::N, Trans::T, N, V, C, 1.0f, norm_operand(A.lnf), C, W, C, 0.0f,

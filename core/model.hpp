@@ -110,7 +110,7 @@ class Model final : public StageModel {
   Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& tracker, Gemm& gemm,
         const ModelOptions& options = {});
   // Lets go of the parameters held in the GEMM (Gemm::hold_stable) before they are freed.
-  ~Model() override { gemm_.hold_stable(nullptr, 0); }
+  ~Model() override { gemm_.hold_stable(nullptr, 0, false); }
 
   const ModelSpec& spec() const override { return spec_; }
   int max_batch() const { return max_batch_; }

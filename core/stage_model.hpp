@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/model_spec.hpp"
@@ -39,6 +40,11 @@ class StageModel {
                          float grad_scale, int slot = 0) = 0;
   // Accumulates (+=) the parameter gradients of the forward() of `slot`.
   virtual void backward(const int32_t* tokens, int batch, int slot = 0) = 0;
+  // The caller's promise that the parameters have not changed since this model's previous
+  // forward() (a later micro-batch of the same optimizer step): the next forward() may keep what
+  // a converting GEMM made of them then (bf16's copy of the weights, Gemm::hold_stable) instead
+  // of converting them again. It applies to that one forward().
+  void parameters_unchanged() { parameters_unchanged_ = true; }
   // Once per optimizer step, before the data-parallel sum and the norm: sums the gradients of the
   // parameters replicated inside the tensor group (2D grid columns, 2.5D depth layers, 3D
   // planes). Nothing to do in 1D, where zero::GradientSync sums the sequence-split partials.
@@ -73,6 +79,14 @@ class StageModel {
 
   // Times forward and backward by kind of work while `profiler` is enabled (nullptr: never).
   virtual void set_profiler(Profiler* profiler) { (void)profiler; }
+
+ protected:
+  // For forward(): whether parameters_unchanged() was promised since the last call (then
+  // forgotten).
+  bool take_parameters_unchanged() { return std::exchange(parameters_unchanged_, false); }
+
+ private:
+  bool parameters_unchanged_ = false;
 };
 
 }  // namespace colossal::core

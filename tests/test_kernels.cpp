@@ -347,7 +347,7 @@ TEST(Bf16, HeldOperandsAreConvertedOnceAndFollowNewValuesWhenHeldAgain) {
   };
   StableOperands<float> stable;
   std::vector<float> scratch;
-  stable.hold(held.data(), 200);
+  stable.hold(held.data(), 200, false);
   const float* a = stable.get(scratch, held.data() + 50, 99, negate);
   EXPECT_EQ(converted, 200);  // the whole range, once
   EXPECT_EQ(a[0], -50.0f);
@@ -359,12 +359,31 @@ TEST(Bf16, HeldOperandsAreConvertedOnceAndFollowNewValuesWhenHeldAgain) {
   EXPECT_EQ(past[98], -248.0f);
   EXPECT_EQ(converted, 299);
   held[60] = 7.0f;
-  stable.hold(held.data(), 200);
+  stable.hold(held.data(), 200, false);
   EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -7.0f);
   EXPECT_EQ(stable.conversions(), 2u);
-  stable.hold(nullptr, 0);
-  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate), scratch.data());
+  // Held again, unchanged (the caller's promise): the copy stays, nothing is converted.
+  stable.hold(held.data(), 200, true);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -7.0f);
   EXPECT_EQ(stable.conversions(), 2u);
+  EXPECT_EQ(converted, 499);
+  // "Unchanged" with another range (a shorter one, or another start) converts it anew.
+  held[60] = 8.0f;
+  stable.hold(held.data(), 100, true);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -8.0f);
+  EXPECT_EQ(stable.conversions(), 3u);
+  held[60] = 9.0f;
+  stable.hold(held.data() + 1, 100, true);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -9.0f);
+  EXPECT_EQ(stable.conversions(), 4u);
+  stable.hold(nullptr, 0, false);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate), scratch.data());
+  EXPECT_EQ(stable.conversions(), 4u);
+  // Nothing held in between: the range is converted again although the call says unchanged.
+  held[60] = 10.0f;
+  stable.hold(held.data() + 1, 100, true);
+  EXPECT_EQ(stable.get(scratch, held.data() + 50, 11, negate)[10], -10.0f);
+  EXPECT_EQ(stable.conversions(), 5u);
 }
 
 // The same through oneDNN's bf16 backend (where the CPU has it): products of held weights are
@@ -386,14 +405,14 @@ TEST(Bf16, NativeGemmOfHeldWeightsEqualsConvertingEachProduct) {
     return C;
   };
   const auto want = product();
-  gemm->hold_stable(weights.data(), weights.size());
+  gemm->hold_stable(weights.data(), weights.size(), false);
   EXPECT_EQ(product(), want);
   EXPECT_EQ(product(), want);
   EXPECT_EQ(gemm->stable_conversions(), 1u);
   for (float& x : weights) x *= -0.5f;
-  gemm->hold_stable(nullptr, 0);
+  gemm->hold_stable(nullptr, 0, false);
   const auto fresh = product();
-  gemm->hold_stable(weights.data(), weights.size());
+  gemm->hold_stable(weights.data(), weights.size(), false);
   EXPECT_EQ(product(), fresh);
   EXPECT_NE(fresh, want);
   EXPECT_EQ(gemm->stable_conversions(), 2u);

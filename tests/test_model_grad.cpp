@@ -191,6 +191,78 @@ TEST_P(ModelGradient, Bf16HeldWeightsGiveTheStepsOfConvertingEveryProduct) {
   }
 }
 
+// A store that keeps its buffers whole but shows none (as ZeRO-3's sharded one): the model then
+// holds nothing for its forward and backward, only the gathered LM head for its logits' chunks.
+class NoWholeStore final : public FullParameterStore {
+ public:
+  using FullParameterStore::FullParameterStore;
+  float* full_params() override { return nullptr; }
+  float* full_grads() override { return nullptr; }
+  float* params() { return FullParameterStore::full_params(); }
+  float* grads() { return FullParameterStore::full_grads(); }
+};
+
+// The micro-batches of one step keep the weights' bf16 copy of the first one
+// (StageModel::parameters_unchanged), and a store without whole buffers holds the LM head for its
+// chunks: steps of two micro-batches each (an update after them, an evaluation forward after the
+// update) give bitwise the losses and gradients of converting every product, with one conversion
+// per step's training forwards (whole buffers) or per forward (the head alone).
+TEST_P(ModelGradient, Bf16WeightsKeptOverMicroBatchesGiveTheStepsOfConvertingEveryProduct) {
+  if (!test::host_memory()) GTEST_SKIP() << "this test reads model buffers on the host";
+  std::unique_ptr<Gemm> backend;
+  try {
+    backend = make_native_bf16_gemm();
+  } catch (const std::exception& e) {
+    GTEST_SKIP() << "no native bf16 GEMM here: " << e.what();
+  }
+  const ModelSpec spec = tiny(GetParam());
+  const int B = 2, T = 5, steps = 3;
+  const std::vector<int32_t> tokens = {1, 4, 4, 9, 0, 10, 3, 2, 2, 7, 5, 5, 8, 1, 0, 6, 2, 9, 3, 3};
+  const std::vector<int32_t> targets = {4, 4, 9, 0, 10, 3, 2, 2, 7, 1, 5, 8, 1, 0, 6, 2, 9, 3, 3, 4};
+  for (const bool whole : {true, false}) {
+    SCOPED_TRACE(whole ? "whole buffers" : "no whole buffers");
+    auto run = [&](Gemm& gemm) {
+      MemoryTracker tracker;
+      const std::size_t multiple = 16;
+      const auto table = parameter_table(spec, multiple, TensorSplit{}, StageRange{});
+      auto units = parameter_units(table, multiple);
+      const std::size_t flat = units.back().end;
+      NoWholeStore store(std::move(units), flat, tracker);
+      ModelOptions options;
+      options.unit_multiple = multiple;
+      if (!whole) options.store = &store;
+      Model model(spec, B, T, tracker, gemm, options);
+      model.init_parameters(11);
+      float* params = whole ? model.params() : store.params();
+      const float* grads = whole ? model.grads() : store.grads();
+      std::vector<float> out;
+      for (int step = 0; step < steps; ++step) {
+        model.zero_grad();
+        for (int micro = 0; micro < 2; ++micro) {
+          if (micro > 0) model.parameters_unchanged();
+          const std::size_t at = std::size_t(micro) * B * T;
+          out.push_back(float(model.forward(tokens.data() + at, targets.data() + at, B,
+                                            1.0f / (2 * B * T))));
+          model.backward(tokens.data() + at, B);
+        }
+        out.insert(out.end(), grads, grads + model.flat_size());
+        for (std::size_t i = 0; i < model.flat_size(); ++i) params[i] -= grads[i];
+        out.push_back(float(model.forward(tokens.data(), targets.data(), B, 0.0f)));
+      }
+      return out;
+    };
+    const std::size_t before = backend->stable_conversions();
+    const auto kept = run(*backend);
+    // Whole: micro-batch 0's forward and the evaluation's; the head alone: every forward's.
+    EXPECT_EQ(backend->stable_conversions() - before, (whole ? 2u : 3u) * steps);
+    NoHold converting(*backend);
+    const auto each = run(converting);
+    ASSERT_EQ(kept.size(), each.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) ASSERT_EQ(kept[i], each[i]) << i;
+    EXPECT_NE(kept[0], kept[kept.size() - 1]);  // the updates changed the loss
+  }
+}
+
 // train.precision: bf16 on the host saves the activations that only products read (norm
 // outputs, q/k/v, unfused attention's output) in bf16 (ModelOptions::bf16_operands). Those
 // products round them to bf16 anyway, so for gpt2, opt (fused attention too) and llama, with
