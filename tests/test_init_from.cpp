@@ -164,7 +164,9 @@ TEST(InitFrom, EveryLayoutStartsFromTheFileWithTheSameLoss) {
         if (l.mode == "2d" && arch == "opt" && source != dir + "/hf") continue;
         if (l.mode == "2d" && arch == "llama") continue;  // llama runs the 1D layouts
         const uint64_t before = io::weights_elements_read();
-        const double loss = first_loss(config(arch, data, "l" + l.name(), l, source), &world);
+        std::string run = "l";  // appended, not "l" + name(): GCC 12's -Wrestrict misfires there
+        run += l.name();
+        const double loss = first_loss(config(arch, data, run, l, source), &world);
         const uint64_t read = io::weights_elements_read() - before;
         EXPECT_NEAR(loss, expected, 1e-5 * expected) << arch << " " << l.name() << " " << source;
         if (l.tensor > 1 || l.pipeline > 1 || l.zero == 3) {
@@ -277,7 +279,8 @@ TEST(InitFrom, RefusesMismatchesNamingTheTensorAndTheKey) {
     for (const auto& p : table) {
       const std::size_t n = p.count;
       for (std::size_t i = 0; i < n; ++i) bf.push_back(0x3f80);  // 1.0
-      header += (at ? "," : "") + std::string("\"") + p.name + "\":{\"dtype\":\"BF16\",\"shape\":" +
+      if (at != 0) header += ',';
+      header += std::string("\"") + p.name + "\":{\"dtype\":\"BF16\",\"shape\":" +
                 nlohmann::json(p.shape).dump() + ",\"data_offsets\":[" + std::to_string(at) +
                 "," + std::to_string(at + 2 * n) + "]}";
       at += 2 * n;
