@@ -47,7 +47,7 @@
 # Environment: GPU_CHECK_BATCH (gpt2-124m micro-batch at T=1024, default 16); GPU_CHECK_BUDGET
 # (seconds after which no further section starts, default 420); GPU_CHECK_DEADLINE (seconds
 # after which every step's limit is 5 s, default 500); GPU_CHECK_PRESET (the planner's
-# hardware preset, default from nvidia-smi's GPU name: h100, h200, ...); GPU_CHECK_STOP_ON_FAIL=1
+# hardware preset, h100, h200, ...; default: colossal_train's own for the GPU it finds); GPU_CHECK_STOP_ON_FAIL=1
 # (stop after section 2 if anything failed, to spend no more device time); GPU_CHECK_BIN (in
 # the repository: the programs' folder instead of build-cuda/bin, to try the script).
 set -uo pipefail
@@ -121,17 +121,11 @@ lim() {  # SECONDS: the step's own limit, or what is left before the deadline (a
   [ "$left" -lt 5 ] && left=5
   echo $(( $1 < left ? $1 : left ))
 }
-# The planner's preset for the GPU found here (the lent kinds are an H100 and an H200), for the
-# profiled steps' and the offload runs' predictions; GPU_CHECK_PRESET overrides.
-gpu_preset() {
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  case "$name" in
-    *H200*) echo h200 ;; *H100*) echo h100 ;; *A100*80GB*) echo a100-80g ;;
-    *A100*) echo a100-40g ;; *V100*) echo v100 ;; *) echo h200 ;;
-  esac
-}
-preset=${GPU_CHECK_PRESET:-$(gpu_preset)}
+# The planner's rates for the profiled steps' and the offload runs' predictions: the preset
+# GPU_CHECK_PRESET names, else colossal_train's own for the GPU it finds (planner::preset_for_gpu;
+# its "hardware:" line says which), until section 3 has calibrated the node.
+hw=()
+[ -n "${GPU_CHECK_PRESET:-}" ] && hw=(--set "hardware.preset=$GPU_CHECK_PRESET")
 
 # Per-step training losses of a 10-step run, "STEP LOSS" per line, from metrics.csv.
 losses() {  # PROGRAM CONFIG [--set ...]
@@ -218,7 +212,7 @@ section() {  # N: whether section N runs (chosen, and the time budget not spent)
 fail=0
 t_start=$SECONDS
 say "gpu_check $(date -u +%FT%TZ) on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
-say "planner preset: $preset (GPU_CHECK_PRESET overrides)"
+say "planner preset: ${GPU_CHECK_PRESET:-the one colossal_train picks for this GPU} (GPU_CHECK_PRESET overrides)"
 say "libraries from the bundle: $(ls "$libs" | tr '\n' ' ')"
 if [ -n "${image_mpi:-}" ]; then
   say "mpi: the machine's $(mpirun --version 2>/dev/null | head -1) at $image_mpi"
@@ -295,20 +289,19 @@ if section 3; then
   rm -f "$hw_file"  # an earlier run's must not stand in for this GPU's
   (cd "$root" && timeout -k 5 "$(lim 90)" "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
     tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
-  hw_set="hardware.preset=$preset"
-  [ -s "$hw_file" ] && hw_set="hardware.file=$hw_file"
-  say "profiled steps predicted with $hw_set"
+  [ -s "$hw_file" ] && hw=(--set "hardware.file=$hw_file")
+  say "profiled steps predicted with ${hw[*]:-the preset colossal_train picks for this GPU}"
   (cd "$root" && timeout -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof \
+     --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
   (cd "$root" && timeout -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set "$hw_set" --set log.dir=/tmp/gpu_check-prof-fused \
+     --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.dir=/tmp/gpu_check-prof-fused \
      2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
@@ -316,7 +309,7 @@ if section 3; then
   (cd "$root" && timeout -k 5 "$(lim 60)" "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
-     --set train.global_batch="$batch" --set "$hw_set" 2>&1) |
+     --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} 2>&1) |
     grep -E '^attention \(' >> "$report" || say "model.fused_attention: auto: no decision printed"
 fi
 
@@ -405,7 +398,7 @@ if section 6; then
   say "== 6. offload.policy: auto on one GPU: $model_preset, B=1 T=1024 bf16, capped (ZeRO 1: 70% of its plan; ZeRO 3: parameters offloaded too)"
   common=(configs/gpt2-124m.yaml --set model.preset="$model_preset" --set train.seq_len=1024
           --set model.max_seq=1024 --set train.micro_batch=1 --set train.global_batch=1
-          --set train.precision=bf16 --set "${hw_set:-hardware.preset=$preset}"
+          --set train.precision=bf16 ${hw[@]+"${hw[@]}"}
           --set train.steps=6 --set log.every=1 --set eval.every=1000000 --set sample.tokens=0
           --set log.save_model=false)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
@@ -436,7 +429,7 @@ if section 6; then
       t0=$SECONDS
       if (cd "$root" && timeout -k 5 "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "/tmp/offload-$run.log"; then
-        grep -E '^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
+        grep -E '^hardware|^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
           "/tmp/offload-$run.log" | sed "s/^/$run: /" >> "$report"
         say "$run: trained ($((SECONDS - t0)) s)"
       else
