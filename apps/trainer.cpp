@@ -948,6 +948,9 @@ double Trainer::evaluate() {
     const int count = real ? static_cast<int>(std::min<int64_t>(B, end - wanted)) : 1;
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
+    if (i > 0) {  // the weights of the batch before: bf16's copy of them is kept
+      for (Chunk& chunk : chunks_) chunk.model->parameters_unchanged();
+    }
     // (the mean over the batch replicas' windows: `count` each)
     const double loss = pipeline_forward(count) * count * shares;
     if (watchdog_ != nullptr) watchdog_->progress(-1, "validating");
