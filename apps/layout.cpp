@@ -9,6 +9,7 @@
 #include "apps/errors.hpp"
 #include "apps/memory_fit.hpp"
 #include "apps/offload_policy.hpp"
+#include "core/gemm.hpp"
 #include "core/layers.hpp"
 #include "core/host_threads.hpp"
 #include "core/memory.hpp"
@@ -42,6 +43,8 @@ planner::RunLayout run_layout(const io::Config& config) {
   // and activations.
   run.bf16 = false;
   run.bf16_operands = bf16_operands(config);
+  run.bf16_weight_copy =
+      core::default_gemm_keeps_copy(config.hardware.gemm, config.train.precision);
   run.data = p.data;
   run.tensor = p.tensor;
   run.tensor_mode = p.tensor_mode;

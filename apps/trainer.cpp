@@ -307,6 +307,21 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     if (!memory_plan) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
   }
+  // A GEMM that keeps a bf16 copy of the weights it holds gets tracked memory for it, as much as
+  // the chunk that holds the most (the chunks take turns in it), as the memory plan predicts.
+  if (gemm_->keeps_stable_copy() != run_layout(config_).bf16_weight_copy) {
+    throw std::logic_error("colossal_train: the GEMM " + gemm_->name() +
+                           (gemm_->keeps_stable_copy() ? " keeps" : " does not keep") +
+                           " a bf16 copy of the weights, which the memory plan does not predict "
+                           "(core::default_gemm_keeps_copy)");
+  }
+  if (gemm_->keeps_stable_copy()) {
+    std::size_t held = 0;
+    for (Chunk& chunk : chunks_) held = std::max(held, chunk.model->held_floats());
+    weight_copy_ =
+        core::DeviceArray<std::uint16_t>(tracker_, core::MemCategory::temporaries, held);
+    if (!memory_plan) gemm_->set_stable_storage(weight_copy_.data(), held);
+  }
   if (!memory_plan && !config_.model_init_from.empty()) {
     std::vector<WeightsChunk> held;
     for (Chunk& chunk : chunks_) held.push_back({chunk.optimizer.get(), chunk.model});

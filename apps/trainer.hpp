@@ -270,6 +270,8 @@ class Trainer {
   // are destroyed (~Model lets go of its weights held in the GEMM).
   core::MemoryTracker tracker_;
   std::unique_ptr<core::Gemm> gemm_;
+  // bf16's copy of the weights gemm_ holds (Gemm::keeps_stable_copy), tracked; empty otherwise.
+  core::DeviceArray<std::uint16_t> weight_copy_;
   std::vector<Chunk> chunks_;
   int virtual_stages_ = 1;
   // A chunk's flat parameters in host memory (collective under ZeRO-3).

@@ -98,6 +98,17 @@ class Gemm {
     (void)n;
     (void)unchanged;
   }
+  // Whether this backend keeps a bf16 copy of the held range (2 bytes per float). The trainer
+  // then gives it tracked memory for the copy (set_stable_storage), which the memory plan
+  // predicts (planner::RankLayout::bf16_weight_copy); without it the backend grows a copy of
+  // its own, outside the tracker (tests, benchmarks).
+  virtual bool keeps_stable_copy() const { return false; }
+  // Where the copy goes: `capacity` bf16 values in the backend's memory space, enough for every
+  // range held from now on (a larger one is a std::logic_error); nullptr: a copy of its own.
+  virtual void set_stable_storage(std::uint16_t* storage, std::size_t capacity) {
+    (void)storage;
+    (void)capacity;
+  }
   // How many times a held range has been converted (tests; 0 for backends that do not convert).
   virtual std::size_t stable_conversions() const { return 0; }
   // Whether fp32 products run on TF32 tensor cores (cuBLAS with train.tf32).
@@ -171,6 +182,9 @@ std::unique_ptr<Gemm> make_native_bf16_gemm();
 // hardware.gemm is auto or onednn and it is available, else emulated over `backend`, its name
 // saying why (no hardware, no libdnnl2, or a backend without bf16 kernels).
 std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend);
+// Whether make_default_gemm(backend, precision) gives a backend that keeps a bf16 copy of the
+// weights (Gemm::keeps_stable_copy), without making one: for the memory plan.
+bool default_gemm_keeps_copy(const std::string& backend, GemmPrecision precision);
 
 #ifdef COLOSSAL_HAVE_CUDA
 // cuBLAS on the current CUDA device; operates on device memory. Creates its own handle, on

@@ -294,6 +294,10 @@ class CublasGemm : public MixedOperandGemm {
   void hold_stable(const float* begin, std::size_t n, bool unchanged) override {
     stable_.hold(begin, n, unchanged);
   }
+  bool keeps_stable_copy() const override { return rounds_on_device(); }
+  void set_stable_storage(std::uint16_t* storage, std::size_t capacity) override {
+    stable_.use_storage(storage, capacity);
+  }
   std::size_t stable_conversions() const override { return stable_.conversions(); }
   bool uses_tf32() const override { return tf32_; }
 
@@ -379,6 +383,8 @@ class CublasHostGemm final : public CublasGemm {
                              ldc, stride_c, batch);
   }
   void hold_stable(const float*, std::size_t, bool) override {}
+  bool keeps_stable_copy() const override { return false; }
+  void set_stable_storage(std::uint16_t*, std::size_t) override {}
   std::size_t stable_conversions() const override { return 0; }
   std::string name() const override {
     return precision_ == GemmPrecision::bf16 ? "cublas (bf16 x bf16, fp32 sums), host arrays staged"

@@ -241,6 +241,10 @@ class OneDnnBf16Gemm final : public MixedOperandGemm {
   void hold_stable(const float* begin, std::size_t n, bool unchanged) override {
     stable_.hold(begin, n, unchanged);
   }
+  bool keeps_stable_copy() const override { return true; }
+  void set_stable_storage(std::uint16_t* storage, std::size_t capacity) override {
+    stable_.use_storage(storage, capacity);
+  }
   std::size_t stable_conversions() const override { return stable_.conversions(); }
 
  private:
@@ -436,6 +440,27 @@ std::unique_ptr<Gemm> make_default_gemm(const std::string& backend, GemmPrecisio
         "Kokkos runs on a device but colossal was built without CUDA; reconfigure with "
         "-DCOLOSSAL_ENABLE_CUDA=ON");
 #endif
+  }
+}
+
+bool default_gemm_keeps_copy(const std::string& backend, GemmPrecision precision) {
+  if (precision != GemmPrecision::bf16) return false;
+  if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
+    // As make_default_gemm chooses: oneDNN's bf16 (auto, onednn) where it loads and the CPU has
+    // the units; the emulation and cuBLAS on staged host arrays hold nothing.
+    if (backend != "auto" && backend != "onednn") return false;
+    static const bool native = [] {
+      try {
+        make_native_bf16_gemm();
+        return true;
+      } catch (const std::exception&) {
+        return false;
+      }
+    }();
+    return native;
+  } else {
+    (void)backend;
+    return true;  // cuBLAS rounding on the device
   }
 }
 

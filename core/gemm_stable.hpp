@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace colossal::core {
@@ -31,26 +33,43 @@ class StableOperands {
     const auto at = reinterpret_cast<std::uintptr_t>(from);
     const auto lo = reinterpret_cast<std::uintptr_t>(begin_);
     if (begin_ != nullptr && at >= lo && at + span * sizeof(float) <= lo + n_ * sizeof(float)) {
-      if (!converted_) {
+      T* copy = storage_;
+      if (copy == nullptr) {
         if (copy_.size() < n_) copy_.resize(n_);
-        convert(begin_, copy_.data(), n_);
+        copy = copy_.data();
+      } else if (n_ > capacity_) {
+        throw std::logic_error("core::StableOperands: a held range of " + std::to_string(n_) +
+                               " floats exceeds the copy's storage of " +
+                               std::to_string(capacity_));
+      }
+      if (!converted_) {
+        convert(begin_, copy, n_);
         converted_ = true;
         ++conversions_;
       }
-      return copy_.data() + (from - begin_);
+      return copy + (from - begin_);
     }
     if (scratch.size() < span) scratch.resize(span);
     convert(from, scratch.data(), span);
     return scratch.data();
   }
   std::size_t conversions() const { return conversions_; }
+  // The copy in `capacity` values at `storage` (memory someone else tracks) from now on, instead
+  // of a buffer of its own; nullptr: its own again. Converted anew on first use.
+  void use_storage(T* storage, std::size_t capacity) {
+    storage_ = storage;
+    capacity_ = storage != nullptr ? capacity : 0;
+    converted_ = false;
+  }
 
  private:
   const float* begin_ = nullptr;
   std::size_t n_ = 0;
   bool converted_ = false;
   std::size_t conversions_ = 0;
-  Buffer copy_;
+  Buffer copy_;             // the copy, unless in storage_
+  T* storage_ = nullptr;    // use_storage's
+  std::size_t capacity_ = 0;
 };
 
 }  // namespace colossal::core

@@ -706,8 +706,16 @@ void Model::chunked_head_forward(Acts& A, const float* W, float* GW, const int32
   }
 }
 
+std::size_t Model::held_floats() {
+  if (store_->keeps_whole()) return store_->flat_size();
+  // forward() holds the LM head's weight for its chunks of logits.
+  return stage_.head && head_in_forward_ ? std::size_t(local_vocab_) * std::size_t(spec_.hidden)
+                                         : 0;
+}
+
 double Model::forward(const int32_t* tokens, const int32_t* targets, int B, float grad_scale,
                       int slot) {
+  const bool unchanged = take_parameters_unchanged();  // for this call only, whatever happens
   if (B < 1 || B > max_batch_) {
     throw std::invalid_argument("batch " + std::to_string(B) + " outside [1, " +
                                 std::to_string(max_batch_) + "]");
@@ -720,7 +728,7 @@ double Model::forward(const int32_t* tokens, const int32_t* targets, int B, floa
   // weights once for this forward and the backward after it, or keeps the copy of the forward
   // before when the caller says they have not changed since (nothing held under ZeRO-3).
   float* whole = store_->full_params();
-  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size(), take_parameters_unchanged());
+  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size(), unchanged);
 
   // The embeddings stay gathered from the token embedding to the tied LM head (one stage that
   // does both gathers them once per forward).

@@ -119,6 +119,7 @@ class Model final : public StageModel {
   const ParamSpec& parameter(const std::string& name) const;
   const std::vector<ParamUnit>& units() const { return store_->units(); }
   std::size_t flat_size() const override { return store_->flat_size(); }  // padded length of the flat buffers
+  std::size_t held_floats() override;
   std::size_t num_parameters() const { return num_parameters_; }  // logical elements
   ParameterStore& store() override { return *store_; }
   // The whole flat buffers; only when the store keeps them whole (throws under ZeRO-3 sharding).

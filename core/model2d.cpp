@@ -388,9 +388,9 @@ void Model2D::block_forward(int l) {
 
 double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch,
                         float grad_scale, int slot) {
+  const bool unchanged = take_parameters_unchanged();  // for this call only, whatever happens
   check_micro_batch(batch, slot);
-  // Unchanged until the next forward (Gemm).
-  gemm_.hold_stable(params(), flat_size(), take_parameters_unchanged());
+  gemm_.hold_stable(params(), flat_size(), unchanged);  // unchanged until the next forward
   use_slot(slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;

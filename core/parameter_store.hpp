@@ -56,6 +56,9 @@ class ParameterStore {
 
   // The whole flat buffers when this store keeps them; nullptr when they are sharded.
   virtual float* full_params() { return nullptr; }
+  // Whether full_params() is the whole buffer (in a memory plan, where nothing is allocated,
+  // whether it would be).
+  virtual bool keeps_whole() const { return false; }
   virtual float* full_grads() { return nullptr; }
   // After the step's backward, where this rank holds the (data-reduced, when sharded) gradients
   // of the flat range [begin, end): (pointer, count) pieces in flat order. A whole buffer gives
@@ -98,6 +101,7 @@ class FullParameterStore : public ParameterStore {
   void zero_gradients() override;
   float* full_params() override { return params_.data(); }
   float* full_grads() override { return grads_.data(); }
+  bool keeps_whole() const override { return true; }
   std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
                                                               std::size_t end) override {
     if (begin >= end) return {};

@@ -73,6 +73,9 @@ class StageModel {
   virtual ParameterStore& store() = 0;
   virtual const std::vector<ParamSpec>& parameters() const = 0;
   virtual std::size_t flat_size() const = 0;
+  // The most floats this model holds in the GEMM at once (Gemm::hold_stable): the whole flat
+  // buffer where the store keeps it; core::Model under ZeRO-3 holds its gathered LM head alone.
+  virtual std::size_t held_floats() { return store().keeps_whole() ? flat_size() : 0; }
   // How the local flat buffer maps into the logical tensors (LogicalRun::owned: whether this
   // rank is the one copy that writes the run; replicated parameters have one owner).
   virtual const std::vector<LogicalRun>& logical_runs() const = 0;

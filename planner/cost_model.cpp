@@ -255,10 +255,13 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
 // Every chunk of the rank (one, or several interleaved: each a model of its own).
 MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   MemoryPrediction m;
+  double held = 0.0;  // floats: the grid models hold their whole flat buffer
   for (const auto& chunk : l.chunks) {
     const MemoryPrediction c = grid_chunk_memory(spec, l, chunk);
     for (std::size_t k = 0; k < m.bytes.size(); ++k) m.bytes[k] += c.bytes[k];
+    held = std::max(held, c[core::MemCategory::parameters] / kF);
   }
+  if (l.bf16_weight_copy) m[core::MemCategory::temporaries] += 2.0 * held;
   return m;
 }
 
@@ -432,8 +435,14 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
   const int chunk_len = l.seq_len / l.sequence;
   const double rows = double(l.micro_batch) * chunk_len /
                       (l.sequence_split && l.tensor > 1 ? l.tensor : 1);
+  double held = 0.0;  // the most floats a chunk holds in the GEMM (bf16_weight_copy)
   for (const RankLayout::Chunk& chunk : l.chunks) {
     const ChunkParams p = chunk_params(spec, l, chunk);
+    // core::Model::held_floats: ZeRO-3 holds the LM head alone (in the chunked head, tensor 1).
+    held = std::max(held, l.zero_stage < 3 ? p.flat
+                          : chunk.stage.head && l.tensor == 1
+                              ? double(core::padded_vocab(spec, 1)) * spec.hidden
+                              : 0.0);
     // fp32 training keeps parameters, gradients, m and v in 4 bytes each. bf16 (mixed precision,
     // as Megatron-LM): 2-byte parameters, 4-byte gradients, and an fp32 master copy with m and v
     // (12 bytes) in the optimizer states.
@@ -499,6 +508,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     m[MemCategory::data] += 2.0 * l.micro_batch * chunk_len * chunk.slots * 4;
     if (chunk.virtual_stage > 0) m[MemCategory::temporaries] += rows * spec.hidden * kF * chunk.slots;
   }
+  if (l.bf16_weight_copy) m[MemCategory::temporaries] += 2.0 * held;
   return m;
 }
 

@@ -25,6 +25,10 @@ struct RankLayout {
   int micro_batches = 1;         // per optimizer step on this rank (gradient accumulation)
   bool bf16 = false;
   bool bf16_operands = false;       // RunLayout::bf16_operands
+  // The GEMM keeps a bf16 copy of the weights it holds (core::Gemm::keeps_stable_copy: bf16 on
+  // cuBLAS or oneDNN): 2 bytes per float of the most any chunk holds at once (its whole flat
+  // buffer, or under ZeRO-3 the LM head on the head stage, tensor 1), in the temporaries.
+  bool bf16_weight_copy = false;
   int data = 1;                  // data-parallel ranks
   int tensor = 1;
   bool sequence_split = false;

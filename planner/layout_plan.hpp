@@ -24,6 +24,7 @@ struct RunLayout {
   // (core::ActivationShape::bf16_operands and bf16_probabilities); ignored under bf16, whose
   // activations are all 2 bytes.
   bool bf16_operands = false;
+  bool bf16_weight_copy = false;  // RankLayout::bf16_weight_copy
   int data = 1, tensor = 1, sequence = 1, pipeline = 1;
   bool sequence_split = false;
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;

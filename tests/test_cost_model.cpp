@@ -962,6 +962,55 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
 // each rank keeps its 1/data of the gradients plus the buffers backward fills before their
 // reduce-scatter (unit 0: the embeddings and replicated vectors; two blocks), so on gpt2-124m the
 // gradients shrink below ZeRO 1's whole buffer, more with more data ranks.
+// RankLayout::bf16_weight_copy (a GEMM that keeps bf16 weights): 2 bytes per float of what the
+// rank holds at once, in the temporaries and nowhere else: its whole flat buffer (1d ZeRO 0-2,
+// the grids), under ZeRO-3 the LM head on the stage that runs it chunked (tensor 1), else nothing.
+TEST(CostModel, Bf16WeightCopyIsTwoBytesPerFloatHeld) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  const double head = double(core::padded_vocab(spec, 1)) * spec.hidden;
+  struct Case {
+    const char* name;
+    int stage, tensor;
+    core::TensorMode mode;
+    bool first_of_two_stages;
+    double held;  // floats; < 0: the whole flat buffer (parameters / 4)
+  };
+  const Case cases[] = {
+      {"1d zero 0", 0, 1, core::TensorMode::d1, false, -1},
+      {"1d zero 2", 2, 1, core::TensorMode::d1, false, -1},
+      {"1d tensor 2", 1, 2, core::TensorMode::d1, false, -1},
+      {"1d zero 3", 3, 1, core::TensorMode::d1, false, head},
+      {"1d zero 3, first of two stages", 3, 1, core::TensorMode::d1, true, 0},
+      {"1d zero 3, tensor 2", 3, 2, core::TensorMode::d1, false, 0},
+      {"2d zero 1", 1, 4, core::TensorMode::d2, false, -1},
+  };
+  using core::MemCategory;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    planner::RankLayout l;
+    l.seq_len = 1024;
+    l.micro_batch = 4;
+    l.data = 2;
+    l.zero_stage = c.stage;
+    l.tensor = c.tensor;
+    l.tensor_mode = c.mode;
+    if (c.first_of_two_stages) {
+      l.pipeline = 2;
+      l.chunks[0].stage = core::StageRange{.layer_begin = 0, .layer_end = 6, .head = false};
+    }
+    const planner::MemoryPrediction without = planner::predict_memory(spec, l);
+    l.bf16_weight_copy = true;
+    const planner::MemoryPrediction with = planner::predict_memory(spec, l);
+    const double held = c.held < 0 ? without[MemCategory::parameters] / 4 : c.held;
+    for (int k = 0; k < int(MemCategory::count); ++k) {
+      const auto category = MemCategory(k);
+      EXPECT_EQ(with[category] - without[category],
+                category == MemCategory::temporaries ? 2.0 * held : 0.0)
+          << core::category_name(category);
+    }
+  }
+}
+
 TEST(CostModel, GridZero2KeepsAShardOfTheGradients) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   double previous = 0.0;

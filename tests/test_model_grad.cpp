@@ -198,6 +198,7 @@ class NoWholeStore final : public FullParameterStore {
   using FullParameterStore::FullParameterStore;
   float* full_params() override { return nullptr; }
   float* full_grads() override { return nullptr; }
+  bool keeps_whole() const override { return false; }
   float* params() { return FullParameterStore::full_params(); }
   float* grads() { return FullParameterStore::full_grads(); }
 };

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "apps/trainer.hpp"
+#include "core/gemm.hpp"
 #include "io/config.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
@@ -94,6 +95,54 @@ TEST(Training, Bf16ProductsFollowTheFp32Curve) {
   }
   EXPECT_NEAR(tail_b, tail_a, 0.15 * tail_a);
   EXPECT_LT(sb.last_loss, 0.15 * sb.first_loss);
+}
+
+// train.precision: bf16 on oneDNN converts the weights to bf16 once per step, into tracked
+// memory that the plan predicts (2 bytes per float: the whole flat buffer, or under ZeRO-3 the
+// LM head), and a step's later micro-batches and an evaluation's later batches read that copy
+// while it is current: two accumulated micro-batches train the one batch's model, both follow
+// the emulation (no copy, measured within 7e-6 relative over these 6 steps), and the evaluation
+// equals a fresh trainer's of the saved weights (a copy kept across an update, by a forward
+// promising unchanged weights when they were not, fails them).
+TEST(Training, Bf16WeightCopyIsPlannedAndFollowsTheUpdates) {
+  if (!core::default_gemm_keeps_copy("onednn", core::GemmPrecision::bf16)) {
+    GTEST_SKIP() << "no native bf16 GEMM here (libdnnl2 and AVX512-BF16 or AMX-BF16)";
+  }
+  for (const int stage : {0, 3}) {
+    SCOPED_TRACE("zero stage " + std::to_string(stage));
+    const std::string dir = temp_dir("bf16_copy" + std::to_string(stage));
+    const std::string zero = "parallel: {zero: {stage: " + std::to_string(stage) + "}}\n";
+    io::Config accumulated = tiny_config(dir, "gpt2", "hardware: {gemm: onednn}\n" + zero);
+    accumulated.train.precision = core::GemmPrecision::bf16;
+    accumulated.train.steps = 6;
+    io::Config one_batch = accumulated;
+    one_batch.train.micro_batch = 8;
+    one_batch.log.dir = dir + "/one_batch";  // each run its own model file
+    io::Config emulated = accumulated;
+    emulated.hardware.gemm = "openblas";  // no copy: the same numerics, rounded per product
+    emulated.log.dir = dir + "/emulated";
+
+    apps::Trainer a(accumulated, nullptr), b(one_batch, nullptr), e(emulated, nullptr);
+    const apps::TrainSummary sa = a.train(), sb = b.train(), se = e.train();
+    ASSERT_EQ(sa.losses.size(), sb.losses.size());
+    for (std::size_t i = 0; i < sa.losses.size(); ++i) {
+      EXPECT_NEAR(sa.losses[i], sb.losses[i], 1e-4 * sb.losses[i]) << "step " << i + 1;
+      EXPECT_NEAR(sa.losses[i], se.losses[i], 1e-4 * se.losses[i]) << "step " << i + 1;
+    }
+    EXPECT_LT(sa.losses.back(), sa.losses.front() - 0.5);  // the updates moved the weights
+    const double evaluated = a.evaluate();
+    apps::Trainer fresh(accumulated, nullptr);
+    fresh.load_weights(sa.model_path);
+    EXPECT_EQ(fresh.evaluate(), evaluated);
+
+    // Planned as tracked, and exactly the copy more than the emulation's temporaries.
+    EXPECT_EQ(sa.predicted_peak_bytes, double(sa.peak_tracked_bytes));
+    EXPECT_EQ(se.predicted_peak_bytes, double(se.peak_tracked_bytes));
+    const std::size_t held = stage == 3 ? a.model().local_vocab() * std::size_t(32)
+                                        : a.model().flat_size();
+    EXPECT_EQ(a.memory().peak(core::MemCategory::temporaries),
+              e.memory().peak(core::MemCategory::temporaries) + 2 * held);
+  }
 }
 
 TEST(Training, SameSeedSameLossesAndAccumulationMatchesOneBigBatch) {

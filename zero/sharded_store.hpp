@@ -69,6 +69,7 @@ class ShardedParameterStore : public core::ParameterStore {
   void gradients_done(int unit) override;
   void zero_gradients() override;
   float* full_params() override { return stage_ == 2 ? params_.data() : nullptr; }
+  bool keeps_whole() const override { return stage_ == 2; }
   std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
                                                               std::size_t end) override;
   bool collective() const override { return stage_ == 3 && ranks_ > 1; }
