@@ -274,10 +274,12 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   if (world.rank() == 0) {
     try {
       const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
-      // fp32 storage whatever train.precision says (see run_layout).
+      // fp32 storage whatever train.precision says (see run_layout), with the weights' bf16
+      // copy where the run's GEMM keeps one.
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;
       options.bf16_reduce = config.parallel.bf16_grad_reduce();
+      options.bf16_weight_copy = run_layout(config).bf16_weight_copy;
       options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,

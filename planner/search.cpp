@@ -354,6 +354,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.tensor = tensor;
     run.bucket_mb = options.bucket_mb;
     run.bf16_reduce = options.bf16_reduce;
+    run.bf16_weight_copy = options.bf16_weight_copy;
     return run;
   };
   for (int t : divisors(G)) {

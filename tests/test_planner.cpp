@@ -199,6 +199,41 @@ TEST(Search, PinnedRanksAreSimulated) {
 }
 
 // A model that cannot fit under any layout: no plan, and the closest one says how much it needs.
+// SearchOptions::bf16_weight_copy (colossal_train's bf16 on cuBLAS or oneDNN): every layout
+// costs the weights' 2-byte copy, so on a device with room for the plan but not for the copy
+// the search checkpoints activations to make room (or finds that nothing fits) where without it
+// everything stays kept.
+TEST(Search, CountsTheBf16WeightCopyWhereTheGemmKeepsOne) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 8000, 128);
+  planner::Cluster cluster{planner::hardware_preset("a100-40g"), 1};
+  planner::SearchOptions options;
+  options.micro_batches = {4};
+  options.zero = options.offload = options.tensor_modes = false;
+  const auto plain = planner::search_plans(spec, 4, 128, false, cluster, options);
+  options.bf16_weight_copy = true;
+  const auto copying = planner::search_plans(spec, 4, 128, false, cluster, options);
+  ASSERT_FALSE(plain.best.empty());
+  ASSERT_FALSE(copying.best.empty());
+  const planner::Plan& a = plain.best.front();
+  const planner::Plan& b = copying.best.front();
+  EXPECT_TRUE(b.run.bf16_weight_copy);
+  EXPECT_EQ(a.policy, core::CheckpointPolicy::none);
+  EXPECT_EQ(b.policy, core::CheckpointPolicy::none);
+  const double copy = 2.0 * a.memory[core::MemCategory::parameters] / 4;  // one rank: whole
+  EXPECT_EQ(b.memory.device() - a.memory.device(), copy);
+
+  cluster.hw.memory_bytes = a.memory.device() + copy / 2;
+  options.bf16_weight_copy = false;
+  const auto roomy = planner::search_plans(spec, 4, 128, false, cluster, options);
+  ASSERT_FALSE(roomy.best.empty());
+  EXPECT_EQ(roomy.best.front().policy, core::CheckpointPolicy::none);
+  options.bf16_weight_copy = true;
+  const auto tight = planner::search_plans(spec, 4, 128, false, cluster, options);
+  ASSERT_FALSE(tight.best.empty());
+  EXPECT_EQ(tight.best.front().policy, core::CheckpointPolicy::rotor);
+  EXPECT_LE(tight.best.front().memory.device(), cluster.hw.memory_bytes);
+}
+
 TEST(Search, NothingFitsReportsTheClosest) {
   const core::ModelSpec spec = *core::find_preset("opt-13b");
   planner::Cluster cluster{planner::hardware_preset("a100-40g"), 2};
