@@ -45,6 +45,7 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.bf16_operands = bf16_operands(config);
   run.bf16_weight_copy =
       core::default_gemm_keeps_copy(config.hardware.gemm, config.train.precision);
+  run.bf16_products = config.train.precision == core::GemmPrecision::bf16;
   run.data = p.data;
   run.tensor = p.tensor;
   run.tensor_mode = p.tensor_mode;
@@ -274,12 +275,14 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   if (world.rank() == 0) {
     try {
       const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
-      // fp32 storage whatever train.precision says (see run_layout), with the weights' bf16
-      // copy where the run's GEMM keeps one.
+      // fp32 storage whatever train.precision says (see run_layout), with the products at its
+      // rate and the weights' bf16 copy where the run's GEMM keeps one.
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;
       options.bf16_reduce = config.parallel.bf16_grad_reduce();
-      options.bf16_weight_copy = run_layout(config).bf16_weight_copy;
+      const planner::RunLayout run = run_layout(config);
+      options.bf16_weight_copy = run.bf16_weight_copy;
+      options.bf16_products = run.bf16_products;
       options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,

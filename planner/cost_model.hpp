@@ -25,6 +25,9 @@ struct RankLayout {
   int micro_batches = 1;         // per optimizer step on this rank (gradient accumulation)
   bool bf16 = false;
   bool bf16_operands = false;       // RunLayout::bf16_operands
+  // colossal_train's train.precision: bf16 (any tensor mode): the matrix products run at the
+  // bf16 GEMM rate (HardwareSpec::gemm_rate), whatever the arrays are stored in. bf16 implies it.
+  bool bf16_products = false;
   // The GEMM keeps a bf16 copy of the weights it holds (core::Gemm::keeps_stable_copy: bf16 on
   // cuBLAS or oneDNN): 2 bytes per float of the most any chunk holds at once (its whole flat
   // buffer, or under ZeRO-3 the LM head on the head stage, tensor 1), in the temporaries.

@@ -25,6 +25,7 @@ struct RunLayout {
   // activations are all 2 bytes.
   bool bf16_operands = false;
   bool bf16_weight_copy = false;  // RankLayout::bf16_weight_copy
+  bool bf16_products = false;     // RankLayout::bf16_products
   int data = 1, tensor = 1, sequence = 1, pipeline = 1;
   bool sequence_split = false;
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;

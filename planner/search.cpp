@@ -355,6 +355,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.bucket_mb = options.bucket_mb;
     run.bf16_reduce = options.bf16_reduce;
     run.bf16_weight_copy = options.bf16_weight_copy;
+    run.bf16_products = options.bf16_products;
     return run;
   };
   for (int t : divisors(G)) {

@@ -79,6 +79,7 @@ struct SearchOptions {
   double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
   bool bf16_reduce = false;              // parallel.grad_reduce: bf16
   bool bf16_weight_copy = false;         // every layout: RankLayout::bf16_weight_copy
+  bool bf16_products = false;            // every layout: RankLayout::bf16_products
   // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
   // probabilities' memory. The caller knows whether its build runs the head size.
