@@ -275,14 +275,16 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
   if (world.rank() == 0) {
     try {
       const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
-      // fp32 storage whatever train.precision says (see run_layout), with the products at its
-      // rate and the weights' bf16 copy where the run's GEMM keeps one.
+      // As run_layout describes the trainer's runs: fp32 arrays but (1d) the activations only
+      // products read, the products at train.precision's rate, and the weights' bf16 copy where
+      // the run's GEMM keeps one.
       planner::SearchOptions options;
       options.bucket_mb = config.parallel.bucket_mb;
       options.bf16_reduce = config.parallel.bf16_grad_reduce();
       const planner::RunLayout run = run_layout(config);
       options.bf16_weight_copy = run.bf16_weight_copy;
       options.bf16_products = run.bf16_products;
+      options.bf16_operands = config.train.precision == core::GemmPrecision::bf16;
       options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,

@@ -356,6 +356,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.bf16_reduce = options.bf16_reduce;
     run.bf16_weight_copy = options.bf16_weight_copy;
     run.bf16_products = options.bf16_products;
+    run.bf16_operands = options.bf16_operands;  // 1d; the grids below store fp32
     return run;
   };
   for (int t : divisors(G)) {
@@ -423,6 +424,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
             for (int v = 1; v <= (p > 1 ? options.max_chunks : 1); ++v) {
               RunLayout run = layout(b, G / (t * p), t);
               run.tensor_mode = mode;
+              run.bf16_operands = false;
               run.depth = depth;
               run.pipeline = p;
               run.chunks = v;

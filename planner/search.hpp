@@ -80,6 +80,7 @@ struct SearchOptions {
   bool bf16_reduce = false;              // parallel.grad_reduce: bf16
   bool bf16_weight_copy = false;         // every layout: RankLayout::bf16_weight_copy
   bool bf16_products = false;            // every layout: RankLayout::bf16_products
+  bool bf16_operands = false;            // the 1d layouts: RankLayout::bf16_operands
   // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
   // probabilities' memory. The caller knows whether its build runs the head size.

@@ -234,6 +234,50 @@ TEST(Search, CountsTheBf16WeightCopyWhereTheGemmKeepsOne) {
   EXPECT_LE(tight.best.front().memory.device(), cluster.hw.memory_bytes);
 }
 
+// SearchOptions::bf16_operands (colossal_train's bf16): the 1d layouts save the activations
+// that only products read in bf16, as the trainer does, so their plans need less activation
+// memory than fp32 storage (or the same, where core::stage_activations stores none in bf16);
+// the grids keep fp32 arrays (their models store no bf16).
+TEST(Search, Bf16OperandsShrinkThe1dActivationsOnly) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 8000, 128);
+  planner::Cluster cluster{planner::hardware_preset("a100-40g"), 4};
+  planner::SearchOptions options;
+  options.micro_batches = {4};
+  options.zero = options.offload = false;
+  options.top = 1000;
+  options.prune = false;
+  options.bf16_products = true;
+  const auto fp32 = planner::search_plans(spec, 16, 128, false, cluster, options);
+  options.bf16_operands = true;
+  const auto bf16 = planner::search_plans(spec, 16, 128, false, cluster, options);
+  ASSERT_EQ(fp32.best.size(), bf16.best.size());
+  int compared_1d = 0, compared_grid = 0;
+  for (const planner::Plan& b : bf16.best) {
+    const bool grid = b.run.tensor_mode != core::TensorMode::d1;
+    EXPECT_EQ(b.run.bf16_operands, !grid);
+    for (const planner::Plan& a : fp32.best) {  // the same layout stored in fp32
+      if (a.run.tensor_mode != b.run.tensor_mode || a.run.tensor != b.run.tensor ||
+          a.run.data != b.run.data || a.run.schedule != b.run.schedule || a.run.pipeline != b.run.pipeline ||
+          a.run.sequence != b.run.sequence || a.run.sequence_split != b.run.sequence_split ||
+          a.run.chunks != b.run.chunks || a.run.depth != b.run.depth || a.policy != b.policy ||
+          a.fused_attention != b.fused_attention) {
+        continue;
+      }
+      const auto activations = core::MemCategory::activations;
+      if (grid) {
+        EXPECT_EQ(b.memory[activations], a.memory[activations]);
+        ++compared_grid;
+      } else {
+        // (some layouts store nothing in bf16: core::stage_activations decides for both)
+        EXPECT_LE(b.memory[activations], a.memory[activations]) << planner::format_plan(b);
+        if (b.memory[activations] < a.memory[activations]) ++compared_1d;
+      }
+    }
+  }
+  EXPECT_GT(compared_1d, 0);
+  EXPECT_GT(compared_grid, 0);
+}
+
 TEST(Search, NothingFitsReportsTheClosest) {
   const core::ModelSpec spec = *core::find_preset("opt-13b");
   planner::Cluster cluster{planner::hardware_preset("a100-40g"), 2};
