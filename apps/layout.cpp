@@ -284,7 +284,6 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       const planner::RunLayout run = run_layout(config);
       options.bf16_weight_copy = run.bf16_weight_copy;
       options.bf16_products = run.bf16_products;
-      options.bf16_operands = config.train.precision == core::GemmPrecision::bf16;
       options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,

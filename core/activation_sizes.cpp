@@ -73,7 +73,7 @@ ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& s
   s.lnf = floats(s.bf16_norms, BTC);
   s.lnf_mean = s.lnf_rstd = BTr;
   s.losses = BT;
-  s.head_in_forward = tensor == 1;
+  s.head_in_forward = head_in_forward(tensor);
   s.logits = s.head_in_forward ? BTC : BT * V;
   if (s.head_in_forward) {
     s.logits_ld = (V + kLogitsRowAlign - 1) / kLogitsRowAlign * kLogitsRowAlign;

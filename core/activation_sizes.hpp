@@ -134,6 +134,9 @@ struct ActivationSizes {
 // Throws std::invalid_argument naming the size that does not divide (heads or MLP width by the
 // tensor size, the local sequence by it under sequence_split) or is not positive.
 ActivationSizes activation_sizes(const ModelSpec& spec, const ActivationShape& shape);
+// ActivationSizes::head_in_forward: the LM head runs in forward, in chunks, without tensor
+// parallelism (whose cross-entropy works across ranks).
+constexpr bool head_in_forward(int tensor) { return tensor == 1; }
 
 // One pipeline stage's activations under an activation-checkpoint schedule, per micro-batch slot
 // (core/keep.hpp): an op keeping `all` keeps its input and its saved set, `input` its input

@@ -388,9 +388,16 @@ std::string host_bf16_hardware() {
 
 std::unique_ptr<Gemm> make_native_bf16_gemm() { return std::make_unique<OneDnnBf16Gemm>(); }
 
+namespace {
+// The host backends whose bf16 products run on oneDNN where it loads (else the emulation).
+bool tries_native_bf16(const std::string& backend) {
+  return backend == "auto" || backend == "onednn";
+}
+}  // namespace
+
 std::unique_ptr<Gemm> make_host_bf16_gemm(const std::string& backend) {
   std::string why;  // why bf16 is emulated, for the name the start-up line prints
-  if (backend == "auto" || backend == "onednn") {
+  if (tries_native_bf16(backend)) {
     try {
       return make_native_bf16_gemm();
     } catch (const std::exception& e) {
@@ -448,7 +455,7 @@ bool default_gemm_keeps_copy(const std::string& backend, GemmPrecision precision
   if constexpr (std::is_same_v<Kokkos::DefaultExecutionSpace::memory_space, Kokkos::HostSpace>) {
     // As make_default_gemm chooses: oneDNN's bf16 (auto, onednn) where it loads and the CPU has
     // the units; the emulation and cuBLAS on staged host arrays hold nothing.
-    if (backend != "auto" && backend != "onednn") return false;
+    if (!tries_native_bf16(backend)) return false;
     static const bool native = [] {
       try {
         make_native_bf16_gemm();

@@ -1,5 +1,6 @@
 #include "planner/cost_model.hpp"
 
+#include "core/activation_sizes.hpp"
 #include "core/grid_model.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
@@ -289,8 +290,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
   const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
   const double attention_rate = hw.attention_rate(AttentionForm::dense, T, C / spec.heads);
-  t.compute = m * (matmul / hw.gemm_rate(local_mlp, l.bf16 || l.bf16_products) +
-                   attention / attention_rate +
+  t.compute = m * (matmul / hw.gemm_rate(local_mlp, l.bf16_gemm()) + attention / attention_rate +
                    elementwise / hw.memory_bandwidth);
   t.flops = m * (matmul + attention);
   // Collectives: the closed forms of one forward + backward, each group a ring on the link that
@@ -330,9 +330,9 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     const double block_matmul = 6.0 * (4.0 * C * C + 2.0 * C * F) * tokens / ranks;
     const double block_attention = 12.0 * T * C * tokens / ranks / attention_rate;
     const double block_elementwise = kF * (24.0 * rows * c + 6.0 * rows * f);
-    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp, l.bf16 || l.bf16_products) +
-                                  block_attention +
-                                  block_elementwise / hw.memory_bandwidth) / 3.0;
+    const double block_forward = (block_matmul / hw.gemm_rate(local_mlp, l.bf16_gemm()) +
+                                  block_attention + block_elementwise / hw.memory_bandwidth) /
+                                 3.0;
     const double probabilities = l.selective ? (L - dropped) * block_attention / 3.0 : 0.0;
     const double again = t.tensor_comm * dropped / (3.0 * L);
     t.recompute = m * (dropped * block_forward + probabilities) + again;
@@ -442,7 +442,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     const ChunkParams p = chunk_params(spec, l, chunk);
     // core::Model::held_floats: ZeRO-3 holds the LM head alone (in the chunked head, tensor 1).
     held = std::max(held, l.zero_stage < 3 ? p.flat
-                          : chunk.stage.head && l.tensor == 1
+                          : chunk.stage.head && core::head_in_forward(l.tensor)
                               ? double(core::padded_vocab(spec, 1)) * spec.hidden
                               : 0.0);
     // fp32 training keeps parameters, gradients, m and v in 4 bytes each. bf16 (mixed precision,
@@ -522,9 +522,9 @@ OpTime op_time(const Op& op, const RankLayout& l, const HardwareSpec& hw, bool f
   if (kind == "gemm") {
     // Backward is two GEMMs of the forward's size (input and weight gradients).
     const double f = op.forward_flops;
-    const bool bf16 = l.bf16 || l.bf16_products;
-    t.forward = std::max(f / hw.gemm_rate(f, bf16), memory);
-    t.backward = std::max(op.backward_flops / hw.gemm_rate(op.backward_flops / 2, bf16), 2 * memory);
+    t.forward = std::max(f / hw.gemm_rate(f, l.bf16_gemm()), memory);
+    t.backward = std::max(op.backward_flops / hw.gemm_rate(op.backward_flops / 2, l.bf16_gemm()),
+                          2 * memory);
     if (op.recomputed) t.recompute = t.forward;
   } else if (kind == "attention") {
     // The dense core at one rate (the GPU presets' half the TF32 peak stands for its

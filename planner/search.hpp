@@ -79,8 +79,9 @@ struct SearchOptions {
   double bucket_mb = 25.0;               // the executor's gradient buckets (parallel.bucket_mb)
   bool bf16_reduce = false;              // parallel.grad_reduce: bf16
   bool bf16_weight_copy = false;         // every layout: RankLayout::bf16_weight_copy
-  bool bf16_products = false;            // every layout: RankLayout::bf16_products
-  bool bf16_operands = false;            // the 1d layouts: RankLayout::bf16_operands
+  // colossal_train's train.precision: bf16: every layout's RankLayout::bf16_products, and the
+  // 1d layouts' bf16_operands (the grid models store fp32), as apps::run_layout sets them.
+  bool bf16_products = false;
   // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
   // probabilities' memory. The caller knows whether its build runs the head size.

@@ -286,7 +286,9 @@ TEST(CostModel, Bf16ProductsRunAtTheBf16Rate) {
   const planner::TimePrediction bf16 = planner::predict_time(spec, l, hw);
   EXPECT_NEAR(bf16.kind_compute.at("gemm") / fp32.kind_compute.at("gemm"), ratio, 0.02);
   for (const auto& [kind, seconds] : fp32.kind_compute) {
-    if (kind != "gemm") EXPECT_EQ(bf16.kind_compute.at(kind), seconds) << kind;
+    if (kind != "gemm") {
+      EXPECT_EQ(bf16.kind_compute.at(kind), seconds) << kind;
+    }
   }
   // A 2d grid: the closed form's compute falls too.
   planner::RankLayout g;

@@ -234,7 +234,7 @@ TEST(Search, CountsTheBf16WeightCopyWhereTheGemmKeepsOne) {
   EXPECT_LE(tight.best.front().memory.device(), cluster.hw.memory_bytes);
 }
 
-// SearchOptions::bf16_operands (colossal_train's bf16): the 1d layouts save the activations
+// SearchOptions::bf16_products (colossal_train's bf16): the 1d layouts save the activations
 // that only products read in bf16, as the trainer does, so their plans need less activation
 // memory than fp32 storage (or the same, where core::stage_activations stores none in bf16);
 // the grids keep fp32 arrays (their models store no bf16).
@@ -246,9 +246,8 @@ TEST(Search, Bf16OperandsShrinkThe1dActivationsOnly) {
   options.zero = options.offload = false;
   options.top = 1000;
   options.prune = false;
-  options.bf16_products = true;
   const auto fp32 = planner::search_plans(spec, 16, 128, false, cluster, options);
-  options.bf16_operands = true;
+  options.bf16_products = true;
   const auto bf16 = planner::search_plans(spec, 16, 128, false, cluster, options);
   ASSERT_EQ(fp32.best.size(), bf16.best.size());
   int compared_1d = 0, compared_grid = 0;
