@@ -61,7 +61,7 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
                s.last_loss);
   if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
   std::fprintf(log, "throughput %.0f tokens/s | MFU %.1f%% of %.2f TFLOP/s\n", s.tokens_per_s,
-               100.0 * s.mfu, apps::peak_flops(config) / 1e12);
+               100.0 * s.mfu, s.peak_flops / 1e12);
   std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
                core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
                core::format_bytes(double(s.peak_rss_bytes)).c_str());

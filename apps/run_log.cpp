@@ -170,6 +170,7 @@ void RunLog::finish(TrainSummary& summary) const {
                              ? options_.tokens_per_step * timed_steps / timed_seconds_
                              : options_.tokens_per_step / summary.seconds;
   summary.mfu = summary.tokens_per_s * options_.flops_per_token / options_.peak_flops;
+  summary.peak_flops = options_.peak_flops;
   summary.peak_tracked_bytes = options_.memory->peak_total();
 }
 

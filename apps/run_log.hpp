@@ -41,6 +41,7 @@ struct TrainSummary {
   double seconds = 0.0;
   double tokens_per_s = 0.0;       // over the steps after the first (which pays page faults)
   double mfu = 0.0;
+  double peak_flops = 0.0;         // MFU's peak: the whole job's (apps::job_peak_flops)
   std::size_t peak_tracked_bytes = 0;
   std::size_t peak_rss_bytes = 0;
   // The cost model's prediction for this rank (planner/cost_model.hpp), to compare.

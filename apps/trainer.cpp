@@ -2,6 +2,8 @@
 #include "apps/init_weights.hpp"
 
 #include "core/host_threads.hpp"
+#include "core/cpu_peak.hpp"
+#include "apps/memory_fit.hpp"
 
 #include <algorithm>
 #include <array>
@@ -140,6 +142,54 @@ double peak_flops(const io::Config& config) {
   const bool bf16 = config.train.precision == core::GemmPrecision::bf16;
   return hardware.file.empty() ? planner::hardware_preset(hardware.preset).peak_flops(bf16)
                                : planner::read_hardware(hardware.file).peak_flops(bf16);
+}
+
+double cpu_rank_peak(double per_thread, const core::ThreadPlan& plan, bool bf16,
+                     double bf16_multiple) {
+  const double running =
+      plan.oversubscribed() ? double(plan.node_cores) / (plan.local_ranks * plan.threads) : 1.0;
+  return per_thread * plan.threads * running * (bf16 ? bf16_multiple : 1.0);
+}
+
+JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) {
+  const bool bf16 = config.train.precision == core::GemmPrecision::bf16;
+  const bool on_gpu = device_resident_build() || config.hardware.gemm == "cublas";
+  double mine = peak_flops(config);
+  std::string how;
+  if (config.hardware.peak_tflops > 0) {
+    how = "hardware.peak_tflops per rank";
+  } else if (on_gpu) {
+    how = "the " + std::string(bf16 ? "bf16" : "fp32") + " peak of hardware " +
+          (config.hardware.file.empty() ? config.hardware.preset : config.hardware.file) +
+          " per rank";
+  } else {
+    // Rank 0 measures its threads while the others wait (the ranks of a node would otherwise
+    // take turns on shared cores during the measurement); every rank then counts its own
+    // threads at that rate per thread, and only the share of them the node's cores can run at
+    // once (mpirun --oversubscribe). Nodes are taken to be alike, as a job's nodes are.
+    const core::HostThreads& threads = core::HostThreads::shared();
+    core::CpuPeak cpu;
+    if (world.rank() == 0) cpu = core::measure_cpu_peak(core::HostThreads::shared());
+    const double per_thread =
+        world.all_reduce_sum_value(world.rank() == 0 ? cpu.fp32_flops / threads.size() : 0.0);
+    if (per_thread > 0) {
+      const core::ThreadPlan plan = core::current_thread_plan();
+      const bool shared = plan.oversubscribed();
+      const double multiple = core::bf16_peak_multiple(core::host_bf16_hardware());
+      mine = cpu_rank_peak(per_thread, plan, bf16, multiple);
+      char rate[32];
+      std::snprintf(rate, sizeof rate, "%.3g", per_thread / 1e9);
+      how = "measured: " + std::string(rate) + " GFLOP/s per thread (" +
+            cpu.vectors + " multiply-adds, rank 0) x " + std::to_string(plan.threads) +
+            " thread" + (plan.threads == 1 ? "" : "s") + " per rank";
+      if (shared) how += ", the node's cores shared by its ranks";
+      if (bf16 && multiple >= 16) how += ", x 16 for AMX-BF16";
+      else if (bf16 && multiple > 1) how += ", x 2 for AVX512-BF16";
+    } else {
+      how = "hardware " + config.hardware.preset + "'s peak per rank";
+    }
+  }
+  return {world.all_reduce_sum_value(mine), how};
 }
 
 parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
@@ -675,13 +725,14 @@ TrainSummary Trainer::train() {
   const int64_t first_step = start.first_step;
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
                             t.steps + start.schedule_base};
+  const JobPeak peak = job_peak_flops(config_, *world_);
   // Rank 0 writes the run's files; every rank trains and tallies.
   RunLog run_log(config_, RunLogOptions{.writer = world_->rank() == 0,
                                         .first_step = first_step,
                                         .log = log_,
                                         .tokens_per_step = double(t.global_batch) * t.seq_len,
                                         .flops_per_token = core::flops_per_token(spec, t.seq_len),
-                                        .peak_flops = peak_flops(config_),
+                                        .peak_flops = peak.flops,
                                         .memory = &tracker_});
   // What this run is and what the cost model predicts for it, beside the measurements.
   run_log.set_attribute("hardware", hardware_name_);
@@ -764,6 +815,7 @@ TrainSummary Trainer::train() {
               "per row)";
     print("attention: %s\n", attention.c_str());
   }
+  print("MFU: against %.3g TFLOP/s, %s\n", peak.flops / 1e12, peak.source.c_str());
   if (executor_->grouped() && virtual_stages_ > 1) {
     print("pipeline: each schedule step's sends and receives as one group on %s (a send there "
           "completes only while its receive runs)\n",

@@ -20,6 +20,7 @@
 #include "apps/run_log.hpp"
 #include "apps/watchdog.hpp"
 #include "core/gemm.hpp"
+#include "core/host_threads.hpp"
 #include "core/memory.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
@@ -112,8 +113,26 @@ std::string checkpoint_before_failure(const io::Config& config, int64_t failed,
 
 using PipelineStats = parallel::PipelineStats;
 
-// Peak FLOP/s for MFU: hardware.peak_tflops if set, else the preset's figure in the run's precision.
+// Peak FLOP/s of one device for MFU: hardware.peak_tflops if set, else the preset's (or the
+// hardware file's) figure in the run's precision.
 double peak_flops(const io::Config& config);
+
+// MFU's peak for the whole job (collective over `world`): the sum over the ranks of each one's
+// peak, and what it is. A rank's peak: hardware.peak_tflops when set; where the products run on
+// a GPU (a device build, or hardware.gemm: cublas) the spec's (peak_flops); on a CPU the peak
+// of this rank's threads, measured now (core::measure_cpu_peak, in the run's precision; the
+// spec's where nothing was measured). Ranks sharing cores measure at once, so together they
+// count the cores once.
+struct JobPeak {
+  double flops = 0.0;
+  std::string source;  // for the start-up line
+};
+JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world);
+// A CPU rank's peak: `per_thread` fp32 FLOP/s times its plan's threads, times the share of them
+// the node's cores run at once (plan.oversubscribed()), times `bf16_multiple` (CpuPeak) when
+// `bf16`.
+double cpu_rank_peak(double per_thread, const core::ThreadPlan& plan, bool bf16,
+                     double bf16_multiple);
 
 // A trainer's world: `world`, or a one-process communicator kept alive in `own` when it is null.
 // Throws CollectiveError naming the parallel sizes when its size is not the config's.

@@ -321,6 +321,25 @@ TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {
   }
 }
 
+// MFU's peak is the whole job's: the sum of every rank's, the same on every rank (a run of n
+// ranks at one device's speed each would otherwise report n times its MFU).
+TEST(DataParallelConfig, MfuPeakIsTheSumOverTheRanks) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  io::Config config;
+  config.hardware.peak_tflops = 2.5;
+  EXPECT_EQ(apps::job_peak_flops(config, world).flops, 2.5e12 * world.size());
+  config.hardware.peak_tflops = 0;
+  config.hardware.preset = "h100";
+  config.hardware.gemm = "cublas";
+  EXPECT_EQ(apps::job_peak_flops(config, world).flops, 494e12 * world.size());
+  config.hardware.gemm = "openblas";
+  const double measured = apps::job_peak_flops(config, world).flops;
+  std::vector<float> all(std::size_t(world.size()), 0.0f);
+  all[std::size_t(world.rank())] = float(measured / 1e9);
+  world.all_reduce_sum(all);
+  for (float v : all) EXPECT_EQ(v, all[0]);
+}
+
 }  // namespace
 
 namespace {

@@ -13,8 +13,12 @@
 #include <string>
 #include <vector>
 
+#include "apps/memory_fit.hpp"
 #include "apps/run_log.hpp"
 #include "apps/trainer.hpp"
+#include "core/cpu_peak.hpp"
+#include "core/host_threads.hpp"
+#include "parallel/local_communicator.hpp"
 #include "io/config.hpp"
 #include "io/hdf5_file.hpp"
 #include "metrics_h5.hpp"
@@ -314,4 +318,58 @@ TEST(RunLog, PeakFlopsFollowsThePrecision) {
   EXPECT_EQ(apps::peak_flops(config), 989e12);
   config.hardware.peak_tflops = 700;
   EXPECT_EQ(apps::peak_flops(config), 700e12);
+}
+
+// A CPU rank's peak counts its threads at the measured rate per thread, only the share of them
+// the node's cores run at once when its ranks outnumber them, and the bf16 units' multiple in a
+// bf16 run.
+TEST(RunLog, CpuRankPeakCountsEachCoreOnce) {
+  core::ThreadPlan plan;
+  plan.threads = 2;
+  plan.local_ranks = 1;
+  plan.node_cores = 2;
+  EXPECT_EQ(apps::cpu_rank_peak(100e9, plan, false, 2.0), 200e9);
+  EXPECT_EQ(apps::cpu_rank_peak(100e9, plan, true, 2.0), 400e9);
+  EXPECT_EQ(apps::cpu_rank_peak(100e9, plan, true, 16.0), 3200e9);
+  // 4 ranks of 1 thread on 2 cores (mpirun --oversubscribe): each runs half the time, so the
+  // node's 4 ranks together count the 2 cores once.
+  plan.threads = 1;
+  plan.local_ranks = 4;
+  EXPECT_EQ(4 * apps::cpu_rank_peak(100e9, plan, false, 2.0), 200e9);
+}
+
+TEST(RunLog, Bf16PeakMultipleFollowsTheUnits) {
+  EXPECT_EQ(core::bf16_peak_multiple("AMX-BF16, AVX512-BF16"), 16.0);
+  EXPECT_EQ(core::bf16_peak_multiple("AMX-BF16"), 16.0);
+  EXPECT_EQ(core::bf16_peak_multiple("AVX512-BF16"), 2.0);
+  EXPECT_EQ(core::bf16_peak_multiple(""), 1.0);
+}
+
+// MFU's peak for the job (one rank here; test_data_parallel sums it over ranks): the setting,
+// a GPU's from its preset where the products run there, else this CPU's as measured, which is
+// the same rate in both precisions but for the bf16 units' multiple, and bounds no more than
+// what the threads can do: at least 1 GFLOP/s and at most 16 FMA lanes x 2 units x 2 FLOPs at
+// 10 GHz per thread.
+TEST(RunLog, JobPeakIsTheSettingTheGpuOrTheMeasuredCpu) {
+  parallel::LocalCommunicator world;
+  io::Config config;
+  config.hardware.peak_tflops = 2.5;
+  EXPECT_EQ(apps::job_peak_flops(config, world).flops, 2.5e12);
+  config.hardware.peak_tflops = 0;
+  config.hardware.preset = "h100";
+  config.hardware.gemm = "cublas";
+  EXPECT_EQ(apps::job_peak_flops(config, world).flops, 494e12);
+  config.hardware.gemm = "openblas";
+  if (apps::device_resident_build()) GTEST_SKIP() << "the GPU's peak on a device build";
+  const apps::JobPeak fp32 = apps::job_peak_flops(config, world);
+  if (fp32.source.find("measured") == std::string::npos) GTEST_SKIP() << fp32.source;
+  const int threads = core::current_thread_plan().threads;
+  EXPECT_GE(fp32.flops, 1e9 * threads);
+  EXPECT_LE(fp32.flops, 64 * 10e9 * threads);
+  config.train.precision = core::GemmPrecision::bf16;
+  const apps::JobPeak bf16 = apps::job_peak_flops(config, world);
+  const double multiple = core::bf16_peak_multiple(core::host_bf16_hardware());
+  // Two measurements of one machine: within a factor 2 of each other, whatever runs beside.
+  EXPECT_GT(bf16.flops / multiple, fp32.flops / 2);
+  EXPECT_LT(bf16.flops / multiple, fp32.flops * 2);
 }
