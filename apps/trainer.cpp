@@ -2,8 +2,8 @@
 #include "apps/init_weights.hpp"
 
 #include "core/host_threads.hpp"
-#include "core/cpu_peak.hpp"
-#include "apps/memory_fit.hpp"
+
+#include <mpi.h>
 
 #include <algorithm>
 #include <array>
@@ -22,12 +22,15 @@
 #include <utility>
 #include <type_traits>
 
+#include "apps/memory_fit.hpp"
+#include "core/cpu_peak.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
 #include "core/rng.hpp"
 #include "io/hdf5_file.hpp"
 #include "io/hf_export.hpp"
 #include "parallel/local_communicator.hpp"
+#include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "parallel/staged_communicator.hpp"
 
@@ -159,9 +162,21 @@ JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) 
   if (config.hardware.peak_tflops > 0) {
     how = "hardware.peak_tflops per rank";
   } else if (on_gpu) {
+    // Ranks sharing one GPU (the staged MPI path) count it once between them. Asked over
+    // MPI_COMM_WORLD, so only when this world is all of it (a test's one-rank reference
+    // trainer beside the others must not wait for them).
+    int sharing = 1;
+    int initialized = 0, world_size = 1;
+    MPI_Initialized(&initialized);
+    if (initialized) MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    if (world.size() > 1 && world.size() == world_size) {
+      sharing = parallel::ranks_sharing_this_gpu();
+    }
+    mine /= sharing;
     how = "the " + std::string(bf16 ? "bf16" : "fp32") + " peak of hardware " +
           (config.hardware.file.empty() ? config.hardware.preset : config.hardware.file) +
-          " per rank";
+          (sharing > 1 ? " per GPU, " + std::to_string(sharing) + " ranks sharing each"
+                       : " per rank");
   } else {
     // Rank 0 measures its threads while the others wait (the ranks of a node would otherwise
     // take turns on shared cores during the measurement); every rank then counts its own

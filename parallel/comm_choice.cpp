@@ -141,25 +141,9 @@ CommFacts gather_comm_facts() {
   f.nccl_built = true;
 #endif
   check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &f.ranks), "MPI_Comm_size");
-  // This node's ranks and their GPUs: how many use the same GPU as this one, by PCI bus id as
-  // NCCL tells (device ordinals differ per process under --gpus-per-task=1: local_device.hpp).
+  // This node's ranks and their GPUs: how many use the same GPU as this one.
   const GpuIdentity gpu = current_gpu_identity();
-  MPI_Comm node = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-            "MPI_Comm_split_type");
-  int local = 0;
-  MPI_Comm_rank(node, &local);
-  std::vector<GpuIdentity> ids;
-  try {
-    ids = all_gather_gpu_identities(node, gpu);
-  } catch (...) {
-    MPI_Comm_free(&node);
-    throw;
-  }
-  MPI_Comm_free(&node);
-  std::vector<std::string> buses;
-  for (const GpuIdentity& id : ids) buses.push_back(id.bus_id);
-  const int sharing = ranks_on_same_gpu(buses)[std::size_t(local)];
+  const int sharing = ranks_sharing_this_gpu();
   const bool has_gpu = !gpu.bus_id.empty();
   // Agreed over the world: every rank decides from the same facts.
   int mine[3] = {sharing, has_gpu ? 0 : 1, mpi_is_cuda_aware() ? 0 : 1}, all[3] = {};

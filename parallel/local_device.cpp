@@ -120,6 +120,32 @@ std::vector<int> ranks_on_same_gpu(const std::vector<std::string>& keys) {
   return counts;
 }
 
+int ranks_sharing_this_gpu() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return 1;
+  const GpuIdentity gpu = current_gpu_identity();
+  MPI_Comm node = MPI_COMM_NULL;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) !=
+      MPI_SUCCESS) {
+    throw std::runtime_error("colossal::parallel: MPI_Comm_split_type (the node's ranks) failed");
+  }
+  int local = 0;
+  MPI_Comm_rank(node, &local);
+  std::vector<GpuIdentity> ids;
+  try {
+    ids = all_gather_gpu_identities(node, gpu);
+  } catch (...) {
+    MPI_Comm_free(&node);
+    throw;
+  }
+  MPI_Comm_free(&node);
+  std::vector<std::string> buses;
+  for (const GpuIdentity& id : ids) buses.push_back(id.bus_id);
+  return ranks_on_same_gpu(buses)[std::size_t(local)];
+}
+
 std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys) {
   std::vector<std::vector<int>> groups;
   for (std::size_t i = 0; i < keys.size(); ++i) {

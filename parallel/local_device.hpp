@@ -56,6 +56,10 @@ std::vector<GpuIdentity> all_gather_gpu_identities(MPI_Comm comm, const GpuIdent
 // many entries name the same GPU (a rank without one counts 1).
 std::vector<int> ranks_on_same_gpu(const std::vector<std::string>& keys);
 
+// How many of this node's ranks use the same GPU as this one, by PCI bus id (collective over
+// MPI_COMM_WORLD; 1 for a rank without a GPU, or where MPI is not initialised).
+int ranks_sharing_this_gpu();
+
 // The ranks of a node grouped by GPU (indices into `keys`, each group in order, groups in the
 // order of their first rank); ranks without a GPU are left out.
 std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys);
