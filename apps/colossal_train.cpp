@@ -65,6 +65,17 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
   std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
                core::format_bytes(double(s.peak_tracked_bytes)).c_str(),
                core::format_bytes(double(s.peak_rss_bytes)).c_str());
+  if (s.device_added_bytes > 0) {
+    // What the libraries and the allocator take beside the tracked arrays (the CUDA context is
+    // in the baseline): the share of the device a plan must leave free.
+    const double added = double(s.device_added_bytes), tracked = double(s.peak_tracked_bytes);
+    std::fprintf(log,
+                 "device memory: this run added %s at most (cudaMemGetInfo after each step, every "
+                 "process on the GPU counted), %s of it outside the tracker (cuBLAS and NCCL "
+                 "workspaces, the GEMMs' rounding scratch, the allocator's slack)\n",
+                 core::format_bytes(added).c_str(),
+                 core::format_bytes(added > tracked ? added - tracked : 0.0).c_str());
+  }
   const double step_s =
       s.tokens_per_s > 0 ? double(config.train.global_batch) * config.train.seq_len / s.tokens_per_s
                          : 0.0;

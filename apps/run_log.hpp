@@ -44,6 +44,10 @@ struct TrainSummary {
   double peak_flops = 0.0;         // MFU's peak: the whole job's (apps::job_peak_flops)
   std::size_t peak_tracked_bytes = 0;
   std::size_t peak_rss_bytes = 0;
+  // On a GPU: the most its used bytes grew over their value before the trainer started
+  // (cudaMemGetInfo after each step, every process on the GPU counted), against the tracker's
+  // peak; 0 on the host.
+  std::size_t device_added_bytes = 0;
   // The cost model's prediction for this rank (planner/cost_model.hpp), to compare.
   double predicted_step_seconds = 0.0;
   double predicted_peak_bytes = 0.0;
@@ -69,7 +73,7 @@ struct RunLogOptions {
   std::FILE* log = nullptr;       // progress lines and notes (nullptr: silent)
   double tokens_per_step = 0.0;   // train.global_batch x train.seq_len
   double flops_per_token = 0.0;   // model FLOPs per token (core::flops_per_token)
-  double peak_flops = 0.0;        // what MFU is measured against (apps::peak_flops)
+  double peak_flops = 0.0;        // what MFU is measured against (apps::job_peak_flops)
   const core::MemoryTracker* memory = nullptr;  // whose peaks the rows and the line report
   // Switches to leave out metrics.h5, config.yaml and the line's ETA (the trainer keeps all).
   bool write_h5 = true;

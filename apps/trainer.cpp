@@ -147,21 +147,24 @@ double peak_flops(const io::Config& config) {
                                : planner::read_hardware(hardware.file).peak_flops(bf16);
 }
 
-double cpu_rank_peak(double per_thread, const core::ThreadPlan& plan, bool bf16,
+double cpu_rank_peak(double per_core, const core::ThreadPlan& plan, bool bf16_units,
                      double bf16_multiple) {
-  const double running =
-      plan.oversubscribed() ? double(plan.node_cores) / (plan.local_ranks * plan.threads) : 1.0;
-  return per_thread * plan.threads * running * (bf16 ? bf16_multiple : 1.0);
+  // The cores this rank's threads run on at once: all of them, or its share of the node's
+  // cores where the node's threads outnumber them (plan.oversubscribed()).
+  const double cores = std::min(double(plan.threads),
+                                double(plan.node_cores) / std::max(1, plan.local_ranks));
+  return per_core * cores * (bf16_units ? bf16_multiple : 1.0);
 }
 
 JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) {
   const bool bf16 = config.train.precision == core::GemmPrecision::bf16;
   const bool on_gpu = device_resident_build() || config.hardware.gemm == "cublas";
+  const std::string spec =
+      config.hardware.file.empty() ? "preset " + config.hardware.preset : config.hardware.file;
   double mine = peak_flops(config);
   std::string how;
-  if (config.hardware.peak_tflops > 0) {
-    how = "hardware.peak_tflops per rank";
-  } else if (on_gpu) {
+  double measured_per_core = 0.0;
+  if (on_gpu) {
     // Ranks sharing one GPU (the staged MPI path) count it once between them. Asked over
     // MPI_COMM_WORLD, so only when this world is all of it (a test's one-rank reference
     // trainer beside the others must not wait for them).
@@ -173,38 +176,52 @@ JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) 
       sharing = parallel::ranks_sharing_this_gpu();
     }
     mine /= sharing;
-    how = "the " + std::string(bf16 ? "bf16" : "fp32") + " peak of hardware " +
-          (config.hardware.file.empty() ? config.hardware.preset : config.hardware.file) +
+    how = (config.hardware.peak_tflops > 0
+               ? std::string("hardware.peak_tflops")
+               : "the " + std::string(bf16 ? "bf16" : "fp32") + " peak of hardware " + spec) +
           (sharing > 1 ? " per GPU, " + std::to_string(sharing) + " ranks sharing each"
                        : " per rank");
+  } else if (config.hardware.peak_tflops > 0) {
+    how = "hardware.peak_tflops per rank";
   } else {
-    // Rank 0 measures its threads while the others wait (the ranks of a node would otherwise
-    // take turns on shared cores during the measurement); every rank then counts its own
-    // threads at that rate per thread, and only the share of them the node's cores can run at
-    // once (mpirun --oversubscribe). Nodes are taken to be alike, as a job's nodes are.
-    const core::HostThreads& threads = core::HostThreads::shared();
-    core::CpuPeak cpu;
-    if (world.rank() == 0) cpu = core::measure_cpu_peak(core::HostThreads::shared());
-    const double per_thread =
-        world.all_reduce_sum_value(world.rank() == 0 ? cpu.fp32_flops / threads.size() : 0.0);
-    if (per_thread > 0) {
-      const core::ThreadPlan plan = core::current_thread_plan();
-      const bool shared = plan.oversubscribed();
+    // Rank 0 measures its threads once per process; the other ranks sleep meanwhile (blocking
+    // MPI busy-polls, and a spinning rank on a sibling hyperthread or a shared core would take
+    // half of what is measured). Every rank then counts the cores its threads run on at once
+    // at that rate per core. Nodes are taken to be alike, as a job's nodes are.
+    static bool first = true;
+    static core::CpuPeak cpu;
+    if (first && world.rank() == 0) cpu = core::measure_cpu_peak(core::HostThreads::shared());
+    if (first && world.rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    first = false;
+    const core::ThreadPlan plan = core::current_thread_plan();
+    // Rank 0's threads ran on at most its cores: the rate per core is their total over those.
+    const int measured_cores = std::max(1, std::min(cpu.threads, plan.cores));
+    const double per_core = world.all_reduce_sum_value(
+        world.rank() == 0 && cpu.fp32_flops > 0 ? cpu.fp32_flops / measured_cores : 0.0);
+    measured_per_core = per_core;
+    if (per_core > 0) {
+      // The bf16 units' multiple where the products run on them (oneDNN), not where bf16 is
+      // emulated on the fp32 units.
+      const bool bf16_units = core::default_gemm_keeps_copy(config.hardware.gemm,
+                                                            config.train.precision);
       const double multiple = core::bf16_peak_multiple(core::host_bf16_hardware());
-      mine = cpu_rank_peak(per_thread, plan, bf16, multiple);
-      char rate[32];
-      std::snprintf(rate, sizeof rate, "%.3g", per_thread / 1e9);
-      how = "measured: " + std::string(rate) + " GFLOP/s per thread (" +
-            cpu.vectors + " multiply-adds, rank 0) x " + std::to_string(plan.threads) +
-            " thread" + (plan.threads == 1 ? "" : "s") + " per rank";
-      if (shared) how += ", the node's cores shared by its ranks";
-      if (bf16 && multiple >= 16) how += ", x 16 for AMX-BF16";
-      else if (bf16 && multiple > 1) how += ", x 2 for AVX512-BF16";
+      mine = cpu_rank_peak(per_core, plan, bf16_units, multiple);
+      if (world.rank() == 0) {  // the text is rank 0's start-up line
+        char rate[32];
+        std::snprintf(rate, sizeof rate, "%.3g", per_core / 1e9);
+        how = "measured: " + std::string(rate) + " GFLOP/s per core (" + cpu.vectors +
+              " multiply-adds) x " + std::to_string(plan.threads) + " thread" +
+              (plan.threads == 1 ? "" : "s") + " per rank";
+        if (plan.oversubscribed()) how += ", the node's cores shared by its ranks";
+        if (bf16_units && multiple >= 16) how += ", x 16 for AMX-BF16";
+        else if (bf16_units && multiple > 1) how += ", x 2 for AVX512-BF16";
+        else if (bf16) how += " (bf16 emulated on the fp32 units)";
+      }
     } else {
-      how = "hardware " + config.hardware.preset + "'s peak per rank";
+      how = "the peak of hardware " + spec + " per rank";
     }
   }
-  return {world.all_reduce_sum_value(mine), how};
+  return {world.all_reduce_sum_value(mine), how, measured_per_core};
 }
 
 parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
@@ -920,6 +937,7 @@ TrainSummary Trainer::train() {
       }
     }
     watchdog.progress(step + 1, "after a step");
+    device_used_peak_ = std::max(device_used_peak_, core::device_used_bytes());
     if (profile_steps_ > 0) {
       // The first step pays for first-touch page faults: profile the ones after it.
       if (step == 0) {
@@ -942,6 +960,7 @@ TrainSummary Trainer::train() {
                 core::format_bytes(double(tracker_.peak_total())).c_str());
           run_log.record(step, record, RunLog::Progress::never);
           run_log.finish(summary);
+          fill_memory_summary(summary);
           return summary;
         }
       }
@@ -957,6 +976,7 @@ TrainSummary Trainer::train() {
     if (step_callback_) step_callback_(step + 1);
     if (end_step(*world_, config_, step + 1, save, summary, run_log.start_time(), log_)) {
       run_log.finish(summary);
+      fill_memory_summary(summary);
       return summary;
     }
   }
@@ -987,8 +1007,14 @@ TrainSummary Trainer::train() {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
                               config_.sample.temperature, t.seed);
   }
-  summary.peak_rss_bytes = core::peak_rss_bytes();
+  fill_memory_summary(summary);
   return summary;
+}
+
+void Trainer::fill_memory_summary(TrainSummary& summary) const {
+  summary.peak_rss_bytes = core::peak_rss_bytes();
+  summary.device_added_bytes =
+      device_used_peak_ > device_used_at_start_ ? device_used_peak_ - device_used_at_start_ : 0;
 }
 
 double Trainer::evaluate() {

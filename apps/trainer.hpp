@@ -118,20 +118,21 @@ using PipelineStats = parallel::PipelineStats;
 double peak_flops(const io::Config& config);
 
 // MFU's peak for the whole job (collective over `world`): the sum over the ranks of each one's
-// peak, and what it is. A rank's peak: hardware.peak_tflops when set; where the products run on
-// a GPU (a device build, or hardware.gemm: cublas) the spec's (peak_flops); on a CPU the peak
-// of this rank's threads, measured now (core::measure_cpu_peak, in the run's precision; the
-// spec's where nothing was measured). Ranks sharing cores measure at once, so together they
-// count the cores once.
+// peak, and what it is. Where the products run on a GPU (a device build, or hardware.gemm:
+// cublas) a rank's peak is hardware.peak_tflops or the spec's (peak_flops), divided among the
+// ranks sharing that GPU. On a CPU it is hardware.peak_tflops, else the cores its threads run
+// on at once at the rate per core that rank 0 measured (core::measure_cpu_peak, once per
+// process; cpu_rank_peak), else the spec's where nothing was measured.
 struct JobPeak {
   double flops = 0.0;
-  std::string source;  // for the start-up line
+  std::string source;     // for rank 0's start-up line
+  double per_core = 0.0;  // the CPU's measured fp32 rate per core (0: not measured)
 };
 JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world);
-// A CPU rank's peak: `per_thread` fp32 FLOP/s times its plan's threads, times the share of them
-// the node's cores run at once (plan.oversubscribed()), times `bf16_multiple` (CpuPeak) when
-// `bf16`.
-double cpu_rank_peak(double per_thread, const core::ThreadPlan& plan, bool bf16,
+// A CPU rank's peak: `per_core` fp32 FLOP/s times the cores its threads run on at once (its
+// threads, or its share of the node's cores where the node's threads outnumber them), times
+// `bf16_multiple` (CpuPeak) when its products run on the bf16 units.
+double cpu_rank_peak(double per_core, const core::ThreadPlan& plan, bool bf16_units,
                      double bf16_multiple);
 
 // A trainer's world: `world`, or a one-process communicator kept alive in `own` when it is null.
@@ -249,6 +250,13 @@ class Trainer {
   // One forward of `batch` sequences uploaded to slot 0 through every pipeline stage (evaluation
   // and sampling): the mean loss on the last stage, 0 elsewhere.
   double pipeline_forward(int batch);
+
+  // The GPU's used bytes before this trainer made anything (first: before the GEMM's handle),
+  // and the most seen after a step (core::device_used_bytes; 0 on the host).
+  std::size_t device_used_at_start_ = core::device_used_bytes();
+  std::size_t device_used_peak_ = 0;
+  // The summary's memory figures: peak RSS, and on a GPU what this run added there.
+  void fill_memory_summary(TrainSummary& summary) const;
 
   io::Config config_;
   std::FILE* log_;

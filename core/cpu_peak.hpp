@@ -12,9 +12,10 @@ class HostThreads;
 struct CpuPeak {
   // fp32 FLOP/s of the threads measured together: independent multiply-adds on the widest
   // vectors the CPU has (AVX-512, else AVX2 with FMA, else 16-byte vectors), 2 FLOPs each,
-  // the best of a few rounds of about 10 ms. 0 where nothing was measured (a CUDA-compiled
-  // build, whose products run on the GPU).
+  // each thread's best of 4 trials of 20 ms after one to warm up. 0 where nothing was measured
+  // (a CUDA-compiled build, whose products run on the GPU).
   double fp32_flops = 0.0;
+  int threads = 0;  // the threads that ran side by side (fewer than asked where a team is capped)
   // The bf16 units' peak over fp32's (by the vendors' numbers per core and cycle): 16 with
   // AMX-BF16 (1024 FLOPs against 2 x 16 fp32 FMAs), 2 with AVX512-BF16 (two products summed
   // into each fp32 lane), 1 without either (bf16 products then run on the fp32 units).
@@ -24,7 +25,7 @@ struct CpuPeak {
 };
 
 // Measures the peak of `threads`'s threads together, each on its own part, as they run the
-// step's kernels (about 30 ms; call from the main thread, outside a job).
+// step's kernels (about 0.1 s; call from the main thread, outside a job).
 CpuPeak measure_cpu_peak(HostThreads& threads);
 
 // The bf16 multiple of CpuPeak for CPU bf16 units named as host_bf16_hardware() names them.

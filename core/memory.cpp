@@ -337,4 +337,17 @@ std::size_t peak_rss_bytes() {
   return 0;
 }
 
+std::size_t device_used_bytes() {
+#ifdef KOKKOS_ENABLE_CUDA
+  std::size_t free_bytes = 0, total_bytes = 0;
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    cudaGetLastError();  // clear it: the next CUDA call must not see this one's error
+    return 0;
+  }
+  return total_bytes - free_bytes;
+#else
+  return 0;
+#endif
+}
+
 }  // namespace colossal::core

@@ -226,4 +226,9 @@ void order_after_kernels(void* stream);
 // Peak resident set size of this process (VmHWM), in bytes; 0 where unknown.
 std::size_t peak_rss_bytes();
 
+// Bytes in use on the current GPU now (its total less its free memory, every process on it
+// counted; cudaMemGetInfo, which does not wait for the device), in a build whose tensors live
+// on a GPU; 0 elsewhere or where it cannot tell.
+std::size_t device_used_bytes();
+
 }  // namespace colossal::core

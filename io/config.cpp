@@ -520,7 +520,8 @@ const std::vector<KeySpec>& schema() {
        .choices = {"openblas", "blis", "onednn", "auto", "cublas"}},
       {.key = "hardware.peak_tflops", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.hardware.peak_tflops; },
-       .doc = "peak TFLOP/s per device for MFU; 0 = the preset's value", .range = at_least(0)},
+       .doc = "peak TFLOP/s per device (rank) for MFU, which is over the job's sum; 0 = a GPU's "
+               "preset or file value, a CPU's peak measured at start-up", .range = at_least(0)},
 
       {.key = "eval.every", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.eval.every; },

@@ -137,7 +137,7 @@ struct CheckpointConfig {
 
 struct HardwareConfig {
   std::string preset = "host";
-  double peak_tflops = 0.0;      // peak FLOP/s used for MFU; 0 = the preset's value
+  double peak_tflops = 0.0;      // per device, for MFU; 0 = a GPU's spec, a CPU's measured peak
   std::string file;              // a hardware YAML (colossal_plan --calibrate); overrides preset
   int gpus = 0;                  // devices to plan for (colossal_plan); 0 = the config's ranks
   double device_memory_gib = 0.0;  // device capacity offload.policy: auto plans for; 0 = measured

@@ -295,14 +295,14 @@ if section 3; then
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.dir=/tmp/gpu_check-prof \
-     2>&1) | grep -v '^step' | tail -n 30 >> "$report" || say "colossal_train --profile-steps: failed"
+     2>&1) | grep -v '^step' | tail -n 32 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
   (cd "$root" && timeout -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.dir=/tmp/gpu_check-prof-fused \
-     2>&1) | grep -v '^step' | tail -n 19 >> "$report" ||
+     2>&1) | grep -v '^step' | tail -n 21 >> "$report" ||
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
   # free memory; --memory-plan allocates nothing), to compare with the two profiles above.
@@ -429,7 +429,7 @@ if section 6; then
       t0=$SECONDS
       if (cd "$root" && timeout -k 5 "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "/tmp/offload-$run.log"; then
-        grep -E '^hardware|^offload|^parallel|^memory|throughput|cost model \(rank 0\)' \
+        grep -E '^hardware|^offload|^parallel|^memory|^device memory|throughput|cost model \(rank 0\)' \
           "/tmp/offload-$run.log" | sed "s/^/$run: /" >> "$report"
         say "$run: trained ($((SECONDS - t0)) s)"
       else

@@ -10,9 +10,12 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
+#include "core/host_threads.hpp"
 #include "core/optimizer.hpp"
 #include "io/config.hpp"
+#include "parallel/local_device.hpp"
 #include "parallel/mpi_communicator.hpp"
 #include "train_parity.hpp"
 #include "zero/sharded_store.hpp"
@@ -321,8 +324,9 @@ TEST(DataParallelConfig, WorldSizeMismatchIsACollectiveError) {
   }
 }
 
-// MFU's peak is the whole job's: the sum of every rank's, the same on every rank (a run of n
-// ranks at one device's speed each would otherwise report n times its MFU).
+// MFU's peak is the whole job's: the sum of every rank's (a run of n ranks at one device's
+// speed each would otherwise report n times its MFU), a GPU shared by ranks counted once, a CPU
+// rank's from the rate per core rank 0 measured and this rank's cores.
 TEST(DataParallelConfig, MfuPeakIsTheSumOverTheRanks) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   io::Config config;
@@ -331,13 +335,17 @@ TEST(DataParallelConfig, MfuPeakIsTheSumOverTheRanks) {
   config.hardware.peak_tflops = 0;
   config.hardware.preset = "h100";
   config.hardware.gemm = "cublas";
-  EXPECT_EQ(apps::job_peak_flops(config, world).flops, 494e12 * world.size());
+  // Each rank's share of its GPU (1 without one), summed: the GPUs the job uses.
+  const double gpus = world.all_reduce_sum_value(1.0 / parallel::ranks_sharing_this_gpu());
+  EXPECT_DOUBLE_EQ(apps::job_peak_flops(config, world).flops, 494e12 * gpus);
   config.hardware.gemm = "openblas";
-  const double measured = apps::job_peak_flops(config, world).flops;
-  std::vector<float> all(std::size_t(world.size()), 0.0f);
-  all[std::size_t(world.rank())] = float(measured / 1e9);
-  world.all_reduce_sum(all);
-  for (float v : all) EXPECT_EQ(v, all[0]);
+  if (apps::device_resident_build()) return;
+  const apps::JobPeak peak = apps::job_peak_flops(config, world);
+  if (peak.per_core == 0) return;  // nothing measured (a CUDA-compiled build)
+  EXPECT_DOUBLE_EQ(peak.flops, world.all_reduce_sum_value(apps::cpu_rank_peak(
+                                   peak.per_core, core::current_thread_plan(), false, 1.0)));
+  // Every rank got rank 0's rate.
+  EXPECT_EQ(world.all_reduce_sum_value(peak.per_core), peak.per_core * world.size());
 }
 
 }  // namespace
