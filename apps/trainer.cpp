@@ -190,14 +190,16 @@ JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) 
     // at that rate per core. Nodes are taken to be alike, as a job's nodes are.
     static bool first = true;
     static core::CpuPeak cpu;
-    if (first && world.rank() == 0) cpu = core::measure_cpu_peak(core::HostThreads::shared());
+    static double cpu_per_core = 0.0;
+    const core::ThreadPlan plan = core::current_thread_plan();
+    if (first && world.rank() == 0) {
+      cpu = core::measure_cpu_peak(core::HostThreads::shared());
+      // Rank 0's threads ran on at most its cores: the rate per core is their total over those.
+      cpu_per_core = cpu.fp32_flops / std::max(1, std::min(cpu.threads, plan.cores));
+    }
     if (first && world.rank() != 0) std::this_thread::sleep_for(std::chrono::milliseconds(150));
     first = false;
-    const core::ThreadPlan plan = core::current_thread_plan();
-    // Rank 0's threads ran on at most its cores: the rate per core is their total over those.
-    const int measured_cores = std::max(1, std::min(cpu.threads, plan.cores));
-    const double per_core = world.all_reduce_sum_value(
-        world.rank() == 0 && cpu.fp32_flops > 0 ? cpu.fp32_flops / measured_cores : 0.0);
+    const double per_core = world.all_reduce_sum_value(world.rank() == 0 ? cpu_per_core : 0.0);
     measured_per_core = per_core;
     if (per_core > 0) {
       // The bf16 units' multiple where the products run on them (oneDNN), not where bf16 is
