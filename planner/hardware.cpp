@@ -125,8 +125,7 @@ HardwareSpec gpu(const char* name, double fp32_tflops, double cuda_core_fp32_tfl
 // hardware.gemm (OpenBLAS; OPENBLAS_CORETYPE unset, as a user's environment leaves it): with them
 // the cost model predicted gpt2-124m's step (B=4, T=256) within 4% and the quickstart's within
 // 12%, where the numbers of 2026-11-30 (taken before the host kernels were vectorised and
-// threaded: layernorm, attention and AdamW 4-9x slower) predicted +95% and +76%. The links are
-// still those of 2026-11-30. `colossal_plan --calibrate` measures another machine; MFU on a
+// threaded: layernorm, attention and AdamW 4-9x slower) predicted +95% and +76%. `colossal_plan --calibrate` measures another machine; MFU on a
 // CPU is against its peak measured at start-up (apps::job_peak_flops), not against these.
 HardwareSpec host() {
   HardwareSpec h;
@@ -154,7 +153,9 @@ HardwareSpec host() {
   h.optimizer_bandwidth = 69 * G;
   h.memory_bytes = 24 * GiB;
   h.threads = 2;
-  h.intra_node = {2e-6, 5 * G};
+  // Between two ranks of this machine (Open MPI's shared memory; --calibrate under mpirun -np 2,
+  // ping-pong between ranks 0 and 1); between nodes still the estimate of 2026-11-30.
+  h.intra_node = {0.15e-6, 8.7 * G};
   h.inter_node = {2e-6, 5 * G};
   return h;
 }
