@@ -131,7 +131,7 @@ struct JobPeak {
 JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world);
 // A CPU rank's peak: `per_core` fp32 FLOP/s times the cores its threads run on at once (its
 // threads, or its share of the node's cores where the node's threads outnumber them), times
-// `bf16_multiple` (CpuPeak) when its products run on the bf16 units.
+// `bf16_multiple` (core::bf16_peak_multiple) when its products run on the bf16 units.
 double cpu_rank_peak(double per_core, const core::ThreadPlan& plan, bool bf16_units,
                      double bf16_multiple);
 

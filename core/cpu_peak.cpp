@@ -5,7 +5,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/gemm.hpp"
 #include "core/host_threads.hpp"
 
 namespace colossal::core {
@@ -136,7 +135,6 @@ CpuPeak measure_cpu_peak(HostThreads& threads) {
   for (const auto& t : by_thread) peak.fp32_flops += t.second;
   peak.threads = int(by_thread.size());
   peak.vectors = kernel.name;
-  peak.bf16_multiple = bf16_peak_multiple(host_bf16_hardware());
 #else
   (void)threads;
 #endif

@@ -16,19 +16,17 @@ struct CpuPeak {
   // (a CUDA-compiled build, whose products run on the GPU).
   double fp32_flops = 0.0;
   int threads = 0;  // the threads that ran side by side (fewer than asked where a team is capped)
-  // The bf16 units' peak over fp32's (by the vendors' numbers per core and cycle): 16 with
-  // AMX-BF16 (1024 FLOPs against 2 x 16 fp32 FMAs), 2 with AVX512-BF16 (two products summed
-  // into each fp32 lane), 1 without either (bf16 products then run on the fp32 units).
-  double bf16_multiple = 1.0;
   std::string vectors;  // "AVX-512", "AVX2", "128-bit", or "" when not measured
-  double flops(bool bf16) const { return bf16 ? fp32_flops * bf16_multiple : fp32_flops; }
 };
 
 // Measures the peak of `threads`'s threads together, each on its own part, as they run the
 // step's kernels (about 0.1 s; call from the main thread, outside a job).
 CpuPeak measure_cpu_peak(HostThreads& threads);
 
-// The bf16 multiple of CpuPeak for CPU bf16 units named as host_bf16_hardware() names them.
+// The bf16 units' peak over the fp32 one, for CPU bf16 units named as host_bf16_hardware()
+// names them (by the vendors' numbers per core and cycle): 16 with AMX-BF16 (1024 FLOPs against
+// 2 x 16 fp32 FMAs), 2 with AVX512-BF16 (two products summed into each fp32 lane), 1 without
+// either (bf16 products then run on the fp32 units).
 double bf16_peak_multiple(const std::string& bf16_hardware);
 
 }  // namespace colossal::core

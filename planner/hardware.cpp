@@ -121,18 +121,19 @@ HardwareSpec gpu(const char* name, double fp32_tflops, double cuda_core_fp32_tfl
 }
 
 // This development machine (2 cores of an AMD EPYC with AVX-512 and AVX512-BF16) as
-// `colossal_plan --calibrate` measured it on 2026-12-06 with 2 threads in one rank and the default
-// hardware.gemm (OpenBLAS; OPENBLAS_CORETYPE unset, as a user's environment leaves it): with them
-// the cost model predicted gpt2-124m's step (B=4, T=256) within 4% and the quickstart's within
-// 12%, where the numbers of 2026-11-30 (taken before the host kernels were vectorised and
-// threaded: layernorm, attention and AdamW 4-9x slower) predicted +95% and +76%. `colossal_plan --calibrate` measures another machine; MFU on a
-// CPU is against its peak measured at start-up (apps::job_peak_flops), not against these.
+// `colossal_plan --calibrate` measured it on 2026-12-06 with 2 threads in one rank and the
+// default hardware.gemm (OpenBLAS; OPENBLAS_CORETYPE unset, as a user's environment leaves it):
+// with them the cost model predicted gpt2-124m's step (B=4, T=256) within 6% and the
+// quickstart's within 8%, where the numbers of 2026-11-30 (taken before the host kernels were
+// vectorised and threaded: layernorm, attention and AdamW 4-9x slower) predicted +95% and +76%.
+// `colossal_plan --calibrate` measures another machine; MFU on a CPU is against its peak
+// measured at start-up (apps::job_peak_flops), not against these.
 HardwareSpec host() {
   HardwareSpec h;
   h.name = "host";
-  h.fp32_flops = 0.50 * T;  // the best rate of the GEMM curve (sgemm's ceiling)
   h.gemm_curve = {{2.10e6, 230 * G}, {1.68e7, 362 * G}, {2.68e8, 467 * G}, {1.07e9, 455 * G},
                   {2.42e9, 490 * G}, {9.66e9, 474 * G}, {3.44e10, 499 * G}};
+  for (const auto& point : h.gemm_curve) h.fp32_flops = std::max(h.fp32_flops, point.second);
   // [sequence length, head width, GFLOP/s] of each attention form, forward and backward; bf16
   // with the default GEMM is the emulation, slower than fp32.
   const auto grid = [](std::initializer_list<double> rates) {
@@ -146,9 +147,10 @@ HardwareSpec host() {
   h.attention_curve = grid({105, 145, 160, 177, 282, 374, 159, 256, 355});
   h.fused_attention_curve = grid({148, 191, 239, 241, 324, 403, 293, 388, 230});
   h.fused_attention_bf16_curve = grid({52, 83, 130, 83, 137, 214, 97, 158, 107});
-  h.attention_flops = 282 * G;  // the curves' value at T = 512, width 64
-  h.fused_attention_flops = 324 * G;
-  h.fused_attention_bf16_flops = 137 * G;
+  // The scalar rates (a hardware YAML's *_gflops) as --calibrate writes them: T = 512, width 64.
+  h.attention_flops = h.attention_rate(AttentionForm::dense, 512, 64);
+  h.fused_attention_flops = h.attention_rate(AttentionForm::fused, 512, 64);
+  h.fused_attention_bf16_flops = h.attention_rate(AttentionForm::fused_bf16, 512, 64);
   h.memory_bandwidth = 25 * G;
   h.optimizer_bandwidth = 69 * G;
   h.memory_bytes = 24 * GiB;
