@@ -462,7 +462,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // one per activation slot (a pipeline stage needs a micro-batch's tokens again in backward).
   const std::size_t tokens = std::size_t(train.micro_batch) * train.seq_len;
   const std::size_t chunk_tokens = std::size_t(train.micro_batch) * chunk_;
-  host_chunk_.resize(chunk_tokens);
+  token_staging_ = core::DeviceArray<int32_t>(staging_tracker_, core::MemCategory::offloaded,
+                                              2 * chunk_tokens);
   host_inputs_.resize(tokens);
   host_targets_.resize(tokens);
   for (Chunk& chunk : chunks_) {
@@ -642,22 +643,33 @@ void Trainer::print(const char* fmt, ...) const {
 void Trainer::upload(int slot, int chunk) {
   const int T = config_.train.seq_len;
   const std::size_t rows = host_inputs_.size() / T, begin = std::size_t(sp_->rank()) * chunk_;
+  const std::size_t part_tokens = rows * chunk_;
   Chunk& part = chunks_[chunk];
-  for (auto [host, device] : {std::pair{&host_inputs_, &part.inputs},
-                              std::pair{&host_targets_, &part.targets}}) {
+  // On a GPU the host waits for no kernel here: wait() returns once the previous upload's copies
+  // have read the staging (they followed only the kernels queued before that upload, long done
+  // by now as a rule); the copies follow the kernels queued so far (a backward still to run may
+  // read this slot's tokens), and the kernels queued next follow the copies.
+  tokens_queue_.wait();
+  int32_t* staging = token_staging_.data();
+  for (const std::vector<int32_t>* host : {&host_inputs_, &host_targets_}) {
     for (std::size_t r = 0; r < rows; ++r) {
-      std::copy_n(host->begin() + r * T + begin, chunk_, host_chunk_.begin() + r * chunk_);
+      std::copy_n(host->begin() + r * T + begin, chunk_, staging + r * chunk_);
     }
-    core::copy_to_device(device->data() + slot * host_chunk_.size(), host_chunk_.data(),
-                         host_chunk_.size() * sizeof(int32_t));
+    staging += part_tokens;
   }
+  tokens_queue_.follow_kernels();
+  tokens_queue_.to_device(part.inputs.data() + slot * part_tokens, token_staging_.data(),
+                          part_tokens * sizeof(int32_t));
+  tokens_queue_.to_device(part.targets.data() + slot * part_tokens,
+                          token_staging_.data() + part_tokens, part_tokens * sizeof(int32_t));
+  tokens_queue_.precede();
 }
 
 const int32_t* Trainer::slot_inputs(int slot, int chunk) const {
-  return chunks_[chunk].inputs.data() + slot * host_chunk_.size();
+  return chunks_[chunk].inputs.data() + slot * (token_staging_.size() / 2);
 }
 const int32_t* Trainer::slot_targets(int slot, int chunk) const {
-  return chunks_[chunk].targets.data() + slot * host_chunk_.size();
+  return chunks_[chunk].targets.data() + slot * (token_staging_.size() / 2);
 }
 
 double Trainer::pipeline_forward(int batch) { return executor_->forward_only(batch); }

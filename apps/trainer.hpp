@@ -310,7 +310,14 @@ class Trainer {
   zero::GradientSync* gradient_sync_ = nullptr;
   std::unique_ptr<io::TokenFile> train_data_, val_data_;
   std::unique_ptr<io::TrainSampler> sampler_;
-  std::vector<int32_t> host_inputs_, host_targets_, host_chunk_;
+  std::vector<int32_t> host_inputs_, host_targets_;
+  // upload()'s staging: this rank's part of the inputs, then of the targets, in host memory that
+  // is pinned on a GPU build (the `offloaded` kind of array), so the copies to the device run on
+  // tokens_queue_ without the host waiting for the kernels. Its own tracker: two windows of int32
+  // outside the memory plan's categories, as the host buffers above.
+  core::MemoryTracker staging_tracker_;
+  core::DeviceArray<int32_t> token_staging_;
+  core::CopyQueue tokens_queue_;  // after the staging: its destructor waits for its copies
   std::string plan_;
   Watchdog* watchdog_ = nullptr;     // during train(): told of every step, batch and checkpoint
   ActivationPlan activation_plan_;   // checkpointing.policy's schedule for this rank
