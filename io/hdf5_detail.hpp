@@ -4,10 +4,14 @@
 #include <hdf5.h>
 
 #include <string>
+#include <vector>
 
 #include "io/hdf5_file.hpp"
 
 namespace colossal::io::detail {
+
+// The names of the datasets directly in `group` (a file or group id), in name order.
+std::vector<std::string> datasets_in(hid_t group);
 
 inline void check(herr_t status, const std::string& what) {
   if (status < 0) throw H5Error("HDF5: " + what + " failed");

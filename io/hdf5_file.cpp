@@ -2,8 +2,11 @@
 
 #include "io/hdf5_detail.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 namespace colossal::io {
 
@@ -26,6 +29,75 @@ herr_t H5Handle::close() {
   const herr_t status = id_ >= 0 && closer_ != nullptr ? closer_(id_) : herr_t(0);
   id_ = -1;
   return status;
+}
+
+namespace detail {
+std::vector<std::string> datasets_in(hid_t group) {
+  H5G_info_t info;
+  check(H5Gget_info(group, &info), "H5Gget_info");
+  std::vector<std::string> names;
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t size =
+        H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    if (size < 0) throw H5Error("HDF5: H5Lget_name_by_idx failed");
+    std::string name(std::size_t(size) + 1, '\0');
+    if (H5Lget_name_by_idx(group, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
+                           H5P_DEFAULT) < 0) {
+      throw H5Error("HDF5: H5Lget_name_by_idx failed");
+    }
+    name.resize(std::size_t(size));
+#if H5_VERSION_GE(1, 12, 0)
+    H5O_info2_t object;
+    check(H5Oget_info_by_name3(group, name.c_str(), &object, H5O_INFO_BASIC, H5P_DEFAULT),
+          "H5Oget_info_by_name '" + name + "'");
+#else
+    H5O_info_t object;
+    check(H5Oget_info_by_name2(group, name.c_str(), &object, H5O_INFO_BASIC, H5P_DEFAULT),
+          "H5Oget_info_by_name '" + name + "'");
+#endif
+    if (object.type == H5O_TYPE_DATASET) names.push_back(name);
+  }
+  return names;
+}
+}  // namespace detail
+
+int layers_in(const std::vector<std::string>& names, const std::string& stem) {
+  int layers = 0;
+  for (const std::string& n : names) {
+    const auto at = n.find(stem);
+    if (at == std::string::npos || (at != 0 && n[at - 1] != '.')) continue;
+    const std::size_t from = at + stem.size();
+    std::size_t end = from;
+    while (end < n.size() && std::isdigit(static_cast<unsigned char>(n[end]))) ++end;
+    if (end == from || end >= n.size() || n[end] != '.') continue;
+    layers = std::max(layers, std::stoi(n.substr(from, end - from)) + 1);
+  }
+  return layers;
+}
+
+std::string unexpected_tensors(const std::vector<std::string>& file_names,
+                               const std::vector<core::ParamSpec>& table) {
+  std::set<std::string> ours;
+  std::vector<std::string> table_names;
+  for (const core::ParamSpec& p : table) {
+    ours.insert(p.name);
+    table_names.push_back(p.name);
+  }
+  std::vector<std::string> extra;
+  for (const std::string& n : file_names)
+    if (!ours.count(n)) extra.push_back(n);
+  if (extra.empty()) return {};
+  for (const char* stem : {"h.", "layers."}) {
+    const int in_file = layers_in(file_names, stem), in_model = layers_in(table_names, stem);
+    if (in_file > in_model && in_model > 0) {
+      return "the file holds " + std::to_string(in_file) + " layers but model.layers is " +
+             std::to_string(in_model) + "; set model.layers: " + std::to_string(in_file);
+    }
+  }
+  return "tensor '" + extra.front() + "'" +
+         (extra.size() > 1 ? " (and " + std::to_string(extra.size() - 1) + " more)" : "") +
+         " is not part of this model; was the file saved from another model? (model.arch, "
+         "model.tie_embeddings)";
 }
 
 void write_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
@@ -91,6 +163,8 @@ std::string read_model_file(const std::string& path, const std::vector<core::Par
                   params.data() + p.offset),
           "reading dataset " + p.name);
   }
+  const std::string extra = unexpected_tensors(detail::datasets_in(file.get()), table);
+  if (!extra.empty()) throw H5Error("model file '" + path + "': " + extra);
   return read_string_attribute(file.get(), "config");
 }
 

@@ -57,8 +57,18 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
                       const std::string& plan_text = "");
 
 // Reads every parameter of `table` into the host flat buffer `params`, checking that each dataset
-// exists with the expected shape. Returns the config text stored in the file.
+// exists with the expected shape and that the file holds no other (a model of more layers read
+// into fewer would otherwise load without a word). Returns the config text stored in the file.
 std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
                             std::vector<float>& params);
+
+// Layers that tensor names hold: one more than the largest N of "<stem>N." (stem "h." for GPT-2,
+// "layers." for OPT and LLaMA), 0 where there is none.
+int layers_in(const std::vector<std::string>& names, const std::string& stem);
+
+// Empty when every name of `file_names` (a file's tensors) is a tensor of `table`; else what is
+// wrong and the key that fixes it (more layers than the model: model.layers).
+std::string unexpected_tensors(const std::vector<std::string>& file_names,
+                               const std::vector<core::ParamSpec>& table);
 
 }  // namespace colossal::io

@@ -100,21 +100,6 @@ NameMap name_map(const SafetensorsSet& set, const std::vector<core::ParamSpec>& 
   return {prefix};
 }
 
-// Layers a file holds: one more than the largest N of "<stem>N." among its names.
-int layers_in(const std::vector<std::string>& names, const std::string& stem) {
-  int layers = 0;
-  for (const std::string& n : names) {
-    const auto at = n.find(stem);
-    if (at == std::string::npos || (at != 0 && n[at - 1] != '.')) continue;
-    const std::size_t from = at + stem.size();
-    std::size_t end = from;
-    while (end < n.size() && std::isdigit(static_cast<unsigned char>(n[end]))) ++end;
-    if (end == from || end >= n.size() || n[end] != '.') continue;
-    layers = std::max(layers, std::stoi(n.substr(from, end - from)) + 1);
-  }
-  return layers;
-}
-
 void check_shape(const std::string& file, const core::ParamSpec& p, const core::ModelSpec& spec,
                  const std::vector<int64_t>& found) {
   if (found == p.shape) return;
@@ -280,6 +265,17 @@ std::string check_h5(const std::string& path, Kind kind, const core::ModelSpec& 
                   "opening dataset " + name);
     check_shape(path, p, spec, dataset_shape(dset.get()));
   }
+  // No tensor beyond the model's (a file of more layers would otherwise load its first ones).
+  std::vector<std::string> in_file;
+  if (s.prefix.empty()) {
+    in_file = detail::datasets_in(s.file.get());
+  } else {
+    const H5Handle group(H5Gopen2(s.file.get(), "/model", H5P_DEFAULT), H5Gclose,
+                         "opening /model in '" + path + "'");
+    in_file = detail::datasets_in(group.get());
+  }
+  const std::string extra = unexpected_tensors(in_file, logical);
+  if (!extra.empty()) throw WeightsError(path + ": " + extra);
   return "model.init_from: " + std::to_string(logical.size()) + " tensors from " + path +
          (s.prefix.empty() ? "" : " (the checkpoint's model part)") + "\n";
 }

@@ -220,35 +220,6 @@ void write_column(hid_t file, const std::string& name, hsize_t first,
         "writing '" + name + "'");
 }
 
-// The names of the datasets at the root.
-std::vector<std::string> root_datasets(hid_t file) {
-  H5G_info_t info;
-  check(H5Gget_info(file, &info), "H5Gget_info");
-  std::vector<std::string> names;
-  for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t size =
-        H5Lget_name_by_idx(file, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
-    if (size < 0) throw H5Error("HDF5: H5Lget_name_by_idx failed");
-    std::string name(std::size_t(size) + 1, '\0');
-    if (H5Lget_name_by_idx(file, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(), name.size(),
-                           H5P_DEFAULT) < 0) {
-      throw H5Error("HDF5: H5Lget_name_by_idx failed");
-    }
-    name.resize(std::size_t(size));
-#if H5_VERSION_GE(1, 12, 0)
-    H5O_info2_t object;
-    check(H5Oget_info_by_name3(file, name.c_str(), &object, H5O_INFO_BASIC, H5P_DEFAULT),
-          "H5Oget_info_by_name '" + name + "'");
-#else
-    H5O_info_t object;
-    check(H5Oget_info_by_name2(file, name.c_str(), &object, H5O_INFO_BASIC, H5P_DEFAULT),
-          "H5Oget_info_by_name '" + name + "'");
-#endif
-    if (object.type == H5O_TYPE_DATASET) names.push_back(name);
-  }
-  return names;
-}
-
 void replace_attribute(hid_t object, const std::string& name) {
   const htri_t exists = H5Aexists(object, name.c_str());
   if (exists < 0) throw H5Error("HDF5: H5Aexists '" + name + "' failed");
@@ -345,7 +316,7 @@ bool MetricsH5::continue_existing(int64_t resume_step) {
       throw H5Error("not a colossal metrics file (no format attribute '" + std::string(kFormat) +
                     "')");
     }
-    const std::vector<std::string> names = root_datasets(file.get());
+    const std::vector<std::string> names = detail::datasets_in(file.get());
     hsize_t shortest = std::numeric_limits<hsize_t>::max(), longest = 0;
     for (const std::string& name : names) {
       const hsize_t length = column_length(file.get(), name);

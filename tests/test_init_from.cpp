@@ -14,6 +14,7 @@
 #include "apps/trainer.hpp"
 #include "io/checkpoint.hpp"
 #include "io/config.hpp"
+#include "io/hdf5_file.hpp"
 #include "io/init_from.hpp"
 #include "io/safetensors.hpp"
 #include "parallel/mpi_communicator.hpp"
@@ -228,6 +229,11 @@ TEST(InitFrom, RefusesMismatchesNamingTheTensorAndTheKey) {
   other.layers = 1;
   e = check(dir + "/ok", other);
   EXPECT_TRUE(has(e, "holds 2 layers but model.layers is 1")) << e;
+  // The same in a model.h5 (its tensors were only looked up, so the extra layer went unread).
+  io::write_model_file(dir + "/deeper.h5", table, values.data(), "");
+  e = check(dir + "/deeper.h5", other);
+  EXPECT_TRUE(has(e, "deeper.h5: the file holds 2 layers but model.layers is 1; set "
+                     "model.layers: 2")) << e;
   other = c.model;
   other.arch = core::Arch::opt;
   e = check(dir + "/ok", other);

@@ -73,6 +73,46 @@ TEST(ModelFile, MissingDatasetIsNamed) {
   }
 }
 
+// A file of more layers (or other tensors) than the model is refused, not read in part: before,
+// a 4-layer model.h5 evaluated as 2 layers loaded its first two and printed a wrong loss.
+TEST(ModelFile, ExtraLayersOrTensorsAreRefused) {
+  const auto deeper = core::parameter_table(core::model_spec(core::Arch::gpt2, 3, 8, 2, 16, 10, 4));
+  const auto table = small_table();  // the same model with 1 layer
+  std::vector<float> params(flat(deeper), 0.5f);
+  const std::string path = (std::filesystem::temp_directory_path() / "colossal_mf_deeper.h5").string();
+  io::write_model_file(path, deeper, params.data(), "");
+  std::vector<float> back(flat(table));
+  try {
+    io::read_model_file(path, table, back);
+    FAIL() << "read a 3-layer file as 1 layer";
+  } catch (const io::H5Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 3 layers but model.layers is 1; set model.layers: 3"),
+              std::string::npos)
+        << e.what();
+  }
+  // Another tensor than the layers': named, with the keys that change the tensor set.
+  auto more = table;
+  core::ParamSpec extra = more.back();
+  extra.name = "lm_head.weight";
+  extra.offset = 0;
+  more.push_back(extra);
+  io::write_model_file(path, more, params.data(), "");
+  try {
+    io::read_model_file(path, table, back);
+    FAIL() << "read a file with an extra tensor";
+  } catch (const io::H5Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'lm_head.weight' is not part of this model"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(io::layers_in({"transformer.h.0.ln_1.weight", "transformer.h.11.mlp.c_fc.bias",
+                           "transformer.wte.weight"},
+                          "h."),
+            12);
+  EXPECT_EQ(io::layers_in({"model.decoder.layers.3.fc1.weight"}, "layers."), 4);
+  EXPECT_EQ(io::layers_in({"transformer.wte.weight"}, "h."), 0);
+}
+
 // What HDF5 must never see: every kind of damage is caught by the integrity header first, with a
 // message naming the file; an intact checkpoint reads back, also through plain HDF5 (h5py's way).
 TEST(CheckpointFile, IntegrityHeaderIsCheckedBeforeHdf5ParsesTheFile) {
