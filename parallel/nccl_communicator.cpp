@@ -233,9 +233,13 @@ class NcclPending final : public PendingCollective {
   using Await = std::function<void(const std::function<int()>&)>;
   NcclPending(cudaEvent_t event, Await await) : event_(event), await_(std::move(await)) {}
   ~NcclPending() override {
-    if (event_ == nullptr) return;
-    cudaEventSynchronize(event_);  // best effort: a destructor cannot report
-    cudaEventDestroy(event_);
+    // Dropped unwaited (an exception unwinding the step): waited as wait() does, so a peer that
+    // died ends it with the communicator aborted instead of a hang outside the watchdog's
+    // reach (cudaEventSynchronize would block for good); a destructor cannot report the error.
+    try {
+      wait();
+    } catch (...) {
+    }
   }
   bool test() override {
     if (event_ == nullptr) return true;
