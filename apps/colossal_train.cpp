@@ -46,6 +46,9 @@ void print_memory_plan(std::FILE* log,
   }
 }
 
+void print_outputs(std::FILE* log, const colossal::io::Config& config,
+                   const colossal::apps::TrainSummary& s);
+
 // The end-of-run summary (rank 0), for every tensor mode.
 void print_summary(std::FILE* log, const colossal::io::Config& config,
                    const colossal::apps::TrainSummary& s) {
@@ -56,6 +59,13 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
     return;
   }
   std::fprintf(log, "\n== summary ==\n");
+  if (s.steps == s.first_step) {  // resumed at train.steps: no step, so no rate or loss to show
+    std::fprintf(log, "no step run: the checkpoint was at step %lld = train.steps\n",
+                 (long long)s.steps);
+    if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
+    print_outputs(log, config, s);
+    return;
+  }
   std::fprintf(log, "steps %lld in %.1fs (%lld skipped) | train loss %.4f -> %.4f\n",
                (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
                s.last_loss);
@@ -99,6 +109,12 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
                    config.hardware.preset.c_str());
     }
   }
+  print_outputs(log, config, s);
+}
+
+// The summary's last lines: where the model and metrics are, and the sample.
+void print_outputs(std::FILE* log, const colossal::io::Config& config,
+                   const colossal::apps::TrainSummary& s) {
   if (s.model_path.empty()) {
     std::fprintf(log, "no model file (log.save_model: false); metrics in %s/metrics.csv\n",
                  config.log.dir.c_str());
@@ -149,6 +165,10 @@ int main(int argc, char** argv) {
   info.slurm_run_dir = true;
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     std::FILE* log = inv.rank == 0 ? stdout : nullptr;
+    if (inv.has("--weights") && !inv.has("--eval-only")) {
+      throw apps::UsageError("--weights is read with --eval-only only; to train from a model "
+                             "file, set model.init_from: MODEL.h5 (or a Hugging Face folder)");
+    }
     if (inv.config.parallel.mode == io::ParallelMode::automatic) {
       std::string report;
       inv.config = apps::plan_automatically(inv.config, *inv.world,

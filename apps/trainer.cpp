@@ -769,6 +769,18 @@ TrainSummary Trainer::train() {
     summary.skipped_steps = start.skipped_steps;
   }
   const int64_t first_step = start.first_step;
+  if (first_step > t.steps) {  // the same checkpoint, so the same error, on every rank
+    throw CollectiveError("checkpoint.resume: the checkpoint is at step " +
+                          std::to_string(first_step) + ", past train.steps: " +
+                          std::to_string(t.steps) + "; set train.steps >= " +
+                          std::to_string(first_step) + " to go on from it, or " +
+                          "checkpoint.resume: never (or another log.dir) to start over");
+  }
+  if (first_step == t.steps && first_step > 0) {
+    print("checkpoint at step %lld = train.steps: nothing left to train (raise train.steps to "
+          "go on); the end-of-run files are written again\n",
+          (long long)first_step);
+  }
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
                             t.steps + start.schedule_base};
   const JobPeak peak = job_peak_flops(config_, *world_);

@@ -749,6 +749,40 @@ TEST_F(Cli, SignalWritesACheckpointAndResumeContinues) {
   EXPECT_EQ(rows, stopped + 2);
 }
 
+// A finished run submitted again with resume: auto trains nothing and says so (it printed
+// 0 tokens/s losses of 0 and an MFU in the millions); a checkpoint past train.steps is an error
+// naming both keys; --weights outside --eval-only is refused, not ignored.
+TEST_F(Cli, ResumingAFinishedRunTrainsNothingAndSaysSo) {
+  const std::string config = write_config("again.yaml");
+  const std::string run_dir = dir + "/again";
+  std::filesystem::remove_all(run_dir);
+  const std::string args = " --set log.dir=" + run_dir + " --set checkpoint.every=2" +
+                           " --set checkpoint.resume=auto --set sample.tokens=0";
+  Result r = run(bin("colossal_train") + " " + config + args + " --set train.steps=4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(bin("colossal_train") + " " + config + args + " --set train.steps=4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("nothing left to train"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no step run: the checkpoint was at step 4 = train.steps"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("MFU "), std::string::npos) << "an MFU of no step: " << r.output;
+  EXPECT_EQ(r.output.find("throughput"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/finished"));
+  r = run(bin("colossal_train") + " " + config + args + " --set train.steps=3");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("checkpoint.resume: the checkpoint is at step 4, past train.steps: "
+                          "3; set train.steps >= 4"),
+            std::string::npos)
+      << r.output;
+  r = run(bin("colossal_train") + " " + config + " --weights " + run_dir + "/model.h5");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--weights is read with --eval-only only; to train from a model file, "
+                          "set model.init_from"),
+            std::string::npos)
+      << r.output;
+}
+
 // A rank killed mid-run (SIGKILL, as a node failure would): the job ends with an error instead of
 // hanging, the checkpoint directory holds intact checkpoints, and resume: auto continues.
 TEST_F(Cli, AKilledRankEndsTheJobAndResumeContinuesFromTheLastCheckpoint) {
