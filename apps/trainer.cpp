@@ -1391,30 +1391,47 @@ std::string export_hf_over(parallel::Communicator& world, const io::Config& conf
          "; from_pretrained loads it)\n";
 }
 
+namespace {
+// Empty when `dir` exists or can be made and a file can be written in it; else why not. With
+// `leave_none`, a directory this makes is removed again (the writer makes it when first needed).
+std::string cannot_write(const std::string& dir, bool leave_none) {
+  std::error_code ec;
+  const bool made = std::filesystem::create_directories(dir, ec);
+  if (!ec && !std::filesystem::is_directory(dir, ec)) {
+    ec = std::make_error_code(std::errc::not_a_directory);
+  }
+  if (!ec) {
+    const std::string probe = dir + "/.colossal-write-test";
+    std::FILE* f = std::fopen(probe.c_str(), "w");
+    if (f == nullptr) {
+      ec = std::error_code(errno, std::generic_category());
+    } else {
+      std::fclose(f);
+      std::error_code ignored;
+      std::filesystem::remove(probe, ignored);
+    }
+  }
+  if (made && leave_none) {
+    std::error_code ignored;
+    std::filesystem::remove(dir, ignored);
+  }
+  return ec ? ec.message() : std::string();
+}
+}  // namespace
+
 void make_log_dir(parallel::Communicator& world, const io::Config& config) {
   const std::string& dir = config.log.dir;
   std::string error;
   if (world.rank() == 0) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (!ec && !std::filesystem::is_directory(dir, ec)) {
-      ec = std::make_error_code(std::errc::not_a_directory);
-    }
-    const std::string probe = dir + "/.colossal-write-test";
-    if (!ec) {
-      std::FILE* f = std::fopen(probe.c_str(), "w");
-      if (f == nullptr) {
-        ec = std::error_code(errno, std::generic_category());
-      } else {
-        std::fclose(f);
-        std::error_code ignored;
-        std::filesystem::remove(probe, ignored);
-      }
-    }
-    if (ec) {
-      error = "log.dir: cannot create or write '" + dir + "' (" + ec.message() +
+    const std::string ckpt = checkpoint_dir(config);
+    if (const std::string why = cannot_write(dir, false); !why.empty()) {
+      error = "log.dir: cannot create or write '" + dir + "' (" + why +
               "; the run's metrics, config and model go there); set log.dir to a writable "
               "directory, e.g. --set log.dir=runs/mine";
+    } else if (const std::string why_ckpt = cannot_write(ckpt, true); !why_ckpt.empty()) {
+      // Checked now, not at the first checkpoint (checkpoint.every steps, or a SIGTERM, later).
+      error = "checkpoint.dir: cannot create or write '" + ckpt + "' (" + why_ckpt +
+              "); set checkpoint.dir to a writable directory (default: log.dir/checkpoints)";
     }
   }
   world.broadcast_string(error, 0);

@@ -245,6 +245,22 @@ TEST_F(Cli, AnUncreatableLogDirStopsEveryRank) {
   EXPECT_NE(r.code, 124) << "timed out: a rank hung";
   EXPECT_NE(r.output.find("log.dir: cannot create or write '" + dir + "/data.txt/run'"),
             std::string::npos) << r.output;
+  // checkpoint.dir too, before the first step, not at the first checkpoint a thousand steps on.
+  const std::string run_dir = dir + "/ckptdir";
+  std::filesystem::remove_all(run_dir);
+  const Result c = run(mpirun + bin("colossal_train") + " " + write_config("ok.yaml") +
+                       " --set parallel.data=2 --set checkpoint.every=1000 --set log.dir=" +
+                       run_dir + " --set checkpoint.dir=" + dir + "/data.txt/ckpt");
+  EXPECT_NE(c.code, 0);
+  EXPECT_NE(c.code, 124) << "timed out: a rank hung";
+  EXPECT_NE(c.output.find("checkpoint.dir: cannot create or write '" + dir + "/data.txt/ckpt'"),
+            std::string::npos) << c.output;
+  EXPECT_EQ(c.output.find("| loss "), std::string::npos) << "trained before failing: " << c.output;
+  // The default checkpoint.dir is checked, not left behind empty in a run that writes none.
+  const Result ok = run(bin("colossal_train") + " " + write_config("ok.yaml") + " --set log.dir=" +
+                        run_dir + " --set train.steps=1 --set sample.tokens=0");
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_FALSE(std::filesystem::exists(run_dir + "/checkpoints"));
 }
 
 // log.save_model: false ends the run with its metrics and no model file; the export, which
