@@ -251,10 +251,15 @@ int plan(apps::Invocation& inv) {
         core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
     const planner::SearchResult result = planner::search_plans(
         c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
+    if (result.candidates == 0) {
+      throw io::ConfigError(planner::why_no_layout(c.model, c.train.global_batch, c.train.seq_len,
+                                                   bf16(inv), cluster, options));
+    }
     if (result.best.empty()) {
       throw io::ConfigError(
-          "no layout of " + std::to_string(devices) + " devices fits " + c.model_preset +
-          " in " + core::format_bytes(cluster.hw.memory_bytes) + " per device (" +
+          "no layout of " + std::to_string(devices) + " devices fits " +
+          (c.model_preset.empty() ? std::string("the model") : c.model_preset) + " in " +
+          core::format_bytes(cluster.hw.memory_bytes) + " per device (" +
           std::to_string(result.candidates) + " layouts tried); the closest needs " +
           core::format_bytes(result.closest.memory.device()) + " per device: " +
           planner::format_plan(result.closest) +

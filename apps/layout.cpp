@@ -288,7 +288,12 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
           options);
-      if (result.best.empty()) {
+      if (result.candidates == 0) {
+        error = "parallel.mode: auto: " +
+                planner::why_no_layout(config.model, config.train.global_batch,
+                                       config.train.seq_len, false, cluster, options) +
+                " (start that many ranks)";
+      } else if (result.best.empty()) {
         error = "parallel.mode: auto: no layout of " + std::to_string(world.size()) +
                 " ranks fits in " + core::format_bytes(cluster.hw.memory_bytes) +
                 " per rank; the closest needs " +

@@ -754,4 +754,50 @@ std::string plan_json(const Plan& p) {
   return text;
 }
 
+std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
+                          const Cluster& cluster, const SearchOptions& options) {
+  // A quick necessary test of a device count: some tensor x sequence x pipeline x data = g whose
+  // sizes the model takes (the search's full rules, micro-batches and grids, confirm it below).
+  auto splits = [&](int g) {
+    for (int t : divisors(g)) {
+      if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
+      for (int s = 1; s <= options.max_sequence && g % (t * s) == 0; s *= 2) {
+        if (seq_len % s != 0) continue;
+        for (int p : divisors(g / (t * s))) {
+          if (p <= spec.layers && global_batch % (g / (t * s * p)) == 0) return true;
+        }
+      }
+    }
+    return false;
+  };
+  const int G = cluster.devices;
+  std::vector<int> nearest;
+  SearchOptions quick = options;
+  quick.top = 1;
+  for (int step = 1; step < 4 * G && nearest.size() < 2; ++step) {
+    for (int g : {G - step, G + step}) {
+      if (g < 1 || nearest.size() >= 2 || !splits(g)) continue;
+      Cluster other = cluster;
+      other.devices = g;
+      if (search_plans(spec, global_batch, seq_len, bf16, other, quick).candidates > 0) {
+        nearest.push_back(g);
+      }
+    }
+  }
+  std::string text =
+      "no layout splits " + std::to_string(G) + " devices for this model: they are data x "
+      "tensor x pipeline x sequence (or a 2d / 2.5d / 3d grid), where data divides "
+      "train.global_batch (" + std::to_string(global_batch) + "), tensor divides the heads (" +
+      std::to_string(spec.heads) + ") and model.ffn_hidden (" + std::to_string(spec.ffn_hidden) +
+      ") within a node (" + std::to_string(cluster.hw.devices_per_node) +
+      " devices), pipeline is at most model.layers (" + std::to_string(spec.layers) +
+      ") and sequence a power of 2 dividing train.seq_len (" + std::to_string(seq_len) + ")";
+  if (nearest.empty()) return text;
+  text += "; ";
+  for (std::size_t i = 0; i < nearest.size(); ++i) {
+    text += (i ? " or " : "") + std::to_string(nearest[i]);
+  }
+  return text + " devices have layouts";
+}
+
 }  // namespace colossal::planner

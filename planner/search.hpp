@@ -101,6 +101,11 @@ struct SearchResult {
 SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options = {});
 
+// Why search_plans enumerated no layout at all (candidates == 0) for cluster.devices: the rules a
+// layout's sizes follow, with this model's numbers, and the nearest device counts that have one.
+std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
+                          const Cluster& cluster, const SearchOptions& options = {});
+
 // model.fused_attention: auto's rule between a layout costed with the dense attention and with
 // the fused one (step_time 0: not costed): the one that fits with the shorter step (a tie: less
 // memory); when neither fits, the one needing less memory; the dense one when the fused one was

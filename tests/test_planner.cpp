@@ -135,6 +135,26 @@ planner::SearchResult expect_pruning_keeps_the_best(const core::ModelSpec& spec,
 // Eight one-thread ranks on two cores (mpirun --oversubscribe): a plan's step is the busy
 // thread-seconds of all ranks over the cores, pruning still keeps the best plans,
 // and 1F1B needs a micro-batch per stage, as the config does.
+// A device count no layout splits (5 for a model of 4 layers, 8 heads and 16 sequences) is
+// explained by the rules with the model's numbers and the nearest counts that have layouts,
+// instead of "fits in ... (0 layouts tried); the closest needs 0.0 KiB" with an empty plan.
+TEST(Search, ACountNoLayoutSplitsNamesTheRulesAndTheNearestCounts) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 128);
+  planner::Cluster cluster{planner::hardware_preset("h100"), 5};
+  const planner::SearchResult result = planner::search_plans(spec, 16, 128, false, cluster);
+  ASSERT_EQ(result.candidates, 0u);
+  const std::string why = planner::why_no_layout(spec, 16, 128, false, cluster);
+  EXPECT_NE(why.find("no layout splits 5 devices"), std::string::npos) << why;
+  EXPECT_NE(why.find("train.global_batch (16)"), std::string::npos) << why;
+  EXPECT_NE(why.find("model.layers (4)"), std::string::npos) << why;
+  // 4 = data 4; 6 = tensor 2 x pipeline 3: both searched for real.
+  EXPECT_NE(why.find("; 4 or 6 devices have layouts"), std::string::npos) << why;
+  for (int g : {4, 6}) {
+    cluster.devices = g;
+    EXPECT_GT(planner::search_plans(spec, 16, 128, false, cluster).candidates, 0u) << g;
+  }
+}
+
 TEST(Search, RanksSharingCoresAddTheirWork) {
   constexpr auto none = core::CheckpointPolicy::none;
   const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 4, 256, 8, 1024, 256, 128);
