@@ -336,8 +336,8 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--help")) {
       std::printf(
-          "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--threads N]\n"
-          "                      [--batch B] [--seq-len T] [--peak-tflops F] [--tf32]\n"
+          "usage: colossal_bench [--steps N] [--case NAME ...] [--gemm NAME] [--precision P]\n"
+          "                      [--threads N] [--batch B] [--seq-len T] [--peak-tflops F] [--tf32]\n"
           "                      [--fused-attention] [--gemm-table | --attention]\n\n"
           "For each case (gpt2-124m B=4 T=256, quickstart B=16 T=128, tiny B=8 T=128) prints the\n"
           "sgemm ceiling at the model's GEMM shapes, our training tokens/s, achieved GFLOP/s\n"
@@ -424,6 +424,13 @@ int main(int argc, char** argv) {
   std::vector<Case> cases = {{"gpt2-124m", *find_preset("gpt2-124m"), 4, 256},
                              {"quickstart", small_gpt(4, 256, 8, 128), 16, 128},
                              {"tiny", small_gpt(4, 256, 4, 128), 8, 128}};
+  for (const std::string& name : only) {
+    if (std::none_of(cases.begin(), cases.end(), [&](const Case& c) { return c.name == name; })) {
+      std::fprintf(stderr, "colossal_bench: --case '%s' is not a case (gpt2-124m, quickstart, "
+                   "tiny); see --help\n", name.c_str());
+      return 2;
+    }
+  }
   for (Case& c : cases) {
     c.spec.fused_attention = fused;
     if (batch > 0) c.batch = batch;

@@ -61,6 +61,16 @@ TEST_F(Cli, HelpOnEveryProgram) {
     EXPECT_NE(r.output.find("usage: " + std::string(p)), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("--set KEY=VALUE"), std::string::npos) << r.output;
   }
+  // The benchmark takes no config; its flags are checked (an unknown --case printed an empty
+  // table and exited 0).
+  Result r = run(bin("colossal_bench") + " --help");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[--precision P]"), std::string::npos) << r.output;
+  r = run(bin("colossal_bench") + " --case Tiny");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--case 'Tiny' is not a case (gpt2-124m, quickstart, tiny)"),
+            std::string::npos)
+      << r.output;
 }
 
 // colossal_plan describes a layout of 8 tensor ranks from one process.
