@@ -13,7 +13,10 @@ int main(int argc, char** argv) {
       "usage: colossal_generate CONFIG [--weights MODEL.h5] [--prompt TEXT] [--tokens N]\n"
       "                         [--temperature T] [--seed S]\n\n"
       "Samples N tokens (default 200) after TEXT from MODEL.h5 at temperature T (default 0.8;\n"
-      "0 = greedy). With a byte vocabulary (256) the output is text; otherwise token ids.\n"
+      "0 = greedy) and prints the prompt and them. Over the config's data: a text file's tokens\n"
+      "are bytes, so TEXT is text and so is the output (no --prompt: a newline); a token file's\n"
+      "(llm.c .bin) are a tokenizer's ids, so TEXT is ids separated by spaces (e.g. '50256 464';\n"
+      "scripts/tokenize.py --encode prints them) and so is the output.\n"
       "Without --weights, the config's model.init_from is used.\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
       {}};
@@ -36,8 +39,8 @@ int main(int argc, char** argv) {
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
     apps::Trainer trainer(inv.config, nullptr, inv.world);
     if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
-    const std::string prompt = inv.flag("--prompt", "\n");
-    const std::string text = trainer.generate(prompt, tokens, temperature, seed);
+    const std::string prompt = inv.flag("--prompt", "");
+    const std::string text = trainer.generate(prompt, tokens, temperature, seed, "--prompt");
     if (inv.rank == 0) {
       // fwrite, not printf("%s"): a generated 0 byte must not cut the text short.
       const std::string out = prompt + text + "\n";

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -246,6 +247,49 @@ parallel::Communicator* run_world(const io::Config& config, parallel::Communicat
   return world;
 }
 
+std::vector<int32_t> prompt_tokens(const std::string& prompt, const io::TokenFile& data,
+                                   int vocab, const std::string& key) {
+  std::vector<int32_t> tokens;
+  auto outside = [&](long long token, const std::string& what) {
+    return io::ConfigError(key + ": " + what + " " + std::to_string(token) +
+                           " is outside the model's vocabulary (model.vocab: " +
+                           std::to_string(vocab) + ")");
+  };
+  if (data.format() == io::TokenFile::Format::raw_bytes) {
+    for (unsigned char c : prompt.empty() ? std::string("\n") : prompt) {
+      if (c >= vocab) throw outside(c, "byte");
+      tokens.push_back(c);
+    }
+    return tokens;
+  }
+  const std::string why =
+      key + ": '" + prompt + "' is not token ids; " + data.path() +
+      " holds a tokenizer's ids (llm.c format), which colossal cannot make from text: give the "
+      "prompt as ids separated by spaces, e.g. '50256 464' for GPT-2's <|endoftext|>The "
+      "(scripts/tokenize.py --encode TEXT --tokenizer tokenizer.json prints them)";
+  std::size_t at = 0;
+  while (true) {
+    while (at < prompt.size() && (std::isspace(static_cast<unsigned char>(prompt[at])) ||
+                                  prompt[at] == ',')) {
+      ++at;
+    }
+    if (at == prompt.size()) break;
+    std::size_t end = at;
+    while (end < prompt.size() && std::isdigit(static_cast<unsigned char>(prompt[end]))) ++end;
+    if (end == at || end - at > 9 ||
+        (end < prompt.size() && !std::isspace(static_cast<unsigned char>(prompt[end])) &&
+         prompt[end] != ',')) {
+      throw io::ConfigError(why);
+    }
+    const long long token = std::stoll(prompt.substr(at, end - at));
+    if (token >= vocab) throw outside(token, "token");
+    tokens.push_back(int32_t(token));
+    at = end;
+  }
+  if (tokens.empty()) throw io::ConfigError(why);
+  return tokens;
+}
+
 void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
                    std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val) {
   const int T = config.train.seq_len, V = config.model.vocab;
@@ -258,6 +302,8 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
     val->check(V, static_cast<std::size_t>(T) + 1,
                "train.seq_len + 1 tokens for one validation window");
   }
+  // Now, not after the training it would follow.
+  if (config.sample.tokens > 0) prompt_tokens(config.sample.prompt, *train, V, "sample.prompt");
 }
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
@@ -1553,7 +1599,7 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
 }
 
 std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
-                              uint64_t seed) {
+                              uint64_t seed, const std::string& key) {
   if (chunks_.back().dense == nullptr) {
     // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
     // trainer on world rank 0, which samples: the text a 1d run of these weights prints.
@@ -1567,12 +1613,11 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     one.checkpoint.resume = io::ResumeMode::never;
     Trainer whole(one, nullptr);
     whole.set_local_parameters(whole.from_logical(values));
-    return whole.generate(prompt, tokens, temperature, seed);
+    return whole.generate(prompt, tokens, temperature, seed, key);
   }
   const int T = config_.train.seq_len, V = config_.model.vocab;
-  const bool bytes = V <= 256;
-  std::vector<int32_t> context;
-  for (unsigned char c : prompt.empty() ? std::string("\n") : prompt) context.push_back(c % V);
+  const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
+  std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
   std::vector<float> logits(V);
   constexpr uint64_t kStream = core::hash_name("colossal.sample");
   std::string out;
@@ -1617,8 +1662,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     if (bytes) {
       out.push_back(static_cast<char>(next));
     } else {
-      if (!out.empty()) out.push_back(' ');
-      out += std::to_string(next);
+      out += ' ' + std::to_string(next);
     }
   }
   return out;

@@ -140,8 +140,16 @@ double cpu_rank_peak(double per_core, const core::ThreadPlan& plan, bool bf16_un
 parallel::Communicator* run_world(const io::Config& config, parallel::Communicator* world,
                                   std::unique_ptr<parallel::Communicator>& own);
 
+// The tokens a prompt stands for, given the training data: a text file's tokens are its bytes,
+// so the prompt is text (empty: a newline); a token file's (llm.c .bin) are a tokenizer's ids,
+// which colossal cannot make from text, so the prompt is those ids as numbers ("15496 995").
+// Throws io::ConfigError naming `key` (sample.prompt, --prompt) for a prompt that is neither, or
+// a token outside model.vocab.
+std::vector<int32_t> prompt_tokens(const std::string& prompt, const io::TokenFile& data,
+                                   int vocab, const std::string& key);
+
 // data.path (with its sampler) and, when set, data.val_path, each checked to hold the model's
-// token ids and enough tokens for train.seq_len.
+// token ids and enough tokens for train.seq_len; and sample.prompt, when a sample is asked for.
 void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
                    std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val);
 
@@ -211,9 +219,12 @@ class Trainer {
   // Called after every step with the number of steps done (tests use it to stop a run).
   void set_step_callback(std::function<void(int64_t)> callback) { step_callback_ = std::move(callback); }
   void load_weights(const std::string& path);
-  // Continues `prompt` by `tokens` sampled tokens (temperature; 0 = greedy). For a byte vocabulary
-  // the result is text; otherwise token ids separated by spaces.
-  std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed);
+  // Continues `prompt` (prompt_tokens: text over byte data, token ids over a token file) by
+  // `tokens` sampled tokens (temperature; 0 = greedy): text over byte data, else the ids, each
+  // after a space.
+  // `key` names the prompt in errors.
+  std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed,
+                       const std::string& key = "sample.prompt");
 
   core::Model& model() { return *model_; }  // 1d (the dense model class) only
   const core::MemoryTracker& memory() const { return tracker_; }

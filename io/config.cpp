@@ -569,7 +569,9 @@ const std::vector<KeySpec>& schema() {
 
       {.key = "sample.prompt", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.sample.prompt; },
-       .doc = "text the end-of-run sample starts from; empty = a newline"},
+       .doc = "what the end-of-run sample starts from: text over byte data (empty = a newline); "
+              "over a token file (llm.c .bin) token ids separated by spaces, e.g. '50256 464' "
+              "(scripts/tokenize.py --encode TEXT)"},
       {.key = "sample.tokens", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.sample.tokens; },
        .doc = "tokens to generate at the end of training; 0 = no sample", .range = at_least(0)},

@@ -18,6 +18,13 @@ Example (a folder of .txt files to training data for a GPT-2 sized model):
   python3 scripts/tokenize.py corpus/ --tokenizer gpt2/tokenizer.json --out data/corpus
   colossal_train configs/gpt2-124m.yaml --set data.path=data/corpus/train.bin \\
       --set data.val_path=data/corpus/val.bin
+
+colossal has no tokenizer of its own: over token files its prompts (colossal_generate --prompt,
+sample.prompt) and samples are token ids. --encode TEXT prints the ids of TEXT and --decode IDS
+the text of ids, with the same tokenizer:
+  python3 scripts/tokenize.py --tokenizer gpt2/tokenizer.json --encode "The licence"
+  colossal_generate configs/gpt2-124m.yaml --weights runs/corpus/model.h5 --prompt "464 17098"
+  python3 scripts/tokenize.py --tokenizer gpt2/tokenizer.json --decode "464 17098 ..."
 """
 
 import argparse
@@ -47,11 +54,12 @@ class TokenizeError(Exception):
 class Tokenizer:
     """The few things this script needs of a tokenizer."""
 
-    def __init__(self, name, vocab_size, eot, encode_batch):
+    def __init__(self, name, vocab_size, eot, encode_batch, decode):
         self.name = name
         self.vocab_size = vocab_size
         self.eot = eot  # the end-of-text id, or None
         self.encode_batch = encode_batch  # list of str -> list of list of int
+        self.decode = decode  # list of int -> str
 
 
 def tiktoken_cache_dir():
@@ -78,7 +86,7 @@ def tiktoken_gpt2():
                           f"({cache}); it would need a download")
     enc = tiktoken.get_encoding("gpt2")
     return Tokenizer("tiktoken gpt2", enc.n_vocab, enc.eot_token,
-                     lambda texts: enc.encode_ordinary_batch(texts)), ""
+                     lambda texts: enc.encode_ordinary_batch(texts), enc.decode), ""
 
 
 def local_tokenizer(path):
@@ -102,7 +110,8 @@ def local_tokenizer(path):
             return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
         return Tokenizer(f"tokenizers {path}", tok.get_vocab_size(with_added_tokens=True),
-                         tok.token_to_id(EOT_TEXT), encode)
+                         tok.token_to_id(EOT_TEXT), encode,
+                         lambda ids: tok.decode(ids, skip_special_tokens=False))
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
@@ -117,7 +126,7 @@ def local_tokenizer(path):
         eot = None
     return Tokenizer(f"transformers {path}", len(tok),
                      eot, lambda texts: [tok(t, add_special_tokens=False)["input_ids"]
-                                         for t in texts])
+                                         for t in texts], tok.decode)
 
 
 def choose_tokenizer(args):
@@ -174,8 +183,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="tokenize.py", description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("inputs", nargs="+", help="text files, or folders searched recursively")
-    parser.add_argument("--out", required=True, help="folder for train.bin and val.bin")
+    parser.add_argument("inputs", nargs="*", help="text files, or folders searched recursively")
+    parser.add_argument("--out", help="folder for train.bin and val.bin")
+    parser.add_argument("--encode", metavar="TEXT",
+                        help="instead, print TEXT's token ids (a prompt for colossal_generate "
+                             "--prompt or sample.prompt over token files)")
+    parser.add_argument("--decode", metavar="IDS",
+                        help="instead, print the text of token ids separated by spaces (what "
+                             "colossal_generate prints over token files)")
     parser.add_argument("--tokenizer", help="a tokenizer.json, or a folder holding one")
     parser.add_argument("--val-fraction", type=float, default=0.1,
                         help="share of the tokens (the last ones) that go to val.bin; 0 writes "
@@ -187,6 +202,24 @@ def main(argv=None):
                         help="do not put the end-of-text token before each document")
     args = parser.parse_args(argv)
     try:
+        if args.encode is not None or args.decode is not None:
+            if args.inputs or args.out or (args.encode is not None and args.decode is not None):
+                raise TokenizeError("--encode and --decode take no inputs, no --out and not "
+                                    "each other")
+            tok = choose_tokenizer(args)
+            if args.encode is not None:
+                print(" ".join(str(i) for i in tok.encode_batch([args.encode])[0]))
+                return 0
+            try:
+                ids = [int(t) for t in args.decode.replace(",", " ").split()]
+            except ValueError:
+                raise TokenizeError(f"--decode: '{args.decode}' is not token ids separated by "
+                                    "spaces")
+            print(tok.decode(ids))
+            return 0
+        if not args.inputs or not args.out:
+            raise TokenizeError("give text files or folders and --out FOLDER (or --encode / "
+                                "--decode); see --help")
         if not 0.0 <= args.val_fraction < 1.0:
             raise TokenizeError(f"--val-fraction {args.val_fraction} is outside [0, 1)")
         extensions = [e if e.startswith(".") else "." + e for e in args.ext.split(",") if e]

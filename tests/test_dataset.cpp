@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "io/dataset.hpp"
+#include "token_files.hpp"
 
 using namespace colossal::io;
+using colossal::test::write_llmc;
 
 namespace {
 
@@ -18,17 +20,6 @@ std::string temp_path(const std::string& name) {
 
 void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
-}
-
-void write_llmc(const std::string& path, const std::vector<uint16_t>& tokens, int32_t version = 1,
-                int32_t count = -1) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = TokenFile::kLlmcMagic;
-  header[1] = version;
-  header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
 }
 
 std::string message_of(const std::function<void()>& f) {

@@ -3,12 +3,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "apps/trainer.hpp"
 #include "core/gemm.hpp"
 #include "io/config.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
+#include "token_files.hpp"
 
 using namespace colossal;
 
@@ -57,6 +59,68 @@ TEST_P(Training, LearnsAPeriodicSequenceToNearZeroLoss) {
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, Training, ::testing::Values("gpt2", "opt"));
+
+// A prompt is text over byte data and token ids over a token file (colossal has no tokenizer):
+// the bytes of "Hello" over a GPT-2 token file were sampled from as ids 72, 101, ... before.
+TEST(Prompt, IsTextOverBytesAndIdsOverATokenFile) {
+  const std::string dir = temp_dir("prompt");
+  const std::string text = periodic_data(dir), ids = dir + "/data.bin";
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 4000; ++i) tokens.push_back(uint16_t(1000 + i % 9));
+  test::write_llmc(ids, tokens);
+  const io::TokenFile bytes(text, "data.path"), llmc(ids, "data.path");
+  EXPECT_EQ(apps::prompt_tokens("co", bytes, 256, "k"), (std::vector<int32_t>{'c', 'o'}));
+  EXPECT_EQ(apps::prompt_tokens("", bytes, 256, "k"), (std::vector<int32_t>{'\n'}));
+  EXPECT_EQ(apps::prompt_tokens("50256 464,11", llmc, 50257, "k"),
+            (std::vector<int32_t>{50256, 464, 11}));
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const io::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string hello = message([&] { apps::prompt_tokens("Hello", llmc, 50257, "--prompt"); });
+  EXPECT_NE(hello.find("--prompt: 'Hello' is not token ids; " + ids + " holds a tokenizer's ids"),
+            std::string::npos)
+      << hello;
+  EXPECT_NE(hello.find("scripts/tokenize.py --encode"), std::string::npos) << hello;
+  EXPECT_NE(message([&] { apps::prompt_tokens("", llmc, 50257, "k"); }).find("is not token ids"),
+            std::string::npos);
+  EXPECT_NE(message([&] { apps::prompt_tokens("12x", llmc, 50257, "k"); }).find("not token ids"),
+            std::string::npos);
+  EXPECT_NE(message([&] { apps::prompt_tokens("50257", llmc, 50257, "sample.prompt"); })
+                .find("sample.prompt: token 50257 is outside the model's vocabulary "
+                      "(model.vocab: 50257)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { apps::prompt_tokens("caf\xc3\xa9", bytes, 128, "k"); })
+                .find("k: byte 195 is outside"),
+            std::string::npos);
+
+  // A run over the token file: a text sample.prompt is refused before training; ids sample ids.
+  const std::string model = "model: {layers: 1, hidden: 16, heads: 2, vocab: 1024, max_seq: 16}\n";
+  const std::string rest = "data: {path: " + ids + "}\ntrain: {steps: 2, seq_len: 16, " +
+                           "global_batch: 2, micro_batch: 2}\neval: {every: 0}\n" +
+                           "log: {every: 1000, dir: " + dir + "/run}\n";
+  EXPECT_THROW(apps::Trainer(io::parse_config(model + rest + "sample: {prompt: the, tokens: 4}\n",
+                                              "test"),
+                             nullptr),
+               io::ConfigError);
+  apps::Trainer trainer(io::parse_config(model + rest + "sample: {prompt: '1001 1002', tokens: 4}\n",
+                                         "test"),
+                        nullptr);
+  const std::string sampled = trainer.generate("1001 1002", 4, 0.0, 1);
+  // " id id id id": four ids below model.vocab, each after a space.
+  int count = 0;
+  for (std::size_t at = 0; at < sampled.size(); ++count) {
+    ASSERT_EQ(sampled[at], ' ') << sampled;
+    const std::size_t end = sampled.find(' ', at + 1);
+    EXPECT_LT(std::stoi(sampled.substr(at + 1, end - at - 1)), 1024) << sampled;
+    at = end == std::string::npos ? sampled.size() : end;
+  }
+  EXPECT_EQ(count, 4) << sampled;
+}
 
 TEST(Training, FusedAttentionTrainsTheSameModel) {
   const std::string dir = temp_dir("fused");

@@ -102,6 +102,19 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(expected) < sum(len(t.encode()) for n, t in texts.items() if n.endswith(".txt")),
           "the BPE did not merge anything")
 
+    # --encode / --decode: a prompt's ids for colossal_generate over token files, and back.
+    text = "The quick brown fox"
+    r = run(["--tokenizer", tok_path, "--encode", text])
+    ids = tok.encode(text, add_special_tokens=False).ids
+    check(r.returncode == 0 and r.stdout.strip() == " ".join(map(str, ids)),
+          f"--encode: {r.returncode} {r.stdout} {r.stderr}")
+    r = run(["--tokenizer", tok_path, "--decode", " ".join(map(str, ids))])
+    check(r.returncode == 0 and r.stdout.rstrip("\n") == text, f"--decode: {r.stdout} {r.stderr}")
+    r = run(["--tokenizer", tok_path, "--decode", "12 x"])
+    check(r.returncode == 2 and "is not token ids" in r.stderr, f"--decode x: {r.stderr}")
+    r = run([corpus, "--tokenizer", tok_path, "--encode", text])
+    check(r.returncode == 2 and "take no inputs" in r.stderr, f"--encode with inputs: {r.stderr}")
+
     # --val-fraction 0: no val.bin.
     out0 = os.path.join(tmp, "out0")
     r = run([os.path.join(corpus, "a.txt"), "--tokenizer", tmp, "--out", out0,

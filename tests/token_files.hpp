@@ -1,0 +1,26 @@
+// Token files for tests: llm.c's format (a 256-int32 header: magic, version, token count; then
+// uint16 tokens), as io::TokenFile reads it.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "io/dataset.hpp"
+
+namespace colossal::test {
+
+// `count` < 0: the header says tokens.size() (another value makes a damaged file).
+inline void write_llmc(const std::string& path, const std::vector<uint16_t>& tokens,
+                       int32_t version = 1, int32_t count = -1) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = io::TokenFile::kLlmcMagic;
+  header[1] = version;
+  header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+}
+
+}  // namespace colossal::test
