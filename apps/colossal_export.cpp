@@ -15,13 +15,14 @@ namespace {
 
 const char* kUsage =
     "usage: colossal_export MODEL.h5 --out DIR [--max-shard-size SIZE]\n\n"
-    "Writes DIR/config.json (a GPT2Config or OPTConfig for the model's arch and sizes, read from\n"
-    "the config MODEL.h5 carries) and DIR/model.safetensors with the Hugging Face names and\n"
-    "layouts, so that GPT2LMHeadModel.from_pretrained(DIR) / OPTForCausalLM.from_pretrained(DIR)\n"
-    "load it with no code. Above SIZE of tensor bytes (default 5GB, as Hugging Face; units B, KB,\n"
-    "MB, GB, KiB, MiB, GiB) the weights are sharded into model-0000i-of-0000n.safetensors with\n"
-    "model.safetensors.index.json. The LM head is tied to the token embedding\n"
-    "(tie_word_embeddings), so no lm_head.weight is written. colossal_train writes the same into\n"
+    "Writes DIR/config.json (a GPT2Config, OPTConfig or LlamaConfig for the model's arch and\n"
+    "sizes, read from the config MODEL.h5 carries) and DIR/model.safetensors with the Hugging Face\n"
+    "names and layouts, so that GPT2LMHeadModel / OPTForCausalLM / LlamaForCausalLM\n"
+    ".from_pretrained(DIR) load it with no code. Above SIZE of tensor bytes (default 5GB, as\n"
+    "Hugging Face; units B, KB, MB, GB, KiB, MiB, GiB) the weights are sharded into\n"
+    "model-0000i-of-0000n.safetensors with model.safetensors.index.json. A head tied to the token\n"
+    "embedding (GPT-2, OPT; LLaMA with model.tie_embeddings) is written once\n"
+    "(tie_word_embeddings: true, no lm_head.weight). colossal_train writes the same into\n"
     "log.dir/hf/ at the end of a run with log.export_hf: true.\n\n"
     "Exit codes: 0 written, 2 bad command line, 3 unreadable model file or unwritable DIR.\n";
 

@@ -2,7 +2,9 @@
 // calibration of this host's hardware spec.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 
 #include "apps/calibrate.hpp"
@@ -165,17 +167,38 @@ void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
   const io::Config planned = io::parse_config(inv.config.text, inv.config.source, sets,
                                               io::ParseOptions{.require_data = false});
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    if (!(f << io::to_yaml(planned))) throw std::runtime_error("cannot write '" + tmp + "'");
+  const std::string text = io::to_yaml(planned);
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  bool written = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int error = errno;
+  if (f != nullptr && std::fclose(f) != 0 && written) {  // a full disk shows at the flush
+    written = false;
+    error = errno;
+  }
+  if (!written) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("--emit-yaml: cannot write '" + tmp + "': " + std::strerror(error));
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    throw std::runtime_error("cannot rename '" + tmp + "' to '" + path + "'");
+    throw std::runtime_error("--emit-yaml: cannot rename '" + tmp + "' to '" + path +
+                             "': " + std::strerror(errno));
   }
 }
 
-// --precision bf16 plans mixed precision (what colossal_train does not run yet: train.precision
-// accepts fp32 only); else the config's precision.
+// --emit-yaml's file can be written: checked before the search, whose output would otherwise
+// come first and the error after it.
+void check_writable(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    throw apps::UsageError("--emit-yaml: cannot write '" + path + "' (" + std::strerror(errno) +
+                           "); give a path in a writable directory");
+  }
+  std::fclose(f);
+  std::remove(tmp.c_str());
+}
+
+// --precision fp32 or bf16 plans that precision; else the config's train.precision.
 bool bf16(const apps::Invocation& inv) {
   const std::string p = inv.flag("--precision", core::to_string(inv.config.train.precision));
   try {
@@ -203,6 +226,7 @@ int plan(apps::Invocation& inv) {
       hw, devices, cores, hw.threads > 0 && core::pins_ranks_to_cores(devices, cores));
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
+  if (!emit.empty() && inv.rank == 0) check_writable(emit);
   int top = 5;
   if (const std::string t = inv.flag("--top"); !t.empty()) {
     char* end = nullptr;

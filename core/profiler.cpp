@@ -46,8 +46,9 @@ std::string Profiler::table(int steps, double step_seconds, const std::vector<do
   const bool with = predicted.size() == std::size_t(kKinds) + 1;
   std::string out;
   char line[200];
-  // The prediction and the measurement against it: "+12%" where the kind took 12% longer than
-  // the cost model said; "-" where it predicts nothing (negative) or under 10 us (rounding).
+  // The prediction and how far off it is, as the summary's cost-model line has it (predicted
+  // over measured): "-20%" where the cost model said 20% less time than the kind took; "-"
+  // where it predicts nothing (negative) or under 10 us (rounding).
   auto against = [&](double measured, double expected) -> std::string {
     char cell[64];
     if (expected < 0) {
@@ -56,7 +57,7 @@ std::string Profiler::table(int steps, double step_seconds, const std::vector<do
       std::snprintf(cell, sizeof cell, "%11.1f %6s", 1e3 * expected, "-");
     } else {
       std::snprintf(cell, sizeof cell, "%11.1f %+5.0f%%", 1e3 * expected,
-                    100.0 * (measured / expected - 1.0));
+                    100.0 * (expected / measured - 1.0));
     }
     return "  " + std::string(cell);
   };
