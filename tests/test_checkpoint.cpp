@@ -169,18 +169,24 @@ TEST(Checkpoint, ACorruptedTensorIsSkippedAndAnUnwritableDirectoryStopsEveryRank
   apps::Trainer resumed(c, nullptr, &world);
   EXPECT_EQ(resumed.train().first_step, 2) << "the damaged ckpt-4 must be skipped";
 
-  // checkpoint.dir under a regular file cannot be created.
+  // checkpoint.dir under a regular file cannot be created: every rank stops before its first
+  // step, not at the first checkpoint.
   io::Config bad = config(data, dir + "/bad", layout, "checkpoint: {every: 1}\n");
   bad.checkpoint.dir = data + "/checkpoints";
   bad.train.steps = 2;
   apps::Trainer trainer(bad, nullptr, &world);
+  int64_t steps_run = 0;
+  trainer.set_step_callback([&](int64_t) { ++steps_run; });
   try {
     trainer.train();
     FAIL() << "wrote a checkpoint into " << bad.checkpoint.dir;
   } catch (const apps::CollectiveError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot create checkpoint.dir"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("checkpoint.dir: cannot create or write '" + data +
+                                         "/checkpoints'"),
+              std::string::npos)
         << e.what();
   }
+  EXPECT_EQ(steps_run, 0);
 }
 
 // Save under one layout, resume under another: the checkpoint holds logical tensors.
