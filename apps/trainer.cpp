@@ -1102,7 +1102,15 @@ double Trainer::evaluate() {
   if (model.fixed_batch()) {
     // A model that only takes whole micro-batches (2d / 3d): the windows rounded down to whole
     // micro-batches of every replica.
+    const int64_t all = windows;
     windows -= windows % (B * replicas);
+    if (windows < all && !said_val_windows_) {
+      print("validation: %lld of %lld windows (%s evaluates whole micro-batches of %d per "
+            "replica), so its val loss is not a 1d run's or colossal_eval's\n",
+            (long long)windows, (long long)all,
+            core::tensor_mode_name(config_.parallel.tensor_mode), B);
+      said_val_windows_ = true;
+    }
     if (windows == 0) {
       throw CollectiveError("data.val_path has fewer windows than one train.micro_batch for " +
                             std::string("each of the data x depth = ") +

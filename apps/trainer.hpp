@@ -316,6 +316,7 @@ class Trainer {
   std::vector<float> chunk_parameters(Chunk& chunk);
   std::unique_ptr<parallel::PipelineExecutor> executor_;  // over chunks_
   int64_t step_ = 0;  // the step run_step runs (the chunks' load() samples from it)
+  bool said_val_windows_ = false;  // evaluate()'s note on windows left out, printed once
   core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
   zero::ShardedAdamW* optimizer_ = nullptr;
   zero::GradientSync* gradient_sync_ = nullptr;

@@ -541,6 +541,15 @@ TEST_F(Cli, TensorMode2dRunsUnderMpirunWithProfileTraceAndEvalOnly) {
           "/md/model.h5");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(val_line), std::string::npos) << val_line << "\n" << r.output;
+  EXPECT_EQ(r.output.find("validation: "), std::string::npos) << "4 windows are 2 micro-batches";
+  // 5 windows are not whole micro-batches of 2: the one left out is said, once.
+  r = run(mpirun + bin("colossal_train") + " " + config + grid + " --set data.val_windows=5" +
+          " --eval-only --weights " + dir + "/md/model.h5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("validation: 4 of 5 windows (2d evaluates whole micro-batches of 2 per "
+                          "replica), so its val loss is not a 1d run's or colossal_eval's"),
+            std::string::npos)
+      << r.output;
 }
 
 // hardware.gemm: cublas where it cannot run (no CUDA build, or no GPU visible) stops every rank
