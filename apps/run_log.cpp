@@ -166,9 +166,9 @@ void RunLog::finish(TrainSummary& summary) const {
   summary.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double timed_steps = double(recorded() - 1);
-  summary.tokens_per_s = timed_steps > 0
-                             ? options_.tokens_per_step * timed_steps / timed_seconds_
-                             : options_.tokens_per_step / summary.seconds;
+  summary.tokens_per_s = timed_steps > 0    ? options_.tokens_per_step * timed_steps / timed_seconds_
+                         : recorded() == 1 ? options_.tokens_per_step / summary.seconds
+                                           : 0.0;  // no step run (a resume at train.steps)
   summary.mfu = summary.tokens_per_s * options_.flops_per_token / options_.peak_flops;
   summary.peak_flops = options_.peak_flops;
   summary.peak_tracked_bytes = options_.memory->peak_total();

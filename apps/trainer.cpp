@@ -302,8 +302,6 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
     val->check(V, static_cast<std::size_t>(T) + 1,
                "train.seq_len + 1 tokens for one validation window");
   }
-  // Now, not after the training it would follow.
-  if (config.sample.tokens > 0) prompt_tokens(config.sample.prompt, *train, V, "sample.prompt");
 }
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
@@ -791,11 +789,9 @@ TrainSummary Trainer::train() {
   core::AdamWParams hp{t.optimizer.lr, t.optimizer.beta1, t.optimizer.beta2, t.optimizer.eps,
                        t.optimizer.weight_decay};
   make_log_dir(*world_, config_);
-  if (world_->rank() == 0 && profile_steps_ == 0) {
-    // A run continuing in this directory has not finished (yet): log.dir/finished is written
-    // again when it reaches train.steps.
-    std::error_code ignored;
-    std::filesystem::remove(config_.log.dir + "/finished", ignored);
+  // The end-of-run sample's prompt, checked now rather than after the training it follows.
+  if (config_.sample.tokens > 0 && profile_steps_ == 0) {
+    prompt_tokens(config_.sample.prompt, *train_data_, spec.vocab, "sample.prompt");
   }
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
@@ -826,6 +822,13 @@ TrainSummary Trainer::train() {
     print("checkpoint at step %lld = train.steps: nothing left to train (raise train.steps to "
           "go on); the end-of-run files are written again\n",
           (long long)first_step);
+  }
+  if (world_->rank() == 0 && profile_steps_ == 0) {
+    // A run continuing in this directory has not finished (yet): log.dir/finished is written
+    // again when it reaches train.steps. (After the checks above: a refused resume leaves a
+    // finished run finished.)
+    std::error_code ignored;
+    std::filesystem::remove(config_.log.dir + "/finished", ignored);
   }
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
                             t.steps + start.schedule_base};
@@ -1053,7 +1056,7 @@ TrainSummary Trainer::train() {
     }
   }
   run_log.finish(summary);
-  if (tp_->size() > 1) {
+  if (tp_->size() > 1 && t.steps > first_step) {
     print("tensor-parallel traffic (rank 0): %s per step\n",
           core::format_bytes((tensor_traffic() - tensor_bytes_before -
                               validation_tensor_bytes) /
@@ -1449,7 +1452,16 @@ namespace {
 // Empty when `dir` exists or can be made and a file can be written in it; else why not. With
 // `leave_none`, a directory this makes is removed again (the writer makes it when first needed).
 std::string cannot_write(const std::string& dir, bool leave_none) {
+  namespace fs = std::filesystem;
   std::error_code ec;
+  // The outermost folder of `dir` missing now: what removing what this made stops at.
+  fs::path path = fs::path(dir).lexically_normal();
+  if (!path.has_filename()) path = path.parent_path();
+  fs::path outermost;
+  for (fs::path p = path; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    outermost = p;
+    if (p == p.parent_path()) break;
+  }
   const bool made = std::filesystem::create_directories(dir, ec);
   if (!ec && !std::filesystem::is_directory(dir, ec)) {
     ec = std::make_error_code(std::errc::not_a_directory);
@@ -1465,9 +1477,12 @@ std::string cannot_write(const std::string& dir, bool leave_none) {
       std::filesystem::remove(probe, ignored);
     }
   }
-  if (made && leave_none) {
+  if (made && leave_none && !outermost.empty()) {
     std::error_code ignored;
-    std::filesystem::remove(dir, ignored);
+    for (fs::path p = path;; p = p.parent_path()) {
+      fs::remove(p, ignored);  // empty folders only: anything put there since stays
+      if (p == outermost || p == p.parent_path()) break;
+    }
   }
   return ec ? ec.message() : std::string();
 }
@@ -1652,16 +1667,21 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     if (pp_->size() > 1) {
       pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), last);
     }
+    // Over byte data only the bytes can be printed: a larger vocabulary's other ids (a gpt2
+    // preset trained on text) are left out of the choice.
+    const auto end = logits.begin() + (bytes ? std::min(V, 256) : V);
     int next = 0;
     if (temperature <= 0.0) {
-      next = int(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = int(std::max_element(logits.begin(), end) - logits.begin());
     } else {
-      const float mx = *std::max_element(logits.begin(), logits.end());
+      const float mx = *std::max_element(logits.begin(), end);
       double total = 0.0;
-      for (auto& l : logits) total += (l = std::exp(float((l - mx) / temperature)));
+      for (auto l = logits.begin(); l != end; ++l) {
+        total += (*l = std::exp(float((*l - mx) / temperature)));
+      }
       const double u = core::word_to_unit(core::random_words(seed, kStream, i).v[0]) * total;
       double acc = 0.0;
-      for (next = 0; next < V - 1; ++next) {
+      for (next = 0; next < int(end - logits.begin()) - 1; ++next) {
         acc += logits[next];
         if (acc >= u) break;
       }

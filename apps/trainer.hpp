@@ -149,7 +149,7 @@ std::vector<int32_t> prompt_tokens(const std::string& prompt, const io::TokenFil
                                    int vocab, const std::string& key);
 
 // data.path (with its sampler) and, when set, data.val_path, each checked to hold the model's
-// token ids and enough tokens for train.seq_len; and sample.prompt, when a sample is asked for.
+// token ids and enough tokens for train.seq_len.
 void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
                    std::unique_ptr<io::TrainSampler>& sampler, std::unique_ptr<io::TokenFile>& val);
 

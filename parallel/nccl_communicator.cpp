@@ -227,7 +227,8 @@ void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<flo
 namespace {
 // A started NCCL collective: the event recorded after it on the communicator's stream. test()
 // queries the event; wait() polls it and NCCL's asynchronous error (NcclCommunicator::await), so
-// a peer that died ends the wait with NCCL's error instead of a hang.
+// a peer that died ends the wait with NCCL's error instead of a hang. It calls back into its
+// communicator, so it must not outlive it (the trainer's chunks, which hold them, go first).
 class NcclPending final : public PendingCollective {
  public:
   using Await = std::function<void(const std::function<int()>&)>;

@@ -444,6 +444,10 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
       }
     }
   }
+  if (options.count_only) {  // whether any layout exists: each shape is at least one candidate
+    result.candidates = shapes.size();
+    return result;
+  }
   std::stable_sort(shapes.begin(), shapes.end(),
                    [](const Shape& a, const Shape& b) { return a.bound < b.bound; });
   for (const Shape& shape : shapes) {
@@ -757,12 +761,17 @@ std::string plan_json(const Plan& p) {
 std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq_len, bool bf16,
                           const Cluster& cluster, const SearchOptions& options) {
   // A quick necessary test of a device count: some tensor x sequence x pipeline x data = g whose
-  // sizes the model takes (the search's full rules, micro-batches and grids, confirm it below).
+  // sizes the model takes, or a grid's tensor size (4 or more in a node) dividing it; the
+  // search's enumeration (count_only, nothing costed) confirms it below.
   auto splits = [&](int g) {
     for (int t : divisors(g)) {
-      if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0) continue;
+      if (options.tensor_modes && t >= 4 && t <= cluster.hw.devices_per_node) return true;
+      if (t > cluster.hw.devices_per_node || spec.heads % t != 0 || spec.ffn_hidden % t != 0 ||
+          (spec.llama() && spec.key_value_heads() % t != 0)) {
+        continue;
+      }
       for (int s = 1; s <= options.max_sequence && g % (t * s) == 0; s *= 2) {
-        if (seq_len % s != 0) continue;
+        if (seq_len % s != 0 || (s > 1 && spec.fused_attention)) continue;
         for (int p : divisors(g / (t * s))) {
           if (p <= spec.layers && global_batch % (g / (t * s * p)) == 0) return true;
         }
@@ -773,7 +782,7 @@ std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq
   const int G = cluster.devices;
   std::vector<int> nearest;
   SearchOptions quick = options;
-  quick.top = 1;
+  quick.count_only = true;
   for (int step = 1; step < 4 * G && nearest.size() < 2; ++step) {
     for (int g : {G - step, G + step}) {
       if (g < 1 || nearest.size() >= 2 || !splits(g)) continue;
@@ -789,10 +798,15 @@ std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq
       "tensor x pipeline x sequence (or a 2d / 2.5d / 3d grid), where data divides "
       "train.global_batch (" + std::to_string(global_batch) + "), tensor divides the heads (" +
       std::to_string(spec.heads) + ") and model.ffn_hidden (" + std::to_string(spec.ffn_hidden) +
-      ") within a node (" + std::to_string(cluster.hw.devices_per_node) +
+      ")" + (spec.llama() ? " and model.kv_heads (" + std::to_string(spec.key_value_heads()) + ")"
+                          : std::string()) +
+      " within a node (" + std::to_string(cluster.hw.devices_per_node) +
       " devices), pipeline is at most model.layers (" + std::to_string(spec.layers) +
-      ") and sequence a power of 2 dividing train.seq_len (" + std::to_string(seq_len) + ")";
+      ") and sequence a power of 2 up to " + std::to_string(options.max_sequence) +
+      " dividing train.seq_len (" + std::to_string(seq_len) + ", and 1 with " +
+      "model.fused_attention)";
   if (nearest.empty()) return text;
+  std::sort(nearest.begin(), nearest.end());
   text += "; ";
   for (std::size_t i = 0; i < nearest.size(); ++i) {
     text += (i ? " or " : "") + std::to_string(nearest[i]);

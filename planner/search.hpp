@@ -86,6 +86,9 @@ struct SearchOptions {
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
   // probabilities' memory. The caller knows whether its build runs the head size.
   bool try_fused_attention = false;
+  // Only enumerate: SearchResult::candidates is the number of layout shapes, nothing is costed
+  // (why_no_layout's test of other device counts).
+  bool count_only = false;
 };
 
 struct SearchResult {

@@ -215,6 +215,10 @@ def main(argv=None):
             except ValueError:
                 raise TokenizeError(f"--decode: '{args.decode}' is not token ids separated by "
                                     "spaces")
+            outside = [i for i in ids if not 0 <= i < tok.vocab_size]
+            if outside:
+                raise TokenizeError(f"--decode: id {outside[0]} is outside the tokenizer's "
+                                    f"vocabulary (0 to {tok.vocab_size - 1})")
             print(tok.decode(ids))
             return 0
         if not args.inputs or not args.out:

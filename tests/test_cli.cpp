@@ -810,6 +810,7 @@ TEST_F(Cli, ResumingAFinishedRunTrainsNothingAndSaysSo) {
                           "3; set train.steps >= 4"),
             std::string::npos)
       << r.output;
+  EXPECT_TRUE(std::filesystem::exists(run_dir + "/finished")) << "a refused resume unfinished it";
   r = run(bin("colossal_train") + " " + config + " --weights " + run_dir + "/model.h5");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--weights is read with --eval-only only; to train from a model file, "

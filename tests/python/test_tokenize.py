@@ -110,6 +110,8 @@ with tempfile.TemporaryDirectory() as tmp:
           f"--encode: {r.returncode} {r.stdout} {r.stderr}")
     r = run(["--tokenizer", tok_path, "--decode", " ".join(map(str, ids))])
     check(r.returncode == 0 and r.stdout.rstrip("\n") == text, f"--decode: {r.stdout} {r.stderr}")
+    r = run(["--tokenizer", tok_path, "--decode", "12 99999"])
+    check(r.returncode == 2 and "id 99999 is outside" in r.stderr, f"--decode 99999: {r.stderr}")
     r = run(["--tokenizer", tok_path, "--decode", "12 x"])
     check(r.returncode == 2 and "is not token ids" in r.stderr, f"--decode x: {r.stderr}")
     r = run([corpus, "--tokenizer", tok_path, "--encode", text])
