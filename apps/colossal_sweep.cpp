@@ -47,7 +47,7 @@ const char* kUsage =
     "                         config on the first line, then one KEY=VALUE override per line\n"
     "  summarize DIR          collect every run below DIR (each directory with a metrics.csv):\n"
     "                         run, overrides (the run's point.txt), steps, final train loss,\n"
-    "                         best validation loss, mean tokens/s, finished (model.h5 written);\n"
+    "                         best validation loss, tokens/s, finished (log.dir/finished);\n"
     "                         written to DIR/summary.csv (or --out CSV) and printed as a table\n"
     "  --help                 this text\n"
     "\n"

@@ -219,8 +219,9 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
   const fs::path run_dir = metrics.parent_path();
   r.run = fs::relative(run_dir, root).generic_string();
   if (r.run.empty()) r.run = ".";
-  // log.dir/finished since 2026-12-06 (log.save_model may leave no model.h5); model.h5 before.
-  r.finished = fs::exists(run_dir / "finished") || fs::exists(run_dir / "model.h5");
+  // log.dir/finished: removed when a run continues in the directory, written when it reaches
+  // train.steps (a model.h5 may be an earlier, shorter run's: it is no sign of this one).
+  r.finished = fs::exists(run_dir / "finished");
   if (std::ifstream point(run_dir / "point.txt"); point) {
     std::vector<std::string> parts;
     for (std::string line; std::getline(point, line);) {
@@ -244,7 +245,13 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
   };
   const std::size_t step_col = column("step"), loss_col = column("loss"),
                     rate_col = column("tokens_per_s"), val_col = column("val_loss");
-  double best = 0, rate_sum = 0;
+  // tokens/s as the trainer's summary has it: the tokens over the seconds of the steps after the
+  // first (a warm-up), each step's tokens its rate times its seconds; a file without
+  // step_seconds (older runs) averages the rates.
+  const auto seconds_it = std::find(header.begin(), header.end(), "step_seconds");
+  const bool timed = seconds_it != header.end();
+  const std::size_t seconds_col = timed ? std::size_t(seconds_it - header.begin()) : 0;
+  double best = 0, rate_sum = 0, tokens = 0, seconds = 0, first_tokens = 0, first_seconds = 0;
   bool have_best = false;
   long long rates = 0;
   for (int number = 2; std::getline(in, line); ++number) {
@@ -265,6 +272,13 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
     const double rate = std::strtod(row[rate_col].c_str(), &end);
     if (end != row[rate_col].c_str() && std::isfinite(rate)) {
       rate_sum += rate;
+      const double s = timed && seconds_col < row.size()
+                           ? std::strtod(row[seconds_col].c_str(), nullptr)
+                           : 0.0;
+      if (std::isfinite(s) && s > 0) {
+        (rates == 0 ? first_tokens : tokens) += rate * s;
+        (rates == 0 ? first_seconds : seconds) += s;
+      }
       ++rates;
     }
     const double val = std::strtod(row[val_col].c_str(), &end);
@@ -274,7 +288,13 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
       r.best_val_loss = row[val_col];
     }
   }
-  r.tokens_per_s = rates ? rate_sum / double(rates) : 0.0;
+  if (seconds > 0) {
+    r.tokens_per_s = tokens / seconds;
+  } else if (first_seconds > 0) {  // one step only
+    r.tokens_per_s = first_tokens / first_seconds;
+  } else {
+    r.tokens_per_s = rates ? rate_sum / double(rates) : 0.0;
+  }
   return r;
 }
 

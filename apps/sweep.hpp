@@ -71,7 +71,7 @@ struct RunSummary {
   std::string final_loss;     // loss of the last step, as written
   std::string best_val_loss;  // smallest finite val_loss, "" when never validated
   double tokens_per_s = 0;    // mean over the rows
-  bool finished = false;      // model.h5 written (the run reached its last step)
+  bool finished = false;      // log.dir/finished written (the run reached train.steps)
 };
 
 // Every run below `dir` (recursively, in natural order: 2 before 10). Throws SweepError when dir

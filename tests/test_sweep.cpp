@@ -164,23 +164,34 @@ TEST_F(SweepFiles, SummaryHasOneRowPerRunInNaturalOrder) {
         header + "1,5.5,1e-3,1,200,0,0.1,5.6,1\n2,5.0,1e-3,1,200,0,0.1,5.2,1\n"
                  "3,4.5,1e-3,1,200,0,0.1,5.3,1\n");
   write(dir / "s-7" / "2" / "point.txt", "train.seed=2\n");
-  write(dir / "s-7" / "2" / "model.h5", "");
+  write(dir / "s-7" / "2" / "finished", "step 3\n");
+  // A model.h5 alone is an earlier run's, continued here and stopped (no finished marker).
+  write(dir / "s-7" / "10" / "model.h5", "");
+  // tokens/s: the tokens over the seconds after the first step (a warm-up), as the trainer's
+  // summary counts them: (400 x 0.1 + 100 x 0.3) / 0.4 = 175, not the rates' mean (the
+  // mean with step 1 was 6% off a real run's summary).
+  write(dir / "s-7" / "3" / "metrics.csv",
+        header + "1,5.5,1e-3,1,10,0,1.0,nan,1\n2,5.0,1e-3,1,400,0,0.1,nan,1\n"
+                 "3,4.5,1e-3,1,100,0,0.3,nan,1\n");
   const std::vector<RunSummary> runs = summarize((dir / "s-7").string());
-  ASSERT_EQ(runs.size(), 2u);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[1].run, "3");
+  EXPECT_DOUBLE_EQ(runs[1].tokens_per_s, 175.0);
   EXPECT_EQ(runs[0].run, "2");
   EXPECT_EQ(runs[0].steps, 3);
   EXPECT_EQ(runs[0].final_loss, "4.5");
   EXPECT_EQ(runs[0].best_val_loss, "5.2");
   EXPECT_DOUBLE_EQ(runs[0].tokens_per_s, 200.0);
   EXPECT_TRUE(runs[0].finished);
-  EXPECT_EQ(runs[1].run, "10");
-  EXPECT_EQ(runs[1].best_val_loss, "5.4");
-  EXPECT_DOUBLE_EQ(runs[1].tokens_per_s, 200.0);
-  EXPECT_FALSE(runs[1].finished);
+  EXPECT_EQ(runs[2].run, "10");
+  EXPECT_EQ(runs[2].best_val_loss, "5.4");
+  EXPECT_DOUBLE_EQ(runs[2].tokens_per_s, 300.0);
+  EXPECT_FALSE(runs[2].finished);
   EXPECT_EQ(summary_csv(runs),
             "run,overrides,steps,final_loss,best_val_loss,tokens_per_s,finished\n"
             "2,train.seed=2,3,4.5,5.2,200,yes\n"
-            "10,\"train.seed=10 train.optimizer.betas=[0.9,0.95]\",2,5.25,5.4,200,no\n");
+            "3,,3,4.5,,175,no\n"
+            "10,\"train.seed=10 train.optimizer.betas=[0.9,0.95]\",2,5.25,5.4,300,no\n");
   const std::string table = summary_table(runs);
   EXPECT_NE(table.find("run  overrides"), std::string::npos) << table;
 
