@@ -30,7 +30,7 @@ std::string hf_config_json(const core::ModelSpec& s) {
     j["n_head"] = s.heads;
     j["n_inner"] = s.ffn_hidden;
     j["activation_function"] = "gelu_new";  // GELU, tanh approximation
-    j["layer_norm_epsilon"] = double(s.layernorm_eps());
+    j["layer_norm_epsilon"] = 1e-5;  // layernorm_eps()'s, written as 1e-5, not its float's double
     j["resid_pdrop"] = 0.0;
     j["embd_pdrop"] = 0.0;
     j["attn_pdrop"] = 0.0;

@@ -87,7 +87,14 @@ MetricsCsv::~MetricsCsv() {
 void MetricsCsv::row(const std::vector<double>& values) {
   for (std::size_t i = 0; i < columns_.size(); ++i) {
     if (i) std::fputc(',', file_);
-    if (i < values.size()) std::fprintf(file_, "%.9g", values[i]);
+    if (i >= values.size()) continue;
+    // Every NaN as "nan": printf writes a NaN with its sign bit set (the loss of a skipped
+    // non-finite step) as "-nan", which the format does not have.
+    if (std::isnan(values[i])) {
+      std::fputs("nan", file_);
+    } else {
+      std::fprintf(file_, "%.9g", values[i]);
+    }
   }
   std::fputc('\n', file_);
   std::fflush(file_);

@@ -1005,8 +1005,15 @@ TEST_F(Cli, SlurmScriptsHaveHelpAndUsage) {
     EXPECT_EQ(r.code, 2) << script;
     EXPECT_NE(r.output.find(script + ".sbatch: usage: "), std::string::npos) << r.output;
   }
-  Result r = run("COLOSSAL_LAUNCH= COLOSSAL_BIN=" + bin("colossal_train") + " bash " +
-                 std::string(source) + "/slurm/train.sbatch " + dir + "/absent.yaml");
+  // The summary wrapper too (bash's own ':?' message and exit 1 before).
+  Result r = run("bash " + std::string(source) + "/slurm/summarize.sh --help");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("usage: slurm/summarize.sh DIR"), std::string::npos) << r.output;
+  r = run("bash " + std::string(source) + "/slurm/summarize.sh");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("summarize.sh: usage: "), std::string::npos) << r.output;
+  r = run("COLOSSAL_LAUNCH= COLOSSAL_BIN=" + bin("colossal_train") + " bash " +
+          std::string(source) + "/slurm/train.sbatch " + dir + "/absent.yaml");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("config '" + dir + "/absent.yaml' does not exist"), std::string::npos)
       << r.output;

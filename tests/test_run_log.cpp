@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -102,6 +103,21 @@ void expect_close(double got, double want, const std::string& what) {
 }
 
 }  // namespace
+
+// A NaN is "nan" whatever its sign bit (printf wrote the skipped step's loss as "-nan").
+TEST(RunLog, MetricsCsvWritesEveryNanAsNan) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "colossal_nan_metrics.csv").string();
+  {
+    io::MetricsCsv csv(path, {"step", "loss", "val_loss"});
+    csv.row({3, -std::numeric_limits<double>::quiet_NaN(), std::nan("")});
+    csv.row({4, 1.5, std::numeric_limits<double>::infinity()});
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "step,loss,val_loss\n3,nan,nan\n4,1.5,inf\n");
+}
 
 TEST(RunLog, WritesOneRowPerStepToMetricsCsvAndMetricsH5) {
   const std::string dir = temp_dir("rows");
