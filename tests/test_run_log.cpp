@@ -397,6 +397,12 @@ TEST(RunLog, JobPeakIsTheSettingTheGpuOrTheMeasuredCpu) {
   EXPECT_EQ(fp32.flops, apps::cpu_rank_peak(fp32.per_core, plan, false, 1.0));
   EXPECT_GE(fp32.per_core, 1e9);
   EXPECT_LE(fp32.per_core, 64 * 10e9);
+  // The measurement itself: the fastest thread is a core's rate, between the threads' mean and
+  // their total.
+  const core::CpuPeak cpu = core::measure_cpu_peak(core::HostThreads::shared());
+  ASSERT_GT(cpu.threads, 0);
+  EXPECT_GE(cpu.best_thread, cpu.fp32_flops / cpu.threads);
+  EXPECT_LE(cpu.best_thread, cpu.fp32_flops);
   config.train.precision = core::GemmPrecision::bf16;
   EXPECT_EQ(apps::job_peak_flops(config, world).flops, fp32.flops);  // emulated: fp32 units
   config.hardware.gemm = "onednn";
