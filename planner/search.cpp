@@ -15,12 +15,16 @@ namespace colossal::planner {
 
 namespace {
 
+// In increasing order, in O(sqrt n).
 std::vector<int> divisors(int n) {
-  std::vector<int> d;
-  for (int i = 1; i <= n; ++i) {
-    if (n % i == 0) d.push_back(i);
+  std::vector<int> low, high;
+  for (int i = 1; int64_t(i) * i <= n; ++i) {
+    if (n % i != 0) continue;
+    low.push_back(i);
+    if (i != n / i) high.push_back(n / i);
   }
-  return d;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 // Blocks per virtual stage balancing forward FLOPs per token: the trainer's default split.
@@ -780,16 +784,21 @@ std::string why_no_layout(const core::ModelSpec& spec, int global_batch, int seq
     return false;
   };
   const int G = cluster.devices;
+  // No layout uses more devices than data (a divisor of the batch) x tensor (within a node) x
+  // sequence x pipeline (at most the layers) allow, so the counts tried stop there.
+  const int64_t most = int64_t(global_batch) * std::max(1, cluster.hw.devices_per_node) *
+                       std::max(1, options.max_sequence) * std::max(1, spec.layers);
   std::vector<int> nearest;
   SearchOptions quick = options;
   quick.count_only = true;
-  for (int step = 1; step < 4 * G && nearest.size() < 2; ++step) {
-    for (int g : {G - step, G + step}) {
-      if (g < 1 || nearest.size() >= 2 || !splits(g)) continue;
+  for (int64_t step = std::max<int64_t>(1, G - most); step < 4 * int64_t(G) && nearest.size() < 2;
+       ++step) {
+    for (int64_t g : {G - step, G + step}) {
+      if (g < 1 || g > most || nearest.size() >= 2 || !splits(int(g))) continue;
       Cluster other = cluster;
-      other.devices = g;
+      other.devices = int(g);
       if (search_plans(spec, global_batch, seq_len, bf16, other, quick).candidates > 0) {
-        nearest.push_back(g);
+        nearest.push_back(int(g));
       }
     }
   }
