@@ -80,8 +80,38 @@ int calibrate(apps::Invocation& inv) {
   return 0;
 }
 
+// --precision fp32 or bf16 plans that precision; else the config's train.precision.
+bool bf16(const apps::Invocation& inv) {
+  const std::string p = inv.flag("--precision", core::to_string(inv.config.train.precision));
+  try {
+    return core::gemm_precision(p) == core::GemmPrecision::bf16;
+  } catch (const std::runtime_error&) {
+    throw apps::UsageError("--precision: '" + p + "' must be fp32 or bf16");
+  }
+}
+
+// The config at the planned precision (--precision, else train.precision): what colossal_train
+// would run.
+io::Config planned_config(const apps::Invocation& inv) {
+  io::Config c = inv.config;
+  c.train.precision = bf16(inv) ? core::GemmPrecision::bf16 : core::GemmPrecision::fp32;
+  return c;
+}
+
+// Its layout as colossal_train runs it (apps::run_layout, the planner's layout for
+// parallel.mode: auto too): fp32 weights, gradients and AdamW states; in bf16 the products at the
+// bf16 rate, bf16 operands (1d), and the weights' bf16 copy where the run's GEMM keeps one, which
+// on a GPU (a device with a host link) cuBLAS always does. Not the planner's own bf16 layout
+// (2-byte weights, Megatron's 12-byte optimizer state), which no program runs: priced so, a bf16
+// plan needed 20-25% less memory than the trainer then allocated.
+planner::RunLayout planned_run(const io::Config& c, const planner::HardwareSpec& hw) {
+  planner::RunLayout run = apps::run_layout(c);
+  if (hw.host_link_bandwidth > 0) run.bf16_weight_copy = run.bf16_products;
+  return run;
+}
+
 int profile(apps::Invocation& inv) {
-  const io::Config& c = inv.config;
+  const io::Config c = planned_config(inv);
   const auto& p = c.parallel;
   if (p.tensor_mode != core::TensorMode::d1) {
     throw apps::UsageError(
@@ -103,7 +133,8 @@ int profile(apps::Invocation& inv) {
   const auto start = std::chrono::steady_clock::now();
   // The schedule from the spec as written, as colossal_train derives it.
   const apps::ActivationPlan plan = apps::activation_plan(c, int(stage), chosen_hardware(inv, 0));
-  const planner::RankLayout layout = apps::rank_layout(c, int(stage), plan.keep, plan.selective);
+  const planner::RankLayout layout =
+      planner::rank_layout(planned_run(c, hw), int(stage), plan.keep, plan.selective);
   std::string tables;
   std::size_t ops = 0;
   for (const auto& chunk : layout.chunks) {
@@ -140,8 +171,8 @@ int profile(apps::Invocation& inv) {
   std::printf("predicted throughput: %.0f tokens/s, %.2f TFLOP/s per rank (MFU %.1f%% of %.3g "
               "TFLOP/s)\n",
               tokens / time.step, time.flops / time.step / 1e12,
-              100.0 * time.flops / time.step / hw.peak_flops(layout.bf16),
-              hw.peak_flops(layout.bf16) / 1e12);
+              100.0 * time.flops / time.step / hw.peak_flops(layout.bf16_products),
+              hw.peak_flops(layout.bf16_products) / 1e12);
   return 0;
 }
 
@@ -164,6 +195,8 @@ void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
                        const std::string& path) {
   std::vector<std::string> sets = planner::plan_overrides(plan);
   sets.insert(sets.begin(), "parallel.mode=manual");
+  // The precision planned (--precision may differ from the file's).
+  sets.push_back(std::string("train.precision=") + (plan.run.bf16_products ? "bf16" : "fp32"));
   const io::Config planned = io::parse_config(inv.config.text, inv.config.source, sets,
                                               io::ParseOptions{.require_data = false});
   const std::string tmp = path + ".tmp";
@@ -198,19 +231,9 @@ void check_writable(const std::string& path) {
   std::remove(tmp.c_str());
 }
 
-// --precision fp32 or bf16 plans that precision; else the config's train.precision.
-bool bf16(const apps::Invocation& inv) {
-  const std::string p = inv.flag("--precision", core::to_string(inv.config.train.precision));
-  try {
-    return core::gemm_precision(p) == core::GemmPrecision::bf16;
-  } catch (const std::runtime_error&) {
-    throw apps::UsageError("--precision: '" + p + "' must be fp32 or bf16");
-  }
-}
-
 // The layout the config fixes, predicted (--evaluate), or the search's best plans.
 int plan(apps::Invocation& inv) {
-  const io::Config& c = inv.config;
+  const io::Config c = planned_config(inv);
   const int devices = planned_devices(inv);
   // A host spec plans ranks on this machine: each gets the threads colossal_train would give it
   // (its cores over the ranks), and where ranks outnumber the cores they share them.
@@ -238,8 +261,7 @@ int plan(apps::Invocation& inv) {
   planner::Plan chosen;
   std::string text;
   if (inv.has("--evaluate")) {
-    planner::RunLayout run = apps::run_layout(c);
-    run.bf16 = bf16(inv);
+    const planner::RunLayout run = planned_run(c, cluster.hw);
     if (run.world() != devices) {
       throw apps::UsageError("--evaluate: the config's layout uses " + std::to_string(run.world()) +
                              " devices but " + std::to_string(devices) +
@@ -249,7 +271,7 @@ int plan(apps::Invocation& inv) {
     // The attention the plan's precision can run (--precision, like the search).
     const bool dense_only =
         !apps::fused_attention_unavailable(c).empty() ||
-        !core::fused_attention_unsupported(c.model.hidden / c.model.heads, run.bf16).empty();
+        !core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
     const auto& cp = c.checkpointing;
     const double budget = cp.memory_budget * 1024.0 * 1024.0 * 1024.0;
     chosen = c.fused_attention_auto
@@ -269,15 +291,18 @@ int plan(apps::Invocation& inv) {
     options.top = top;
     options.bucket_mb = c.parallel.bucket_mb;
     options.bf16_reduce = c.parallel.bf16_grad_reduce();
+    const planner::RunLayout run = planned_run(c, cluster.hw);  // as parallel.mode: auto
+    options.bf16_weight_copy = run.bf16_weight_copy;
+    options.bf16_products = run.bf16_products;
     // model.fused_attention: auto: the search costs each layout with either attention.
     options.try_fused_attention =
         c.fused_attention_auto &&
         core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
     const planner::SearchResult result = planner::search_plans(
-        c.model, c.train.global_batch, c.train.seq_len, bf16(inv), cluster, options);
+        c.model, c.train.global_batch, c.train.seq_len, /*bf16=*/false, cluster, options);
     if (result.candidates == 0) {
       throw io::ConfigError(planner::why_no_layout(c.model, c.train.global_batch, c.train.seq_len,
-                                                   bf16(inv), cluster, options));
+                                                   false, cluster, options));
     }
     if (result.best.empty()) {
       throw io::ConfigError(
@@ -343,7 +368,8 @@ int main(int argc, char** argv) {
       "Program options:\n"
       "  --gpus N               devices to plan for\n"
       "  --top K                plans to print (default 5)\n"
-      "  --precision P          fp32 or bf16 (mixed precision, for planning GPU runs)\n"
+      "  --precision P          fp32 or bf16: train.precision to plan (default the config's),\n"
+      "                         as colossal_train runs it (fp32 weights and optimizer states)\n"
       "  --evaluate             predict the config's own layout instead of searching\n"
       "  --json                 the chosen plan and its prediction as JSON\n"
       "  --emit-yaml FILE       write the config with the chosen plan as its parallel: and\n"

@@ -442,6 +442,27 @@ TEST_F(Cli, MemoryPlanNamesTheBytesLeftOnTheDevice) {
   EXPECT_LT(device, kept) << "offloading everything leaves less on the device";
 }
 
+// colossal_plan prices bf16 as colossal_train runs it (fp32 weights and optimizer, bf16
+// operands): its --evaluate, its --precision bf16 and the trainer's --memory-plan agree to the
+// byte. It priced Megatron's 2-byte storage before (137.3 MiB against 172.4 at the quickstart).
+TEST_F(Cli, PlanPricesBf16AsTheTrainerRunsIt) {
+  const std::string config = write_config("bf16_plan.yaml");
+  const Result trained =
+      run(bin("colossal_train") + " " + config + " --set train.precision=bf16 --memory-plan");
+  ASSERT_EQ(trained.code, 0) << trained.output;
+  const std::size_t at = trained.output.find("memory plan (rank 0): ");
+  ASSERT_NE(at, std::string::npos) << trained.output;
+  // "params X, grads Y, ... (peak total Z)": the categories, the same words in both programs.
+  const std::string categories =
+      trained.output.substr(at + 22, trained.output.find(" (peak total", at) - at - 22);
+  for (const std::string how : {" --set train.precision=bf16", " --precision bf16"}) {
+    const Result planned = run(bin("colossal_plan") + " " + config + how + " --evaluate");
+    ASSERT_EQ(planned.code, 0) << planned.output;
+    EXPECT_NE(planned.output.find("memory per device " + categories), std::string::npos)
+        << how << "\ntrainer: " << categories << "\n" << planned.output;
+  }
+}
+
 // parallel.tensor.mode 2d under mpirun -np 4: it trains, writes the model file, the end-of-run
 // sample and a checkpoint that one rank in 1d resumes, and --memory-plan predicts its tracked
 // peak; --profile-steps prints its table, --trace writes every rank's spans and --eval-only
