@@ -327,7 +327,10 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
           try {
             run_comm = parallel::make_run_communicator(inv.config.parallel.comm);
           } catch (const std::invalid_argument& e) {
-            throw UsageError(e.what());
+            // A planner (colossal_plan on a CPU login node) plans runs of other machines: a
+            // transport this build cannot run is theirs to run; it talks over what it has.
+            if (!info.any_world_size) throw UsageError(e.what());
+            run_comm = parallel::make_run_communicator("auto");
           }
           // The bf16 sums' MPI op reads its buffers on the host: CUDA-aware MPI would hand it
           // device pointers. NCCL and the staged path sum bf16 where the data is.

@@ -38,8 +38,34 @@ planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) 
   return planner::scaled_to_threads(hw, threads);
 }
 
+// 124M, 1.5B: a parameter count as model cards write it.
+std::string format_parameters(double n) {
+  char text[32];
+  if (n >= 1e9) {
+    std::snprintf(text, sizeof text, "%.3gB", n / 1e9);
+  } else {
+    std::snprintf(text, sizeof text, "%.3gM", n / 1e6);
+  }
+  return text;
+}
+
+// The file `flag` names can be written: checked before the work whose result it takes (a
+// search, half a minute of measurements), whose output would otherwise come first and the error
+// after it.
+void check_writable(const std::string& path, const char* flag) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) {
+    throw apps::UsageError(std::string(flag) + ": cannot write '" + path + "' (" +
+                           std::strerror(errno) + "); give a path in a writable directory");
+  }
+  std::fclose(f);
+  std::remove(tmp.c_str());
+}
+
 int calibrate(apps::Invocation& inv) {
   const std::string out = inv.flag("--out", "hardware-host.yaml");
+  if (inv.rank == 0) check_writable(out, "--out");  // before the measurements, not after them
   if (inv.rank == 0) {
     if (apps::device_resident_build()) {
       std::printf("calibrating this GPU node with %d rank(s): linear layers' GEMMs (fp32, "
@@ -218,19 +244,6 @@ void write_plan_config(const apps::Invocation& inv, const planner::Plan& plan,
   }
 }
 
-// --emit-yaml's file can be written: checked before the search, whose output would otherwise
-// come first and the error after it.
-void check_writable(const std::string& path) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    throw apps::UsageError("--emit-yaml: cannot write '" + path + "' (" + std::strerror(errno) +
-                           "); give a path in a writable directory");
-  }
-  std::fclose(f);
-  std::remove(tmp.c_str());
-}
-
 // The layout the config fixes, predicted (--evaluate), or the search's best plans.
 int plan(apps::Invocation& inv) {
   const io::Config c = planned_config(inv);
@@ -249,7 +262,7 @@ int plan(apps::Invocation& inv) {
       hw, devices, cores, hw.threads > 0 && core::pins_ranks_to_cores(devices, cores));
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
-  if (!emit.empty() && inv.rank == 0) check_writable(emit);
+  if (!emit.empty() && inv.rank == 0) check_writable(emit, "--emit-yaml");
   int top = 5;
   if (const std::string t = inv.flag("--top"); !t.empty()) {
     char* end = nullptr;
@@ -306,8 +319,10 @@ int plan(apps::Invocation& inv) {
     }
     if (result.best.empty()) {
       throw io::ConfigError(
-          "no layout of " + std::to_string(devices) + " devices fits " +
-          (c.model_preset.empty() ? std::string("the model") : c.model_preset) + " in " +
+          "no layout of " + std::to_string(devices) + (devices == 1 ? " device" : " devices") +
+          " fits the model (" +
+          std::to_string(c.model.layers) + " layers, hidden " + std::to_string(c.model.hidden) +
+          ", " + format_parameters(double(core::parameter_count(c.model))) + " parameters) in " +
           core::format_bytes(cluster.hw.memory_bytes) + " per device (" +
           std::to_string(result.candidates) + " layouts tried); the closest needs " +
           core::format_bytes(result.closest.memory.device()) + " per device: " +

@@ -24,7 +24,12 @@ Examples:
 
 pytorch_peer.py's own options:
 EOF
-  "$python" "$here/pytorch_peer.py" --help | sed -n '/^options:/,$p;/^optional arguments:/,$p'
+  local options
+  if options=$("$python" "$here/pytorch_peer.py" --help 2>/dev/null); then
+    printf '%s\n' "$options" | sed -n '/^options:/,$p;/^optional arguments:/,$p'
+  else
+    echo "  (listed where $python imports torch: apt-get install python3-torch)"
+  fi
 }
 
 # The thread count must reach OpenMP and OpenBLAS through the environment before torch loads,

@@ -242,6 +242,12 @@ TEST_F(Cli, PlanNeedsNoDataButTrainingDoes) {
   r = run(bin("colossal_train") + " " + config);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("data.path: missing required key"), std::string::npos) << r.output;
+  // A GPU cluster's config (parallel.comm: nccl) plans on a login node's CPU build too; only
+  // running it there is refused.
+  r = run(bin("colossal_plan") + " " + config + " --set parallel.comm=nccl --hardware h100" +
+          " --gpus 8");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("searched "), std::string::npos) << r.output;
 }
 
 // A log.dir that cannot be created stops every rank, naming log.dir and the path.
