@@ -479,12 +479,13 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
           ++result.pruned;
           continue;
         }
+        ++result.evaluated;
         RunLayout run = shape.run;
         run.zero_stage = z;
         run.offload_optimizer = offload;
         auto evaluate = [&](double fraction) {
           run.offload_fraction = fraction;
-          ++result.evaluated;
+          ++result.evaluations;
           return evaluate_plan(shape.fused ? fused_spec : spec, run, cluster, std::nullopt, 0, {},
                                0.0, options.memory_slots);
         };
@@ -631,11 +632,12 @@ std::string format_search(const SearchResult& r, const Cluster& cluster) {
   std::string out;
   char line[256];
   std::snprintf(line, sizeof line,
-                "searched %zu layouts for %d devices (%s, %s per device): %zu costed, %zu pruned "
-                "by bounds, %zu over memory; %.3f s\n\n",
-                r.candidates, cluster.devices, cluster.hw.name.c_str(),
-                core::format_bytes(cluster.hw.memory_bytes).c_str(), r.evaluated, r.pruned,
-                r.infeasible, r.seconds);
+                "searched %zu layouts for %d device%s (%s, %s per device): %zu costed (%zu "
+                "predictions, offload shares included), %zu pruned by bounds, %zu over memory; "
+                "%.3f s\n\n",
+                r.candidates, cluster.devices, cluster.devices == 1 ? "" : "s",
+                cluster.hw.name.c_str(), core::format_bytes(cluster.hw.memory_bytes).c_str(),
+                r.evaluated, r.evaluations, r.pruned, r.infeasible, r.seconds);
   out += line;
   if (cluster.oversubscribed() && cluster.pinned) {
     std::snprintf(line, sizeof line,

@@ -96,6 +96,7 @@ struct SearchResult {
   Plan closest;                // when nothing fits: the plan needing the least memory
   std::size_t candidates = 0;  // layouts enumerated
   std::size_t evaluated = 0;   // of which costed (the rest pruned by bounds)
+  std::size_t evaluations = 0; // predictions made for them (the offload shares tried each one)
   std::size_t pruned = 0;
   std::size_t infeasible = 0;  // costed but over device memory under every schedule
   double seconds = 0.0;
