@@ -331,6 +331,11 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
             // transport this build cannot run is theirs to run; it talks over what it has.
             if (!info.any_world_size) throw UsageError(e.what());
             run_comm = parallel::make_run_communicator("auto");
+            if (inv.rank == 0) {
+              // stderr: stdout may be --json's.
+              std::fprintf(stderr, "note: %s; planning only, so this build's own transport is "
+                           "used\n", e.what());
+            }
           }
           // The bf16 sums' MPI op reads its buffers on the host: CUDA-aware MPI would hand it
           // device pointers. NCCL and the staged path sum bf16 where the data is.

@@ -40,32 +40,43 @@ planner::HardwareSpec chosen_hardware(const apps::Invocation& inv, int threads) 
 
 // 124M, 1.5B: a parameter count as model cards write it.
 std::string format_parameters(double n) {
-  char text[32];
-  if (n >= 1e9) {
-    std::snprintf(text, sizeof text, "%.3gB", n / 1e9);
-  } else {
-    std::snprintf(text, sizeof text, "%.3gM", n / 1e6);
+  const char* units[] = {"M", "B", "T"};
+  double scaled = n / 1e6;
+  int unit = 0;
+  // The unit after rounding to 3 digits: 999.7M is 1B, not "1e+03M".
+  while (unit < 2 && scaled >= 999.5) {
+    scaled /= 1000.0;
+    ++unit;
   }
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g%s", scaled, units[unit]);
   return text;
 }
 
 // The file `flag` names can be written: checked before the work whose result it takes (a
 // search, half a minute of measurements), whose output would otherwise come first and the error
 // after it.
-void check_writable(const std::string& path, const char* flag) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) {
-    throw apps::UsageError(std::string(flag) + ": cannot write '" + path + "' (" +
-                           std::strerror(errno) + "); give a path in a writable directory");
+// Rank 0 tries; every rank throws alike (the others would wait for it in a collective).
+void check_writable(const apps::Invocation& inv, const std::string& path, const char* flag) {
+  std::string error;
+  if (inv.rank == 0) {
+    const std::string tmp = path + ".tmp";
+    std::FILE* f = std::fopen(tmp.c_str(), "w");
+    if (f == nullptr) {
+      error = std::string(flag) + ": cannot write '" + path + "' (" + std::strerror(errno) +
+              "); give a path in a writable directory";
+    } else {
+      std::fclose(f);
+      std::remove(tmp.c_str());
+    }
   }
-  std::fclose(f);
-  std::remove(tmp.c_str());
+  inv.world->broadcast_string(error, 0);
+  if (!error.empty()) throw apps::UsageError(error);
 }
 
 int calibrate(apps::Invocation& inv) {
   const std::string out = inv.flag("--out", "hardware-host.yaml");
-  if (inv.rank == 0) check_writable(out, "--out");  // before the measurements, not after them
+  check_writable(inv, out, "--out");  // before the measurements, not after them
   if (inv.rank == 0) {
     if (apps::device_resident_build()) {
       std::printf("calibrating this GPU node with %d rank(s): linear layers' GEMMs (fp32, "
@@ -262,7 +273,7 @@ int plan(apps::Invocation& inv) {
       hw, devices, cores, hw.threads > 0 && core::pins_ranks_to_cores(devices, cores));
   const bool json = inv.has("--json");
   const std::string emit = inv.flag("--emit-yaml");
-  if (!emit.empty() && inv.rank == 0) check_writable(emit, "--emit-yaml");
+  if (!emit.empty()) check_writable(inv, emit, "--emit-yaml");
   int top = 5;
   if (const std::string t = inv.flag("--top"); !t.empty()) {
     char* end = nullptr;

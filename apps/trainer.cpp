@@ -193,18 +193,20 @@ JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) 
     static core::CpuPeak cpu;
     static double cpu_per_core = 0.0;
     const core::ThreadPlan plan = core::current_thread_plan();
+    // Together first, so the others' sleep covers rank 0's measurement.
+    if (first && world.size() > 1) world.barrier();
     if (first && world.rank() == 0) {
       cpu = core::measure_cpu_peak(core::HostThreads::shared());
       // A core each: the fastest thread's rate (a core another process took part of does not
-      // lower it; all ran at once, so at the clock all cores keep together). More threads than
-      // cores shared them: their total over the cores.
+      // lower it; all ran for the same time side by side, so at the clock all cores keep
+      // together). More threads than cores shared them: their total over the cores.
       cpu_per_core = cpu.threads <= plan.cores
                          ? cpu.best_thread
                          : cpu.fp32_flops / std::max(1, std::min(cpu.threads, plan.cores));
     }
     if (first && world.rank() != 0) {  // past the longest measurement, not polling in MPI
       std::this_thread::sleep_for(
-          std::chrono::duration<double>(core::kMostMeasureSeconds + 0.04));
+          std::chrono::duration<double>(core::kMeasureSeconds + 0.04));
     }
     first = false;
     const double per_core = world.all_reduce_sum_value(world.rank() == 0 ? cpu_per_core : 0.0);

@@ -77,19 +77,18 @@ Kernel widest_kernel() {
   return {};
 }
 
-// One thread's best rate over trials of about `seconds` each, after one trial that brings the
-// core to its clock (and, on some CPUs, its wide units out of their low-power state): at least
-// `least` trials, then more until `settled` in a row raise the best by under 1%, at most `most`.
-// A trial the scheduler cut into (another process, a rank waking) reads low; the best of enough
-// of them does not (4 fixed trials read 0.126 to 0.234 TFLOP/s on one busy 2-core VM).
-double thread_rate(const Kernel& kernel, int least, int most, int settled, double seconds) {
+// One thread's best rate over `trials` trials of about `seconds` each, after one trial that
+// brings the core to its clock (and, on some CPUs, its wide units out of their low-power state).
+// The best of several: a trial the scheduler cut into (another process, a rank waking) reads low.
+// A fixed number, the same for every thread, so they all run for the same time, side by side: a
+// thread that went on alone would have its core's sibling and the turbo clock to itself.
+double thread_rate(const Kernel& kernel, int trials, double seconds) {
   using Clock = std::chrono::steady_clock;
   constexpr long kRounds = 1L << 13;
   const double flops_per_call = double(kRounds) * kernel.chains * kernel.lanes * 2.0;
   volatile float sink = 1e-3f;
   double best = 0.0;
-  int unchanged = 0;
-  for (int t = 0; t <= most && (t <= least || unchanged < settled); ++t) {
+  for (int t = 0; t <= trials; ++t) {
     const auto start = Clock::now();
     long calls = 0;
     double elapsed = 0.0;
@@ -99,10 +98,7 @@ double thread_rate(const Kernel& kernel, int least, int most, int settled, doubl
       ++calls;
       elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     } while (elapsed < seconds);
-    if (t == 0) continue;
-    const double rate = flops_per_call * double(calls) / elapsed;
-    unchanged = rate > 1.01 * best ? 0 : unchanged + 1;
-    best = std::max(best, rate);
+    if (t > 0) best = std::max(best, flops_per_call * double(calls) / elapsed);
   }
   return best;
 }
@@ -122,7 +118,7 @@ CpuPeak measure_cpu_peak(HostThreads& threads) {
       parts,
       [&](std::size_t, std::size_t begin, std::size_t end) {
         for (std::size_t i = begin; i < end; ++i) {
-          rates[i] = thread_rate(kernel, 4, kMostTrials, 3, kTrialSeconds);
+          rates[i] = thread_rate(kernel, kTrials, kTrialSeconds);
           ran_on[i] = std::this_thread::get_id();
         }
       },

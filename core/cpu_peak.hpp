@@ -12,22 +12,21 @@ class HostThreads;
 struct CpuPeak {
   // fp32 FLOP/s of the threads measured together: independent multiply-adds on the widest
   // vectors the CPU has (AVX-512, else AVX2 with FMA, else 16-byte vectors), 2 FLOPs each,
-  // each thread's best of 4 to kMostTrials trials of 20 ms (more while the best still rises)
-  // after one to warm up. 0 where nothing was measured (a CUDA-compiled build, whose products
-  // run on the GPU).
+  // each thread's best of kTrials trials of 20 ms after one to warm up. 0 where nothing was
+  // measured (a CUDA-compiled build, whose products run on the GPU).
   double fp32_flops = 0.0;
   double best_thread = 0.0;  // the fastest thread's share of it: one core's rate, all cores busy
   int threads = 0;  // the threads that ran side by side (fewer than asked where a team is capped)
   std::string vectors;  // "AVX-512", "AVX2", "128-bit", or "" when not measured
 };
 
-constexpr int kMostTrials = 12;
+constexpr int kTrials = 8;
 constexpr double kTrialSeconds = 0.02;
-// At most this long: the warm-up and kMostTrials trials.
-constexpr double kMostMeasureSeconds = (kMostTrials + 1) * kTrialSeconds;
+// How long a measurement takes: the warm-up and kTrials trials.
+constexpr double kMeasureSeconds = (kTrials + 1) * kTrialSeconds;
 
 // Measures the peak of `threads`'s threads together, each on its own part, as they run the
-// step's kernels (0.1 to 0.26 s; call from the main thread, outside a job).
+// step's kernels (kMeasureSeconds; call from the main thread, outside a job).
 CpuPeak measure_cpu_peak(HostThreads& threads);
 
 // The bf16 units' peak over the fp32 one, for CPU bf16 units named as host_bf16_hardware()

@@ -631,12 +631,13 @@ std::string format_plan(const Plan& p) {
 std::string format_search(const SearchResult& r, const Cluster& cluster) {
   std::string out;
   char line[256];
+  // The hardware's name may be a hardware file's path: not through the fixed buffer.
+  out += "searched " + std::to_string(r.candidates) + " layouts for " +
+         std::to_string(cluster.devices) + (cluster.devices == 1 ? " device (" : " devices (") +
+         cluster.hw.name + ", " + core::format_bytes(cluster.hw.memory_bytes) + " per device): ";
   std::snprintf(line, sizeof line,
-                "searched %zu layouts for %d device%s (%s, %s per device): %zu costed (%zu "
-                "predictions, offload shares included), %zu pruned by bounds, %zu over memory; "
-                "%.3f s\n\n",
-                r.candidates, cluster.devices, cluster.devices == 1 ? "" : "s",
-                cluster.hw.name.c_str(), core::format_bytes(cluster.hw.memory_bytes).c_str(),
+                "%zu costed (%zu predictions, offload shares included), %zu pruned by bounds, "
+                "%zu over memory; %.3f s\n\n",
                 r.evaluated, r.evaluations, r.pruned, r.infeasible, r.seconds);
   out += line;
   if (cluster.oversubscribed() && cluster.pinned) {

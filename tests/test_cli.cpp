@@ -150,7 +150,16 @@ TEST_F(Cli, PlanSearchesEvaluatesAndEmitsAConfigThatTrains) {
 
 TEST_F(Cli, CalibrateWritesAHardwareFileThatPlansRead) {
   const std::string hw = dir + "/hw.yaml";
-  Result r = run(bin("colossal_plan") + " --calibrate --out " + hw);
+  // An --out it cannot write stops every rank before measuring (rank 1 waited in the link's
+  // ping-pong for a rank 0 that had stopped alone).
+  Result r = run("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 60 mpirun "
+                 "-np 2 --oversubscribe " + bin("colossal_plan") + " --calibrate --out " + dir +
+                 "/data.txt/hw.yaml");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--out: cannot write '" + dir + "/data.txt/hw.yaml'"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("GEMM curve"), std::string::npos) << "measured first: " << r.output;
+  r = run(bin("colossal_plan") + " --calibrate --out " + hw);
   ASSERT_EQ(r.code, 0) << r.output;
   ASSERT_TRUE(std::filesystem::exists(hw));
   // Each phase says what it measured as it ends; the file has the attention grids (3 x 3 each)

@@ -117,6 +117,7 @@ TEST(RunLog, MetricsCsvWritesEveryNanAsNan) {
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_EQ(text.str(), "step,loss,val_loss\n3,nan,nan\n4,1.5,inf\n");
+  std::filesystem::remove(path);
 }
 
 TEST(RunLog, WritesOneRowPerStepToMetricsCsvAndMetricsH5) {
