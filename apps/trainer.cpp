@@ -193,8 +193,10 @@ JobPeak job_peak_flops(const io::Config& config, parallel::Communicator& world) 
     static core::CpuPeak cpu;
     static double cpu_per_core = 0.0;
     const core::ThreadPlan plan = core::current_thread_plan();
-    // Together first, so the others' sleep covers rank 0's measurement.
-    if (first && world.size() > 1) world.barrier();
+    // Together first, so the others' sleep covers rank 0's measurement. Every rank, every call:
+    // `first` can differ between ranks (a test's one-rank trainer on some of them), and the
+    // collectives here must not.
+    if (world.size() > 1) world.barrier();
     if (first && world.rank() == 0) {
       cpu = core::measure_cpu_peak(core::HostThreads::shared());
       // A core each: the fastest thread's rate (a core another process took part of does not
