@@ -698,7 +698,7 @@ void Trainer::print(const char* fmt, ...) const {
 void Trainer::upload(int slot, int chunk) {
   const int T = config_.train.seq_len;
   const std::size_t rows = host_inputs_.size() / T, begin = std::size_t(sp_->rank()) * chunk_;
-  const std::size_t part_tokens = rows * chunk_;
+  const std::size_t part_tokens = slot_tokens();
   Chunk& part = chunks_[chunk];
   // On a GPU the host waits for no kernel here: wait() returns once the previous upload's copies
   // have read the staging (they followed only the kernels queued before that upload, long done
@@ -721,10 +721,10 @@ void Trainer::upload(int slot, int chunk) {
 }
 
 const int32_t* Trainer::slot_inputs(int slot, int chunk) const {
-  return chunks_[chunk].inputs.data() + slot * (token_staging_.size() / 2);
+  return chunks_[chunk].inputs.data() + slot * slot_tokens();
 }
 const int32_t* Trainer::slot_targets(int slot, int chunk) const {
-  return chunks_[chunk].targets.data() + slot * (token_staging_.size() / 2);
+  return chunks_[chunk].targets.data() + slot * slot_tokens();
 }
 
 double Trainer::pipeline_forward(int batch) { return executor_->forward_only(batch); }

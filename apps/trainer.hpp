@@ -252,6 +252,9 @@ class Trainer {
   double run_step(int64_t step);
   // host_inputs_/host_targets_ -> this rank's part of them in slot `slot` of a chunk's buffers
   void upload(int slot = 0, int chunk = 0);
+  // This rank's tokens of one micro-batch (micro_batch x its sequence chunk): one slot's share
+  // of a chunk's device token arrays, and half the staging (inputs, then targets).
+  std::size_t slot_tokens() const { return token_staging_.size() / 2; }
   const int32_t* slot_inputs(int slot, int chunk = 0) const;
   const int32_t* slot_targets(int slot, int chunk = 0) const;
   core::Model& head_model() { return *chunks_.back().dense; }
