@@ -143,7 +143,10 @@ io::Config planned_config(const apps::Invocation& inv) {
 // plan needed 20-25% less memory than the trainer then allocated.
 planner::RunLayout planned_run(const io::Config& c, const planner::HardwareSpec& hw) {
   planner::RunLayout run = apps::run_layout(c);
-  if (hw.host_link_bandwidth > 0) run.bf16_weight_copy = run.bf16_products;
+  if (hw.host_link_bandwidth > 0) {
+    run.bf16_weight_copy = run.bf16_products;
+    run.device = true;  // and the model's logits chunk is the device's
+  }
   return run;
 }
 
@@ -318,6 +321,7 @@ int plan(apps::Invocation& inv) {
     const planner::RunLayout run = planned_run(c, cluster.hw);  // as parallel.mode: auto
     options.bf16_weight_copy = run.bf16_weight_copy;
     options.bf16_products = run.bf16_products;
+    options.device = run.device;
     // model.fused_attention: auto: the search costs each layout with either attention.
     options.try_fused_attention =
         c.fused_attention_auto &&

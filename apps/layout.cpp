@@ -12,6 +12,7 @@
 #include "core/gemm.hpp"
 #include "core/layers.hpp"
 #include "core/host_threads.hpp"
+#include "core/kokkos_compat.hpp"
 #include "core/memory.hpp"
 #include "parallel/stage_partition.hpp"
 #include "planner/search.hpp"
@@ -46,6 +47,8 @@ planner::RunLayout run_layout(const io::Config& config) {
   run.bf16_weight_copy =
       core::default_gemm_keeps_copy(config.hardware.gemm, config.train.precision);
   run.bf16_products = config.train.precision == core::GemmPrecision::bf16;
+  // The model's logits chunk follows where its memory is (core::Model).
+  run.device = core::device_memory_v<Kokkos::DefaultExecutionSpace>;
   run.data = p.data;
   run.tensor = p.tensor;
   run.tensor_mode = p.tensor_mode;
@@ -284,6 +287,7 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
       const planner::RunLayout run = run_layout(config);
       options.bf16_weight_copy = run.bf16_weight_copy;
       options.bf16_products = run.bf16_products;
+      options.device = run.device;
       options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
       const planner::SearchResult result = planner::search_plans(
           config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,

@@ -21,7 +21,8 @@ namespace colossal::planner {
 
 Layout RankLayout::graph_layout(const Chunk& chunk) const {
   return Layout{micro_batch, seq_len,   tensor, sequence_split, sequence,
-                chunk.stage, keep,      selective, bf16,         bf16_operands && !bf16};
+                chunk.stage, keep,      selective, bf16,         bf16_operands && !bf16,
+                device};
 }
 
 double MemoryPrediction::total() const {

@@ -32,6 +32,7 @@ struct RankLayout {
   // cuBLAS or oneDNN): 2 bytes per float of the most any chunk holds at once (its whole flat
   // buffer, or under ZeRO-3 the LM head on the head stage, tensor 1), in the temporaries.
   bool bf16_weight_copy = false;
+  bool device = false;              // RunLayout::device
   // Whether the products run at the bf16 GEMM rate (the planner's bf16, or bf16_products).
   bool bf16_gemm() const { return bf16 || bf16_products; }
   int data = 1;                  // data-parallel ranks

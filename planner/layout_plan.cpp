@@ -24,6 +24,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.bf16_operands = run.bf16_operands;
   l.bf16_weight_copy = run.bf16_weight_copy;
   l.bf16_products = run.bf16_products;
+  l.device = run.device;
   l.data = run.data;
   l.tensor = run.tensor;
   l.sequence_split = run.sequence_split;

@@ -26,6 +26,9 @@ struct RunLayout {
   bool bf16_operands = false;
   bool bf16_weight_copy = false;  // RankLayout::bf16_weight_copy
   bool bf16_products = false;     // RankLayout::bf16_products
+  // The ranks are GPUs: the LM head's logits chunk is the device's (Layout::device). Set from
+  // where colossal_train's arrays live (apps::run_layout), or by a plan for a GPU's hardware.
+  bool device = false;
   int data = 1, tensor = 1, sequence = 1, pipeline = 1;
   bool sequence_split = false;
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;

@@ -361,6 +361,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     run.bf16_weight_copy = options.bf16_weight_copy;
     run.bf16_products = options.bf16_products;
     run.bf16_operands = options.bf16_products;  // 1d; the grids below store fp32
+    run.device = options.device;
     return run;
   };
   for (int t : divisors(G)) {

@@ -82,6 +82,7 @@ struct SearchOptions {
   // colossal_train's train.precision: bf16: every layout's RankLayout::bf16_products, and the
   // 1d layouts' bf16_operands (the grid models store fp32), as apps::run_layout sets them.
   bool bf16_products = false;
+  bool device = false;                   // every layout: RunLayout::device (GPU ranks)
   // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
   // probabilities' memory. The caller knows whether its build runs the head size.

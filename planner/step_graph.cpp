@@ -76,7 +76,8 @@ StepGraph build_step_graph(const core::ModelSpec& s, const Layout& l) {
   const bool host_bf16 = l.bf16_operands && !l.bf16;  // colossal_train's bf16 storage
   const core::StageActivations acts = core::stage_activations(
       s, core::ActivationShape{l.micro_batch, l.seq_len / l.sequence, l.tensor, l.sequence_split,
-                               l.sequence, host_bf16, host_bf16},
+                               l.sequence, host_bf16, host_bf16,
+                               l.device ? core::kDeviceLogitsChunkFloats : core::kLogitsChunkFloats},
       l.stage, l.keep, l.selective);
   const core::ActivationSizes& a = acts.sizes;
   auto saved = [f](std::size_t floats) { return f * double(floats); };

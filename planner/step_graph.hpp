@@ -30,6 +30,9 @@ struct Layout {
   bool selective = false;
   bool bf16 = false;             // activations and their collectives in 2 bytes (mixed precision)
   bool bf16_operands = false;  // colossal_train's host bf16 storage (core::ActivationShape's two)
+  // A GPU rank: the LM head's logits chunk holds core::kDeviceLogitsChunkFloats, not the host's
+  // kLogitsChunkFloats (core::Model picks by where its memory is).
+  bool device = false;
 };
 
 struct Op {

@@ -1044,6 +1044,53 @@ TEST(CostModel, Bf16WeightCopyIsTwoBytesPerFloatHeld) {
   }
 }
 
+// A GPU rank's LM head runs 2048 rows of logits a chunk, the host's 256 (core::Model picks by
+// where its memory is): the plan prices the rank's chunk, where the head runs in forward.
+TEST(CostModel, DeviceRanksPriceTheDevicesLogitsChunk) {
+  const core::ModelSpec spec = *core::find_preset("gpt2-124m");
+  const double row = 50304.0 * 4;  // bytes of one row of logits (the padded vocabulary)
+  struct Case {
+    const char* name;
+    int micro_batch, tensor;
+    bool head;
+    double extra_rows;  // rows of logits the device's chunk holds beyond the host's
+  };
+  const Case cases[] = {
+      {"4 x 1024 rows", 4, 1, true, 2048 - 256},
+      {"1 x 1024 rows: fewer than a device chunk", 1, 1, true, 1024 - 256},
+      {"tensor 2: the head after forward, no chunk", 4, 2, true, 0},
+      {"a stage without the head", 4, 1, false, 0},
+  };
+  using core::MemCategory;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    planner::RankLayout l;
+    l.seq_len = 1024;
+    l.micro_batch = c.micro_batch;
+    l.tensor = c.tensor;
+    if (!c.head) {
+      l.pipeline = 2;
+      l.chunks[0].stage = core::StageRange{.layer_begin = 0, .layer_end = 6, .head = false};
+    }
+    const planner::MemoryPrediction host = planner::predict_memory(spec, l);
+    l.device = true;
+    const planner::MemoryPrediction device = planner::predict_memory(spec, l);
+    for (int k = 0; k < int(MemCategory::count); ++k) {
+      const auto category = MemCategory(k);
+      EXPECT_EQ(device[category] - host[category],
+                category == MemCategory::temporaries ? c.extra_rows * row : 0.0)
+          << core::category_name(category);
+    }
+  }
+  // colossal_plan for a GPU's hardware (a host link) plans the device's chunk.
+  planner::RunLayout run;
+  run.global_batch = 8;
+  run.micro_batch = 4;
+  run.layers = {spec.layers};
+  run.device = true;
+  EXPECT_TRUE(planner::rank_layout(run, 0).device);
+}
+
 TEST(CostModel, GridZero2KeepsAShardOfTheGradients) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   double previous = 0.0;
