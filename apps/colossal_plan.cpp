@@ -171,10 +171,13 @@ int profile(apps::Invocation& inv) {
   const int threads = std::max(1, core::available_cores() / std::max(1, ranks));
   const planner::HardwareSpec hw = chosen_hardware(inv, threads);
   const auto start = std::chrono::steady_clock::now();
-  // The schedule from the spec as written, as colossal_train derives it.
-  const apps::ActivationPlan plan = apps::activation_plan(c, int(stage), chosen_hardware(inv, 0));
+  // The schedule from the spec as written, as colossal_train derives it for the planned
+  // device (a GPU's weight copy and logits chunk count against the budget).
+  const planner::RunLayout run = planned_run(c, hw);
+  const apps::ActivationPlan plan =
+      apps::activation_plan(c, run, int(stage), chosen_hardware(inv, 0));
   const planner::RankLayout layout =
-      planner::rank_layout(planned_run(c, hw), int(stage), plan.keep, plan.selective);
+      planner::rank_layout(run, int(stage), plan.keep, plan.selective);
   std::string tables;
   std::size_t ops = 0;
   for (const auto& chunk : layout.chunks) {

@@ -99,10 +99,16 @@ planner::HardwareSpec hardware_spec(const io::Config& config, int threads) {
 
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw) {
+  return activation_plan(config, run_layout(config), pipeline_rank, hw);
+}
+
+ActivationPlan activation_plan(const io::Config& config, const planner::RunLayout& run,
+                               int pipeline_rank, const planner::HardwareSpec& hw) {
   const auto& c = config.checkpointing;
   const double budget = c.memory_budget * 1024.0 * 1024.0 * 1024.0;
-  const planner::CheckpointPlan plan = planner::plan_checkpointing(
-      config.model, rank_layout(config, pipeline_rank), hw, c.policy, budget, c.every, c.blocks);
+  const planner::CheckpointPlan plan =
+      planner::plan_checkpointing(config.model, planner::rank_layout(run, pipeline_rank), hw,
+                                  c.policy, budget, c.every, c.blocks);
   if (!plan.feasible) {
     const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
     const std::string stage = "pipeline stage " + std::to_string(pipeline_rank);

@@ -52,6 +52,10 @@ struct ActivationPlan {
 // 2d / 2.5d / 3d: whole blocks with the grid's sizes (planner::plan_checkpointing dispatches).
 ActivationPlan activation_plan(const io::Config& config, int pipeline_rank,
                                const planner::HardwareSpec& hw);
+// The same for `run`, the layout to plan (colossal_plan's for another device: its weight copy and
+// logits chunk), in place of run_layout(config).
+ActivationPlan activation_plan(const io::Config& config, const planner::RunLayout& run,
+                               int pipeline_rank, const planner::HardwareSpec& hw);
 
 // What the cost model predicts for the ranks of `pipeline_rank` under `plan`: the per-op step
 // graph of rank_layout in 1d, the grid closed forms of planner::predict_* in 2d / 2.5d / 3d

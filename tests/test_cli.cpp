@@ -86,6 +86,20 @@ TEST_F(Cli, PlanProfilesALayoutWithoutItsRanks) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("--stage: '3' must be an integer in [0, 0]"), std::string::npos)
       << r.output;
+  // For a GPU, the schedule under checkpointing.memory_budget counts what the GPU's model holds
+  // beyond the host's (the bf16 weights' copy, the 2048-row logits chunk): its memory stays
+  // within the budget (3.3 GiB: it was solved for the host's and came to 4.00 GiB).
+  const std::string gpt2 = write_config(
+      "gpt2-budget.yaml", "model: {preset: gpt2-124m}\n"
+                          "train: {seq_len: 1024, global_batch: 4, micro_batch: 4}\n"
+                          "checkpointing: {policy: rotor, memory_budget: 3.3}\n");
+  r = run(bin("colossal_plan") + " " + gpt2 + " --profile --hardware h100 --precision bf16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::size_t total = r.output.find("(total ");
+  ASSERT_NE(total, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.substr(total + 7 + r.output.substr(total + 7).find(' '), 5), " GiB)")
+      << r.output;
+  EXPECT_LE(std::stod(r.output.substr(total + 7)), 3.3) << r.output;
 }
 
 // The joint planner from the command line: a search for 8 devices of a GPU preset, its JSON, the
