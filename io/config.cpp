@@ -843,6 +843,7 @@ class Resolver {
         read_value(spec, entries_.at(spec.key).value, config);
     check_required(config);
     fill_model_defaults(config);
+    fill_numerics_from_weights(config);
     check_consistency(config);
     config.source = source_;
     config.text = to_yaml(config);
@@ -1236,6 +1237,30 @@ class Resolver {
             "4 * hidden, the default model.ffn_hidden, must fit in 32 bits",
             "lower model.hidden or set model.ffn_hidden");
     config.model.ffn_hidden = static_cast<int>(ffn);
+  }
+
+  // A LLaMA's model.init_from with a config.json beside it (its sizes set here, not
+  // from_weights): the rotary base and RMSNorm epsilon that no tensor's shape shows come from
+  // config.json unless model.rope_theta / model.rms_eps are set (then those win, and the start-up
+  // says they differ). Without this a model trained with rope_theta 500000 was evaluated with
+  // 10000, silently 0.4% off.
+  void fill_numerics_from_weights(Config& config) const {
+    if (config.model_init_from.empty() || config.model.arch != core::Arch::llama ||
+        config.model_preset == kFromWeights) {
+      return;
+    }
+    HfNumerics numerics;
+    try {
+      numerics = hf_llama_numerics(config.model_init_from);
+    } catch (const WeightsError& e) {
+      raise(where_value("model.init_from"), "model.init_from", e.what(),
+            "the config.json of a LLaMA our model runs (unscaled rotary embedding)",
+            "fix the weights' config.json, or point model.init_from at other weights");
+    }
+    if (numerics.rope_theta && !entries_.count("model.rope_theta"))
+      config.model.rope_theta = *numerics.rope_theta;
+    if (numerics.rms_eps && !entries_.count("model.rms_eps"))
+      config.model.rms_eps = *numerics.rms_eps;
   }
 
   void check_consistency(const Config& config) const {

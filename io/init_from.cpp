@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include "io/hdf5_detail.hpp"
 #include "io/hdf5_file.hpp"
@@ -285,8 +286,25 @@ std::string check_h5(const std::string& path, Kind kind, const core::ModelSpec& 
 std::string check_weights(const std::string& path, const core::ModelSpec& spec,
                           const std::vector<core::ParamSpec>& logical) {
   const Kind kind = kind_of(path);
-  if (kind == Kind::safetensors) return check_safetensors(path, spec, logical);
-  return check_h5(path, kind, spec, logical);
+  if (kind != Kind::safetensors) return check_h5(path, kind, spec, logical);
+  std::string notes = check_safetensors(path, spec, logical);
+  // The config takes these from config.json unless it sets them (io::parse_config): say where
+  // they differ, so a deliberate change (a longer context's rotary base) is seen as one.
+  if (spec.llama()) {
+    const HfNumerics hf = hf_llama_numerics(path);
+    const auto differs = [&](const char* key, double ours, const std::optional<double>& theirs,
+                             const char* hf_key) {
+      if (theirs && *theirs != ours) {
+        std::ostringstream line;
+        line << "note: " << key << " " << ours << " (set in the config) differs from config.json's "
+             << hf_key << " " << *theirs << "\n";
+        notes += line.str();
+      }
+    };
+    differs("model.rope_theta", spec.rope_theta, hf.rope_theta, "rope_theta");
+    differs("model.rms_eps", spec.rms_eps, hf.rms_eps, "rms_norm_eps");
+  }
+  return notes;
 }
 
 void read_weights(const std::string& path, const core::ModelSpec& spec,
@@ -343,13 +361,9 @@ std::string hf_config_path(const std::string& path) {
   return fs::exists(p, ec) ? p.string() : "";
 }
 
-core::ModelSpec spec_from_hf_config(const std::string& path) {
-  const std::string file = hf_config_path(path);
-  if (file.empty())
-    throw WeightsError("no config.json beside '" + path +
-                       "' (model.preset: from_weights reads the sizes from it); give "
-                       "model.init_from a Hugging Face directory, or set the sizes and drop "
-                       "model.preset");
+namespace {
+
+json read_config_json(const std::string& file) {
   std::ifstream in(file);
   json c;
   try {
@@ -358,6 +372,63 @@ core::ModelSpec spec_from_hf_config(const std::string& path) {
     throw WeightsError(file + ": not well-formed JSON: " + e.what());
   }
   if (!c.is_object()) throw WeightsError(file + ": not a JSON object");
+  return c;
+}
+
+// LlamaConfig's rotary and RMSNorm settings, which no tensor's shape shows, and the rotary forms
+// our model cannot run (refused).
+HfNumerics llama_numerics(const json& c, const std::string& file) {
+  const auto fail = [&](const std::string& key, const std::string& why) -> WeightsError {
+    return WeightsError(file + ": " + key + ": " + why);
+  };
+  const auto number = [&](const json& in, const std::string& key,
+                          const std::string& name) -> std::optional<double> {
+    if (!in.contains(key) || in[key].is_null()) return std::nullopt;
+    if (!in[key].is_number() || !(in[key].get<double>() > 0.0))
+      throw fail(name, "is " + in[key].dump() + ", not a positive number");
+    return in[key].get<double>();
+  };
+  HfNumerics n;
+  n.rms_eps = number(c, "rms_norm_eps", "rms_norm_eps");
+  n.rope_theta = number(c, "rope_theta", "rope_theta");
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
+    throw fail("rope_scaling", "is " + c["rope_scaling"].dump() +
+                                   "; our rotary embedding is unscaled (rope_scaling: null)");
+  // transformers 5 folds rope_theta into rope_parameters (and reads it from there); only the
+  // default rope type runs.
+  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+    const json& rp = c["rope_parameters"];
+    if (rp.contains("rope_type") && rp["rope_type"] != "default")
+      throw fail("rope_parameters", "is " + rp.dump() +
+                                        "; our rotary embedding supports rope_type default");
+    const std::optional<double> inner = number(rp, "rope_theta", "rope_parameters.rope_theta");
+    if (inner && n.rope_theta && *inner != *n.rope_theta)
+      throw fail("rope_parameters.rope_theta",
+                 "is " + rp["rope_theta"].dump() + " but rope_theta is " + c["rope_theta"].dump() +
+                     "; transformers 5 reads rope_parameters, older versions rope_theta: keep one");
+    if (inner) n.rope_theta = inner;
+  }
+  return n;
+}
+
+}  // namespace
+
+HfNumerics hf_llama_numerics(const std::string& path) {
+  const std::string file = hf_config_path(path);
+  if (file.empty()) return {};
+  const json c = read_config_json(file);
+  if (c.contains("model_type") && c["model_type"] != "llama") return {};
+  return llama_numerics(c, file);
+}
+
+core::ModelSpec spec_from_hf_config(const std::string& path) {
+  const std::string file = hf_config_path(path);
+  if (file.empty())
+    throw WeightsError("no config.json beside '" + path +
+                       "' (model.preset: from_weights reads the sizes from it); give "
+                       "model.init_from a Hugging Face directory, or set the sizes and drop "
+                       "model.preset");
+  const json c = read_config_json(file);
   const auto fail = [&](const std::string& key, const std::string& why) -> WeightsError {
     return WeightsError(file + ": " + key + ": " + why);
   };
@@ -429,21 +500,18 @@ core::ModelSpec spec_from_hf_config(const std::string& path) {
     flag_must_be("_remove_final_layer_norm", false, "the final layernorm");
   } else if (type == "llama") {
     s.arch = core::Arch::llama;
-    s.hidden = integer("hidden_size", 4096);
-    s.layers = integer("num_hidden_layers", 32);
-    s.heads = integer("num_attention_heads", 32);
+    // The sizes have no default: LlamaConfig's are a 7B model's, which a file missing them (or a
+    // GPT-2 or OPT config.json labelled llama) is not. save_pretrained always writes them.
+    s.hidden = integer("hidden_size", std::nullopt);
+    s.layers = integer("num_hidden_layers", std::nullopt);
+    s.heads = integer("num_attention_heads", std::nullopt);
     s.kv_heads = integer("num_key_value_heads", s.heads);
-    s.ffn_hidden = integer("intermediate_size", 11008);
+    s.ffn_hidden = integer("intermediate_size", std::nullopt);
     s.max_seq = integer("max_position_embeddings", 2048);
-    s.vocab = integer("vocab_size", 32000);
-    const auto number = [&](const std::string& key, double fallback) {
-      if (!c.contains(key) || c[key].is_null()) return fallback;
-      if (!c[key].is_number() || !(c[key].get<double>() > 0.0))
-        throw fail(key, "is " + c[key].dump() + ", not a positive number");
-      return c[key].get<double>();
-    };
-    s.rms_eps = number("rms_norm_eps", 1e-6);
-    s.rope_theta = number("rope_theta", 10000.0);
+    s.vocab = integer("vocab_size", std::nullopt);
+    const HfNumerics numerics = llama_numerics(c, file);
+    s.rms_eps = numerics.rms_eps.value_or(1e-6);
+    s.rope_theta = numerics.rope_theta.value_or(10000.0);
     if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_null()) {
       if (!c["tie_word_embeddings"].is_boolean())
         throw fail("tie_word_embeddings", "is " + c["tie_word_embeddings"].dump() +
@@ -453,19 +521,6 @@ core::ModelSpec spec_from_hf_config(const std::string& path) {
     const std::string act = text("hidden_act", "silu");
     if (act != "silu")
       throw fail("hidden_act", "is '" + act + "'; our LLaMA MLP computes SwiGLU (silu)");
-    if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-      throw fail("rope_scaling", "is " + c["rope_scaling"].dump() +
-                                     "; our rotary embedding is unscaled (rope_scaling: null)");
-    // transformers 5 folds rope_theta into rope_parameters; only the default rope type runs.
-    if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
-      const json& rp = c["rope_parameters"];
-      if (rp.contains("rope_type") && rp["rope_type"] != "default")
-        throw fail("rope_parameters", "is " + rp.dump() +
-                                          "; our rotary embedding supports rope_type default");
-      if (rp.contains("rope_theta") && rp["rope_theta"].is_number() &&
-          !c.contains("rope_theta"))
-        s.rope_theta = rp["rope_theta"].get<double>();
-    }
     flag_must_be("attention_bias", false, "q/k/v/o projections without biases");
     flag_must_be("mlp_bias", false, "gate/up/down projections without biases");
     if (s.hidden % s.heads == 0) {

@@ -16,6 +16,7 @@
 // (safetensors) or HDF5 hyperslabs, never the whole file.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,5 +53,15 @@ core::ModelSpec spec_from_hf_config(const std::string& path);
 
 // The config.json that spec_from_hf_config reads for `path` ("" when there is none).
 std::string hf_config_path(const std::string& path);
+
+// A LLaMA config.json's settings that no tensor's shape shows (unset: absent there).
+struct HfNumerics {
+  std::optional<double> rope_theta;  // rope_theta, or transformers 5's rope_parameters.rope_theta
+  std::optional<double> rms_eps;     // rms_norm_eps
+};
+// Those of the config.json beside `path`; none when there is no config.json or its model_type
+// is not llama. Throws WeightsError for a rotary form our model cannot run (rope_scaling, a
+// rope_type other than default) or two rope_theta values that differ.
+HfNumerics hf_llama_numerics(const std::string& path);
 
 }  // namespace colossal::io

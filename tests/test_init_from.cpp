@@ -466,6 +466,56 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
     e = error("");
     EXPECT_NE(e.find(want), std::string::npos) << edit.first << ": " << e;
   }
+  {
+    // Both rope_theta forms, differing: transformers 5 reads one, older versions the other.
+    nlohmann::json j = llama;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find("rope_parameters.rope_theta: is 10000.0 but rope_theta is 500000.0"),
+              std::string::npos) << e;
+    j["rope_parameters"]["rope_theta"] = 500000.0;  // the same value twice is fine
+    write(j);
+    EXPECT_EQ(parse("").model.rope_theta, 500000.0);
+    // LlamaConfig's sizes have no default here (its defaults are a 7B model's): a GPT-2
+    // config.json labelled llama was read as one and ran out of memory.
+    for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "intermediate_size", "vocab_size"}) {
+      j = llama;
+      j.erase(key);
+      write(j);
+      e = error("");
+      EXPECT_NE(e.find(std::string("config.json: ") + key + ": missing"), std::string::npos)
+          << key << ": " << e;
+    }
+  }
+  {
+    // Sizes set in the config (no from_weights): the rotary base and RMSNorm epsilon, which no
+    // tensor shows, still come from config.json unless set; set, they win.
+    write(llama);
+    const std::string sizes =
+        "model: {arch: llama, layers: 3, hidden: 64, heads: 8, kv_heads: 2, ffn_hidden: 160, "
+        "vocab: 256, max_seq: 96, init_from: " + dir;
+    const std::string rest = "}\ndata: {path: x}\ntrain: {seq_len: 16}\n";
+    c = io::parse_config(sizes + rest, "test");
+    EXPECT_EQ(c.model.rope_theta, 500000.0);
+    EXPECT_EQ(c.model.rms_eps, 1e-6);
+    EXPECT_EQ(io::parse_config(c.text, "again").model.rope_theta, 500000.0);
+    c = io::parse_config(sizes + ", rope_theta: 20000" + rest, "test");
+    EXPECT_EQ(c.model.rope_theta, 20000.0);
+    EXPECT_EQ(c.model.rms_eps, 1e-6);
+    nlohmann::json j = llama;
+    j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+    write(j);
+    try {
+      io::parse_config(sizes + rest, "test");
+      ADD_FAILURE() << "rope_scaling in config.json was ignored";
+    } catch (const io::ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find("model.init_from: " + dir +
+                                             "/config.json: rope_scaling: is"),
+                std::string::npos) << err.what();
+    }
+  }
   write({{"model_type", "mistral"}});
   EXPECT_NE(error("").find("model_type: is 'mistral'"), std::string::npos) << error("");
 
