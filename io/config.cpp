@@ -1181,6 +1181,18 @@ class Resolver {
     const KeySpec& from = *index().leaves.at("model.init_from");
     const std::string path = scalar_of(from, entries_.at("model.init_from").value, "a path",
                                        where_value("model.init_from"));
+    // A resolved config (the one model.h5, checkpoints and log.dir/config.yaml carry) sets every
+    // size itself: it reads without the weights' directory, which may be gone or on another
+    // cluster by the time the model is exported or evaluated.
+    bool resolved = true;
+    for (const char* key : {"model.arch", "model.layers", "model.hidden", "model.heads",
+                            "model.ffn_hidden", "model.vocab", "model.max_seq"}) {
+      resolved = resolved && entries_.count(key) > 0;
+    }
+    if (resolved && hf_config_path(path).empty()) {
+      config.model_preset = kFromWeights;
+      return;
+    }
     try {
       config.model = spec_from_hf_config(path);
     } catch (const WeightsError& e) {

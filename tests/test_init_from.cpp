@@ -526,6 +526,15 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
     EXPECT_NE(std::string(err.what()).find("from_weights needs model.init_from"),
               std::string::npos) << err.what();
   }
+  write(llama);
+  const std::string resolved = parse("").text;
   fs::remove(dir + "/config.json");
   EXPECT_NE(error("").find("no config.json beside"), std::string::npos) << error("");
+  // The resolved text (model.h5's, a checkpoint's) sets every size: it reads without the
+  // weights' directory (colossal_export of a fine-tuned model failed once it was gone).
+  c = io::parse_config(resolved, "model.h5 (config)");
+  EXPECT_EQ(c.model.hidden, 64);
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.rms_eps, 1e-6);
 }
