@@ -189,7 +189,8 @@ int classify(const std::exception& e) {
   if (dynamic_cast<const UsageError*>(&e) || dynamic_cast<const io::ConfigError*>(&e)) {
     return kUsageError;
   }
-  if (dynamic_cast<const io::DataError*>(&e) || dynamic_cast<const io::H5Error*>(&e)) {
+  if (dynamic_cast<const io::DataError*>(&e) || dynamic_cast<const io::H5Error*>(&e) ||
+      dynamic_cast<const DataFileError*>(&e)) {
     return kDataError;
   }
   return kRuntimeError;

@@ -13,6 +13,13 @@ class CollectiveError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A data, model or checkpoint file that cannot be used as the config says (exit code 3, as
+// io::DataError and io::H5Error), found alike on every rank.
+class DataFileError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
 class NonFiniteError : public CollectiveError {
  public:
   using CollectiveError::CollectiveError;

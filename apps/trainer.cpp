@@ -14,9 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <tuple>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <unordered_map>
 #include <span>
@@ -1329,14 +1331,21 @@ namespace {
 std::pair<std::string, std::string> config_changes(const std::string& before_text,
                                                    const std::string& now_text) {
   std::string model_changes, other_changes;
-  for (const std::string& key : io::changed_keys(before_text, now_text)) {
-    // model.init_from names where the weights came from, and model.fused_attention how the
+  std::map<std::string, std::pair<std::string, std::string>> values;
+  for (const std::string& key : io::changed_keys(before_text, now_text, &values)) {
+    // model.init_from names where the weights came from, model.fused_attention how the
     // attention is computed (model.fused_attention: auto may decide it otherwise on another
-    // node), not another model.
+    // node) and model.preset how the sizes were given (the sizes themselves are compared), not
+    // another model.
     const bool model = key.rfind("model.", 0) == 0 && key != "model.init_from" &&
-                       key != "model.fused_attention";
+                       key != "model.fused_attention" && key != "model.preset";
     std::string& list = model ? model_changes : other_changes;
-    list += (list.empty() ? "" : ", ") + key;
+    const auto& [was, now] = values.at(key);
+    // A model key with its two values (the checkpoint's, then this config's).
+    const std::string item = model ? key + " " + (was.empty() ? "unset" : was) + " there, " +
+                                         (now.empty() ? "unset" : now) + " here"
+                                   : key;
+    list += (list.empty() ? "" : ", ") + item;
   }
   return {model_changes, other_changes};
 }
@@ -1389,7 +1398,7 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
     }
   }
   world.broadcast_string(missing, 0);
-  if (!missing.empty()) throw CollectiveError(missing);
+  if (!missing.empty()) throw io::ConfigError(missing);  // the key names no file: exit 2
   world.broadcast_string(listing, 0);
   std::string chosen;
   io::CheckpointState state;
@@ -1403,7 +1412,7 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
         const std::string model_changes = config_changes(written, config.text).first;
         if (!model_changes.empty()) {
           fatal = "checkpoint " + path + " was written for another model (" + model_changes +
-                  " differ); resume with the model config it was written with, or point "
+                  "); resume with the model config it was written with, or point "
                   "checkpoint.dir elsewhere";
         }
       } catch (const std::exception& e) {
@@ -1411,7 +1420,7 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
       }
     }
     world.broadcast_string(fatal, 0);
-    if (!fatal.empty()) throw CollectiveError(fatal);
+    if (!fatal.empty()) throw DataFileError(fatal);
     world.broadcast_string(damage, 0);
     if (damage.empty()) {
       try {
@@ -1425,8 +1434,8 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
       }
     }
     if (one_file) {
-      throw CollectiveError("checkpoint.resume: cannot read checkpoint file '" + path + "': " +
-                            damage + "; point checkpoint.resume at an intact checkpoint");
+      throw DataFileError("checkpoint.resume: cannot read checkpoint file '" + path + "': " +
+                          damage + "; point checkpoint.resume at an intact checkpoint");
     }
     log += "warning: skipping checkpoint " + path + ": " + damage + "\n";
   }
@@ -1622,7 +1631,31 @@ std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& 
 void Trainer::load_weights(const std::string& path) {
   const auto logical = logical_table();
   std::vector<float> values(core::parameter_units(logical, 16).back().end, 0.0f);
-  io::read_model_file(path, logical, values);
+  const std::string saved = io::read_model_file(path, logical, values);
+  // What no tensor's shape shows: a LLaMA's rotary base and RMSNorm epsilon, from the config the
+  // file carries. Evaluated with other values the model computes other numbers, silently.
+  io::Config trained;
+  try {
+    trained = io::parse_config(saved, path + " (config)", {},
+                               io::ParseOptions{.require_data = false});
+  } catch (const std::exception&) {
+    trained.model = config_.model;  // an older or hand-made file: nothing to compare
+  }
+  const core::ModelSpec& s = config_.model;
+  if (s.llama() && trained.model.llama()) {
+    for (const auto& [key, ours, theirs] :
+         {std::tuple{"model.rope_theta", s.rope_theta, trained.model.rope_theta},
+          std::tuple{"model.rms_eps", s.rms_eps, trained.model.rms_eps}}) {
+      if (ours == theirs) continue;
+      char text[400];
+      std::snprintf(text, sizeof text,
+                    "model file '%s' was trained with %s %.9g but the config has %.9g; set "
+                    "%s: %.9g (or start from the file with model.init_from, which keeps the "
+                    "config's)",
+                    path.c_str(), key, theirs, ours, key, theirs);
+      throw io::H5Error(text);
+    }
+  }
   set_local_parameters(from_logical(values));
 }
 

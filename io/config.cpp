@@ -1828,7 +1828,9 @@ void flatten(const YAML::Node& node, const std::string& prefix,
 }
 }  // namespace
 
-std::vector<std::string> changed_keys(const std::string& before, const std::string& after) {
+std::vector<std::string> changed_keys(
+    const std::string& before, const std::string& after,
+    std::map<std::string, std::pair<std::string, std::string>>* values) {
   std::map<std::string, std::string> a, b;
   for (auto [text, out, name] : {std::tuple{&before, &a, "before"}, std::tuple{&after, &b, "after"}}) {
     try {
@@ -1847,6 +1849,12 @@ std::vector<std::string> changed_keys(const std::string& before, const std::stri
     if (!b.count(key)) keys.push_back(key);
   }
   std::sort(keys.begin(), keys.end());
+  if (values != nullptr) {
+    for (const std::string& key : keys) {
+      const auto was = a.find(key), now = b.find(key);
+      (*values)[key] = {was == a.end() ? "" : was->second, now == b.end() ? "" : now->second};
+    }
+  }
   return keys;
 }
 

@@ -7,10 +7,12 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/checkpoint_policy.hpp"
@@ -214,7 +216,11 @@ std::string to_yaml(const Config& config);
 
 // The dotted keys ("parallel.zero.stage") whose values differ between two YAML config texts,
 // keys present in only one of them included, sorted. Throws ConfigError when either is not YAML.
-std::vector<std::string> changed_keys(const std::string& before, const std::string& after);
+// `values`, when given, receives each such key's value before and after as flow YAML ("" where
+// the key is absent).
+std::vector<std::string> changed_keys(
+    const std::string& before, const std::string& after,
+    std::map<std::string, std::pair<std::string, std::string>>* values = nullptr);
 
 // One key of the schema, as documented in configs/README.md (and printable by --help).
 struct ConfigKeyInfo {

@@ -140,6 +140,11 @@ std::string read_model_file(const std::string& path, const std::vector<core::Par
                 "opening '" + path + "' (not an HDF5 file?)");
   for (const auto& p : table) {
     if (H5Lexists(file.get(), p.name.c_str(), H5P_DEFAULT) <= 0) {
+      if (H5Lexists(file.get(), "model", H5P_DEFAULT) > 0) {
+        throw H5Error("'" + path + "' is a training checkpoint, not a model file: its weights "
+                      "are read by model.init_from (or resumed with checkpoint.resume); a "
+                      "model file is log.dir/model.h5");
+      }
       throw H5Error("model file '" + path + "' has no dataset '" + p.name +
                     "' (was it saved from a different model config?)");
     }

@@ -132,11 +132,10 @@ TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
   try {
     wrong.train();
     FAIL() << "resumed a checkpoint of another model";
-  } catch (const std::exception& e) {
+  } catch (const apps::DataFileError& e) {  // exit 3, with the key and both values
     const std::string what = e.what();
-    EXPECT_TRUE(what.find("model.ffn_hidden") != std::string::npos ||
-                what.find("shape") != std::string::npos)
-        << what;
+    EXPECT_NE(what.find("was written for another model (model.ffn_hidden 64 there, 128 here)"),
+              std::string::npos) << what;
   }
 }
 
@@ -296,21 +295,25 @@ TEST(Checkpoint, ResumesFromAFileAndFineTunesWithResets) {
     }
   }
 
-  // A missing file and a damaged one are errors naming the key and the path.
+  // A missing file and a damaged one are errors naming the key and the path: a bad config
+  // value (exit 2) and a bad file (exit 3, apps::DataFileError).
   const auto error_of = [&](const std::string& name, const std::string& extra) {
     try {
       run(name, extra, 6);
-    } catch (const apps::CollectiveError& e) {
-      return std::string(e.what());
+    } catch (const io::ConfigError& e) {
+      return "config: " + std::string(e.what());
+    } catch (const apps::DataFileError& e) {
+      return "file: " + std::string(e.what());
     }
     ADD_FAILURE() << name << ": no error";
     return std::string();
   };
   const std::string missing = dir + "/straight/checkpoints/ckpt-5.h5";
   std::string what = error_of("missing", "checkpoint: {resume: " + missing + "}\n");
-  EXPECT_NE(what.find("checkpoint.resume: '" + missing + "' is not a checkpoint file (no such "
-                      "file"), std::string::npos) << what;
+  EXPECT_EQ(what.find("config: checkpoint.resume: '" + missing + "' is not a checkpoint file (no "
+                      "such file"), 0u) << what;
   what = error_of("typo", "checkpoint: {resume: auot}\n");
+  EXPECT_EQ(what.find("config: "), 0u) << what;
   EXPECT_NE(what.find("did you mean 'auto'?"), std::string::npos) << what;
   const std::string damaged = dir + "/damaged.h5";
   if (world.rank() == 0) {
@@ -319,8 +322,8 @@ TEST(Checkpoint, ResumesFromAFileAndFineTunesWithResets) {
   }
   world.barrier();
   what = error_of("damaged", "checkpoint: {resume: " + damaged + "}\n");
-  EXPECT_NE(what.find("checkpoint.resume: cannot read checkpoint file '" + damaged + "'"),
-            std::string::npos) << what;
+  EXPECT_EQ(what.find("file: checkpoint.resume: cannot read checkpoint file '" + damaged + "'"),
+            0u) << what;
   // log.dir under a regular file cannot be created: every rank fails, naming it.
   io::Config bad = config(data, data + "/run", layout);
   bad.train.steps = 1;

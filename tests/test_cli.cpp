@@ -246,6 +246,18 @@ TEST_F(Cli, DataErrorsNameTheKey) {
   EXPECT_EQ(r.code, 3);
   EXPECT_NE(r.output.find("data.val_path"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("fewer than"), std::string::npos) << r.output;
+  // Starting weights that are not there, or not weights, are a bad model file too (exit 3),
+  // and the key is named once.
+  for (const char* program : {"colossal_train", "colossal_eval"}) {
+    r = run(bin(program) + " " + write_config("ok.yaml") + " --set model.init_from=" + dir +
+            "/nothing.h5");
+    EXPECT_EQ(r.code, 3) << program << r.output;
+    EXPECT_NE(r.output.find("error: model.init_from: '" + dir + "/nothing.h5' does not exist"),
+              std::string::npos) << program << r.output;
+  }
+  r = run(bin("colossal_eval") + " " + write_config("ok.yaml") + " --set model.init_from=" + dir +
+          "/short.txt");
+  EXPECT_EQ(r.code, 3) << r.output;
 }
 
 // Planning reads no data: colossal_plan takes a config without data.path, which colossal_train

@@ -247,6 +247,51 @@ TEST(Training, ModelFileRoundTripsAndIsCheckedOnLoad) {
   EXPECT_FALSE(std::filesystem::exists(s.model_path + ".tmp"));
 }
 
+// A LLaMA's rotary base and RMSNorm epsilon change no tensor's shape: a model file is checked
+// against the config it carries (evaluated with 10000 instead of its 5000 it was silently off).
+TEST(Training, ModelFileOfALlamaKeepsItsRotaryBaseAndEpsilon) {
+  const std::string dir = temp_dir("llama_numerics");
+  io::Config c = tiny_config(dir, "llama");
+  c.train.steps = 2;
+  c.model.rope_theta = 5000.0;
+  c.model.rms_eps = 1e-6;
+  c.text = io::to_yaml(c);
+  apps::Trainer trained(c, nullptr);
+  const auto s = trained.train();
+  apps::Trainer same(c, nullptr);
+  same.load_weights(s.model_path);
+  EXPECT_EQ(same.evaluate(), trained.evaluate());
+  for (const auto& [theta, eps, want] :
+       {std::tuple{10000.0, 1e-6, "was trained with model.rope_theta 5000 but the config has "
+                                  "10000; set model.rope_theta: 5000"},
+        std::tuple{5000.0, 1e-5, "was trained with model.rms_eps 1e-06 but the config has "
+                                 "1e-05; set model.rms_eps: 1e-06"}}) {
+    io::Config other = c;
+    other.model.rope_theta = theta;
+    other.model.rms_eps = eps;
+    apps::Trainer mismatched(other, nullptr);
+    try {
+      mismatched.load_weights(s.model_path);
+      ADD_FAILURE() << "loaded with other numerics: " << want;
+    } catch (const io::H5Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  // A training checkpoint is not a model file, and the error says where it goes.
+  c.checkpoint.every = 1;
+  c.log.dir = dir + "/ckpt";
+  c.text = io::to_yaml(c);
+  apps::Trainer checkpointed(c, nullptr);
+  checkpointed.train();
+  try {
+    same.load_weights(dir + "/ckpt/checkpoints/ckpt-2.h5");
+    ADD_FAILURE() << "a checkpoint was read as a model file";
+  } catch (const io::H5Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is a training checkpoint, not a model file"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
   const std::string dir = temp_dir("nonfinite");
   io::Config c = tiny_config(dir, "gpt2");
