@@ -843,6 +843,22 @@ TrainSummary Trainer::train() {
     std::error_code ignored;
     std::filesystem::remove(config_.log.dir + "/finished", ignored);
   }
+  if (config_.checkpoint.every > 0 && profile_steps_ == 0) {
+    // Checkpoints numbered after this run's first step are another run's (a fresh start in a
+    // used log.dir, or a resume from an earlier one): the retention keeps the newest by step
+    // and would delete this run's own, and resume: auto would continue the other run.
+    std::string moved, error;
+    if (world_->rank() == 0) {
+      try {
+        moved = io::set_aside_later_checkpoints(apps::checkpoint_dir(config_), first_step);
+      } catch (const std::exception& e) {
+        error = std::string("checkpoint.dir: ") + e.what();
+      }
+    }
+    world_->broadcast_string(error, 0);
+    if (!error.empty()) throw CollectiveError(error);
+    if (!moved.empty()) print("checkpoint.dir: %s\n", moved.c_str());
+  }
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
                             t.steps + start.schedule_base};
   const JobPeak peak = job_peak_flops(config_, *world_);

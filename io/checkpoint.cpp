@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <filesystem>
 #include <fstream>
@@ -851,6 +852,41 @@ std::string read_checkpoint_config(const std::string& path, bool verify) {
     H5Handle file = open_checkpoint(path);
     return checked_config(file.get(), path);
   });
+}
+
+std::string set_aside_later_checkpoints(const std::string& dir, int64_t step) {
+  static const std::regex name("ckpt-([0-9]+)\\.h5");
+  std::vector<fs::path> later;
+  for (const std::string& path : list_checkpoints(dir)) {
+    std::smatch match;
+    const std::string file = fs::path(path).filename().string();
+    if (std::regex_match(file, match, name) && std::stoll(match[1].str()) > step)
+      later.emplace_back(path);
+  }
+  if (later.empty()) return "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  fs::path to = fs::path(dir) / ("superseded-at-step" + std::to_string(step) + "-" + stamp);
+  for (int n = 2; fs::exists(to); ++n) {  // two starts within a second
+    to = fs::path(dir) / ("superseded-at-step" + std::to_string(step) + "-" + stamp + "-" +
+                          std::to_string(n));
+  }
+  std::error_code ec;
+  fs::create_directory(to, ec);
+  if (ec) throw H5Error("cannot create '" + to.string() + "': " + ec.message());
+  for (const fs::path& p : later) {
+    fs::rename(p, to / p.filename(), ec);
+    if (ec) throw H5Error("cannot move '" + p.string() + "' to '" + to.string() + "': " +
+                          ec.message());
+  }
+  // later is newest first.
+  return std::to_string(later.size()) + " checkpoint(s) numbered after step " +
+         std::to_string(step) + " (" + later.back().filename().string() +
+         (later.size() > 1 ? " to " + later.front().filename().string() : std::string()) +
+         ") are another run's: moved to " + to.string() + " (nothing deleted)";
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

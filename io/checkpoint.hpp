@@ -147,4 +147,11 @@ std::string read_checkpoint_config(const std::string& path, bool verify = true);
 // The checkpoints in `dir`, newest first (by step in the file name).
 std::vector<std::string> list_checkpoints(const std::string& dir);
 
+// The checkpoints in `dir` numbered after `step`, where a run that starts at `step` finds them:
+// another run's (a fresh start, or a resume from an earlier checkpoint), which the retention
+// (newest by step) and checkpoint.resume: auto would otherwise take for this run's. Moves them
+// into a new folder `dir`/superseded-at-step<step>-<UTC time> (nothing is deleted) and returns
+// what it did as one line, or "" when there were none. Throws H5Error when a move fails.
+std::string set_aside_later_checkpoints(const std::string& dir, int64_t step);
+
 }  // namespace colossal::io

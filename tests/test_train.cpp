@@ -292,6 +292,44 @@ TEST(Training, ModelFileOfALlamaKeepsItsRotaryBaseAndEpsilon) {
   }
 }
 
+// Checkpoints numbered after a run's first step are another run's: a fresh start in a used
+// log.dir moves them aside (the retention kept the newest by step, so it deleted the new run's
+// own, and resume: auto then continued the old run), and auto continues the new run.
+TEST(Training, AFreshRunSetsAsideAnotherRunsLaterCheckpoints) {
+  const std::string dir = temp_dir("set_aside");
+  io::Config c = tiny_config(dir, "gpt2");
+  c.train.steps = 6;
+  c.checkpoint.every = 2;
+  c.checkpoint.keep = 3;
+  c.text = io::to_yaml(c);
+  apps::Trainer(c, nullptr).train();
+  const std::string ckpts = dir + "/run/checkpoints";
+  ASSERT_EQ(io::list_checkpoints(ckpts).size(), 3u);
+  io::Config fresh = c;
+  fresh.train.steps = 3;
+  fresh.text = io::to_yaml(fresh);
+  apps::Trainer(fresh, nullptr).train();
+  std::vector<std::string> names;
+  for (const std::string& p : io::list_checkpoints(ckpts))
+    names.push_back(std::filesystem::path(p).filename().string());
+  EXPECT_EQ(names, (std::vector<std::string>{"ckpt-3.h5", "ckpt-2.h5"}));
+  int folders = 0, moved = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(ckpts)) {
+    if (!entry.is_directory()) continue;
+    ++folders;
+    EXPECT_EQ(entry.path().filename().string().rfind("superseded-at-step0-", 0), 0u)
+        << entry.path();
+    moved += int(io::list_checkpoints(entry.path().string()).size());
+  }
+  EXPECT_EQ(folders, 1);
+  EXPECT_EQ(moved, 3) << "the earlier run's ckpt-2, 4 and 6, nothing deleted";
+  io::Config resumed = c;
+  resumed.train.steps = 5;
+  resumed.checkpoint.resume = io::ResumeMode::automatic;
+  resumed.text = io::to_yaml(resumed);
+  EXPECT_EQ(apps::Trainer(resumed, nullptr).train().first_step, 3);
+}
+
 TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
   const std::string dir = temp_dir("nonfinite");
   io::Config c = tiny_config(dir, "gpt2");
