@@ -691,6 +691,22 @@ CheckpointShard whole_tensors(const std::vector<core::ParamSpec>& table, float* 
 
 }  // namespace
 
+namespace {
+// A checkpoint's size, a little over: three fp32 arrays of every tensor and the metadata (the
+// user block, the config and about 2.3 KiB per tensor measured; 4 KiB counted).
+double checkpoint_bytes(const std::vector<core::ParamSpec>& table) {
+  double bytes = double(kCheckpointUserBlock) + 256.0 * 1024.0;
+  for (const core::ParamSpec& p : table) bytes += 3.0 * 4.0 * double(p.count) + 4096.0;
+  return bytes;
+}
+
+std::string format_mib(double bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return text;
+}
+}  // namespace
+
 std::string write_checkpoint(const std::string& dir, const std::vector<core::ParamSpec>& table,
                              const CheckpointShard& mine, const CheckpointState& state, int keep,
                              MPI_Comm comm) {
@@ -706,6 +722,20 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
     // Temporary files of saves that a crash interrupted are never read; remove them now.
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       if (entry.path().extension() == ".tmp") fs::remove(entry.path(), ec);
+    }
+    // Room for the whole file first: HDF5 does not recover from a disk that fills under it
+    // (its file stays open, and closing it at MPI_Finalize crashed every rank).
+    fs::space_info space = fs::space(dir, ec);
+    // Testing hook: pretend the disk has this many bytes free.
+    if (const char* free = std::getenv("COLOSSAL_TEST_CHECKPOINT_FREE_BYTES")) {
+      space.available = std::uintmax_t(std::atoll(free));
+    }
+    const double needed = checkpoint_bytes(table);
+    if (!ec && double(space.available) < needed) {
+      throw H5Error("checkpoint.dir '" + dir + "' has " + format_mib(double(space.available)) +
+                    " free but a checkpoint takes about " + format_mib(needed) +
+                    " (parameters and both AdamW moments in fp32); free space there, lower "
+                    "checkpoint.keep, or point checkpoint.dir at a larger disk");
     }
   });
   // The CRCs come first: they need only memory, and a plan that does not tile the tensors is

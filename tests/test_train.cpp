@@ -330,6 +330,30 @@ TEST(Training, AFreshRunSetsAsideAnotherRunsLaterCheckpoints) {
   EXPECT_EQ(apps::Trainer(resumed, nullptr).train().first_step, 3);
 }
 
+// A disk without room for a checkpoint is found before HDF5 writes to it (HDF5 left its file open
+// after a failed flush, and every rank crashed closing it at MPI_Finalize).
+TEST(Training, ACheckpointWithoutRoomOnTheDiskIsAnErrorBeforeWriting) {
+  const std::string dir = temp_dir("disk_full");
+  io::Config c = tiny_config(dir, "gpt2");
+  c.train.steps = 2;
+  c.checkpoint.every = 1;
+  c.text = io::to_yaml(c);
+  setenv("COLOSSAL_TEST_CHECKPOINT_FREE_BYTES", "100000", 1);
+  std::string what;
+  try {
+    apps::Trainer(c, nullptr).train();
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  unsetenv("COLOSSAL_TEST_CHECKPOINT_FREE_BYTES");
+  EXPECT_NE(what.find("checkpoint.dir '" + dir + "/run/checkpoints' has 0.1 MiB free but a "
+                      "checkpoint takes about 0."),
+            std::string::npos) << what;
+  EXPECT_TRUE(io::list_checkpoints(dir + "/run/checkpoints").empty());
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/run/checkpoints"))
+    ADD_FAILURE() << "left behind: " << entry.path();
+}
+
 TEST(Training, NonFiniteLossStopsOrSkipsAsConfigured) {
   const std::string dir = temp_dir("nonfinite");
   io::Config c = tiny_config(dir, "gpt2");
