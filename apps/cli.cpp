@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -414,6 +415,15 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
       std::fprintf(stderr, "%s: error%s: %s\n", info.name.c_str(), where.c_str(), message.c_str());
     }
     code = worst;
+  }
+  // HDF5 1.10's shutdown inside MPI_Finalize crashes on a file whose close failed (a flush to a
+  // full disk; io::hdf5_file_close_failed), turning a reported error into a segfault on every
+  // rank: then every rank ends here, its messages out, without MPI_Finalize.
+  int close_failed = io::hdf5_file_close_failed() ? 1 : 0, any_failed = 0;
+  MPI_Allreduce(&close_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (any_failed != 0) {
+    std::fflush(nullptr);
+    std::_Exit(code);
   }
   MPI_Finalize();
   return code;

@@ -105,8 +105,17 @@ void RunLog::write_rows(int64_t step, const StepRecord& r) {
   const double flops_per_step = options_.flops_per_token * options_.tokens_per_step;
   const double mfu = flops_per_step / r.seconds / options_.peak_flops;
   const double peak = double(memory.peak_total());
-  csv_->row({double(step + 1), r.loss, r.lr, r.grad_norm, tokens_per_s, mfu, r.seconds,
-             r.val_loss, peak});
+  if (!csv_->row({double(step + 1), r.loss, r.lr, r.grad_norm, tokens_per_s, mfu, r.seconds,
+                  r.val_loss, peak})) {
+    if (!csv_failing_) {
+      print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
+            (long long)step + 1, csv_->path().c_str(), csv_->error().c_str());
+    }
+    csv_failing_ = true;
+  } else if (csv_failing_) {
+    print("step %lld: %s written again\n", (long long)step + 1, csv_->path().c_str());
+    csv_failing_ = false;
+  }
   if (!h5_) return;
   // The columns of metrics_h5_columns(), in order.
   std::vector<double> row{double(step + 1), r.loss,    r.val_loss, r.lr, r.grad_norm,

@@ -125,6 +125,7 @@ class RunLog {
   std::unique_ptr<io::MetricsCsv> csv_;
   std::unique_ptr<io::MetricsH5> h5_;
   bool h5_failing_ = false;
+  bool csv_failing_ = false;
   std::chrono::steady_clock::time_point start_;
   std::vector<double> losses_;
   double timed_seconds_ = 0.0;  // of the recorded steps after the first

@@ -862,14 +862,27 @@ TrainSummary Trainer::train() {
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
                             t.steps + start.schedule_base};
   const JobPeak peak = job_peak_flops(config_, *world_);
-  // Rank 0 writes the run's files; every rank trains and tallies.
-  RunLog run_log(config_, RunLogOptions{.writer = world_->rank() == 0,
-                                        .first_step = first_step,
-                                        .log = log_,
-                                        .tokens_per_step = double(t.global_batch) * t.seq_len,
-                                        .flops_per_token = core::flops_per_token(spec, t.seq_len),
-                                        .peak_flops = peak.flops,
-                                        .memory = &tracker_});
+  // Rank 0 writes the run's files; every rank trains and tallies. A file rank 0 cannot create
+  // (a full disk) stops every rank: the others would wait for it in the first step.
+  std::optional<RunLog> run_log_held;
+  std::string run_log_error;
+  try {
+    run_log_held.emplace(config_,
+                         RunLogOptions{.writer = world_->rank() == 0,
+                                       .first_step = first_step,
+                                       .log = log_,
+                                       .tokens_per_step = double(t.global_batch) * t.seq_len,
+                                       .flops_per_token = core::flops_per_token(spec, t.seq_len),
+                                       .peak_flops = peak.flops,
+                                       .memory = &tracker_});
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    run_log_error = "log.dir: " + what +
+                    (what.find("flushing") != std::string::npos ? " (is its disk full?)" : "");
+  }
+  world_->broadcast_string(run_log_error, 0);
+  if (!run_log_error.empty()) throw CollectiveError(run_log_error);
+  RunLog& run_log = *run_log_held;
   // What this run is and what the cost model predicts for it, beside the measurements.
   run_log.set_attribute("hardware", hardware_name_);
   const double parameters = double(core::parameter_count(spec));  // logical elements

@@ -1,5 +1,7 @@
 #include "io/hdf5_file.hpp"
 
+#include <atomic>
+
 #include "io/hdf5_detail.hpp"
 
 #include <algorithm>
@@ -20,13 +22,19 @@ H5Handle::H5Handle(hid_t id, Closer closer, const std::string& what) : id_(id), 
   if (id < 0) throw H5Error("HDF5: " + what + " failed");
 }
 
-void H5Handle::reset() {
-  if (id_ >= 0 && closer_ != nullptr) closer_(id_);
-  id_ = -1;
-}
+namespace {
+std::atomic<bool> g_file_close_failed{false};
+}  // namespace
+
+bool hdf5_file_close_failed() { return g_file_close_failed.load(); }
+
+void H5Handle::reset() { close(); }
 
 herr_t H5Handle::close() {
   const herr_t status = id_ >= 0 && closer_ != nullptr ? closer_(id_) : herr_t(0);
+  // HDF5 1.10 keeps the ID of a file whose close failed (a flush to a full disk) over a freed
+  // file, and its own shutdown at MPI_Finalize then crashes on it.
+  if (status < 0 && closer_ == &H5Fclose) g_file_close_failed = true;
   id_ = -1;
   return status;
 }

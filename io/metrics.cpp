@@ -1,13 +1,18 @@
 #include "io/metrics.hpp"
 
 #include <algorithm>
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 #include "io/hdf5_detail.hpp"
@@ -29,17 +34,34 @@ double leading_number(const std::string& line) {
   return end == begin ? kNaN : v;
 }
 
-// Keeps the CSV rows of steps up to `resume_step`, rewriting the file (under a temporary name,
-// then renamed) only when some must go.
+// Keeps the CSV rows of steps up to `resume_step`, and only whole rows: a line cut short by a
+// crash or a full disk (the file's last, without its newline, or with fewer cells than the
+// header) goes too, or the rows appended next would continue it. Rewrites the file (under a
+// temporary name, then renamed) only when some line must go.
 void drop_rows_after(const std::string& path, int64_t resume_step) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return;
+  std::ostringstream whole;
+  whole << in.rdbuf();
+  const std::string text = whole.str();
   std::vector<std::string> kept;
   bool dropped = false;
-  std::string line;
-  for (bool first = true; std::getline(in, line); first = false) {
+  std::size_t cells = 0;  // the header's
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = text.find('\n', at);
+    const bool whole_line = end != std::string::npos;
+    const std::string line = text.substr(at, (whole_line ? end : text.size()) - at);
+    at = whole_line ? end + 1 : text.size();
+    const std::size_t n = std::size_t(std::count(line.begin(), line.end(), ',')) + 1;
+    if (kept.empty()) {  // the header; cut short, the file is rewritten empty (a new header)
+      cells = n;
+      if (whole_line) kept.push_back(line);
+      dropped = dropped || !whole_line;
+      if (!whole_line) break;
+      continue;
+    }
     const double step = leading_number(line);
-    if (!first && std::isfinite(step) && step > double(resume_step)) {
+    if (!whole_line || n != cells || (std::isfinite(step) && step > double(resume_step))) {
       dropped = true;
       continue;
     }
@@ -65,39 +87,56 @@ MetricsCsv::MetricsCsv(const std::string& path, std::vector<std::string> columns
     : path_(path), columns_(std::move(columns)) {
   const fs::path p(path);
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  if (append && resume_step >= 0) drop_rows_after(path, resume_step);
+  if (append) drop_rows_after(path, resume_step >= 0 ? resume_step : INT64_MAX);
   const bool header = !append || !fs::exists(p) || fs::file_size(p) == 0;
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
-  if (file_ == nullptr) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0) {
     throw std::runtime_error("cannot write metrics file '" + path + "': " + std::strerror(errno) +
                              "; check log.dir");
   }
   if (!header) return;
-  for (std::size_t i = 0; i < columns_.size(); ++i) {
-    std::fprintf(file_, "%s%s", i ? "," : "", columns_[i].c_str());
-  }
-  std::fprintf(file_, "\n");
-  std::fflush(file_);
+  for (std::size_t i = 0; i < columns_.size(); ++i) pending_ += (i ? "," : "") + columns_[i];
+  pending_ += '\n';
+  flush();
 }
 
 MetricsCsv::~MetricsCsv() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
-void MetricsCsv::row(const std::vector<double>& values) {
+bool MetricsCsv::row(const std::vector<double>& values) {
+  char cell[32];
   for (std::size_t i = 0; i < columns_.size(); ++i) {
-    if (i) std::fputc(',', file_);
+    if (i) pending_ += ',';
     if (i >= values.size()) continue;
     // Every NaN as "nan": printf writes a NaN with its sign bit set (the loss of a skipped
     // non-finite step) as "-nan", which the format does not have.
     if (std::isnan(values[i])) {
-      std::fputs("nan", file_);
+      pending_ += "nan";
     } else {
-      std::fprintf(file_, "%.9g", values[i]);
+      std::snprintf(cell, sizeof cell, "%.9g", values[i]);
+      pending_ += cell;
     }
   }
-  std::fputc('\n', file_);
-  std::fflush(file_);
+  pending_ += '\n';
+  return flush();
+}
+
+// Hands the file what it will take; what a full disk refuses stays pending, so the rows reach the
+// file whole and in order once there is room.
+bool MetricsCsv::flush() {
+  std::size_t done = 0;
+  while (done < pending_.size()) {
+    const ssize_t n = ::write(fd_, pending_.data() + done, pending_.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error_ = n < 0 ? std::strerror(errno) : "no byte written";
+      break;
+    }
+    done += std::size_t(n);
+  }
+  pending_.erase(0, done);
+  return pending_.empty();
 }
 
 CsvTable read_metrics_csv(const std::string& path) {

@@ -22,13 +22,20 @@ class MetricsCsv {
   MetricsCsv(const MetricsCsv&) = delete;
   MetricsCsv& operator=(const MetricsCsv&) = delete;
   // One row; values in the order of the columns (non-finite values are written as nan/inf).
-  void row(const std::vector<double>& values);
+  // Returns false when the file took less than all of the text so far (a full disk): the rest
+  // stays in memory and goes out, in order, with the next row that can be written, so the file
+  // never holds a row cut short except at its end. error() says why.
+  bool row(const std::vector<double>& values);
   const std::string& path() const { return path_; }
+  const std::string& error() const { return error_; }
 
  private:
+  bool flush();
   std::string path_;
   std::vector<std::string> columns_;
-  std::FILE* file_ = nullptr;
+  int fd_ = -1;
+  std::string pending_;  // text not yet taken by the file
+  std::string error_;
 };
 
 // metrics.h5: one float64 dataset per column at the root (`/step`, `/loss`, ...), all of one

@@ -296,6 +296,16 @@ TEST_F(Cli, AnUncreatableLogDirStopsEveryRank) {
   EXPECT_NE(r.code, 124) << "timed out: a rank hung";
   EXPECT_NE(r.output.find("log.dir: cannot create or write '" + dir + "/data.txt/run'"),
             std::string::npos) << r.output;
+  // A metrics file only rank 0 writes and cannot create (here a folder in the way; a full disk
+  // alike) stops the other rank too, which waited for it in the first step's collectives.
+  const std::string blocked = dir + "/blocked";
+  std::filesystem::remove_all(blocked);
+  std::filesystem::create_directories(blocked + "/metrics.h5.tmp/in-the-way");
+  const Result m = run(mpirun + bin("colossal_train") + " " + write_config("ok.yaml") +
+                       " --set parallel.data=2 --set log.dir=" + blocked);
+  EXPECT_EQ(m.code, 1) << m.output;
+  EXPECT_NE(m.output.find("error: log.dir: HDF5: creating '" + blocked + "/metrics.h5.tmp'"),
+            std::string::npos) << m.output;
   // checkpoint.dir too, before the first step, not at the first checkpoint a thousand steps on.
   const std::string run_dir = dir + "/ckptdir";
   std::filesystem::remove_all(run_dir);

@@ -120,6 +120,36 @@ TEST(RunLog, MetricsCsvWritesEveryNanAsNan) {
   std::filesystem::remove(path);
 }
 
+// A row a crash cut short (the last line without its newline, or a line with fewer cells) is
+// dropped before a resumed run appends: "1" + the next row made a row of step 116.
+TEST(RunLog, MetricsCsvDropsRowsCutShortBeforeAppending) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / "colossal_cut_metrics.csv").string();
+  for (const char* cut : {"3,1", "3,1\n4,2,0.5\n5,2.5"}) {
+    std::ofstream(path) << "step,loss,lr\n1,3,0.5\n2,2,0.5\n" << cut;
+    {
+      io::MetricsCsv csv(path, {"step", "loss", "lr"}, /*append=*/true, /*resume_step=*/4);
+      EXPECT_TRUE(csv.row({3, 1.5, 0.25}));
+    }
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string want = std::string(cut).size() == 3
+                                 ? "step,loss,lr\n1,3,0.5\n2,2,0.5\n3,1.5,0.25\n"
+                                 : "step,loss,lr\n1,3,0.5\n2,2,0.5\n4,2,0.5\n3,1.5,0.25\n";
+    EXPECT_EQ(text.str(), want) << cut;
+  }
+  std::filesystem::remove(path);
+}
+
+// A full disk: the row stays in memory and row() says so (the run warns and goes on).
+TEST(RunLog, MetricsCsvKeepsWhatAFullDiskRefuses) {
+  if (!std::filesystem::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  io::MetricsCsv csv("/dev/full", {"step", "loss"});
+  EXPECT_FALSE(csv.row({1, 2.5}));
+  EXPECT_NE(csv.error().find("No space left"), std::string::npos) << csv.error();
+}
+
 TEST(RunLog, WritesOneRowPerStepToMetricsCsvAndMetricsH5) {
   const std::string dir = temp_dir("rows");
   const io::Config config = config_for(dir, 3, 10);
