@@ -50,11 +50,21 @@ TokenFile::TokenFile(const std::string& path, const std::string& key) : path_(pa
       throw DataError(key + ": '" + path + "' has the llm.c magic but version " +
                       std::to_string(header[1]) + " (only version 1, uint16 tokens, is read)");
     }
-    const std::size_t available = (map_bytes_ - kLlmcHeaderBytes) / sizeof(uint16_t);
+    const std::size_t body = map_bytes_ - kLlmcHeaderBytes;
+    const std::size_t available = body / sizeof(uint16_t);
     if (header[2] < 0 || static_cast<std::size_t>(header[2]) > available) {
       throw DataError(key + ": '" + path + "' header says " + std::to_string(header[2]) +
                       " tokens but the file holds " + std::to_string(available) +
                       " (truncated or corrupt file)");
+    }
+    // Exactly the header's tokens: more bytes are another token width (uint32 tokens read as
+    // uint16 trained on every other id being 0, silently) or a file written wrong.
+    if (body != std::size_t(header[2]) * sizeof(uint16_t)) {
+      throw DataError(key + ": '" + path + "' header says " + std::to_string(header[2]) +
+                      " uint16 tokens (" + std::to_string(std::size_t(header[2]) * 2) +
+                      " bytes) but " + std::to_string(body) +
+                      " bytes follow it (uint32 tokens, or a corrupt file?); write the tokens "
+                      "as uint16, as llm.c does");
     }
     count_ = static_cast<std::size_t>(header[2]);
     tokens16_ = reinterpret_cast<const uint16_t*>(bytes + kLlmcHeaderBytes);

@@ -73,6 +73,13 @@ TEST(TokenFile, BadFilesGiveSpecificMessages) {
   write_llmc(truncated, {1, 2, 3}, 1, 1000);
   EXPECT_NE(message_of([&] { TokenFile f(truncated, "data.path"); }).find("header says 1000 tokens"),
             std::string::npos);
+  // More bytes than the header's tokens: uint32 tokens (each id then read as it and a 0).
+  const auto wide = temp_path("wide.bin");
+  write_llmc(wide, {7, 0, 8, 0, 9, 0}, 1, 3);
+  EXPECT_NE(message_of([&] { TokenFile f(wide, "data.path"); })
+                .find("data.path: '" + wide + "' header says 3 uint16 tokens (6 bytes) but 12 "
+                      "bytes follow it (uint32 tokens, or a corrupt file?)"),
+            std::string::npos) << message_of([&] { TokenFile f(wide, "data.path"); });
   const auto version = temp_path("version.bin");
   write_llmc(version, {1, 2, 3}, 7);
   EXPECT_NE(message_of([&] { TokenFile f(version, "data.path"); }).find("version 7"), std::string::npos);
