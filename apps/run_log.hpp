@@ -32,6 +32,7 @@ struct TrainSummary {
   int64_t steps = 0;
   int64_t first_step = 0;          // where a resumed run started
   bool stopped = false;            // stopped early on request (checkpoint written)
+  int stop_signal = 0;             // the signal that asked for it (on whichever rank)
   std::string checkpoint;          // the last checkpoint written, if any
   int64_t skipped_steps = 0;       // non-finite steps skipped (train.on_nonfinite: skip)
   std::vector<double> losses;      // mean training loss of every step (global batch)

@@ -1230,7 +1230,11 @@ std::string checkpoint_path(const io::Config& config, int64_t step) {
 bool end_step(parallel::Communicator& world, const io::Config& config, int64_t done,
               const std::function<void(int64_t)>& save, TrainSummary& summary,
               Clock::time_point start, std::FILE* log) {
-  const bool stop = world.all_reduce_sum_value(stop_requested() != 0 ? 1.0 : 0.0) > 0;
+  // The signal any rank received (SIGTERM may reach one rank only): every rank stops, and names it.
+  float received[1] = {float(stop_requested())};
+  world.all_reduce_max(received);
+  const int signal = int(received[0]);
+  const bool stop = signal != 0;
   const int64_t every = config.checkpoint.every;
   const bool last = done == config.train.steps;
   if (stop || (every > 0 && (done % every == 0 || last))) {
@@ -1245,11 +1249,12 @@ bool end_step(parallel::Communicator& world, const io::Config& config, int64_t d
   }
   if (!stop || last) return false;
   summary.stopped = true;
+  summary.stop_signal = signal;
   summary.steps = done;
   summary.seconds = seconds_since(start);
   if (log != nullptr) {
     std::fprintf(log, "stopped at step %lld on request (signal %d); continue with --set "
-                 "checkpoint.resume=auto\n", (long long)done, stop_requested());
+                 "checkpoint.resume=auto\n", (long long)done, signal);
     std::fflush(log);
   }
   return true;

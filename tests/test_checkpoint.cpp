@@ -57,11 +57,12 @@ std::string fresh_dir(parallel::Communicator& world, const std::string& name) {
   return dir.string();
 }
 
-// Trains with checkpoint.every = 3 and stops (as on SIGUSR1) after `stop_at` steps.
+// Trains with checkpoint.every = 3 and stops (as on SIGUSR1) after `stop_at` steps. One rank is
+// signalled, the last (SIGTERM may reach only one): every rank stops and names the signal.
 apps::TrainSummary train_and_stop(const io::Config& c, parallel::Communicator& world, int stop_at) {
   apps::Trainer trainer(c, nullptr, &world);
   trainer.set_step_callback([&](int64_t done) {
-    if (done == stop_at && world.rank() == 0) apps::request_stop(SIGUSR1);  // one rank is enough
+    if (done == stop_at && world.rank() == world.size() - 1) apps::request_stop(SIGUSR1);
   });
   const apps::TrainSummary s = trainer.train();
   apps::request_stop(0);
@@ -81,6 +82,7 @@ TEST(Checkpoint, ResumesBitwiseOnTheSameLayoutAndSkipsADamagedOne) {
 
   const apps::TrainSummary first = train_and_stop(config(data, dir + "/run", layout, every), world, 5);
   EXPECT_TRUE(first.stopped);
+  EXPECT_EQ(first.stop_signal, SIGUSR1) << "rank " << world.rank();
   EXPECT_EQ(first.steps, 5);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(first.losses[i], all.losses[i]) << "step " << i + 1;
   const auto saved = io::list_checkpoints(dir + "/run/checkpoints");
