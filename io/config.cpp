@@ -60,6 +60,7 @@ struct Range {
   }
 };
 Range at_least(double lo) { return Range{lo, false, kInf, false}; }
+Range between(double lo, double hi) { return Range{lo, false, hi, false}; }
 Range above(double lo) { return Range{lo, true, kInf, false}; }
 Range half_open_unit() { return Range{0.0, false, 1.0, true}; }  // [0, 1): Adam betas
 
@@ -180,7 +181,10 @@ const std::vector<KeySpec>& schema() {
        .choices = {"gpt2", "opt", "llama"}, .default_note = "gpt2, or the preset's"},
       {.key = "model.layers", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.model.layers; },
-       .doc = "transformer blocks", .range = at_least(1), .required = Required::without_preset,
+       // Bounded far above any model (GPT-3 has 96 blocks): 10^8 took minutes of the start-up's
+       // memory check before any error.
+       .doc = "transformer blocks", .range = between(1, 1000),
+       .required = Required::without_preset,
        .default_note = "the preset's; required without one", .example = "12"},
       {.key = "model.hidden", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.model.hidden; },
@@ -271,8 +275,10 @@ const std::vector<KeySpec>& schema() {
        .cross_check = "<= model.max_seq"},
       {.key = "train.global_batch", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.train.global_batch; },
-       .doc = "sequences per optimizer step, over all data-parallel ranks", .range = at_least(1),
-       .cross_check = "a multiple of train.micro_batch"},
+       // Bounded far above any run (GPT-3's was 1536 sequences): 2 x 10^9 took 12 GB and half
+       // a minute before its memory error.
+       .doc = "sequences per optimizer step, over all data-parallel ranks",
+       .range = between(1, 1 << 20), .cross_check = "a multiple of train.micro_batch"},
       {.key = "train.micro_batch", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.train.micro_batch; },
        .doc = "sequences per forward/backward pass; gradients accumulate over them",

@@ -361,8 +361,12 @@ TEST(ConfigError, OutOfRangeStatesTheBounds) {
        "test.yaml:7:18: train.optimizer.betas: 1.0 is out of range (a list of two numbers, each "
        "in [0, 1))"},
       {"model: {preset: gpt2-124m, layers: 99999999999}\ndata: {path: d}\n",
-       "test.yaml:1:36: model.layers: 99999999999 is out of range (an integer >= 1, within 32 "
-       "bits)"},
+       "test.yaml:1:36: model.layers: 99999999999 is out of range (an integer in [1, 1000])"},
+      // Far beyond any model or batch: refused before the memory check spends minutes on them.
+      {"model: {preset: gpt2-124m, layers: 100000000}\ndata: {path: d}\n",
+       "model.layers: 100000000 is out of range (an integer in [1, 1000])"},
+      {"model: {preset: gpt2-124m}\ndata: {path: d}\ntrain: {global_batch: 2000000000}\n",
+       "train.global_batch: 2000000000 is out of range (an integer in [1, 1048576])"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
