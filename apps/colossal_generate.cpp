@@ -17,7 +17,9 @@ int main(int argc, char** argv) {
       "are bytes, so TEXT is text and so is the output (no --prompt: a newline); a token file's\n"
       "(llm.c .bin) are a tokenizer's ids, so TEXT is ids separated by spaces (e.g. '50256 464';\n"
       "scripts/tokenize.py --encode prints them) and so is the output.\n"
-      "Without --weights, the config's model.init_from is used.\n",
+      "Without --weights, the config's model.init_from is used. The model reads the last\n"
+      "train.seq_len tokens of the context (a note on stderr says when it is longer); raise\n"
+      "train.seq_len, up to model.max_seq, for a longer window.\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {

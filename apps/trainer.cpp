@@ -1719,6 +1719,15 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
   std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
+  // The model's window is train.seq_len: a longer context keeps only its last T tokens (and
+  // positions restart), which differs from a model reading all of it. Said, not done silently.
+  if (world_->rank() == 0 && context.size() + std::size_t(std::max(tokens, 0)) > std::size_t(T)) {
+    std::fprintf(stderr,
+                 "note: the prompt's %zu tokens and %d new ones exceed train.seq_len = %d: each "
+                 "token is sampled from the last %d of the context only; raise train.seq_len "
+                 "(up to model.max_seq = %d) for more\n",
+                 context.size(), tokens, T, T, config_.model.max_seq);
+  }
   std::vector<float> logits(V);
   constexpr uint64_t kStream = core::hash_name("colossal.sample");
   std::string out;
