@@ -107,6 +107,12 @@ void check_shape(const std::string& file, const core::ParamSpec& p, const core::
   std::string todo;
   if (found.size() != p.shape.size()) {
     todo = "is this a " + std::string(core::arch_name(spec.arch)) + " checkpoint? (model.arch)";
+  } else if (found.size() == 2 && found[0] == p.shape[1] && found[1] == p.shape[0]) {
+    // No size key makes a matrix its own transpose: the file's layout is another (GPT-2's
+    // Conv1D keeps [in, out], OPT's and LLaMA's Linear [out, in]).
+    todo = "the file holds it transposed: it was written with another layout (GPT-2's Conv1D "
+           "is [in, out], Linear [out, in]); is this a " +
+           std::string(core::arch_name(spec.arch)) + " checkpoint? (model.arch)";
   } else {
     for (std::size_t d = 0; d < found.size(); ++d)
       if (found[d] != p.shape[d]) {
