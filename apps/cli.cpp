@@ -422,6 +422,10 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   int close_failed = io::hdf5_file_close_failed() ? 1 : 0, any_failed = 0;
   MPI_Allreduce(&close_failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (any_failed != 0) {
+    if (close_failed != 0) {
+      std::fprintf(stderr, "%s: note: an HDF5 file could not be closed (a full disk?); ending "
+                   "without MPI_Finalize, in which HDF5 would crash on it\n", info.name.c_str());
+    }
     std::fflush(nullptr);
     std::_Exit(code);
   }

@@ -143,10 +143,9 @@ io::Config planned_config(const apps::Invocation& inv) {
 // plan needed 20-25% less memory than the trainer then allocated.
 planner::RunLayout planned_run(const io::Config& c, const planner::HardwareSpec& hw) {
   planner::RunLayout run = apps::run_layout(c);
-  if (hw.host_link_bandwidth > 0) {
-    run.bf16_weight_copy = run.bf16_products;
-    run.device = true;  // and the model's logits chunk is the device's
-  }
+  if (hw.host_link_bandwidth > 0) run.bf16_weight_copy = run.bf16_products;
+  // The model's logits chunk: the planned hardware's, not this build's.
+  run.device = hw.host_link_bandwidth > 0;
   return run;
 }
 

@@ -105,17 +105,20 @@ void RunLog::write_rows(int64_t step, const StepRecord& r) {
   const double flops_per_step = options_.flops_per_token * options_.tokens_per_step;
   const double mfu = flops_per_step / r.seconds / options_.peak_flops;
   const double peak = double(memory.peak_total());
-  if (!csv_->row({double(step + 1), r.loss, r.lr, r.grad_norm, tokens_per_s, mfu, r.seconds,
-                  r.val_loss, peak})) {
-    if (!csv_failing_) {
+  // A failed write is said once, and again when the file takes the kept rows.
+  const auto written = [&](bool ok, bool& failing, const std::string& path,
+                           const std::string& error) {
+    if (!ok && !failing) {
       print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
-            (long long)step + 1, csv_->path().c_str(), csv_->error().c_str());
+            (long long)step + 1, path.c_str(), error.c_str());
+    } else if (ok && failing) {
+      print("step %lld: %s written again\n", (long long)step + 1, path.c_str());
     }
-    csv_failing_ = true;
-  } else if (csv_failing_) {
-    print("step %lld: %s written again\n", (long long)step + 1, csv_->path().c_str());
-    csv_failing_ = false;
-  }
+    failing = !ok;
+  };
+  const bool csv_ok = csv_->row({double(step + 1), r.loss, r.lr, r.grad_norm, tokens_per_s, mfu,
+                                 r.seconds, r.val_loss, peak});
+  written(csv_ok, csv_failing_, csv_->path(), csv_->error());
   if (!h5_) return;
   // The columns of metrics_h5_columns(), in order.
   std::vector<double> row{double(step + 1), r.loss,    r.val_loss, r.lr, r.grad_norm,
@@ -126,16 +129,8 @@ void RunLog::write_rows(int64_t step, const StepRecord& r) {
   for (int k = 0; k < core::Profiler::kKinds; ++k) {
     row.push_back(r.work_seconds ? (*r.work_seconds)[k] : std::nan(""));
   }
-  if (!h5_->row(row)) {
-    if (!h5_failing_) {
-      print("warning: step %lld: cannot write %s (%s); keeping its rows for the next step\n",
-            (long long)step + 1, h5_->path().c_str(), h5_->error().c_str());
-    }
-    h5_failing_ = true;
-  } else if (h5_failing_) {
-    print("step %lld: %s written again\n", (long long)step + 1, h5_->path().c_str());
-    h5_failing_ = false;
-  }
+  const bool h5_ok = h5_->row(row);
+  written(h5_ok, h5_failing_, h5_->path(), h5_->error());
 }
 
 void RunLog::record(int64_t step, const StepRecord& r, Progress progress) {

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
+#include <iomanip>
+#include <sstream>
 #include <tuple>
 #include <atomic>
 #include <filesystem>
@@ -843,10 +845,11 @@ TrainSummary Trainer::train() {
     std::error_code ignored;
     std::filesystem::remove(config_.log.dir + "/finished", ignored);
   }
-  if (config_.checkpoint.every > 0 && profile_steps_ == 0) {
+  if (profile_steps_ == 0) {
     // Checkpoints numbered after this run's first step are another run's (a fresh start in a
-    // used log.dir, or a resume from an earlier one): the retention keeps the newest by step
-    // and would delete this run's own, and resume: auto would continue the other run.
+    // used log.dir), or this run's from before a resume from an earlier one: the retention keeps
+    // the newest by step and would delete the ones this run writes (with checkpoint.every: 0
+    // too, which checkpoints on a stop signal), and resume: auto would continue the other.
     std::string moved, error;
     if (world_->rank() == 0) {
       try {
@@ -875,6 +878,18 @@ TrainSummary Trainer::train() {
                                        .flops_per_token = core::flops_per_token(spec, t.seq_len),
                                        .peak_flops = peak.flops,
                                        .memory = &tracker_});
+    // What this run is and what the cost model predicts for it, beside the measurements
+    // (written by rank 0 now: inside the agreement below).
+    RunLog& log = *run_log_held;
+    log.set_attribute("hardware", hardware_name_);
+    log.set_attribute("parameters", double(core::parameter_count(spec)));  // logical elements
+    log.set_attribute("predicted_step_seconds", predicted_time_.step);
+    log.set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
+    for (int c = 0; c < int(core::MemCategory::count); ++c) {
+      const auto category = core::MemCategory(c);
+      log.set_attribute("predicted_memory_" + memory_key(category) + "_bytes",
+                        predicted_memory_[category]);
+    }
   } catch (const std::exception& e) {
     const std::string what = e.what();
     run_log_error = "log.dir: " + what +
@@ -883,17 +898,7 @@ TrainSummary Trainer::train() {
   world_->broadcast_string(run_log_error, 0);
   if (!run_log_error.empty()) throw CollectiveError(run_log_error);
   RunLog& run_log = *run_log_held;
-  // What this run is and what the cost model predicts for it, beside the measurements.
-  run_log.set_attribute("hardware", hardware_name_);
   const double parameters = double(core::parameter_count(spec));  // logical elements
-  run_log.set_attribute("parameters", parameters);
-  run_log.set_attribute("predicted_step_seconds", predicted_time_.step);
-  run_log.set_attribute("predicted_memory_total_bytes", predicted_memory_.total());
-  for (int c = 0; c < int(core::MemCategory::count); ++c) {
-    const auto category = core::MemCategory(c);
-    run_log.set_attribute("predicted_memory_" + memory_key(category) + "_bytes",
-                          predicted_memory_[category]);
-  }
   print("model: %s, %d layers, hidden %d, %d heads, ffn %d, vocab %d: %.2fM parameters\n",
         core::arch_name(spec.arch), spec.layers, spec.hidden, spec.heads, spec.ffn_hidden,
         spec.vocab, parameters / 1e6);
@@ -1446,8 +1451,8 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
         const std::string model_changes = config_changes(written, config.text).first;
         if (!model_changes.empty()) {
           fatal = "checkpoint " + path + " was written for another model (" + model_changes +
-                  "); resume with the model config it was written with, or point "
-                  "checkpoint.dir elsewhere";
+                  "); resume with the model config it was written with (set each key to its "
+                  "value there), or point checkpoint.dir elsewhere";
         }
       } catch (const std::exception& e) {
         damage = e.what();
@@ -1681,13 +1686,12 @@ void Trainer::load_weights(const std::string& path) {
          {std::tuple{"model.rope_theta", s.rope_theta, trained.model.rope_theta},
           std::tuple{"model.rms_eps", s.rms_eps, trained.model.rms_eps}}) {
       if (ours == theirs) continue;
-      char text[400];
-      std::snprintf(text, sizeof text,
-                    "model file '%s' was trained with %s %.9g but the config has %.9g; set "
-                    "%s: %.9g (or start from the file with model.init_from, which keeps the "
-                    "config's)",
-                    path.c_str(), key, theirs, ours, key, theirs);
-      throw io::H5Error(text);
+      std::ostringstream text;
+      text << std::setprecision(9) << "model file '" << path << "' was trained with " << key
+           << " " << theirs << " but the config has " << ours << "; set " << key << ": "
+           << theirs << " (or start from the file with model.init_from, which keeps the "
+           << "config's)";
+      throw io::H5Error(text.str());
     }
   }
   set_local_parameters(from_logical(values));
@@ -1721,7 +1725,9 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
   // The model's window is train.seq_len: a longer context keeps only its last T tokens (and
   // positions restart), which differs from a model reading all of it. Said, not done silently.
-  if (world_->rank() == 0 && context.size() + std::size_t(std::max(tokens, 0)) > std::size_t(T)) {
+  // (colossal_generate's --prompt; the end-of-run sample of a training run stays quiet.)
+  if (world_->rank() == 0 && key == "--prompt" &&
+      context.size() + std::size_t(std::max(tokens, 0)) > std::size_t(T)) {
     std::fprintf(stderr,
                  "note: the prompt's %zu tokens and %d new ones exceed train.seq_len = %d: each "
                  "token is sampled from the last %d of the context only; raise train.seq_len "

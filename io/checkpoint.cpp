@@ -734,8 +734,9 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
     if (!ec && double(space.available) < needed) {
       throw H5Error("checkpoint.dir '" + dir + "' has " + format_mib(double(space.available)) +
                     " free but a checkpoint takes about " + format_mib(needed) +
-                    " (parameters and both AdamW moments in fp32); free space there, lower "
-                    "checkpoint.keep, or point checkpoint.dir at a larger disk");
+                    " (parameters and both AdamW moments in fp32); free space there (older "
+                    "runs' ckpt-*.h5 or superseded-* folders), or point checkpoint.dir at a "
+                    "larger disk");
     }
   });
   // The CRCs come first: they need only memory, and a plan that does not tile the tensors is
@@ -912,11 +913,19 @@ std::string set_aside_later_checkpoints(const std::string& dir, int64_t step) {
     if (ec) throw H5Error("cannot move '" + p.string() + "' to '" + to.string() + "': " +
                           ec.message());
   }
+  // A `latest` that names one of them goes with them; the next save writes a new one.
+  const fs::path latest = fs::path(dir) / "latest";
+  std::string named;
+  std::getline(std::ifstream(latest), named);
+  for (const fs::path& p : later) {
+    if (p.filename().string() == named) fs::rename(latest, to / "latest", ec);
+  }
   // later is newest first.
   return std::to_string(later.size()) + " checkpoint(s) numbered after step " +
          std::to_string(step) + " (" + later.back().filename().string() +
          (later.size() > 1 ? " to " + later.front().filename().string() : std::string()) +
-         ") are another run's: moved to " + to.string() + " (nothing deleted)";
+         ") are another run's, or this run's from after the step it resumes from: moved to " +
+         to.string() + " (nothing deleted)";
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {

@@ -1192,7 +1192,8 @@ class Resolver {
     // cluster by the time the model is exported or evaluated.
     bool resolved = true;
     for (const char* key : {"model.arch", "model.layers", "model.hidden", "model.heads",
-                            "model.ffn_hidden", "model.vocab", "model.max_seq"}) {
+                            "model.ffn_hidden", "model.vocab", "model.max_seq", "model.kv_heads",
+                            "model.rope_theta", "model.rms_eps", "model.tie_embeddings"}) {
       resolved = resolved && entries_.count(key) > 0;
     }
     if (resolved && hf_config_path(path).empty()) {
@@ -1264,8 +1265,9 @@ class Resolver {
   // 10000, silently 0.4% off.
   void fill_numerics_from_weights(Config& config) const {
     if (config.model_init_from.empty() || config.model.arch != core::Arch::llama ||
-        config.model_preset == kFromWeights) {
-      return;
+        config.model_preset == kFromWeights ||
+        (entries_.count("model.rope_theta") && entries_.count("model.rms_eps"))) {
+      return;  // (a resolved config sets both: it reads without the weights' directory)
     }
     HfNumerics numerics;
     try {
@@ -1383,6 +1385,29 @@ class Resolver {
   // A reset needs a checkpoint file: with auto, a restarted fine-tune would reset again.
   void check_fine_tune(const Config& config) const {
     const FineTuneConfig& f = config.train.fine_tune;
+    if (f.any() && config.checkpoint.resume == ResumeMode::file) {
+      // A fine-tune is a new run from step 0: the checkpoints of the run it starts from, in its
+      // own checkpoint.dir, would be moved aside (numbered after its first step), its source
+      // with them, and a rerun of the same command would no longer find the file.
+      namespace fs = std::filesystem;
+      const std::string dir =
+          config.checkpoint.dir.empty() ? config.log.dir + "/checkpoints" : config.checkpoint.dir;
+      std::error_code ec;
+      const fs::path source = fs::weakly_canonical(
+          fs::path(config.checkpoint.resume_path).parent_path().empty()
+              ? fs::path(".")
+              : fs::path(config.checkpoint.resume_path).parent_path(),
+          ec);
+      std::error_code ec2;
+      const fs::path own = fs::weakly_canonical(fs::path(dir), ec2);
+      if (!ec && !ec2 && source == own) {
+        raise(where_first({"checkpoint.resume", "log.dir", "checkpoint.dir"}), "checkpoint.resume",
+              "'" + config.checkpoint.resume_path + "' is in this fine-tune's own checkpoint.dir",
+              "a fine-tune starts a new run at step 0, whose checkpoints must not mix with those "
+              "of the run it starts from",
+              "give the fine-tune its own log.dir (or checkpoint.dir)");
+      }
+    }
     if (!f.any() || config.checkpoint.resume == ResumeMode::file) return;
     const std::string key = f.reset_optimizer ? "train.reset_optimizer" : "train.reset_schedule";
     raise(where_first({key}), key,

@@ -26,7 +26,11 @@ namespace {
 std::atomic<bool> g_file_close_failed{false};
 }  // namespace
 
-bool hdf5_file_close_failed() { return g_file_close_failed.load(); }
+bool hdf5_file_close_failed() {
+  // Only while such a file is still among HDF5's open ones: a later successful close (a
+  // metrics.h5 row written again) leaves nothing for the shutdown to trip on.
+  return g_file_close_failed.load() && H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_FILE) > 0;
+}
 
 void H5Handle::reset() { close(); }
 

@@ -48,8 +48,9 @@ class H5Handle {
   Closer closer_ = nullptr;
 };
 
-// Whether closing some HDF5 file failed in this process (a full disk). HDF5 1.10 then crashes in
-// its own shutdown at MPI_Finalize, so the programs end without it (apps::run_program).
+// Whether closing some HDF5 file failed in this process (a full disk) and HDF5 still counts a file
+// open. HDF5 1.10 then crashes in its own shutdown at MPI_Finalize, so the programs end without
+// it (apps::run_program).
 bool hdf5_file_close_failed();
 
 constexpr int kModelFormatVersion = 1;

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <iomanip>
 #include <sstream>
 
 #include "io/hdf5_detail.hpp"
@@ -300,9 +301,10 @@ std::string check_weights(const std::string& path, const core::ModelSpec& spec,
     const HfNumerics hf = hf_llama_numerics(path);
     const auto differs = [&](const char* key, double ours, const std::optional<double>& theirs,
                              const char* hf_key) {
-      if (theirs && *theirs != ours) {
+      // (relatively: a float32 epsilon written out, 9.99999975e-06, is the config's 1e-05)
+      if (theirs && std::abs(*theirs - ours) > 1e-6 * std::abs(ours)) {
         std::ostringstream line;
-        line << "note: " << key << " " << ours << " (set in the config) differs from config.json's "
+        line << std::setprecision(9) << "note: " << key << " " << ours << " (set in the config) differs from config.json's "
              << hf_key << " " << *theirs << "\n";
         notes += line.str();
       }

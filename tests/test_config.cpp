@@ -691,6 +691,17 @@ TEST(Config, ResumeTakesAFileAndTheResetsNeedOne) {
   // An empty value is not a file.
   expect_all(error_of(std::string(kMinimal) + "checkpoint: {resume: \"\"}\n"),
              {"checkpoint.resume", "non-empty"});
+  // A fine-tune writes its own run from step 0: not into the checkpoint.dir of its source, whose
+  // checkpoints (the source too) would be moved aside as numbered after its first step.
+  expect_all(error_of(std::string(kMinimal) +
+                      "log: {dir: runs/base}\ncheckpoint: {resume: runs/base/checkpoints/"
+                      "ckpt-20.h5}\ntrain: {reset_schedule: true}\n"),
+             {"checkpoint.resume", "'runs/base/checkpoints/ckpt-20.h5' is in this fine-tune's "
+              "own checkpoint.dir", "give the fine-tune its own log.dir"});
+  EXPECT_NO_THROW(parse_config(std::string(kMinimal) +
+                                   "log: {dir: runs/tune}\ncheckpoint: {resume: runs/base/"
+                                   "checkpoints/ckpt-20.h5}\ntrain: {reset_schedule: true}\n",
+                               "ok.yaml"));
   // A reset with auto (or never) is refused, naming the key and what to set.
   expect_all(error_of(std::string(kMinimal) +
                       "checkpoint: {resume: auto}\ntrain: {reset_optimizer: true}\n"),
