@@ -21,12 +21,8 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
       error = e.what();
     }
   }
-  // The file's errors name model.init_from already where they are about the path itself.
-  const auto named = [](const std::string& e) {
-    return e.rfind("model.init_from: ", 0) == 0 ? e : "model.init_from: " + e;
-  };
   world.broadcast_string(error, 0);
-  if (!error.empty()) throw DataFileError(named(error));
+  if (!error.empty()) throw DataFileError("model.init_from: " + error);
 
   // Each chunk's flat buffer, filled where its layout holds logical elements (padding stays 0).
   std::vector<std::vector<float>> host(chunks.size());
@@ -56,7 +52,7 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
   for (int r = 0; r < world.size(); ++r) {
     if (failed[std::size_t(r)] == 0.0f) continue;
     world.broadcast_string(error, r);
-    throw DataFileError(named(error));
+    throw DataFileError("model.init_from: " + error);
   }
   for (std::size_t c = 0; c < chunks.size(); ++c)
     set_store_parameters(chunks[c].model->store(), host[c]);

@@ -1,5 +1,6 @@
 #include "apps/trainer.hpp"
 #include "apps/init_weights.hpp"
+#include "io/init_from.hpp"
 
 #include "core/host_threads.hpp"
 
@@ -1680,16 +1681,15 @@ void Trainer::load_weights(const std::string& path) {
   } catch (const std::exception&) {
     trained.model = config_.model;  // an older or hand-made file: nothing to compare
   }
-  const core::ModelSpec& s = config_.model;
-  if (s.llama() && trained.model.llama()) {
-    for (const auto& [key, ours, theirs] :
-         {std::tuple{"model.rope_theta", s.rope_theta, trained.model.rope_theta},
-          std::tuple{"model.rms_eps", s.rms_eps, trained.model.rms_eps}}) {
-      if (ours == theirs) continue;
+  if (config_.model.llama() && trained.model.llama()) {
+    const auto differences = io::numerics_differences(
+        config_.model, io::HfNumerics{trained.model.rope_theta, trained.model.rms_eps});
+    if (!differences.empty()) {
+      const io::NumericsDifference& d = differences.front();
       std::ostringstream text;
-      text << std::setprecision(9) << "model file '" << path << "' was trained with " << key
-           << " " << theirs << " but the config has " << ours << "; set " << key << ": "
-           << theirs << " (or start from the file with model.init_from, which keeps the "
+      text << std::setprecision(9) << "model file '" << path << "' was trained with " << d.key
+           << " " << d.theirs << " but the config has " << d.ours << "; set " << d.key << ": "
+           << d.theirs << " (or start from the file with model.init_from, which keeps the "
            << "config's)";
       throw io::H5Error(text.str());
     }

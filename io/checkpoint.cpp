@@ -21,6 +21,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/memory.hpp"
 #include "io/hdf5_detail.hpp"
 #include "io/hdf5_file.hpp"
 
@@ -699,12 +700,6 @@ double checkpoint_bytes(const std::vector<core::ParamSpec>& table) {
   for (const core::ParamSpec& p : table) bytes += 3.0 * 4.0 * double(p.count) + 4096.0;
   return bytes;
 }
-
-std::string format_mib(double bytes) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return text;
-}
 }  // namespace
 
 std::string write_checkpoint(const std::string& dir, const std::vector<core::ParamSpec>& table,
@@ -732,8 +727,9 @@ std::string write_checkpoint(const std::string& dir, const std::vector<core::Par
     }
     const double needed = checkpoint_bytes(table);
     if (!ec && double(space.available) < needed) {
-      throw H5Error("checkpoint.dir '" + dir + "' has " + format_mib(double(space.available)) +
-                    " free but a checkpoint takes about " + format_mib(needed) +
+      throw H5Error("checkpoint.dir '" + dir + "' has " +
+                    core::format_bytes(double(space.available)) +
+                    " free but a checkpoint takes about " + core::format_bytes(needed) +
                     " (parameters and both AdamW moments in fp32); free space there (older "
                     "runs' ckpt-*.h5 or superseded-* folders), or point checkpoint.dir at a "
                     "larger disk");
@@ -885,14 +881,29 @@ std::string read_checkpoint_config(const std::string& path, bool verify) {
   });
 }
 
-std::string set_aside_later_checkpoints(const std::string& dir, int64_t step) {
+namespace {
+// The checkpoints in `dir` with their steps (from the file names), newest first.
+std::vector<std::pair<int64_t, std::string>> checkpoints_by_step(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
   static const std::regex name("ckpt-([0-9]+)\\.h5");
-  std::vector<fs::path> later;
-  for (const std::string& path : list_checkpoints(dir)) {
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::smatch match;
-    const std::string file = fs::path(path).filename().string();
-    if (std::regex_match(file, match, name) && std::stoll(match[1].str()) > step)
-      later.emplace_back(path);
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, match, name)) {
+      found.emplace_back(std::stoll(match[1].str()), entry.path().string());
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return found;
+}
+}  // namespace
+
+std::string set_aside_later_checkpoints(const std::string& dir, int64_t step) {
+  std::vector<fs::path> later;
+  for (const auto& [at, path] : checkpoints_by_step(dir)) {
+    if (at > step) later.emplace_back(path);
   }
   if (later.empty()) return "";
   const std::time_t now = std::time(nullptr);
@@ -929,20 +940,8 @@ std::string set_aside_later_checkpoints(const std::string& dir, int64_t step) {
 }
 
 std::vector<std::string> list_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return {};
-  static const std::regex name("ckpt-([0-9]+)\\.h5");
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    std::smatch match;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, match, name)) {
-      found.emplace_back(std::stoll(match[1].str()), entry.path().string());
-    }
-  }
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<std::string> paths;
-  for (auto& [step, path] : found) paths.push_back(std::move(path));
+  for (auto& [step, path] : checkpoints_by_step(dir)) paths.push_back(std::move(path));
   return paths;
 }
 

@@ -14,6 +14,7 @@
 #include <set>
 #include <iomanip>
 #include <sstream>
+#include <tuple>
 
 #include "io/hdf5_detail.hpp"
 #include "io/hdf5_file.hpp"
@@ -71,12 +72,12 @@ Kind kind_of(const std::string& path) {
   if (is_safetensors_path(path)) return Kind::safetensors;
   std::error_code ec;
   if (fs::is_directory(path, ec))
-    throw WeightsError("model.init_from: '" + path +
+    throw WeightsError("'" + path +
                        "' is a directory without model.safetensors or "
                        "model.safetensors.index.json; give a Hugging Face directory, a "
                        ".safetensors file, a model.h5 or a training checkpoint");
   if (!fs::exists(path, ec))
-    throw WeightsError("model.init_from: '" + path + "' does not exist");
+    throw WeightsError("'" + path + "' does not exist");
   std::ifstream in(path, std::ios::binary);
   char head[29] = {};
   in.read(head, sizeof head);
@@ -297,20 +298,13 @@ std::string check_weights(const std::string& path, const core::ModelSpec& spec,
   std::string notes = check_safetensors(path, spec, logical);
   // The config takes these from config.json unless it sets them (io::parse_config): say where
   // they differ, so a deliberate change (a longer context's rotary base) is seen as one.
-  if (spec.llama()) {
-    const HfNumerics hf = hf_llama_numerics(path);
-    const auto differs = [&](const char* key, double ours, const std::optional<double>& theirs,
-                             const char* hf_key) {
-      // (relatively: a float32 epsilon written out, 9.99999975e-06, is the config's 1e-05)
-      if (theirs && std::abs(*theirs - ours) > 1e-6 * std::abs(ours)) {
-        std::ostringstream line;
-        line << std::setprecision(9) << "note: " << key << " " << ours << " (set in the config) differs from config.json's "
-             << hf_key << " " << *theirs << "\n";
-        notes += line.str();
-      }
-    };
-    differs("model.rope_theta", spec.rope_theta, hf.rope_theta, "rope_theta");
-    differs("model.rms_eps", spec.rms_eps, hf.rms_eps, "rms_norm_eps");
+  if (!spec.llama()) return notes;
+  for (const NumericsDifference& d : numerics_differences(spec, hf_llama_numerics(path))) {
+    std::ostringstream line;
+    line << std::setprecision(9) << "note: " << d.key << " " << d.ours
+         << " (set in the config) differs from config.json's " << d.hf_key << " " << d.theirs
+         << "\n";
+    notes += line.str();
   }
   return notes;
 }
@@ -420,6 +414,18 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
 }
 
 }  // namespace
+
+std::vector<NumericsDifference> numerics_differences(const core::ModelSpec& spec,
+                                                     const HfNumerics& theirs) {
+  std::vector<NumericsDifference> out;
+  for (const auto& [key, hf_key, ours, value] :
+       {std::tuple{"model.rope_theta", "rope_theta", spec.rope_theta, theirs.rope_theta},
+        std::tuple{"model.rms_eps", "rms_norm_eps", spec.rms_eps, theirs.rms_eps}}) {
+    if (value && std::abs(*value - ours) > 1e-6 * std::abs(ours))
+      out.push_back({key, hf_key, ours, *value});
+  }
+  return out;
+}
 
 HfNumerics hf_llama_numerics(const std::string& path) {
   const std::string file = hf_config_path(path);

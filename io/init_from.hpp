@@ -64,4 +64,14 @@ struct HfNumerics {
 // rope_type other than default) or two rope_theta values that differ.
 HfNumerics hf_llama_numerics(const std::string& path);
 
+// Those of `theirs` that differ from `spec`'s beyond float32 rounding (a float32 1e-5 written out
+// is 1e-5): each with our key, config.json's key, and both values.
+struct NumericsDifference {
+  const char* key;     // model.rope_theta, model.rms_eps
+  const char* hf_key;  // rope_theta, rms_norm_eps
+  double ours, theirs;
+};
+std::vector<NumericsDifference> numerics_differences(const core::ModelSpec& spec,
+                                                     const HfNumerics& theirs);
+
 }  // namespace colossal::io

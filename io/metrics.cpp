@@ -35,8 +35,8 @@ double leading_number(const std::string& line) {
 }
 
 // Keeps the CSV rows of steps up to `resume_step`, and only whole rows: a line cut short by a
-// crash or a full disk (the file's last, without its newline, or with fewer cells than the
-// header) goes too, or the rows appended next would continue it. Rewrites the file (under a
+// crash or a full disk (the file's last, without its newline, or with another number of cells
+// than the header) goes too, or the rows appended next would continue it. Rewrites the file (under a
 // temporary name, then renamed) only when some line must go.
 void drop_rows_after(const std::string& path, int64_t resume_step) {
   std::ifstream in(path, std::ios::binary);
