@@ -90,11 +90,14 @@ using StoreFactory = std::function<std::unique_ptr<ParameterStore>(std::vector<P
 // Both flat buffers whole on this rank (one rank, data parallelism, ZeRO 1).
 class FullParameterStore : public ParameterStore {
  public:
-  FullParameterStore(std::vector<ParamUnit> units, std::size_t flat_size, MemoryTracker& tracker);
+  // Without `gradients` (inference: colossal_eval, colossal_generate) only the parameters are
+  // allocated; gradients() then throws std::logic_error and the pieces are empty.
+  FullParameterStore(std::vector<ParamUnit> units, std::size_t flat_size, MemoryTracker& tracker,
+                     bool gradients = true);
 
   const float* gather(int unit) override { return params_.data() + units()[unit].begin; }
   float* begin_write(int unit) override { return params_.data() + units()[unit].begin; }
-  float* gradients(int unit) override { return grads_.data() + units()[unit].begin; }
+  float* gradients(int unit) override;
   // Calls the hook with the unit's first offset: backward finishes units from the last to the
   // first, so [offset, flat_size()) is final then.
   void gradients_done(int unit) override;
@@ -104,7 +107,7 @@ class FullParameterStore : public ParameterStore {
   bool keeps_whole() const override { return true; }
   std::vector<std::pair<float*, std::size_t>> gradient_pieces(std::size_t begin,
                                                               std::size_t end) override {
-    if (begin >= end) return {};
+    if (begin >= end || !has_gradients_) return {};
     return {{grads_.data() + begin, end - begin}};
   }
 
@@ -117,6 +120,7 @@ class FullParameterStore : public ParameterStore {
 
  private:
   DeviceArray<float> params_, grads_;
+  bool has_gradients_ = true;
   std::function<void(std::size_t)> gradients_ready_;
 };
 

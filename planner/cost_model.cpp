@@ -264,6 +264,11 @@ MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
     held = std::max(held, c[core::MemCategory::parameters] / kF);
   }
   if (l.bf16_weight_copy) m[core::MemCategory::temporaries] += 2.0 * held;
+  if (l.inference) {  // a store without gradients, no AdamW
+    m[core::MemCategory::gradients] = 0.0;
+    m[core::MemCategory::optimizer] = 0.0;
+    m[core::MemCategory::offloaded] = 0.0;  // only the optimizer's under the grid models
+  }
   return m;
 }
 
@@ -501,7 +506,7 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     }
     // The offloaded states' gradients and (unless offloaded already) parameters on the host.
     m[MemCategory::offloaded] += host * kF + (l.offload_params ? 0.0 : host * pb);
-    if (l.sequence_split && (l.tensor > 1 || l.pipeline > 1)) {
+    if (l.sequence_split && (l.tensor > 1 || l.pipeline > 1) && !l.inference) {
       m[MemCategory::temporaries] += p.layernorm_owned * kF;  // packed partial layernorm grads
     }
     const StepGraph graph = build_step_graph(spec, l.graph_layout(chunk));
@@ -512,6 +517,10 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     if (chunk.virtual_stage > 0) m[MemCategory::temporaries] += rows * spec.hidden * kF * chunk.slots;
   }
   if (l.bf16_weight_copy) m[MemCategory::temporaries] += 2.0 * held;
+  if (l.inference) {  // a store without gradients, no AdamW (the offloaded: the stage-3 host shard)
+    m[MemCategory::gradients] = 0.0;
+    m[MemCategory::optimizer] = 0.0;
+  }
   return m;
 }
 

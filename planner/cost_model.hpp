@@ -52,6 +52,11 @@ struct RankLayout {
                                  // units' at 2-3, which then need no spare)
   std::vector<core::Keep> keep{};  // per op of the whole model (empty: keep all)
   bool selective = false;
+  // colossal_eval / colossal_generate (apps::Trainer's inference mode): parameters without
+  // gradients, moments or gradient-sync buffers, one activation slot per chunk (rank_layout).
+  // The ZeRO fields are then the store's (stage 3 or 0, apps::inference_config), and predict_time
+  // is a training step's, not an evaluation's.
+  bool inference = false;
   // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /
   // Model3D under apps::Trainer (pipeline stages, one chunk a rank or interleaved, no sequence
   // parallelism; ZeRO 0-2, the optimizer offloaded or not; activation checkpointing read at

@@ -39,6 +39,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.bf16_reduce = run.bf16_reduce;
   l.keep = keep;
   l.selective = selective;
+  l.inference = run.inference;
   l.tensor_mode = run.tensor_mode;
   l.depth = core::tensor_depth(run.tensor_mode, run.depth);
   const int stages = run.pipeline, chunks = run.chunks, virtual_stages = stages * chunks;
@@ -61,7 +62,8 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
     for (const auto& a : schedule) {
       if (a.chunk == c) mine.push_back(a);
     }
-    chunk.slots = parallel::peak_in_flight(mine);
+    // Inference runs one forward at a time through the stages (apps::Trainer::pipeline_forward).
+    chunk.slots = run.inference ? 1 : parallel::peak_in_flight(mine);
     chunk.forward_turns = chunk.backward_turns = 0;
     for (std::size_t i = 1; i < mine.size(); ++i) {
       if (mine[i - 1].forward && !mine[i].forward) ++chunk.forward_turns;

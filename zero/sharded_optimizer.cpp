@@ -16,13 +16,15 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                            std::vector<core::ParamUnit> units, std::size_t flat_size,
                            parallel::Communicator& dp, core::MemoryTracker& tracker,
                            OptimizerOptions options)
-    : stage_(options.stage),
+    : stage_(options.inference && options.stage < 3 ? 0 : options.stage),
+      inference_(options.inference),
       padded_(flat_size),
       dp_(dp),
-      offload_(options.offload_optimizer) {
+      offload_(options.offload_optimizer && !options.inference) {
   check_options(options, flat_size, /*sharded=*/true);
   if (stage_ < 2) {
-    own_full_ = std::make_unique<core::FullParameterStore>(std::move(units), flat_size, tracker);
+    own_full_ = std::make_unique<core::FullParameterStore>(std::move(units), flat_size, tracker,
+                                                           /*gradients=*/!inference_);
     full_ = own_full_.get();
     store_ = full_;
   } else {
@@ -31,7 +33,8 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table,
                                                            options.offload_params
                                                                ? options.offload_params_fraction
                                                                : 0.0,
-                                                           options.bf16_reduce);
+                                                           options.bf16_reduce,
+                                                           /*gradients=*/!inference_);
     sharded_ = own_sharded_.get();
     store_ = sharded_;
   }
@@ -42,12 +45,17 @@ ShardedAdamW::ShardedAdamW(const std::vector<core::ParamSpec>& table, core::Para
                            parallel::Communicator& dp, core::MemoryTracker& tracker,
                            OptimizerOptions options)
     : stage_(options.stage),
+      inference_(options.inference),
       padded_(store.flat_size()),
       dp_(dp),
       full_(dynamic_cast<core::FullParameterStore*>(&store)),
       sharded_(dynamic_cast<ShardedParameterStore*>(&store)),
       store_(&store),
-      offload_(options.offload_optimizer) {
+      offload_(options.offload_optimizer && !options.inference) {
+  if (inference_ && (options.stage != 0 || full_ == nullptr)) {
+    throw std::invalid_argument("an inference optimizer over a grid model's store needs stage 0 "
+                                "and the store whole (core::FullParameterStore)");
+  }
   if (options.stage > 2) {
     throw std::invalid_argument("parallel.zero.stage " + std::to_string(options.stage) +
                                 " gathers parameters unit by unit, which the 2d / 2.5d / 3d "
@@ -75,7 +83,9 @@ void ShardedAdamW::check_options(const OptimizerOptions& options, std::size_t fl
   if (options.offload_optimizer && stage == 0) {
     throw std::invalid_argument("optimizer offload needs ZeRO stage 1, 2 or 3");
   }
-  if (options.offload_params && (stage != 3 || !options.offload_optimizer)) {
+  // (Inference has no optimizer state: its stage-3 shard may live on the host alone.)
+  if (options.offload_params &&
+      (stage != 3 || (!options.offload_optimizer && !options.inference))) {
     throw std::invalid_argument("parameter offload needs ZeRO stage 3 with optimizer offload");
   }
   if (!(options.offload_fraction > 0.0 && options.offload_fraction <= 1.0)) {
@@ -117,6 +127,7 @@ std::pair<Ranges, Ranges> split_ranges(const Ranges& pieces, std::size_t at) {
 void ShardedAdamW::make_adamw(const std::vector<core::ParamSpec>& table,
                               core::MemoryTracker& tracker, const OptimizerOptions& options) {
   shard_size_ = padded_ / dp_.size();
+  if (inference_) return;  // parameters only: no moments, no offload buffers
   if (stage_ == 0) {
     adamw_ = std::make_unique<core::AdamW>(table, 0, padded_, tracker);
     return;
@@ -298,6 +309,7 @@ void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
 }
 
 void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_scale) {
+  if (inference_) throw std::logic_error("an inference optimizer holds no state to step");
   using Indexing = core::AdamW::Indexing;
   const int p = dp_.size();
   if (stage_ == 0) {

@@ -56,6 +56,11 @@ struct OptimizerOptions {
                                          // (its last states) in host memory
   bool bf16_reduce = false;        // stages 2-3: gradients reduce-scattered as bf16
                                    // (parallel.grad_reduce: bf16)
+  // Inference (colossal_eval, colossal_generate): the parameters alone, in a store without
+  // gradients (stage 3: sharded, the rest of the stages whole, as stage 0; with offload_params
+  // the stage-3 shard's host part as in training, no optimizer offload needed); no moments, no
+  // offload buffers; step() throws std::logic_error.
+  bool inference = false;
 };
 
 class ShardedAdamW {
@@ -89,7 +94,10 @@ class ShardedAdamW {
   // Clipped AdamW on this rank's part, then (stages 1, 2) all-gather of the parameters.
   void step(const core::AdamWParams& hp, int64_t step, float grad_scale);
 
+  // The ZeRO stage the store runs (under inference 3, or 0 for the stages that keep the
+  // parameters whole).
   int stage() const { return stage_; }
+  bool inference() const { return inference_; }
   std::size_t shard_size() const { return shard_size_; }
   // Of the shard's states, how many live on the host (offload; the last ones in state order).
   std::size_t offloaded_states() const { return host_states_; }
@@ -126,6 +134,7 @@ class ShardedAdamW {
   float* host_params();
 
   int stage_;
+  bool inference_ = false;
   std::size_t padded_, shard_begin_ = 0, shard_size_;
   parallel::Communicator& dp_;
   // The checks and the shard, AdamW and offload buffers both constructors share (`sharded`:

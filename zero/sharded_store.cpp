@@ -17,13 +17,15 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
                                              std::size_t flat_size, int stage,
                                              parallel::Communicator& dp,
                                              core::MemoryTracker& tracker,
-                                             double offload_params, bool bf16_reduce)
+                                             double offload_params, bool bf16_reduce,
+                                             bool gradients)
     : ParameterStore(std::move(units), flat_size),
       stage_(stage),
       dp_(dp),
       ranks_(dp.size()),
       rank_(dp.rank()),
-      offload_params_(offload_params > 0.0) {
+      offload_params_(offload_params > 0.0),
+      has_gradients_(gradients) {
   if (stage != 2 && stage != 3) {
     throw std::invalid_argument("sharded parameter store for ZeRO stage " + std::to_string(stage));
   }
@@ -61,6 +63,7 @@ ShardedParameterStore::ShardedParameterStore(std::vector<core::ParamUnit> units,
     // for both of its ops, its MLP's and its attention's backward).
     planned_.reserve(4 * this->units().size() + 4);
   }
+  if (!has_gradients_) return;  // inference: parameters only
   grad_shard_ = core::DeviceArray<float>(tracker, MemCategory::gradients, shard_size());
   if (ranks_ > 1) {
     grad_work_[0] = core::DeviceArray<float>(tracker, MemCategory::gradients, first);
@@ -290,6 +293,10 @@ void ShardedParameterStore::commit(int unit) {
 }
 
 float* ShardedParameterStore::gradients(int unit) {
+  if (!has_gradients_) {
+    throw std::logic_error("an inference parameter store holds no gradients (unit " +
+                           std::to_string(unit) + " asked for them)");
+  }
   if (ranks_ == 1) return grad_shard_.data() + units()[unit].begin;  // accumulate in place
   const int sl = slot(unit);
   if (grad_holder_[sl] == unit) return grad_work_[sl].data();  // open: accumulating on
@@ -363,6 +370,7 @@ void ShardedParameterStore::gradients_done(int unit) {
 
 std::vector<std::pair<float*, std::size_t>> ShardedParameterStore::gradient_pieces(
     std::size_t begin, std::size_t end) {
+  if (!has_gradients_) return {};
   finish_reductions();
   std::vector<std::pair<float*, std::size_t>> pieces;
   std::size_t at = 0;  // where the slice starts in the shard

@@ -56,10 +56,12 @@ namespace colossal::zero {
 class ShardedParameterStore : public core::ParameterStore {
  public:
   // `offload_params` (stage 3): the share of the shard's states (its last ones,
-  // core::offloaded_states) that live in host memory; 0: none.
+  // core::offloaded_states) that live in host memory; 0: none. Without `gradients` (inference)
+  // no gradient buffer is allocated and gradients() throws std::logic_error.
   ShardedParameterStore(std::vector<core::ParamUnit> units, std::size_t flat_size, int stage,
                         parallel::Communicator& dp, core::MemoryTracker& tracker,
-                        double offload_params = 0.0, bool bf16_reduce = false);
+                        double offload_params = 0.0, bool bf16_reduce = false,
+                        bool gradients = true);
 
   const float* gather(int unit) override;
   void release(int unit) override;
@@ -177,6 +179,7 @@ class ShardedParameterStore : public core::ParameterStore {
   parallel::Communicator& dp_;
   int ranks_, rank_;
   bool offload_params_;
+  bool has_gradients_;
   core::DeviceArray<float> params_;         // stage 2: the whole flat buffer
   // Stage 3: this rank's parameter slices in state order: the first shard_size() - host_states_
   // on the device, the rest (parameter offload) in host_shard_ at the same state positions.
