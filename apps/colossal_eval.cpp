@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "apps/cli.hpp"
+#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 
 using namespace colossal;
@@ -20,7 +21,10 @@ int main(int argc, char** argv) {
     const std::string weights = inv.flag("--weights");
     if (weights.empty() && inv.config.model_init_from.empty())
       throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
-    apps::Trainer trainer(inv.config, nullptr, inv.world);
+    // The parameters and a forward's activations only (no gradients or AdamW state), checked
+    // against the node's memory before anything is allocated.
+    apps::check_memory_fits(inv.config, /*inference=*/true);
+    apps::Trainer trainer(inv.config, nullptr, inv.world, apps::TrainerOptions{.inference = true});
     if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
     const double loss = trainer.evaluate();
     if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "apps/cli.hpp"
+#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 
 using namespace colossal;
@@ -39,7 +40,10 @@ int main(int argc, char** argv) {
     const int tokens = static_cast<int>(number("--tokens", "200"));
     const double temperature = number("--temperature", "0.8");
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
-    apps::Trainer trainer(inv.config, nullptr, inv.world);
+    // The parameters and a forward's activations only (no gradients or AdamW state), checked
+    // against the node's memory before anything is allocated.
+    apps::check_memory_fits(inv.config, /*inference=*/true);
+    apps::Trainer trainer(inv.config, nullptr, inv.world, apps::TrainerOptions{.inference = true});
     if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
     const std::string prompt = inv.flag("--prompt", "");
     const std::string text = trainer.generate(prompt, tokens, temperature, seed, "--prompt");

@@ -216,7 +216,8 @@ int main(int argc, char** argv) {
       }
     }
     if (inv.has("--memory-plan")) {
-      apps::Trainer plan(inv.config, nullptr, inv.world, /*memory_plan=*/true);
+      apps::Trainer plan(inv.config, nullptr, inv.world,
+                         apps::TrainerOptions{.memory_plan = true});
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
       // The offloaded (pinned host) bytes are allocated once, at start-up: without them the
       // peak is the device's.

@@ -2,8 +2,12 @@
 
 #include <exception>
 
+#include <Kokkos_Core.hpp>
+
 #include "apps/errors.hpp"
 #include "apps/trainer.hpp"
+#include "core/kokkos_compat.hpp"
+#include "core/parameter_store.hpp"
 #include "io/init_from.hpp"
 
 namespace colossal::apps {
@@ -24,24 +28,44 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
   world.broadcast_string(error, 0);
   if (!error.empty()) throw DataFileError("model.init_from: " + error);
 
-  // Each chunk's flat buffer, filled where its layout holds logical elements (padding stays 0).
+  read_chunk_weights(path, config.model, world, chunks, "model.init_from: ");
+  return notes;
+}
+
+void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
+                        parallel::Communicator& world, const std::vector<WeightsChunk>& chunks,
+                        const std::string& prefix) {
+  const auto logical = core::parameter_table(spec);
+  // Each chunk's flat buffer, filled where its layout holds logical elements (padding stays 0):
+  // the store's own where it is whole in host memory (its padding is zero since it was made:
+  // a trainer's stores start at zero, and init_parameters zeroes padding), else a host copy.
   std::vector<std::vector<float>> host(chunks.size());
+  std::vector<float*> flat(chunks.size(), nullptr);
   std::vector<io::TensorRun> runs;
   for (std::size_t c = 0; c < chunks.size(); ++c) {
-    const core::StageModel& model = *chunks[c].model;
-    host[c].assign(model.flat_size(), 0.0f);
+    core::StageModel& model = *chunks[c].model;
+    core::ParameterStore& store = model.store();
+    if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
+        dynamic_cast<core::FullParameterStore*>(&store) != nullptr &&
+        store.full_params() != nullptr) {
+      flat[c] = store.full_params();
+    } else {
+      host[c].assign(model.flat_size(), 0.0f);
+      flat[c] = host[c].data();
+    }
     std::vector<io::FlatRange> at;
     if (chunks[c].optimizer->stage() == 3) {
       for (const auto& r : chunks[c].optimizer->state_ranges())
-        at.push_back({r.begin, r.length, host[c].data() + r.begin});
+        at.push_back({r.begin, r.length, flat[c] + r.begin});
     } else {
-      at.push_back({0, model.flat_size(), host[c].data()});
+      at.push_back({0, model.flat_size(), flat[c]});
     }
     const auto mine = io::tensor_runs(model.logical_runs(), at, false);
     runs.insert(runs.end(), mine.begin(), mine.end());
   }
+  std::string error;
   try {
-    io::read_weights(path, config.model, logical, runs);
+    io::read_weights(path, spec, logical, runs);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -52,11 +76,11 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
   for (int r = 0; r < world.size(); ++r) {
     if (failed[std::size_t(r)] == 0.0f) continue;
     world.broadcast_string(error, r);
-    throw DataFileError("model.init_from: " + error);
+    throw DataFileError(prefix + error);
   }
-  for (std::size_t c = 0; c < chunks.size(); ++c)
-    set_store_parameters(chunks[c].model->store(), host[c]);
-  return notes;
+  for (std::size_t c = 0; c < chunks.size(); ++c) {
+    if (!host[c].empty()) set_store_parameters(chunks[c].model->store(), host[c]);
+  }
 }
 
 }  // namespace colossal::apps

@@ -24,4 +24,13 @@ struct WeightsChunk {
 std::string init_from_weights(const io::Config& config, parallel::Communicator& world,
                               const std::vector<WeightsChunk>& chunks);
 
+// The reading half of it, for a file already checked (model.init_from's, or a model file
+// colossal_eval's --weights names): every rank reads the elements its chunks' layouts hold
+// (io::read_weights), straight into a store that keeps its whole flat buffer in host memory,
+// else through one host buffer per chunk. A read that fails on some rank throws
+// DataFileError(prefix + the lowest failing rank's message) on every rank. Collective.
+void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
+                        parallel::Communicator& world, const std::vector<WeightsChunk>& chunks,
+                        const std::string& prefix);
+
 }  // namespace colossal::apps

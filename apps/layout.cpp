@@ -70,15 +70,40 @@ planner::RunLayout run_layout(const io::Config& config) {
 }
 
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
-                                const std::vector<core::Keep>& keep, bool selective) {
-  return planner::rank_layout(run_layout(config), pipeline_rank, keep, selective);
+                                const std::vector<core::Keep>& keep, bool selective,
+                                bool inference) {
+  planner::RunLayout run = run_layout(config);
+  run.inference = inference;
+  return planner::rank_layout(run, pipeline_rank, keep, selective);
+}
+
+io::Config inference_config(const io::Config& config) {
+  io::Config c = config;
+  auto& p = c.parallel;
+  const bool sharded = p.zero_stage == 3;
+  p.zero_stage = sharded ? 3 : 0;
+  p.offload_optimizer = false;
+  p.offload_fraction = 1.0;
+  p.offload_params = sharded && p.offload_params;
+  if (!p.offload_params) p.offload_params_fraction = 1.0;
+  p.grad_reduce = "fp32";
+  c.checkpointing = io::CheckpointingConfig{};
+  return c;
+}
+
+ActivationPlan inference_activation_plan(const io::Config& config) {
+  std::vector<int> every(std::size_t(config.model.layers));
+  for (int b = 0; b < config.model.layers; ++b) every[std::size_t(b)] = b;
+  return ActivationPlan{core::keep_blocks(config.model.layers, every), false,
+                        "inference: one block's activations at a time"};
 }
 
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
-                  planner::TimePrediction& time) {
+                  planner::TimePrediction& time, bool inference) {
   // 2d / 2.5d / 3d too: the layout carries the tensor mode, predict_* take the grid forms.
-  const planner::RankLayout layout = rank_layout(config, pipeline_rank, plan.keep, plan.selective);
+  const planner::RankLayout layout =
+      rank_layout(config, pipeline_rank, plan.keep, plan.selective, inference);
   memory = planner::predict_memory(config.model, layout);
   time = planner::predict_time(config.model, layout, hw);
 }

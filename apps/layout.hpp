@@ -30,9 +30,17 @@ planner::RunLayout run_layout(const io::Config& config);
 
 // The layout of the ranks of pipeline stage `pipeline_rank`: their chunks (one, or `chunks` under
 // the interleaved schedule), the micro-batches each keeps in flight, the checkpoint schedule.
+// `inference`: an inference trainer's (planner::RankLayout::inference) of inference_config(config).
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
                                 const std::vector<core::Keep>& keep = {},
-                                bool selective = false);
+                                bool selective = false, bool inference = false);
+
+// Inference (colossal_eval, colossal_generate: apps::Trainer's inference mode) holds the
+// parameters and nothing of training: the config it runs keeps the mesh, the model, the
+// micro-batch and parallel.zero.stage 3's sharded parameters (with offload.params, their host
+// part), while stages 0-2 keep them whole (stage 0) and the optimizer's offload and the gradient
+// reduction's settings go.
+io::Config inference_config(const io::Config& config);
 
 // hardware.file when set, else hardware.preset, with host rates scaled to `threads` per rank
 // (0: as written).
@@ -45,6 +53,11 @@ struct ActivationPlan {
   bool selective = false;
   std::string description;                    // the policy and, per stage, the schedule
 };
+
+// An inference trainer's activations (inference_config): every block as a recomputed segment
+// (nothing is recomputed: no backward runs), so a forward keeps each block's input and one
+// block's working set (the arena).
+ActivationPlan inference_activation_plan(const io::Config& config);
 
 // checkpointing.policy for the ranks of `pipeline_rank`. rotor solves each chunk's chain (two ops
 // per block, costs from the step graph and `hw`) under checkpointing.memory_budget minus what the
@@ -62,7 +75,7 @@ ActivationPlan activation_plan(const io::Config& config, const planner::RunLayou
 // (equal to the tracker's bytes, the plan's dropped blocks included; no per-micro-batch times).
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
-                  planner::TimePrediction& time);
+                  planner::TimePrediction& time, bool inference = false);
 
 // The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
 // makes one device of each rank, sharing this node's memory, and `cores` (all nodes' together),

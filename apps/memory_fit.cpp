@@ -26,11 +26,16 @@
 
 namespace colossal::apps {
 
-planner::MemoryPrediction rank_memory(const io::Config& config, int rank) {
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference) {
   const auto& p = config.parallel;
   const parallel::DeviceMesh mesh(parallel::MeshShape{
       .data = p.data, .pipeline = p.pipeline, .tensor = p.tensor, .sequence = p.sequence});
   const int stage = mesh.coord_of(rank).pipeline;
+  if (inference) {
+    const io::Config c = inference_config(config);
+    const ActivationPlan plan = inference_activation_plan(c);
+    return planner::predict_memory(c.model, rank_layout(c, stage, plan.keep, false, true));
+  }
   // As the trainer derives it: the schedule from the hardware spec as written.
   const ActivationPlan plan = activation_plan(config, stage, hardware_spec(config, 0));
   return planner::predict_memory(config.model,
@@ -83,7 +88,7 @@ struct NodeNeed {
 };
 
 NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
-                   bool device_build) {
+                   bool device_build, bool inference) {
   NodeNeed need;
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
   std::vector<std::pair<int, planner::MemoryPrediction>> by_stage;
@@ -94,7 +99,7 @@ NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, Memo
     auto it = std::find_if(by_stage.begin(), by_stage.end(),
                            [&](const auto& s) { return s.first == stage; });
     if (it == by_stage.end()) {
-      by_stage.emplace_back(stage, rank_memory(config, rank));
+      by_stage.emplace_back(stage, rank_memory(config, rank, inference));
       it = by_stage.end() - 1;
     }
     const double bytes = pool_bytes(it->second, pool, device_build);
@@ -122,9 +127,9 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source, MemoryPool pool,
-                             bool device_build) {
+                             bool device_build, bool inference) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need = node_need(config, ranks, pool, device_build);
+  const NodeNeed need = node_need(config, ranks, pool, device_build, inference);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -134,7 +139,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks, pool, device_build).bytes;
+      bytes = node_need(*variant, ranks, pool, device_build, inference).bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -144,7 +149,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   };
   const auto& cp = config.checkpointing;
   using core::CheckpointPolicy;
-  if (cp.policy != CheckpointPolicy::full) {
+  if (cp.policy != CheckpointPolicy::full && !inference) {  // inference keeps one block
     if (cp.policy == CheckpointPolicy::none || cp.policy == CheckpointPolicy::selective) {
       if (!try_set("checkpointing.policy=sqrt")) try_set("checkpointing.policy=full");
     } else {
@@ -159,7 +164,9 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
           .empty()) {
     try_set("model.fused_attention=true");
   }
-  for (int stage = config.parallel.zero_stage + 1; stage <= 3; ++stage) {
+  // Inference holds no gradients or moments: only stage 3's sharded parameters save memory.
+  for (int stage = inference ? 3 : config.parallel.zero_stage + 1; stage <= 3; ++stage) {
+    if (stage == config.parallel.zero_stage) break;
     if (try_set("parallel.zero.stage=" + std::to_string(stage))) break;
   }
   for (int mb = config.train.micro_batch / 2; mb >= 1; mb /= 2) {
@@ -179,8 +186,14 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   if (!fits.empty()) {
     out << "What would fit: ";
     for (std::size_t i = 0; i < fits.size(); ++i) out << (i ? ", " : "") << fits[i];
-    out << "; or search every layout and checkpoint schedule with 'colossal_plan "
-        << config.source << " --gpus " << config.parallel.world_size() << "'";
+    if (!inference) {
+      out << "; or search every layout and checkpoint schedule with 'colossal_plan "
+          << config.source << " --gpus " << config.parallel.world_size() << "'";
+    }
+  } else if (inference) {
+    out << "No change of model.fused_attention, parallel.zero.stage or train.micro_batch alone "
+           "fits: shard the parameters over more ranks (parallel.tensor, or parallel.data with "
+           "parallel.zero.stage: 3), or use a smaller model";
   } else {
     out << "No change of checkpointing.policy, model.fused_attention, parallel.zero.stage or "
            "train.micro_batch alone fits: search every layout with 'colossal_plan "
@@ -189,7 +202,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   return out.str();
 }
 
-void check_memory_fits(const io::Config& config) {
+void check_memory_fits(const io::Config& config, bool inference) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -228,7 +241,8 @@ void check_memory_fits(const io::Config& config) {
     std::string source;
     try {
       const double available = host_available_bytes(&source);
-      message = memory_shortfall(config, ranks, available, host, source);
+      message = memory_shortfall(config, ranks, available, host, source, MemoryPool::host,
+                                 device_resident_build(), inference);
       std::vector<std::string> uuids;
       for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
       for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
@@ -243,7 +257,8 @@ void check_memory_fits(const io::Config& config) {
         message = memory_shortfall(config, sharing, least_free,
                                    std::string(host) + " GPU " + std::to_string(id.ordinal) +
                                        " (" + id.bus_id + ")",
-                                   "free device memory, cudaMemGetInfo", MemoryPool::device);
+                                   "free device memory, cudaMemGetInfo", MemoryPool::device,
+                                   device_resident_build(), inference);
       }
     } catch (const std::invalid_argument& e) {
       message = e.what();

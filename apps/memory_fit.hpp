@@ -19,7 +19,9 @@ constexpr double kRuntimeBytesPerRank = 64.0 * 1024 * 1024;
 
 // What the tracker will count for world rank `rank` of the config's layout (its pipeline stage's
 // chunks, its activation-checkpoint schedule, its ZeRO and tensor shards).
-planner::MemoryPrediction rank_memory(const io::Config& config, int rank);
+// `inference`: an inference trainer's (colossal_eval, colossal_generate: inference_config and
+// inference_activation_plan, apps/layout.hpp).
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference = false);
 
 // The memory this node has for a run: COLOSSAL_HOST_MEMORY_BYTES when set (to leave room for other
 // processes, or in tests), else MemAvailable from /proc/meminfo; 0 when neither can be read.
@@ -37,16 +39,19 @@ double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool devi
 // error: what the ranks need (the plan of the largest, by category), what the node has, and the
 // changes of one key (checkpointing.policy, parallel.zero.stage, train.micro_batch) that would fit,
 // each with its predicted bytes, or the planner command to search every layout when none does.
+// `inference`: the ranks of an inference trainer (rank_memory), whose changes are
+// model.fused_attention, parallel.zero.stage 3 and train.micro_batch.
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source = "available memory",
                              MemoryPool pool = MemoryPool::host,
-                             bool device_build = device_resident_build());
+                             bool device_build = device_resident_build(),
+                             bool inference = false);
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
 // checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
 // memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
-void check_memory_fits(const io::Config& config);
+void check_memory_fits(const io::Config& config, bool inference = false);
 
 }  // namespace colossal::apps

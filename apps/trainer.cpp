@@ -321,9 +321,13 @@ void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& tra
 }
 
 Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world,
-                 bool memory_plan)
-    : config_(config), log_(log), gemm_(core::make_default_gemm(config.hardware.gemm,
-                                        config.train.precision, config.train.tf32)) {
+                 TrainerOptions options)
+    : config_(options.inference ? inference_config(config) : config),
+      inference_(options.inference),
+      log_(log),
+      gemm_(core::make_default_gemm(config.hardware.gemm, config.train.precision,
+                                    config.train.tf32)) {
+  const bool memory_plan = options.memory_plan;
   tracker_.set_dry_run(memory_plan);
   world_ = run_world(config_, world, own_world_);
   const auto& par = config_.parallel;
@@ -370,7 +374,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     for (const auto& a : schedule_) {
       if (a.chunk == c) mine.push_back(a);
     }
-    chunk.slots = parallel::peak_in_flight(mine);
+    // Inference: one forward at a time through the stages (pipeline_forward), in slot 0.
+    chunk.slots = inference_ ? 1 : parallel::peak_in_flight(mine);
   }
   zero::PipelineLinks links;
   if (stages > 1) {
@@ -387,12 +392,14 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // hardware spec as written (not scaled to this rank's threads), so that every rank of a stage
   // derives the same schedule from the same config.
   // 2d / 2.5d / 3d take whole-block schedules, costed with the grid's own block sizes.
-  activation_plan_ = activation_plan(config_, stage, hardware_spec(config_, 0));
+  activation_plan_ = inference_ ? inference_activation_plan(config_)
+                                : activation_plan(config_, stage, hardware_spec(config_, 0));
   planner::HardwareSpec hw = hardware_spec(config_, core::HostThreads::shared().size());
   // The staged transport (ranks sharing a GPU) copies each pipeline message through the host.
   hw.pipeline_staged = pp_->backend() == "staged-mpi";
   // The plan first: an allocation that fails, in the build below or mid-run, is told about it.
-  predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_);
+  predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_,
+               inference_);
   tracker_.set_plan(predicted_memory_.bytes);
   if (par.tensor_mode != core::TensorMode::d1) {
     // 2d / 2.5d / 3d: the tensor group's sub-grid and the sub-groups its model needs.
@@ -425,14 +432,17 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                                .offload_params = par.offload_params,
                                .offload_fraction = par.offload_fraction,
                                .offload_params_fraction = par.offload_params_fraction,
-                               .bf16_reduce = par.bf16_grad_reduce()});
-    chunk.gradients = std::make_unique<zero::GradientSync>(
-        table, chunk.optimizer->store(), *grad_, tracker_,
-        zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
-                                  .bf16_reduce = par.bf16_grad_reduce(),
-                                  .tensor = tp_->size() > 1 ? tp_ : nullptr,
-                                  .sequence_split = par.sequence_split,
-                                  .pipeline = chunk_links});
+                               .bf16_reduce = par.bf16_grad_reduce(),
+                               .inference = inference_});
+    if (!inference_) {
+      chunk.gradients = std::make_unique<zero::GradientSync>(
+          table, chunk.optimizer->store(), *grad_, tracker_,
+          zero::GradientSyncOptions{.bucket_mb = par.bucket_mb,
+                                    .bf16_reduce = par.bf16_grad_reduce(),
+                                    .tensor = tp_->size() > 1 ? tp_ : nullptr,
+                                    .sequence_split = par.sequence_split,
+                                    .pipeline = chunk_links});
+    }
     chunk.built = make_stage_model(
         config_, chunk_, tracker_, *gemm_,
         core::ModelOptions{.unit_multiple = unit_multiple,
@@ -448,7 +458,8 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
                            .bf16_probabilities = bf16_operands(config_)});
     chunk.model = chunk.built.model.get();
     chunk.dense = chunk.built.dense();
-    if (!memory_plan) chunk.model->init_parameters(train.seed);
+    // Inference: the store starts at zero, and the weights are read into it.
+    if (!memory_plan && !inference_) chunk.model->init_parameters(train.seed);
     chunk.model->set_profiler(&profiler_);
   }
   // A GEMM that keeps a bf16 copy of the weights it holds gets tracked memory for it, as much as
@@ -473,7 +484,7 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   }
   model_ = chunks_.front().dense;
   optimizer_ = chunks_.front().optimizer.get();
-  gradient_sync_ = chunks_.front().gradients.get();
+  gradient_sync_ = chunks_.front().gradients.get();  // null under inference
   hardware_name_ = hw.name;
   agree_on_plan();
   // A host spec (the same on every rank: the gather is collective). The 2d / 3d closed forms
@@ -574,7 +585,13 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   const auto& par = config_.parallel;
   const std::size_t unit_multiple = par.zero_stage >= 1 ? std::size_t(grad_->size()) * 16 : 16;
   core::StoreFactory store;
-  if (par.zero_stage == 2) {
+  if (inference_) {
+    // The parameters whole, without gradients (inference_config leaves stage 0 here).
+    store = [this](std::vector<core::ParamUnit> units, std::size_t flat) {
+      return std::make_unique<core::FullParameterStore>(std::move(units), flat, tracker_,
+                                                        /*gradients=*/false);
+    };
+  } else if (par.zero_stage == 2) {
     // ZeRO 2: each unit's gradients reduce-scattered over the data ranks as backward finishes it.
     store = [this](std::vector<core::ParamUnit> units, std::size_t flat) {
       return std::make_unique<zero::ShardedParameterStore>(
@@ -599,13 +616,15 @@ void Trainer::build_grid_chunk(Chunk& chunk, bool memory_plan) {
   chunk.model = chunk.built.model.get();
   chunk.dense = nullptr;
   core::GridModel& model = *chunk.built.sharded();
-  if (!memory_plan) model.init_parameters(config_.train.seed);
+  if (!memory_plan && !inference_) model.init_parameters(config_.train.seed);
   chunk.model->set_profiler(&profiler_);
   chunk.optimizer = std::make_unique<zero::ShardedAdamW>(
       model.parameters(), model.store(), *grad_, tracker_,
       zero::OptimizerOptions{.stage = par.zero_stage,
                              .offload_optimizer = par.offload_optimizer,
-                             .offload_fraction = par.offload_fraction});
+                             .offload_fraction = par.offload_fraction,
+                             .inference = inference_});
+  if (inference_) return;  // no gradients to sum
   // Pipeline stages: the first and the last sum the tied token embedding (the first floats of
   // unit 0 on both); the norm, over the ranges each stage counts, is summed over the stages.
   zero::PipelineLinks links;
@@ -673,9 +692,10 @@ void Trainer::agree_on_plan() {
                      per_stage(double(chunks_.front().model->store().units().size())) + "\n" +
                      "shard: {size: " + per_stage(double(optimizer_->shard_size())) + "}\n" +
                      "gradient_reduction: " +
-                     (p.zero_stage < 2 ? per_stage(double(gradient_sync_->buckets().size())) +
+                     (inference_           ? std::string("none (inference)")
+                      : p.zero_stage < 2 ? per_stage(double(gradient_sync_->buckets().size())) +
                                              " all-reduce buckets"
-                                       : std::string("reduce-scatter per unit")) +
+                                         : std::string("reduce-scatter per unit")) +
                      (p.bf16_grad_reduce() && grad_->size() > 1 ? ", in bf16" : "") + "\n" +
                      "activation_slots: " + per_stage(double(chunks_.front().slots)) + "\n" +
                      "model_chunks: " + std::to_string(chunks_.size()) + "\n" +
@@ -798,7 +818,16 @@ double Trainer::run_step(int64_t step) {
   return grad_->all_reduce_sum_value(stage_loss / accumulation) / grad_->size();
 }
 
+void Trainer::require_training(const char* what) const {
+  if (inference_) {
+    throw std::logic_error(std::string("Trainer::") + what +
+                           " needs a training trainer; this one was built for inference "
+                           "(TrainerOptions::inference: no gradients or optimizer state)");
+  }
+}
+
 TrainSummary Trainer::train() {
+  require_training("train");
   const auto& t = config_.train;
   const auto& spec = config_.model;
   TrainSummary summary;
@@ -1353,6 +1382,7 @@ void set_store_parameters(core::ParameterStore& store, const std::vector<float>&
 }
 
 void Trainer::save_checkpoint(int64_t step, int64_t optimizer_step, int64_t schedule_step) {
+  require_training("save_checkpoint");
   std::vector<ChunkState> held(chunks_.size());
   io::CheckpointShard mine;
   for (std::size_t c = 0; c < chunks_.size(); ++c) {
@@ -1392,6 +1422,7 @@ std::pair<std::string, std::string> config_changes(const std::string& before_tex
 }  // namespace
 
 io::CheckpointState Trainer::resume() {
+  require_training("resume");
   // What this rank reads: its whole layout of the parameters (ZeRO-3: only its slices) and its
   // moments; and what it would write, whose CRCs verify every dataset once over all ranks.
   std::vector<ChunkState> states(chunks_.size());
@@ -1670,8 +1701,20 @@ std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& 
 
 void Trainer::load_weights(const std::string& path) {
   const auto logical = logical_table();
-  std::vector<float> values(core::parameter_units(logical, 16).back().end, 0.0f);
-  const std::string saved = io::read_model_file(path, logical, values);
+  // Rank 0 checks the file (every tensor's shape, nothing extra) and reads its config; then each
+  // rank reads only the elements its layout holds (read_chunk_weights), so no rank holds the
+  // whole model twice.
+  std::string saved, error;
+  if (world_->rank() == 0) {
+    try {
+      saved = io::check_model_file(path, logical);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  world_->broadcast_string(error, 0);
+  if (!error.empty()) throw io::H5Error(error);
+  world_->broadcast_string(saved, 0);
   // What no tensor's shape shows: a LLaMA's rotary base and RMSNorm epsilon, from the config the
   // file carries. Evaluated with other values the model computes other numbers, silently.
   io::Config trained;
@@ -1694,7 +1737,9 @@ void Trainer::load_weights(const std::string& path) {
       throw io::H5Error(text.str());
     }
   }
-  set_local_parameters(from_logical(values));
+  std::vector<WeightsChunk> held;
+  for (Chunk& chunk : chunks_) held.push_back({chunk.optimizer.get(), chunk.model});
+  read_chunk_weights(path, config_.model, *world_, held, "model file: ");
 }
 
 void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_chunk) {
@@ -1716,7 +1761,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     one.train.global_batch = 1;
     one.checkpoint.every = 0;
     one.checkpoint.resume = io::ResumeMode::never;
-    Trainer whole(one, nullptr);
+    Trainer whole(one, nullptr, nullptr, TrainerOptions{.inference = inference_});
     whole.set_local_parameters(whole.from_logical(values));
     return whole.generate(prompt, tokens, temperature, seed, key);
   }

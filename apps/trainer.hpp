@@ -173,15 +173,26 @@ void restore_chunk(zero::ShardedAdamW& optimizer, core::StageModel& model,
 // A flat host buffer's values into a store, unit by unit.
 void set_store_parameters(core::ParameterStore& store, const std::vector<float>& host);
 
+struct TrainerOptions {
+  // Every buffer is counted by the tracker but none is allocated or initialised: memory() then
+  // says what this layout needs per rank; nothing else may be called.
+  bool memory_plan = false;
+  // colossal_eval, colossal_generate: the model's parameters and what a forward needs, nothing of
+  // training (no gradients, AdamW moments or gradient reduction; one activation slot; every block
+  // recomputed from its input: inference_config, inference_activation_plan, apps/layout.hpp).
+  // The parameters start at zero (not drawn): load_weights or model.init_from sets them.
+  // evaluate(), generate(), load_weights(), save_weights() and the parameter views run;
+  // train(), resume() and save_checkpoint() throw std::logic_error.
+  bool inference = false;
+};
+
 class Trainer {
  public:
   // `log` receives progress lines (nullptr: silent, as on ranks other than 0). `world` holds every
   // rank of the run (its size must be parallel.data * parallel.tensor.size * parallel.sequence),
   // split into the mesh's groups; nullptr runs on this process alone.
-  // With memory_plan, every buffer is counted by the tracker but none is allocated or
-  // initialised: memory() then says what this layout needs per rank; nothing else may be called.
   Trainer(const io::Config& config, std::FILE* log, parallel::Communicator* world = nullptr,
-          bool memory_plan = false);
+          TrainerOptions options = {});
   ~Trainer();
 
   TrainSummary train();
@@ -229,7 +240,8 @@ class Trainer {
   core::Model& model() { return *model_; }  // 1d (the dense model class) only
   const core::MemoryTracker& memory() const { return tracker_; }
   const zero::ShardedAdamW& optimizer() const { return *optimizer_; }
-  const zero::GradientSync& gradient_sync() const { return *gradient_sync_; }
+  const zero::GradientSync& gradient_sync() const { return *gradient_sync_; }  // not inference
+  bool inference() const { return inference_; }
   // The parallel plan every rank runs (YAML): mesh, ZeRO stage, shards and buckets. Rank 0's is
   // broadcast at construction and every rank checks that it derived the same one.
   const std::string& plan() const { return plan_; }
@@ -272,7 +284,10 @@ class Trainer {
   // The summary's memory figures: peak RSS, and on a GPU what this run added there.
   void fill_memory_summary(TrainSummary& summary) const;
 
-  io::Config config_;
+  io::Config config_;  // under inference, inference_config's
+  bool inference_ = false;
+  // train(), resume(), save_checkpoint(): a std::logic_error naming `what` under inference.
+  void require_training(const char* what) const;
   std::FILE* log_;
   std::unique_ptr<parallel::Communicator> own_world_;  // when no communicator was given
   parallel::Communicator* world_;

@@ -144,8 +144,10 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
   if (ec) throw H5Error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
 }
 
-std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
-                            std::vector<float>& params) {
+namespace {
+// The checks of check_model_file; with `params`, each dataset is read into it as it is checked.
+std::string open_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                            float* params) {
   silence_hdf5_errors();
   if (!std::filesystem::exists(path)) throw H5Error("model file '" + path + "' does not exist");
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
@@ -176,13 +178,25 @@ std::string read_model_file(const std::string& path, const std::vector<core::Par
       throw H5Error("model file '" + path + "': dataset '" + p.name + "' has shape [" + got +
                     "] but the model expects [" + want + "]");
     }
-    check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                  params.data() + p.offset),
-          "reading dataset " + p.name);
+    if (params != nullptr) {
+      check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                    params + p.offset),
+            "reading dataset " + p.name);
+    }
   }
   const std::string extra = unexpected_tensors(detail::datasets_in(file.get()), table);
   if (!extra.empty()) throw H5Error("model file '" + path + "': " + extra);
   return read_string_attribute(file.get(), "config");
+}
+}  // namespace
+
+std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table) {
+  return open_model_file(path, table, nullptr);
+}
+
+std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                            std::vector<float>& params) {
+  return open_model_file(path, table, params.data());
 }
 
 }  // namespace colossal::io

@@ -61,9 +61,13 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
                       const float* params, const std::string& config_text,
                       const std::string& plan_text = "");
 
-// Reads every parameter of `table` into the host flat buffer `params`, checking that each dataset
-// exists with the expected shape and that the file holds no other (a model of more layers read
-// into fewer would otherwise load without a word). Returns the config text stored in the file.
+// Checks that `path` is a model file of `table`: each dataset exists with the expected shape and
+// the file holds no other (a model of more layers read into fewer would otherwise load without a
+// word); a training checkpoint is told apart. Reads no tensor. Returns the config text stored in
+// the file; throws H5Error naming the file, the dataset and both shapes.
+std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table);
+// check_model_file, then every parameter of `table` into the host flat buffer `params`. Returns
+// the config text stored in the file.
 std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
                             std::vector<float>& params);
 

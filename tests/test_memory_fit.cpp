@@ -159,3 +159,42 @@ TEST(MemoryFit, ADeviceBuildChecksTheGpuForAllButTheOffloadedBytes) {
                                    "MemAvailable", MemoryPool::host, true),
             "");
 }
+
+// colossal_eval / colossal_generate (inference): the parameters and one block's activations, no
+// gradients or moments. A node too small to train a layout may still evaluate it; where it is
+// too small for that too, the changes offered are inference's (ZeRO-3's sharded parameters, the
+// micro-batch), never a checkpointing policy (inference keeps one block already).
+TEST(MemoryFit, InferenceIsPricedWithoutTrainingState) {
+  // Parameters dominate: many wide blocks (ZeRO-3 gathers two at a time), short sequences.
+  const io::Config c = config("layers: 16, hidden: 256, heads: 4",
+                              "seq_len: 16, global_batch: 16, micro_batch: 4",
+                              "parallel: {data: 2}\n");
+  const planner::MemoryPrediction infer = apps::rank_memory(c, 0, true);
+  const planner::MemoryPrediction train = apps::rank_memory(c, 0);
+  using core::MemCategory;
+  EXPECT_EQ(infer[MemCategory::gradients], 0.0);
+  EXPECT_EQ(infer[MemCategory::optimizer], 0.0);
+  EXPECT_EQ(infer[MemCategory::parameters], train[MemCategory::parameters]);
+  EXPECT_LT(infer[MemCategory::activations], train[MemCategory::activations]);
+  const double inference_need = 2 * (infer.total() + apps::kRuntimeBytesPerRank);
+  ASSERT_LT(inference_need, need(c, {0, 1}));
+  EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, inference_need, "n0", "MemAvailable",
+                                   apps::MemoryPool::host, false, true),
+            "");
+  EXPECT_NE(apps::memory_shortfall(c, {0, 1}, inference_need, "n0"), "");
+
+  // Too little for whole parameters on both ranks: ZeRO-3 shards them.
+  const io::Config zero3 = io::parse_config(c.text, c.source, {"parallel.zero.stage=3"});
+  const double sharded = 2 * (apps::rank_memory(zero3, 0, true).total() +
+                              apps::kRuntimeBytesPerRank);
+  ASSERT_LT(sharded, inference_need);
+  const double available = (sharded + inference_need) / 2;
+  const std::string message = apps::memory_shortfall(
+      c, {0, 1}, available, "n0", "MemAvailable", apps::MemoryPool::host, false, true);
+  EXPECT_TRUE(has(message, "need " + core::format_bytes(inference_need))) << message;
+  EXPECT_TRUE(has(message, "--set parallel.zero.stage=3 (" + core::format_bytes(sharded) + ")"))
+      << message;
+  EXPECT_FALSE(has(message, "checkpointing.policy")) << message;
+  EXPECT_FALSE(has(message, "parallel.zero.stage=1")) << message;
+  EXPECT_FALSE(has(message, "colossal_plan")) << message;
+}

@@ -392,7 +392,7 @@ namespace {
 TEST(MemoryPlan, CountsWhatTheRealRunAllocates) {
   const std::string dir = temp_dir("memory_plan");
   const io::Config config = tiny_config(dir, "gpt2");
-  apps::Trainer plan(config, nullptr, nullptr, /*memory_plan=*/true);
+  apps::Trainer plan(config, nullptr, nullptr, apps::TrainerOptions{.memory_plan = true});
   apps::Trainer real(config, nullptr);
   for (int c = 0; c < int(core::MemCategory::count); ++c) {
     const auto category = core::MemCategory(c);

@@ -1,0 +1,126 @@
+// apps::Trainer's inference mode (colossal_eval, colossal_generate) on one rank and under the
+// parallel layouts (mpirun -np 1/2/4): a training trainer trains two steps and writes its model
+// file; an inference trainer of the same config reads it (load_weights) and
+// - evaluates the training trainer's validation loss exactly, and samples its greedy text;
+// - holds no gradients and no optimizer state, and tracks, category by category, exactly what
+//   the memory plan of inference predicts for its rank (apps::rank_memory(..., true), which the
+//   start-up check compares with the node's memory), less than the training trainer;
+// - reads only the elements its layout holds from the file (no rank reads the whole model when
+//   its layout shards it);
+// - refuses to train, resume or checkpoint.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+#include "apps/layout.hpp"
+#include "apps/memory_fit.hpp"
+#include "apps/trainer.hpp"
+#include "io/config.hpp"
+#include "io/init_from.hpp"
+#include "parallel/mpi_communicator.hpp"
+#include "train_parity.hpp"
+
+using namespace colossal;
+
+namespace {
+
+struct Case {
+  int ranks;
+  std::string arch;
+  std::string parallel;  // the parallel: block's body
+  std::string name;
+  bool shards = false;   // the layout splits the parameters: no rank reads the whole file
+};
+
+io::Config config(const std::string& data, const Case& c) {
+  const std::string text =
+      "model: {arch: " + c.arch + (c.arch == "llama" ? ", kv_heads: 2" : "") +
+      ", layers: 4, hidden: 32, heads: 4, ffn_hidden: 64, vocab: 200, max_seq: 32,"
+      " vocab_multiple: 16}\n"
+      "data: {path: " + data + ", val_path: " + data + ", val_windows: 16}\n"
+      "train: {steps: 2, seq_len: 32, global_batch: 8, micro_batch: 2,\n"
+      "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 1}}\n"
+      "parallel: {" + c.parallel + "}\n"
+      "eval: {every: 0}\nsample: {tokens: 0}\nlog: {every: 100, dir: " +
+      (std::filesystem::temp_directory_path() / ("colossal_inference_" + c.name)).string() +
+      "}\n";
+  return io::parse_config(text, "test");
+}
+
+class Inference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  const Case c = GetParam();
+  if (world.size() != c.ranks) GTEST_SKIP() << "layout needs " << c.ranks << " ranks";
+  const std::string data = test::shared_training_text(world, "colossal_inference_data.txt", 77);
+  const io::Config cfg = config(data, c);
+
+  apps::Trainer trained(cfg, nullptr, &world);
+  const apps::TrainSummary summary = trained.train();
+  const double val = trained.evaluate();
+  const std::string text = trained.generate("and ", 12, 0.0, 1);
+
+  apps::Trainer infer(cfg, nullptr, &world, apps::TrainerOptions{.inference = true});
+  ASSERT_TRUE(infer.inference());
+  const uint64_t before = io::weights_elements_read();
+  infer.load_weights(summary.model_path);
+  const uint64_t read = io::weights_elements_read() - before;
+  std::size_t logical = 0;
+  for (const auto& p : infer.logical_table()) logical += std::size_t(p.count);
+  if (c.shards) {
+    EXPECT_LT(read, logical) << "a rank whose layout shards the model read all of it";
+  } else {
+    EXPECT_EQ(read, logical);
+  }
+
+  EXPECT_EQ(infer.evaluate(), val);
+  EXPECT_EQ(infer.generate("and ", 12, 0.0, 1), text);
+
+  // Nothing of training, and exactly the plan the start-up check compares with the node.
+  using core::MemCategory;
+  const core::MemoryTracker& m = infer.memory();
+  EXPECT_EQ(m.peak(MemCategory::gradients), 0u);
+  EXPECT_EQ(m.peak(MemCategory::optimizer), 0u);
+  const planner::MemoryPrediction plan = apps::rank_memory(cfg, world.rank(), true);
+  for (int k = 0; k < int(MemCategory::count); ++k) {
+    const auto cat = MemCategory(k);
+    EXPECT_EQ(plan[cat], double(m.peak(cat))) << core::category_name(cat) << ": plan "
+                                              << plan.format() << ", tracked " << m.summary();
+  }
+  const double training = double(trained.memory().peak_total());
+  std::printf("[rank %d] %s: inference %s | training peak %.0f bytes, inference %.0f (%.2fx)\n",
+              world.rank(), c.name.c_str(), m.summary().c_str(), training,
+              double(m.peak_total()), training / double(m.peak_total()));
+  EXPECT_LT(double(m.peak_total()), 0.6 * training);
+
+  EXPECT_THROW(infer.train(), std::logic_error);
+  EXPECT_THROW(infer.resume(), std::logic_error);
+  EXPECT_THROW(infer.save_checkpoint(1, 1, 1), std::logic_error);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, Inference,
+    ::testing::Values(
+        Case{1, "gpt2", "", "gpt2"},
+        Case{1, "opt", "", "opt"},
+        Case{1, "llama", "", "llama"},
+        Case{1, "gpt2", "zero: {stage: 3, offload: {optimizer: true, params: true}}",
+             "gpt2_zero3_offload"},
+        Case{2, "gpt2", "data: 2, zero: {stage: 1}", "gpt2_dp2_zero1"},
+        Case{2, "opt", "data: 2, zero: {stage: 3}", "opt_dp2_zero3", true},
+        Case{2, "gpt2", "tensor: {size: 2, sequence_split: true}", "gpt2_tp2_split", true},
+        Case{2, "llama", "tensor: {size: 2}", "llama_tp2", true},
+        Case{2, "opt", "sequence: 2", "opt_sp2"},
+        Case{2, "gpt2", "pipeline: {size: 2}", "gpt2_pp2", true},
+        Case{4, "gpt2", "tensor: {size: 4, mode: 2d}", "gpt2_2d", true},
+        Case{4, "opt", "data: 2, pipeline: {size: 2, schedule: interleaved, chunks: 2}",
+             "opt_dp2_pp2_interleaved", true},
+        Case{4, "gpt2", "data: 2, tensor: {size: 2}, zero: {stage: 3}", "gpt2_dp2_tp2_zero3",
+             true}),
+    [](const auto& info) { return info.param.name; });
+
+}  // namespace
