@@ -1707,7 +1707,7 @@ void Trainer::load_weights(const std::string& path) {
   std::string saved, error;
   if (world_->rank() == 0) {
     try {
-      saved = io::check_model_file(path, logical);
+      saved = io::check_model_file(path, logical, &config_.model);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include "io/hdf5_detail.hpp"
+#include "io/init_from.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -147,7 +148,7 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
 namespace {
 // The checks of check_model_file; with `params`, each dataset is read into it as it is checked.
 std::string open_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
-                            float* params) {
+                            float* params, const core::ModelSpec* spec) {
   silence_hdf5_errors();
   if (!std::filesystem::exists(path)) throw H5Error("model file '" + path + "' does not exist");
   H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose,
@@ -176,7 +177,10 @@ std::string open_model_file(const std::string& path, const std::vector<core::Par
       for (auto d : dims) got += (got.empty() ? "" : ", ") + std::to_string(d);
       for (auto d : p.shape) want += (want.empty() ? "" : ", ") + std::to_string(d);
       throw H5Error("model file '" + path + "': dataset '" + p.name + "' has shape [" + got +
-                    "] but the model expects [" + want + "]");
+                    "] but the model expects [" + want + "]" +
+                    (spec != nullptr
+                         ? "; " + shape_mismatch_hint(p, *spec, {dims.begin(), dims.end()})
+                         : std::string()));
     }
     if (params != nullptr) {
       check(H5Dread(dset.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT,
@@ -190,13 +194,14 @@ std::string open_model_file(const std::string& path, const std::vector<core::Par
 }
 }  // namespace
 
-std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table) {
-  return open_model_file(path, table, nullptr);
+std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                             const core::ModelSpec* spec) {
+  return open_model_file(path, table, nullptr, spec);
 }
 
 std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
                             std::vector<float>& params) {
-  return open_model_file(path, table, params.data());
+  return open_model_file(path, table, params.data(), nullptr);
 }
 
 }  // namespace colossal::io

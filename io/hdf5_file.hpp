@@ -64,8 +64,10 @@ void write_model_file(const std::string& path, const std::vector<core::ParamSpec
 // Checks that `path` is a model file of `table`: each dataset exists with the expected shape and
 // the file holds no other (a model of more layers read into fewer would otherwise load without a
 // word); a training checkpoint is told apart. Reads no tensor. Returns the config text stored in
-// the file; throws H5Error naming the file, the dataset and both shapes.
-std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table);
+// the file; throws H5Error naming the file, the dataset and both shapes, and with `spec` (the
+// model `table` is of) the config key and value that would match the file.
+std::string check_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,
+                             const core::ModelSpec* spec = nullptr);
 // check_model_file, then every parameter of `table` into the host flat buffer `params`. Returns
 // the config text stored in the file.
 std::string read_model_file(const std::string& path, const std::vector<core::ParamSpec>& table,

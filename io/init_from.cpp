@@ -103,9 +103,10 @@ NameMap name_map(const SafetensorsSet& set, const std::vector<core::ParamSpec>& 
   return {prefix};
 }
 
-void check_shape(const std::string& file, const core::ParamSpec& p, const core::ModelSpec& spec,
-                 const std::vector<int64_t>& found) {
-  if (found == p.shape) return;
+}  // namespace
+
+std::string shape_mismatch_hint(const core::ParamSpec& p, const core::ModelSpec& spec,
+                                 const std::vector<int64_t>& found) {
   std::string todo;
   if (found.size() != p.shape.size()) {
     todo = "is this a " + std::string(core::arch_name(spec.arch)) + " checkpoint? (model.arch)";
@@ -122,8 +123,16 @@ void check_shape(const std::string& file, const core::ParamSpec& p, const core::
         break;
       }
   }
+  return todo;
+}
+
+namespace {
+void check_shape(const std::string& file, const core::ParamSpec& p, const core::ModelSpec& spec,
+                 const std::vector<int64_t>& found) {
+  if (found == p.shape) return;
   throw WeightsError(file + ": tensor '" + p.name + "' has shape " + shape_text(found) +
-                     " but the model expects " + shape_text(p.shape) + "; " + todo);
+                     " but the model expects " + shape_text(p.shape) + "; " +
+                     shape_mismatch_hint(p, spec, found));
 }
 
 std::string check_safetensors(const std::string& path, const core::ModelSpec& spec,

@@ -37,6 +37,12 @@ class WeightsError : public std::runtime_error {
 std::string check_weights(const std::string& path, const core::ModelSpec& spec,
                           const std::vector<core::ParamSpec>& logical);
 
+// What to change when a file's tensor has shape `found` where the model expects p.shape: the
+// config key and value that match the file (set model.vocab: 50257 to match the file), or the
+// arch when the rank or the orientation differs.
+std::string shape_mismatch_hint(const core::ParamSpec& p, const core::ModelSpec& spec,
+                                const std::vector<int64_t>& found);
+
 // Fills every run (a tensor index into `logical`, a row-major element range and its target) from
 // `path`. Assumes check_weights passed; throws WeightsError or SafetensorsError / H5Error on a
 // read failure.

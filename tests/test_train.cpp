@@ -234,7 +234,7 @@ TEST(Training, ModelFileRoundTripsAndIsCheckedOnLoad) {
   fresh.load_weights(s.model_path);
   EXPECT_EQ(fresh.evaluate(), trained.evaluate());
   EXPECT_NE(before, fresh.evaluate());
-  // A file of a different model is refused with the dataset and both shapes named.
+  // A file of a different model is refused with the dataset, both shapes and the key to set.
   io::Config other = c;
   other.model.hidden = 64;
   apps::Trainer mismatched(other, nullptr);
@@ -243,6 +243,10 @@ TEST(Training, ModelFileRoundTripsAndIsCheckedOnLoad) {
     FAIL() << "expected a shape error";
   } catch (const io::H5Error& e) {
     EXPECT_NE(std::string(e.what()).find("has shape ["), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("; set model.hidden: " +
+                                         std::to_string(c.model.hidden) + " to match the file"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(std::filesystem::exists(s.model_path + ".tmp"));
 }
