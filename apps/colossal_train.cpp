@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
       "                         one rank, FILE.rankN.json per rank otherwise; open in Perfetto)\n"
       "  --memory-plan          allocate nothing and train nothing: print the memory every rank\n"
       "                         of this layout would allocate, by category, and exit (every buffer\n"
-      "                         is allocated once at start-up, so this is the run's tracked peak)\n",
+      "                         is allocated once at start-up, so this is the run's tracked peak);\n"
+      "                         with --eval-only, what evaluating needs (no gradients, no AdamW)\n",
       {"--weights", "--profile-steps", "--trace"},
       {"--eval-only", "--memory-plan"},
       /*print_threads=*/true};
@@ -187,8 +188,11 @@ int main(int argc, char** argv) {
     } catch (const std::invalid_argument& e) {
       throw apps::CollectiveError(e.what());  // decided alike on every rank
     }
+    // --eval-only runs an inference trainer (the parameters and a forward's activations: no
+    // gradients or optimizer state), and its memory plan is that one's.
+    const bool eval_only = inv.has("--eval-only");
     // Before anything is allocated: does every node hold its ranks' memory plan?
-    if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config);
+    if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config, eval_only);
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d run on the same trainer as 1d (below).
       if (inv.has("--memory-plan")) {
@@ -202,7 +206,8 @@ int main(int argc, char** argv) {
         std::vector<std::pair<std::string, std::string>> rows;
         double largest = 0.0, device = 0.0;
         for (int stage = 0; stage < p.pipeline; ++stage) {
-          const planner::MemoryPrediction m = apps::rank_memory(inv.config, per_stage * stage);
+          const planner::MemoryPrediction m =
+              apps::rank_memory(inv.config, per_stage * stage, eval_only);
           largest = std::max(largest, m.total());
           device = std::max(device, m.device());
           rows.emplace_back("every rank" +
@@ -217,7 +222,7 @@ int main(int argc, char** argv) {
     }
     if (inv.has("--memory-plan")) {
       apps::Trainer plan(inv.config, nullptr, inv.world,
-                         apps::TrainerOptions{.memory_plan = true});
+                         apps::TrainerOptions{.memory_plan = true, .inference = eval_only});
       // Ranks differ (tensor and ZeRO shards, sequence chunks): report the largest.
       // The offloaded (pinned host) bytes are allocated once, at start-up: without them the
       // peak is the device's.
@@ -230,9 +235,9 @@ int main(int argc, char** argv) {
       if (log) print_memory_plan(log, {{"rank 0", plan.memory().summary()}}, largest[0], largest[1]);
       return 0;
     }
-    apps::Trainer trainer(inv.config, log, inv.world);
+    apps::Trainer trainer(inv.config, log, inv.world, apps::TrainerOptions{.inference = eval_only});
     trainer.set_trace(inv.flag("--trace"));
-    if (inv.has("--eval-only")) {
+    if (eval_only) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");
       trainer.load_weights(weights);

@@ -1144,6 +1144,19 @@ TEST_F(Cli, ZeroStage3RunEvaluatesSamplesAndSavesCollectively) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NEAR(std::stod(r.output.substr(r.output.find("val loss ") + 9)), trained, 1e-5 * trained)
       << r.output;
+  // Evaluating holds no gradients or optimizer state (apps::TrainerOptions::inference): the
+  // memory plan of --eval-only has neither, and a node too small for it is told before anything
+  // is allocated, with inference's changes (no checkpointing policy: it keeps one block).
+  r = run(mpirun + bin("colossal_train") + " " + config + zero3 + " --memory-plan --eval-only");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("memory plan (rank 0): params"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("grads"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("optimizer"), std::string::npos) << r.output;
+  r = run("COLOSSAL_HOST_MEMORY_BYTES=1e6 " + bin("colossal_eval") + " " + config +
+          " --weights " + dir + "/z3/model.h5");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("nothing was allocated"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("checkpointing.policy"), std::string::npos) << r.output;
 }
 
 TEST_F(Cli, ProfileStepsPrintsTimePerKindOfWork) {
