@@ -12,7 +12,9 @@
 #   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml), a tiny OPT
 #      (configs/opt-tiny.yaml) and a tiny LLaMA (configs/llama-quickstart.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
 #      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
-#      2e-3; all from metrics.csv, 9 significant digits);
+#      2e-3; all from metrics.csv, 9 significant digits); then the inference trainer
+#      (colossal_train --eval-only, as colossal_eval) on a GPU-trained quickstart model file
+#      against the validation loss its run ended with (1e-5 relative);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
 #      T=256..4096), colossal_plan --calibrate (the node's hardware YAML, written to
@@ -259,6 +261,25 @@ if section 2; then
       fi
     fi
   done
+fi
+
+if section 2; then
+  # The inference trainer on the device (no gradients or optimizer state, every block from its
+  # input, the file read per rank): a model trained here evaluates to its run's last val loss.
+  d="/tmp/gpu_check-eval-$$"
+  t0=$SECONDS
+  (cd "$root" && timeout -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d") > /tmp/eval-train.log 2>&1
+  (cd "$root" && timeout -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5") > /tmp/eval-only.log 2>&1
+  trained=$(grep -o 'val loss [0-9.e+-]*' /tmp/eval-train.log | tail -n 1 | cut -d' ' -f3)
+  evaluated=$(grep -o 'val loss [0-9.e+-]*' /tmp/eval-only.log | tail -n 1 | cut -d' ' -f3)
+  if [ -n "$trained" ] && [ -n "$evaluated" ] &&
+     python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" \
+       "$trained" "$evaluated"; then
+    say "eval-only (inference trainer): val loss $evaluated, the run's $trained ($((SECONDS - t0)) s)"
+  else
+    say "eval-only (inference trainer): FAILED: val loss '${evaluated}' against the run's '${trained}'"
+    tail -n 12 /tmp/eval-train.log /tmp/eval-only.log >> "$report"; fail=1
+  fi
 fi
 
 if [ "${GPU_CHECK_STOP_ON_FAIL:-0}" = 1 ] && [ $fail != 0 ]; then
