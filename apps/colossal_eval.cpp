@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
     const std::string weights = inv.flag("--weights");
     if (weights.empty() && inv.config.model_init_from.empty())
       throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
+    if (!weights.empty()) inv.config.model_init_from.clear();  // not read, then overwritten
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     apps::check_memory_fits(inv.config, /*inference=*/true);

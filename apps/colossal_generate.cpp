@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
     const int tokens = static_cast<int>(number("--tokens", "200"));
     const double temperature = number("--temperature", "0.8");
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
+    if (!weights.empty()) inv.config.model_init_from.clear();  // not read, then overwritten
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     apps::check_memory_fits(inv.config, /*inference=*/true);

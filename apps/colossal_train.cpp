@@ -182,15 +182,18 @@ int main(int argc, char** argv) {
     // model.fused_attention: auto on a fixed layout (parallel.mode: auto has decided it).
     inv.config = apps::plan_attention(inv.config, *inv.world, core::HostThreads::shared().size(),
                                       log);
-    // parallel.zero.offload.policy: auto decides the offload flags from the memory plan.
+    // --eval-only runs an inference trainer (the parameters and a forward's activations: no
+    // gradients or optimizer state), and its memory plan is that one's. Its weights are
+    // --weights': a model.init_from is not read first.
+    const bool eval_only = inv.has("--eval-only");
+    if (eval_only) inv.config.model_init_from.clear();
+    // parallel.zero.offload.policy: auto decides the offload flags from the memory plan of a
+    // training step (not evaluation's, which holds no optimizer state to offload).
     try {
-      inv.config = apps::apply_offload_policy(inv.config, log);
+      if (!eval_only) inv.config = apps::apply_offload_policy(inv.config, log);
     } catch (const std::invalid_argument& e) {
       throw apps::CollectiveError(e.what());  // decided alike on every rank
     }
-    // --eval-only runs an inference trainer (the parameters and a forward's activations: no
-    // gradients or optimizer state), and its memory plan is that one's.
-    const bool eval_only = inv.has("--eval-only");
     // Before anything is allocated: does every node hold its ranks' memory plan?
     if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config, eval_only);
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {

@@ -38,33 +38,35 @@ void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
   const auto logical = core::parameter_table(spec);
   // Each chunk's flat buffer, filled where its layout holds logical elements (padding stays 0):
   // the store's own where it is whole in host memory (its padding is zero since it was made:
-  // a trainer's stores start at zero, and init_parameters zeroes padding), else a host copy.
+  // a trainer's stores start at zero, and init_parameters zeroes padding), else a host copy;
+  // under ZeRO-3 a copy of this rank's shard alone, in state order.
   std::vector<std::vector<float>> host(chunks.size());
-  std::vector<float*> flat(chunks.size(), nullptr);
-  std::vector<io::TensorRun> runs;
-  for (std::size_t c = 0; c < chunks.size(); ++c) {
-    core::StageModel& model = *chunks[c].model;
-    core::ParameterStore& store = model.store();
-    if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
-        dynamic_cast<core::FullParameterStore*>(&store) != nullptr &&
-        store.full_params() != nullptr) {
-      flat[c] = store.full_params();
-    } else {
-      host[c].assign(model.flat_size(), 0.0f);
-      flat[c] = host[c].data();
-    }
-    std::vector<io::FlatRange> at;
-    if (chunks[c].optimizer->stage() == 3) {
-      for (const auto& r : chunks[c].optimizer->state_ranges())
-        at.push_back({r.begin, r.length, flat[c] + r.begin});
-    } else {
-      at.push_back({0, model.flat_size(), flat[c]});
-    }
-    const auto mine = io::tensor_runs(model.logical_runs(), at, false);
-    runs.insert(runs.end(), mine.begin(), mine.end());
-  }
   std::string error;
   try {
+    std::vector<io::TensorRun> runs;
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      core::StageModel& model = *chunks[c].model;
+      core::ParameterStore& store = model.store();
+      std::vector<io::FlatRange> at;
+      if (chunks[c].optimizer->stage() == 3) {
+        host[c].assign(chunks[c].optimizer->shard_size(), 0.0f);
+        for (const auto& r : chunks[c].optimizer->state_ranges())
+          at.push_back({r.begin, r.length, host[c].data() + r.at});
+      } else {
+        float* flat = nullptr;
+        if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
+            dynamic_cast<core::FullParameterStore*>(&store) != nullptr) {
+          flat = store.full_params();
+        }
+        if (flat == nullptr) {
+          host[c].assign(model.flat_size(), 0.0f);
+          flat = host[c].data();
+        }
+        at.push_back({0, model.flat_size(), flat});
+      }
+      const auto mine = io::tensor_runs(model.logical_runs(), at, false);
+      runs.insert(runs.end(), mine.begin(), mine.end());
+    }
     io::read_weights(path, spec, logical, runs);
   } catch (const std::exception& e) {
     error = e.what();
@@ -79,7 +81,12 @@ void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
     throw DataFileError(prefix + error);
   }
   for (std::size_t c = 0; c < chunks.size(); ++c) {
-    if (!host[c].empty()) set_store_parameters(chunks[c].model->store(), host[c]);
+    if (host[c].empty()) continue;  // read in place
+    if (chunks[c].optimizer->stage() == 3) {
+      chunks[c].optimizer->set_owned_parameters(host[c].data());
+    } else {
+      set_store_parameters(chunks[c].model->store(), host[c]);
+    }
   }
 }
 

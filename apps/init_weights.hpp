@@ -14,7 +14,7 @@
 namespace colossal::apps {
 
 struct WeightsChunk {
-  const zero::ShardedAdamW* optimizer = nullptr;
+  zero::ShardedAdamW* optimizer = nullptr;  // stage 3: its shard is written
   core::StageModel* model = nullptr;
 };
 
@@ -27,8 +27,9 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
 // The reading half of it, for a file already checked (model.init_from's, or a model file
 // colossal_eval's --weights names): every rank reads the elements its chunks' layouts hold
 // (io::read_weights), straight into a store that keeps its whole flat buffer in host memory,
-// else through one host buffer per chunk. A read that fails on some rank throws
-// DataFileError(prefix + the lowest failing rank's message) on every rank. Collective.
+// else through one host buffer per chunk (ZeRO-3: of its shard's size). A read (or a staging
+// buffer) that fails on some rank throws DataFileError(prefix + the lowest failing rank's
+// message) on every rank. Collective.
 void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
                         parallel::Communicator& world, const std::vector<WeightsChunk>& chunks,
                         const std::string& prefix);

@@ -192,8 +192,11 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     }
   } else if (inference) {
     out << "No change of model.fused_attention, parallel.zero.stage or train.micro_batch alone "
-           "fits: shard the parameters over more ranks (parallel.tensor, or parallel.data with "
-           "parallel.zero.stage: 3), or use a smaller model";
+           "fits: shard the parameters over more ranks ("
+        << (config.parallel.tensor_mode == core::TensorMode::d1
+                ? "parallel.tensor, parallel.pipeline, or parallel.data with parallel.zero.stage: 3"
+                : "a larger tensor grid, or parallel.pipeline")
+        << "), or use a smaller model";
   } else {
     out << "No change of checkpointing.policy, model.fused_attention, parallel.zero.stage or "
            "train.micro_batch alone fits: search every layout with 'colossal_plan "

@@ -1699,6 +1699,22 @@ std::vector<std::vector<float>> Trainer::from_logical(const std::vector<float>& 
   return out;
 }
 
+void Trainer::set_logical_parameters(const std::vector<float>& values) {
+  const auto logical = logical_table();
+  for (Chunk& chunk : chunks_) {
+    core::ParameterStore& store = chunk.model->store();
+    if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
+        dynamic_cast<core::FullParameterStore*>(&store) != nullptr &&
+        store.full_params() != nullptr) {
+      core::import_runs(chunk.model->logical_runs(), logical, values.data(), store.full_params());
+      continue;
+    }
+    std::vector<float> host(chunk.model->flat_size(), 0.0f);
+    core::import_runs(chunk.model->logical_runs(), logical, values.data(), host.data());
+    set_store_parameters(store, host);
+  }
+}
+
 void Trainer::load_weights(const std::string& path) {
   const auto logical = logical_table();
   // Rank 0 checks the file (every tensor's shape, nothing extra) and reads its config; then each
@@ -1761,8 +1777,11 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     one.train.global_batch = 1;
     one.checkpoint.every = 0;
     one.checkpoint.resume = io::ResumeMode::never;
-    Trainer whole(one, nullptr, nullptr, TrainerOptions{.inference = inference_});
-    whole.set_local_parameters(whole.from_logical(values));
+    one.model_init_from.clear();  // its weights are `values`: not read again
+    // Sampling needs no training state (also at the end of a training run): the parameters and
+    // one block's activations, written straight from `values`.
+    Trainer whole(one, nullptr, nullptr, TrainerOptions{.inference = true});
+    whole.set_logical_parameters(values);
     return whole.generate(prompt, tokens, temperature, seed, key);
   }
   const int T = config_.train.seq_len, V = config_.model.vocab;

@@ -219,6 +219,9 @@ class Trainer {
   std::vector<float> to_logical(const std::vector<std::vector<float>>& local);
   std::vector<std::vector<float>> from_logical(const std::vector<float>& logical) const;
   void set_local_parameters(const std::vector<std::vector<float>>& host);
+  // from_logical and set_local_parameters in one, without the whole local copy where a chunk's
+  // store is one host buffer (written in place); the store's padding is left as it is.
+  void set_logical_parameters(const std::vector<float>& logical);
 
   // Checkpoints (io/checkpoint.hpp) of the model and AdamW state after `step` steps, written by
   // rank 0; collective. A failure to write is reported on every rank.

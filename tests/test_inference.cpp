@@ -1,7 +1,8 @@
 // apps::Trainer's inference mode (colossal_eval, colossal_generate) on one rank and under the
 // parallel layouts (mpirun -np 1/2/4): a training trainer trains two steps and writes its model
 // file; an inference trainer of the same config reads it (load_weights) and
-// - evaluates the training trainer's validation loss exactly, and samples its greedy text;
+// - evaluates the training trainer's validation loss exactly, and samples its greedy text,
+//   which is also one rank's;
 // - holds no gradients and no optimizer state, and tracks, category by category, exactly what
 //   the memory plan of inference predicts for its rank (apps::rank_memory(..., true), which the
 //   start-up check compares with the node's memory), less than the training trainer;
@@ -79,6 +80,15 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
 
   EXPECT_EQ(infer.evaluate(), val);
   EXPECT_EQ(infer.generate("and ", 12, 0.0, 1), text);
+  if (world.rank() == 0 && c.ranks > 1) {
+    // And the layout's text is one rank's (the 2d / 2.5d / 3d layouts sample through a one-rank
+    // trainer written from the gathered tensors; the others in their own layout).
+    io::Config one = cfg;
+    one.parallel = io::ParallelConfig{};
+    apps::Trainer single(one, nullptr, nullptr, apps::TrainerOptions{.inference = true});
+    single.load_weights(summary.model_path);
+    EXPECT_EQ(single.generate("and ", 12, 0.0, 1), text);
+  }
 
   // Nothing of training, and exactly the plan the start-up check compares with the node.
   using core::MemCategory;
@@ -112,6 +122,11 @@ INSTANTIATE_TEST_SUITE_P(
              "gpt2_zero3_offload"},
         Case{2, "gpt2", "data: 2, zero: {stage: 1}", "gpt2_dp2_zero1"},
         Case{2, "opt", "data: 2, zero: {stage: 3}", "opt_dp2_zero3", true},
+        // Half of each parameter shard on the host: the load writes both parts.
+        Case{2, "gpt2",
+             "data: 2, zero: {stage: 3, offload: {optimizer: true, params: true, "
+             "params_fraction: 0.5}}",
+             "gpt2_dp2_zero3_half_offload", true},
         Case{2, "gpt2", "tensor: {size: 2, sequence_split: true}", "gpt2_tp2_split", true},
         Case{2, "llama", "tensor: {size: 2}", "llama_tp2", true},
         Case{2, "opt", "sequence: 2", "opt_sp2"},

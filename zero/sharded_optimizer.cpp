@@ -227,6 +227,16 @@ std::vector<float> ShardedAdamW::owned_parameters() {
   return host;
 }
 
+void ShardedAdamW::set_owned_parameters(const float* values) {
+  if (stage_ != 3) {
+    throw std::logic_error("set_owned_parameters at ZeRO stage " + std::to_string(stage_) +
+                           ": only stage 3 holds its parameters as a shard");
+  }
+  const std::size_t on_host = sharded_->host_param_states(), split = shard_size_ - on_host;
+  if (split > 0) core::copy_to_device(sharded_->param_shard(), values, split * sizeof(float));
+  if (on_host > 0) std::copy_n(values + split, on_host, sharded_->host_param_shard() + split);
+}
+
 std::vector<std::pair<float*, std::size_t>> ShardedAdamW::offloaded_pieces() {
   const std::size_t split = shard_size_ - host_states_;
   std::vector<std::pair<float*, std::size_t>> pieces;

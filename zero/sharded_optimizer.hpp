@@ -114,6 +114,10 @@ class ShardedAdamW {
   // The parameters at state_ranges(), in the same order, in host memory (stage 3: the parameter
   // shard itself; nothing is gathered).
   std::vector<float> owned_parameters();
+  // Stage 3: its inverse, shard_size() values in state order into the parameter shard, each
+  // where it lives (device, or host under parameter offload); nothing is communicated. Throws
+  // std::logic_error at the other stages (their parameters are whole: write the store).
+  void set_owned_parameters(const float* values);
 
  private:
   // Offload: the offloaded states' gradients and parameters to the host on the copy queue
