@@ -1,4 +1,5 @@
 // colossal_generate: continue a prompt with a saved model.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -20,7 +21,9 @@ int main(int argc, char** argv) {
       "scripts/tokenize.py --encode prints them) and so is the output.\n"
       "Without --weights, the config's model.init_from is used. The model reads the last\n"
       "train.seq_len tokens of the context (a note on stderr says when it is longer); raise\n"
-      "train.seq_len, up to model.max_seq, for a longer window.\n",
+      "train.seq_len, up to model.max_seq, for a longer window. Progress (every 10 s) and a\n"
+      "summary line (tokens/s) go to stderr: stdout holds the text alone. Evaluating and\n"
+      "sampling hold the parameters only (no gradients or optimizer state).\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
@@ -47,11 +50,31 @@ int main(int argc, char** argv) {
     apps::Trainer trainer(inv.config, nullptr, inv.world, apps::TrainerOptions{.inference = true});
     if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
     const std::string prompt = inv.flag("--prompt", "");
-    const std::string text = trainer.generate(prompt, tokens, temperature, seed, "--prompt");
+    // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end:
+    // each token is a forward over the whole train.seq_len window.
+    const auto start = apps::Clock::now();
+    double said = 0.0;
+    const auto progress = [&](int done) {
+      const double s = apps::seconds_since(start);
+      if (inv.rank != 0 || s - said < 10.0 || done == tokens) return;
+      said = s;
+      std::fprintf(stderr, "generated %d/%d tokens, %.2f tokens/s, ETA %.0f s\n", done, tokens,
+                   done / s, (tokens - done) * s / done);
+    };
+    const std::string text =
+        trainer.generate(prompt, tokens, temperature, seed, "--prompt", progress);
+    const double seconds = apps::seconds_since(start);
     if (inv.rank == 0) {
       // fwrite, not printf("%s"): a generated 0 byte must not cut the text short.
       const std::string out = prompt + text + "\n";
       std::fwrite(out.data(), 1, out.size(), stdout);
+      std::fflush(stdout);  // the text first, then the summary line on stderr
+      if (tokens > 0) {
+        std::fprintf(stderr,
+                     "colossal_generate: %d tokens in %.1f s (%.2f tokens/s; each a forward over "
+                     "the train.seq_len = %d window)\n",
+                     tokens, seconds, tokens / std::max(seconds, 1e-9), inv.config.train.seq_len);
+      }
     }
     return 0;
   });

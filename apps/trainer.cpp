@@ -1765,7 +1765,8 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
 }
 
 std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
-                              uint64_t seed, const std::string& key) {
+                              uint64_t seed, const std::string& key,
+                              const std::function<void(int done)>& progress) {
   if (chunks_.back().dense == nullptr) {
     // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
     // trainer on world rank 0, which samples: the text a 1d run of these weights prints.
@@ -1782,7 +1783,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     // one block's activations, written straight from `values`.
     Trainer whole(one, nullptr, nullptr, TrainerOptions{.inference = true});
     whole.set_logical_parameters(values);
-    return whole.generate(prompt, tokens, temperature, seed, key);
+    return whole.generate(prompt, tokens, temperature, seed, key, progress);
   }
   const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
@@ -1849,6 +1850,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     } else {
       out += ' ' + std::to_string(next);
     }
+    if (progress) progress(i + 1);
   }
   return out;
 }

@@ -236,9 +236,11 @@ class Trainer {
   // Continues `prompt` (prompt_tokens: text over byte data, token ids over a token file) by
   // `tokens` sampled tokens (temperature; 0 = greedy): text over byte data, else the ids, each
   // after a space.
-  // `key` names the prompt in errors.
+  // `key` names the prompt in errors. `progress`, when set, is called after each token with the
+  // tokens done so far, on every rank that samples (rank 0 alone in 2d / 2.5d / 3d).
   std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed,
-                       const std::string& key = "sample.prompt");
+                       const std::string& key = "sample.prompt",
+                       const std::function<void(int done)>& progress = {});
 
   core::Model& model() { return *model_; }  // 1d (the dense model class) only
   const core::MemoryTracker& memory() const { return tracker_; }
