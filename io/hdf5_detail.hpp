@@ -52,6 +52,9 @@ inline std::string read_string_attribute(hid_t object, const char* name) {
     throw H5Error(std::string("HDF5: attribute '") + name + "' is not a string");
   }
   H5Handle mem(H5Tcopy(H5T_C_S1), H5Tclose, "H5Tcopy");
+  // The file's character set (h5py writes a Python str as UTF-8): HDF5 converts no string
+  // between ASCII and UTF-8, so reading one into the other fails.
+  check(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), "H5Tset_cset");
   if (H5Tis_variable_str(type.get()) > 0) {
     // What h5py writes for a Python str: read through a char* that HDF5 allocates.
     check(H5Tset_size(mem.get(), H5T_VARIABLE), "H5Tset_size");

@@ -8,6 +8,7 @@
 
 #include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
+#include "io/init_from.hpp"
 
 using namespace colossal;
 
@@ -39,21 +40,38 @@ TEST(ModelFile, ReadsAVariableLengthConfigAsH5pyWritesIt) {
   const auto table = small_table();
   std::vector<float> params(flat(table), 1.0f);
   const std::string path = (std::filesystem::temp_directory_path() / "colossal_mf_vlen.h5").string();
-  io::write_model_file(path, table, params.data(), "fixed");
-  {
-    // Replace the attribute by a variable-length string, as h5py does for a Python str.
-    io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "open");
-    ASSERT_GE(H5Adelete(file.get(), "config"), 0);
-    io::H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose, "type");
-    ASSERT_GE(H5Tset_size(type.get(), H5T_VARIABLE), 0);
-    io::H5Handle space(H5Screate(H5S_SCALAR), H5Sclose, "space");
-    io::H5Handle attr(H5Acreate2(file.get(), "config", type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
-                      H5Aclose, "attr");
-    const char* text = "edited: yes\n";
-    ASSERT_GE(H5Awrite(attr.get(), type.get(), &text), 0);
+  // h5py writes a Python str as a variable-length UTF-8 string (ASCII: another writer); HDF5
+  // converts no string between the two character sets, so the reader takes the file's.
+  for (const H5T_cset_t cset : {H5T_CSET_UTF8, H5T_CSET_ASCII}) {
+    io::write_model_file(path, table, params.data(), "fixed");
+    {
+      // Replace the attributes by variable-length strings, as h5py does for a Python str.
+      io::H5Handle file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose, "open");
+      io::H5Handle type(H5Tcopy(H5T_C_S1), H5Tclose, "type");
+      ASSERT_GE(H5Tset_size(type.get(), H5T_VARIABLE), 0);
+      ASSERT_GE(H5Tset_cset(type.get(), cset), 0);
+      io::H5Handle space(H5Screate(H5S_SCALAR), H5Sclose, "space");
+      for (const auto& [name, value] : {std::pair{"config", "edited: yes\n"},
+                                        std::pair{"format", "colossal-model"}}) {
+        if (H5Aexists(file.get(), name) > 0) ASSERT_GE(H5Adelete(file.get(), name), 0);
+        io::H5Handle attr(H5Acreate2(file.get(), name, type.get(), space.get(), H5P_DEFAULT,
+                                     H5P_DEFAULT),
+                          H5Aclose, "attr");
+        const char* text = value;
+        ASSERT_GE(H5Awrite(attr.get(), type.get(), &text), 0);
+      }
+    }
+    std::vector<float> back(params.size());
+    EXPECT_EQ(io::read_model_file(path, table, back), "edited: yes\n") << int(cset);
+    EXPECT_EQ(io::check_model_file(path, table), "edited: yes\n") << int(cset);
+    // model.init_from and --weights read the tensors through io::read_weights, which reads the
+    // file's "format" attribute (a checkpoint's model part has another prefix).
+    const auto spec = core::model_spec(core::Arch::gpt2, 1, 8, 2, 16, 10, 4);
+    std::vector<float> wte(std::size_t(table.front().count), 0.0f);
+    io::read_weights(path, spec, table,
+                     {io::TensorRun{0, 0, std::size_t(table.front().count), wte.data()}});
+    EXPECT_EQ(wte[3], 1.0f) << int(cset);
   }
-  std::vector<float> back(params.size());
-  EXPECT_EQ(io::read_model_file(path, table, back), "edited: yes\n");
 }
 
 TEST(ModelFile, MissingDatasetIsNamed) {
