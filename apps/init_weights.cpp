@@ -2,11 +2,8 @@
 
 #include <exception>
 
-#include <Kokkos_Core.hpp>
-
 #include "apps/errors.hpp"
 #include "apps/trainer.hpp"
-#include "core/kokkos_compat.hpp"
 #include "core/parameter_store.hpp"
 #include "io/init_from.hpp"
 
@@ -53,11 +50,7 @@ void read_chunk_weights(const std::string& path, const core::ModelSpec& spec,
         for (const auto& r : chunks[c].optimizer->state_ranges())
           at.push_back({r.begin, r.length, host[c].data() + r.at});
       } else {
-        float* flat = nullptr;
-        if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
-            dynamic_cast<core::FullParameterStore*>(&store) != nullptr) {
-          flat = store.full_params();
-        }
+        float* flat = core::host_writable_params(store);
         if (flat == nullptr) {
           host[c].assign(model.flat_size(), 0.0f);
           flat = host[c].data();

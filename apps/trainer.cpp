@@ -1703,10 +1703,8 @@ void Trainer::set_logical_parameters(const std::vector<float>& values) {
   const auto logical = logical_table();
   for (Chunk& chunk : chunks_) {
     core::ParameterStore& store = chunk.model->store();
-    if (!core::device_memory_v<Kokkos::DefaultExecutionSpace> &&
-        dynamic_cast<core::FullParameterStore*>(&store) != nullptr &&
-        store.full_params() != nullptr) {
-      core::import_runs(chunk.model->logical_runs(), logical, values.data(), store.full_params());
+    if (float* flat = core::host_writable_params(store)) {
+      core::import_runs(chunk.model->logical_runs(), logical, values.data(), flat);
       continue;
     }
     std::vector<float> host(chunk.model->flat_size(), 0.0f);

@@ -23,6 +23,12 @@ float* FullParameterStore::gradients(int unit) {
   return grads_.data() + units()[unit].begin;
 }
 
+float* host_writable_params(ParameterStore& store) {
+  if (device_memory_v<Kokkos::DefaultExecutionSpace>) return nullptr;
+  auto* full = dynamic_cast<FullParameterStore*>(&store);
+  return full != nullptr ? full->full_params() : nullptr;
+}
+
 void FullParameterStore::gradients_done(int unit) {
   // The hook orders what it starts after the kernels (zero::GradientSync::gradients_ready).
   if (gradients_ready_) gradients_ready_(units()[unit].begin);

@@ -82,6 +82,11 @@ class ParameterStore {
   std::size_t flat_size_;
 };
 
+// The whole flat parameter buffer where the host may write it in place: a FullParameterStore's
+// in a host build; nullptr otherwise (device memory, a sharded store, a memory plan's store).
+// Loading weights writes there directly instead of through a host copy.
+float* host_writable_params(ParameterStore& store);
+
 // Makes a store over a model's parameter units (their flat end `flat`): how a model that lays
 // out its own units (core::GridModel) is given a sharded one (zero::ShardedParameterStore).
 using StoreFactory = std::function<std::unique_ptr<ParameterStore>(std::vector<ParamUnit> units,
