@@ -2,7 +2,6 @@
 #include <cstdio>
 
 #include "apps/cli.hpp"
-#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 
 using namespace colossal;
@@ -21,12 +20,10 @@ int main(int argc, char** argv) {
     const std::string weights = inv.flag("--weights");
     if (weights.empty() && inv.config.model_init_from.empty())
       throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
-    if (!weights.empty()) inv.config.model_init_from.clear();  // not read, then overwritten
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
-    apps::check_memory_fits(inv.config, /*inference=*/true);
-    apps::Trainer trainer(inv.config, nullptr, inv.world, apps::TrainerOptions{.inference = true});
-    if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
+    const auto held = apps::inference_trainer(inv.config, inv.world, weights);
+    apps::Trainer& trainer = *held;
     const double loss = trainer.evaluate();
     if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     return 0;

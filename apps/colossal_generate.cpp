@@ -4,7 +4,6 @@
 #include <cstdlib>
 
 #include "apps/cli.hpp"
-#include "apps/memory_fit.hpp"
 #include "apps/trainer.hpp"
 
 using namespace colossal;
@@ -43,12 +42,10 @@ int main(int argc, char** argv) {
     const int tokens = static_cast<int>(number("--tokens", "200"));
     const double temperature = number("--temperature", "0.8");
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
-    if (!weights.empty()) inv.config.model_init_from.clear();  // not read, then overwritten
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
-    apps::check_memory_fits(inv.config, /*inference=*/true);
-    apps::Trainer trainer(inv.config, nullptr, inv.world, apps::TrainerOptions{.inference = true});
-    if (!weights.empty()) trainer.load_weights(weights);  // else model.init_from's
+    const auto held = apps::inference_trainer(inv.config, inv.world, weights);
+    apps::Trainer& trainer = *held;
     const std::string prompt = inv.flag("--prompt", "");
     // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end:
     // each token is a forward over the whole train.seq_len window.

@@ -1853,4 +1853,14 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   return out;
 }
 
+std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
+                                           const std::string& weights) {
+  if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
+  check_memory_fits(config, /*inference=*/true);
+  auto trainer =
+      std::make_unique<Trainer>(config, nullptr, world, TrainerOptions{.inference = true});
+  if (!weights.empty()) trainer->load_weights(weights);
+  return trainer;
+}
+
 }  // namespace colossal::apps

@@ -368,4 +368,11 @@ class Trainer {
   double profiled_seconds_ = 0.0;
 };
 
+// colossal_eval's and colossal_generate's trainer: an inference trainer (TrainerOptions) of
+// `config` holding the model file `weights` (empty: config's model.init_from, which is otherwise
+// not read), made once the node's memory was checked against its plan (check_memory_fits).
+// Collective over MPI_COMM_WORLD and `world`.
+std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
+                                           const std::string& weights);
+
 }  // namespace colossal::apps
