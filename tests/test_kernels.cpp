@@ -32,7 +32,7 @@ using colossal::test::check_gradient;
 using colossal::test::dot;
 using colossal::test::random_vector;
 
-void check_gemm(Gemm& gemm, int M, int N, int K);
+void check_gemm(Gemm& gemm, int M, int N, int K, float beta = 2.0f);
 void check_fused_attention(Gemm& gemm, int tile);
 
 class Kernels : public ::testing::Test {
@@ -44,7 +44,9 @@ class Kernels : public ::testing::Test {
 };
 
 // Every host backend that loads here (setup.sh installs BLIS and oneDNN), and the per-shape
-// auto-tuner, whose trial runs must leave C untouched (beta != 0 below).
+// auto-tuner, whose trial runs must leave C untouched (beta != 0 below). One-row products
+// (incremental decoding's; OpenBLAS runs them as matrix-vector products) also with beta = 0
+// over a C of NaNs, which must not survive.
 TEST_F(Kernels, GemmMatchesNaiveForEveryTransposeAndBackend) {
   std::vector<std::string> backends = host_gemm_backends();
   backends.push_back("auto");
@@ -53,11 +55,13 @@ TEST_F(Kernels, GemmMatchesNaiveForEveryTransposeAndBackend) {
   std::printf("\n");
   for (const std::string& backend : backends) {
     auto g = make_host_gemm(backend);
-    for (auto [M, N, K] : {std::tuple{5, 7, 4}, std::tuple{67, 45, 130}}) {
+    for (auto [M, N, K] : {std::tuple{5, 7, 4}, std::tuple{67, 45, 130}, std::tuple{1, 45, 130},
+                           std::tuple{1, 1, 9}}) {
       SCOPED_TRACE(backend + " " + std::to_string(M) + "x" + std::to_string(N) + "x" +
                    std::to_string(K));
       for (int repeat = 0; repeat < 2; ++repeat) {  // auto: tuned, then the chosen backend
         check_gemm(*g, M, N, K);
+        if (M == 1) check_gemm(*g, M, N, K, 0.0f);
       }
     }
   }
@@ -545,7 +549,7 @@ TEST(Bf16, PrecisionNamesAreCheckedAndCublasNeedsACudaBuild) {
 #endif
 }
 
-void check_gemm(Gemm& gemm, int M, int N, int K) {
+void check_gemm(Gemm& gemm, int M, int N, int K, float beta) {
   for (Trans ta : {Trans::N, Trans::T}) {
     for (Trans tb : {Trans::N, Trans::T}) {
       // Leading dimensions larger than the matrices, as the strided q/k/v blocks use them.
@@ -553,6 +557,7 @@ void check_gemm(Gemm& gemm, int M, int N, int K) {
       auto A = random_vector(std::size_t(lda) * (ta == Trans::N ? M : K), 1);
       auto B = random_vector(std::size_t(ldb) * (tb == Trans::N ? K : N), 2);
       auto C = random_vector(std::size_t(ldc) * M, 3);
+      if (beta == 0.0f) std::fill(C.begin(), C.end(), std::nanf(""));
       auto expected = C;
       for (int i = 0; i < M; ++i) {
         for (int j = 0; j < N; ++j) {
@@ -562,11 +567,17 @@ void check_gemm(Gemm& gemm, int M, int N, int K) {
             const float b = tb == Trans::N ? B[k * ldb + j] : B[j * ldb + k];
             s += double(a) * b;
           }
-          expected[i * ldc + j] = float(0.5 * s + 2.0 * C[i * ldc + j]);
+          expected[i * ldc + j] = float(0.5 * s + (beta == 0.0f ? 0.0 : beta * C[i * ldc + j]));
         }
       }
-      gemm.gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), ldc);
-      for (std::size_t i = 0; i < C.size(); ++i) ASSERT_NEAR(C[i], expected[i], 1e-4) << i;
+      gemm.gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+      for (std::size_t i = 0; i < C.size(); ++i) {  // the padding past N untouched (NaN or not)
+        if (std::isnan(expected[i])) {
+          ASSERT_TRUE(std::isnan(C[i])) << i;
+        } else {
+          ASSERT_NEAR(C[i], expected[i], 1e-4) << i;
+        }
+      }
     }
   }
 }
