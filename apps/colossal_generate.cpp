@@ -12,7 +12,7 @@ int main(int argc, char** argv) {
   apps::ProgramInfo info{
       "colossal_generate",
       "usage: colossal_generate CONFIG [--weights MODEL.h5] [--prompt TEXT] [--tokens N]\n"
-      "                         [--temperature T] [--seed S]\n\n"
+      "                         [--temperature T] [--seed S] [--no-cache]\n\n"
       "Samples N tokens (default 200) after TEXT from MODEL.h5 at temperature T (default 0.8;\n"
       "0 = greedy) and prints the prompt and them. Over the config's data: a text file's tokens\n"
       "are bytes, so TEXT is text and so is the output (no --prompt: a newline); a token file's\n"
@@ -22,9 +22,13 @@ int main(int argc, char** argv) {
       "train.seq_len tokens of the context (a note on stderr says when it is longer); raise\n"
       "train.seq_len, up to model.max_seq, for a longer window. Progress (every 10 s) and a\n"
       "summary line (tokens/s) go to stderr: stdout holds the text alone. Evaluating and\n"
-      "sampling hold the parameters only (no gradients or optimizer state).\n",
+      "sampling hold the parameters only (no gradients or optimizer state).\n"
+      "Each block keeps the keys and values of the window (a KV cache, in the memory plan), so\n"
+      "a token costs one new position, not a forward over the whole window, until the window\n"
+      "is full; past it the window moves by a token and is decoded again whole. --no-cache\n"
+      "runs the whole window for every token instead (the same tokens; slower, less memory).\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
-      {}};
+      {"--no-cache"}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
     if (weights.empty() && inv.config.model_init_from.empty())
@@ -44,11 +48,11 @@ int main(int argc, char** argv) {
     const auto seed = static_cast<uint64_t>(number("--seed", "1"));
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
-    const auto held = apps::inference_trainer(inv.config, inv.world, weights);
+    const bool cache = !inv.has("--no-cache");
+    const auto held = apps::inference_trainer(inv.config, inv.world, weights, /*decode=*/cache);
     apps::Trainer& trainer = *held;
     const std::string prompt = inv.flag("--prompt", "");
-    // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end:
-    // each token is a forward over the whole train.seq_len window.
+    // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end.
     const auto start = apps::Clock::now();
     double said = 0.0;
     const auto progress = [&](int done) {
@@ -67,10 +71,10 @@ int main(int argc, char** argv) {
       std::fwrite(out.data(), 1, out.size(), stdout);
       std::fflush(stdout);  // the text first, then the summary line on stderr
       if (tokens > 0) {
-        std::fprintf(stderr,
-                     "colossal_generate: %d tokens in %.1f s (%.2f tokens/s; each a forward over "
-                     "the train.seq_len = %d window)\n",
-                     tokens, seconds, tokens / std::max(seconds, 1e-9), inv.config.train.seq_len);
+        std::fprintf(stderr, "colossal_generate: %d tokens in %.1f s (%.2f tokens/s; %s)\n",
+                     tokens, seconds, tokens / std::max(seconds, 1e-9),
+                     cache ? "KV cache over the train.seq_len window"
+                           : "--no-cache: each a forward over the train.seq_len window");
       }
     }
     return 0;

@@ -71,9 +71,10 @@ planner::RunLayout run_layout(const io::Config& config) {
 
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
                                 const std::vector<core::Keep>& keep, bool selective,
-                                bool inference) {
+                                bool inference, bool decode) {
   planner::RunLayout run = run_layout(config);
   run.inference = inference;
+  run.decode = decode && config.parallel.tensor_mode == core::TensorMode::d1;
   return planner::rank_layout(run, pipeline_rank, keep, selective);
 }
 
@@ -100,10 +101,10 @@ ActivationPlan inference_activation_plan(const io::Config& config) {
 
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
-                  planner::TimePrediction& time, bool inference) {
+                  planner::TimePrediction& time, bool inference, bool decode) {
   // 2d / 2.5d / 3d too: the layout carries the tensor mode, predict_* take the grid forms.
   const planner::RankLayout layout =
-      rank_layout(config, pipeline_rank, plan.keep, plan.selective, inference);
+      rank_layout(config, pipeline_rank, plan.keep, plan.selective, inference, decode);
   memory = planner::predict_memory(config.model, layout);
   time = planner::predict_time(config.model, layout, hw);
 }

@@ -30,10 +30,12 @@ planner::RunLayout run_layout(const io::Config& config);
 
 // The layout of the ranks of pipeline stage `pipeline_rank`: their chunks (one, or `chunks` under
 // the interleaved schedule), the micro-batches each keeps in flight, the checkpoint schedule.
-// `inference`: an inference trainer's (planner::RankLayout::inference) of inference_config(config).
+// `inference`: an inference trainer's (planner::RankLayout::inference) of inference_config(config);
+// `decode`: with colossal_generate's incremental-decoding state (planner::RankLayout::decode).
 planner::RankLayout rank_layout(const io::Config& config, int pipeline_rank,
                                 const std::vector<core::Keep>& keep = {},
-                                bool selective = false, bool inference = false);
+                                bool selective = false, bool inference = false,
+                                bool decode = false);
 
 // Inference (colossal_eval, colossal_generate: apps::Trainer's inference mode) holds the
 // parameters and nothing of training: the config it runs keeps the mesh, the model, the
@@ -75,7 +77,8 @@ ActivationPlan activation_plan(const io::Config& config, const planner::RunLayou
 // (equal to the tracker's bytes, the plan's dropped blocks included; no per-micro-batch times).
 void predict_rank(const io::Config& config, int pipeline_rank, const ActivationPlan& plan,
                   const planner::HardwareSpec& hw, planner::MemoryPrediction& memory,
-                  planner::TimePrediction& time, bool inference = false);
+                  planner::TimePrediction& time, bool inference = false,
+                  bool decode = false);
 
 // The cluster of `devices` ranks: GPU presets as they are; a host spec (calibrated threads > 0)
 // makes one device of each rank, sharing this node's memory, and `cores` (all nodes' together),

@@ -26,7 +26,8 @@
 
 namespace colossal::apps {
 
-planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference) {
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference,
+                                      bool decode) {
   const auto& p = config.parallel;
   const parallel::DeviceMesh mesh(parallel::MeshShape{
       .data = p.data, .pipeline = p.pipeline, .tensor = p.tensor, .sequence = p.sequence});
@@ -34,7 +35,8 @@ planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool i
   if (inference) {
     const io::Config c = inference_config(config);
     const ActivationPlan plan = inference_activation_plan(c);
-    return planner::predict_memory(c.model, rank_layout(c, stage, plan.keep, false, true));
+    return planner::predict_memory(c.model,
+                                   rank_layout(c, stage, plan.keep, false, true, decode));
   }
   // As the trainer derives it: the schedule from the hardware spec as written.
   const ActivationPlan plan = activation_plan(config, stage, hardware_spec(config, 0));
@@ -88,7 +90,7 @@ struct NodeNeed {
 };
 
 NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
-                   bool device_build, bool inference) {
+                   bool device_build, bool inference, bool decode) {
   NodeNeed need;
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
   std::vector<std::pair<int, planner::MemoryPrediction>> by_stage;
@@ -99,7 +101,7 @@ NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, Memo
     auto it = std::find_if(by_stage.begin(), by_stage.end(),
                            [&](const auto& s) { return s.first == stage; });
     if (it == by_stage.end()) {
-      by_stage.emplace_back(stage, rank_memory(config, rank, inference));
+      by_stage.emplace_back(stage, rank_memory(config, rank, inference, decode));
       it = by_stage.end() - 1;
     }
     const double bytes = pool_bytes(it->second, pool, device_build);
@@ -127,9 +129,9 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source, MemoryPool pool,
-                             bool device_build, bool inference) {
+                             bool device_build, bool inference, bool decode) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need = node_need(config, ranks, pool, device_build, inference);
+  const NodeNeed need = node_need(config, ranks, pool, device_build, inference, decode);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -139,7 +141,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks, pool, device_build, inference).bytes;
+      bytes = node_need(*variant, ranks, pool, device_build, inference, decode).bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -205,7 +207,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   return out.str();
 }
 
-void check_memory_fits(const io::Config& config, bool inference) {
+void check_memory_fits(const io::Config& config, bool inference, bool decode) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -245,7 +247,7 @@ void check_memory_fits(const io::Config& config, bool inference) {
     try {
       const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source, MemoryPool::host,
-                                 device_resident_build(), inference);
+                                 device_resident_build(), inference, decode);
       std::vector<std::string> uuids;
       for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
       for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
@@ -261,7 +263,7 @@ void check_memory_fits(const io::Config& config, bool inference) {
                                    std::string(host) + " GPU " + std::to_string(id.ordinal) +
                                        " (" + id.bus_id + ")",
                                    "free device memory, cudaMemGetInfo", MemoryPool::device,
-                                   device_resident_build(), inference);
+                                   device_resident_build(), inference, decode);
       }
     } catch (const std::invalid_argument& e) {
       message = e.what();

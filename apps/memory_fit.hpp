@@ -21,7 +21,9 @@ constexpr double kRuntimeBytesPerRank = 64.0 * 1024 * 1024;
 // chunks, its activation-checkpoint schedule, its ZeRO and tensor shards).
 // `inference`: an inference trainer's (colossal_eval, colossal_generate: inference_config and
 // inference_activation_plan, apps/layout.hpp).
-planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference = false);
+// `decode`: with colossal_generate's incremental-decoding state (1d; apps::TrainerOptions::decode).
+planner::MemoryPrediction rank_memory(const io::Config& config, int rank, bool inference = false,
+                                      bool decode = false);
 
 // The memory this node has for a run: COLOSSAL_HOST_MEMORY_BYTES when set (to leave room for other
 // processes, or in tests), else MemAvailable from /proc/meminfo; 0 when neither can be read.
@@ -46,12 +48,12 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
                              const std::string& available_source = "available memory",
                              MemoryPool pool = MemoryPool::host,
                              bool device_build = device_resident_build(),
-                             bool inference = false);
+                             bool inference = false, bool decode = false);
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
 // checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
 // memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
-void check_memory_fits(const io::Config& config, bool inference = false);
+void check_memory_fits(const io::Config& config, bool inference = false, bool decode = false);
 
 }  // namespace colossal::apps

@@ -124,6 +124,17 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
     if (index_ > 0) t_.upload(0, index_);  // the tokens are in the host buffers already
     return model().forward(t_.slot_inputs(0, index_), t_.slot_targets(0, index_), batch, 0.0f, 0);
   }
+  void decode(int rows, int position) override {
+    core::Model& m = *chunk().dense;
+    if (t_.decode_unchanged_) m.parameters_unchanged();
+    m.decode(chunk().inputs.data(), rows, position, t_.decode_logits_.data());
+  }
+  std::size_t decode_floats(int rows) const override {
+    if (t_.virtual_stages_ == 1) return 0;
+    return std::size_t(rows) * std::size_t(t_.config_.model.hidden);
+  }
+  float* decode_input() override { return chunk().dense->decode_input(); }
+  const float* decode_output() override { return chunk().dense->decode_output(); }
   std::size_t boundary_floats(int batch) const override {
     // A single stage has no boundary (nor do the 2D / 3D models buffers for one).
     if (t_.virtual_stages_ == 1) return 0;
@@ -398,8 +409,12 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
   // The staged transport (ranks sharing a GPU) copies each pipeline message through the host.
   hw.pipeline_staged = pp_->backend() == "staged-mpi";
   // The plan first: an allocation that fails, in the build below or mid-run, is told about it.
+  // Incremental decoding where the chunks are the 1d model (the grid forms sample through a
+  // one-rank trainer, generate()).
+  decode_requested_ = options.decode;
+  decoding_ = options.decode && par.tensor_mode == core::TensorMode::d1;
   predict_rank(config_, stage, activation_plan_, hw, predicted_memory_, predicted_time_,
-               inference_);
+               inference_, decoding_);
   tracker_.set_plan(predicted_memory_.bytes);
   if (par.tensor_mode != core::TensorMode::d1) {
     // 2d / 2.5d / 3d: the tensor group's sub-grid and the sub-groups its model needs.
@@ -555,7 +570,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
             .slots = chunk.slots},
         tracker_);
     chunk.stage = std::make_unique<ChunkStage>(*this, int(&chunk - chunks_.data()));
+    if (decoding_) chunk.dense->enable_decode(tracker_);
   }
+  if (decoding_) decode_logits_.resize(std::size_t(config_.model.vocab));
   std::vector<parallel::PipelineExecutor::Chunk> executed;
   for (Chunk& chunk : chunks_) executed.push_back({chunk.stage.get(), chunk.link.get()});
   // Under NCCL each schedule step's messages go as one group (parallel/pipeline_schedule.hpp).
@@ -1762,6 +1779,60 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
   }
 }
 
+namespace {
+// The next token from the logits of the last position: the largest (temperature 0) or drawn
+// from softmax(logits / temperature) with the i-th number of the seed's sampling stream. Over
+// byte data only the bytes can be printed: a larger vocabulary's other ids (a gpt2 preset
+// trained on text) are left out of the choice. Overwrites `logits`.
+int sample_token(std::vector<float>& logits, bool bytes, double temperature, uint64_t seed,
+                 int i) {
+  constexpr uint64_t kStream = core::hash_name("colossal.sample");
+  const int V = int(logits.size());
+  const auto end = logits.begin() + (bytes ? std::min(V, 256) : V);
+  if (temperature <= 0.0) return int(std::max_element(logits.begin(), end) - logits.begin());
+  const float mx = *std::max_element(logits.begin(), end);
+  double total = 0.0;
+  for (auto l = logits.begin(); l != end; ++l) {
+    total += (*l = std::exp(float((*l - mx) / temperature)));
+  }
+  const double u = core::word_to_unit(core::random_words(seed, kStream, i).v[0]) * total;
+  double acc = 0.0;
+  int next = 0;
+  for (; next < int(end - logits.begin()) - 1; ++next) {
+    acc += logits[next];
+    if (acc >= u) break;
+  }
+  return next;
+}
+}  // namespace
+
+void Trainer::upload_decode(const int32_t* tokens, int n) {
+  for (Chunk& chunk : chunks_) {
+    if (!chunk.range.embeds) continue;
+    tokens_queue_.wait();  // the staging is free (as upload())
+    std::copy_n(tokens, n, token_staging_.data());
+    tokens_queue_.follow_kernels();
+    tokens_queue_.to_device(chunk.inputs.data(), token_staging_.data(), std::size_t(n) * 4);
+    tokens_queue_.precede();
+  }
+}
+
+void Trainer::decode_tokens(const int32_t* tokens, int n, int position) {
+  const int rows = chunks_.front().dense->decode_shape().rows;
+  for (int done = 0; done < n; done += rows) {
+    const int r = std::min(rows, n - done);
+    upload_decode(tokens + done, r);
+    executor_->decode(r, position + done);
+    decode_unchanged_ = true;  // the weights do not change while sampling
+  }
+  // The logits of the last token: on the last pipeline stage (every tensor and sequence rank of
+  // it computed them), then sent to the other stages.
+  if (pp_->size() > 1) {
+    pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(decode_logits_)),
+                         pp_->size() - 1);
+  }
+}
+
 std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
                               uint64_t seed, const std::string& key,
                               const std::function<void(int done)>& progress) {
@@ -1778,8 +1849,10 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     one.checkpoint.resume = io::ResumeMode::never;
     one.model_init_from.clear();  // its weights are `values`: not read again
     // Sampling needs no training state (also at the end of a training run): the parameters and
-    // one block's activations, written straight from `values`.
-    Trainer whole(one, nullptr, nullptr, TrainerOptions{.inference = true});
+    // one block's activations, written straight from `values`, and (colossal_generate) the
+    // decoding state.
+    Trainer whole(one, nullptr, nullptr,
+                  TrainerOptions{.inference = true, .decode = decode_requested_});
     whole.set_logical_parameters(values);
     return whole.generate(prompt, tokens, temperature, seed, key, progress);
   }
@@ -1798,50 +1871,47 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
                  context.size(), tokens, T, T, config_.model.max_seq);
   }
   std::vector<float> logits(V);
-  constexpr uint64_t kStream = core::hash_name("colossal.sample");
   std::string out;
+  // Incremental decoding: the cache holds the window's first `cached` positions. Until the
+  // window is full each token is one new position; once it is, the window moves by one token
+  // and its positions restart, so it is decoded again whole (what the forward below does).
+  int cached = 0;
+  decode_unchanged_ = false;
   for (int i = 0; i < tokens; ++i) {
-    // Causal attention: positions after the context do not affect the last context position.
     const std::size_t len = std::min<std::size_t>(context.size(), T);
-    std::fill(host_inputs_.begin(), host_inputs_.begin() + T, 0);
-    std::copy(context.end() - len, context.end(), host_inputs_.begin());
-    std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
-    upload();
-    pipeline_forward(1);
-    // The last context position's logits: on the last pipeline stage, gathered over the tensor
-    // group on the sequence rank holding that position and sent to the other sequence ranks;
-    // then sent to the other stages.
-    const int last = pp_->size() - 1;
-    if (pp_->rank() == last) {
-      const int owner = int(len - 1) / chunk_;
-      head_model().gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0,
-                                 logits.data());
-      if (sp_->size() > 1) {
-        sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
+    if (decoding_) {
+      if (i > 0 && cached < T && std::size_t(cached) + 1 == len) {
+        decode_tokens(&context.back(), 1, cached);
+        ++cached;
+      } else {
+        decode_tokens(context.data() + (context.size() - len), int(len), 0);
+        cached = int(len);
       }
-    }
-    if (pp_->size() > 1) {
-      pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), last);
-    }
-    // Over byte data only the bytes can be printed: a larger vocabulary's other ids (a gpt2
-    // preset trained on text) are left out of the choice.
-    const auto end = logits.begin() + (bytes ? std::min(V, 256) : V);
-    int next = 0;
-    if (temperature <= 0.0) {
-      next = int(std::max_element(logits.begin(), end) - logits.begin());
+      logits = decode_logits_;
     } else {
-      const float mx = *std::max_element(logits.begin(), end);
-      double total = 0.0;
-      for (auto l = logits.begin(); l != end; ++l) {
-        total += (*l = std::exp(float((*l - mx) / temperature)));
+      // Causal attention: positions after the context do not affect the last context position.
+      std::fill(host_inputs_.begin(), host_inputs_.begin() + T, 0);
+      std::copy(context.end() - len, context.end(), host_inputs_.begin());
+      std::fill(host_targets_.begin(), host_targets_.begin() + T, 0);  // unused: no gradient
+      upload();
+      pipeline_forward(1);
+      // The last context position's logits: on the last pipeline stage, gathered over the
+      // tensor group on the sequence rank holding that position and sent to the other sequence
+      // ranks; then sent to the other stages.
+      const int last = pp_->size() - 1;
+      if (pp_->rank() == last) {
+        const int owner = int(len - 1) / chunk_;
+        head_model().gather_logits(sp_->rank() == owner ? int64_t(len - 1) % chunk_ : 0,
+                                   logits.data());
+        if (sp_->size() > 1) {
+          sp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), owner);
+        }
       }
-      const double u = core::word_to_unit(core::random_words(seed, kStream, i).v[0]) * total;
-      double acc = 0.0;
-      for (next = 0; next < int(end - logits.begin()) - 1; ++next) {
-        acc += logits[next];
-        if (acc >= u) break;
+      if (pp_->size() > 1) {
+        pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), last);
       }
     }
+    const int next = sample_token(logits, bytes, temperature, seed, i);
     context.push_back(next);
     if (bytes) {
       out.push_back(static_cast<char>(next));
@@ -1854,11 +1924,11 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
 }
 
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights) {
+                                           const std::string& weights, bool decode) {
   if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
-  check_memory_fits(config, /*inference=*/true);
-  auto trainer =
-      std::make_unique<Trainer>(config, nullptr, world, TrainerOptions{.inference = true});
+  check_memory_fits(config, /*inference=*/true, decode);
+  auto trainer = std::make_unique<Trainer>(config, nullptr, world,
+                                           TrainerOptions{.inference = true, .decode = decode});
   if (!weights.empty()) trainer->load_weights(weights);
   return trainer;
 }

@@ -184,6 +184,11 @@ struct TrainerOptions {
   // evaluate(), generate(), load_weights(), save_weights() and the parameter views run;
   // train(), resume() and save_checkpoint() throw std::logic_error.
   bool inference = false;
+  // colossal_generate: each 1d model chunk also keeps an incremental-decoding state
+  // (core::Model::enable_decode: every block's keys and values of the window, priced in the
+  // memory plan), and generate() samples each token from the new position alone instead of a
+  // forward over the whole window. 2d / 2.5d / 3d sample in a one-rank trainer that has it.
+  bool decode = false;
 };
 
 class Trainer {
@@ -275,6 +280,15 @@ class Trainer {
   const int32_t* slot_inputs(int slot, int chunk = 0) const;
   const int32_t* slot_targets(int slot, int chunk = 0) const;
   core::Model& head_model() { return *chunks_.back().dense; }
+  // generate() with TrainerOptions::decode: `n` tokens from `position` on through every stage
+  // (prefilled decode_shape().rows at a time); the last one's logits in decode_logits_ on every
+  // rank. And the tokens of one decode() into the embedding chunk's token array.
+  void decode_tokens(const int32_t* tokens, int n, int position);
+  void upload_decode(const int32_t* tokens, int n);
+  bool decode_requested_ = false;  // TrainerOptions::decode
+  bool decoding_ = false;          // ... and the chunks are 1d models, which decode
+  bool decode_unchanged_ = false;  // the weights' bf16 copy of the last decode() still holds
+  std::vector<float> decode_logits_;
   struct Chunk;
   // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.
   void build_grid_chunk(Chunk& chunk, bool memory_plan);
@@ -372,7 +386,8 @@ class Trainer {
 // `config` holding the model file `weights` (empty: config's model.init_from, which is otherwise
 // not read), made once the node's memory was checked against its plan (check_memory_fits).
 // Collective over MPI_COMM_WORLD and `world`.
+// `decode`: with TrainerOptions::decode (colossal_generate), priced in the check.
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights);
+                                           const std::string& weights, bool decode = false);
 
 }  // namespace colossal::apps

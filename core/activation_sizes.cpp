@@ -162,4 +162,32 @@ StageActivations stage_activations(const ModelSpec& spec, const ActivationShape&
   return a;
 }
 
+DecodeSizes decode_sizes(const ModelSpec& spec, const ActivationShape& shape,
+                         const StageRange& stage) {
+  (void)activation_sizes(spec, shape);  // its checks: whole heads and MLP parts per rank
+  const std::size_t t = std::size_t(shape.tensor), C = std::size_t(spec.hidden);
+  const std::size_t hs = std::size_t(spec.head_dim());
+  const std::size_t H = std::size_t(spec.heads) / t;
+  const std::size_t KV = std::size_t(spec.key_value_heads()) / t;
+  const std::size_t F = std::size_t(spec.ffn_hidden) / t;
+  DecodeSizes d;
+  d.window = shape.seq_len * shape.ring;
+  d.rows = std::min(d.window, shape.batch * shape.seq_len);
+  d.kv_width = int(KV * hs);
+  const std::size_t R = std::size_t(d.rows);
+  const int end = stage.layer_end < 0 ? spec.layers : stage.layer_end;  // -1: the last layer
+  const std::size_t blocks = std::size_t(end - stage.layer_begin);
+  d.cache = 2 * blocks * std::size_t(d.window) * KV * hs;
+  d.x = d.mid = d.norm = R * C;
+  d.stats = 2 * R;
+  d.qkv = R * (H + 2 * KV) * hs;
+  d.atty = R * H * hs;
+  d.fch = R * (spec.llama() ? 2 * F : F);
+  if (stage.head) {
+    d.logits = std::size_t(padded_vocab(spec, shape.tensor)) / t;
+    d.logits_gather = t > 1 ? d.logits * t : 0;
+  }
+  return d;
+}
+
 }  // namespace colossal::core

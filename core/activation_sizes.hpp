@@ -173,4 +173,26 @@ StageActivations stage_activations(const ModelSpec& spec, const ActivationShape&
                                    const StageRange& stage, const std::vector<Keep>& keep = {},
                                    bool selective = false);
 
+// Incremental decoding (core::Model::enable_decode, colossal_generate): what one stage of a
+// model keeps to sample token by token instead of running the whole window for each token.
+// The window is the whole sequence (shape.seq_len x shape.ring); rows new positions (at most
+// the micro-batch's rows, batch x seq_len, whose MLP buffers the decode reuses, and at most the
+// window) go through the stage at a time. Floats:
+struct DecodeSizes {
+  int window = 0, rows = 0;
+  int kv_width = 0;          // cached floats per position and block: this rank's K/V heads x hs
+  std::size_t cache = 0;     // keys and values of the stage's blocks: 2 x blocks x window x kv_width
+  // The rows' buffers (temporaries): the residual stream twice, a norm's output and statistics,
+  // q|k|v (llama: the grouped projection), the attention output, the first MLP linear's output
+  // (llama: gate | up), and on the head stage one row of this rank's logits, plus their gather
+  // over the tensor ranks.
+  std::size_t x = 0, mid = 0, norm = 0, stats = 0, qkv = 0, atty = 0, fch = 0;
+  std::size_t logits = 0, logits_gather = 0;
+  std::size_t buffers() const {
+    return x + mid + norm + stats + qkv + atty + fch + logits + logits_gather;
+  }
+};
+DecodeSizes decode_sizes(const ModelSpec& spec, const ActivationShape& shape,
+                         const StageRange& stage);
+
 }  // namespace colossal::core

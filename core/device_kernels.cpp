@@ -5,6 +5,7 @@
 
 #include "core/adamw_team.hpp"
 #include "core/attention_team.hpp"
+#include "core/decode_kernels.hpp"
 #include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kernels_team.hpp"

@@ -6,6 +6,7 @@
 #include <string>
 #include <type_traits>
 
+#include "core/decode_kernels.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
 #include "core/layers.hpp"
@@ -178,6 +179,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
                                                        : kLogitsChunkFloats,
                               options.logits_chunk_rows};
   activations_ = stage_activations(spec, shape, stage_, options.keep, options.selective);
+  shape_ = shape;
   const ActivationSizes& sz = activations_.sizes;
   bf16_norms_ = sz.bf16_norms;
   bf16_qkv_ = sz.bf16_qkv;
@@ -1005,6 +1007,171 @@ void Model::recompute_segment(Acts& A, int B, int last) {
     if (last >= block * kOps + 1) mlp_op_forward(block, A, B, P);
     store_->release(blocks_[block].unit);
   }
+}
+
+// ---- Incremental decoding -------------------------------------------------------------------
+
+void Model::enable_decode(MemoryTracker& tracker) {
+  if (decodes()) return;
+  const DecodeSizes d = decode_sizes(spec_, shape_, stage_);
+  kv_cache_ = DeviceArray<float>(tracker, MemCategory::activations, d.cache);
+  decode_buffers_ = DeviceArray<float>(tracker, MemCategory::temporaries, d.buffers());
+  float* cursor = decode_buffers_.data();  // null in a dry run: every pointer stays null
+  auto carve = [&](std::size_t n) {
+    float* p = cursor == nullptr || n == 0 ? nullptr : cursor;
+    if (cursor != nullptr) cursor += n;
+    return p;
+  };
+  dec_x_ = carve(d.x);
+  dec_mid_ = carve(d.mid);
+  dec_norm_ = carve(d.norm);
+  dec_stats_ = carve(d.stats);
+  dec_qkv_ = carve(d.qkv);
+  dec_atty_ = carve(d.atty);
+  dec_fch_ = carve(d.fch);
+  dec_logits_ = carve(d.logits);
+  dec_gather_ = carve(d.logits_gather);
+  decode_ = d;
+}
+
+void Model::decode_row_parallel(const float* P, float* out, const float* residual,
+                                GemmOperand in, const Linear& lin, int n) {
+  const int C = spec_.hidden;
+  timed(WorkKind::gemm, [&] {
+    if (tp_ == nullptr || tp_->rank() == 0) {  // the residual and bias enter the sum once
+      if (const float* bias = bias_at(P, lin.b); bias != nullptr) {
+        k::residual_plus_bias(out, residual, bias, n, C);
+      } else {
+        k::copy(out, residual, int64_t(n) * C);
+      }
+    } else {
+      k::fill(out, int64_t(n) * C, 0.0f);
+    }
+  });
+  linear_forward(P, out, C, in, lin.in, lin, n);
+  tensor_all_reduce(out, int64_t(n) * C);
+}
+
+void Model::decode(const int32_t* tokens, int n, int position, float* logits) {
+  if (!decodes()) throw std::logic_error("core::Model::decode before enable_decode");
+  if (n < 1 || n > decode_.rows || position < 0 || position + n > decode_.window) {
+    throw std::invalid_argument("core::Model::decode: " + std::to_string(n) +
+                                " rows at position " + std::to_string(position) +
+                                " outside the decode shape (at most " +
+                                std::to_string(decode_.rows) + " rows, window " +
+                                std::to_string(decode_.window) + ")");
+  }
+  const bool unchanged = take_parameters_unchanged();
+  float* whole = store_->full_params();
+  gemm_.hold_stable(whole, whole == nullptr ? 0 : store_->flat_size(), unchanged);
+  const int C = spec_.hidden, Cl = local_hidden_, F = local_ffn_, hs = spec_.head_dim();
+  const int H = local_heads_, KV = local_kv_heads_, kvw = decode_.kv_width;
+  const int64_t N = n;
+  const std::size_t block_cache = std::size_t(decode_.window) * std::size_t(kvw);
+  float* mean = dec_stats_;
+  float* rstd = dec_stats_ + decode_.rows;
+
+  // As forward(): the embeddings stay gathered from the token embedding to a tied head.
+  const float* E = nullptr;
+  if (stage_.embeds) {
+    E = store_->gather(embed_unit_);
+    timed(WorkKind::embedding, [&] {
+      const bool positions = wpe_ != kNoBias && (tp_ == nullptr || tp_->rank() == 0);
+      k::embedding_forward(dec_x_, tokens, E + wte_, positions ? E + wpe_ : nullptr, 1, n, C,
+                           spec_.position_offset() + position, vocab_begin_, local_vocab_);
+    });
+    tensor_all_reduce(dec_x_, N * C);
+  }
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const BlockParams& bp = blocks_[i];
+    const float* P = store_->gather(bp.unit);
+    // Attention: q|k|v of the new rows, their k and v appended, q against every cached position.
+    norm_forward(dec_norm_, mean, rstd, dec_x_, P + bp.ln1_w, bias_at(P, bp.ln1_b), N);
+    const GemmOperand ln1 = norm_operand(dec_norm_);
+    int ld = 3 * Cl, k_col = Cl, v_col = 2 * Cl;
+    if (spec_.llama()) {
+      ld = gqa_width();
+      k_col = H * hs;
+      v_col = (H + KV) * hs;
+      timed(WorkKind::gemm, [&] { k::fill(dec_qkv_, N * ld, 0.0f); });
+      const int cols[3] = {0, k_col, v_col}, widths[3] = {H * hs, KV * hs, KV * hs};
+      for (int part = 0; part < 3; ++part) {
+        linear_forward(P, dec_qkv_ + cols[part], ld, ln1, C,
+                       Linear{bp.qkv_w[part], kNoBias, C, widths[part]}, N);
+      }
+      timed(WorkKind::attention, [&] {
+        k::rope_rotate(dec_qkv_, 1, n, ld, 0, H, hs, position, rope_cos_, rope_sin_, false);
+        k::rope_rotate(dec_qkv_, 1, n, ld, k_col, KV, hs, position, rope_cos_, rope_sin_, false);
+      });
+    } else {
+      for (int part = 0; part < bp.qkv_parts; ++part) {
+        const Linear lin = qkv_part(bp, part);
+        float* out = dec_qkv_ + part * Cl;
+        timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, ld); });
+        linear_forward(P, out, ld, ln1, C, lin, N);
+      }
+    }
+    float* cache_k = kv_cache_.data() + 2 * i * block_cache;
+    float* cache_v = cache_k + block_cache;
+    timed(WorkKind::attention, [&] {
+      k::kv_append(cache_k, cache_v, dec_qkv_, N, ld, k_col, v_col, kvw, position);
+      k::cached_attention(dec_atty_, dec_qkv_, ld, cache_k, cache_v, N, position, H, KV, hs);
+    });
+    decode_row_parallel(P, dec_mid_, dec_x_, dec_atty_,
+                        Linear{bp.attn_out_w, bp.attn_out_b, Cl, C}, n);
+    // MLP, back into dec_x_.
+    norm_forward(dec_norm_, mean, rstd, dec_mid_, P + bp.ln2_w, bias_at(P, bp.ln2_b), N);
+    const GemmOperand ln2 = norm_operand(dec_norm_);
+    if (spec_.llama()) {
+      timed(WorkKind::gemm, [&] { k::fill(dec_fch_, N * 2 * F, 0.0f); });
+      linear_forward(P, dec_fch_, 2 * F, ln2, C, Linear{bp.fc_w, kNoBias, C, F}, N);
+      linear_forward(P, dec_fch_ + F, 2 * F, ln2, C, Linear{bp.up_w, kNoBias, C, F}, N);
+      timed(WorkKind::activation,
+            [&] { k::swiglu_forward(act_buf_, dec_fch_, dec_fch_ + F, 2 * F, N, F); });
+      decode_row_parallel(P, dec_x_, dec_mid_, act_buf_, Linear{bp.fc_out_w, kNoBias, F, C}, n);
+    } else {
+      linear_forward(P, dec_fch_, F, ln2, C, Linear{bp.fc_w, bp.fc_b, C, F}, N,
+                     /*accumulate=*/false);
+      bias_activation_forward(dec_fch_, P + bp.fc_b, N);
+      decode_row_parallel(P, dec_x_, dec_mid_, act_operand(),
+                          Linear{bp.fc_out_w, bp.fc_out_b, F, C}, n);
+    }
+    store_->release(bp.unit);
+  }
+  if (!stage_.head) {  // decode_output() goes to the next stage
+    if (E != nullptr) store_->release(embed_unit_);
+    return;
+  }
+  // The head: the last row's final norm and its logits, gathered over the vocabulary's ranks.
+  const float* Pf = store_->gather(final_unit_);
+  norm_forward(dec_norm_, mean, rstd, dec_x_ + (N - 1) * C, Pf + lnf_w_, bias_at(Pf, lnf_b_), 1);
+  const float* W = nullptr;
+  if (spec_.tied()) {
+    store_->release(final_unit_);
+    if (E == nullptr) E = store_->gather(embed_unit_);
+    W = E + wte_;
+  } else {
+    W = Pf + lm_head_;
+  }
+  const int Vl = int(local_vocab_);
+  timed(WorkKind::gemm, [&] {
+    gemm_.gemm_mixed(Trans::N, Trans::T, 1, Vl, C, 1.0f, norm_operand(dec_norm_), C, W, C, 0.0f,
+                     dec_logits_, Vl);
+  });
+  if (!spec_.tied()) store_->release(final_unit_);
+  if (E != nullptr) store_->release(embed_unit_);
+  const std::size_t bytes = std::size_t(spec_.vocab) * sizeof(float);
+  if (tp_ == nullptr) {
+    copy_to_host(logits, dec_logits_, bytes);
+    return;
+  }
+  // Rank r holds padded rows [r Vl, (r + 1) Vl): the first vocab of the gathered rows.
+  {
+    Profiler::Scope scope(profiler_, WorkKind::communication);
+    fence_kernels();
+    tp_->all_gather(dec_logits_, std::size_t(Vl), dec_gather_);
+  }
+  copy_to_host(logits, dec_gather_, bytes);
 }
 
 }  // namespace colossal::core

@@ -166,6 +166,27 @@ class Model final : public StageModel {
   // forward into host memory `out` (vocab floats). Collective over the tensor group.
   void gather_logits(int64_t row, float* out);
 
+  // Incremental decoding (colossal_generate): instead of a forward over the whole window for
+  // every sampled token, each block keeps the keys and values of the positions seen so far
+  // (core::decode_sizes: the window is the whole sequence, seq_len x the ring size) and decode()
+  // runs only the new positions. enable_decode allocates that state once, the cache as
+  // activations and the rows' buffers as temporaries of `tracker` (the memory plan prices both:
+  // planner::RankLayout::decode).
+  void enable_decode(MemoryTracker& tracker);
+  bool decodes() const { return decode_.window > 0; }
+  const DecodeSizes& decode_shape() const { return decode_; }
+  // n <= decode_shape().rows new tokens at positions [position, position + n) of one sequence,
+  // attending to the cached positions before them (which must be this sequence's 0..position-1:
+  // position 0 starts it again), appended to the cache. The stage that embeds reads `tokens`
+  // (n int32 in device memory); another starts from decode_input() (n rows of C floats, whole
+  // rows on every tensor rank, also under sequence_split), and a stage without the head leaves
+  // decode_output(). The head stage writes the full-vocabulary logits of the last row to `logits`
+  // (host memory, vocab floats). Collective over the tensor group (and under ZeRO-3 the
+  // store's group); a ring's ranks each run it alone, whole (the ring is not used).
+  void decode(const int32_t* tokens, int n, int position, float* logits);
+  float* decode_input() { return dec_x_; }
+  const float* decode_output() const { return dec_x_; }
+
   // With the model's own store: called during backward() whenever the gradients of
   // [offset, flat_size()) have become final (after the final layernorm, after each block from the
   // last to the first, and with 0 at the end). Empty: not called.
@@ -398,6 +419,18 @@ class Model final : public StageModel {
         *lnf_local_ = nullptr;
   Profiler* profiler_ = nullptr;
   std::vector<LogicalRun> runs_;
+  // Incremental decoding (enable_decode): the shape the buffers were sized for, the sizes, the
+  // cache (keys then values of each block) and the rows' buffers carved from one array.
+  ActivationShape shape_;
+  DecodeSizes decode_{};
+  DeviceArray<float> kv_cache_, decode_buffers_;
+  float *dec_x_ = nullptr, *dec_mid_ = nullptr, *dec_norm_ = nullptr, *dec_stats_ = nullptr,
+        *dec_qkv_ = nullptr, *dec_atty_ = nullptr, *dec_fch_ = nullptr, *dec_logits_ = nullptr,
+        *dec_gather_ = nullptr;
+  // A row-parallel product into the residual stream for n decoded rows: out = residual + bias on
+  // tensor rank 0 (0 elsewhere) + in x W, summed over the tensor group.
+  void decode_row_parallel(const float* P, float* out, const float* residual, GemmOperand in,
+                           const Linear& lin, int n);
 };
 
 }  // namespace colossal::core

@@ -175,8 +175,9 @@ double PipelineExecutor::run_step() {
   return loss;
 }
 
-double PipelineExecutor::forward_only(int batch) {
-  double loss = 0.0;
+template <class Floats, class Input, class Run, class Output>
+void PipelineExecutor::forward_pass(const Floats& floats, const Input& input, const Run& run,
+                                    const Output& output) {
   if (grouped_) {
     // gpipe's forward groups: a chunk's output leaves with the next chunk's input receive, which
     // is this rank's own message when the pipeline has one rank.
@@ -184,27 +185,44 @@ double PipelineExecutor::forward_only(int batch) {
     group.clear();
     for (const Chunk& chunk : chunks_) {
       PipelineStage& stage = *chunk.stage;
-      const std::size_t floats = stage.boundary_floats(batch);
-      if (!chunk.link->first()) {
-        group.push_back(chunk.link->input_receive(stage.stage_input(0), floats));
-      }
+      const std::size_t n = floats(stage);
+      if (!chunk.link->first()) group.push_back(chunk.link->input_receive(input(stage), n));
       chunk.link->pipeline().exchange(group);
-      if (!chunk.link->first()) chunk.link->gather(stage.stage_input(0), floats);
+      if (!chunk.link->first()) chunk.link->gather(input(stage), n);
       group.clear();
-      loss += stage.forward_only(batch);
-      if (!chunk.link->last()) group.push_back(chunk.link->output_send(stage.stage_output(0), floats));
+      run(stage);
+      if (!chunk.link->last()) group.push_back(chunk.link->output_send(output(stage), n));
     }
     if (!chunks_.empty()) chunks_.front().link->pipeline().exchange(group);
-    return loss;
+    return;
   }
   for (const Chunk& chunk : chunks_) {
     PipelineStage& stage = *chunk.stage;
-    const std::size_t floats = stage.boundary_floats(batch);
-    if (!chunk.link->first()) chunk.link->receive_activation(stage.stage_input(0), floats);
-    loss += stage.forward_only(batch);
-    if (!chunk.link->last()) chunk.link->send_activation(stage.stage_output(0), floats);
+    const std::size_t n = floats(stage);
+    if (!chunk.link->first()) chunk.link->receive_activation(input(stage), n);
+    run(stage);
+    if (!chunk.link->last()) chunk.link->send_activation(output(stage), n);
   }
+}
+
+double PipelineExecutor::forward_only(int batch) {
+  double loss = 0.0;
+  forward_pass([&](PipelineStage& s) { return s.boundary_floats(batch); },
+               [](PipelineStage& s) { return s.stage_input(0); },
+               [&](PipelineStage& s) { loss += s.forward_only(batch); },
+               [](PipelineStage& s) { return s.stage_output(0); });
   return loss;
+}
+
+void PipelineExecutor::decode(int rows, int position) {
+  forward_pass([&](PipelineStage& s) { return s.decode_floats(rows); },
+               [](PipelineStage& s) { return s.decode_input(); },
+               [&](PipelineStage& s) { s.decode(rows, position); },
+               [](PipelineStage& s) { return s.decode_output(); });
+}
+
+void PipelineStage::decode(int /*rows*/, int /*position*/) {
+  throw std::logic_error("this pipeline stage has no incremental decoding");
 }
 
 }  // namespace colossal::parallel

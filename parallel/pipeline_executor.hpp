@@ -51,6 +51,13 @@ class PipelineStage {
   // Evaluation and sampling: a forward without gradient of `batch` sequences in slot 0 (its own
   // tokens loaded by the stage); returns the mean loss with the head, else 0.
   virtual double forward_only(int batch) = 0;
+  // Incremental decoding (sampling): `rows` new positions of one sequence from `position` on
+  // through this chunk (core::Model::decode: its own tokens, when it embeds, loaded by the
+  // stage), whole rows of decode_floats(rows) at its boundaries. Not supported by default.
+  virtual void decode(int rows, int position);
+  virtual std::size_t decode_floats(int /*rows*/) const { return 0; }
+  virtual float* decode_input() { return nullptr; }
+  virtual const float* decode_output() { return nullptr; }
   // Boundary floats of `batch` sequences on this rank.
   virtual std::size_t boundary_floats(int batch) const = 0;
   virtual float* stage_input(int slot) = 0;
@@ -85,12 +92,19 @@ class PipelineExecutor {
   // One forward of `batch` sequences through every chunk (evaluation, sampling): each receives
   // its input (tag 0), runs, and passes its output on. Returns the loss sum of this rank's chunks.
   double forward_only(int batch);
+  // The same for incremental decoding: `rows` positions from `position` on (PipelineStage::decode).
+  void decode(int rows, int position);
 
   const PipelineStats& stats() const { return stats_; }
   const std::vector<PipelineAction>& schedule() const { return schedule_; }
   bool grouped() const { return grouped_; }
 
  private:
+  // forward_only's and decode's pass: each chunk receives `floats(stage)` into `input(stage)`,
+  // runs `run(stage)` and passes `output(stage)` on.
+  template <class Floats, class Input, class Run, class Output>
+  void forward_pass(const Floats& floats, const Input& input, const Run& run,
+                    const Output& output);
   double forward(const PipelineAction& action);  // the action's compute, no messages
   void backward(const PipelineAction& action);
   void exchange(const std::vector<PipelineMessage>& group);  // one group (grouped)

@@ -515,6 +515,17 @@ MemoryPrediction predict_memory(const core::ModelSpec& spec, const RankLayout& l
     // Trainer: token ids and targets per slot; gradient sends to the previous stage per slot.
     m[MemCategory::data] += 2.0 * l.micro_batch * chunk_len * chunk.slots * 4;
     if (chunk.virtual_stage > 0) m[MemCategory::temporaries] += rows * spec.hidden * kF * chunk.slots;
+    if (l.decode) {  // core::Model::enable_decode
+      core::ActivationShape shape;
+      shape.batch = l.micro_batch;
+      shape.seq_len = chunk_len;
+      shape.tensor = l.tensor;
+      shape.sequence_split = l.sequence_split;
+      shape.ring = l.sequence;
+      const core::DecodeSizes d = core::decode_sizes(spec, shape, chunk.stage);
+      m[MemCategory::activations] += double(d.cache) * kF;
+      m[MemCategory::temporaries] += double(d.buffers()) * kF;
+    }
   }
   if (l.bf16_weight_copy) m[MemCategory::temporaries] += 2.0 * held;
   if (l.inference) {  // a store without gradients, no AdamW (the offloaded: the stage-3 host shard)

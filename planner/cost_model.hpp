@@ -57,6 +57,10 @@ struct RankLayout {
   // The ZeRO fields are then the store's (stage 3 or 0, apps::inference_config), and predict_time
   // is a training step's, not an evaluation's.
   bool inference = false;
+  // colossal_generate (apps::TrainerOptions::decode, 1d only): each chunk's incremental-decoding
+  // state on top (core::decode_sizes: the key/value cache as activations, the rows' buffers as
+  // temporaries).
+  bool decode = false;
   // 1d, or a 2d / 2.5d / 3d grid of `tensor` ranks (`depth` 2.5D layers): core::Model2D /
   // Model3D under apps::Trainer (pipeline stages, one chunk a rank or interleaved, no sequence
   // parallelism; ZeRO 0-2, the optimizer offloaded or not; activation checkpointing read at

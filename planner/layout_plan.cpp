@@ -40,6 +40,7 @@ RankLayout rank_layout(const RunLayout& run, int rank, const std::vector<Keep>& 
   l.keep = keep;
   l.selective = selective;
   l.inference = run.inference;
+  l.decode = run.decode;
   l.tensor_mode = run.tensor_mode;
   l.depth = core::tensor_depth(run.tensor_mode, run.depth);
   const int stages = run.pipeline, chunks = run.chunks, virtual_stages = stages * chunks;

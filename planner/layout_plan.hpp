@@ -45,6 +45,7 @@ struct RunLayout {
   double bucket_mb = 25.0;
   bool bf16_reduce = false;  // parallel.grad_reduce: bf16
   bool inference = false;    // RankLayout::inference
+  bool decode = false;       // RankLayout::decode
   // 1d | 2d | 2.5d | 3d (the last three: the grid closed forms of predict_*, RankLayout)
   core::TensorMode tensor_mode = core::TensorMode::d1;
   int depth = 1;  // 2.5d layers (tensor = q^2 x depth)

@@ -727,7 +727,8 @@ TEST_F(Cli, DataParallelRunUnderMpirunAndItsBadInput) {
 
 // Tensor parallelism end to end: a tp2 run writes the logical model (one rank evaluates it to the
 // same loss), and greedy generation under tp2 (full-vocabulary logits gathered from the two
-// vocabulary halves) continues the prompt exactly as one rank does.
+// vocabulary halves) continues the prompt exactly as one rank does, with the KV cache as
+// without it.
 TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
   const std::string mpirun =
       "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
@@ -758,11 +759,18 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
   };
   EXPECT_NE(one.output.find("\ncolossal_generate: 12 tokens in "), std::string::npos)
       << one.output;
-  EXPECT_NE(one.output.find(" tokens/s; each a forward over the train.seq_len = "),
+  EXPECT_NE(one.output.find(" tokens/s; KV cache over the train.seq_len window)"),
             std::string::npos)
       << one.output;
   const std::string text = text_of(one);
   EXPECT_EQ(text.rfind("the", 0), 0u) << one.output;
+  // Without the cache every token is a forward over the whole window: the same text.
+  const Result whole = run(bin("colossal_generate") + " " + config + gen + " --no-cache");
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  EXPECT_NE(whole.output.find("--no-cache: each a forward over the train.seq_len window)"),
+            std::string::npos)
+      << whole.output;
+  EXPECT_EQ(text_of(whole), text) << whole.output;
   const Result two = run(mpirun + bin("colossal_generate") + " " + config + gen + tp2);
   ASSERT_EQ(two.code, 0) << two.output;
   EXPECT_EQ(text_of(two), text) << two.output;

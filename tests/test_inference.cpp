@@ -2,9 +2,11 @@
 // parallel layouts (mpirun -np 1/2/4): a training trainer trains two steps and writes its model
 // file; an inference trainer of the same config reads it (load_weights) and
 // - evaluates the training trainer's validation loss exactly, and samples its greedy text,
-//   which is also one rank's;
+//   which is also one rank's, by incremental decoding (colossal_generate's: TrainerOptions::
+//   decode) where the training trainer runs the whole window for every token, also past the
+//   window;
 // - holds no gradients and no optimizer state, and tracks, category by category, exactly what
-//   the memory plan of inference predicts for its rank (apps::rank_memory(..., true), which the
+//   the memory plan of inference predicts for its rank (apps::rank_memory(..., true, true), which the
 //   start-up check compares with the node's memory), less than the training trainer;
 // - reads only the elements its layout holds from the file (no rank reads the whole model when
 //   its layout shards it);
@@ -64,8 +66,13 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   const apps::TrainSummary summary = trained.train();
   const double val = trained.evaluate();
   const std::string text = trained.generate("and ", 12, 0.0, 1);
+  // Past the window (train.seq_len 32): the window moves and is decoded again whole.
+  const std::string long_text = trained.generate("and ", 40, 0.0, 1);
 
-  apps::Trainer infer(cfg, nullptr, &world, apps::TrainerOptions{.inference = true});
+  // With colossal_generate's incremental decoding, which must sample what the training
+  // trainer's forward over the whole window samples.
+  apps::Trainer infer(cfg, nullptr, &world,
+                      apps::TrainerOptions{.inference = true, .decode = true});
   ASSERT_TRUE(infer.inference());
   const uint64_t before = io::weights_elements_read();
   infer.load_weights(summary.model_path);
@@ -80,6 +87,7 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
 
   EXPECT_EQ(infer.evaluate(), val);
   EXPECT_EQ(infer.generate("and ", 12, 0.0, 1), text);
+  EXPECT_EQ(infer.generate("and ", 40, 0.0, 1), long_text);
   if (world.rank() == 0 && c.ranks > 1) {
     // And the layout's text is one rank's (the 2d / 2.5d / 3d layouts sample through a one-rank
     // trainer written from the gathered tensors; the others in their own layout).
@@ -95,7 +103,7 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   const core::MemoryTracker& m = infer.memory();
   EXPECT_EQ(m.peak(MemCategory::gradients), 0u);
   EXPECT_EQ(m.peak(MemCategory::optimizer), 0u);
-  const planner::MemoryPrediction plan = apps::rank_memory(cfg, world.rank(), true);
+  const planner::MemoryPrediction plan = apps::rank_memory(cfg, world.rank(), true, true);
   for (int k = 0; k < int(MemCategory::count); ++k) {
     const auto cat = MemCategory(k);
     EXPECT_EQ(plan[cat], double(m.peak(cat))) << core::category_name(cat) << ": plan "
