@@ -1926,6 +1926,15 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
                                            const std::string& weights, bool decode) {
   if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
+  // Sampling decodes one sequence, whose rows go through the decoding state's own buffers: a
+  // forward's activations for one sequence are all the trainer needs besides (they also bound
+  // the rows prefilled at a time, core::decode_sizes). A quarter of gpt2-124m's at B=4. (2d /
+  // 2.5d / 3d, whose micro-batch the grid splits, sample in a one-rank trainer of their own.)
+  if (decode && config.parallel.tensor_mode == core::TensorMode::d1 &&
+      config.train.micro_batch != 1) {
+    config.train.micro_batch = 1;
+    config.text = io::to_yaml(config);  // what the memory check's alternatives start from
+  }
   check_memory_fits(config, /*inference=*/true, decode);
   auto trainer = std::make_unique<Trainer>(config, nullptr, world,
                                            TrainerOptions{.inference = true, .decode = decode});
