@@ -7,14 +7,15 @@
 # the script ends, report written, close to the deadline. The report goes to
 # $OUT/gpu_check.txt (or ./gpu_check.txt), line by line as it runs.
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
-#      test_model_grad, test_nccl_communicator on one rank); compute-sanitizer on a 2-step run
-#      if the training runs below fail;
+#      test_model_grad, test_decode, test_nccl_communicator on one rank); compute-sanitizer on a
+#      2-step run if the training runs below fail;
 #   2. 10 fp32 steps of a tiny GPT-2 (configs/quickstart.yaml), a tiny OPT
 #      (configs/opt-tiny.yaml) and a tiny LLaMA (configs/llama-quickstart.yaml) on the GPU, 10 bf16 steps of the GPT-2, and both precisions again
 #      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
 #      2e-3; all from metrics.csv, 9 significant digits); then the inference trainer
 #      (colossal_train --eval-only, as colossal_eval) on a GPU-trained quickstart model file
-#      against the validation loss its run ended with (1e-5 relative);
+#      against the validation loss its run ended with (1e-5 relative), and colossal_generate's
+#      60 greedy tokens with the KV cache against --no-cache's;
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
 #      T=256..4096), colossal_plan --calibrate (the node's hardware YAML, written to
@@ -225,7 +226,7 @@ fi
 if section 1; then
   say "== 1. GPU tests"
   for t in test_kernels_team test_attention_tc test_kernels test_gemm_cuda test_model_grad \
-           test_nccl_communicator; do
+           test_decode test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
       if timeout -k 5 "$(lim 90)" "$tests/$t" > "/tmp/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
@@ -279,6 +280,23 @@ if section 2; then
   else
     say "eval-only (inference trainer): FAILED: val loss '${evaluated}' against the run's '${trained}'"
     tail -n 12 /tmp/eval-train.log /tmp/eval-only.log >> "$report"; fail=1
+  fi
+  # Sampling on the device: 60 greedy tokens with the KV cache (core::Model::decode) and with
+  # --no-cache (a forward over the window per token) are the same text.
+  t0=$SECONDS
+  for mode in cache no-cache; do
+    flag=""; [ $mode = no-cache ] && flag="--no-cache"
+    (cd "$root" && timeout -k 5 "$(lim 60)" "$bin/colossal_generate" configs/quickstart.yaml \
+       --weights "$d/model.h5" --prompt "The " --tokens 60 --temperature 0 $flag) \
+      > "/tmp/generate-$mode.txt" 2> "/tmp/generate-$mode.err"
+  done
+  rate() { grep -o '([0-9.]* tokens/s' "$1" | tr -d '(' | tail -n 1; }
+  rates="cache $(rate /tmp/generate-cache.err), --no-cache $(rate /tmp/generate-no-cache.err)"
+  if [ -s /tmp/generate-cache.txt ] && cmp -s /tmp/generate-cache.txt /tmp/generate-no-cache.txt; then
+    say "generate (KV cache against --no-cache): the same 60 tokens; $rates ($((SECONDS - t0)) s)"
+  else
+    say "generate (KV cache against --no-cache): FAILED: the texts differ or are missing"
+    tail -n 5 /tmp/generate-cache.txt /tmp/generate-no-cache.txt /tmp/generate-*.err >> "$report"; fail=1
   fi
 fi
 

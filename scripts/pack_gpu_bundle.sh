@@ -30,8 +30,9 @@ for f in "$bin"/*; do
 done
 # Everything gpu_check.sh runs, or a device session would find out the hard way.
 missing=()
-for p in colossal_train colossal_plan colossal_bench test_kernels_team test_attention_tc \
-         test_kernels test_gemm_cuda test_model_grad test_nccl_communicator; do
+for p in colossal_train colossal_plan colossal_bench colossal_generate test_kernels_team \
+         test_attention_tc test_kernels test_gemm_cuda test_model_grad test_decode \
+         test_nccl_communicator; do
   [ -x "$bin/$p" ] || missing+=("$p")
 done
 [ -d "$repo/host-losses" ] || missing+=("host-losses/ (scripts/gpu_check.sh --host-losses)")
