@@ -10,8 +10,8 @@
 #      AdamW takes the device's fused update (team::adamw_update) wherever Kokkos' threads are
 #      not Serial;
 #   2. the model through the device forms, as a GPU runs it: test_kernels, test_model_grad,
-#      test_llama_kernels and test_llama_model on teams of 2 threads (gradients against finite
-#      differences), and the layouts' parity with one rank: data parallelism and ZeRO (the
+#      test_llama_kernels, test_llama_model and test_decode on teams of 2 threads (gradients
+#      against finite differences, decoding against the forward), and the layouts' parity with one rank: data parallelism and ZeRO (the
 #      fused AdamW on shards; again with COLOSSAL_DEFER_COPIES=1), tensor and sequence parallelism
 #      (test_tensor_parallel: the vocabulary-parallel cross-entropy, ring attention, LLaMA,
 #      bf16), pipelines, 2D (test_tensor2d, test_model2d) on 4 ranks and 3D (test_model3d) on 8
@@ -72,7 +72,7 @@ run optimizer "test_optimizer (the fused AdamW) on 4 OpenMP threads" \
   env OMP_NUM_THREADS=4 build-openmp/bin/test_optimizer
 
 # 2. The model through the device forms.
-for t in test_kernels test_model_grad test_llama_kernels test_llama_model; do
+for t in test_kernels test_model_grad test_llama_kernels test_llama_model test_decode; do
   run "$t" "$t, every kernel in its team form, teams of 2" \
     env OMP_NUM_THREADS=2 COLOSSAL_TEAM_SIZE=2 "build-openmp/bin/$t"
 done

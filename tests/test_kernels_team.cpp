@@ -17,6 +17,7 @@
 
 #include "core/adamw_team.hpp"
 #include "core/attention_team.hpp"
+#include "core/decode_kernels.hpp"
 #include "core/gemm.hpp"
 #include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
@@ -334,6 +335,69 @@ TEST_F(TeamKernels, RopeMatchesHost) {
                                 sin_table.data(), true);
     Kokkos::fence();
     expect_close("rope round trip", got, x, 1e-5);
+  }
+}
+
+// Incremental decoding's attention (core/decode_kernels.hpp): new rows at positions p0.. over a
+// cache of p0 + n keys, with grouped key/value heads and a q row stride wider than the heads,
+// more keys than one team tile (kDecodeKeyTile), against a softmax in double; the host form too.
+std::vector<float> cached_attention_reference(const std::vector<float>& q, int ldq,
+                                              const std::vector<float>& k,
+                                              const std::vector<float>& v, int n, int p0, int H,
+                                              int KV, int hs) {
+  std::vector<float> out(std::size_t(n) * H * hs);
+  const int kvw = KV * hs;
+  for (int r = 0; r < n; ++r) {
+    for (int h = 0; h < H; ++h) {
+      const int g = h / (H / KV);
+      std::vector<double> w(std::size_t(p0 + r + 1));
+      double mx = -1e300, total = 0.0;
+      for (int j = 0; j <= p0 + r; ++j) {
+        double dot = 0.0;
+        for (int d = 0; d < hs; ++d) dot += double(q[r * ldq + h * hs + d]) * k[j * kvw + g * hs + d];
+        w[j] = dot / std::sqrt(double(hs));
+        mx = std::max(mx, w[j]);
+      }
+      for (double& x : w) total += (x = std::exp(x - mx));
+      for (int d = 0; d < hs; ++d) {
+        double acc = 0.0;
+        for (int j = 0; j <= p0 + r; ++j) acc += w[j] * v[j * kvw + g * hs + d];
+        out[(r * H + h) * hs + d] = float(acc / total);
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(TeamKernels, CachedAttentionMatchesHostAndDoubleSoftmax) {
+  const int H = 6, KV = 2, hs = 10, ldq = (H + 2 * KV) * hs + 3, window = 640;
+  const auto k = random_vector(std::size_t(window) * KV * hs, 91, 2.0f);
+  const auto v = random_vector(std::size_t(window) * KV * hs, 92);
+  for (auto [n, p0] : {std::pair{1, 0}, std::pair{1, 300}, std::pair{5, 520}, std::pair{7, 0}}) {
+    SCOPED_TRACE("n " + std::to_string(n) + ", p0 " + std::to_string(p0));
+    const auto q = random_vector(std::size_t(n) * ldq, 93 + p0, 2.0f);
+    const auto want = cached_attention_reference(q, ldq, k, v, n, p0, H, KV, hs);
+    std::vector<float> host(want.size()), got(want.size());
+    kernels::cached_attention<RefExec>(host.data(), q.data(), ldq, k.data(), v.data(), n, p0, H,
+                                       KV, hs);
+    team::cached_attention<TeamExec>(got.data(), q.data(), ldq, k.data(), v.data(), n, p0, H, KV,
+                                     hs, team_size());
+    Kokkos::fence();
+    expect_close("cached attention (host)", host, want, 1e-5, 1e-5);
+    expect_close("cached attention (team)", got, want, 1e-5, 1e-5);
+  }
+  // The append: each row's keys and values into its position, nothing else written.
+  const int n = 3, p0 = 4, ld = ldq, kvw = KV * hs;
+  const auto src = random_vector(std::size_t(n) * ld, 94);
+  std::vector<float> ck(std::size_t(window) * kvw, -1.0f), cv = ck;
+  kernels::kv_append<RefExec>(ck.data(), cv.data(), src.data(), n, ld, H * hs, (H + KV) * hs,
+                              kvw, p0);
+  for (int pos = 0; pos < window; ++pos) {
+    for (int c = 0; c < kvw; ++c) {
+      const bool row = pos >= p0 && pos < p0 + n;
+      ASSERT_EQ(ck[pos * kvw + c], row ? src[(pos - p0) * ld + H * hs + c] : -1.0f);
+      ASSERT_EQ(cv[pos * kvw + c], row ? src[(pos - p0) * ld + (H + KV) * hs + c] : -1.0f);
+    }
   }
 }
 
@@ -1238,6 +1302,22 @@ TEST(DeviceTeamKernels, LlamaKernelsMatchHost) {
                                 dfcv.data() + F, 2 * F, N, F);
   expect_close("gpu swiglu dgate, dup", to_host(dfcout), dfc, 1e-6, 1e-5);
 }
+// Incremental decoding's attention on the device (the team form) against the host form.
+TEST(DeviceTeamKernels, CachedAttentionMatchesHost) {
+  const int H = 12, KV = 4, hs = 64, ldq = (H + 2 * KV) * hs, window = 1024, n = 3, p0 = 700;
+  const auto k = random_vector(std::size_t(window) * KV * hs, 95, 2.0f);
+  const auto v = random_vector(std::size_t(window) * KV * hs, 96);
+  const auto q = random_vector(std::size_t(n) * ldq, 97, 2.0f);
+  std::vector<float> host(std::size_t(n) * H * hs);
+  kernels::cached_attention<RefExec>(host.data(), q.data(), ldq, k.data(), v.data(), n, p0, H, KV,
+                                     hs);
+  auto dk = to_device(k), dv = to_device(v), dq = to_device(q);
+  auto dout = to_device(std::vector<float>(host.size()));
+  kernels::cached_attention<Dev>(dout.data(), dq.data(), ldq, dk.data(), dv.data(), n, p0, H, KV,
+                                 hs);
+  expect_close("gpu cached attention", to_host(dout), host, 1e-5, 1e-5);
+}
+
 // The grid modes' kernels on the device: the split layernorm's passes (one rank holding every
 // column, so the all-reduces between them are the identity) against the same passes on the
 // host's execution space, and the embedding blocks of both layouts bitwise against the host's
