@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
       "Each block keeps the keys and values of the window (a KV cache, in the memory plan), so\n"
       "a token costs one new position, not a forward over the whole window, until the window\n"
       "is full; past it the window moves by a token and is decoded again whole. --no-cache\n"
-      "runs the whole window for every token instead (the same tokens; slower, less memory).\n",
+      "runs the whole window for every token instead: slower, without the cache's memory, the\n"
+      "same logits up to rounding (so the same greedy tokens but at near-ties; bf16 runs differ\n"
+      "more: the cache keeps q/k/v in fp32 where the forward rounds them to bf16).\n",
       {"--weights", "--prompt", "--tokens", "--temperature", "--seed"},
       {"--no-cache"}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
@@ -49,7 +51,8 @@ int main(int argc, char** argv) {
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     const bool cache = !inv.has("--no-cache");
-    const auto held = apps::inference_trainer(inv.config, inv.world, weights, /*decode=*/cache);
+    const auto held =
+        apps::inference_trainer(apps::sampling_config(inv.config), inv.world, weights, cache);
     apps::Trainer& trainer = *held;
     const std::string prompt = inv.flag("--prompt", "");
     // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end.

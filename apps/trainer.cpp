@@ -127,7 +127,8 @@ class Trainer::ChunkStage final : public parallel::PipelineStage {
   void decode(int rows, int position) override {
     core::Model& m = *chunk().dense;
     if (t_.decode_unchanged_) m.parameters_unchanged();
-    m.decode(chunk().inputs.data(), rows, position, t_.decode_logits_.data());
+    m.decode(chunk().inputs.data(), rows, position,
+             t_.decode_want_logits_ ? t_.decode_logits_.data() : nullptr);
   }
   std::size_t decode_floats(int rows) const override {
     if (t_.virtual_stages_ == 1) return 0;
@@ -1822,6 +1823,7 @@ void Trainer::decode_tokens(const int32_t* tokens, int n, int position) {
   for (int done = 0; done < n; done += rows) {
     const int r = std::min(rows, n - done);
     upload_decode(tokens + done, r);
+    decode_want_logits_ = done + r == n;  // the last row's alone
     executor_->decode(r, position + done);
     decode_unchanged_ = true;  // the weights do not change while sampling
   }
@@ -1854,7 +1856,9 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     Trainer whole(one, nullptr, nullptr,
                   TrainerOptions{.inference = true, .decode = decode_requested_});
     whole.set_logical_parameters(values);
-    return whole.generate(prompt, tokens, temperature, seed, key, progress);
+    std::string text = whole.generate(prompt, tokens, temperature, seed, key, progress);
+    last_logits_ = whole.last_logits();
+    return text;
   }
   const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
@@ -1911,6 +1915,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
         pp_->broadcast_bytes(std::as_writable_bytes(std::span<float>(logits)), last);
       }
     }
+    last_logits_ = logits;
     const int next = sample_token(logits, bytes, temperature, seed, i);
     context.push_back(next);
     if (bytes) {
@@ -1923,18 +1928,17 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   return out;
 }
 
-std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights, bool decode) {
-  if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
-  // Sampling decodes one sequence, whose rows go through the decoding state's own buffers: a
-  // forward's activations for one sequence are all the trainer needs besides (they also bound
-  // the rows prefilled at a time, core::decode_sizes). A quarter of gpt2-124m's at B=4. (2d /
-  // 2.5d / 3d, whose micro-batch the grid splits, sample in a one-rank trainer of their own.)
-  if (decode && config.parallel.tensor_mode == core::TensorMode::d1 &&
-      config.train.micro_batch != 1) {
+io::Config sampling_config(io::Config config) {
+  if (config.parallel.tensor_mode == core::TensorMode::d1 && config.train.micro_batch != 1) {
     config.train.micro_batch = 1;
     config.text = io::to_yaml(config);  // what the memory check's alternatives start from
   }
+  return config;
+}
+
+std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
+                                           const std::string& weights, bool decode) {
+  if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
   check_memory_fits(config, /*inference=*/true, decode);
   auto trainer = std::make_unique<Trainer>(config, nullptr, world,
                                            TrainerOptions{.inference = true, .decode = decode});

@@ -246,6 +246,9 @@ class Trainer {
   std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed,
                        const std::string& key = "sample.prompt",
                        const std::function<void(int done)>& progress = {});
+  // The full-vocabulary logits the last token generate() sampled was drawn from (on the ranks
+  // that sample; empty before).
+  const std::vector<float>& last_logits() const { return last_logits_; }
 
   core::Model& model() { return *model_; }  // 1d (the dense model class) only
   const core::MemoryTracker& memory() const { return tracker_; }
@@ -288,6 +291,8 @@ class Trainer {
   bool decode_requested_ = false;  // TrainerOptions::decode
   bool decoding_ = false;          // ... and the chunks are 1d models, which decode
   bool decode_unchanged_ = false;  // the weights' bf16 copy of the last decode() still holds
+  bool decode_want_logits_ = true;  // the head stage computes the logits of this decode()
+  std::vector<float> last_logits_;
   std::vector<float> decode_logits_;
   struct Chunk;
   // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.
@@ -387,6 +392,12 @@ class Trainer {
 // not read), made once the node's memory was checked against its plan (check_memory_fits).
 // Collective over MPI_COMM_WORLD and `world`.
 // `decode`: with TrainerOptions::decode (colossal_generate), priced in the check.
+// colossal_generate's config: sampling runs one sequence (its rows through the decoding state's
+// own buffers, or a forward of batch 1 without the cache), so a 1d layout's trainer is built for
+// train.micro_batch: 1, a forward's activations of one sequence (a quarter of gpt2-124m's at
+// B=4; they also bound the rows prefilled at a time, core::decode_sizes). 2d / 2.5d / 3d, whose
+// micro-batch the grid splits, sample in a one-rank trainer of their own: unchanged.
+io::Config sampling_config(io::Config config);
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
                                            const std::string& weights, bool decode = false);
 

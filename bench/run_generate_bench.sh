@@ -20,7 +20,7 @@ USAGE
 }
 tokens=100
 threads=$(nproc)
-config=configs/gpt2-124m.yaml
+config="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/configs/gpt2-124m.yaml"
 peer_env=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +33,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+[ -f "$config" ] || { echo "run_generate_bench.sh: no config '$config'" >&2; exit 2; }
+config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"  # common.sh changes directory
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 generate="$root/build/bin/colossal_generate"
 pin=(taskset -c "0-$((threads - 1))")

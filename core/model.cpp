@@ -1138,7 +1138,7 @@ void Model::decode(const int32_t* tokens, int n, int position, float* logits) {
     }
     store_->release(bp.unit);
   }
-  if (!stage_.head) {  // decode_output() goes to the next stage
+  if (!stage_.head || logits == nullptr) {  // decode_output() goes to the next stage
     if (E != nullptr) store_->release(embed_unit_);
     return;
   }

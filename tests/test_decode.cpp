@@ -85,11 +85,13 @@ TEST_P(Decode, LogitsEqualTheWholeWindowsForward) {
   std::vector<float> got(static_cast<std::size_t>(V));
   EXPECT_THROW(model.decode(device.tokens(), 1, 0, got.data()), std::logic_error);
   const std::size_t before = tracker.current(MemCategory::activations);
+  const std::size_t temporaries = tracker.current(MemCategory::temporaries);
   model.enable_decode(tracker);
   const DecodeSizes& d = model.decode_shape();
   EXPECT_EQ(d.window, T);
   EXPECT_EQ(d.rows, T);  // min(window, B x T)
   EXPECT_EQ(tracker.current(MemCategory::activations) - before, d.cache * sizeof(float));
+  EXPECT_EQ(tracker.current(MemCategory::temporaries) - temporaries, d.buffers() * sizeof(float));
   EXPECT_EQ(d.cache, std::size_t(2 * 2 * T * c.spec.key_value_heads() * c.spec.head_dim()));
 
   for (int s = 0; s < 2; ++s) {

@@ -2,11 +2,12 @@
 // parallel layouts (mpirun -np 1/2/4): a training trainer trains two steps and writes its model
 // file; an inference trainer of the same config reads it (load_weights) and
 // - evaluates the training trainer's validation loss exactly, and samples its greedy text,
-//   which is also one rank's, by incremental decoding (colossal_generate's: TrainerOptions::
-//   decode) where the training trainer runs the whole window for every token, also past the
-//   window;
+//   which is also one rank's;
+// - as colossal_generate's trainer (apps::sampling_config, the KV cache), samples the training
+//   trainer's greedy text from its logits (1e-5 of the largest), where the training trainer
+//   runs the whole window for every token, also past the window, and tracks its plan exactly;
 // - holds no gradients and no optimizer state, and tracks, category by category, exactly what
-//   the memory plan of inference predicts for its rank (apps::rank_memory(..., true, true), which the
+//   the memory plan of inference predicts for its rank (apps::rank_memory(..., true), which the
 //   start-up check compares with the node's memory), less than the training trainer;
 // - reads only the elements its layout holds from the file (no rank reads the whole model when
 //   its layout shards it);
@@ -14,9 +15,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 #include "apps/layout.hpp"
 #include "apps/memory_fit.hpp"
@@ -65,14 +69,14 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   apps::Trainer trained(cfg, nullptr, &world);
   const apps::TrainSummary summary = trained.train();
   const double val = trained.evaluate();
+  // Each token from a forward over the whole window; 40 tokens go past the window
+  // (train.seq_len 32), which then moves.
   const std::string text = trained.generate("and ", 12, 0.0, 1);
-  // Past the window (train.seq_len 32): the window moves and is decoded again whole.
+  const std::vector<float> logits = trained.last_logits();
   const std::string long_text = trained.generate("and ", 40, 0.0, 1);
+  const std::vector<float> long_logits = trained.last_logits();
 
-  // With colossal_generate's incremental decoding, which must sample what the training
-  // trainer's forward over the whole window samples.
-  apps::Trainer infer(cfg, nullptr, &world,
-                      apps::TrainerOptions{.inference = true, .decode = true});
+  apps::Trainer infer(cfg, nullptr, &world, apps::TrainerOptions{.inference = true});
   ASSERT_TRUE(infer.inference());
   const uint64_t before = io::weights_elements_read();
   infer.load_weights(summary.model_path);
@@ -87,7 +91,6 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
 
   EXPECT_EQ(infer.evaluate(), val);
   EXPECT_EQ(infer.generate("and ", 12, 0.0, 1), text);
-  EXPECT_EQ(infer.generate("and ", 40, 0.0, 1), long_text);
   if (world.rank() == 0 && c.ranks > 1) {
     // And the layout's text is one rank's (the 2d / 2.5d / 3d layouts sample through a one-rank
     // trainer written from the gathered tensors; the others in their own layout).
@@ -103,7 +106,7 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   const core::MemoryTracker& m = infer.memory();
   EXPECT_EQ(m.peak(MemCategory::gradients), 0u);
   EXPECT_EQ(m.peak(MemCategory::optimizer), 0u);
-  const planner::MemoryPrediction plan = apps::rank_memory(cfg, world.rank(), true, true);
+  const planner::MemoryPrediction plan = apps::rank_memory(cfg, world.rank(), true);
   for (int k = 0; k < int(MemCategory::count); ++k) {
     const auto cat = MemCategory(k);
     EXPECT_EQ(plan[cat], double(m.peak(cat))) << core::category_name(cat) << ": plan "
@@ -118,6 +121,39 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   EXPECT_THROW(infer.train(), std::logic_error);
   EXPECT_THROW(infer.resume(), std::logic_error);
   EXPECT_THROW(infer.save_checkpoint(1, 1, 1), std::logic_error);
+
+  // colossal_generate's trainer: one sequence (apps::sampling_config) with the KV cache. The
+  // logits of the last token sampled, one new position at a time and (past the window) the
+  // window decoded again whole, are the whole-window forward's, and so is the greedy text.
+  const io::Config sampling = apps::sampling_config(cfg);
+  const auto sampler = apps::inference_trainer(sampling, &world, summary.model_path, true);
+  const auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
+    if (got.size() != want.size()) return false;
+    double gap = 0.0, scale = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      gap = std::max(gap, double(std::abs(got[i] - want[i])));
+      scale = std::max(scale, double(std::abs(want[i])));
+    }
+    std::printf("decoded logits: largest gap %.3g of %.3g\n", gap, scale);
+    return gap <= 1e-5 * scale;
+  };
+  EXPECT_EQ(sampler->generate("and ", 12, 0.0, 1), text);
+  if (!logits.empty()) {
+    EXPECT_TRUE(close(sampler->last_logits(), logits));
+  }
+  EXPECT_EQ(sampler->generate("and ", 40, 0.0, 1), long_text);
+  if (!long_logits.empty()) {
+    EXPECT_TRUE(close(sampler->last_logits(), long_logits));
+  }
+  const core::MemoryTracker& sm = sampler->memory();
+  const planner::MemoryPrediction sampling_plan =
+      apps::rank_memory(sampling, world.rank(), true, true);
+  for (int k = 0; k < int(MemCategory::count); ++k) {
+    const auto cat = MemCategory(k);
+    EXPECT_EQ(sampling_plan[cat], double(sm.peak(cat)))
+        << "sampling, " << core::category_name(cat) << ": plan " << sampling_plan.format()
+        << ", tracked " << sm.summary();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -138,11 +174,19 @@ INSTANTIATE_TEST_SUITE_P(
         Case{2, "gpt2", "tensor: {size: 2, sequence_split: true}", "gpt2_tp2_split", true},
         Case{2, "llama", "tensor: {size: 2}", "llama_tp2", true},
         Case{2, "opt", "sequence: 2", "opt_sp2"},
+        Case{2, "llama", "sequence: 2", "llama_sp2"},  // rotary positions of the whole window
         Case{2, "gpt2", "pipeline: {size: 2}", "gpt2_pp2", true},
         Case{4, "gpt2", "tensor: {size: 4, mode: 2d}", "gpt2_2d", true},
         Case{4, "opt", "data: 2, pipeline: {size: 2, schedule: interleaved, chunks: 2}",
              "opt_dp2_pp2_interleaved", true},
         Case{4, "gpt2", "data: 2, tensor: {size: 2}, zero: {stage: 3}", "gpt2_dp2_tp2_zero3",
+             true},
+        // Decoded rows between stages: scatter-gather over the tensor ranks, and whole rows
+        // under sequence_split; ZeRO-3's gathers on two stages.
+        Case{4, "gpt2", "tensor: {size: 2}, pipeline: {size: 2}", "gpt2_tp2_pp2", true},
+        Case{4, "opt", "tensor: {size: 2, sequence_split: true}, pipeline: {size: 2}",
+             "opt_tp2_split_pp2", true},
+        Case{4, "llama", "data: 2, pipeline: {size: 2}, zero: {stage: 3}", "llama_dp2_pp2_zero3",
              true}),
     [](const auto& info) { return info.param.name; });
 
