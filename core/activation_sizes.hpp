@@ -181,7 +181,7 @@ StageActivations stage_activations(const ModelSpec& spec, const ActivationShape&
 struct DecodeSizes {
   int window = 0, rows = 0;
   int kv_width = 0;          // cached floats per position and block: this rank's K/V heads x hs
-  std::size_t cache = 0;     // keys and values of the stage's blocks: 2 x blocks x window x kv_width
+  std::size_t cache = 0;  // keys and values of the stage's blocks: 2 x blocks x window x kv_width
   // The rows' buffers (temporaries): the residual stream twice, a norm's output and statistics,
   // q|k|v (llama: the grouped projection), the attention output, the first MLP linear's output
   // (llama: gate | up), and on the head stage one row of this rank's logits, plus their gather

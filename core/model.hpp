@@ -181,8 +181,9 @@ class Model final : public StageModel {
   // (n int32 in device memory); another starts from decode_input() (n rows of C floats, whole
   // rows on every tensor rank, also under sequence_split), and a stage without the head leaves
   // decode_output(). The head stage writes the full-vocabulary logits of the last row to `logits`
-  // (host memory, vocab floats; null: none, a prefill's earlier rows). Collective over the tensor group (and under ZeRO-3 the
-  // store's group); a ring's ranks each run it alone, whole (the ring is not used).
+  // (host memory, vocab floats; null: none, a prefill's earlier rows). Collective over the
+  // tensor group (and under ZeRO-3 the store's group); a ring's ranks each run it alone, whole
+  // (the ring is not used).
   void decode(const int32_t* tokens, int n, int position, float* logits);
   float* decode_input() { return dec_x_; }
   const float* decode_output() const { return dec_x_; }

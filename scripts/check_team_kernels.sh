@@ -11,8 +11,9 @@
 #      not Serial;
 #   2. the model through the device forms, as a GPU runs it: test_kernels, test_model_grad,
 #      test_llama_kernels, test_llama_model and test_decode on teams of 2 threads (gradients
-#      against finite differences, decoding against the forward), and the layouts' parity with one rank: data parallelism and ZeRO (the
-#      fused AdamW on shards; again with COLOSSAL_DEFER_COPIES=1), tensor and sequence parallelism
+#      against finite differences, decoding against the forward), and the layouts' parity
+#      with one rank: data parallelism and ZeRO (the fused AdamW on shards; again with
+#      COLOSSAL_DEFER_COPIES=1), tensor and sequence parallelism
 #      (test_tensor_parallel: the vocabulary-parallel cross-entropy, ring attention, LLaMA,
 #      bf16), pipelines, 2D (test_tensor2d, test_model2d) on 4 ranks and 3D (test_model3d) on 8
 #      (teams of one thread there: oversubscribed ranks spinning in each other's team barriers

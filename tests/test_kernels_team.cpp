@@ -354,7 +354,9 @@ std::vector<float> cached_attention_reference(const std::vector<float>& q, int l
       double mx = -1e300, total = 0.0;
       for (int j = 0; j <= p0 + r; ++j) {
         double dot = 0.0;
-        for (int d = 0; d < hs; ++d) dot += double(q[r * ldq + h * hs + d]) * k[j * kvw + g * hs + d];
+        for (int d = 0; d < hs; ++d) {
+          dot += double(q[r * ldq + h * hs + d]) * k[j * kvw + g * hs + d];
+        }
         w[j] = dot / std::sqrt(double(hs));
         mx = std::max(mx, w[j]);
       }
