@@ -580,12 +580,13 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   const GemmOperand ln1 = norm_operand(gather_rows(a.ln1, N));
   // q/k/v staged in dqkv_ (free here in forward and where backward recomputes) when saved in bf16.
   float* qkv = staged(a.qkv, bf16_qkv_, dqkv_);
-  if (spec_.llama()) llama_qkv_forward(bp, qkv, P, ln1, B);
-  for (int part = 0; spec_.arch != Arch::llama && part < bp.qkv_parts; ++part) {
-    const Linear lin = qkv_part(bp, part);
-    float* out = qkv + part * Cl;
-    timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, 3 * Cl); });
-    linear_forward(P, out, 3 * Cl, ln1, C, lin, N);
+  if (spec_.llama()) {  // grouped in qkv_gqa_, then k and v expanded to every query head
+    qkv_projection(bp, P, ln1, qkv_gqa_, B, T, position_begin_);
+    timed(WorkKind::attention, [&] {
+      k::gqa_expand(qkv, qkv_gqa_, N, local_heads_, local_kv_heads_, spec_.head_dim());
+    });
+  } else {
+    qkv_projection(bp, P, ln1, qkv, B, T, 0);
   }
   timed(WorkKind::attention, [&] { store_staged(qkv, a.qkv, bf16_qkv_, N * 3 * Cl); });
   attention_core_forward(a, B);
@@ -595,25 +596,31 @@ void Model::attention_op_forward(int i, Acts& A, int B, const float* P) {
   row_parallel_end(a.mid, A.residual[i], bias_at(P, bp.attn_out_b), N);
 }
 
-// q, k and v projected into the grouped layout, q and k turned to their global positions, k and
-// v expanded to every query head in a.qkv.
-void Model::llama_qkv_forward(const BlockParams& bp, float* qkv, const float* P,
-                              GemmOperand ln1, int B) {
-  const int T = seq_len_, C = spec_.hidden, hs = spec_.head_dim();
-  const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
+int Model::qkv_projection(const BlockParams& bp, const float* P, GemmOperand ln1, float* out,
+                          int B, int T, int position) {
+  const int C = spec_.hidden, Cl = local_hidden_, hs = spec_.head_dim();
   const int64_t N = int64_t(B) * T;
-  timed(WorkKind::gemm, [&] { k::fill(qkv_gqa_, N * W, 0.0f); });
+  if (!spec_.llama()) {
+    for (int part = 0; part < bp.qkv_parts; ++part) {
+      const Linear lin = qkv_part(bp, part);
+      float* o = out + part * Cl;
+      timed(WorkKind::gemm, [&] { k::broadcast_rows(o, P + lin.b, N, lin.out, 3 * Cl); });
+      linear_forward(P, o, 3 * Cl, ln1, C, lin, N);
+    }
+    return 3 * Cl;
+  }
+  const int H = local_heads_, KV = local_kv_heads_, W = gqa_width();
+  timed(WorkKind::gemm, [&] { k::fill(out, N * W, 0.0f); });
   const int cols[3] = {0, H * hs, (H + KV) * hs}, widths[3] = {H * hs, KV * hs, KV * hs};
   for (int part = 0; part < 3; ++part) {
-    linear_forward(P, qkv_gqa_ + cols[part], W, ln1, C,
+    linear_forward(P, out + cols[part], W, ln1, C,
                    Linear{bp.qkv_w[part], kNoBias, C, widths[part]}, N);
   }
   timed(WorkKind::attention, [&] {
-    k::rope_rotate(qkv_gqa_, B, T, W, 0, H, hs, position_begin_, rope_cos_, rope_sin_, false);
-    k::rope_rotate(qkv_gqa_, B, T, W, H * hs, KV, hs, position_begin_, rope_cos_, rope_sin_,
-                   false);
-    k::gqa_expand(qkv, qkv_gqa_, N, H, KV, hs);
+    k::rope_rotate(out, B, T, W, 0, H, hs, position, rope_cos_, rope_sin_, false);
+    k::rope_rotate(out, B, T, W, H * hs, KV, hs, position, rope_cos_, rope_sin_, false);
   });
+  return W;
 }
 
 // The transpose: dqkv_ (every query head's dq, dk, dv) summed into the groups, turned back, and
@@ -1087,30 +1094,9 @@ void Model::decode(const int32_t* tokens, int n, int position, float* logits) {
     const float* P = store_->gather(bp.unit);
     // Attention: q|k|v of the new rows, their k and v appended, q against every cached position.
     norm_forward(dec_norm_, mean, rstd, dec_x_, P + bp.ln1_w, bias_at(P, bp.ln1_b), N);
-    const GemmOperand ln1 = norm_operand(dec_norm_);
-    int ld = 3 * Cl, k_col = Cl, v_col = 2 * Cl;
-    if (spec_.llama()) {
-      ld = gqa_width();
-      k_col = H * hs;
-      v_col = (H + KV) * hs;
-      timed(WorkKind::gemm, [&] { k::fill(dec_qkv_, N * ld, 0.0f); });
-      const int cols[3] = {0, k_col, v_col}, widths[3] = {H * hs, KV * hs, KV * hs};
-      for (int part = 0; part < 3; ++part) {
-        linear_forward(P, dec_qkv_ + cols[part], ld, ln1, C,
-                       Linear{bp.qkv_w[part], kNoBias, C, widths[part]}, N);
-      }
-      timed(WorkKind::attention, [&] {
-        k::rope_rotate(dec_qkv_, 1, n, ld, 0, H, hs, position, rope_cos_, rope_sin_, false);
-        k::rope_rotate(dec_qkv_, 1, n, ld, k_col, KV, hs, position, rope_cos_, rope_sin_, false);
-      });
-    } else {
-      for (int part = 0; part < bp.qkv_parts; ++part) {
-        const Linear lin = qkv_part(bp, part);
-        float* out = dec_qkv_ + part * Cl;
-        timed(WorkKind::gemm, [&] { k::broadcast_rows(out, P + lin.b, N, lin.out, ld); });
-        linear_forward(P, out, ld, ln1, C, lin, N);
-      }
-    }
+    const int ld = qkv_projection(bp, P, norm_operand(dec_norm_), dec_qkv_, 1, n, position);
+    // k and v: after q's heads, in the grouped layout (llama) or the fused one.
+    const int k_col = spec_.llama() ? H * hs : Cl, v_col = spec_.llama() ? (H + KV) * hs : 2 * Cl;
     float* cache_k = kv_cache_.data() + 2 * i * block_cache;
     float* cache_v = cache_k + block_cache;
     timed(WorkKind::attention, [&] {

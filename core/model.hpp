@@ -345,10 +345,13 @@ class Model final : public StageModel {
     return b == kNoBias ? nullptr : X + b;
   }
   static float* bias_at(float* X, std::size_t b) { return b == kNoBias ? nullptr : X + b; }
-  // llama: the grouped q|k|v of qkv_gqa_ turned by RoPE and expanded into a.qkv, and the
-  // transpose (dqkv_ -> gradient of the projections in qkv_gqa_).
-  void llama_qkv_forward(const BlockParams& bp, float* qkv, const float* P, GemmOperand ln1,
-                         int B);
+  // q|k|v of B sequences of T rows (positions from `position` on) from the norm output ln1 into
+  // `out`, whose row stride it returns: gpt2/opt (B*T, 3C/t) with the biases; llama the grouped
+  // (B*T, gqa_width()) layout with q and k turned by RoPE, which the training forward expands to
+  // every query head and the decoding caches as it is. And llama's transpose (dqkv_ -> gradient
+  // of the projections in qkv_gqa_).
+  int qkv_projection(const BlockParams& bp, const float* P, GemmOperand ln1, float* out, int B,
+                     int T, int position);
   void llama_qkv_backward(const BlockParams& bp, const float* P, float* G, GemmOperand ln1,
                           float* dln1, int B);
   void llama_mlp_backward(const BlockParams& bp, BlockActs& a, const float* P, float* G, int B);
