@@ -123,8 +123,9 @@ void print_outputs(std::FILE* log, const colossal::io::Config& config,
                  config.log.dir.c_str());
   }
   if (!s.sample.empty()) {
-    std::fprintf(log, "sample (%d tokens after \"%s\"):\n", config.sample.tokens,
-                 config.sample.prompt.c_str());
+    std::fprintf(log, "sample (%d tokens after \"%s\"%s):\n", s.sample_tokens,
+                 config.sample.prompt.c_str(),
+                 s.sample_tokens < config.sample.tokens ? ", ended by a stop token" : "");
     const std::string text = config.sample.prompt + s.sample + "\n";
     std::fwrite(text.data(), 1, text.size(), log);
   }

@@ -54,6 +54,7 @@ struct TrainSummary {
   double predicted_peak_bytes = 0.0;
   std::string model_path;
   std::string sample;
+  int sample_tokens = 0;  // fewer than sample.tokens when a stop token ended it
   std::string profile;             // the --profile-steps table, when profiling
 };
 

@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <numeric>
 #include <array>
 #include <chrono>
 #include <cctype>
@@ -855,6 +856,8 @@ TrainSummary Trainer::train() {
   // The end-of-run sample's prompt, checked now rather than after the training it follows.
   if (config_.sample.tokens > 0 && profile_steps_ == 0) {
     prompt_tokens(config_.sample.prompt, *train_data_, spec.vocab, "sample.prompt");
+    check_stop_tokens(config_.sample.stop_tokens, *train_data_, spec.vocab,
+                      "sample.stop_tokens");
   }
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
@@ -1175,7 +1178,8 @@ TrainSummary Trainer::train() {
   // Forwards may be collective (ZeRO-3 gathers, tensor parallelism): every rank samples alike.
   if (config_.sample.tokens > 0) {
     summary.sample = generate(config_.sample.prompt, config_.sample.tokens,
-                              config_.sample.temperature, t.seed);
+                              sampling_of(config_.sample, t.seed));
+    summary.sample_tokens = generated_;
   }
   fill_memory_summary(summary);
   return summary;
@@ -1780,32 +1784,72 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
   }
 }
 
-namespace {
-// The next token from the logits of the last position: the largest (temperature 0) or drawn
-// from softmax(logits / temperature) with the i-th number of the seed's sampling stream. Over
-// byte data only the bytes can be printed: a larger vocabulary's other ids (a gpt2 preset
-// trained on text) are left out of the choice. Overwrites `logits`.
-int sample_token(std::vector<float>& logits, bool bytes, double temperature, uint64_t seed,
-                 int i) {
+Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed) {
+  return Sampling{.temperature = sample.temperature, .top_k = sample.top_k,
+                  .top_p = sample.top_p, .stop_tokens = sample.stop_tokens, .seed = seed};
+}
+
+// The largest logit (temperature 0), or a draw with the i-th number of the seed's sampling
+// stream from the weights exp((l - max) / temperature), those outside the top_k / top_p cut set
+// to 0. The draw walks the ids in order, so without a cut it is the plain softmax draw.
+int sample_token(std::span<float> logits, int candidates, const Sampling& how, int i) {
   constexpr uint64_t kStream = core::hash_name("colossal.sample");
-  const int V = int(logits.size());
-  const auto end = logits.begin() + (bytes ? std::min(V, 256) : V);
-  if (temperature <= 0.0) return int(std::max_element(logits.begin(), end) - logits.begin());
-  const float mx = *std::max_element(logits.begin(), end);
-  double total = 0.0;
-  for (auto l = logits.begin(); l != end; ++l) {
-    total += (*l = std::exp(float((*l - mx) / temperature)));
+  const int n = std::min<int>(candidates, int(logits.size()));
+  float* l = logits.data();
+  if (how.temperature <= 0.0) return int(std::max_element(l, l + n) - l);
+  const float mx = *std::max_element(l, l + n);
+  for (int j = 0; j < n; ++j) l[j] = std::exp(float((l[j] - mx) / how.temperature));
+  const int k = how.top_k > 0 ? std::min(how.top_k, n) : n;
+  if (k < n || how.top_p < 1.0) {
+    // The likeliest first (ties: the smaller id), cut to k, then to the nucleus of top_p.
+    std::vector<int> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    int keep = k;
+    if (how.top_p < 1.0) {
+      double mass = 0.0;
+      for (int j = 0; j < k; ++j) mass += l[order[j]];
+      double acc = 0.0;
+      keep = 0;
+      while (keep < k && acc < how.top_p * mass) acc += l[order[keep++]];
+      keep = std::max(keep, 1);
+    }
+    for (int j = keep; j < n; ++j) l[order[j]] = 0.0f;
   }
-  const double u = core::word_to_unit(core::random_words(seed, kStream, i).v[0]) * total;
+  double total = 0.0;
+  for (int j = 0; j < n; ++j) total += l[j];
+  const double u = core::word_to_unit(
+                       core::random_words(how.seed, kStream + uint64_t(how.stream), i).v[0]) *
+                   total;
+  // The first id whose running sum reaches u; an id of weight 0 is never drawn.
   double acc = 0.0;
-  int next = 0;
-  for (; next < int(end - logits.begin()) - 1; ++next) {
-    acc += logits[next];
+  int last = 0;
+  for (int j = 0; j < n; ++j) {
+    if (l[j] <= 0.0f) continue;
+    acc += l[j];
+    last = j;
     if (acc >= u) break;
   }
-  return next;
+  return last;
 }
-}  // namespace
+
+void check_stop_tokens(const std::vector<int>& stop, const io::TokenFile& data, int vocab,
+                       const std::string& key) {
+  const bool bytes = data.format() == io::TokenFile::Format::raw_bytes;
+  for (int id : stop) {
+    if (id < 0 || id >= vocab) {
+      throw io::ConfigError(key + ": token " + std::to_string(id) +
+                            " is outside the model's vocabulary (model.vocab: " +
+                            std::to_string(vocab) + ")");
+    }
+    if (bytes && id > 255) {
+      throw io::ConfigError(key + ": token " + std::to_string(id) + " is never drawn: " +
+                            data.path() +
+                            " is text, whose tokens are bytes (0 to 255), e.g. 10 for a newline");
+    }
+  }
+}
 
 void Trainer::upload_decode(const int32_t* tokens, int n) {
   for (Chunk& chunk : chunks_) {
@@ -1835,8 +1879,8 @@ void Trainer::decode_tokens(const int32_t* tokens, int n, int position) {
   }
 }
 
-std::string Trainer::generate(const std::string& prompt, int tokens, double temperature,
-                              uint64_t seed, const std::string& key,
+std::string Trainer::generate(const std::string& prompt, int tokens, const Sampling& how,
+                              const std::string& key,
                               const std::function<void(int done)>& progress) {
   if (chunks_.back().dense == nullptr) {
     // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
@@ -1856,13 +1900,16 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
     Trainer whole(one, nullptr, nullptr,
                   TrainerOptions{.inference = true, .decode = decode_requested_});
     whole.set_logical_parameters(values);
-    std::string text = whole.generate(prompt, tokens, temperature, seed, key, progress);
+    std::string text = whole.generate(prompt, tokens, how, key, progress);
     last_logits_ = whole.last_logits();
+    generated_ = whole.generated();
     return text;
   }
   const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
   std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
+  check_stop_tokens(how.stop_tokens, *train_data_, V,
+                    key == "--prompt" ? "--stop-token" : "sample.stop_tokens");
   // The model's window is train.seq_len: a longer context keeps only its last T tokens (and
   // positions restart), which differs from a model reading all of it. Said, not done silently.
   // (colossal_generate's --prompt; the end-of-run sample of a training run stays quiet.)
@@ -1881,6 +1928,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
   // and its positions restart, so it is decoded again whole (what the forward below does).
   int cached = 0;
   decode_unchanged_ = false;
+  generated_ = 0;
   for (int i = 0; i < tokens; ++i) {
     const std::size_t len = std::min<std::size_t>(context.size(), T);
     if (decoding_) {
@@ -1916,14 +1964,19 @@ std::string Trainer::generate(const std::string& prompt, int tokens, double temp
       }
     }
     last_logits_ = logits;
-    const int next = sample_token(logits, bytes, temperature, seed, i);
+    const int next = sample_token(logits, bytes ? 256 : V, how, i);
     context.push_back(next);
     if (bytes) {
       out.push_back(static_cast<char>(next));
     } else {
       out += ' ' + std::to_string(next);
     }
+    generated_ = i + 1;
     if (progress) progress(i + 1);
+    if (std::find(how.stop_tokens.begin(), how.stop_tokens.end(), next) !=
+        how.stop_tokens.end()) {
+      break;
+    }
   }
   return out;
 }

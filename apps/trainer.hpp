@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <span>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -148,6 +149,28 @@ parallel::Communicator* run_world(const io::Config& config, parallel::Communicat
 std::vector<int32_t> prompt_tokens(const std::string& prompt, const io::TokenFile& data,
                                    int vocab, const std::string& key);
 
+// How generate() draws each token: sample.* (colossal_train's end-of-run sample) or
+// colossal_generate's flags. Softmax(logits / temperature), cut to the top_k likeliest, then to
+// the fewest likeliest whose probabilities reach top_p, renormalised (Hugging Face's order).
+struct Sampling {
+  double temperature = 0.8;      // 0 = greedy (top_k and top_p then change nothing)
+  int top_k = 0;                 // 0 = every token
+  double top_p = 1.0;            // 1 = every token
+  std::vector<int> stop_tokens;  // drawing one ends the text (which includes it)
+  uint64_t seed = 1;
+  int stream = 0;                // independent draws from one seed (colossal_generate --samples)
+};
+Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed);
+
+// The `i`-th token of a text drawn by `how` from `logits` (the last position's; overwritten),
+// among the first `candidates` ids (256 over byte data: only the bytes can be printed).
+int sample_token(std::span<float> logits, int candidates, const Sampling& how, int i);
+
+// Stop tokens the data can produce: io::ConfigError naming `key` for one at or past model.vocab
+// or, over byte data, past 255 (never drawn there).
+void check_stop_tokens(const std::vector<int>& stop, const io::TokenFile& data, int vocab,
+                       const std::string& key);
+
 // data.path (with its sampler) and, when set, data.val_path, each checked to hold the model's
 // token ids and enough tokens for train.seq_len.
 void open_run_data(const io::Config& config, std::unique_ptr<io::TokenFile>& train,
@@ -243,9 +266,19 @@ class Trainer {
   // after a space.
   // `key` names the prompt in errors. `progress`, when set, is called after each token with the
   // tokens done so far, on every rank that samples (rank 0 alone in 2d / 2.5d / 3d).
-  std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed,
+  // Drawing one of how.stop_tokens ends the text early: generated() says how many came.
+  std::string generate(const std::string& prompt, int tokens, const Sampling& how,
                        const std::string& key = "sample.prompt",
                        const std::function<void(int done)>& progress = {});
+  std::string generate(const std::string& prompt, int tokens, double temperature, uint64_t seed,
+                       const std::string& key = "sample.prompt",
+                       const std::function<void(int done)>& progress = {}) {
+    Sampling how;
+    how.temperature = temperature;
+    how.seed = seed;
+    return generate(prompt, tokens, how, key, progress);
+  }
+  int generated() const { return generated_; }  // the tokens the last generate() made
   // The full-vocabulary logits the last token generate() sampled was drawn from (on the ranks
   // that sample; empty before).
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -293,6 +326,7 @@ class Trainer {
   bool decode_unchanged_ = false;  // the weights' bf16 copy of the last decode() still holds
   bool decode_want_logits_ = true;  // the head stage computes the logits of this decode()
   std::vector<float> last_logits_;
+  int generated_ = 0;
   std::vector<float> decode_logits_;
   struct Chunk;
   // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.

@@ -584,6 +584,21 @@ const std::vector<KeySpec>& schema() {
       {.key = "sample.temperature", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.sample.temperature; },
        .doc = "softmax temperature of the sample", .range = above(0), .example = "0.8"},
+      {.key = "sample.top_k", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.sample.top_k; },
+       .doc = "draw each token among the top_k likeliest only (after the temperature); 0 = all",
+       .range = at_least(0)},
+      {.key = "sample.top_p", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.sample.top_p; },
+       .doc = "nucleus sampling: draw among the fewest likeliest tokens whose probabilities sum "
+              "to at least top_p (after top_k); 1 = all",
+       .range = Range{0.0, true, 1.0, false}, .example = "0.9"},
+      {.key = "sample.stop_tokens", .kind = Kind::integer_list,
+       .field = [](Config& c) -> Field { return &c.sample.stop_tokens; },
+       .doc = "token ids that end the sample when drawn (included in it): over a token file e.g. "
+              "[50256], GPT-2's <|endoftext|>; over byte data byte values, e.g. [10] for a "
+              "newline",
+       .range = at_least(0), .cross_check = "each < model.vocab (< 256 over byte data)"},
   };
   return table;
 }
@@ -1291,6 +1306,15 @@ class Resolver {
     check_pipeline(config);
     check_recompute(config);
     check_fine_tune(config);
+    for (int id : config.sample.stop_tokens) {
+      if (id >= config.model.vocab) {
+        raise(where_first({"sample.stop_tokens"}), "sample.stop_tokens",
+              "token " + std::to_string(id) + " with model.vocab " +
+                  std::to_string(config.model.vocab),
+              "a stop token is one of the model's token ids", "list ids below " +
+                  std::to_string(config.model.vocab));
+      }
+    }
     if (config.log.export_hf && !config.log.save_model) {
       raise(where_first({"log.export_hf", "log.save_model"}), "log.export_hf",
             "true needs the model file, but log.save_model is false",

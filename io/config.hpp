@@ -166,6 +166,9 @@ struct SampleConfig {
   std::string prompt = "";       // end-of-run text sample; empty prompt = start from a newline
   int tokens = 0;                // tokens to generate at the end of training; 0 = no sample
   double temperature = 0.8;
+  int top_k = 0;                 // draw among the top_k likeliest tokens only; 0 = all
+  double top_p = 1.0;            // among the fewest likeliest whose probability reaches top_p
+  std::vector<int> stop_tokens;  // stop after drawing one of these (it ends the text)
 };
 
 struct Config {

@@ -779,6 +779,40 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
                           " --set parallel.sequence=2");
   ASSERT_EQ(ring.code, 0) << ring.output;
   EXPECT_EQ(text_of(ring), text) << ring.output;
+  // Sampling controls: top_k 1 is greedy at any temperature; a drawn stop token ends the text
+  // (and is printed); --samples prints independent texts after a line of dashes.
+  const std::string weighted = " --weights " + weights + " --prompt the --tokens 12";
+  const Result top1 =
+      run(bin("colossal_generate") + " " + config + weighted + " --temperature 5 --top-k 1");
+  ASSERT_EQ(top1.code, 0) << top1.output;
+  EXPECT_EQ(text_of(top1), text) << top1.output;
+  ASSERT_GT(text.size(), 4u);
+  const Result stopped = run(bin("colossal_generate") + " " + config + gen + " --stop-token " +
+                             std::to_string(int(static_cast<unsigned char>(text[3]))));
+  ASSERT_EQ(stopped.code, 0) << stopped.output;
+  EXPECT_EQ(stopped.output.rfind(text.substr(0, 4) + "\n", 0), 0u) << stopped.output;
+  EXPECT_NE(stopped.output.find("colossal_generate: 1 tokens in "), std::string::npos)
+      << stopped.output;
+  EXPECT_NE(stopped.output.find("a stop token (--stop-token) ended the text early"),
+            std::string::npos)
+      << stopped.output;
+  const Result two_texts = run(bin("colossal_generate") + " " + config + weighted +
+                               " --temperature 1 --top-p 0.9 --samples 2 --seed 3");
+  ASSERT_EQ(two_texts.code, 0) << two_texts.output;
+  const std::size_t dashes = two_texts.output.find("\n---------------\nthe");
+  EXPECT_EQ(two_texts.output.rfind("the", 0), 0u) << two_texts.output;
+  EXPECT_NE(dashes, std::string::npos) << two_texts.output;
+  EXPECT_NE(two_texts.output.find("colossal_generate: 24 tokens (2 samples) in "),
+            std::string::npos)
+      << two_texts.output;
+  r = run(bin("colossal_generate") + " " + config + gen + " --top-p 1.5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--top-p: '1.5' is outside (0, 1]"), std::string::npos) << r.output;
+  r = run(bin("colossal_generate") + " " + config + gen + " --stop-token 10,300");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--stop-token: token 300 is outside the model's vocabulary"),
+            std::string::npos)
+      << r.output;
   // 4 ranks for tensor 2 x data 1: the message names every size and the fix.
   r = run(mpirun + bin("colossal_train") + " " + config + tp2 + " --set parallel.data=2");
   EXPECT_EQ(r.code, 2);

@@ -57,6 +57,9 @@ sample:
   prompt: "Once upon"
   tokens: 32
   temperature: 0.7
+  top_k: 40
+  top_p: 0.9
+  stop_tokens: [10, 46]
 )";
 
 // The smallest valid config: a preset and the data path.
@@ -121,6 +124,9 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.sample.prompt, b.sample.prompt);
   EXPECT_EQ(a.sample.tokens, b.sample.tokens);
   EXPECT_EQ(a.sample.temperature, b.sample.temperature);
+  EXPECT_EQ(a.sample.top_k, b.sample.top_k);
+  EXPECT_EQ(a.sample.top_p, b.sample.top_p);
+  EXPECT_EQ(a.sample.stop_tokens, b.sample.stop_tokens);
   EXPECT_EQ(a.text, b.text);
 }
 
@@ -164,6 +170,9 @@ TEST(Config, FullConfigParsesWithExpectedValues) {
   EXPECT_EQ(c.sample.prompt, "Once upon");
   EXPECT_EQ(c.sample.tokens, 32);
   EXPECT_DOUBLE_EQ(c.sample.temperature, 0.7);
+  EXPECT_EQ(c.sample.top_k, 40);
+  EXPECT_DOUBLE_EQ(c.sample.top_p, 0.9);
+  EXPECT_EQ(c.sample.stop_tokens, (std::vector<int>{10, 46}));
   EXPECT_EQ(c.text, to_yaml(c));
 }
 
@@ -306,6 +315,15 @@ TEST(ConfigSet, BadValuesAndSyntaxNameTheOverride) {
 }
 
 // log.save_model: a choice of false/true; false beside log.export_hf: true is refused by name.
+// sample.stop_tokens: ids of the model's vocabulary only.
+TEST(ConfigSet, StopTokensAreTheModelsIds) {
+  expect_all(error_of(kMinimal, {"sample.stop_tokens=[50256, 50257]"}),
+             {"sample.stop_tokens: token 50257 with model.vocab 50257",
+              "list ids below 50257"});
+  EXPECT_EQ(parse_config(kMinimal, "m.yaml", {"sample.stop_tokens=[50256]"}).sample.stop_tokens,
+            std::vector<int>{50256});
+}
+
 TEST(ConfigSet, SaveModelValuesAndTheExportThatNeedsIt) {
   expect_all(error_of(kMinimal, {"log.save_model=maybe"}),
              {"log.save_model", "maybe", "false", "true"});
@@ -357,6 +375,10 @@ TEST(ConfigError, OutOfRangeStatesTheBounds) {
        "test.yaml:6:16: train.micro_batch: -1 is out of range (an integer >= 1)"},
       {base + "train:\n  optimizer:\n    lr: 0\n",
        "test.yaml:7:9: train.optimizer.lr: 0 is out of range (a number > 0)"},
+      {base + "sample:\n  top_p: 0\n",
+       "test.yaml:6:10: sample.top_p: 0 is out of range (a number in (0, 1])"},
+      {base + "sample:\n  top_k: -3\n",
+       "test.yaml:6:10: sample.top_k: -3 is out of range (an integer >= 0)"},
       {base + "train:\n  optimizer:\n    betas: [0.9, 1.0]\n",
        "test.yaml:7:18: train.optimizer.betas: 1.0 is out of range (a list of two numbers, each "
        "in [0, 1))"},

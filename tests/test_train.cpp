@@ -1,12 +1,14 @@
 // End-to-end training on learnable synthetic data, model file round trips and failure handling.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 
 #include "apps/trainer.hpp"
 #include "core/gemm.hpp"
+#include "core/rng.hpp"
 #include "io/config.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
@@ -114,13 +116,117 @@ TEST(Prompt, IsTextOverBytesAndIdsOverATokenFile) {
     EXPECT_THROW(refused.train(), io::ConfigError);
     EXPECT_EQ(steps, 0);
   }
-  apps::Trainer trainer(io::parse_config(ids_config + "sample: {prompt: '1001', tokens: 3}\n",
-                                         "test"),
-                        nullptr);
+  // sample.stop_tokens ends the end-of-run sample at the first one drawn (which it includes).
+  apps::Trainer trainer(
+      io::parse_config(ids_config +
+                           "sample: {prompt: '1001', tokens: 6, temperature: 0.01, "
+                           "stop_tokens: [7, 1004]}\n",
+                       "test"),
+      nullptr);
   const apps::TrainSummary s = trainer.train();
   EXPECT_LT(s.last_loss, 0.05);
   EXPECT_EQ(s.sample, " 1002 1003 1004");
+  EXPECT_EQ(s.sample_tokens, 3);
   EXPECT_EQ(trainer.generate("1006 1007", 4, 0.0, 1), " 1008 1000 1001 1002");
+  EXPECT_EQ(trainer.generated(), 4);
+  apps::Sampling greedy_to_1000;
+  greedy_to_1000.temperature = 0.0;
+  greedy_to_1000.stop_tokens = {1000};
+  EXPECT_EQ(trainer.generate("1006 1007", 4, greedy_to_1000), " 1008 1000");
+  EXPECT_EQ(trainer.generated(), 2);
+
+  // Stop tokens the data cannot produce are refused, naming the key.
+  EXPECT_NE(message([&] { apps::check_stop_tokens({5, 1024}, llmc, 1024, "--stop-token"); })
+                .find("--stop-token: token 1024 is outside the model's vocabulary "
+                      "(model.vocab: 1024)"),
+            std::string::npos);
+  EXPECT_NE(message([&] { apps::check_stop_tokens({10, 300}, bytes, 512, "sample.stop_tokens"); })
+                .find("sample.stop_tokens: token 300 is never drawn: " + text +
+                      " is text, whose tokens are bytes (0 to 255)"),
+            std::string::npos);
+  EXPECT_EQ(message([&] { apps::check_stop_tokens({10, 255}, bytes, 512, "k"); }), "accepted");
+  apps::Sampling bad;
+  bad.stop_tokens = {2000};
+  EXPECT_NE(message([&] { trainer.generate("1001", 2, bad, "--prompt"); })
+                .find("--stop-token: token 2000 is outside"),
+            std::string::npos);
+}
+
+// apps::sample_token: the draw is softmax(logits / temperature) walked in id order with the
+// seed's i-th number (so texts sampled before top_k / top_p existed are unchanged), and the cuts
+// keep exactly the tokens they name, renormalised.
+TEST(Sampling, DrawsFromTheSoftmaxCutToTopKAndTopP) {
+  const std::vector<double> p = {0.10, 0.40, 0.05, 0.25, 0.20};  // by id
+  std::vector<float> logits(p.size());
+  auto draw = [&](const apps::Sampling& how, int i, int candidates = 5) {
+    for (std::size_t j = 0; j < p.size(); ++j) logits[j] = float(std::log(p[j]) * 0.5);
+    return apps::sample_token(logits, candidates, how, i);
+  };
+  apps::Sampling how;
+  how.temperature = 0.5;  // logits are log(p) / 2: the softmax at 0.5 is p again
+  how.seed = 77;
+  constexpr int kDraws = 20000;
+  // Without a cut: the id where the running sum of p first reaches u (the i-th draw's number).
+  for (int i = 0; i < 2000; ++i) {
+    const double u = core::word_to_unit(
+        core::random_words(77, core::hash_name("colossal.sample"), i).v[0]);
+    double acc = 0.0;
+    int expected = 0;
+    for (; expected < 4; ++expected) {
+      acc += p[expected];
+      if (acc >= u) break;
+    }
+    // Off by one only where u falls within float rounding of a boundary.
+    if (std::abs(acc - u) > 1e-6) {
+      ASSERT_EQ(draw(how, i), expected) << "draw " << i;
+    }
+  }
+  // Frequencies of each cut against its renormalised probabilities.
+  auto frequencies = [&](const apps::Sampling& h, int candidates = 5) {
+    std::vector<double> f(p.size(), 0.0);
+    for (int i = 0; i < kDraws; ++i) f[draw(h, i, candidates)] += 1.0 / kDraws;
+    return f;
+  };
+  auto expect_near = [](const std::vector<double>& f, const std::vector<double>& want) {
+    for (std::size_t j = 0; j < want.size(); ++j) {
+      if (want[j] == 0.0) {
+        EXPECT_EQ(f[j], 0.0) << "id " << j;  // never drawn
+      } else {
+        EXPECT_NEAR(f[j], want[j], 0.015) << "id " << j;
+      }
+    }
+  };
+  expect_near(frequencies(how), p);
+  apps::Sampling k2 = how;
+  k2.top_k = 2;  // ids 1 and 3
+  expect_near(frequencies(k2), {0, 0.40 / 0.65, 0, 0.25 / 0.65, 0});
+  apps::Sampling p07 = how;
+  p07.top_p = 0.7;  // 0.40 + 0.25 < 0.7: id 4 (0.20) too
+  expect_near(frequencies(p07), {0, 0.40 / 0.85, 0, 0.25 / 0.85, 0.20 / 0.85});
+  apps::Sampling k3p05 = how;
+  k3p05.top_k = 3;  // ids 1, 3, 4 (mass 0.85); then half of it: 0.40 < 0.425, so ids 1 and 3
+  k3p05.top_p = 0.5;
+  expect_near(frequencies(k3p05), {0, 0.40 / 0.65, 0, 0.25 / 0.65, 0});
+  apps::Sampling p03 = how;
+  p03.top_p = 0.3;  // the likeliest alone
+  expect_near(frequencies(p03), {0, 1, 0, 0, 0});
+  apps::Sampling k1 = how;
+  k1.top_k = 1;
+  k1.temperature = 100.0;  // nearly uniform, but cut to the likeliest
+  expect_near(frequencies(k1), {0, 1, 0, 0, 0});
+  // Candidates: over byte data only the first 256 ids; here the first 3 (ids 0, 1, 2).
+  expect_near(frequencies(how, 3), {0.10 / 0.55, 0.40 / 0.55, 0.05 / 0.55, 0, 0});
+  // Another stream of the same seed: other draws, the same distribution.
+  apps::Sampling other = how;
+  other.stream = 1;
+  int same = 0;
+  for (int i = 0; i < 200; ++i) same += draw(other, i) == draw(how, i);
+  EXPECT_LT(same, 150);
+  expect_near(frequencies(other), p);
+  // Temperature 0: the likeliest, whatever the cuts.
+  apps::Sampling greedy = k2;
+  greedy.temperature = 0.0;
+  EXPECT_EQ(draw(greedy, 0), 1);
 }
 
 TEST(Training, FusedAttentionTrainsTheSameModel) {
