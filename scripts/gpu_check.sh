@@ -15,7 +15,8 @@
 #      2e-3; all from metrics.csv, 9 significant digits); then the inference trainer
 #      (colossal_train --eval-only, as colossal_eval) on a GPU-trained quickstart model file
 #      against the validation loss its run ended with (1e-5 relative), and colossal_generate's
-#      60 greedy tokens with the KV cache against --no-cache's;
+#      60 greedy tokens with the KV cache against --no-cache's; 300 quickstart steps in bf16
+#      against fp32 (the last 20 steps' mean train loss and the final val loss within 2%);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
 #      tensor-core attention; then its GEMM shapes one by one, and the attention forms at
 #      T=256..4096), colossal_plan --calibrate (the node's hardware YAML, written to
@@ -302,6 +303,38 @@ if section 2; then
   else
     say "generate (KV cache, --no-cache): the texts differ (a near-tie, or a defect: see test_decode); $rates"
     cat /tmp/generate-cache.txt /tmp/generate-no-cache.txt >> "$report"
+  fi
+fi
+
+if section 2; then
+  # Issue 20's bound for bf16 on the device: 300 quickstart steps in bf16 end within 2% of fp32
+  # (the mean train loss of the last 20 steps, and the final validation loss).
+  t0=$SECONDS
+  declare -A q_tail q_val q_rate
+  for p in fp32 bf16; do
+    qd="/tmp/gpu_check-q300-$p"
+    rm -rf "$qd"
+    (cd "$root" && timeout -k 5 "$(lim 90)" "$bin/colossal_train" configs/quickstart.yaml \
+       --set train.steps=300 --set train.precision=$p --set eval.every=300 --set sample.tokens=0 \
+       --set checkpoint.every=0 --set log.save_model=false --set log.dir="$qd") > "/tmp/q300-$p.log" 2>&1
+    q_tail[$p]=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "loss") c = i; next }
+                          c { l[NR] = $c; n = NR } END { if (n < 21) exit; s = 0
+                          for (i = n - 19; i <= n; i++) s += l[i]; printf "%.4f", s / 20 }' \
+                 "$qd/metrics.csv" 2>/dev/null)
+    q_val[$p]=$(grep -o 'val loss [0-9.e+-]*' "/tmp/q300-$p.log" | tail -n 1 | cut -d' ' -f3)
+    q_rate[$p]=$(sed -n 's/.*| \([0-9.]*\) tok\/s |.*/\1/p' "/tmp/q300-$p.log" | tail -n 1)
+  done
+  if [ -n "${q_tail[fp32]}" ] && [ -n "${q_tail[bf16]}" ] && [ -n "${q_val[fp32]}" ] &&
+     [ -n "${q_val[bf16]}" ]; then
+    verdict=$(python3 -c "import sys; a, b, c, d = map(float, sys.argv[1:5])
+print('%+.2f%% train, %+.2f%% val: %s' % (100 * (b / a - 1), 100 * (d / c - 1),
+      'within 2%' if abs(b / a - 1) <= 0.02 and abs(d / c - 1) <= 0.02 else 'PAST 2%'))" \
+      "${q_tail[fp32]}" "${q_tail[bf16]}" "${q_val[fp32]}" "${q_val[bf16]}")
+    say "300 quickstart steps, last-20 train loss (final val loss): fp32 ${q_tail[fp32]} (${q_val[fp32]}), bf16 ${q_tail[bf16]} (${q_val[bf16]}); $verdict; tok/s fp32 ${q_rate[fp32]}, bf16 ${q_rate[bf16]} ($((SECONDS - t0)) s)"
+    case "$verdict" in *PAST*) fail=1 ;; esac
+  else
+    say "300 quickstart steps, fp32 and bf16: FAILED (no losses)"
+    tail -n 8 /tmp/q300-fp32.log /tmp/q300-bf16.log >> "$report"; fail=1
   fi
 fi
 
