@@ -11,6 +11,7 @@
 #include "apps/cli.hpp"
 #include "apps/layout.hpp"
 #include "apps/memory_fit.hpp"
+#include "apps/on_root.hpp"
 #include "apps/trainer.hpp"
 #include "core/host_threads.hpp"
 #include "core/layers.hpp"
@@ -58,8 +59,7 @@ std::string format_parameters(double n) {
 // after it.
 // Rank 0 tries; every rank throws alike (the others would wait for it in a collective).
 void check_writable(const apps::Invocation& inv, const std::string& path, const char* flag) {
-  std::string error;
-  if (inv.rank == 0) {
+  apps::on_root<apps::UsageError>(*inv.world, std::string(flag) + ": ", [&](std::string& error) {
     const std::string tmp = path + ".tmp";
     std::FILE* f = std::fopen(tmp.c_str(), "w");
     if (f == nullptr) {
@@ -69,9 +69,8 @@ void check_writable(const apps::Invocation& inv, const std::string& path, const 
       std::fclose(f);
       std::remove(tmp.c_str());
     }
-  }
-  inv.world->broadcast_string(error, 0);
-  if (!error.empty()) throw apps::UsageError(error);
+    return std::string();
+  });
 }
 
 int calibrate(apps::Invocation& inv) {

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "apps/errors.hpp"
+#include "apps/on_root.hpp"
 #include "apps/trainer.hpp"
 #include "core/parameter_store.hpp"
 #include "io/init_from.hpp"
@@ -14,16 +15,9 @@ std::string init_from_weights(const io::Config& config, parallel::Communicator& 
   const std::string& path = config.model_init_from;
   if (path.empty()) return {};
   const auto logical = core::parameter_table(config.model);
-  std::string notes, error;
-  if (world.rank() == 0) {
-    try {
-      notes = io::check_weights(path, config.model, logical);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  world.broadcast_string(error, 0);
-  if (!error.empty()) throw DataFileError("model.init_from: " + error);
+  const std::string notes = on_root<DataFileError>(world, "model.init_from: ", [&](auto&) {
+    return io::check_weights(path, config.model, logical);
+  });
 
   read_chunk_weights(path, config.model, world, chunks, "model.init_from: ");
   return notes;

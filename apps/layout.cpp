@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "apps/errors.hpp"
+#include "apps/on_root.hpp"
 #include "apps/memory_fit.hpp"
 #include "apps/offload_policy.hpp"
 #include "core/gemm.hpp"
@@ -262,39 +263,36 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
     MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     capacity = least;
   }
-  std::string decision, error;  // decision: "true" or "false", then the report's line
-  if (world.rank() == 0) {
-    try {
-      planner::Cluster cluster = planning_cluster(config, world.size(), threads);
-      if (capacity > 0) cluster.hw.memory_bytes = capacity;
-      const AttentionDecision d = decide_attention(config, cluster, device, share);
-      const planner::Plan& chosen = d.fused ? d.fused_plan : d.dense_plan;
-      const planner::Plan& other = d.fused ? d.dense_plan : d.fused_plan;
-      auto predicted = [&](const planner::Plan& p) {
-        char text[160];
-        std::snprintf(text, sizeof text, "%.4g s a step, %s a rank%s%s", p.step_time,
-                      core::format_bytes(p.memory.against(cluster.hw)).c_str(),
-                      p.run.offload_optimizer ? " with offload" : "",
-                      p.fits ? "" : ", does not fit");
-        return std::string(text);
-      };
-      decision = std::string(d.fused ? "true\nfused (" : "false\ndense (");
-      if (chosen.step_time == 0.0) {  // the planner cannot cost this layout
-        decision += "the default; the cost model cannot price this layout: " + chosen.why + ")";
-      } else if (!d.unavailable.empty()) {
-        decision += d.unavailable + ")";
-      } else {
-        decision += "predicted " + predicted(chosen) + "; " + (d.fused ? "dense " : "fused ") +
-                    predicted(other) + "; " + core::format_bytes(cluster.hw.memory_bytes) +
-                    " a rank available)";
-      }
-    } catch (const std::exception& e) {
-      error = std::string("model.fused_attention: auto: ") + e.what();
+  // decision: "true" or "false", then the report's line.
+  const auto decide = [&](std::string&) {
+    std::string decision;
+    planner::Cluster cluster = planning_cluster(config, world.size(), threads);
+    if (capacity > 0) cluster.hw.memory_bytes = capacity;
+    const AttentionDecision d = decide_attention(config, cluster, device, share);
+    const planner::Plan& chosen = d.fused ? d.fused_plan : d.dense_plan;
+    const planner::Plan& other = d.fused ? d.dense_plan : d.fused_plan;
+    auto predicted = [&](const planner::Plan& p) {
+      char text[160];
+      std::snprintf(text, sizeof text, "%.4g s a step, %s a rank%s%s", p.step_time,
+                    core::format_bytes(p.memory.against(cluster.hw)).c_str(),
+                    p.run.offload_optimizer ? " with offload" : "",
+                    p.fits ? "" : ", does not fit");
+      return std::string(text);
+    };
+    decision = std::string(d.fused ? "true\nfused (" : "false\ndense (");
+    if (chosen.step_time == 0.0) {  // the planner cannot cost this layout
+      decision += "the default; the cost model cannot price this layout: " + chosen.why + ")";
+    } else if (!d.unavailable.empty()) {
+      decision += d.unavailable + ")";
+    } else {
+      decision += "predicted " + predicted(chosen) + "; " + (d.fused ? "dense " : "fused ") +
+                  predicted(other) + "; " + core::format_bytes(cluster.hw.memory_bytes) +
+                  " a rank available)";
     }
-  }
-  world.broadcast_string(error, 0);
-  if (!error.empty()) throw CollectiveError(error);
-  world.broadcast_string(decision, 0);
+    return decision;
+  };
+  const std::string decision =
+      on_root<CollectiveError>(world, "model.fused_attention: auto: ", decide);
   const std::size_t cut = decision.find('\n');
   if (log != nullptr) {
     std::fprintf(log, "attention (model.fused_attention: auto): %s\n",
@@ -306,49 +304,46 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
 
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
                               std::string* report) {
-  std::string overrides, error;
-  if (world.rank() == 0) {
-    try {
-      const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
-      // As run_layout describes the trainer's runs: fp32 arrays but (1d) the activations only
-      // products read, the products at train.precision's rate, and the weights' bf16 copy where
-      // the run's GEMM keeps one.
-      planner::SearchOptions options;
-      options.bucket_mb = config.parallel.bucket_mb;
-      options.bf16_reduce = config.parallel.bf16_grad_reduce();
-      const planner::RunLayout run = run_layout(config);
-      options.bf16_weight_copy = run.bf16_weight_copy;
-      options.bf16_products = run.bf16_products;
-      options.device = run.device;
-      options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
-      const planner::SearchResult result = planner::search_plans(
-          config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
-          options);
-      if (result.candidates == 0) {
-        error = "parallel.mode: auto: " +
-                planner::why_no_layout(config.model, config.train.global_batch,
-                                       config.train.seq_len, false, cluster, options) +
-                " (start that many ranks)";
-      } else if (result.best.empty()) {
-        error = "parallel.mode: auto: no layout of " + std::to_string(world.size()) +
-                " ranks fits in " + core::format_bytes(cluster.hw.memory_bytes) +
-                " per rank; the closest needs " +
-                core::format_bytes(result.closest.memory.device()) + " (" +
-                planner::format_plan(result.closest) +
-                (result.closest.device_fits ? "    it " + result.closest.why + "\n" : "") +
-                "); start more ranks, lower train.micro_batch or train.seq_len, or give a larger "
-                "memory in hardware.file";
-      } else {
-        if (report != nullptr) *report = planner::format_search(result, cluster);
-        for (const std::string& o : planner::plan_overrides(result.best.front())) overrides += o + "\n";
+  const auto search = [&](std::string& error) {
+    std::string overrides;
+    const planner::Cluster cluster = planning_cluster(config, world.size(), threads);
+    // As run_layout describes the trainer's runs: fp32 arrays but (1d) the activations only
+    // products read, the products at train.precision's rate, and the weights' bf16 copy where
+    // the run's GEMM keeps one.
+    planner::SearchOptions options;
+    options.bucket_mb = config.parallel.bucket_mb;
+    options.bf16_reduce = config.parallel.bf16_grad_reduce();
+    const planner::RunLayout run = run_layout(config);
+    options.bf16_weight_copy = run.bf16_weight_copy;
+    options.bf16_products = run.bf16_products;
+    options.device = run.device;
+    options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
+    const planner::SearchResult result = planner::search_plans(
+        config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
+        options);
+    if (result.candidates == 0) {
+      error = "parallel.mode: auto: " +
+              planner::why_no_layout(config.model, config.train.global_batch,
+                                     config.train.seq_len, false, cluster, options) +
+              " (start that many ranks)";
+    } else if (result.best.empty()) {
+      error = "parallel.mode: auto: no layout of " + std::to_string(world.size()) +
+              " ranks fits in " + core::format_bytes(cluster.hw.memory_bytes) +
+              " per rank; the closest needs " +
+              core::format_bytes(result.closest.memory.device()) + " (" +
+              planner::format_plan(result.closest) +
+              (result.closest.device_fits ? "    it " + result.closest.why + "\n" : "") +
+              "); start more ranks, lower train.micro_batch or train.seq_len, or give a larger "
+              "memory in hardware.file";
+    } else {
+      if (report != nullptr) *report = planner::format_search(result, cluster);
+      for (const std::string& o : planner::plan_overrides(result.best.front())) {
+        overrides += o + "\n";
       }
-    } catch (const std::exception& e) {
-      error = std::string("parallel.mode: auto: ") + e.what();
     }
-  }
-  world.broadcast_string(error, 0);
-  if (!error.empty()) throw CollectiveError(error);
-  world.broadcast_string(overrides, 0);
+    return overrides;
+  };
+  const std::string overrides = on_root<CollectiveError>(world, "parallel.mode: auto: ", search);
   std::vector<std::string> sets{"parallel.mode=manual"};
   std::size_t begin = 0;
   while (begin < overrides.size()) {

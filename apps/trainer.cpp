@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "apps/memory_fit.hpp"
+#include "apps/on_root.hpp"
 #include "core/cpu_peak.hpp"
 #include "core/kernels.hpp"
 #include "core/layers.hpp"
@@ -901,16 +902,9 @@ TrainSummary Trainer::train() {
     // used log.dir), or this run's from before a resume from an earlier one: the retention keeps
     // the newest by step and would delete the ones this run writes (with checkpoint.every: 0
     // too, which checkpoints on a stop signal), and resume: auto would continue the other.
-    std::string moved, error;
-    if (world_->rank() == 0) {
-      try {
-        moved = io::set_aside_later_checkpoints(apps::checkpoint_dir(config_), first_step);
-      } catch (const std::exception& e) {
-        error = std::string("checkpoint.dir: ") + e.what();
-      }
-    }
-    world_->broadcast_string(error, 0);
-    if (!error.empty()) throw CollectiveError(error);
+    const std::string moved = on_root<CollectiveError>(*world_, "checkpoint.dir: ", [&](auto&) {
+      return io::set_aside_later_checkpoints(apps::checkpoint_dir(config_), first_step);
+    });
     if (!moved.empty()) print("checkpoint.dir: %s\n", moved.c_str());
   }
   core::LrSchedule schedule{t.optimizer.lr, t.optimizer.min_lr, t.optimizer.warmup,
@@ -1545,18 +1539,11 @@ io::CheckpointState read_newest_checkpoint(const io::Config& config, parallel::C
 std::string export_hf_over(parallel::Communicator& world, const io::Config& config,
                            const std::string& model_path) {
   if (!config.log.export_hf) return "";
-  std::string error, written;
-  if (world.rank() == 0) {
-    try {
-      const auto files =
-          io::export_model_file(model_path, config.log.dir + "/hf", io::kDefaultHfShardBytes);
-      written = std::to_string(files.size()) + " files";
-    } catch (const std::exception& e) {
-      error = std::string("log.export_hf: ") + e.what();
-    }
-  }
-  world.broadcast_string(error, 0);
-  if (!error.empty()) throw CollectiveError(error);
+  const std::string written = on_root<CollectiveError>(world, "log.export_hf: ", [&](auto&) {
+    const auto files =
+        io::export_model_file(model_path, config.log.dir + "/hf", io::kDefaultHfShardBytes);
+    return std::to_string(files.size()) + " files";
+  });
   return "hugging face export: " + config.log.dir + "/hf (" + written +
          "; from_pretrained loads it)\n";
 }
@@ -1603,8 +1590,7 @@ std::string cannot_write(const std::string& dir, bool leave_none) {
 
 void make_log_dir(parallel::Communicator& world, const io::Config& config) {
   const std::string& dir = config.log.dir;
-  std::string error;
-  if (world.rank() == 0) {
+  on_root<CollectiveError>(world, "log.dir: ", [&](std::string& error) {
     const std::string ckpt = checkpoint_dir(config);
     if (const std::string why = cannot_write(dir, false); !why.empty()) {
       error = "log.dir: cannot create or write '" + dir + "' (" + why +
@@ -1615,9 +1601,8 @@ void make_log_dir(parallel::Communicator& world, const io::Config& config) {
       error = "checkpoint.dir: cannot create or write '" + ckpt + "' (" + why_ckpt +
               "); set checkpoint.dir to a writable directory (default: log.dir/checkpoints)";
     }
-  }
-  world.broadcast_string(error, 0);
-  if (!error.empty()) throw CollectiveError(error);
+    return std::string();
+  });
 }
 
 RunStart run_start(const io::Config& config, const io::CheckpointState& state) {
@@ -1740,17 +1725,8 @@ void Trainer::load_weights(const std::string& path) {
   // Rank 0 checks the file (every tensor's shape, nothing extra) and reads its config; then each
   // rank reads only the elements its layout holds (read_chunk_weights), so no rank holds the
   // whole model twice.
-  std::string saved, error;
-  if (world_->rank() == 0) {
-    try {
-      saved = io::check_model_file(path, logical, &config_.model);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  world_->broadcast_string(error, 0);
-  if (!error.empty()) throw io::H5Error(error);
-  world_->broadcast_string(saved, 0);
+  const std::string saved = on_root<io::H5Error>(
+      *world_, "", [&](auto&) { return io::check_model_file(path, logical, &config_.model); });
   // What no tensor's shape shows: a LLaMA's rotary base and RMSNorm epsilon, from the config the
   // file carries. Evaluated with other values the model computes other numbers, silently.
   io::Config trained;
