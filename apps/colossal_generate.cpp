@@ -21,8 +21,9 @@ int main(int argc, char** argv) {
       "Each token is drawn from softmax(logits / T) (T = 0: the likeliest), cut to the K\n"
       "likeliest tokens (0: all), then to the fewest likeliest whose probabilities reach P\n"
       "(nucleus sampling; 1: all), renormalised. A drawn --stop-token ends the text (it is\n"
-      "printed). The defaults are the config's sample.temperature, sample.top_k, sample.top_p\n"
-      "and sample.stop_tokens (0.8, 0, 1 and none unless the config sets them). --samples S\n"
+      "printed; --stop-token '' sets none). The defaults are the config's sample.temperature,\n"
+      "sample.top_k, sample.top_p and sample.stop_tokens (0.8, 0, 1 and none unless the config\n"
+      "sets them: configs/quickstart.yaml has temperature 0.7). --samples S\n"
       "prints S texts drawn independently from the same prompt and seed (default 1), separated\n"
       "by a line of dashes.\nOver the config's data: a text file's tokens\n"
       "are bytes, so TEXT is text and so is the output (no --prompt: a newline); a token file's\n"
@@ -82,8 +83,9 @@ int main(int argc, char** argv) {
                              "' is outside (0, 1] (1 keeps every token)");
     }
     if (inv.has("--stop-token")) {
-      // Ids separated by commas (or spaces): "50256" or "10,46".
+      // Ids separated by commas (or spaces): "50256" or "10,46"; '' clears the config's.
       how.stop_tokens.clear();
+      how.stop_key = "--stop-token";
       std::string list = inv.flag("--stop-token");
       std::replace(list.begin(), list.end(), ',', ' ');
       std::istringstream in(list);
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
       if (inv.rank == 0) {
         // fwrite, not printf("%s"): a generated 0 byte must not cut the text short.
         std::string out = (n > 0 ? "---------------\n" : "") + prompt + text;
-        if (out.back() != '\n') out += '\n';  // a text ended by a newline (--stop-token 10)
+        if (out.empty() || out.back() != '\n') out += '\n';  // a text ended by a newline (--stop-token 10)
         std::fwrite(out.data(), 1, out.size(), stdout);
         std::fflush(stdout);
       }
@@ -133,8 +135,8 @@ int main(int argc, char** argv) {
     const double seconds = apps::seconds_since(start);
     if (inv.rank == 0 && tokens > 0) {
       // The texts first, then the summary line on stderr.
-      std::fprintf(stderr, "colossal_generate: %d tokens%s in %.1f s (%.2f tokens/s; %s)\n",
-                   before,
+      std::fprintf(stderr, "colossal_generate: %d token%s%s in %.1f s (%.2f tokens/s; %s)\n",
+                   before, before == 1 ? "" : "s",
                    samples > 1 ? (" (" + std::to_string(samples) + " samples)").c_str() : "",
                    seconds, before / std::max(seconds, 1e-9),
                    cache ? "KV cache over the train.seq_len window"

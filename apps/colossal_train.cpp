@@ -126,7 +126,8 @@ void print_outputs(std::FILE* log, const colossal::io::Config& config,
     std::fprintf(log, "sample (%d tokens after \"%s\"%s):\n", s.sample_tokens,
                  config.sample.prompt.c_str(),
                  s.sample_tokens < config.sample.tokens ? ", ended by a stop token" : "");
-    const std::string text = config.sample.prompt + s.sample + "\n";
+    std::string text = config.sample.prompt + s.sample;
+    if (text.empty() || text.back() != '\n') text += '\n';  // ended by a newline stop token
     std::fwrite(text.data(), 1, text.size(), log);
   }
 }

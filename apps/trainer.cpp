@@ -1761,8 +1761,13 @@ void Trainer::set_local_parameters(const std::vector<std::vector<float>>& per_ch
 }
 
 Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed) {
-  return Sampling{.temperature = sample.temperature, .top_k = sample.top_k,
-                  .top_p = sample.top_p, .stop_tokens = sample.stop_tokens, .seed = seed};
+  Sampling how;
+  how.temperature = sample.temperature;
+  how.top_k = sample.top_k;
+  how.top_p = sample.top_p;
+  how.stop_tokens = sample.stop_tokens;
+  how.seed = seed;
+  return how;
 }
 
 // The largest logit (temperature 0), or a draw with the i-th number of the seed's sampling
@@ -1858,34 +1863,37 @@ void Trainer::decode_tokens(const int32_t* tokens, int n, int position) {
 std::string Trainer::generate(const std::string& prompt, int tokens, const Sampling& how,
                               const std::string& key,
                               const std::function<void(int done)>& progress) {
+  const int T = config_.train.seq_len, V = config_.model.vocab;
+  // Checked on every rank (the same data, the same verdict), before any collective.
+  std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
+  check_stop_tokens(how.stop_tokens, *train_data_, V, how.stop_key);
   if (chunks_.back().dense == nullptr) {
     // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
     // trainer on world rank 0, which samples: the text a 1d run of these weights prints.
     const std::vector<float> values = logical_parameters();
     if (world_->rank() != 0) return "";
-    io::Config one = config_;
-    one.parallel = io::ParallelConfig{};
-    one.train.micro_batch = 1;
-    one.train.global_batch = 1;
-    one.checkpoint.every = 0;
-    one.checkpoint.resume = io::ResumeMode::never;
-    one.model_init_from.clear();  // its weights are `values`: not read again
-    // Sampling needs no training state (also at the end of a training run): the parameters and
-    // one block's activations, written straight from `values`, and (colossal_generate) the
-    // decoding state.
-    Trainer whole(one, nullptr, nullptr,
-                  TrainerOptions{.inference = true, .decode = decode_requested_});
+    if (sampler_trainer_ == nullptr) {
+      io::Config one = config_;
+      one.parallel = io::ParallelConfig{};
+      one.train.micro_batch = 1;
+      one.train.global_batch = 1;
+      one.checkpoint.every = 0;
+      one.checkpoint.resume = io::ResumeMode::never;
+      one.model_init_from.clear();  // its weights are `values`: not read again
+      // Sampling needs no training state (also at the end of a training run): the parameters
+      // and one block's activations, written straight from `values`, and (colossal_generate)
+      // the decoding state.
+      sampler_trainer_ = std::make_unique<Trainer>(
+          one, nullptr, nullptr, TrainerOptions{.inference = true, .decode = decode_requested_});
+    }
+    Trainer& whole = *sampler_trainer_;
     whole.set_logical_parameters(values);
     std::string text = whole.generate(prompt, tokens, how, key, progress);
     last_logits_ = whole.last_logits();
     generated_ = whole.generated();
     return text;
   }
-  const int T = config_.train.seq_len, V = config_.model.vocab;
   const bool bytes = train_data_->format() == io::TokenFile::Format::raw_bytes;
-  std::vector<int32_t> context = prompt_tokens(prompt, *train_data_, V, key);
-  check_stop_tokens(how.stop_tokens, *train_data_, V,
-                    key == "--prompt" ? "--stop-token" : "sample.stop_tokens");
   // The model's window is train.seq_len: a longer context keeps only its last T tokens (and
   // positions restart), which differs from a model reading all of it. Said, not done silently.
   // (colossal_generate's --prompt; the end-of-run sample of a training run stays quiet.)
@@ -1940,7 +1948,10 @@ std::string Trainer::generate(const std::string& prompt, int tokens, const Sampl
       }
     }
     last_logits_ = logits;
-    const int next = sample_token(logits, bytes ? 256 : V, how, i);
+    // World rank 0's draw for every rank: ranks that sample alike (data-parallel replicas run
+    // the same forward) stay in step, also where a stop token ends the text.
+    int next = sample_token(logits, bytes ? 256 : V, how, i);
+    if (world_->size() > 1) world_->broadcast_value(next, 0);
     context.push_back(next);
     if (bytes) {
       out.push_back(static_cast<char>(next));

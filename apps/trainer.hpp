@@ -157,13 +157,16 @@ struct Sampling {
   int top_k = 0;                 // 0 = every token
   double top_p = 1.0;            // 1 = every token
   std::vector<int> stop_tokens;  // drawing one ends the text (which includes it)
+  std::string stop_key = "sample.stop_tokens";  // where stop_tokens came from, for errors
   uint64_t seed = 1;
   int stream = 0;                // independent draws from one seed (colossal_generate --samples)
 };
 Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed);
 
 // The `i`-th token of a text drawn by `how` from `logits` (the last position's; overwritten),
-// among the first `candidates` ids (256 over byte data: only the bytes can be printed).
+// among the first `candidates` ids (256 over byte data: only the bytes can be printed). A tie at
+// the top_k-th place keeps the smaller ids (exactly top_k tokens; Hugging Face keeps every tied
+// one).
 int sample_token(std::span<float> logits, int candidates, const Sampling& how, int i);
 
 // Stop tokens the data can produce: io::ConfigError naming `key` for one at or past model.vocab
@@ -327,6 +330,9 @@ class Trainer {
   bool decode_want_logits_ = true;  // the head stage computes the logits of this decode()
   std::vector<float> last_logits_;
   int generated_ = 0;
+  // 2d / 2.5d / 3d: the one-rank 1d trainer that samples on world rank 0, made by the first
+  // generate() and given the current parameters by each.
+  std::unique_ptr<Trainer> sampler_trainer_;
   std::vector<float> decode_logits_;
   struct Chunk;
   // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.

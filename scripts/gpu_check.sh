@@ -308,32 +308,38 @@ fi
 
 if section 2; then
   # Issue 20's bound for bf16 on the device: 300 quickstart steps in bf16 end within 2% of fp32
-  # (the mean train loss of the last 20 steps, and the final validation loss).
+  # (the mean train loss of the last 20 steps, and the final validation loss). A measurement
+  # against a target: past it is reported, not a failure (the later sections still run); a run
+  # that fails, or a loss that is not finite, is one.
   t0=$SECONDS
-  declare -A q_tail q_val q_rate
+  declare -A q_tail q_val q_rate q_rc
   for p in fp32 bf16; do
-    qd="/tmp/gpu_check-q300-$p"
+    qd="/tmp/gpu_check-q300-$p-$$"
     rm -rf "$qd"
     (cd "$root" && timeout -k 5 "$(lim 90)" "$bin/colossal_train" configs/quickstart.yaml \
        --set train.steps=300 --set train.precision=$p --set eval.every=300 --set sample.tokens=0 \
        --set checkpoint.every=0 --set log.save_model=false --set log.dir="$qd") > "/tmp/q300-$p.log" 2>&1
+    q_rc[$p]=$?
+    # Empty unless the last 20 rows are all finite numbers.
     q_tail[$p]=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "loss") c = i; next }
                           c { l[NR] = $c; n = NR } END { if (n < 21) exit; s = 0
-                          for (i = n - 19; i <= n; i++) s += l[i]; printf "%.4f", s / 20 }' \
+                          for (i = n - 19; i <= n; i++) {
+                            if (l[i] !~ /^-?[0-9.]+([eE][-+]?[0-9]+)?$/) exit
+                            s += l[i] }
+                          printf "%.4f", s / 20 }' \
                  "$qd/metrics.csv" 2>/dev/null)
     q_val[$p]=$(grep -o 'val loss [0-9.e+-]*' "/tmp/q300-$p.log" | tail -n 1 | cut -d' ' -f3)
     q_rate[$p]=$(sed -n 's/.*| \([0-9.]*\) tok\/s |.*/\1/p' "/tmp/q300-$p.log" | tail -n 1)
   done
-  if [ -n "${q_tail[fp32]}" ] && [ -n "${q_tail[bf16]}" ] && [ -n "${q_val[fp32]}" ] &&
-     [ -n "${q_val[bf16]}" ]; then
+  if [ "${q_rc[fp32]}" = 0 ] && [ "${q_rc[bf16]}" = 0 ] && [ -n "${q_tail[fp32]}" ] &&
+     [ -n "${q_tail[bf16]}" ] && [ -n "${q_val[fp32]}" ] && [ -n "${q_val[bf16]}" ]; then
     verdict=$(python3 -c "import sys; a, b, c, d = map(float, sys.argv[1:5])
 print('%+.2f%% train, %+.2f%% val: %s' % (100 * (b / a - 1), 100 * (d / c - 1),
       'within 2%' if abs(b / a - 1) <= 0.02 and abs(d / c - 1) <= 0.02 else 'PAST 2%'))" \
       "${q_tail[fp32]}" "${q_tail[bf16]}" "${q_val[fp32]}" "${q_val[bf16]}")
     say "300 quickstart steps, last-20 train loss (final val loss): fp32 ${q_tail[fp32]} (${q_val[fp32]}), bf16 ${q_tail[bf16]} (${q_val[bf16]}); $verdict; tok/s fp32 ${q_rate[fp32]}, bf16 ${q_rate[bf16]} ($((SECONDS - t0)) s)"
-    case "$verdict" in *PAST*) fail=1 ;; esac
   else
-    say "300 quickstart steps, fp32 and bf16: FAILED (no losses)"
+    say "300 quickstart steps, fp32 and bf16: FAILED (rc ${q_rc[fp32]} and ${q_rc[bf16]}, or no finite losses)"
     tail -n 8 /tmp/q300-fp32.log /tmp/q300-bf16.log >> "$report"; fail=1
   fi
 fi

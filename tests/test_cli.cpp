@@ -791,7 +791,7 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
                              std::to_string(int(static_cast<unsigned char>(text[3]))));
   ASSERT_EQ(stopped.code, 0) << stopped.output;
   EXPECT_EQ(stopped.output.rfind(text.substr(0, 4) + "\n", 0), 0u) << stopped.output;
-  EXPECT_NE(stopped.output.find("colossal_generate: 1 tokens in "), std::string::npos)
+  EXPECT_NE(stopped.output.find("colossal_generate: 1 token in "), std::string::npos)
       << stopped.output;
   EXPECT_NE(stopped.output.find("a stop token (--stop-token) ended the text early"),
             std::string::npos)
@@ -805,6 +805,46 @@ TEST_F(Cli, TensorParallelRunSavesTheLogicalModelAndGeneratesAlike) {
   EXPECT_NE(two_texts.output.find("colossal_generate: 24 tokens (2 samples) in "),
             std::string::npos)
       << two_texts.output;
+  // The texts without colossal_generate's summary lines (stderr: anywhere under mpirun).
+  const auto texts_of = [](const Result& r) {
+    std::string out;
+    std::istringstream in(r.output);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("colossal_generate: ", 0) != 0) out += line + "\n";
+    }
+    return out;
+  };
+  // Under tensor parallelism every rank draws world rank 0's token, so the ranks stop together,
+  // with one rank's texts.
+  const std::string stop_sets = weighted + " --temperature 1 --top-p 0.9 --samples 2 --seed 3" +
+                                " --stop-token " +
+                                std::to_string(int(static_cast<unsigned char>(text[3])));
+  const Result one_stopped = run(bin("colossal_generate") + " " + config + stop_sets);
+  ASSERT_EQ(one_stopped.code, 0) << one_stopped.output;
+  const Result two_stopped = run(mpirun + bin("colossal_generate") + " " + config + stop_sets +
+                                 tp2);
+  ASSERT_EQ(two_stopped.code, 0) << two_stopped.output;
+  EXPECT_NE(two_stopped.output.find("\n---------------\nthe"), std::string::npos)
+      << two_stopped.output;
+  EXPECT_EQ(texts_of(two_stopped), texts_of(one_stopped)) << two_stopped.output;
+  // The 2d grid samples on rank 0 alone: a bad stop token is refused on every rank (no hang).
+  const std::string four =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 4 "
+      "--oversubscribe ";
+  r = run(four + bin("colossal_generate") + " " + config + weighted +
+          " --set parallel.tensor.size=4 --set parallel.tensor.mode=2d --samples 2"
+          " --stop-token 300");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--stop-token: token 300 is outside"), std::string::npos) << r.output;
+  // ... and samples every text there, the same as one rank's.
+  const Result grid_texts = run(four + bin("colossal_generate") + " " + config + weighted +
+                                " --set parallel.tensor.size=4 --set parallel.tensor.mode=2d"
+                                " --temperature 1 --top-p 0.9 --samples 2 --seed 3");
+  ASSERT_EQ(grid_texts.code, 0) << grid_texts.output;
+  EXPECT_NE(grid_texts.output.find("colossal_generate: 24 tokens (2 samples) in "),
+            std::string::npos)
+      << grid_texts.output;
+  EXPECT_EQ(texts_of(grid_texts), texts_of(two_texts)) << grid_texts.output;
   r = run(bin("colossal_generate") + " " + config + gen + " --top-p 1.5");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("--top-p: '1.5' is outside (0, 1]"), std::string::npos) << r.output;

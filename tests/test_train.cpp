@@ -207,6 +207,10 @@ TEST(Sampling, DrawsFromTheSoftmaxCutToTopKAndTopP) {
   k3p05.top_k = 3;  // ids 1, 3, 4 (mass 0.85); then half of it: 0.40 < 0.425, so ids 1 and 3
   k3p05.top_p = 0.5;
   expect_near(frequencies(k3p05), {0, 0.40 / 0.65, 0, 0.25 / 0.65, 0});
+  apps::Sampling k2p06 = how;
+  k2p06.top_k = 2;  // ids 1 and 3 (mass 0.65), renormalised: 0.40 / 0.65 >= 0.6, so id 1 alone
+  k2p06.top_p = 0.6;
+  expect_near(frequencies(k2p06), {0, 1, 0, 0, 0});
   apps::Sampling p03 = how;
   p03.top_p = 0.3;  // the likeliest alone
   expect_near(frequencies(p03), {0, 1, 0, 0, 0});
