@@ -146,7 +146,11 @@ TEST(Prompt, IsTextOverBytesAndIdsOverATokenFile) {
             std::string::npos);
   EXPECT_EQ(message([&] { apps::check_stop_tokens({10, 255}, bytes, 512, "k"); }), "accepted");
   apps::Sampling bad;
-  bad.stop_tokens = {2000};
+  bad.stop_tokens = {2000};  // named by where they came from: the config's key by default
+  EXPECT_NE(message([&] { trainer.generate("1001", 2, bad, "--prompt"); })
+                .find("sample.stop_tokens: token 2000 is outside"),
+            std::string::npos);
+  bad.stop_key = "--stop-token";
   EXPECT_NE(message([&] { trainer.generate("1001", 2, bad, "--prompt"); })
                 .find("--stop-token: token 2000 is outside"),
             std::string::npos);
