@@ -24,6 +24,7 @@
 
 #include "apps/layout.hpp"
 #include "apps/memory_fit.hpp"
+#include "apps/on_root.hpp"
 #include "apps/trainer.hpp"
 #include "io/config.hpp"
 #include "io/init_from.hpp"
@@ -55,6 +56,42 @@ io::Config config(const std::string& data, const Case& c) {
       (std::filesystem::temp_directory_path() / ("colossal_inference_" + c.name)).string() +
       "}\n";
   return io::parse_config(text, "test");
+}
+
+// apps::on_root: rank 0's result reaches every rank; an error there (thrown, or set) is thrown
+// on every rank as the given type, with the context before what was thrown; the work runs on
+// the root alone.
+TEST(OnRoot, ResultsAndErrorsReachEveryRank) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  int runs = 0;
+  const std::string got = apps::on_root<apps::CollectiveError>(world, "ctx: ", [&](auto&) {
+    ++runs;
+    return std::string("rank ") + std::to_string(world.rank()) + " decided";
+  });
+  EXPECT_EQ(got, "rank 0 decided");
+  EXPECT_EQ(runs, world.rank() == 0 ? 1 : 0);
+  try {
+    apps::on_root<apps::DataFileError>(world, "model.init_from: ", [&](auto&) -> std::string {
+      throw std::runtime_error("no such file");
+    });
+    ADD_FAILURE() << "no error on rank " << world.rank();
+  } catch (const apps::DataFileError& e) {
+    EXPECT_STREQ(e.what(), "model.init_from: no such file");
+  }
+  try {
+    apps::on_root<apps::CollectiveError>(world, "ignored: ", [&](std::string& error) {
+      error = "log.dir: cannot write";
+      return std::string("unused");
+    });
+    ADD_FAILURE() << "no error on rank " << world.rank();
+  } catch (const apps::CollectiveError& e) {
+    EXPECT_STREQ(e.what(), "log.dir: cannot write");
+  }
+  // The last rank as the root.
+  const int last = world.size() - 1;
+  EXPECT_EQ(apps::on_root<apps::CollectiveError>(
+                world, "", [&](auto&) { return std::to_string(world.rank()); }, last),
+            std::to_string(last));
 }
 
 class Inference : public ::testing::TestWithParam<Case> {};
