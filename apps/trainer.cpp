@@ -1737,8 +1737,8 @@ void Trainer::load_weights(const std::string& path) {
     trained.model = config_.model;  // an older or hand-made file: nothing to compare
   }
   if (config_.model.llama() && trained.model.llama()) {
-    const auto differences = io::numerics_differences(
-        config_.model, io::HfNumerics{trained.model.rope_theta, trained.model.rms_eps});
+    const auto differences =
+        io::numerics_differences(config_.model, io::numerics_of(trained.model));
     if (!differences.empty()) {
       const io::NumericsDifference& d = differences.front();
       std::ostringstream text;

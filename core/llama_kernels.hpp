@@ -16,9 +16,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/kernels.hpp"
 #include "core/llama_kernels_team.hpp"
+#include "core/model_spec.hpp"
 
 namespace colossal::core::kernels {
 
@@ -85,14 +87,18 @@ void rmsnorm_backward(float* dinp,          // (N,C), accumulated
       });
 }
 
-// The rotation table of RoPE: cos and sin of pos * theta^(-2i/hs) for pos in [0, T) and
-// i in [0, hs/2), row-major (T, hs/2). Computed in double, so every layout (and every rank of a
-// ring, which reads rows from its own global offset) uses the same values.
-inline void rope_table(float* cos_table, float* sin_table, int T, int hs, double theta) {
+// The rotation table of RoPE: cos and sin of pos * f_i for pos in [0, T) and i in [0, hs/2),
+// f_i = theta^(-2i/hs) scaled by `scaling` (core::rope_frequency), row-major (T, hs/2). Computed
+// in double, so every layout (and every rank of a ring, which reads rows from its own global
+// offset) uses the same values.
+inline void rope_table(float* cos_table, float* sin_table, int T, int hs, double theta,
+                       const RopeScaling& scaling = {}) {
   const int half = hs / 2;
+  std::vector<double> frequency(half);
+  for (int i = 0; i < half; ++i) frequency[i] = rope_frequency(i, hs, theta, scaling);
   for (int t = 0; t < T; ++t) {
     for (int i = 0; i < half; ++i) {
-      const double angle = t * std::pow(theta, -2.0 * i / hs);
+      const double angle = t * frequency[i];
       cos_table[t * half + i] = float(std::cos(angle));
       sin_table[t * half + i] = float(std::sin(angle));
     }

@@ -284,7 +284,7 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
     if (rope_cos_ != nullptr) {  // the rotations of every position of the (ring's) sequence
       const int positions = seq_len * ring_size, hs = spec.head_dim();
       std::vector<float> cs(sz.rope_tables / 2), sn(sz.rope_tables / 2);
-      k::rope_table(cs.data(), sn.data(), positions, hs, spec.rope_theta);
+      k::rope_table(cs.data(), sn.data(), positions, hs, spec.rope_theta, spec.rope_scaling);
       copy_to_device(rope_cos_, cs.data(), cs.size() * sizeof(float));
       copy_to_device(rope_sin_, sn.data(), sn.size() * sizeof(float));
     }

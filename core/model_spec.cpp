@@ -30,6 +30,18 @@ ModelSpec model_spec(Arch arch, int layers, int hidden, int heads, int ffn_hidde
   return s;
 }
 
+double rope_frequency(int i, int hs, double theta, const RopeScaling& scaling) {
+  const double f = std::pow(theta, -2.0 * i / hs);
+  if (!scaling.scaled()) return f;
+  constexpr double kTwoPi = 6.283185307179586;
+  const double wavelength = kTwoPi / f, original = scaling.original_max_seq;
+  if (wavelength < original / scaling.high_freq_factor) return f;  // high frequencies: kept
+  if (wavelength > original / scaling.low_freq_factor) return f / scaling.factor;  // low: scaled
+  const double smooth = (original / wavelength - scaling.low_freq_factor) /
+                        (scaling.high_freq_factor - scaling.low_freq_factor);
+  return (1.0 - smooth) * f / scaling.factor + smooth * f;
+}
+
 ModelSpec llama_spec(int layers, int hidden, int heads, int kv_heads, int ffn_hidden, int vocab,
                      int max_seq, double rope_theta, double rms_eps, bool tie) {
   ModelSpec s = model_spec(Arch::llama, layers, hidden, heads, ffn_hidden, vocab, max_seq);

@@ -20,6 +20,23 @@ enum class Arch { gpt2, opt, llama };
 
 const char* arch_name(Arch arch);
 
+// Llama 3's rotary scaling (Hugging Face rope_type "llama3", Llama 3.1 and later): a frequency
+// whose wavelength 2 pi / f exceeds original_max_seq / low_freq_factor is divided by factor, one
+// whose wavelength is below original_max_seq / high_freq_factor is kept, and the band between
+// moves smoothly from one to the other. factor 1 is no scaling.
+struct RopeScaling {
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_seq = 8192;
+
+  bool scaled() const { return factor != 1.0; }
+};
+
+// The rotation frequency of pair i (of hs / 2) of a head of hs columns: theta^(-2i/hs), then
+// scaled as `scaling` says. In double: every layout builds its tables from it.
+double rope_frequency(int i, int hs, double theta, const RopeScaling& scaling);
+
 struct ModelSpec {
   Arch arch = Arch::gpt2;
   int layers = 12;
@@ -39,6 +56,7 @@ struct ModelSpec {
   // embedding (Hugging Face's tie_word_embeddings; gpt2/opt always tie).
   int kv_heads = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double rms_eps = 1e-5;
   bool tie_embeddings = false;
 

@@ -245,6 +245,25 @@ const std::vector<KeySpec>& schema() {
       {.key = "model.rope_theta", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.model.rope_theta; },
        .doc = "llama: base of the rotary position embedding's frequencies", .range = above(0)},
+      {.key = "model.rope_factor", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.model.rope_scaling.factor; },
+       .doc = "llama: Llama 3's rotary scaling (Hugging Face rope_scaling rope_type llama3): "
+              "frequencies of wavelengths above rope_original_max_seq / rope_low_freq_factor "
+              "are divided by this, those below rope_original_max_seq / rope_high_freq_factor "
+              "kept, the band between interpolated; 1 = unscaled",
+       .range = at_least(1), .example = "8"},
+      {.key = "model.rope_low_freq_factor", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.model.rope_scaling.low_freq_factor; },
+       .doc = "llama, with rope_factor > 1: rope_scaling's low_freq_factor", .range = above(0),
+       .cross_check = "< model.rope_high_freq_factor when model.rope_factor > 1"},
+      {.key = "model.rope_high_freq_factor", .kind = Kind::number,
+       .field = [](Config& c) -> Field { return &c.model.rope_scaling.high_freq_factor; },
+       .doc = "llama, with rope_factor > 1: rope_scaling's high_freq_factor", .range = above(0)},
+      {.key = "model.rope_original_max_seq", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.model.rope_scaling.original_max_seq; },
+       .doc = "llama, with rope_factor > 1: rope_scaling's original_max_position_embeddings, "
+              "the context the unscaled model was trained for",
+       .range = at_least(1)},
       {.key = "model.rms_eps", .kind = Kind::number,
        .field = [](Config& c) -> Field { return &c.model.rms_eps; },
        .doc = "llama: epsilon of RMSNorm", .range = above(0)},
@@ -1274,28 +1293,45 @@ class Resolver {
   }
 
   // A LLaMA's model.init_from with a config.json beside it (its sizes set here, not
-  // from_weights): the rotary base and RMSNorm epsilon that no tensor's shape shows come from
-  // config.json unless model.rope_theta / model.rms_eps are set (then those win, and the start-up
-  // says they differ). Without this a model trained with rope_theta 500000 was evaluated with
+  // from_weights): the rotary base, Llama 3's rotary scaling and RMSNorm epsilon that no tensor's
+  // shape shows come from config.json unless model.rope_theta / model.rope_* / model.rms_eps are
+  // set (then those win, and the start-up says they differ). Without this a model trained with rope_theta 500000 was evaluated with
   // 10000, silently 0.4% off.
   void fill_numerics_from_weights(Config& config) const {
+    bool all_set = true;  // (a resolved config sets them all: it reads without config.json)
+    for (const char* key : {"model.rope_theta", "model.rms_eps", "model.rope_factor",
+                            "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+                            "model.rope_original_max_seq"}) {
+      all_set = all_set && entries_.count(key) > 0;
+    }
     if (config.model_init_from.empty() || config.model.arch != core::Arch::llama ||
-        config.model_preset == kFromWeights ||
-        (entries_.count("model.rope_theta") && entries_.count("model.rms_eps"))) {
-      return;  // (a resolved config sets both: it reads without the weights' directory)
+        config.model_preset == kFromWeights || all_set) {
+      return;
     }
     HfNumerics numerics;
     try {
       numerics = hf_llama_numerics(config.model_init_from);
     } catch (const WeightsError& e) {
       raise(where_value("model.init_from"), "model.init_from", e.what(),
-            "the config.json of a LLaMA our model runs (unscaled rotary embedding)",
+            "the config.json of a LLaMA our model runs (rotary embedding of rope_type default or "
+            "llama3)",
             "fix the weights' config.json, or point model.init_from at other weights");
     }
     if (numerics.rope_theta && !entries_.count("model.rope_theta"))
       config.model.rope_theta = *numerics.rope_theta;
     if (numerics.rms_eps && !entries_.count("model.rms_eps"))
       config.model.rms_eps = *numerics.rms_eps;
+    core::RopeScaling& rope = config.model.rope_scaling;
+    for (const auto& [key, value, field] :
+         {std::tuple{"model.rope_factor", numerics.rope_factor, &rope.factor},
+          std::tuple{"model.rope_low_freq_factor", numerics.rope_low_freq_factor,
+                     &rope.low_freq_factor},
+          std::tuple{"model.rope_high_freq_factor", numerics.rope_high_freq_factor,
+                     &rope.high_freq_factor}}) {
+      if (value && !entries_.count(key)) *field = *value;
+    }
+    if (numerics.rope_original_max_seq && !entries_.count("model.rope_original_max_seq"))
+      rope.original_max_seq = int(*numerics.rope_original_max_seq);
   }
 
   void check_consistency(const Config& config) const {
@@ -1306,6 +1342,16 @@ class Resolver {
     check_pipeline(config);
     check_recompute(config);
     check_fine_tune(config);
+    const core::RopeScaling& rope = config.model.rope_scaling;
+    if (rope.scaled() && !(rope.low_freq_factor < rope.high_freq_factor)) {
+      raise(where_first({"model.rope_low_freq_factor", "model.rope_high_freq_factor",
+                         "model.rope_factor"}),
+            "model.rope_low_freq_factor",
+            format_number(rope.low_freq_factor) + " with model.rope_high_freq_factor " +
+                format_number(rope.high_freq_factor),
+            "the band between the two wavelengths is interpolated, so low < high",
+            "use Llama 3's 1 and 4, or the values of the model's config.json");
+    }
     for (int id : config.sample.stop_tokens) {
       if (id >= config.model.vocab) {
         raise(where_first({"sample.stop_tokens"}), "sample.stop_tokens",

@@ -58,7 +58,17 @@ std::string hf_config_json(const core::ModelSpec& s) {
     j["hidden_act"] = "silu";
     j["rms_norm_eps"] = s.rms_eps;
     j["rope_theta"] = s.rope_theta;
-    j["rope_scaling"] = nullptr;
+    // Llama 3's scaling as transformers 4 writes it (transformers 5 reads it too).
+    const core::RopeScaling& r = s.rope_scaling;
+    if (r.scaled()) {
+      j["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_seq}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["attention_dropout"] = 0.0;

@@ -3,6 +3,7 @@
 #include <hdf5.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -402,16 +403,44 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
   HfNumerics n;
   n.rms_eps = number(c, "rms_norm_eps", "rms_norm_eps");
   n.rope_theta = number(c, "rope_theta", "rope_theta");
+  // The rotary form: rope_scaling (older transformers) or rope_parameters (transformers 5, which
+  // also holds rope_theta there), of rope_type default (none) or llama3 (Llama 3.1 and later).
+  // Its four numbers, factor 1 for none; both keys present must agree.
+  using Scaling = std::array<std::optional<double>, 4>;
+  const auto scaling_of = [&](const json& in, const std::string& name) -> Scaling {
+    if (!in.is_object()) throw fail(name, "is " + in.dump() + ", not an object");
+    const std::string type = in.contains("rope_type") ? in["rope_type"].dump()
+                             : in.contains("type")    ? in["type"].dump()
+                                                      : "\"default\"";
+    if (type == "\"default\"") return {1.0, std::nullopt, std::nullopt, std::nullopt};
+    if (type != "\"llama3\"")
+      throw fail(name, "is " + in.dump() + "; our rotary embedding supports rope_type default "
+                                           "and llama3");
+    Scaling s = {number(in, "factor", name + ".factor"),
+                 number(in, "low_freq_factor", name + ".low_freq_factor"),
+                 number(in, "high_freq_factor", name + ".high_freq_factor"),
+                 number(in, "original_max_position_embeddings",
+                        name + ".original_max_position_embeddings")};
+    for (const auto& v : s) {
+      if (!v) throw fail(name, "is " + in.dump() + "; rope_type llama3 needs factor, "
+                                                   "low_freq_factor, high_freq_factor and "
+                                                   "original_max_position_embeddings");
+    }
+    return s;
+  };
+  std::optional<Scaling> scaling;
   if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-    throw fail("rope_scaling", "is " + c["rope_scaling"].dump() +
-                                   "; our rotary embedding is unscaled (rope_scaling: null)");
-  // transformers 5 folds rope_theta into rope_parameters (and reads it from there); only the
-  // default rope type runs.
+    scaling = scaling_of(c["rope_scaling"], "rope_scaling");
+  // transformers 5 folds rope_theta into rope_parameters (and reads it from there).
   if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
     const json& rp = c["rope_parameters"];
-    if (rp.contains("rope_type") && rp["rope_type"] != "default")
-      throw fail("rope_parameters", "is " + rp.dump() +
-                                        "; our rotary embedding supports rope_type default");
+    const Scaling inner_scaling = scaling_of(rp, "rope_parameters");
+    if (scaling && *scaling != inner_scaling)
+      throw fail("rope_parameters", "is " + rp.dump() + " but rope_scaling is " +
+                                        c["rope_scaling"].dump() +
+                                        "; transformers 5 reads rope_parameters, older versions "
+                                        "rope_scaling: keep one");
+    scaling = inner_scaling;
     const std::optional<double> inner = number(rp, "rope_theta", "rope_parameters.rope_theta");
     if (inner && n.rope_theta && *inner != *n.rope_theta)
       throw fail("rope_parameters.rope_theta",
@@ -419,6 +448,17 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
                      "; transformers 5 reads rope_parameters, older versions rope_theta: keep one");
     if (inner) n.rope_theta = inner;
   }
+  const Scaling none = {1.0, std::nullopt, std::nullopt, std::nullopt};
+  const Scaling& s = scaling ? *scaling : none;
+  n.rope_factor = s[0];
+  n.rope_low_freq_factor = s[1];
+  n.rope_high_freq_factor = s[2];
+  n.rope_original_max_seq = s[3];
+  if (n.rope_factor && *n.rope_factor < 1.0)
+    throw fail("rope_scaling.factor", "is " + std::to_string(*n.rope_factor) +
+                                          "; llama3 scaling stretches the context (factor >= 1)");
+  if (s[1] && s[2] && !(*s[1] < *s[2]))
+    throw fail("rope_scaling.low_freq_factor", "is not below high_freq_factor");
   return n;
 }
 
@@ -427,13 +467,30 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
 std::vector<NumericsDifference> numerics_differences(const core::ModelSpec& spec,
                                                      const HfNumerics& theirs) {
   std::vector<NumericsDifference> out;
-  for (const auto& [key, hf_key, ours, value] :
-       {std::tuple{"model.rope_theta", "rope_theta", spec.rope_theta, theirs.rope_theta},
-        std::tuple{"model.rms_eps", "rms_norm_eps", spec.rms_eps, theirs.rms_eps}}) {
-    if (value && std::abs(*value - ours) > 1e-6 * std::abs(ours))
+  const core::RopeScaling& r = spec.rope_scaling;
+  const bool scaled = r.scaled() || (theirs.rope_factor && *theirs.rope_factor != 1.0);
+  for (const auto& [key, hf_key, ours, value, applies] :
+       {std::tuple{"model.rope_theta", "rope_theta", spec.rope_theta, theirs.rope_theta, true},
+        std::tuple{"model.rms_eps", "rms_norm_eps", spec.rms_eps, theirs.rms_eps, true},
+        std::tuple{"model.rope_factor", "rope_scaling.factor", r.factor, theirs.rope_factor,
+                   true},
+        // The other three mean nothing unscaled.
+        std::tuple{"model.rope_low_freq_factor", "rope_scaling.low_freq_factor",
+                   r.low_freq_factor, theirs.rope_low_freq_factor, scaled},
+        std::tuple{"model.rope_high_freq_factor", "rope_scaling.high_freq_factor",
+                   r.high_freq_factor, theirs.rope_high_freq_factor, scaled},
+        std::tuple{"model.rope_original_max_seq", "rope_scaling.original_max_position_embeddings",
+                   double(r.original_max_seq), theirs.rope_original_max_seq, scaled}}) {
+    if (applies && value && std::abs(*value - ours) > 1e-6 * std::abs(ours))
       out.push_back({key, hf_key, ours, *value});
   }
   return out;
+}
+
+HfNumerics numerics_of(const core::ModelSpec& spec) {
+  const core::RopeScaling& r = spec.rope_scaling;
+  return HfNumerics{spec.rope_theta,      spec.rms_eps,         r.factor,
+                    r.low_freq_factor,    r.high_freq_factor,   double(r.original_max_seq)};
 }
 
 HfNumerics hf_llama_numerics(const std::string& path) {
@@ -535,6 +592,11 @@ core::ModelSpec spec_from_hf_config(const std::string& path) {
     const HfNumerics numerics = llama_numerics(c, file);
     s.rms_eps = numerics.rms_eps.value_or(1e-6);
     s.rope_theta = numerics.rope_theta.value_or(10000.0);
+    if (numerics.rope_factor && *numerics.rope_factor != 1.0) {
+      s.rope_scaling = core::RopeScaling{*numerics.rope_factor, *numerics.rope_low_freq_factor,
+                                         *numerics.rope_high_freq_factor,
+                                         int(*numerics.rope_original_max_seq)};
+    }
     if (c.contains("tie_word_embeddings") && !c["tie_word_embeddings"].is_null()) {
       if (!c["tie_word_embeddings"].is_boolean())
         throw fail("tie_word_embeddings", "is " + c["tie_word_embeddings"].dump() +

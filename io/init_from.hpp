@@ -64,17 +64,23 @@ std::string hf_config_path(const std::string& path);
 struct HfNumerics {
   std::optional<double> rope_theta;  // rope_theta, or transformers 5's rope_parameters.rope_theta
   std::optional<double> rms_eps;     // rms_norm_eps
+  // rope_scaling (or rope_parameters) of rope_type llama3: factor, low_freq_factor,
+  // high_freq_factor, original_max_position_embeddings; factor 1 when the config.json has none.
+  std::optional<double> rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+      rope_original_max_seq;
 };
+// Every one of them, as `spec` has them (a model file's config, to compare with).
+HfNumerics numerics_of(const core::ModelSpec& spec);
 // Those of the config.json beside `path`; none when there is no config.json or its model_type
-// is not llama. Throws WeightsError for a rotary form our model cannot run (rope_scaling, a
-// rope_type other than default) or two rope_theta values that differ.
+// is not llama. Throws WeightsError for a rotary form our model cannot run (a rope_type other
+// than default and llama3) or two rope_theta (or rope scaling) values that differ.
 HfNumerics hf_llama_numerics(const std::string& path);
 
 // Those of `theirs` that differ from `spec`'s beyond float32 rounding (a float32 1e-5 written out
 // is 1e-5): each with our key, config.json's key, and both values.
 struct NumericsDifference {
-  const char* key;     // model.rope_theta, model.rms_eps
-  const char* hf_key;  // rope_theta, rms_norm_eps
+  const char* key;     // model.rope_theta, model.rms_eps, model.rope_factor, ...
+  const char* hf_key;  // rope_theta, rms_norm_eps, rope_scaling.factor, ...
   double ours, theirs;
 };
 std::vector<NumericsDifference> numerics_differences(const core::ModelSpec& spec,

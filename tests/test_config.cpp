@@ -315,6 +315,23 @@ TEST(ConfigSet, BadValuesAndSyntaxNameTheOverride) {
 }
 
 // log.save_model: a choice of false/true; false beside log.export_hf: true is refused by name.
+// Llama 3's rotary scaling: the four keys, and an empty band between the wavelengths refused.
+TEST(ConfigSet, RopeScalingKeys) {
+  const Config c = parse_config(kMinimal, "m.yaml",
+                                {"model.rope_factor=32", "model.rope_low_freq_factor=1",
+                                 "model.rope_high_freq_factor=4",
+                                 "model.rope_original_max_seq=8192"});
+  EXPECT_EQ(c.model.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.model.rope_scaling.original_max_seq, 8192);
+  EXPECT_EQ(parse_config(to_yaml(c), "again").model.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_FALSE(parse_config(kMinimal, "m.yaml").model.rope_scaling.scaled());
+  expect_all(error_of(kMinimal, {"model.rope_factor=8", "model.rope_low_freq_factor=4"}),
+             {"model.rope_low_freq_factor: 4.0 with model.rope_high_freq_factor 4.0",
+              "so low < high"});
+  expect_all(error_of(kMinimal, {"model.rope_factor=0.5"}),
+             {"model.rope_factor: 0.5 is out of range"});
+}
+
 // sample.stop_tokens: ids of the model's vocabulary only.
 TEST(ConfigSet, StopTokensAreTheModelsIds) {
   expect_all(error_of(kMinimal, {"sample.stop_tokens=[50256, 50257]"}),

@@ -465,7 +465,11 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
       {{"hidden_act", "gelu"}, "config.json: hidden_act: is 'gelu'"},
       {{"rope_scaling", {{"type", "linear"}, {"factor", 2.0}}}, "config.json: rope_scaling: is"},
       {{"rope_parameters", {{"rope_type", "llama3"}, {"factor", 8.0}}},
-       "config.json: rope_parameters: is"},
+       "rope_type llama3 needs factor, low_freq_factor, high_freq_factor and "
+       "original_max_position_embeddings"},
+      {{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 8.0}}},
+       "config.json: rope_parameters: is {\"factor\":8.0,\"rope_type\":\"yarn\"}; our rotary "
+       "embedding supports rope_type default and llama3"},
       {{"attention_bias", true}, "config.json: attention_bias: is true"},
       {{"mlp_bias", true}, "config.json: mlp_bias: is true"},
       {{"head_dim", 16}, "config.json: head_dim: is 16"},
@@ -478,6 +482,56 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
     write(j);
     e = error("");
     EXPECT_NE(e.find(want), std::string::npos) << edit.first << ": " << e;
+  }
+  {
+    // Llama 3's scaling (Llama 3.1 and later), in transformers 4's rope_scaling or transformers
+    // 5's rope_parameters: its four numbers reach the spec and the resolved config; both forms
+    // present must agree.
+    const nlohmann::json llama3 = {{"rope_type", "llama3"},
+                                   {"factor", 32.0},
+                                   {"low_freq_factor", 1.0},
+                                   {"high_freq_factor", 4.0},
+                                   {"original_max_position_embeddings", 8192}};
+    nlohmann::json j = llama;
+    j["rope_scaling"] = llama3;
+    write(j);
+    c = parse("");
+    for (const io::Config& got : {c, io::parse_config(c.text, "again")}) {
+      EXPECT_EQ(got.model.rope_scaling.factor, 32.0);
+      EXPECT_EQ(got.model.rope_scaling.low_freq_factor, 1.0);
+      EXPECT_EQ(got.model.rope_scaling.high_freq_factor, 4.0);
+      EXPECT_EQ(got.model.rope_scaling.original_max_seq, 8192);
+    }
+    j.erase("rope_scaling");
+    j.erase("rope_theta");
+    j["rope_parameters"] = llama3;
+    j["rope_parameters"]["rope_theta"] = 500000.0;
+    write(j);
+    c = parse("");
+    EXPECT_EQ(c.model.rope_scaling.factor, 32.0);
+    EXPECT_EQ(c.model.rope_theta, 500000.0);
+    j["rope_scaling"] = llama3;
+    j["rope_scaling"]["factor"] = 8.0;
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find("config.json: rope_parameters: is"), std::string::npos) << e;
+    EXPECT_NE(e.find("but rope_scaling is"), std::string::npos) << e;
+    j.erase("rope_parameters");
+    j["rope_scaling"]["high_freq_factor"] = 1.0;  // not above low_freq_factor
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find("rope_scaling.low_freq_factor: is not below high_freq_factor"),
+              std::string::npos) << e;
+    // Unscaled in config.json, scaled in the config: the start-up names the difference.
+    io::HfNumerics unscaled;
+    unscaled.rope_factor = 1.0;
+    const auto differences = io::numerics_differences(
+        io::parse_config("model: {preset: llama-tiny, rope_factor: 8}\ndata: {path: x}\n", "t")
+            .model,
+        unscaled);
+    ASSERT_EQ(differences.size(), 1u);
+    EXPECT_STREQ(differences[0].key, "model.rope_factor");
+    EXPECT_STREQ(differences[0].hf_key, "rope_scaling.factor");
   }
   {
     // Both rope_theta forms, differing: transformers 5 reads one, older versions the other.
@@ -517,7 +571,18 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
     c = io::parse_config(sizes + ", rope_theta: 20000" + rest, "test");
     EXPECT_EQ(c.model.rope_theta, 20000.0);
     EXPECT_EQ(c.model.rms_eps, 1e-6);
+    EXPECT_FALSE(c.model.rope_scaling.scaled());
     nlohmann::json j = llama;
+    j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 2.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+    write(j);
+    c = io::parse_config(sizes + rest, "test");  // the scaling too comes from config.json
+    EXPECT_EQ(c.model.rope_scaling.factor, 8.0);
+    EXPECT_EQ(c.model.rope_scaling.low_freq_factor, 2.0);
+    EXPECT_EQ(c.model.rope_scaling.original_max_seq, 64);
+    c = io::parse_config(sizes + ", rope_factor: 4" + rest, "test");  // set, it wins
+    EXPECT_EQ(c.model.rope_scaling.factor, 4.0);
+    EXPECT_EQ(c.model.rope_scaling.low_freq_factor, 2.0);
     j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
     write(j);
     try {

@@ -93,6 +93,37 @@ TEST_F(LlamaKernels, RopeMatchesReferenceAndItsInverseUndoesIt) {
   for (std::size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], x0[i], 1e-5);
 }
 
+// Llama 3's scaled frequencies against transformers 5.25's (its rope_type "llama3" initialiser,
+// in float32) for theta 500000, a head of 32 columns, factor 8, low and high frequency factors
+// 1 and 4 and an original context of 64: pairs 0-1 kept (wavelengths below 16), 2-3 in the
+// interpolated band, the rest divided by 8. Unscaled (factor 1) they are theta^(-2i/hs).
+TEST_F(LlamaKernels, RopeFrequenciesOfLlama3ScalingMatchTransformers) {
+  const std::vector<double> transformers = {
+      1.0,          0.44036662578582764,   0.07940301299095154,   0.010674637742340565,
+      0.004700753837823868,  0.0020700551103800535, 0.0009115831344388425,
+      0.00040143076330423355, 0.00017677668074611574, 7.784655463183299e-05,
+      3.428102354519069e-05,  1.5096217794052791e-05, 6.647869668086059e-06,
+      2.927499735960737e-06,  1.289173155782919e-06,  5.677088097399974e-07};
+  const core::RopeScaling llama3{8.0, 1.0, 4.0, 64};
+  for (int i = 0; i < 16; ++i) {
+    EXPECT_NEAR(core::rope_frequency(i, 32, 500000.0, llama3), transformers[i],
+                1e-6 * transformers[i])
+        << "pair " << i;
+    EXPECT_DOUBLE_EQ(core::rope_frequency(i, 32, 500000.0, core::RopeScaling{}),
+                     std::pow(500000.0, -2.0 * i / 32));
+  }
+  // The table rotates by those frequencies.
+  const int T = 40;
+  std::vector<float> cs(T * 16), sn(T * 16);
+  kernels::rope_table(cs.data(), sn.data(), T, 32, 500000.0, llama3);
+  for (int t : {1, 17, 39}) {
+    for (int i : {0, 2, 3, 9}) {
+      EXPECT_NEAR(cs[t * 16 + i], std::cos(t * transformers[i]), 2e-6) << t << " " << i;
+      EXPECT_NEAR(sn[t * 16 + i], std::sin(t * transformers[i]), 2e-6) << t << " " << i;
+    }
+  }
+}
+
 // The property RoPE exists for: <rope(q, m), rope(k, n)> depends on m - n only.
 TEST_F(LlamaKernels, RopeScoresDependOnRelativePositionOnly) {
   const int T = 12, hs = 16;

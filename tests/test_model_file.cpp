@@ -53,7 +53,9 @@ TEST(ModelFile, ReadsAVariableLengthConfigAsH5pyWritesIt) {
       io::H5Handle space(H5Screate(H5S_SCALAR), H5Sclose, "space");
       for (const auto& [name, value] : {std::pair{"config", "edited: yes\n"},
                                         std::pair{"format", "colossal-model"}}) {
-        if (H5Aexists(file.get(), name) > 0) ASSERT_GE(H5Adelete(file.get(), name), 0);
+        if (H5Aexists(file.get(), name) > 0) {
+          ASSERT_GE(H5Adelete(file.get(), name), 0);
+        }
         io::H5Handle attr(H5Acreate2(file.get(), name, type.get(), space.get(), H5P_DEFAULT,
                                      H5P_DEFAULT),
                           H5Aclose, "attr");

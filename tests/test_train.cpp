@@ -12,6 +12,8 @@
 #include "io/config.hpp"
 #include "io/checkpoint.hpp"
 #include "io/hdf5_file.hpp"
+#include "io/hf_export.hpp"
+#include "io/init_from.hpp"
 #include "token_files.hpp"
 
 using namespace colossal;
@@ -373,20 +375,40 @@ TEST(Training, ModelFileOfALlamaKeepsItsRotaryBaseAndEpsilon) {
   c.train.steps = 2;
   c.model.rope_theta = 5000.0;
   c.model.rms_eps = 1e-6;
+  c.model.rope_scaling = core::RopeScaling{4.0, 1.0, 4.0, 8};  // Llama 3's, within seq_len 16
   c.text = io::to_yaml(c);
   apps::Trainer trained(c, nullptr);
   const auto s = trained.train();
   apps::Trainer same(c, nullptr);
   same.load_weights(s.model_path);
   EXPECT_EQ(same.evaluate(), trained.evaluate());
-  for (const auto& [theta, eps, want] :
-       {std::tuple{10000.0, 1e-6, "was trained with model.rope_theta 5000 but the config has "
-                                  "10000; set model.rope_theta: 5000"},
-        std::tuple{5000.0, 1e-5, "was trained with model.rms_eps 1e-06 but the config has "
-                                 "1e-05; set model.rms_eps: 1e-06"}}) {
+  {
+    // The scaling changes the model's numbers (so the check below guards something real).
+    io::Config unscaled = c;
+    unscaled.model.rope_scaling = core::RopeScaling{};
+    apps::Trainer plain(unscaled, nullptr);
+    plain.set_logical_parameters(trained.logical_parameters());
+    EXPECT_GT(std::abs(plain.evaluate() - trained.evaluate()), 1e-6);  // measured 4.9e-5
+  }
+  // The Hugging Face export writes the scaling as rope_scaling, which reads back (the import).
+  io::export_model_file(s.model_path, dir + "/hf", io::kDefaultHfShardBytes);
+  const core::ModelSpec exported = io::spec_from_hf_config(dir + "/hf");
+  EXPECT_EQ(exported.rope_scaling.factor, 4.0);
+  EXPECT_EQ(exported.rope_scaling.low_freq_factor, 1.0);
+  EXPECT_EQ(exported.rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(exported.rope_scaling.original_max_seq, 8);
+  EXPECT_EQ(exported.rope_theta, 5000.0);
+  for (const auto& [theta, eps, factor, want] :
+       {std::tuple{10000.0, 1e-6, 4.0, "was trained with model.rope_theta 5000 but the config "
+                                       "has 10000; set model.rope_theta: 5000"},
+        std::tuple{5000.0, 1e-5, 4.0, "was trained with model.rms_eps 1e-06 but the config has "
+                                      "1e-05; set model.rms_eps: 1e-06"},
+        std::tuple{5000.0, 1e-6, 1.0, "was trained with model.rope_factor 4 but the config has "
+                                      "1; set model.rope_factor: 4"}}) {
     io::Config other = c;
     other.model.rope_theta = theta;
     other.model.rms_eps = eps;
+    other.model.rope_scaling.factor = factor;
     apps::Trainer mismatched(other, nullptr);
     try {
       mismatched.load_weights(s.model_path);
