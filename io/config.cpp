@@ -275,7 +275,9 @@ const std::vector<KeySpec>& schema() {
 
       {.key = "data.path", .kind = Kind::text,
        .field = [](Config& c) -> Field { return &c.data.path; },
-       .doc = "training data: raw text (bytes as tokens) or llm.c-format uint16 tokens",
+       .doc = "training data: raw text (bytes as tokens) or an llm.c token file: uint16 tokens "
+              "(magic 20240520) or, for vocabularies above 65536 such as Llama 3's, uint32 "
+              "(magic 20240801)",
        .required = Required::always, .default_note = "required",
        .example = "data/train.bin", .non_empty = true},
       {.key = "data.val_path", .kind = Kind::text,

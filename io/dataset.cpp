@@ -44,14 +44,20 @@ TokenFile::TokenFile(const std::string& path, const std::string& key) : path_(pa
   const auto* bytes = static_cast<const uint8_t*>(map_);
   int32_t header[3] = {0, 0, 0};
   if (map_bytes_ >= kLlmcHeaderBytes) std::memcpy(header, bytes, sizeof header);
-  if (map_bytes_ >= kLlmcHeaderBytes && header[0] == kLlmcMagic) {
-    format_ = Format::llmc_uint16;
-    if (header[1] != kLlmcVersion) {
-      throw DataError(key + ": '" + path + "' has the llm.c magic but version " +
-                      std::to_string(header[1]) + " (only version 1, uint16 tokens, is read)");
+  const bool wide = header[0] == kLlmcMagic32;
+  if (map_bytes_ >= kLlmcHeaderBytes && (header[0] == kLlmcMagic || wide)) {
+    format_ = wide ? Format::llmc_uint32 : Format::llmc_uint16;
+    const int32_t version = wide ? kLlmcVersion32 : kLlmcVersion;
+    const std::size_t width = wide ? sizeof(uint32_t) : sizeof(uint16_t);
+    const std::string kind = wide ? "uint32" : "uint16";
+    if (header[1] != version) {
+      throw DataError(key + ": '" + path + "' has the llm.c magic " + std::to_string(header[0]) +
+                      " but version " + std::to_string(header[1]) + " (with that magic only " +
+                      "version " + std::to_string(version) + ", " + kind +
+                      " tokens, is read)");
     }
     const std::size_t body = map_bytes_ - kLlmcHeaderBytes;
-    const std::size_t available = body / sizeof(uint16_t);
+    const std::size_t available = body / width;
     if (header[2] < 0 || static_cast<std::size_t>(header[2]) > available) {
       throw DataError(key + ": '" + path + "' header says " + std::to_string(header[2]) +
                       " tokens but the file holds " + std::to_string(available) +
@@ -59,15 +65,22 @@ TokenFile::TokenFile(const std::string& path, const std::string& key) : path_(pa
     }
     // Exactly the header's tokens: more bytes are another token width (uint32 tokens read as
     // uint16 trained on every other id being 0, silently) or a file written wrong.
-    if (body != std::size_t(header[2]) * sizeof(uint16_t)) {
-      throw DataError(key + ": '" + path + "' header says " + std::to_string(header[2]) +
-                      " uint16 tokens (" + std::to_string(std::size_t(header[2]) * 2) +
-                      " bytes) but " + std::to_string(body) +
-                      " bytes follow it (uint32 tokens, or a corrupt file?); write the tokens "
-                      "as uint16, as llm.c does");
+    if (body != std::size_t(header[2]) * width) {
+      throw DataError(key + ": '" + path + "' header says " + std::to_string(header[2]) + " " +
+                      kind + " tokens (" + std::to_string(std::size_t(header[2]) * width) +
+                      " bytes) but " + std::to_string(body) + " bytes follow it (" +
+                      (wide ? "a corrupt file?); write uint32 tokens after magic 20240801, "
+                              "version 7"
+                            : "uint32 tokens, or a corrupt file?); write the tokens as uint16, "
+                              "as llm.c does, or as uint32 after llm.c's llama-3 header (magic "
+                              "20240801, version 7)"));
     }
     count_ = static_cast<std::size_t>(header[2]);
-    tokens16_ = reinterpret_cast<const uint16_t*>(bytes + kLlmcHeaderBytes);
+    if (wide) {
+      tokens32_ = reinterpret_cast<const uint32_t*>(bytes + kLlmcHeaderBytes);
+    } else {
+      tokens16_ = reinterpret_cast<const uint16_t*>(bytes + kLlmcHeaderBytes);
+    }
   } else {
     format_ = Format::raw_bytes;
     count_ = map_bytes_;

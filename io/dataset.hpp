@@ -1,5 +1,7 @@
 // Token data: a raw text file (each byte is a token, vocabulary 256) or a token file in the llm.c
-// layout (a header of 256 int32: magic 20240520, version 1, token count; then uint16 tokens).
+// layout: a header of 256 int32 (magic, version, token count), then the tokens: uint16 for
+// GPT-2-sized vocabularies (magic 20240520, version 1), uint32 for larger ones such as Llama 3's
+// 128256 (llm.c's "llama-3" files: magic 20240801, version 7).
 // Files are memory-mapped, so a multi-gigabyte corpus costs only the pages a run touches.
 #pragma once
 
@@ -18,9 +20,11 @@ class DataError : public std::runtime_error {
 
 class TokenFile {
  public:
-  enum class Format { raw_bytes, llmc_uint16 };
+  enum class Format { raw_bytes, llmc_uint16, llmc_uint32 };
   static constexpr int32_t kLlmcMagic = 20240520;
   static constexpr int32_t kLlmcVersion = 1;
+  static constexpr int32_t kLlmcMagic32 = 20240801;
+  static constexpr int32_t kLlmcVersion32 = 7;
 
   // `key` names the config key the path came from (for messages, e.g. "data.path").
   TokenFile(const std::string& path, const std::string& key);
@@ -32,7 +36,9 @@ class TokenFile {
   Format format() const { return format_; }
   const std::string& path() const { return path_; }
   uint32_t operator[](std::size_t i) const {
-    return format_ == Format::raw_bytes ? tokens8_[i] : tokens16_[i];
+    return format_ == Format::raw_bytes     ? tokens8_[i]
+           : format_ == Format::llmc_uint16 ? tokens16_[i]
+                                            : tokens32_[i];
   }
   uint32_t max_token() const;
   // Throws DataError unless every token is below `vocab` and the file holds at least `min_tokens`.
@@ -45,6 +51,7 @@ class TokenFile {
   Format format_ = Format::raw_bytes;
   const uint8_t* tokens8_ = nullptr;
   const uint16_t* tokens16_ = nullptr;
+  const uint32_t* tokens32_ = nullptr;
   std::size_t count_ = 0;
 };
 

@@ -2,17 +2,19 @@
 """Turn text files (or folders of them) into llm.c token files for colossal_train.
 
 Writes OUT/train.bin and OUT/val.bin in the layout io/dataset.hpp reads: a header of 256
-little-endian int32 (magic 20240520, version 1, token count, the rest 0), then the tokens as
-little-endian uint16. Every document (one file) is preceded by the end-of-text token, as llm.c's
-data scripts do, so the model sees where documents start. The token stream is split by
---val-fraction: the first part is train.bin, the last val.bin.
+little-endian int32 (magic, version, token count, the rest 0), then the tokens: little-endian
+uint16 (magic 20240520, version 1) for vocabularies up to 65536 tokens, little-endian uint32
+(llm.c's llama-3 files: magic 20240801, version 7) for larger ones, such as Llama 3's 128256.
+Every document (one file) is preceded by the end-of-text token <|endoftext|> (or, where the
+tokenizer has none, Llama 3's <|begin_of_text|>), as llm.c's data scripts do, so the model sees
+where documents start. The token stream is split by --val-fraction: the first part is
+train.bin, the last val.bin.
 
 The tokenizer, in this order:
   --tokenizer PATH   a Hugging Face tokenizer.json (or a folder holding one), read with the
                      `tokenizers` package, or else with transformers' PreTrainedTokenizerFast;
   otherwise          GPT-2's BPE from `tiktoken`, if it is installed and its encoding is already
                      in its cache (this script never downloads: there may be no network).
-Vocabularies above 65535 tokens are refused (the file holds uint16).
 
 Example (a folder of .txt files to training data for a GPT-2 sized model):
   python3 scripts/tokenize.py corpus/ --tokenizer gpt2/tokenizer.json --out data/corpus
@@ -34,11 +36,12 @@ import struct
 import sys
 from array import array
 
-MAGIC = 20240520
-VERSION = 1
+MAGIC, VERSION = 20240520, 1        # uint16 tokens: ids 0 .. 65535
+MAGIC32, VERSION32 = 20240801, 7    # uint32 tokens (llm.c's llama-3 files)
 HEADER_INTS = 256
-MAX_VOCAB = 65535  # uint16 tokens: ids 0 .. 65535
-EOT_TEXT = "<|endoftext|>"
+MAX_VOCAB16 = 65535
+# The document separator: GPT-2's end-of-text, else Llama 3's begin-of-text.
+SEPARATORS = ["<|endoftext|>", "<|begin_of_text|>"]
 
 # tiktoken's GPT-2 encoding files; tiktoken caches each under the SHA-1 of its URL.
 TIKTOKEN_GPT2_URLS = [
@@ -109,8 +112,9 @@ def local_tokenizer(path):
         def encode(texts):
             return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
+        found = [tok.token_to_id(t) for t in SEPARATORS if tok.token_to_id(t) is not None]
         return Tokenizer(f"tokenizers {path}", tok.get_vocab_size(with_added_tokens=True),
-                         tok.token_to_id(EOT_TEXT), encode,
+                         found[0] if found else None, encode,
                          lambda ids: tok.decode(ids, skip_special_tokens=False))
     try:
         from transformers import PreTrainedTokenizerFast
@@ -121,9 +125,12 @@ def local_tokenizer(path):
         tok = PreTrainedTokenizerFast(tokenizer_file=path)
     except Exception as e:
         raise TokenizeError(f"--tokenizer: cannot read '{path}': {e}")
-    eot = tok.convert_tokens_to_ids(EOT_TEXT)
-    if eot == tok.unk_token_id:
-        eot = None
+    eot = None
+    for text in SEPARATORS:
+        found = tok.convert_tokens_to_ids(text)
+        if found is not None and found != tok.unk_token_id:
+            eot = found
+            break
     return Tokenizer(f"transformers {path}", len(tok),
                      eot, lambda texts: [tok(t, add_special_tokens=False)["input_ids"]
                                          for t in texts], tok.decode)
@@ -163,13 +170,15 @@ def input_files(paths, extensions):
     return files
 
 
-def write_tokens(path, tokens):
+def write_tokens(path, tokens, wide):
     if len(tokens) > 2**31 - 1:
         raise TokenizeError(f"{path}: {len(tokens)} tokens do not fit the header's int32 count; "
                             "split the corpus")
     header = [0] * HEADER_INTS
-    header[0], header[1], header[2] = MAGIC, VERSION, len(tokens)
-    data = array("H", tokens)
+    header[0], header[1] = (MAGIC32, VERSION32) if wide else (MAGIC, VERSION)
+    header[2] = len(tokens)
+    data = array("I" if wide else "H", tokens)
+    assert data.itemsize == (4 if wide else 2)
     if sys.byteorder != "little":
         data.byteswap()
     tmp = path + ".tmp"
@@ -229,14 +238,12 @@ def main(argv=None):
         extensions = [e if e.startswith(".") else "." + e for e in args.ext.split(",") if e]
         files = input_files(args.inputs, extensions)
         tok = choose_tokenizer(args)
-        if tok.vocab_size > MAX_VOCAB + 1:
-            raise TokenizeError(f"the tokenizer has {tok.vocab_size} tokens, more than the "
-                                f"{MAX_VOCAB + 1} that uint16 token files hold")
+        wide = tok.vocab_size > MAX_VOCAB16 + 1  # uint32 tokens (llm.c's llama-3 layout)
         eot = None if args.no_eot else tok.eot
         if eot is None and not args.no_eot:
-            print(f"tokenize.py: note: the tokenizer has no {EOT_TEXT} token; documents are "
-                  "joined without a separator", file=sys.stderr)
-        tokens = array("H")
+            print(f"tokenize.py: note: the tokenizer has none of {', '.join(SEPARATORS)}; "
+                  "documents are joined without a separator", file=sys.stderr)
+        tokens = array("I" if wide else "H")
         for start in range(0, len(files), 64):
             batch = files[start:start + 64]
             texts = []
@@ -246,8 +253,9 @@ def main(argv=None):
             for path, ids in zip(batch, tok.encode_batch(texts)):
                 if eot is not None:
                     tokens.append(eot)
-                if ids and max(ids) > MAX_VOCAB:
-                    raise TokenizeError(f"{path}: token id {max(ids)} does not fit uint16")
+                if ids and not wide and max(ids) > MAX_VOCAB16:
+                    raise TokenizeError(f"{path}: token id {max(ids)} does not fit uint16 (the "
+                                        f"tokenizer says it has {tok.vocab_size} tokens)")
                 tokens.extend(ids)
         if len(tokens) < 2:
             raise TokenizeError("the inputs hold fewer than 2 tokens")
@@ -255,15 +263,15 @@ def main(argv=None):
         n_train = len(tokens) - n_val
         os.makedirs(args.out, exist_ok=True)
         train_path = os.path.join(args.out, "train.bin")
-        write_tokens(train_path, tokens[:n_train])
+        write_tokens(train_path, tokens[:n_train], wide)
         written = [f"{train_path} ({n_train} tokens)"]
         if n_val > 0:
             val_path = os.path.join(args.out, "val.bin")
-            write_tokens(val_path, tokens[n_train:])
+            write_tokens(val_path, tokens[n_train:], wide)
             written.append(f"{val_path} ({n_val} tokens)")
         print(f"tokenize.py: {len(files)} files, {len(tokens)} tokens with {tok.name} "
-              f"(vocabulary {tok.vocab_size}; set model.vocab >= {tok.vocab_size}): "
-              + ", ".join(written))
+              f"(vocabulary {tok.vocab_size}; set model.vocab >= {tok.vocab_size}; "
+              f"{'uint32' if wide else 'uint16'} tokens): " + ", ".join(written))
         return 0
     except TokenizeError as e:
         print(f"tokenize.py: error: {e}", file=sys.stderr)

@@ -54,6 +54,40 @@ TEST(TokenFile, LlmcHeaderAndUint16Tokens) {
   EXPECT_EQ(f.max_token(), 50256u);
 }
 
+// Llama 3's vocabulary (128256) does not fit uint16: llm.c's llama-3 files hold uint32 tokens.
+TEST(TokenFile, LlmcLlama3HeaderAndUint32Tokens) {
+  const auto path = temp_path("tokens32.bin");
+  colossal::test::write_llmc32(path, {128000, 1, 65536, 128255, 7});
+  TokenFile f(path, "data.path");
+  EXPECT_EQ(f.format(), TokenFile::Format::llmc_uint32);
+  ASSERT_EQ(f.size(), 5u);
+  EXPECT_EQ(f[0], 128000u);
+  EXPECT_EQ(f[2], 65536u);
+  EXPECT_EQ(f[3], 128255u);
+  EXPECT_EQ(f.max_token(), 128255u);
+  EXPECT_NO_THROW(f.check(128256, 5, ""));
+  EXPECT_NE(message_of([&] { f.check(128255, 1, ""); })
+                .find("token id 128255 but model.vocab is 128255"),
+            std::string::npos);
+  const auto version = temp_path("version32.bin");
+  colossal::test::write_llmc32(version, {1, 2}, 1);
+  EXPECT_NE(message_of([&] { TokenFile g(version, "data.path"); })
+                .find("has the llm.c magic 20240801 but version 1 (with that magic only version "
+                      "7, uint32 tokens, is read)"),
+            std::string::npos)
+      << message_of([&] { TokenFile g(version, "data.path"); });
+  const auto truncated = temp_path("truncated32.bin");
+  colossal::test::write_llmc32(truncated, {1, 2, 3}, 7, 4);
+  EXPECT_NE(message_of([&] { TokenFile g(truncated, "data.path"); })
+                .find("header says 4 tokens but the file holds 3"),
+            std::string::npos);
+  const auto extra = temp_path("extra32.bin");
+  colossal::test::write_llmc32(extra, {1, 2, 3, 4}, 7, 3);
+  EXPECT_NE(message_of([&] { TokenFile g(extra, "data.path"); })
+                .find("header says 3 uint32 tokens (12 bytes) but 16 bytes follow it"),
+            std::string::npos);
+}
+
 TEST(TokenFile, BadFilesGiveSpecificMessages) {
   EXPECT_NE(message_of([] { TokenFile f(temp_path("missing.bin"), "data.path"); })
                 .find("data.path: cannot open"),

@@ -158,6 +158,36 @@ TEST(Prompt, IsTextOverBytesAndIdsOverATokenFile) {
             std::string::npos);
 }
 
+// llm.c's llama-3 token files (uint32 tokens, for vocabularies above 65536) train exactly as the
+// same ids in a uint16 file: the same windows, the same losses, bit for bit.
+TEST(Training, Uint32TokenFilesTrainAsTheirUint16Twins) {
+  const std::string dir = temp_dir("uint32");
+  std::vector<uint16_t> narrow;
+  std::vector<uint32_t> wide;
+  for (int i = 0; i < 3000; ++i) {
+    narrow.push_back(uint16_t(1000 + (i * 7) % 23));
+    wide.push_back(narrow.back());
+  }
+  test::write_llmc(dir + "/narrow.bin", narrow);
+  test::write_llmc32(dir + "/wide.bin", wide);
+  std::vector<double> losses[2];
+  for (int w = 0; w < 2; ++w) {
+    const std::string data = dir + (w ? "/wide.bin" : "/narrow.bin");
+    const std::string text =
+        "model: {layers: 2, hidden: 32, heads: 4, vocab: 1024, max_seq: 16}\n"
+        "data: {path: " + data + ", val_path: " + data + ", val_windows: 8}\n"
+        "train: {steps: 4, seq_len: 16, global_batch: 4, micro_batch: 2}\n"
+        "eval: {every: 0}\nlog: {every: 1000, dir: " + dir + "/run" + std::to_string(w) + "}\n";
+    apps::Trainer trainer(io::parse_config(text, "test"), nullptr);
+    const apps::TrainSummary s = trainer.train();
+    losses[w] = s.losses;
+    losses[w].push_back(s.val_loss);
+  }
+  ASSERT_EQ(losses[0].size(), 5u);
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_GT(losses[0][0], 6.0);  // about ln(1024)
+}
+
 // apps::sample_token: the draw is softmax(logits / temperature) walked in id order with the
 // seed's i-th number (so texts sampled before top_k / top_p existed are unchanged), and the cuts
 // keep exactly the tokens they name, renormalised.

@@ -1,5 +1,5 @@
 // Token files for tests: llm.c's format (a 256-int32 header: magic, version, token count; then
-// uint16 tokens), as io::TokenFile reads it.
+// uint16 tokens, or uint32 after the llama-3 magic), as io::TokenFile reads it.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,18 @@ inline void write_llmc(const std::string& path, const std::vector<uint16_t>& tok
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), 1024);
   out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+}
+
+// llm.c's "llama-3" token file: the header with magic 20240801 (version 7), then uint32 tokens.
+inline void write_llmc32(const std::string& path, const std::vector<uint32_t>& tokens,
+                         int32_t version = io::TokenFile::kLlmcVersion32, int32_t count = -1) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = io::TokenFile::kLlmcMagic32;
+  header[1] = version;
+  header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
 }
 
 }  // namespace colossal::test

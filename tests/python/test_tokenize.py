@@ -2,7 +2,8 @@
 """scripts/tokenize.py end to end: a byte-level BPE tokenizer.json trained here (no network), a
 small folder of text tokenized into train.bin/val.bin, and io::TokenFile (through token_dump)
 reading back exactly the tokens the tokenizer gives for those texts. Also: a vocabulary above
-65535 is refused, a missing --tokenizer is named, and with no tokenizer package the message says
+65536 is written as uint32 tokens (llm.c's llama-3 files) and read back, a missing --tokenizer
+is named, and with no tokenizer package the message says
 what to install. Exits 77 (skipped) when the `tokenizers` package is not importable.
 
 Environment: COLOSSAL_SOURCE_DIR (the repository), COLOSSAL_TOKEN_DUMP (the token_dump program).
@@ -43,14 +44,14 @@ def run(args, block=()):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
-def read_back(path):
+def read_back(path, want_format="llmc_uint16"):
     out = subprocess.run([DUMP, path], capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"token_dump {path} failed: {out.stderr}")
     lines = out.stdout.split("\n")
     count, fmt = lines[0].split()
     tokens = [int(t) for t in lines[1:] if t]
-    check(fmt == "llmc_uint16", f"{path} read as {fmt}")
+    check(fmt == want_format, f"{path} read as {fmt}")
     check(int(count) == len(tokens), f"{path}: count {count} but {len(tokens)} tokens")
     return tokens
 
@@ -126,16 +127,24 @@ with tempfile.TemporaryDirectory() as tmp:
     check(read_back(os.path.join(out0, "train.bin")) ==
           [eot] + tok.encode(texts["a.txt"]).ids, "one file, folder --tokenizer")
 
-    # A vocabulary above 65535 is refused.
+    # A vocabulary above 65536 (Llama 3's 128256): uint32 tokens after llm.c's llama-3 header,
+    # each document after <|begin_of_text|> where there is no <|endoftext|>.
     big = {"[UNK]": 0}
     big.update({f"w{i}": i + 1 for i in range(65536)})
+    big["<|begin_of_text|>"] = 65537
     wide = Tokenizer(models.WordLevel(vocab=big, unk_token="[UNK]"))
     wide.pre_tokenizer = pre_tokenizers.Whitespace()
+    wide.add_special_tokens(["<|begin_of_text|>"])
     wide_path = os.path.join(tmp, "wide.json")
     wide.save(wide_path)
-    r = run([corpus, "--tokenizer", wide_path, "--out", os.path.join(tmp, "wide")])
-    check(r.returncode == 2 and "65537 tokens, more than the 65536" in r.stderr,
-          f"wide vocabulary: {r.returncode} {r.stderr}")
+    wide_dir = os.path.join(tmp, "wide")
+    words = os.path.join(tmp, "words.txt")
+    with open(words, "w") as f:
+        f.write("w1 w70000 w65535 w3")  # 70000 is no word: [UNK] (0)
+    r = run([words, "--tokenizer", wide_path, "--out", wide_dir, "--val-fraction", "0"])
+    check(r.returncode == 0 and "uint32 tokens" in r.stdout, f"wide vocabulary: {r.stderr}")
+    check(read_back(os.path.join(wide_dir, "train.bin"), "llmc_uint32") ==
+          [65537, 2, 0, 65536, 4], "uint32 tokens read back")
 
     # A missing tokenizer file, and no tokenizer package at all, are named.
     r = run([corpus, "--tokenizer", os.path.join(tmp, "nope.json"), "--out", out])

@@ -12,9 +12,11 @@ int main(int argc, char** argv) {
   }
   try {
     const colossal::io::TokenFile file(argv[1], "token_dump");
+    using Format = colossal::io::TokenFile::Format;
     std::printf("%zu %s\n", file.size(),
-                file.format() == colossal::io::TokenFile::Format::llmc_uint16 ? "llmc_uint16"
-                                                                              : "raw_bytes");
+                file.format() == Format::llmc_uint16   ? "llmc_uint16"
+                : file.format() == Format::llmc_uint32 ? "llmc_uint32"
+                                                       : "raw_bytes");
     for (std::size_t i = 0; i < file.size(); ++i) std::printf("%u\n", file[i]);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "token_dump: %s\n", e.what());
