@@ -1732,20 +1732,24 @@ void Trainer::load_weights(const std::string& path) {
   io::Config trained;
   try {
     trained = io::parse_config(saved, path + " (config)", {},
-                               io::ParseOptions{.require_data = false});
+                               io::ParseOptions{.require_data = false, .stored = true});
   } catch (const std::exception&) {
     trained.model = config_.model;  // an older or hand-made file: nothing to compare
   }
   if (config_.model.llama() && trained.model.llama()) {
     const auto differences =
         io::numerics_differences(config_.model, io::numerics_of(trained.model));
-    if (!differences.empty()) {
-      const io::NumericsDifference& d = differences.front();
-      std::ostringstream text;
-      text << std::setprecision(9) << "model file '" << path << "' was trained with " << d.key
-           << " " << d.theirs << " but the config has " << d.ours << "; set " << d.key << ": "
-           << d.theirs << " (or start from the file with model.init_from, which keeps the "
-           << "config's)";
+    if (!differences.empty()) {  // every one, so that one edit of the config fixes them all
+      std::ostringstream text, set;
+      text << std::setprecision(9) << "model file '" << path << "' was trained with ";
+      set << std::setprecision(9);
+      for (std::size_t i = 0; i < differences.size(); ++i) {
+        const io::NumericsDifference& d = differences[i];
+        text << (i ? ", " : "") << d.key << " " << d.theirs << " but the config has " << d.ours;
+        set << (i ? ", " : "") << d.key << ": " << d.theirs;
+      }
+      text << "; set " << set.str()
+           << " (or start from the file with model.init_from, which keeps the config's)";
       throw io::H5Error(text.str());
     }
   }

@@ -1232,7 +1232,7 @@ class Resolver {
                             "model.rope_theta", "model.rms_eps", "model.tie_embeddings"}) {
       resolved = resolved && entries_.count(key) > 0;
     }
-    if (resolved && hf_config_path(path).empty()) {
+    if (resolved && (options_.stored || hf_config_path(path).empty())) {
       config.model_preset = kFromWeights;
       return;
     }
@@ -1297,8 +1297,9 @@ class Resolver {
   // A LLaMA's model.init_from with a config.json beside it (its sizes set here, not
   // from_weights): the rotary base, Llama 3's rotary scaling and RMSNorm epsilon that no tensor's
   // shape shows come from config.json unless model.rope_theta / model.rope_* / model.rms_eps are
-  // set (then those win, and the start-up says they differ). Without this a model trained with rope_theta 500000 was evaluated with
-  // 10000, silently 0.4% off.
+  // set (then those win, and the start-up says they differ). Without this a model trained with
+  // rope_theta 500000 was evaluated with 10000, silently 0.4% off. A stored config (a model
+  // file's, a checkpoint's) is read as written.
   void fill_numerics_from_weights(Config& config) const {
     bool all_set = true;  // (a resolved config sets them all: it reads without config.json)
     for (const char* key : {"model.rope_theta", "model.rms_eps", "model.rope_factor",
@@ -1307,7 +1308,7 @@ class Resolver {
       all_set = all_set && entries_.count(key) > 0;
     }
     if (config.model_init_from.empty() || config.model.arch != core::Arch::llama ||
-        config.model_preset == kFromWeights || all_set) {
+        config.model_preset == kFromWeights || all_set || options_.stored) {
       return;
     }
     HfNumerics numerics;
@@ -1943,13 +1944,24 @@ std::vector<std::string> changed_keys(
                         "' is not valid YAML: " + yaml_error_text(e));
     }
   }
+  // A key one text lacks and the other holds at its default is no change: a text written before
+  // the key existed (a checkpoint's, a model file's) ran with that default.
+  static const std::map<std::string, std::string> defaults = [] {
+    std::map<std::string, std::string> d;
+    flatten(YAML::Load(to_yaml(Config{})), "", d);
+    return d;
+  }();
+  const auto at_default = [&](const std::string& key, const std::string& value) {
+    const auto it = defaults.find(key);
+    return it != defaults.end() && it->second == value;
+  };
   std::vector<std::string> keys;
   for (const auto& [key, value] : b) {
     const auto it = a.find(key);
-    if (it == a.end() || it->second != value) keys.push_back(key);
+    if (it == a.end() ? !at_default(key, value) : it->second != value) keys.push_back(key);
   }
   for (const auto& [key, value] : a) {
-    if (!b.count(key)) keys.push_back(key);
+    if (!b.count(key) && !at_default(key, value)) keys.push_back(key);
   }
   std::sort(keys.begin(), keys.end());
   if (values != nullptr) {

@@ -205,6 +205,9 @@ struct Config {
 struct ParseOptions {
   // false: data.path may be absent or empty (colossal_plan plans without data; "" when absent).
   bool require_data = true;
+  // The resolved config a model file or checkpoint carries: it is read as written, never
+  // completed from the config.json beside its model.init_from (which may have changed since).
+  bool stored = false;
 };
 
 // Reads `path`, applies `overrides` ("a.b=value", as given to --set), validates and resolves
@@ -221,6 +224,8 @@ std::string to_yaml(const Config& config);
 // keys present in only one of them included, sorted. Throws ConfigError when either is not YAML.
 // `values`, when given, receives each such key's value before and after as flow YAML ("" where
 // the key is absent).
+// A key only one text holds, at its default there (a key added since the other was written),
+// is no change.
 std::vector<std::string> changed_keys(
     const std::string& before, const std::string& after,
     std::map<std::string, std::pair<std::string, std::string>>* values = nullptr);

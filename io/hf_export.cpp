@@ -157,7 +157,8 @@ std::vector<std::string> export_model_file(const std::string& model_path, const 
     config_text = detail::read_string_attribute(file.get(), "config");
   }
   const Config config =
-      parse_config(config_text, model_path + " (config)", {}, ParseOptions{.require_data = false});
+      parse_config(config_text, model_path + " (config)", {},
+                   ParseOptions{.require_data = false, .stored = true});
   const std::vector<core::ParamSpec> table = core::parameter_table(config.model);
   std::vector<float> values(core::parameter_units(table, 16).back().end, 0.0f);
   read_model_file(model_path, table, values);

@@ -403,16 +403,19 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
   HfNumerics n;
   n.rms_eps = number(c, "rms_norm_eps", "rms_norm_eps");
   n.rope_theta = number(c, "rope_theta", "rope_theta");
-  // The rotary form: rope_scaling (older transformers) or rope_parameters (transformers 5, which
-  // also holds rope_theta there), of rope_type default (none) or llama3 (Llama 3.1 and later).
-  // Its four numbers, factor 1 for none; both keys present must agree.
+  // The rotary form: rope_scaling (transformers 4) or rope_parameters (transformers 5, which
+  // also holds rope_theta there), of rope_type default (none) or llama3 (Llama 3.1 and later):
+  // its four numbers, factor 1 for none. save_pretrained writes one of the two; with both,
+  // transformers 5 reads rope_scaling in place of rope_parameters and 4 ignores rope_parameters,
+  // so a config.json holding both is refused.
   using Scaling = std::array<std::optional<double>, 4>;
+  const Scaling none = {1.0, std::nullopt, std::nullopt, std::nullopt};
   const auto scaling_of = [&](const json& in, const std::string& name) -> Scaling {
     if (!in.is_object()) throw fail(name, "is " + in.dump() + ", not an object");
     const std::string type = in.contains("rope_type") ? in["rope_type"].dump()
                              : in.contains("type")    ? in["type"].dump()
                                                       : "\"default\"";
-    if (type == "\"default\"") return {1.0, std::nullopt, std::nullopt, std::nullopt};
+    if (type == "\"default\"") return none;
     if (type != "\"llama3\"")
       throw fail(name, "is " + in.dump() + "; our rotary embedding supports rope_type default "
                                            "and llama3");
@@ -426,21 +429,43 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
                                                    "low_freq_factor, high_freq_factor and "
                                                    "original_max_position_embeddings");
     }
+    if (*s[0] < 1.0)
+      throw fail(name + ".factor", "is " + in["factor"].dump() +
+                                       "; llama3 scaling stretches the context (factor >= 1)");
+    if (*s[0] != 1.0 && !(*s[1] < *s[2]))
+      throw fail(name + ".low_freq_factor",
+                 "is " + in["low_freq_factor"].dump() + ", not below high_freq_factor " +
+                     in["high_freq_factor"].dump());
+    const json& original = in["original_max_position_embeddings"];
+    if (!original.is_number_integer() || *s[3] > double(1 << 30))
+      throw fail(name + ".original_max_position_embeddings",
+                 "is " + original.dump() + ", not a whole number of positions (1 to 2^30)");
     return s;
   };
-  std::optional<Scaling> scaling;
-  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null())
-    scaling = scaling_of(c["rope_scaling"], "rope_scaling");
+  const auto present = [&](const char* key) {
+    return c.contains(key) && !c[key].is_null() && !(c[key].is_object() && c[key].empty());
+  };
+  Scaling scaling = none;
+  if (present("rope_scaling") && present("rope_parameters"))
+    throw fail("rope_scaling", "and rope_parameters are both set (" + c["rope_scaling"].dump() +
+                                   ", " + c["rope_parameters"].dump() +
+                                   "); transformers 5 reads rope_scaling in place of "
+                                   "rope_parameters, older versions only rope_scaling: keep one");
+  if (present("rope_scaling")) {
+    const json& rs = c["rope_scaling"];
+    scaling = scaling_of(rs, "rope_scaling");
+    // transformers 5 takes a rope_theta there over the top-level one; older versions ignore it.
+    const std::optional<double> inner = number(rs, "rope_theta", "rope_scaling.rope_theta");
+    if (inner && (!n.rope_theta || *inner != *n.rope_theta))
+      throw fail("rope_scaling.rope_theta",
+                 "is " + rs["rope_theta"].dump() + " but rope_theta is " +
+                     (n.rope_theta ? c["rope_theta"].dump() : std::string("unset")) +
+                     "; transformers 5 reads the first, older versions the second: keep one");
+  }
   // transformers 5 folds rope_theta into rope_parameters (and reads it from there).
-  if (c.contains("rope_parameters") && c["rope_parameters"].is_object()) {
+  if (present("rope_parameters")) {
     const json& rp = c["rope_parameters"];
-    const Scaling inner_scaling = scaling_of(rp, "rope_parameters");
-    if (scaling && *scaling != inner_scaling)
-      throw fail("rope_parameters", "is " + rp.dump() + " but rope_scaling is " +
-                                        c["rope_scaling"].dump() +
-                                        "; transformers 5 reads rope_parameters, older versions "
-                                        "rope_scaling: keep one");
-    scaling = inner_scaling;
+    scaling = scaling_of(rp, "rope_parameters");
     const std::optional<double> inner = number(rp, "rope_theta", "rope_parameters.rope_theta");
     if (inner && n.rope_theta && *inner != *n.rope_theta)
       throw fail("rope_parameters.rope_theta",
@@ -448,17 +473,10 @@ HfNumerics llama_numerics(const json& c, const std::string& file) {
                      "; transformers 5 reads rope_parameters, older versions rope_theta: keep one");
     if (inner) n.rope_theta = inner;
   }
-  const Scaling none = {1.0, std::nullopt, std::nullopt, std::nullopt};
-  const Scaling& s = scaling ? *scaling : none;
-  n.rope_factor = s[0];
-  n.rope_low_freq_factor = s[1];
-  n.rope_high_freq_factor = s[2];
-  n.rope_original_max_seq = s[3];
-  if (n.rope_factor && *n.rope_factor < 1.0)
-    throw fail("rope_scaling.factor", "is " + std::to_string(*n.rope_factor) +
-                                          "; llama3 scaling stretches the context (factor >= 1)");
-  if (s[1] && s[2] && !(*s[1] < *s[2]))
-    throw fail("rope_scaling.low_freq_factor", "is not below high_freq_factor");
+  n.rope_factor = scaling[0];
+  n.rope_low_freq_factor = scaling[1];
+  n.rope_high_freq_factor = scaling[2];
+  n.rope_original_max_seq = scaling[3];
   return n;
 }
 

@@ -314,7 +314,6 @@ TEST(ConfigSet, BadValuesAndSyntaxNameTheOverride) {
              {"--set 'train.steps'", "missing '='", "key=value"});
 }
 
-// log.save_model: a choice of false/true; false beside log.export_hf: true is refused by name.
 // Llama 3's rotary scaling: the four keys, and an empty band between the wavelengths refused.
 TEST(ConfigSet, RopeScalingKeys) {
   const Config c = parse_config(kMinimal, "m.yaml",
@@ -341,6 +340,7 @@ TEST(ConfigSet, StopTokensAreTheModelsIds) {
             std::vector<int>{50256});
 }
 
+// log.save_model: a choice of false/true; false beside log.export_hf: true is refused by name.
 TEST(ConfigSet, SaveModelValuesAndTheExportThatNeedsIt) {
   expect_all(error_of(kMinimal, {"log.save_model=maybe"}),
              {"log.save_model", "maybe", "false", "true"});
@@ -805,6 +805,26 @@ TEST(ConfigDiff, NamesEveryChangedKeyByItsDottedPath) {
   EXPECT_TRUE(changed_keys(a.text, a.text).empty());
   EXPECT_EQ(changed_keys("model: {hidden: 8}\n", "model: {hidden: 8, heads: 2}\n"),
             (std::vector<std::string>{"model.heads"}));
+  // A checkpoint written before a key existed ran with its default: no change (a resume from
+  // one failed on model.rope_factor's "unset there, 1.0 here"); another value is one.
+  std::string old_text;
+  {
+    std::istringstream in(a.text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("rope_factor") == std::string::npos &&
+          line.find("rope_low_freq") == std::string::npos &&
+          line.find("rope_high_freq") == std::string::npos &&
+          line.find("rope_original") == std::string::npos &&
+          line.find("top_k") == std::string::npos) {
+        old_text += line + "\n";
+      }
+    }
+  }
+  ASSERT_NE(old_text, a.text);
+  EXPECT_TRUE(changed_keys(old_text, a.text).empty()) << old_text;
+  EXPECT_TRUE(changed_keys(a.text, old_text).empty());
+  const Config scaled = parse_config(kMinimal, "s.yaml", {"model.rope_factor=8"});
+  EXPECT_EQ(changed_keys(old_text, scaled.text), (std::vector<std::string>{"model.rope_factor"}));
 }
 // parallel.comm (parallel/comm_choice.hpp checks what the build and node allow at start-up).
 TEST(ConfigComm, ParsesAndRejectsUnknownTransports) {

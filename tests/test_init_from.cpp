@@ -510,18 +510,36 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
     c = parse("");
     EXPECT_EQ(c.model.rope_scaling.factor, 32.0);
     EXPECT_EQ(c.model.rope_theta, 500000.0);
+    // Both: transformers 5 reads rope_scaling in place of rope_parameters, 4 only rope_scaling.
     j["rope_scaling"] = llama3;
-    j["rope_scaling"]["factor"] = 8.0;
     write(j);
     e = error("");
-    EXPECT_NE(e.find("config.json: rope_parameters: is"), std::string::npos) << e;
-    EXPECT_NE(e.find("but rope_scaling is"), std::string::npos) << e;
+    EXPECT_NE(e.find("config.json: rope_scaling: and rope_parameters are both set"),
+              std::string::npos) << e;
     j.erase("rope_parameters");
+    j["rope_theta"] = 500000.0;
+    j["rope_scaling"]["rope_theta"] = 1234.0;  // transformers 5 would take this one
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find("rope_scaling.rope_theta: is 1234.0 but rope_theta is 500000.0"),
+              std::string::npos) << e;
+    j["rope_scaling"].erase("rope_theta");
     j["rope_scaling"]["high_freq_factor"] = 1.0;  // not above low_freq_factor
     write(j);
     e = error("");
-    EXPECT_NE(e.find("rope_scaling.low_freq_factor: is not below high_freq_factor"),
+    EXPECT_NE(e.find("rope_scaling.low_freq_factor: is 1.0, not below high_freq_factor 1.0"),
               std::string::npos) << e;
+    j["rope_scaling"] = llama3;
+    j["rope_scaling"]["original_max_position_embeddings"] = 8192.5;
+    write(j);
+    e = error("");
+    EXPECT_NE(e.find("rope_scaling.original_max_position_embeddings: is 8192.5, not a whole "
+                     "number"),
+              std::string::npos) << e;
+    j["rope_scaling"] = nlohmann::json::object();  // empty: none, as transformers reads it
+    j["rope_parameters"] = llama3;
+    write(j);
+    EXPECT_EQ(parse("").model.rope_scaling.factor, 32.0);
     // Unscaled in config.json, scaled in the config: the start-up names the difference.
     io::HfNumerics unscaled;
     unscaled.rope_factor = 1.0;
@@ -593,6 +611,13 @@ TEST(InitFrom, ConfigJsonGivesTheSizes) {
                                              "/config.json: rope_scaling: is"),
                 std::string::npos) << err.what();
     }
+    // A stored config (a model file's, a checkpoint's) is read as written: the config.json
+    // beside its init_from, changed since, is not consulted.
+    const io::Config stored =
+        io::parse_config(sizes + ", rope_theta: 7000, rms_eps: 1.0e-5" + rest,
+                         "model.h5 (config)", {}, io::ParseOptions{.stored = true});
+    EXPECT_EQ(stored.model.rope_theta, 7000.0);
+    EXPECT_FALSE(stored.model.rope_scaling.scaled());
   }
   write({{"model_type", "mistral"}});
   EXPECT_NE(error("").find("model_type: is 'mistral'"), std::string::npos) << error("");

@@ -434,7 +434,10 @@ TEST(Training, ModelFileOfALlamaKeepsItsRotaryBaseAndEpsilon) {
         std::tuple{5000.0, 1e-5, 4.0, "was trained with model.rms_eps 1e-06 but the config has "
                                       "1e-05; set model.rms_eps: 1e-06"},
         std::tuple{5000.0, 1e-6, 1.0, "was trained with model.rope_factor 4 but the config has "
-                                      "1; set model.rope_factor: 4"}}) {
+                                      "1; set model.rope_factor: 4"},
+        std::tuple{1000.0, 1e-6, 1.0, "was trained with model.rope_theta 5000 but the config "
+                                      "has 1000, model.rope_factor 4 but the config has 1; set "
+                                      "model.rope_theta: 5000, model.rope_factor: 4"}}) {
     io::Config other = c;
     other.model.rope_theta = theta;
     other.model.rms_eps = eps;
