@@ -2,7 +2,10 @@
 """model.init_from against Hugging Face transformers (docs/init-from.md).
 
 For GPT-2, OPT and LLaMA: builds GPT2LMHeadModel / OPTForCausalLM / LlamaForCausalLM (grouped-
-query attention, untied head) from a small config with random weights, save_pretrained()s it to a temporary directory (OPT sharded with an index), then runs
+query attention, untied head; and a Llama 3.2-like one: tied head, rope_scaling of rope_type
+llama3 with an original context of 16 positions, so that the scaling moves the frequencies the
+64-token windows reach) from a small config with random weights, save_pretrained()s it to a
+temporary directory (OPT sharded with an index), then runs
   colossal_eval     with model: {preset: from_weights, init_from: DIR}
   colossal_generate with the same config, --temperature 0
 and checks that our validation loss over the quickstart validation text equals transformers'
@@ -68,6 +71,13 @@ def main():
             num_key_value_heads=2, intermediate_size=160, max_position_embeddings=128,
             rms_norm_eps=1e-6, rope_theta=500.0, tie_word_embeddings=False, hidden_act="silu",
             attention_bias=False, mlp_bias=False, initializer_range=0.1)),
+        "llama3": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, intermediate_size=160, max_position_embeddings=128,
+            rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+            hidden_act="silu", attention_bias=False, mlp_bias=False, initializer_range=0.1,
+            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
     }
     failed = False
     with tempfile.TemporaryDirectory(prefix="colossal_hf_") as tmp:
