@@ -1226,11 +1226,16 @@ class Resolver {
     // A resolved config (the one model.h5, checkpoints and log.dir/config.yaml carry) sets every
     // size itself: it reads without the weights' directory, which may be gone or on another
     // cluster by the time the model is exported or evaluated.
+    // A stored one written before the LLaMA keys existed lacks them (a GPT-2 or OPT ignores
+    // them): its sizes alone make it resolved.
     bool resolved = true;
     for (const char* key : {"model.arch", "model.layers", "model.hidden", "model.heads",
-                            "model.ffn_hidden", "model.vocab", "model.max_seq", "model.kv_heads",
-                            "model.rope_theta", "model.rms_eps", "model.tie_embeddings"}) {
+                            "model.ffn_hidden", "model.vocab", "model.max_seq"}) {
       resolved = resolved && entries_.count(key) > 0;
+    }
+    for (const char* key :
+         {"model.kv_heads", "model.rope_theta", "model.rms_eps", "model.tie_embeddings"}) {
+      resolved = resolved && (options_.stored || entries_.count(key) > 0);
     }
     if (resolved && (options_.stored || hf_config_path(path).empty())) {
       config.model_preset = kFromWeights;

@@ -59,7 +59,7 @@ class Tokenizer:
 
     def __init__(self, name, vocab_size, eot, encode_batch, decode):
         self.name = name
-        self.vocab_size = vocab_size
+        self.vocab_size = vocab_size  # the largest id + 1: model.vocab must reach it
         self.eot = eot  # the end-of-text id, or None
         self.encode_batch = encode_batch  # list of str -> list of list of int
         self.decode = decode  # list of int -> str
@@ -113,7 +113,9 @@ def local_tokenizer(path):
             return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
         found = [tok.token_to_id(t) for t in SEPARATORS if tok.token_to_id(t) is not None]
-        return Tokenizer(f"tokenizers {path}", tok.get_vocab_size(with_added_tokens=True),
+        # The largest id + 1, not the count: added tokens' ids may leave gaps.
+        vocab = max(tok.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        return Tokenizer(f"tokenizers {path}", vocab,
                          found[0] if found else None, encode,
                          lambda ids: tok.decode(ids, skip_special_tokens=False))
     try:
@@ -131,7 +133,7 @@ def local_tokenizer(path):
         if found is not None and found != tok.unk_token_id:
             eot = found
             break
-    return Tokenizer(f"transformers {path}", len(tok),
+    return Tokenizer(f"transformers {path}", max(tok.get_vocab().values(), default=-1) + 1,
                      eot, lambda texts: [tok(t, add_special_tokens=False)["input_ids"]
                                          for t in texts], tok.decode)
 

@@ -34,7 +34,9 @@ import torch.nn.functional as F
 import yaml
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LLMC_MAGIC, LLMC_HEADER_BYTES = 20240520, 256 * 4
+LLMC_HEADER_BYTES = 256 * 4
+# llm.c token files: magic -> (version, token dtype), as io::TokenFile reads them.
+LLMC_FORMATS = {20240520: (1, "<u2"), 20240801: (7, "<u4")}
 LN_EPS = 1e-5
 
 
@@ -159,18 +161,21 @@ def forward(state, m, idx):
 
 
 # ---------------------------------------------------------------------------------------------
-# Data, as colossal's loader reads it: llm.c uint16 token files (magic 20240520, version 1)
-# or raw bytes.
+# Data, as colossal's loader reads it: llm.c token files (uint16 after magic 20240520, version 1;
+# uint32 after magic 20240801, version 7) or raw bytes.
 
 
 def read_tokens(path):
     raw = open(path, "rb").read()
     if len(raw) >= LLMC_HEADER_BYTES:
         header = np.frombuffer(raw[:12], dtype="<i4")
-        if header[0] == LLMC_MAGIC:
-            if header[1] != 1:
-                raise SystemExit(f"error: {path}: llm.c version {header[1]} (expected 1)")
-            return np.frombuffer(raw[LLMC_HEADER_BYTES:], dtype="<u2")[:header[2]].astype(np.int64)
+        if int(header[0]) in LLMC_FORMATS:
+            version, dtype = LLMC_FORMATS[int(header[0])]
+            if header[1] != version:
+                raise SystemExit(f"error: {path}: llm.c magic {header[0]} with version "
+                                 f"{header[1]} (expected {version})")
+            tokens = np.frombuffer(raw[LLMC_HEADER_BYTES:], dtype=dtype)
+            return tokens[:header[2]].astype(np.int64)
     return np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
 
 
