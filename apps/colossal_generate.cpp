@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
       if (inv.rank == 0) {
         // fwrite, not printf("%s"): a generated 0 byte must not cut the text short.
         std::string out = (n > 0 ? "---------------\n" : "") + prompt + text;
-        if (out.empty() || out.back() != '\n') out += '\n';  // a text ended by a newline (--stop-token 10)
+        // A text ended by a newline (--stop-token 10) gets no second one.
+        if (out.empty() || out.back() != '\n') out += '\n';
         std::fwrite(out.data(), 1, out.size(), stdout);
         std::fflush(stdout);
       }

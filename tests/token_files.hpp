@@ -11,28 +11,31 @@
 
 namespace colossal::test {
 
-// `count` < 0: the header says tokens.size() (another value makes a damaged file).
-inline void write_llmc(const std::string& path, const std::vector<uint16_t>& tokens,
-                       int32_t version = 1, int32_t count = -1) {
+// The header (magic, version, token count; `count` < 0: tokens.size(), another value makes a
+// damaged file), then the tokens as they are in memory (little-endian here).
+template <class Token>
+void write_llmc_file(const std::string& path, const std::vector<Token>& tokens, int32_t magic,
+                     int32_t version, int32_t count) {
   std::vector<int32_t> header(256, 0);
-  header[0] = io::TokenFile::kLlmcMagic;
+  header[0] = magic;
   header[1] = version;
   header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 2));
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            std::streamsize(tokens.size() * sizeof(Token)));
 }
 
-// llm.c's "llama-3" token file: the header with magic 20240801 (version 7), then uint32 tokens.
+// llm.c's GPT-2 token file: uint16 tokens after magic 20240520.
+inline void write_llmc(const std::string& path, const std::vector<uint16_t>& tokens,
+                       int32_t version = 1, int32_t count = -1) {
+  write_llmc_file(path, tokens, io::TokenFile::kLlmcMagic, version, count);
+}
+
+// llm.c's "llama-3" token file: uint32 tokens after magic 20240801 (version 7).
 inline void write_llmc32(const std::string& path, const std::vector<uint32_t>& tokens,
                          int32_t version = io::TokenFile::kLlmcVersion32, int32_t count = -1) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = io::TokenFile::kLlmcMagic32;
-  header[1] = version;
-  header[2] = count < 0 ? static_cast<int32_t>(tokens.size()) : count;
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  write_llmc_file(path, tokens, io::TokenFile::kLlmcMagic32, version, count);
 }
 
 }  // namespace colossal::test
