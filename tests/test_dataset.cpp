@@ -1,11 +1,14 @@
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "io/choice_file.hpp"
 #include "io/dataset.hpp"
 #include "token_files.hpp"
 
@@ -167,4 +170,115 @@ TEST(Validation, SequentialWindowsCoverTheFile) {
   std::vector<int32_t> x(16), y(16);
   validation_batch(g, 8, 1, 2, x.data(), y.data());
   EXPECT_EQ(x[0], 'x');
+}
+
+namespace {
+
+// llm.c's eval file of `values` (uint16) after a header (magic, version, count, longest), written
+// by hand from the format's description, not by io::encode_choice_file.
+std::string choice_bytes(std::vector<int32_t> header, const std::vector<uint16_t>& values) {
+  header.resize(256, 0);
+  std::string bytes(header.size() * 4 + values.size() * 2, '\0');
+  std::memcpy(bytes.data(), header.data(), header.size() * 4);
+  std::memcpy(bytes.data() + header.size() * 4, values.data(), values.size() * 2);
+  return bytes;
+}
+
+std::string choice_error(const std::string& bytes, int vocab = 1000) {
+  try {
+    parse_choice_file(bytes, "hs.bin", vocab, "--choices");
+  } catch (const ChoiceFileError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+// io::parse_choice_file reads llm.c's multiple-choice layout: the fields of each example in
+// order, completions of any number and length; io::encode_choice_file writes those bytes.
+TEST(ChoiceFile, ReadsLlmcEvalFiles) {
+  // Example 0: index 7, label 1, context {5, 6}, completions {9} and {10, 11, 12}; example 1:
+  // index 8, label 2, context {1}, three completions {2} {3} {4}.
+  const std::vector<uint16_t> values = {65535, 28, 7, 1, 2, 2, 5, 6, 1, 9, 3, 10, 11, 12,
+                                        65535, 26, 8, 2, 3, 1, 1, 1, 2, 1, 3, 1, 4};
+  const std::string bytes = choice_bytes({20240522, 1, 2, 28}, values);
+  const std::vector<ChoiceExample> got = parse_choice_file(bytes, "hs.bin", 13, "--choices");
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].index, 7);
+  EXPECT_EQ(got[0].label, 1);
+  EXPECT_EQ(got[0].context, (std::vector<int32_t>{5, 6}));
+  ASSERT_EQ(got[0].completions.size(), 2u);
+  EXPECT_EQ(got[0].completions[0], (std::vector<int32_t>{9}));
+  EXPECT_EQ(got[0].completions[1], (std::vector<int32_t>{10, 11, 12}));
+  EXPECT_EQ(got[1].index, 8);
+  EXPECT_EQ(got[1].label, 2);
+  EXPECT_EQ(got[1].context, (std::vector<int32_t>{1}));
+  EXPECT_EQ(got[1].completions,
+            (std::vector<std::vector<int32_t>>{{2}, {3}, {4}}));
+  // The writer's bytes are those bytes.
+  const std::vector<uint8_t> encoded = encode_choice_file(got);
+  EXPECT_EQ(std::string(encoded.begin(), encoded.end()), bytes);
+  // And through a file.
+  const auto path = temp_path("choices.bin");
+  write_text(path, bytes);
+  EXPECT_EQ(read_choice_file(path, 13, "--choices").size(), 2u);
+}
+
+TEST(ChoiceFile, BadFilesGiveSpecificMessages) {
+  const auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos;
+  };
+  const std::vector<uint16_t> one = {65535, 22, 0, 1, 2, 1, 5, 1, 6, 1, 7};
+  EXPECT_EQ(choice_error(choice_bytes({20240522, 1, 1, 22}, one)), "");
+  EXPECT_TRUE(has(choice_error("short"), "--choices: 'hs.bin' is 5 bytes, shorter than"));
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240520, 1, 1}, one)),
+                  "starts with 20240520, not the multiple-choice magic 20240522"));
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 2, 1}, one)), "version 2"));
+  // The header counts one example more than the file holds.
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 2}, one)),
+                  "example 1 of 2 (at value 11 after the header): the file ends"));
+  // One example fewer: the rest is left over.
+  std::vector<uint16_t> two = one;
+  two.insert(two.end(), one.begin(), one.end());
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, two)),
+                  "11 values follow its 1 examples"));
+  std::vector<uint16_t> bad = one;
+  bad[0] = 3;
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)),
+                  "3 where the example's start 65535 should be"));
+  bad = one;
+  bad[3] = 2;  // label 2 of 2 completions
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)),
+                  "label 2 but only 2 completions"));
+  bad = one;
+  bad[4] = 1;  // one completion: the second's values are left over
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)),
+                  "1 completion(s); a multiple-choice example needs at least 2"));
+  bad = one;
+  bad[7] = 0;  // an empty completion
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)), "completion 0 has no tokens"));
+  bad = one;
+  bad[7] = 4;  // completion 0 runs past the example
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)),
+                  "completion 0's 4 tokens run past the example's 22 bytes"));
+  bad = one;
+  bad[1] = 40;  // the size runs past the file
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, bad)),
+                  "its size of 40 bytes does not fit the file"));
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 1}, one), 7),
+                  "example 0 of 1 (at value 0 after the header): completion 1 holds token id 7 "
+                  "but model.vocab is 7"));
+  try {
+    read_choice_file(temp_path("no-such-choices.bin"), 10, "--choices");
+    ADD_FAILURE();
+  } catch (const ChoiceFileError& e) {
+    EXPECT_TRUE(has(e.what(), "cannot be opened")) << e.what();
+    EXPECT_TRUE(has(e.what(), "scripts/make_choices.py")) << e.what();
+  }
+  EXPECT_THROW(encode_choice_file({}), std::invalid_argument);
+  ChoiceExample huge;
+  huge.context = {65535};
+  huge.completions = {{1}, {2}};
+  EXPECT_THROW(encode_choice_file({huge}), std::invalid_argument);
 }
