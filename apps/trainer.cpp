@@ -1876,20 +1876,7 @@ std::string Trainer::generate(const std::string& prompt, int tokens, const Sampl
     // trainer on world rank 0, which samples: the text a 1d run of these weights prints.
     const std::vector<float> values = logical_parameters();
     if (world_->rank() != 0) return "";
-    if (sampler_trainer_ == nullptr) {
-      io::Config one = config_;
-      one.parallel = io::ParallelConfig{};
-      one.train.micro_batch = 1;
-      one.train.global_batch = 1;
-      one.checkpoint.every = 0;
-      one.checkpoint.resume = io::ResumeMode::never;
-      one.model_init_from.clear();  // its weights are `values`: not read again
-      // Sampling needs no training state (also at the end of a training run): the parameters
-      // and one block's activations, written straight from `values`, and (colossal_generate)
-      // the decoding state.
-      sampler_trainer_ = std::make_unique<Trainer>(
-          one, nullptr, nullptr, TrainerOptions{.inference = true, .decode = decode_requested_});
-    }
+    if (sampler_trainer_ == nullptr) sampler_trainer_ = one_rank_trainer(1, decode_requested_);
     Trainer& whole = *sampler_trainer_;
     whole.set_logical_parameters(values);
     std::string text = whole.generate(prompt, tokens, how, key, progress);
@@ -1970,6 +1957,172 @@ std::string Trainer::generate(const std::string& prompt, int tokens, const Sampl
     }
   }
   return out;
+}
+
+std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode) const {
+  io::Config one = config_;
+  one.parallel = io::ParallelConfig{};
+  one.train.micro_batch = micro_batch;
+  one.train.global_batch = micro_batch;
+  one.checkpoint.every = 0;
+  one.checkpoint.resume = io::ResumeMode::never;
+  one.model_init_from.clear();  // its weights are the caller's: not read again
+  // Sampling and scoring need no training state (also at the end of a training run): the
+  // parameters and one block's activations, written straight from the caller's values, and
+  // (colossal_generate) the decoding state.
+  return std::make_unique<Trainer>(one, nullptr, nullptr,
+                                   TrainerOptions{.inference = true, .decode = decode});
+}
+
+int ChoiceScores::best_per_token(int64_t e) const {
+  int best = 0;
+  for (std::size_t c = first[e]; c < first[e + 1]; ++c) {
+    const std::size_t b = first[e] + std::size_t(best);
+    if (loss[c] / tokens[c] < loss[b] / tokens[b]) best = int(c - first[e]);
+  }
+  return best;
+}
+
+int ChoiceScores::best_total(int64_t e) const {
+  int best = 0;
+  for (std::size_t c = first[e]; c < first[e + 1]; ++c) {
+    if (loss[c] < loss[first[e] + std::size_t(best)]) best = int(c - first[e]);
+  }
+  return best;
+}
+
+int64_t ChoiceScores::right_per_token() const {
+  int64_t right = 0;
+  for (int64_t e = 0; e < examples(); ++e) right += best_per_token(e) == labels[e];
+  return right;
+}
+
+int64_t ChoiceScores::right_total() const {
+  int64_t right = 0;
+  for (int64_t e = 0; e < examples(); ++e) right += best_total(e) == labels[e];
+  return right;
+}
+
+namespace {
+// The element-wise sum over `group` of host values, on every rank of it (each rank's values
+// broadcast in turn: host memory on every backend, NCCL's included).
+void sum_over(parallel::Communicator& group, std::vector<double>& values) {
+  if (group.size() == 1) return;
+  std::vector<double> sum(values.size(), 0.0), theirs(values.size());
+  for (int q = 0; q < group.size(); ++q) {
+    if (group.rank() == q) theirs = values;
+    group.broadcast_bytes(std::as_writable_bytes(std::span<double>(theirs)), q);
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
+  }
+  values = std::move(sum);
+}
+}  // namespace
+
+ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& examples,
+                                    const std::function<void(int64_t, int64_t)>& progress) {
+  const int T = config_.train.seq_len, B = config_.train.micro_batch;
+  ChoiceScores s;
+  // One row per completion: its (possibly cut) context, then its tokens; the inputs are the
+  // row but its last token, the targets the row from its second.
+  struct Row {
+    const std::vector<int32_t>* context;
+    const std::vector<int32_t>* completion;
+    std::size_t keep;  // the context's last `keep` tokens
+  };
+  std::vector<Row> rows;
+  for (const io::ChoiceExample& ex : examples) {
+    s.first.push_back(rows.size());
+    s.labels.push_back(ex.label);
+    bool cut = false;
+    for (const auto& completion : ex.completions) {
+      if (completion.size() + 1 > std::size_t(T)) {
+        throw DataFileError("multiple-choice example " + std::to_string(ex.index) +
+                              " has a completion of " + std::to_string(completion.size()) +
+                              " tokens, more than train.seq_len - 1 = " +
+                              std::to_string(T - 1) + " can score after a context; raise " +
+                              "train.seq_len");
+      }
+      const std::size_t keep = std::min(ex.context.size(), std::size_t(T) + 1 - completion.size());
+      cut = cut || keep < ex.context.size();
+      rows.push_back({&ex.context, &completion, keep});
+      s.tokens.push_back(int(completion.size()));
+    }
+    s.cut += cut;
+  }
+  s.first.push_back(rows.size());
+  const int64_t M = int64_t(rows.size());
+  s.loss.assign(std::size_t(M), 0.0);
+  if (M == 0) return s;
+
+  if (chunks_.back().dense == nullptr) {
+    // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
+    // trainer on world rank 0, which scores; its sums reach every rank.
+    const std::vector<float> values = logical_parameters();
+    if (world_->rank() == 0) {
+      if (scorer_trainer_ == nullptr) scorer_trainer_ = one_rank_trainer(B, false);
+      scorer_trainer_->set_logical_parameters(values);
+      s.loss = scorer_trainer_->score_choices(examples, progress).loss;
+    }
+    world_->broadcast_bytes(std::as_writable_bytes(std::span<double>(s.loss)), 0);
+    return s;
+  }
+
+  // Replica r of the data-parallel ones scores rows [M*r/R, M*(r+1)/R); under ZeRO-3 every
+  // rank runs as many forwards as the largest part (the gathers are collective), the extra ones
+  // again on its first row and discarded.
+  const int64_t R = dp_->size(), r = dp_->rank();
+  const int64_t begin = M * r / R, end = M * (r + 1) / R;
+  int64_t batches = (end - begin + B - 1) / B;
+  if (chunks_.front().model->store().collective()) batches = ((M + R - 1) / R + B - 1) / B;
+  const bool head = pp_->rank() == pp_->size() - 1;
+  const int64_t from = int64_t(sp_->rank()) * chunk_;  // this rank's positions [from, from+chunk_)
+  std::vector<float> losses(std::size_t(B) * std::size_t(chunk_));
+  for (int64_t i = 0; i < batches; ++i) {
+    const int64_t wanted = begin + i * B;
+    const bool real = wanted < end;
+    const int64_t first = real ? wanted : std::min(begin, M - 1);
+    const int count = real ? int(std::min<int64_t>(B, end - wanted)) : 1;
+    std::fill(host_inputs_.begin(), host_inputs_.end(), 0);
+    std::fill(host_targets_.begin(), host_targets_.end(), 0);
+    for (int b = 0; b < count; ++b) {
+      const Row& row = rows[std::size_t(first + b)];
+      int32_t* in = host_inputs_.data() + std::size_t(b) * T;
+      int32_t* out = host_targets_.data() + std::size_t(b) * T;
+      // tokens: context[size - keep:], completion; inputs [0, L-1), targets [1, L)
+      std::vector<int32_t> tokens(row.context->end() - std::ptrdiff_t(row.keep),
+                                  row.context->end());
+      tokens.insert(tokens.end(), row.completion->begin(), row.completion->end());
+      std::copy(tokens.begin(), tokens.end() - 1, in);
+      std::copy(tokens.begin() + 1, tokens.end(), out);
+    }
+    upload();
+    if (i > 0) {  // the weights of the batch before: bf16's copy of them is kept
+      for (Chunk& chunk : chunks_) chunk.model->parameters_unchanged();
+    }
+    pipeline_forward(count);
+    if (watchdog_ != nullptr) watchdog_->progress(-1, "scoring multiple-choice completions");
+    if (real && progress && world_->rank() == 0) {
+      progress(std::min(end, wanted + B) - begin, end - begin);
+    }
+    if (!real || !head) continue;
+    head_model().token_losses(int64_t(count) * chunk_, losses.data());
+    for (int b = 0; b < count; ++b) {
+      const Row& row = rows[std::size_t(first + b)];
+      // The completion's tokens are predicted at positions [keep - 1, keep - 1 + its length).
+      const int64_t lo = std::max<int64_t>(int64_t(row.keep) - 1, from);
+      const int64_t hi = std::min<int64_t>(int64_t(row.keep) - 1 + int64_t(row.completion->size()),
+                                           from + chunk_);
+      double sum = 0.0;
+      for (int64_t t = lo; t < hi; ++t) sum += losses[std::size_t(b * chunk_ + (t - from))];
+      s.loss[std::size_t(first + b)] = sum;
+    }
+  }
+  // Each sequence rank summed its positions, the last stage alone scored, and each replica its
+  // rows: the sums over those groups are every completion's loss (the tensor ranks agree).
+  sum_over(*sp_, s.loss);
+  sum_over(*pp_, s.loss);
+  sum_over(*dp_, s.loss);
+  return s;
 }
 
 io::Config sampling_config(io::Config config) {

@@ -28,6 +28,7 @@
 #include "core/profiler.hpp"
 #include "core/trace.hpp"
 #include "io/checkpoint.hpp"
+#include "io/choice_file.hpp"
 #include "io/config.hpp"
 #include "io/dataset.hpp"
 #include "parallel/communicator.hpp"
@@ -163,6 +164,24 @@ struct Sampling {
 };
 Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed);
 
+// A multiple-choice evaluation (colossal_eval --choices, eval.choices; io/choice_file.hpp):
+// the summed cross-entropy of each completion's tokens after its context, in the file's order.
+// An example is answered right when its label's completion has the least loss per token (as
+// llm.c scores HellaSwag; lm-evaluation-harness's acc_norm divides by bytes instead) or, the
+// second measure, the least total loss (lm-evaluation-harness's acc). Ties go to the first.
+struct ChoiceScores {
+  std::vector<std::size_t> first;  // example e's completions: [first[e], first[e + 1])
+  std::vector<int> labels;         // per example
+  std::vector<double> loss;        // per completion: summed over its tokens
+  std::vector<int> tokens;         // per completion
+  int64_t cut = 0;                 // contexts cut on the left to fit train.seq_len
+  int64_t examples() const { return int64_t(labels.size()); }
+  int best_per_token(int64_t e) const;  // the completion chosen by each measure
+  int best_total(int64_t e) const;
+  int64_t right_per_token() const;
+  int64_t right_total() const;
+};
+
 // The `i`-th token of a text drawn by `how` from `logits` (the last position's; overwritten),
 // among the first `candidates` ids (256 over byte data: only the bytes can be printed). A tie at
 // the top_k-th place keeps the smaller ids (exactly top_k tokens; Hugging Face keeps every tied
@@ -282,6 +301,15 @@ class Trainer {
     return generate(prompt, tokens, how, key, progress);
   }
   int generated() const { return generated_; }  // the tokens the last generate() made
+  // Every completion of `examples` scored (ChoiceScores), on every rank; collective. Each
+  // completion is one row of train.micro_batch rows per forward, spread over the data-parallel
+  // replicas; a context longer than the window keeps its last tokens (counted in `cut`), a
+  // completion longer than train.seq_len - 1 is an error. 2d / 2.5d / 3d score through a
+  // one-rank trainer of the gathered weights on world rank 0 (as generate() samples).
+  // `progress`, when set, is called on world rank 0 with the completions its replica scored
+  // and the replica's share.
+  ChoiceScores score_choices(const std::vector<io::ChoiceExample>& examples,
+                             const std::function<void(int64_t done, int64_t of)>& progress = {});
   // The full-vocabulary logits the last token generate() sampled was drawn from (on the ranks
   // that sample; empty before).
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -333,6 +361,9 @@ class Trainer {
   // 2d / 2.5d / 3d: the one-rank 1d trainer that samples on world rank 0, made by the first
   // generate() and given the current parameters by each.
   std::unique_ptr<Trainer> sampler_trainer_;
+  std::unique_ptr<Trainer> scorer_trainer_;  // the same for score_choices(), micro_batch rows
+  // Such a one-rank inference trainer of this config's model.
+  std::unique_ptr<Trainer> one_rank_trainer(int micro_batch, bool decode) const;
   std::vector<float> decode_logits_;
   struct Chunk;
   // 2d / 2.5d / 3d: a chunk's model (which owns its store) and its zero/ pieces on that store.

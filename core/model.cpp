@@ -479,6 +479,17 @@ const float* Model::column_parallel_end(int64_t N) {
   return rows_tmp_;
 }
 
+void Model::token_losses(int64_t rows, float* out, int slot) {
+  if (!stage_.head) throw std::logic_error("core::Model::token_losses: not the head stage");
+  if (rows < 0 || rows > int64_t(max_batch_) * seq_len_) {
+    throw std::invalid_argument("core::Model::token_losses: " + std::to_string(rows) +
+                                " rows outside [0, " +
+                                std::to_string(int64_t(max_batch_) * seq_len_) + "]");
+  }
+  fence_kernels();
+  copy_to_host(out, acts_of(slot).losses, std::size_t(rows) * sizeof(float));
+}
+
 void Model::gather_logits(int64_t row, float* out) {
   if (head_in_forward_) {  // the logits were never kept whole: this row's again, from ln_f
     const int C = spec_.hidden, V = int(local_vocab_);

@@ -165,6 +165,10 @@ class Model final : public StageModel {
   // The full-vocabulary logits of token row `row` (batch * seq_len + position) of the last
   // forward into host memory `out` (vocab floats). Collective over the tensor group.
   void gather_logits(int64_t row, float* out);
+  // The cross-entropy of each token row (batch * seq_len, this rank's positions) of the last
+  // forward of `slot` into host memory `out` (`rows` floats); on the head stage only. Every
+  // rank of the tensor group holds the same ones.
+  void token_losses(int64_t rows, float* out, int slot = 0);
 
   // Incremental decoding (colossal_generate): instead of a forward over the whole window for
   // every sampled token, each block keeps the keys and values of the positions seen so far

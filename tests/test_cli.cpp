@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "io/choice_file.hpp"
 #include "io/hdf5_file.hpp"
 #include "metrics_h5.hpp"
 #include "run_program.hpp"
@@ -1480,3 +1481,109 @@ TEST_F(Cli, ReportSummarizesARunAndNamesMissingPackages) {
 }
 
 }  // namespace
+
+namespace {
+
+// The rows of colossal_eval --choices-out: each completion's loss, keyed by "example,completion".
+std::map<std::string, double> choice_rows(const std::string& path, int* chosen = nullptr) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "example,index,label,completion,tokens,loss,loss_per_token,chosen_per_token,"
+                  "chosen_total");
+  std::map<std::string, double> rows;
+  while (std::getline(in, line)) {
+    std::vector<std::string> f;
+    std::stringstream fields(line);
+    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
+    if (f.size() != 9) {
+      ADD_FAILURE() << "row '" << line << "'";
+      continue;
+    }
+    rows[f[0] + "," + f[3]] = std::stod(f[5]);
+    EXPECT_NEAR(std::stod(f[6]), std::stod(f[5]) / std::stod(f[4]), 1e-6 * std::stod(f[5]));
+    if (chosen != nullptr) *chosen += std::stoi(f[7]);
+  }
+  return rows;
+}
+
+}  // namespace
+
+// colossal_eval --choices: a multiple-choice file scored on one rank, then the same scores under
+// data and tensor parallelism on two ranks; the accuracy line and the per-completion rows; bad
+// files and flags stop every rank with the key and what to do.
+TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const std::string config = write_config("choices.yaml");
+  Result r = run(bin("colossal_train") + " " + config + " --set log.dir=" + dir + "/choices");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string weights = " --weights " + dir + "/choices/model.h5";
+  // Five examples of the text "the quick brown fox. ": the right completion continues it.
+  const auto ids = [](const std::string& s) { return std::vector<int32_t>(s.begin(), s.end()); };
+  std::vector<colossal::io::ChoiceExample> examples;
+  const std::vector<std::string> contexts = {"the quick", "brown", "fox. the", "the", "quick b"};
+  const std::vector<std::string> rights = {" brown", " fox.", " quick", " quick brown", "rown"};
+  for (std::size_t e = 0; e < contexts.size(); ++e) {
+    colossal::io::ChoiceExample ex;
+    ex.index = int(e);
+    ex.label = int(e % 3);
+    ex.context = ids(contexts[e]);
+    std::vector<std::string> options = {"xq zz", "k", " ownbr qq"};
+    options.insert(options.begin() + ex.label, rights[e]);
+    for (const auto& o : options) ex.completions.push_back(ids(o));
+    examples.push_back(ex);
+  }
+  const std::vector<uint8_t> bytes = colossal::io::encode_choice_file(examples);
+  const std::string file = dir + "/choices.bin";
+  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                              std::streamsize(bytes.size()));
+  r = run(bin("colossal_eval") + " " + config + weights + " --choices " + file +
+          " --choices-out " + dir + "/one.csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("choices " + file + ": 5 examples, 20 completions"), std::string::npos)
+      << r.output;
+  const std::size_t at = r.output.find("choices accuracy ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string accuracy = r.output.substr(at, r.output.find('\n', at) - at);
+  int chosen = 0;
+  const std::map<std::string, double> one = choice_rows(dir + "/one.csv", &chosen);
+  EXPECT_EQ(one.size(), 20u);
+  EXPECT_EQ(chosen, 5);  // one completion chosen per example
+  for (const std::string layout : {"--set parallel.data=2", "--set parallel.tensor.size=2"}) {
+    r = run(mpirun + bin("colossal_eval") + " " + config + weights + " " + layout +
+            " --choices " + file + " --choices-out " + dir + "/two.csv");
+    ASSERT_EQ(r.code, 0) << layout << "\n" << r.output;
+    EXPECT_NE(r.output.find(accuracy), std::string::npos) << layout << "\n" << r.output;
+    const std::map<std::string, double> two = choice_rows(dir + "/two.csv");
+    ASSERT_EQ(two.size(), one.size()) << layout;
+    for (const auto& [key, loss] : one) {
+      EXPECT_NEAR(two.at(key), loss, 1e-5 * loss) << layout << ": " << key;
+    }
+  }
+  // Bad input: the flag without the file, a file of another kind, a missing file (every rank
+  // exits with the message, no hang), a completion longer than the window.
+  r = run(bin("colossal_eval") + " " + config + weights + " --choices-out " + dir + "/x.csv");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--choices-out needs --choices FILE"), std::string::npos) << r.output;
+  r = run(mpirun + bin("colossal_eval") + " " + config + weights + " --set parallel.data=2" +
+          " --choices " + dir + "/data.txt");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("--choices: '" + dir + "/data.txt' starts with"), std::string::npos)
+      << r.output;
+  r = run(mpirun + bin("colossal_eval") + " " + config + weights + " --set parallel.data=2" +
+          " --choices " + dir + "/none.bin");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("cannot be opened"), std::string::npos) << r.output;
+  examples[2].completions[1] = ids("a completion longer than the window");
+  const std::vector<uint8_t> long_bytes = colossal::io::encode_choice_file(examples);
+  std::ofstream(dir + "/long.bin", std::ios::binary)
+      .write(reinterpret_cast<const char*>(long_bytes.data()), std::streamsize(long_bytes.size()));
+  r = run(bin("colossal_eval") + " " + config + weights + " --choices " + dir + "/long.bin");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("multiple-choice example 2 has a completion of 35 tokens, more than "
+                          "train.seq_len - 1 = 15"),
+            std::string::npos) << r.output;
+}

@@ -19,6 +19,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <vector>
 
@@ -94,6 +96,93 @@ TEST(OnRoot, ResultsAndErrorsReachEveryRank) {
             std::to_string(last));
 }
 
+// Multiple-choice examples cut from the training text (bytes): contexts of 1 to 19 bytes (and
+// one of 45, longer than the window of 32, which is cut), 2 to 5 completions of 1 to 8 bytes
+// each, the right one (the text's continuation) at the label.
+std::vector<io::ChoiceExample> choice_examples(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const auto bytes = [&](std::size_t at, std::size_t n) {
+    std::vector<int32_t> out;
+    for (std::size_t i = 0; i < n; ++i) out.push_back(static_cast<unsigned char>(text[at + i]));
+    return out;
+  };
+  std::vector<io::ChoiceExample> examples;
+  for (int e = 0; e < 7; ++e) {
+    io::ChoiceExample ex;
+    ex.index = 100 + e;
+    const std::size_t at = 211 * std::size_t(e) + 40, context = e == 3 ? 45 : 1 + 3 * e;
+    const int completions = 2 + e % 4;
+    ex.label = e % completions;
+    ex.context = bytes(at, context);
+    for (int c = 0; c < completions; ++c) {
+      const std::size_t n = 1 + std::size_t(e + 3 * c) % 8;
+      ex.completions.push_back(c == ex.label ? bytes(at + context, n)
+                                             : bytes(1500 + 97 * std::size_t(7 * e + c), n));
+    }
+    examples.push_back(std::move(ex));
+  }
+  return examples;
+}
+
+// Each completion's loss the long way, on one rank: generate() of the context and the
+// completion's first j tokens, and -log softmax of token j from the logits it sampled from
+// (the whole-window forward and a host log-softmax in double).
+std::vector<double> reference_choice_losses(apps::Trainer& trainer,
+                                            const std::vector<io::ChoiceExample>& examples) {
+  std::vector<double> out;
+  for (const io::ChoiceExample& ex : examples) {
+    for (const auto& completion : ex.completions) {
+      std::vector<int32_t> prefix = ex.context;
+      double sum = 0.0;
+      for (const int32_t token : completion) {
+        trainer.generate(std::string(prefix.begin(), prefix.end()), 1, 0.0, 1);
+        const std::vector<float>& logits = trainer.last_logits();
+        double high = -1e300, norm = 0.0;
+        for (const float l : logits) high = std::max(high, double(l));
+        for (const float l : logits) norm += std::exp(double(l) - high);
+        sum += high + std::log(norm) - double(logits[std::size_t(token)]);
+        prefix.push_back(token);
+      }
+      out.push_back(sum);
+    }
+  }
+  return out;
+}
+
+// The scores of two runs, completion by completion, within `tolerance` relative.
+void expect_close_scores(const std::vector<double>& got, const std::vector<double>& want,
+                         double tolerance, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double gap = std::abs(got[i] - want[i]) / std::max(1.0, std::abs(want[i]));
+    worst = std::max(worst, gap);
+    EXPECT_LE(gap, tolerance) << what << ": completion " << i << " scored " << got[i]
+                              << ", want " << want[i];
+  }
+  std::printf("%s: %zu completion losses, largest relative gap %.3g\n", what.c_str(),
+              got.size(), worst);
+}
+
+// ChoiceScores' choices: the least loss per token and the least total loss, ties to the first.
+TEST(ChoiceScores, ChoosesTheLeastLossPerTokenAndInTotal) {
+  apps::ChoiceScores s;
+  s.first = {0, 3, 5};
+  s.labels = {0, 1};
+  s.loss = {6.0, 4.0, 4.0, 2.0, 2.0};
+  s.tokens = {3, 1, 4, 2, 2};
+  EXPECT_EQ(s.best_per_token(0), 2);  // 2.0, 4.0, 1.0 per token
+  EXPECT_EQ(s.best_total(0), 1);      // 6, 4, 4: the first of the tie
+  EXPECT_EQ(s.best_per_token(1), 0);  // a tie: the first
+  EXPECT_EQ(s.best_total(1), 0);
+  EXPECT_EQ(s.right_per_token(), 0);
+  EXPECT_EQ(s.right_total(), 0);
+  s.labels = {2, 0};
+  EXPECT_EQ(s.right_per_token(), 2);
+  EXPECT_EQ(s.right_total(), 1);
+}
+
 class Inference : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
@@ -128,6 +217,36 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
 
   EXPECT_EQ(infer.evaluate(), val);
   EXPECT_EQ(infer.generate("and ", 12, 0.0, 1), text);
+  // Multiple-choice scores: the training trainer's, exactly (the same forwards), and one
+  // rank's within fp32 rounding; on one rank, the long way's (generate()'s logits).
+  const std::vector<io::ChoiceExample> examples = choice_examples(data);
+  const apps::ChoiceScores scores = trained.score_choices(examples);
+  EXPECT_EQ(scores.cut, 1);
+  EXPECT_EQ(infer.score_choices(examples).loss, scores.loss);
+  if (c.ranks == 1) {
+    // Without the cut example (the long way moves its window token by token), and that one
+    // against its context cut by hand.
+    std::vector<io::ChoiceExample> uncut = examples;
+    uncut.erase(uncut.begin() + 3);
+    std::vector<double> want = scores.loss;
+    want.erase(want.begin() + std::ptrdiff_t(scores.first[3]),
+               want.begin() + std::ptrdiff_t(scores.first[4]));
+    expect_close_scores(reference_choice_losses(trained, uncut), want, 1e-5,
+                        c.name + " against generate()'s logits");
+    io::ChoiceExample cut = examples[3];
+    std::vector<double> cut_want(scores.loss.begin() + std::ptrdiff_t(scores.first[3]),
+                                 scores.loss.begin() + std::ptrdiff_t(scores.first[4]));
+    for (std::size_t k = 0; k < cut.completions.size(); ++k) {
+      io::ChoiceExample one = cut;
+      one.completions = {cut.completions[k], cut.completions[k]};
+      one.label = 0;
+      one.context.erase(one.context.begin(),
+                        one.context.end() - std::ptrdiff_t(33 - cut.completions[k].size()));
+      const apps::ChoiceScores by_hand = trained.score_choices({one});
+      EXPECT_EQ(by_hand.cut, 0);
+      EXPECT_EQ(by_hand.loss[0], cut_want[k]) << "completion " << k;
+    }
+  }
   if (world.rank() == 0 && c.ranks > 1) {
     // And the layout's text is one rank's (the 2d / 2.5d / 3d layouts sample through a one-rank
     // trainer written from the gathered tensors; the others in their own layout).
@@ -136,6 +255,8 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
     apps::Trainer single(one, nullptr, nullptr, apps::TrainerOptions{.inference = true});
     single.load_weights(summary.model_path);
     EXPECT_EQ(single.generate("and ", 12, 0.0, 1), text);
+    expect_close_scores(scores.loss, single.score_choices(examples).loss, 2e-5,
+                        c.name + " against one rank");
   }
 
   // Nothing of training, and exactly the plan the start-up check compares with the node.
