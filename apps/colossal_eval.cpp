@@ -58,17 +58,20 @@ int main(int argc, char** argv) {
       "token, B (R/N) total\": an example is right when its labelled completion has the least\n"
       "loss per token (llm.c's HellaSwag measure) or the least total loss (lm-evaluation-\n"
       "harness's acc). The validation loss is printed too when data.val_path is set.\n"
+      "Without --choices, the config's eval.choices (its first eval.choices_examples) is\n"
+      "scored, if set.\n"
       "--choices-out CSV writes one row per completion (its loss, loss per token, and which\n"
       "completion each measure chose).\n",
       {"--weights", "--choices", "--choices-out"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
     const std::string weights = inv.flag("--weights");
-    const std::string choices = inv.flag("--choices"), choices_out = inv.flag("--choices-out");
+    std::string choices = inv.flag("--choices");
+    const std::string choices_out = inv.flag("--choices-out");
     if (weights.empty() && inv.config.model_init_from.empty())
       throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
-    if (!choices_out.empty() && choices.empty())
-      throw apps::UsageError("--choices-out needs --choices FILE; see --help");
+    if (!choices_out.empty() && choices.empty() && inv.config.eval.choices.empty())
+      throw apps::UsageError("--choices-out needs --choices FILE (or eval.choices); see --help");
     // Read on rank 0, checked on every rank alike (the same bytes): a bad file stops every rank
     // before the model is built.
     std::vector<io::ChoiceExample> examples;
@@ -80,11 +83,17 @@ int main(int argc, char** argv) {
       } catch (const io::ChoiceFileError& e) {
         throw apps::DataFileError(e.what());
       }
+      apps::check_choice_lengths(examples, inv.config.train.seq_len, "--choices");
     }
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     const auto held = apps::inference_trainer(inv.config, inv.world, weights);
     apps::Trainer& trainer = *held;
+    // Without --choices, the config's eval.choices (read and checked by the trainer).
+    if (choices.empty() && !trainer.choice_examples().empty()) {
+      choices = inv.config.eval.choices;
+      examples = trainer.choice_examples();
+    }
     if (choices.empty() || !inv.config.data.val_path.empty()) {
       const double loss = trainer.evaluate();
       if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);

@@ -70,6 +70,10 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
                (long long)s.steps, s.seconds, (long long)s.skipped_steps, s.first_loss,
                s.last_loss);
   if (s.val_loss >= 0) std::fprintf(log, "val loss %.6g\n", s.val_loss);
+  if (s.choice_accuracy >= 0) {
+    std::fprintf(log, "choices accuracy %.4f per token, %.4f total (eval.choices)\n",
+                 s.choice_accuracy, s.choice_accuracy_total);
+  }
   std::fprintf(log, "throughput %.0f tokens/s | MFU %.1f%% of %.2f TFLOP/s\n", s.tokens_per_s,
                100.0 * s.mfu, s.peak_flops / 1e12);
   std::fprintf(log, "memory: tracked peak %s, process peak RSS %s\n",
@@ -115,12 +119,14 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
 // The summary's last lines: where the model and metrics are, and the sample.
 void print_outputs(std::FILE* log, const colossal::io::Config& config,
                    const colossal::apps::TrainSummary& s) {
+  const std::string choices =
+      config.eval.choices.empty() ? "" : " and " + config.log.dir + "/choices.csv";
   if (s.model_path.empty()) {
-    std::fprintf(log, "no model file (log.save_model: false); metrics in %s/metrics.csv\n",
-                 config.log.dir.c_str());
+    std::fprintf(log, "no model file (log.save_model: false); metrics in %s/metrics.csv%s\n",
+                 config.log.dir.c_str(), choices.c_str());
   } else {
-    std::fprintf(log, "model written to %s; metrics in %s/metrics.csv\n", s.model_path.c_str(),
-                 config.log.dir.c_str());
+    std::fprintf(log, "model written to %s; metrics in %s/metrics.csv%s\n",
+                 s.model_path.c_str(), config.log.dir.c_str(), choices.c_str());
   }
   if (!s.sample.empty()) {
     std::fprintf(log, "sample (%d tokens after \"%s\"%s):\n", s.sample_tokens,

@@ -27,6 +27,10 @@ const std::vector<std::string> kCsvColumns{"step",         "loss",         "lr",
                                            "grad_norm",    "tokens_per_s", "mfu",
                                            "step_seconds", "val_loss",     "peak_tracked_bytes"};
 
+const std::vector<std::string> kChoiceColumns{"step",           "accuracy_per_token",
+                                              "accuracy_total", "examples",
+                                              "seconds"};
+
 }  // namespace
 
 std::string memory_key(core::MemCategory category) {
@@ -68,6 +72,11 @@ RunLog::RunLog(const io::Config& config, const RunLogOptions& options)
   const std::string csv_path = config_.log.dir + "/metrics.csv";
   csv_ = std::make_unique<io::MetricsCsv>(csv_path, kCsvColumns, /*append=*/first > 0,
                                           resume_step);
+  if (!config_.eval.choices.empty()) {
+    // One row per scoring of eval.choices (docs/metrics-format.md), continued as metrics.csv is.
+    choices_csv_ = std::make_unique<io::MetricsCsv>(config_.log.dir + "/choices.csv",
+                                                    kChoiceColumns, first > 0, resume_step);
+  }
   if (!options_.write_h5) return;
   h5_ = std::make_unique<io::MetricsH5>(config_.log.dir + "/metrics.h5", metrics_h5_columns(),
                                         resume_step, csv_path);
@@ -119,6 +128,12 @@ void RunLog::write_rows(int64_t step, const StepRecord& r) {
   const bool csv_ok = csv_->row({double(step + 1), r.loss, r.lr, r.grad_norm, tokens_per_s, mfu,
                                  r.seconds, r.val_loss, peak});
   written(csv_ok, csv_failing_, csv_->path(), csv_->error());
+  if (choices_csv_ && !std::isnan(r.choice_accuracy)) {
+    const bool ok = choices_csv_->row({double(step + 1), r.choice_accuracy,
+                                       r.choice_accuracy_total, r.choice_examples,
+                                       r.choice_seconds});
+    written(ok, choices_failing_, choices_csv_->path(), choices_csv_->error());
+  }
   if (!h5_) return;
   // The columns of metrics_h5_columns(), in order.
   std::vector<double> row{double(step + 1), r.loss,    r.val_loss, r.lr, r.grad_norm,
@@ -137,6 +152,10 @@ void RunLog::record(int64_t step, const StepRecord& r, Progress progress) {
   if (!losses_.empty()) timed_seconds_ += r.seconds;
   losses_.push_back(r.loss);
   if (!std::isnan(r.val_loss)) val_loss_ = r.val_loss;
+  if (!std::isnan(r.choice_accuracy)) {
+    choice_accuracy_ = r.choice_accuracy;
+    choice_accuracy_total_ = r.choice_accuracy_total;
+  }
   window_seconds_ += r.seconds;
   ++window_steps_;
   write_rows(step, r);
@@ -167,6 +186,8 @@ void RunLog::finish(TrainSummary& summary) const {
     summary.last_loss = losses_.back();
   }
   summary.val_loss = val_loss_;
+  summary.choice_accuracy = choice_accuracy_;
+  summary.choice_accuracy_total = choice_accuracy_total_;
   summary.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   const double timed_steps = double(recorded() - 1);

@@ -39,6 +39,9 @@ struct TrainSummary {
   double first_loss = 0.0;
   double last_loss = 0.0;
   double val_loss = -1.0;          // < 0 when there is no validation data
+  // eval.choices' last accuracy by least loss per token and by least total loss (< 0: none)
+  double choice_accuracy = -1.0;
+  double choice_accuracy_total = -1.0;
   double seconds = 0.0;
   double tokens_per_s = 0.0;       // over the steps after the first (which pays page faults)
   double mfu = 0.0;
@@ -65,6 +68,12 @@ struct StepRecord {
   double grad_norm = 0.0;  // global gradient norm before clipping
   double seconds = 0.0;    // wall seconds of the step: no validation, checkpoint or logging
   double val_loss = std::nan("");  // validation loss after the step; NaN when it had none
+  // eval.choices after the step (NaN when not scored): the accuracy by least loss per token
+  // and by least total loss, the examples scored and the seconds it took.
+  double choice_accuracy = std::nan("");
+  double choice_accuracy_total = std::nan("");
+  double choice_examples = std::nan("");
+  double choice_seconds = std::nan("");
   // Seconds per kind of work (core::WorkKind order) when the profiler watched the step.
   std::optional<std::array<double, core::Profiler::kKinds>> work_seconds = std::nullopt;
 };
@@ -111,7 +120,7 @@ class RunLog {
   void record(int64_t step, const StepRecord& record, Progress progress = Progress::when_due);
 
   // Fills steps (first_step + steps recorded), first_step, losses, first_loss, last_loss,
-  // val_loss (the last recorded; -1 when none), seconds since start, tokens_per_s and mfu (over
+  // val_loss and choice_accuracy[_total] (the last recorded; -1 when none), seconds since start, tokens_per_s and mfu (over
   // the recorded steps after the first, which pays first-touch page faults; over the whole time
   // when only one was recorded) and peak_tracked_bytes.
   void finish(TrainSummary& summary) const;
@@ -125,6 +134,8 @@ class RunLog {
   io::Config config_;
   RunLogOptions options_;
   std::unique_ptr<io::MetricsCsv> csv_;
+  std::unique_ptr<io::MetricsCsv> choices_csv_;  // log.dir/choices.csv, with eval.choices
+  bool choices_failing_ = false;
   std::unique_ptr<io::MetricsH5> h5_;
   bool h5_failing_ = false;
   bool csv_failing_ = false;
@@ -134,6 +145,7 @@ class RunLog {
   double window_seconds_ = 0.0;  // since the last progress line
   int64_t window_steps_ = 0;
   double val_loss_ = -1.0;
+  double choice_accuracy_ = -1.0, choice_accuracy_total_ = -1.0;
 };
 
 // The columns of metrics.h5 (docs/metrics-format.md): metrics.csv's, then the tracked peak per

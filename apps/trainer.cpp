@@ -399,6 +399,21 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     links = zero::PipelineLinks{pp_, tied_owner_.get(), true};
   }
   open_run_data(config_, train_data_, sampler_, val_data_);
+  if (!config_.eval.choices.empty()) {
+    // Read on rank 0, checked on every rank alike, before anything is allocated.
+    const std::string bytes = on_root<DataFileError>(*world_, "", [&](auto&) {
+      return io::read_choice_bytes(config_.eval.choices, "eval.choices");
+    });
+    try {
+      choice_examples_ = io::parse_choice_file(bytes, config_.eval.choices, config_.model.vocab,
+                                               "eval.choices");
+    } catch (const io::ChoiceFileError& e) {
+      throw DataFileError(e.what());
+    }
+    const int64_t keep = config_.eval.choices_examples;
+    if (keep > 0 && std::size_t(keep) < choice_examples_.size()) choice_examples_.resize(keep);
+    check_choice_lengths(choice_examples_, config_.train.seq_len, "eval.choices");
+  }
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each
   // chunk's optimizer owns the store its parameters live in (whole, or sharded by stage).
   const std::size_t unit_multiple = std::size_t(grad_->size()) * 16;
@@ -1132,12 +1147,27 @@ TrainSummary Trainer::train() {
         }
       }
     }
-    if (val_data_ && ((config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) ||
-                      step + 1 == t.steps)) {
+    const bool evaluate_now =
+        (config_.eval.every > 0 && (step + 1) % config_.eval.every == 0) || step + 1 == t.steps;
+    if (val_data_ && evaluate_now) {
       const double tensor_bytes = tensor_traffic();
       record.val_loss = evaluate();
       validation_tensor_bytes += tensor_traffic() - tensor_bytes;
       print("step %lld: val loss %.6g\n", (long long)step + 1, record.val_loss);
+    }
+    if (!choice_examples_.empty() && evaluate_now) {
+      const double tensor_bytes = tensor_traffic();
+      const auto scoring = Clock::now();
+      const ChoiceScores scores = score_choices(choice_examples_);
+      validation_tensor_bytes += tensor_traffic() - tensor_bytes;
+      const double n = double(scores.examples());
+      record.choice_accuracy = double(scores.right_per_token()) / n;
+      record.choice_accuracy_total = double(scores.right_total()) / n;
+      record.choice_examples = n;
+      record.choice_seconds = seconds_since(scoring);
+      print("step %lld: choices accuracy %.4f per token, %.4f total (%lld examples, %.1f s)\n",
+            (long long)step + 1, record.choice_accuracy, record.choice_accuracy_total,
+            (long long)scores.examples(), record.choice_seconds);
     }
     run_log.record(step, record);
     if (step_callback_) step_callback_(step + 1);
@@ -2003,6 +2033,21 @@ int64_t ChoiceScores::right_total() const {
   return right;
 }
 
+void check_choice_lengths(const std::vector<io::ChoiceExample>& examples, int seq_len,
+                          const std::string& key) {
+  for (const io::ChoiceExample& ex : examples) {
+    for (const auto& completion : ex.completions) {
+      if (completion.size() + 1 > std::size_t(seq_len)) {
+        throw DataFileError(key + ": multiple-choice example " + std::to_string(ex.index) +
+                            " has a completion of " + std::to_string(completion.size()) +
+                            " tokens, more than train.seq_len - 1 = " +
+                            std::to_string(seq_len - 1) + " can score after a context; raise " +
+                            "train.seq_len");
+      }
+    }
+  }
+}
+
 namespace {
 // The element-wise sum over `group` of host values, on every rank of it (each rank's values
 // broadcast in turn: host memory on every backend, NCCL's included).
@@ -2021,6 +2066,7 @@ void sum_over(parallel::Communicator& group, std::vector<double>& values) {
 ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& examples,
                                     const std::function<void(int64_t, int64_t)>& progress) {
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
+  check_choice_lengths(examples, T, "multiple-choice examples");
   ChoiceScores s;
   // One row per completion: its (possibly cut) context, then its tokens; the inputs are the
   // row but its last token, the targets the row from its second.
@@ -2035,13 +2081,6 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
     s.labels.push_back(ex.label);
     bool cut = false;
     for (const auto& completion : ex.completions) {
-      if (completion.size() + 1 > std::size_t(T)) {
-        throw DataFileError("multiple-choice example " + std::to_string(ex.index) +
-                              " has a completion of " + std::to_string(completion.size()) +
-                              " tokens, more than train.seq_len - 1 = " +
-                              std::to_string(T - 1) + " can score after a context; raise " +
-                              "train.seq_len");
-      }
       const std::size_t keep = std::min(ex.context.size(), std::size_t(T) + 1 - completion.size());
       cut = cut || keep < ex.context.size();
       rows.push_back({&ex.context, &completion, keep});

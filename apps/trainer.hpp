@@ -182,6 +182,11 @@ struct ChoiceScores {
   int64_t right_total() const;
 };
 
+// Throws DataFileError (naming `key`) when a completion of `examples` is longer than
+// seq_len - 1 tokens, which no window can score after a context.
+void check_choice_lengths(const std::vector<io::ChoiceExample>& examples, int seq_len,
+                          const std::string& key);
+
 // The `i`-th token of a text drawn by `how` from `logits` (the last position's; overwritten),
 // among the first `candidates` ids (256 over byte data: only the bytes can be printed). A tie at
 // the top_k-th place keeps the smaller ids (exactly top_k tokens; Hugging Face keeps every tied
@@ -310,6 +315,9 @@ class Trainer {
   // and the replica's share.
   ChoiceScores score_choices(const std::vector<io::ChoiceExample>& examples,
                              const std::function<void(int64_t done, int64_t of)>& progress = {});
+  // eval.choices' examples (its first eval.choices_examples), read at construction; empty
+  // without the key.
+  const std::vector<io::ChoiceExample>& choice_examples() const { return choice_examples_; }
   // The full-vocabulary logits the last token generate() sampled was drawn from (on the ranks
   // that sample; empty before).
   const std::vector<float>& last_logits() const { return last_logits_; }
@@ -361,6 +369,7 @@ class Trainer {
   // 2d / 2.5d / 3d: the one-rank 1d trainer that samples on world rank 0, made by the first
   // generate() and given the current parameters by each.
   std::unique_ptr<Trainer> sampler_trainer_;
+  std::vector<io::ChoiceExample> choice_examples_;
   std::unique_ptr<Trainer> scorer_trainer_;  // the same for score_choices(), micro_batch rows
   // Such a one-rank inference trainer of this config's model.
   std::unique_ptr<Trainer> one_rank_trainer(int micro_batch, bool decode) const;

@@ -553,6 +553,16 @@ const std::vector<KeySpec>& schema() {
       {.key = "eval.every", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.eval.every; },
        .doc = "steps between validation passes; 0 = only at the end", .range = at_least(0)},
+      {.key = "eval.choices", .kind = Kind::text,
+       .field = [](Config& c) -> Field { return &c.eval.choices; },
+       .doc = "a multiple-choice file in llm.c's format (HellaSwag: scripts/make_choices.py) "
+              "scored with each validation pass and at the end: its accuracy in the log, the "
+              "summary and log.dir/choices.csv; colossal_eval scores it when --choices is not "
+              "given; empty = none"},
+      {.key = "eval.choices_examples", .kind = Kind::integer,
+       .field = [](Config& c) -> Field { return &c.eval.choices_examples; },
+       .doc = "score only the first N examples of eval.choices (a cheaper signal during "
+              "training); 0 = all", .range = at_least(0)},
 
       {.key = "log.every", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.log.every; },

@@ -149,6 +149,8 @@ struct HardwareConfig {
 
 struct EvalConfig {
   int64_t every = 100;           // steps between validation passes; 0 = only at the end
+  std::string choices;           // a multiple-choice file scored with each validation; "" = none
+  int64_t choices_examples = 0;  // its first N examples only; 0 = all
 };
 
 struct LogConfig {
