@@ -4,6 +4,7 @@
 #include <hdf5.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -1507,20 +1508,9 @@ std::map<std::string, double> choice_rows(const std::string& path, int* chosen =
   return rows;
 }
 
-}  // namespace
-
-// colossal_eval --choices: a multiple-choice file scored on one rank, then the same scores under
-// data and tensor parallelism on two ranks; the accuracy line and the per-completion rows; bad
-// files and flags stop every rank with the key and what to do.
-TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
-  const std::string mpirun =
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
-      "--oversubscribe ";
-  const std::string config = write_config("choices.yaml");
-  Result r = run(bin("colossal_train") + " " + config + " --set log.dir=" + dir + "/choices");
-  ASSERT_EQ(r.code, 0) << r.output;
-  const std::string weights = " --weights " + dir + "/choices/model.h5";
-  // Five examples of the text "the quick brown fox. ": the right completion continues it.
+// Five examples of the text "the quick brown fox. " (the tests' data): the right completion
+// continues it, at label e % 3.
+std::vector<colossal::io::ChoiceExample> quick_fox_choices() {
   const auto ids = [](const std::string& s) { return std::vector<int32_t>(s.begin(), s.end()); };
   std::vector<colossal::io::ChoiceExample> examples;
   const std::vector<std::string> contexts = {"the quick", "brown", "fox. the", "the", "quick b"};
@@ -1535,10 +1525,43 @@ TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
     for (const auto& o : options) ex.completions.push_back(ids(o));
     examples.push_back(ex);
   }
+  return examples;
+}
+
+std::vector<double> column(const colossal::io::CsvTable& table, const std::string& name) {
+  std::vector<double> out;
+  const auto at = std::find(table.columns.begin(), table.columns.end(), name);
+  if (at == table.columns.end()) {
+    ADD_FAILURE() << "no column " << name;
+    return out;
+  }
+  for (const auto& row : table.rows) out.push_back(row[std::size_t(at - table.columns.begin())]);
+  return out;
+}
+
+void write_choices(const std::string& path,
+                   const std::vector<colossal::io::ChoiceExample>& examples) {
   const std::vector<uint8_t> bytes = colossal::io::encode_choice_file(examples);
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+}  // namespace
+
+// colossal_eval --choices: a multiple-choice file scored on one rank, then the same scores under
+// data and tensor parallelism on two ranks; the accuracy line and the per-completion rows; bad
+// files and flags stop every rank with the key and what to do.
+TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 "
+      "--oversubscribe ";
+  const std::string config = write_config("choices.yaml");
+  Result r = run(bin("colossal_train") + " " + config + " --set log.dir=" + dir + "/choices");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string weights = " --weights " + dir + "/choices/model.h5";
+  std::vector<colossal::io::ChoiceExample> examples = quick_fox_choices();
   const std::string file = dir + "/choices.bin";
-  std::ofstream(file, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                              std::streamsize(bytes.size()));
+  write_choices(file, examples);
   r = run(bin("colossal_eval") + " " + config + weights + " --choices " + file +
           " --choices-out " + dir + "/one.csv");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -1577,13 +1600,89 @@ TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
           " --choices " + dir + "/none.bin");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("cannot be opened"), std::string::npos) << r.output;
-  examples[2].completions[1] = ids("a completion longer than the window");
-  const std::vector<uint8_t> long_bytes = colossal::io::encode_choice_file(examples);
-  std::ofstream(dir + "/long.bin", std::ios::binary)
-      .write(reinterpret_cast<const char*>(long_bytes.data()), std::streamsize(long_bytes.size()));
+  const std::string longer = "a completion longer than the window";
+  examples[2].completions[1].assign(longer.begin(), longer.end());
+  write_choices(dir + "/long.bin", examples);
   r = run(bin("colossal_eval") + " " + config + weights + " --choices " + dir + "/long.bin");
   EXPECT_EQ(r.code, 3) << r.output;
-  EXPECT_NE(r.output.find("multiple-choice example 2 has a completion of 35 tokens, more than "
-                          "train.seq_len - 1 = 15"),
+  EXPECT_NE(r.output.find("--choices: multiple-choice example 2 has a completion of 35 tokens, "
+                          "more than train.seq_len - 1 = 15"),
             std::string::npos) << r.output;
+  // The config's eval.choices when --choices is not given.
+  r = run(bin("colossal_eval") + " " + config + weights + " --set eval.choices=" + file);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(accuracy), std::string::npos) << r.output;
+}
+
+// eval.choices during training: scored with each validation pass, on one rank and under dp2 x
+// pp2 alike; log.dir/choices.csv holds one row per pass, also after a resume (the rows after
+// the checkpoint are dropped and scored again); a file that cannot be used stops the run
+// before step 1.
+TEST_F(Cli, TrainScoresEvalChoicesWithEachValidation) {
+  const std::string config = write_config("train_choices.yaml");
+  const std::string file = dir + "/train_choices.bin";
+  write_choices(file, quick_fox_choices());
+  const std::string every =
+      " --set eval.every=2 --set train.steps=4 --set eval.choices=" + file;
+  Result r = run(bin("colossal_train") + " " + config + every + " --set log.dir=" + dir + "/tc1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 2: choices accuracy "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(5 examples, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4: choices accuracy "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nchoices accuracy "), std::string::npos) << r.output;  // summary
+  EXPECT_NE(r.output.find("metrics in " + dir + "/tc1/metrics.csv and " + dir +
+                          "/tc1/choices.csv"),
+            std::string::npos) << r.output;
+  const auto one = colossal::io::read_metrics_csv(dir + "/tc1/choices.csv");
+  ASSERT_EQ(column(one, "step"), (std::vector<double>{2, 4}));
+  EXPECT_EQ(column(one, "examples"), (std::vector<double>{5, 5}));
+  r = run(bin("colossal_report") + " " + dir + "/tc1 --no-plots");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("choices accuracy (eval.choices, 5 examples): final "),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(step 4), best "), std::string::npos) << r.output;
+  const std::string mpirun =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 200 mpirun -np 4 "
+      "--oversubscribe ";
+  r = run(mpirun + bin("colossal_train") + " " + config + every + " --set log.dir=" + dir +
+          "/tc4 --set parallel.data=2 --set parallel.pipeline.size=2 --set model.layers=2" +
+          " --set train.micro_batch=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(bin("colossal_train") + " " + config + every + " --set log.dir=" + dir +
+          "/tc2 --set model.layers=2 --set train.micro_batch=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto four = colossal::io::read_metrics_csv(dir + "/tc4/choices.csv");
+  const auto two = colossal::io::read_metrics_csv(dir + "/tc2/choices.csv");
+  EXPECT_EQ(column(four, "accuracy_per_token"), column(two, "accuracy_per_token"));
+  EXPECT_EQ(column(four, "accuracy_total"), column(two, "accuracy_total"));
+  // Resumed from step 2's checkpoint: step 4's row is dropped and written again, once.
+  const std::string resume = " --set checkpoint.every=2 --set log.dir=" + dir + "/tcr";
+  r = run(bin("colossal_train") + " " + config + every + resume);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(bin("colossal_train") + " " + config + every + resume +
+          " --set checkpoint.resume=" + dir + "/tcr/checkpoints/ckpt-2.h5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto resumed = colossal::io::read_metrics_csv(dir + "/tcr/choices.csv");
+  EXPECT_EQ(column(resumed, "step"), (std::vector<double>{2, 4}));
+  EXPECT_EQ(column(resumed, "accuracy_per_token"), column(one, "accuracy_per_token"));
+  // Unusable files: before step 1, with the key.
+  r = run(bin("colossal_train") + " " + config + " --set eval.choices=" + dir + "/none.bin");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("eval.choices: '" + dir + "/none.bin' cannot be opened"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step 1/"), std::string::npos) << r.output;
+  std::vector<colossal::io::ChoiceExample> long_one = quick_fox_choices();
+  long_one[4].completions[0].assign(20, 'a');
+  write_choices(dir + "/train_long.bin", long_one);
+  r = run(bin("colossal_train") + " " + config + " --set eval.choices=" + dir +
+          "/train_long.bin");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("eval.choices: multiple-choice example 4 has a completion of 20 "
+                          "tokens"),
+            std::string::npos) << r.output;
+  // eval.choices_examples: the first N only.
+  r = run(bin("colossal_train") + " " + config + every + " --set eval.choices_examples=2" +
+          " --set log.dir=" + dir + "/tcn");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("(2 examples, "), std::string::npos) << r.output;
 }

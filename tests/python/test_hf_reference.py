@@ -8,10 +8,12 @@ llama3 with an original context of 16 positions, so that the scaling moves the f
 temporary directory (OPT sharded with an index), then runs
   colossal_eval     with model: {preset: from_weights, init_from: DIR}
   colossal_generate with the same config, --temperature 0
+  colossal_eval     --choices FILE --choices-out CSV (FILE: scripts/make_choices.py text)
 and checks that our validation loss over the quickstart validation text equals transformers'
 (fp32, the same windows: x = tokens[i*T : i*T+T], y shifted by one, i < (N-1)//T, capped by
-data.val_windows) to 1e-5 relative, and that our greedy continuation of a prompt is
-transformers' argmax continuation token for token.
+data.val_windows) to 1e-5 relative, that our greedy continuation of a prompt is
+transformers' argmax continuation token for token, and that each multiple-choice completion's
+summed cross-entropy after its context is transformers' to 1e-5 relative.
 
 Exit 0: pass; 1: a mismatch; 77: skipped (torch or transformers not importable: they are never
 a build dependency); 2: a tool failed. ctest registers it as `hf_reference` (SKIP_RETURN_CODE 77).
@@ -81,6 +83,17 @@ def main():
     }
     failed = False
     with tempfile.TemporaryDirectory(prefix="colossal_hf_") as tmp:
+        # 12 multiple-choice examples from the validation text: 40 bytes of context, 4
+        # completions of 8 bytes; their rows as llm.c's format stores them.
+        choices = os.path.join(tmp, "choices.bin")
+        r = subprocess.run([sys.executable, os.path.join(args.source_dir, "scripts",
+                                                         "make_choices.py"),
+                            "text", val, "--out", choices, "--examples", "12", "--context", "40",
+                            "--completion", "8", "--seed", "3"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"error: make_choices.py failed ({r.returncode}):\n{r.stdout}{r.stderr}")
+            return 2
+        examples = read_choices(choices)
         for arch, build in cases.items():
             model = build().eval()
             # Random biases and layernorm weights too, so every tensor's mapping matters.
@@ -134,7 +147,54 @@ def main():
             print(f"{arch}: greedy {NEW_TOKENS} tokens ours {list(got)}\n"
                   f"{' ' * len(arch)}  transformers      {list(want)} "
                   f"{'equal' if same else 'FAIL (differ)'}")
+
+            # Multiple-choice scores: each completion's summed loss after its context.
+            rows_csv = os.path.join(tmp, arch + "_choices.csv")
+            r = subprocess.run([os.path.join(args.bin_dir, "colossal_eval"), cfg, "--choices",
+                                choices, "--choices-out", rows_csv],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"error: colossal_eval --choices failed ({r.returncode}):\n"
+                      f"{r.stdout}{r.stderr}")
+                return 2
+            with open(rows_csv) as f:
+                ours_rows = [line.split(",") for line in f.read().split("\n")[1:] if line]
+            worst, k = 0.0, 0
+            for context, completions in examples:
+                for completion in completions:
+                    seq = context + completion
+                    logp = torch.log_softmax(model(torch.tensor([seq[:-1]])).logits[0].double(),
+                                             -1)
+                    want = -sum(logp[len(context) - 1 + j, t].item()
+                                for j, t in enumerate(completion))
+                    worst = max(worst, abs(float(ours_rows[k][5]) - want) / abs(want))
+                    k += 1
+            ok = k == len(ours_rows) and worst <= 1e-5
+            failed |= not ok
+            print(f"{arch}: {k} multiple-choice completions, largest relative difference of "
+                  f"their losses {worst:.2e} {'ok' if ok else 'FAIL (> 1e-5)'}")
     return 1 if failed else 0
+
+
+def read_choices(path):
+    """[(context, [completion, ...])] of a multiple-choice file (llm.c's layout)."""
+    import struct
+    data = open(path, "rb").read()
+    count = struct.unpack_from("<i", data, 8)[0]
+    values = struct.unpack_from(f"<{(len(data) - 1024) // 2}H", data, 1024)
+    at, out = 0, []
+    for _ in range(count):
+        n = values[at + 4]
+        p = at + 5
+        context = list(values[p + 1:p + 1 + values[p]])
+        p += 1 + values[p]
+        completions = []
+        for _ in range(n):
+            completions.append(list(values[p + 1:p + 1 + values[p]]))
+            p += 1 + values[p]
+        out.append((context, completions))
+        at += values[at + 1] // 2
+    return out
 
 
 if __name__ == "__main__":
