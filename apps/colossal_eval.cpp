@@ -84,6 +84,7 @@ int main(int argc, char** argv) {
         throw apps::DataFileError(e.what());
       }
       apps::check_choice_lengths(examples, inv.config.train.seq_len, "--choices");
+      inv.config.eval.choices.clear();  // --choices instead: the config's file is not read
     }
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
@@ -121,7 +122,6 @@ int main(int argc, char** argv) {
       });
     }
     if (inv.rank == 0) {
-      const double n = double(s.examples());
       std::printf("choices %s: %lld examples, %zu completions, %.1f s\n", choices.c_str(),
                   (long long)s.examples(), s.loss.size(), seconds);
       if (s.cut > 0) {
@@ -129,10 +129,7 @@ int main(int argc, char** argv) {
                     (long long)s.cut, s.cut == 1 ? "" : "s", s.cut == 1 ? "its" : "their",
                     inv.config.train.seq_len);
       }
-      std::printf("choices accuracy %.4f (%lld/%lld) per token, %.4f (%lld/%lld) total\n",
-                  double(s.right_per_token()) / n, (long long)s.right_per_token(),
-                  (long long)s.examples(), double(s.right_total()) / n,
-                  (long long)s.right_total(), (long long)s.examples());
+      std::printf("%s\n", apps::choice_accuracy_line(s).c_str());
     }
     return 0;
   });

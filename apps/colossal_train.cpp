@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
       "'-<array job id>_<task id>'), the same after a requeue. The GPU (CUDA builds) is the local\n"
       "rank (SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK) modulo the visible devices.\n\n"
       "Program options:\n"
-      "  --eval-only            do not train: print the validation loss of --weights\n"
+      "  --eval-only            do not train: print the validation loss of --weights (and its\n"
+      "                         eval.choices accuracy, when set)\n"
       "  --weights FILE         model file to evaluate (with --eval-only)\n"
       "  --profile-steps N      run 1 + N steps and print the time per kind of work (GEMM,\n"
       "                         attention, layernorm, optimizer, communication, ...) of the last N;\n"
@@ -252,8 +253,16 @@ int main(int argc, char** argv) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");
       trainer.load_weights(weights);
-      const double loss = trainer.evaluate();  // collective: every rank evaluates
-      if (log) std::fprintf(log, "val loss %.6g\n", loss);
+      const bool choices = !trainer.choice_examples().empty();
+      if (!choices || !inv.config.data.val_path.empty()) {
+        const double loss = trainer.evaluate();  // collective: every rank evaluates
+        if (log) std::fprintf(log, "val loss %.6g\n", loss);
+      }
+      if (choices) {  // eval.choices, as colossal_eval scores it
+        const std::string line =
+            apps::choice_accuracy_line(trainer.score_choices(trainer.choice_examples()));
+        if (log) std::fprintf(log, "%s (eval.choices)\n", line.c_str());
+      }
       return 0;
     }
     if (const std::string n = inv.flag("--profile-steps"); !n.empty()) {

@@ -72,10 +72,19 @@ RunLog::RunLog(const io::Config& config, const RunLogOptions& options)
   const std::string csv_path = config_.log.dir + "/metrics.csv";
   csv_ = std::make_unique<io::MetricsCsv>(csv_path, kCsvColumns, /*append=*/first > 0,
                                           resume_step);
+  // One row per scoring of eval.choices (docs/metrics-format.md), continued as metrics.csv is.
+  // Without the key, an earlier run's file is removed (a fresh start) or cut back to the
+  // checkpoint (a resume), so it never shows passes this run's history does not have.
+  const std::string choices_path = config_.log.dir + "/choices.csv";
   if (!config_.eval.choices.empty()) {
-    // One row per scoring of eval.choices (docs/metrics-format.md), continued as metrics.csv is.
-    choices_csv_ = std::make_unique<io::MetricsCsv>(config_.log.dir + "/choices.csv",
-                                                    kChoiceColumns, first > 0, resume_step);
+    choices_csv_ = std::make_unique<io::MetricsCsv>(choices_path, kChoiceColumns, first > 0,
+                                                    resume_step);
+  } else if (std::filesystem::exists(choices_path)) {
+    if (first > 0) {
+      io::MetricsCsv(choices_path, kChoiceColumns, true, resume_step);  // drops the later rows
+    } else {
+      std::filesystem::remove(choices_path);
+    }
   }
   if (!options_.write_h5) return;
   h5_ = std::make_unique<io::MetricsH5>(config_.log.dir + "/metrics.h5", metrics_h5_columns(),

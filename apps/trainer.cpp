@@ -1997,6 +1997,7 @@ std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode)
   one.checkpoint.every = 0;
   one.checkpoint.resume = io::ResumeMode::never;
   one.model_init_from.clear();  // its weights are the caller's: not read again
+  one.eval.choices.clear();     // the caller scores: not read again
   // Sampling and scoring need no training state (also at the end of a training run): the
   // parameters and one block's activations, written straight from the caller's values, and
   // (colossal_generate) the decoding state.
@@ -2033,16 +2034,27 @@ int64_t ChoiceScores::right_total() const {
   return right;
 }
 
+std::string choice_accuracy_line(const ChoiceScores& s) {
+  const double n = double(s.examples());
+  char line[160];
+  std::snprintf(line, sizeof line,
+                "choices accuracy %.4f (%lld/%lld) per token, %.4f (%lld/%lld) total",
+                double(s.right_per_token()) / n, (long long)s.right_per_token(),
+                (long long)s.examples(), double(s.right_total()) / n, (long long)s.right_total(),
+                (long long)s.examples());
+  return line;
+}
+
 void check_choice_lengths(const std::vector<io::ChoiceExample>& examples, int seq_len,
                           const std::string& key) {
   for (const io::ChoiceExample& ex : examples) {
     for (const auto& completion : ex.completions) {
-      if (completion.size() + 1 > std::size_t(seq_len)) {
+      if (completion.size() > std::size_t(seq_len)) {
         throw DataFileError(key + ": multiple-choice example " + std::to_string(ex.index) +
                             " has a completion of " + std::to_string(completion.size()) +
-                            " tokens, more than train.seq_len - 1 = " +
-                            std::to_string(seq_len - 1) + " can score after a context; raise " +
-                            "train.seq_len");
+                            " tokens, longer than the window (train.seq_len = " +
+                            std::to_string(seq_len) + ") that scores it after at least one "
+                            "context token; raise train.seq_len");
       }
     }
   }
@@ -2051,15 +2063,15 @@ void check_choice_lengths(const std::vector<io::ChoiceExample>& examples, int se
 namespace {
 // The element-wise sum over `group` of host values, on every rank of it (each rank's values
 // broadcast in turn: host memory on every backend, NCCL's included).
-void sum_over(parallel::Communicator& group, std::vector<double>& values) {
+void sum_over(parallel::Communicator& group, std::span<double> values) {
   if (group.size() == 1) return;
   std::vector<double> sum(values.size(), 0.0), theirs(values.size());
   for (int q = 0; q < group.size(); ++q) {
-    if (group.rank() == q) theirs = values;
+    if (group.rank() == q) std::copy(values.begin(), values.end(), theirs.begin());
     group.broadcast_bytes(std::as_writable_bytes(std::span<double>(theirs)), q);
     for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += theirs[i];
   }
-  values = std::move(sum);
+  std::copy(sum.begin(), sum.end(), values.begin());
 }
 }  // namespace
 
@@ -2095,14 +2107,42 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
 
   if (chunks_.back().dense == nullptr) {
     // 2d / 2.5d / 3d: the whole model (collective over the tensor group) in a one-rank 1d
-    // trainer on world rank 0, which scores; its sums reach every rank.
+    // trainer on world rank 0, which scores a piece of examples at a time; after each piece
+    // its sums (or its error: every rank then throws it) reach every rank, which the watchdog
+    // hears of. The trainer is freed at the end: one whole copy of the model at a time, beside
+    // generate()'s (which a run makes after its last scoring).
     const std::vector<float> values = logical_parameters();
-    if (world_->rank() == 0) {
-      if (scorer_trainer_ == nullptr) scorer_trainer_ = one_rank_trainer(B, false);
-      scorer_trainer_->set_logical_parameters(values);
-      s.loss = scorer_trainer_->score_choices(examples, progress).loss;
+    const std::size_t piece_examples = 2 * std::size_t(B);  // a few forwards of rows each
+    bool ready = false;
+    for (std::size_t e0 = 0; e0 < examples.size(); e0 += piece_examples) {
+      const std::size_t e1 = std::min(examples.size(), e0 + piece_examples);
+      std::vector<double> part(s.first[e1] - s.first[e0], 0.0);
+      std::string error;
+      if (world_->rank() == 0) {
+        try {
+          if (!ready) {
+            if (scorer_trainer_ == nullptr) scorer_trainer_ = one_rank_trainer(B, false);
+            scorer_trainer_->set_logical_parameters(values);
+            ready = true;
+          }
+          const std::vector<io::ChoiceExample> piece(examples.begin() + std::ptrdiff_t(e0),
+                                                     examples.begin() + std::ptrdiff_t(e1));
+          part = scorer_trainer_->score_choices(piece).loss;
+          if (progress) progress(int64_t(s.first[e1]), M);
+        } catch (const std::exception& e) {
+          error = std::string("scoring the multiple-choice examples on rank 0: ") + e.what();
+        }
+      }
+      world_->broadcast_string(error, 0);
+      if (!error.empty()) {
+        scorer_trainer_.reset();
+        throw CollectiveError(error);
+      }
+      world_->broadcast_bytes(std::as_writable_bytes(std::span<double>(part)), 0);
+      std::copy(part.begin(), part.end(), s.loss.begin() + std::ptrdiff_t(s.first[e0]));
+      if (watchdog_ != nullptr) watchdog_->progress(-1, "scoring multiple-choice completions");
     }
-    world_->broadcast_bytes(std::as_writable_bytes(std::span<double>(s.loss)), 0);
+    scorer_trainer_.reset();
     return s;
   }
 
@@ -2156,19 +2196,31 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
       s.loss[std::size_t(first + b)] = sum;
     }
   }
-  // Each sequence rank summed its positions, the last stage alone scored, and each replica its
-  // rows: the sums over those groups are every completion's loss (the tensor ranks agree).
-  sum_over(*sp_, s.loss);
-  sum_over(*pp_, s.loss);
-  sum_over(*dp_, s.loss);
+  // Each sequence rank summed its positions (added up over them), the last stage alone scored
+  // (sent to the others) and each replica its rows (each sends its range): every completion's
+  // loss on every rank (the tensor ranks agree). Host memory, so any backend carries it.
+  const std::span<double> mine(s.loss.data() + begin, std::size_t(end - begin));
+  sum_over(*sp_, mine);
+  if (pp_->size() > 1) pp_->broadcast_bytes(std::as_writable_bytes(mine), pp_->size() - 1);
+  for (int64_t q = 0; q < R; ++q) {
+    const int64_t b = M * q / R, e = M * (q + 1) / R;
+    if (e > b) {
+      dp_->broadcast_bytes(
+          std::as_writable_bytes(std::span<double>(s.loss.data() + b, std::size_t(e - b))),
+          int(q));
+    }
+  }
   return s;
 }
 
 io::Config sampling_config(io::Config config) {
+  bool changed = !config.eval.choices.empty();
+  config.eval.choices.clear();  // sampling scores nothing: the file is not read
   if (config.parallel.tensor_mode == core::TensorMode::d1 && config.train.micro_batch != 1) {
     config.train.micro_batch = 1;
-    config.text = io::to_yaml(config);  // what the memory check's alternatives start from
+    changed = true;
   }
+  if (changed) config.text = io::to_yaml(config);  // what the memory check's alternatives start from
   return config;
 }
 

@@ -182,6 +182,10 @@ struct ChoiceScores {
   int64_t right_total() const;
 };
 
+// "choices accuracy A (R/N) per token, B (R/N) total" (colossal_eval, colossal_train
+// --eval-only), without a newline.
+std::string choice_accuracy_line(const ChoiceScores& scores);
+
 // Throws DataFileError (naming `key`) when a completion of `examples` is longer than
 // seq_len - 1 tokens, which no window can score after a context.
 void check_choice_lengths(const std::vector<io::ChoiceExample>& examples, int seq_len,

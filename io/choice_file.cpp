@@ -60,7 +60,8 @@ std::vector<ChoiceExample> parse_choice_file(std::string_view bytes, const std::
   std::memcpy(body.data(), bytes.data() + kHeaderInts * sizeof(int32_t), body_bytes);
 
   std::vector<ChoiceExample> examples;
-  examples.reserve(std::size_t(header[2]));
+  // (the smallest example is 11 values: a header that claims more than fit is caught below)
+  examples.reserve(std::min(std::size_t(header[2]), body.size() / 11));
   std::size_t at = 0;
   for (int e = 0; e < header[2]; ++e) {
     const std::string which = where + ", example " + std::to_string(e) + " of " +
@@ -151,6 +152,18 @@ std::vector<uint8_t> encode_choice_file(const std::vector<ChoiceExample>& exampl
     return uint16_t(v);
   };
   for (const ChoiceExample& ex : examples) {
+    // What parse_choice_file would refuse is not written.
+    if (ex.context.empty() || ex.completions.size() < 2 ||
+        std::any_of(ex.completions.begin(), ex.completions.end(),
+                    [](const auto& c) { return c.empty(); })) {
+      throw std::invalid_argument("example " + std::to_string(ex.index) + ": an empty context "
+                                  "or completion, or fewer than 2 completions");
+    }
+    if (ex.label < 0 || std::size_t(ex.label) >= ex.completions.size()) {
+      throw std::invalid_argument("example " + std::to_string(ex.index) + ": label " +
+                                  std::to_string(ex.label) + " of " +
+                                  std::to_string(ex.completions.size()) + " completions");
+    }
     const std::size_t start = body.size();
     body.push_back(kStart);
     body.push_back(0);  // the size, below

@@ -44,7 +44,8 @@ std::vector<ChoiceExample> read_choice_file(const std::string& path, int vocab,
                                             const std::string& key);
 
 // The file's bytes for `examples` (tests, and tools that make files without Python). Throws
-// std::invalid_argument on what the format cannot hold.
+// std::invalid_argument on what the format cannot hold and on what parse_choice_file refuses
+// (an empty context or completion, fewer than 2 completions, a label out of range).
 std::vector<uint8_t> encode_choice_file(const std::vector<ChoiceExample>& examples);
 
 }  // namespace colossal::io

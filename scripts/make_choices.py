@@ -139,11 +139,15 @@ def text_examples(path, count, context, completion, choices, seed):
             if c == label:
                 completions.append(right)
                 continue
-            while True:  # a span of the text elsewhere, never the right one's bytes
+            for _ in range(1000):  # a span of the text elsewhere, never the right one's bytes
                 other = rng.randrange(0, len(data) - completion)
                 wrong = list(data[other:other + completion])
                 if abs(other - (start + context)) >= completion and wrong != right:
                     break
+            else:
+                raise ChoicesError(f"'{path}' is too repetitive: no span of {completion} bytes "
+                                   f"differs from example {index}'s right completion; use "
+                                   "another text or a longer --completion")
             completions.append(wrong)
         examples.append((index, label, list(data[start:start + context]), completions))
     return examples

@@ -1606,7 +1606,7 @@ TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
   r = run(bin("colossal_eval") + " " + config + weights + " --choices " + dir + "/long.bin");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("--choices: multiple-choice example 2 has a completion of 35 tokens, "
-                          "more than train.seq_len - 1 = 15"),
+                          "longer than the window (train.seq_len = 16)"),
             std::string::npos) << r.output;
   // The config's eval.choices when --choices is not given.
   r = run(bin("colossal_eval") + " " + config + weights + " --set eval.choices=" + file);
@@ -1636,6 +1636,17 @@ TEST_F(Cli, TrainScoresEvalChoicesWithEachValidation) {
   const auto one = colossal::io::read_metrics_csv(dir + "/tc1/choices.csv");
   ASSERT_EQ(column(one, "step"), (std::vector<double>{2, 4}));
   EXPECT_EQ(column(one, "examples"), (std::vector<double>{5, 5}));
+  // --eval-only scores it too, as colossal_eval does.
+  r = run(bin("colossal_train") + " " + config + every + " --set log.dir=" + dir +
+          "/tc1e --eval-only --weights " + dir + "/tc1/model.h5");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("per token, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" total (eval.choices)"), std::string::npos) << r.output;
+  char want[64];  // the accuracy of the trained model.h5: the run's last pass
+  std::snprintf(want, sizeof want, "choices accuracy %.4f (",
+                column(one, "accuracy_per_token").back());
+  EXPECT_NE(r.output.find(want), std::string::npos) << want << "\n" << r.output;
   r = run(bin("colossal_report") + " " + dir + "/tc1 --no-plots");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("choices accuracy (eval.choices, 5 examples): final "),
@@ -1665,6 +1676,11 @@ TEST_F(Cli, TrainScoresEvalChoicesWithEachValidation) {
   const auto resumed = colossal::io::read_metrics_csv(dir + "/tcr/choices.csv");
   EXPECT_EQ(column(resumed, "step"), (std::vector<double>{2, 4}));
   EXPECT_EQ(column(resumed, "accuracy_per_token"), column(one, "accuracy_per_token"));
+  // A fresh run in the same log.dir without the key leaves no earlier passes behind.
+  r = run(bin("colossal_train") + " " + config + " --set train.steps=1 --set log.dir=" + dir +
+          "/tcr");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/tcr/choices.csv"));
   // Unusable files: before step 1, with the key.
   r = run(bin("colossal_train") + " " + config + " --set eval.choices=" + dir + "/none.bin");
   EXPECT_EQ(r.code, 3) << r.output;

@@ -281,4 +281,15 @@ TEST(ChoiceFile, BadFilesGiveSpecificMessages) {
   huge.context = {65535};
   huge.completions = {{1}, {2}};
   EXPECT_THROW(encode_choice_file({huge}), std::invalid_argument);
+  ChoiceExample one_completion;
+  one_completion.context = {1};
+  one_completion.completions = {{2}};
+  EXPECT_THROW(encode_choice_file({one_completion}), std::invalid_argument);
+  ChoiceExample bad_label = huge;
+  bad_label.context = {1};
+  bad_label.label = 2;
+  EXPECT_THROW(encode_choice_file({bad_label}), std::invalid_argument);
+  // A header claiming far more examples than the file holds: the error, not an allocation.
+  EXPECT_TRUE(has(choice_error(choice_bytes({20240522, 1, 2000000000}, one)),
+                  "example 1 of 2000000000"));
 }

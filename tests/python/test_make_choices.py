@@ -7,7 +7,9 @@
 - `hellaswag`: a HellaSwag-style jsonl tokenized with a byte-level BPE trained here (no
   network): the context's ids are the tokenizer's for "ctx", each completion's for
   " " + ending; skipped when the `tokenizers` package is not importable;
-- bad input gives a message and exit code 2, and never a file.
+- bad input (too few completions, a context longer than the text allows, a text with no span
+  unlike the right completion, a missing tokenizer, a broken jsonl line) gives a message and
+  exit code 2, and never a file.
 
 Environment: COLOSSAL_SOURCE_DIR (the repository), COLOSSAL_TOKEN_DUMP (the token_dump program).
 """
@@ -85,6 +87,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check(r.returncode == 2 and "fewer than 4 x" in r.stderr, f"long context: {r}")
     r = run("hellaswag", os.path.join(tmp, "none.jsonl"), "--out", bad, "--tokenizer", text_path)
     check(r.returncode == 2, f"hellaswag, no tokenizer.json: {r}")
+    same = os.path.join(tmp, "same.txt")
+    with open(same, "w") as f:
+        f.write("a" * 2000)
+    r = run("text", same, "--out", bad)
+    check(r.returncode == 2 and "too repetitive" in r.stderr, f"repetitive text: {r}")
     check(not os.path.exists(bad), "a file written for bad input")
 
     try:
