@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "apps/cli.hpp"
@@ -61,7 +62,9 @@ int main(int argc, char** argv) {
       "Without --choices, the config's eval.choices (its first eval.choices_examples) is\n"
       "scored, if set.\n"
       "--choices-out CSV writes one row per completion (its loss, loss per token, and which\n"
-      "completion each measure chose).\n",
+      "completion each measure chose). The rows are scored in the shortest window that holds\n"
+      "the longest of them (rounded up; train.seq_len when none shorter fits the layout):\n"
+      "the same losses up to rounding, faster when the rows are shorter than train.seq_len.\n",
       {"--weights", "--choices", "--choices-out"},
       {}};
   return apps::run_program(argc, argv, info, [](apps::Invocation& inv) {
@@ -72,34 +75,48 @@ int main(int argc, char** argv) {
       throw apps::UsageError("missing --weights MODEL.h5 (or model.init_from); see --help");
     if (!choices_out.empty() && choices.empty() && inv.config.eval.choices.empty())
       throw apps::UsageError("--choices-out needs --choices FILE (or eval.choices); see --help");
-    // Read on rank 0, checked on every rank alike (the same bytes): a bad file stops every rank
+    // --choices, or else the config's eval.choices (its first eval.choices_examples): read on
+    // rank 0, checked on every rank alike (the same bytes), so a bad file stops every rank
     // before the model is built.
+    const std::string key = choices.empty() ? "eval.choices" : "--choices";
+    if (choices.empty()) choices = inv.config.eval.choices;
     std::vector<io::ChoiceExample> examples;
     if (!choices.empty()) {
       const std::string bytes = apps::on_root<apps::DataFileError>(
-          *inv.world, "", [&](auto&) { return io::read_choice_bytes(choices, "--choices"); });
+          *inv.world, "", [&](auto&) { return io::read_choice_bytes(choices, key); });
       try {
-        examples = io::parse_choice_file(bytes, choices, inv.config.model.vocab, "--choices");
+        examples = io::parse_choice_file(bytes, choices, inv.config.model.vocab, key);
       } catch (const io::ChoiceFileError& e) {
         throw apps::DataFileError(e.what());
       }
-      apps::check_choice_lengths(examples, inv.config.train.seq_len, "--choices");
-      inv.config.eval.choices.clear();  // --choices instead: the config's file is not read
+      const int64_t keep = inv.config.eval.choices_examples;
+      if (key == "eval.choices" && keep > 0 && std::size_t(keep) < examples.size()) {
+        examples.resize(std::size_t(keep));
+      }
+      apps::check_choice_lengths(examples, inv.config.train.seq_len, key);
+      inv.config.eval.choices.clear();  // read here: the trainers do not read it again
     }
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
-    const auto held = apps::inference_trainer(inv.config, inv.world, weights);
-    apps::Trainer& trainer = *held;
-    // Without --choices, the config's eval.choices (read and checked by the trainer).
-    if (choices.empty() && !trainer.choice_examples().empty()) {
-      choices = inv.config.eval.choices;
-      examples = trainer.choice_examples();
-    }
+    std::unique_ptr<apps::Trainer> trainer;
     if (choices.empty() || !inv.config.data.val_path.empty()) {
-      const double loss = trainer.evaluate();
+      trainer = apps::inference_trainer(inv.config, inv.world, weights);
+      const double loss = trainer->evaluate();
       if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     }
     if (choices.empty()) return 0;
+    // Scored in the shortest window that holds every row (the same losses up to rounding):
+    // another trainer when it is shorter than train.seq_len, made after the first is freed.
+    const io::Config scoring = apps::choice_window_config(inv.config, examples);
+    if (trainer == nullptr || scoring.train.seq_len != inv.config.train.seq_len) {
+      trainer.reset();
+      trainer = apps::inference_trainer(scoring, inv.world, weights);
+    }
+    if (inv.rank == 0 && scoring.train.seq_len != inv.config.train.seq_len) {
+      std::printf("choices: scored in a window of %d positions, enough for every row "
+                  "(train.seq_len %d)\n",
+                  scoring.train.seq_len, inv.config.train.seq_len);
+    }
 
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
@@ -113,7 +130,7 @@ int main(int argc, char** argv) {
                    (long long)done, (long long)of, double(done) / s,
                    double(of - done) * s / double(done));
     };
-    const apps::ChoiceScores s = trainer.score_choices(examples, progress);
+    const apps::ChoiceScores s = trainer->score_choices(examples, progress);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     if (!choices_out.empty()) {
       apps::on_root<apps::DataFileError>(*inv.world, "--choices-out: ", [&](auto&) {

@@ -2034,6 +2034,31 @@ int64_t ChoiceScores::right_total() const {
   return right;
 }
 
+io::Config choice_window_config(const io::Config& config,
+                                const std::vector<io::ChoiceExample>& examples) {
+  const std::size_t T = std::size_t(config.train.seq_len);
+  std::size_t longest = 1;  // inputs: the kept context and the completion but its last token
+  for (const io::ChoiceExample& ex : examples) {
+    for (const auto& completion : ex.completions) {
+      if (completion.size() > T) return config;  // check_choice_lengths says why
+      const std::size_t keep = std::min(ex.context.size(), T + 1 - completion.size());
+      longest = std::max(longest, keep + completion.size() - 1);
+    }
+  }
+  const std::size_t multiple =
+      16 * std::size_t(config.parallel.sequence) * std::size_t(config.parallel.tensor);
+  const std::size_t window = (longest + multiple - 1) / multiple * multiple;
+  if (window >= T) return config;
+  try {
+    io::ParseOptions options;
+    options.stored = true;  // the resolved config, as written
+    return io::parse_config(io::to_yaml(config), "the multiple-choice window",
+                            {"train.seq_len=" + std::to_string(window)}, options);
+  } catch (const std::exception&) {
+    return config;  // a rule of the layout (e.g. a 2D grid's): the config's own window
+  }
+}
+
 std::string choice_accuracy_line(const ChoiceScores& s) {
   const double n = double(s.examples());
   char line[160];

@@ -182,6 +182,12 @@ struct ChoiceScores {
   int64_t right_total() const;
 };
 
+// `config` with train.seq_len the shortest window that holds every row of `examples` (each
+// context cut as train.seq_len cuts it), rounded up to a multiple of 16 x the sequence and
+// tensor ranks; `config` itself when that is no shorter or does not parse (a layout's rule).
+io::Config choice_window_config(const io::Config& config,
+                                const std::vector<io::ChoiceExample>& examples);
+
 // "choices accuracy A (R/N) per token, B (R/N) total" (colossal_eval, colossal_train
 // --eval-only), without a newline.
 std::string choice_accuracy_line(const ChoiceScores& scores);

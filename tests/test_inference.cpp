@@ -223,6 +223,19 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   const apps::ChoiceScores scores = trained.score_choices(examples);
   EXPECT_EQ(scores.cut, 1);
   EXPECT_EQ(infer.score_choices(examples).loss, scores.loss);
+  {
+    // Short rows (at most 15 inputs) score the same in colossal_eval's shorter window: 16
+    // positions where 16 x the sequence and tensor ranks allow it, else the config's 32.
+    std::vector<io::ChoiceExample> short_rows = examples;
+    short_rows.erase(short_rows.begin() + 3, short_rows.end());
+    const io::Config window = apps::choice_window_config(cfg, short_rows);
+    const int multiple = 16 * cfg.parallel.sequence * cfg.parallel.tensor;
+    EXPECT_EQ(window.train.seq_len, multiple < 32 ? 16 : 32);
+    const auto shorter = apps::inference_trainer(window, &world, summary.model_path);
+    expect_close_scores(shorter->score_choices(short_rows).loss,
+                        trained.score_choices(short_rows).loss, 1e-5,
+                        c.name + " in a window of " + std::to_string(window.train.seq_len));
+  }
   if (c.ranks == 1) {
     // Without the cut example (the long way moves its window token by token), and that one
     // against its context cut by hand.
