@@ -257,7 +257,8 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
                         one.context.end() - std::ptrdiff_t(33 - cut.completions[k].size()));
       const apps::ChoiceScores by_hand = trained.score_choices({one});
       EXPECT_EQ(by_hand.cut, 0);
-      EXPECT_EQ(by_hand.loss[0], cut_want[k]) << "completion " << k;
+      // (the same row in another batch: the products' blocking may round it differently)
+      EXPECT_NEAR(by_hand.loss[0], cut_want[k], 1e-6 * cut_want[k]) << "completion " << k;
     }
   }
   if (world.rank() == 0 && c.ranks > 1) {
