@@ -288,6 +288,29 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
       r.best_val_loss = row[val_col];
     }
   }
+  // eval.choices' passes (log.dir/choices.csv), when the run scored a multiple-choice file.
+  const fs::path choices = run_dir / "choices.csv";
+  if (std::ifstream table(choices); table && std::getline(table, line)) {
+    const std::vector<std::string> names = split_csv_line(line);
+    const auto it = std::find(names.begin(), names.end(), "accuracy_per_token");
+    if (it == names.end()) {
+      throw SweepError(choices.string() + ":1: no column 'accuracy_per_token' (columns: " +
+                       join(names, ", ") + "); is this a colossal_train choices.csv?", 3);
+    }
+    const std::size_t col = std::size_t(it - names.begin());
+    double most = 0;
+    while (std::getline(table, line)) {
+      const std::vector<std::string> row = split_csv_line(line);
+      if (row.size() <= col) continue;  // a row cut short by a full disk: the ones before count
+      char* end = nullptr;
+      const double accuracy = std::strtod(row[col].c_str(), &end);
+      if (end != row[col].c_str() && std::isfinite(accuracy) &&
+          (r.best_choices_accuracy.empty() || accuracy > most)) {
+        most = accuracy;
+        r.best_choices_accuracy = row[col];
+      }
+    }
+  }
   if (seconds > 0) {
     r.tokens_per_s = tokens / seconds;
   } else if (first_seconds > 0) {  // one step only
@@ -533,14 +556,15 @@ std::vector<RunSummary> summarize(const std::string& dir) {
 }
 
 namespace {
-const std::vector<std::string> kColumns = {"run",      "overrides",   "steps",  "final_loss",
-                                           "best_val_loss", "tokens_per_s", "finished"};
+const std::vector<std::string> kColumns = {
+    "run",          "overrides", "steps", "final_loss", "best_val_loss", "best_choices_accuracy",
+    "tokens_per_s", "finished"};
 
 std::vector<std::string> fields_of(const RunSummary& r) {
   return {r.run,           r.overrides,
           std::to_string(r.steps), r.final_loss,
-          r.best_val_loss, format_rate(r.tokens_per_s),
-          r.finished ? "yes" : "no"};
+          r.best_val_loss, r.best_choices_accuracy,
+          format_rate(r.tokens_per_s), r.finished ? "yes" : "no"};
 }
 }  // namespace
 

@@ -70,6 +70,9 @@ struct RunSummary {
   long long steps = 0;        // last step in metrics.csv
   std::string final_loss;     // loss of the last step, as written
   std::string best_val_loss;  // smallest finite val_loss, "" when never validated
+  // largest finite accuracy_per_token of log.dir/choices.csv (eval.choices), as written; ""
+  // when the run scored none
+  std::string best_choices_accuracy;
   double tokens_per_s = 0;    // tokens over seconds of the rows after the first
   bool finished = false;      // log.dir/finished written (the run reached train.steps)
 };

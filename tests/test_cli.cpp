@@ -1133,7 +1133,8 @@ TEST_F(Cli, SweepScriptRunsAPointAndSummarizeCollectsIt) {
   std::getline(summary, header);
   std::getline(summary, row);
   std::getline(summary, row2);
-  EXPECT_EQ(header, "run,overrides,steps,final_loss,best_val_loss,tokens_per_s,finished");
+  EXPECT_EQ(header, "run,overrides,steps,final_loss,best_val_loss,best_choices_accuracy,"
+                    "tokens_per_s,finished");
   EXPECT_EQ(row.rfind("grid-42/3,train.steps=2 train.seed=2 train.optimizer.lr=2.0e-3,2,", 0), 0u)
       << row;
   EXPECT_EQ(row2.rfind("tiny-42/1,train.steps=3 train.seed=7,3,", 0), 0u) << row2;

@@ -165,6 +165,10 @@ TEST_F(SweepFiles, SummaryHasOneRowPerRunInNaturalOrder) {
                  "3,4.5,1e-3,1,200,0,0.1,5.3,1\n");
   write(dir / "s-7" / "2" / "point.txt", "train.seed=2\n");
   write(dir / "s-7" / "2" / "finished", "step 3\n");
+  // eval.choices' passes: the best accuracy per token, as written (nan rows skipped).
+  write(dir / "s-7" / "2" / "choices.csv",
+        "step,accuracy_per_token,accuracy_total,examples,seconds\n"
+        "1,0.25,0.25,100,1.5\n2,0.31,0.3,100,1.5\n3,nan,nan,100,1.5\n");
   // A model.h5 alone is an earlier run's, continued here and stopped (no finished marker).
   write(dir / "s-7" / "10" / "model.h5", "");
   // tokens/s: the tokens over the seconds after the first step (a warm-up), as the trainer's
@@ -187,11 +191,14 @@ TEST_F(SweepFiles, SummaryHasOneRowPerRunInNaturalOrder) {
   EXPECT_EQ(runs[2].best_val_loss, "5.4");
   EXPECT_DOUBLE_EQ(runs[2].tokens_per_s, 300.0);
   EXPECT_FALSE(runs[2].finished);
+  EXPECT_EQ(runs[0].best_choices_accuracy, "0.31");
+  EXPECT_EQ(runs[2].best_choices_accuracy, "");
   EXPECT_EQ(summary_csv(runs),
-            "run,overrides,steps,final_loss,best_val_loss,tokens_per_s,finished\n"
-            "2,train.seed=2,3,4.5,5.2,200,yes\n"
-            "3,,3,4.5,,175,no\n"
-            "10,\"train.seed=10 train.optimizer.betas=[0.9,0.95]\",2,5.25,5.4,300,no\n");
+            "run,overrides,steps,final_loss,best_val_loss,best_choices_accuracy,tokens_per_s,"
+            "finished\n"
+            "2,train.seed=2,3,4.5,5.2,0.31,200,yes\n"
+            "3,,3,4.5,,,175,no\n"
+            "10,\"train.seed=10 train.optimizer.betas=[0.9,0.95]\",2,5.25,5.4,,300,no\n");
   const std::string table = summary_table(runs);
   EXPECT_NE(table.find("run  overrides"), std::string::npos) << table;
 

@@ -154,13 +154,13 @@ EOF
     cat "$work"/slurm-colossal-sweep-"$id"_*.out
     "$bin/colossal_sweep" summarize "$work/runs/grid-$id"
     summary="$work/runs/grid-$id/summary.csv"
-    [ "$(head -n 1 "$summary")" = "run,overrides,steps,final_loss,best_val_loss,tokens_per_s,finished" ] ||
+    [ "$(head -n 1 "$summary")" = "run,overrides,steps,final_loss,best_val_loss,best_choices_accuracy,tokens_per_s,finished" ] ||
       fail "unexpected header in $summary"
     [ "$(tail -n +2 "$summary" | wc -l)" = 3 ] || fail "$summary does not have 3 rows"
     lrs=(1.0e-3 2.0e-3 4.0e-3)
     for i in 0 1 2; do
       lr=${lrs[$i]}
-      grep -q "^$i,\"\{0,1\}train.steps=4 eval.every=2 train.optimizer.lr=$lr\"\{0,1\},4,[0-9.]*,[0-9.]*,[0-9]*,yes$" "$summary" ||
+      grep -q "^$i,\"\{0,1\}train.steps=4 eval.every=2 train.optimizer.lr=$lr\"\{0,1\},4,[0-9.]*,[0-9.]*,[0-9.]*,[0-9]*,yes$" "$summary" ||
         fail "no finished row for point $i (lr $lr) in $summary"
     done
     echo "3 points, 3 rows in $summary"
