@@ -10,7 +10,8 @@ cross-entropy of the completion's tokens summed. Prints "completions_per_s=<valu
 order (one per line) to compare with colossal_eval --choices-out. One untimed example first.
 """
 import argparse
-import struct
+import importlib.util
+import os
 import time
 
 import torch
@@ -18,22 +19,14 @@ from transformers import AutoModelForCausalLM
 
 
 def read_choices(path):
-    data = open(path, "rb").read()
-    count = struct.unpack_from("<i", data, 8)[0]
-    values = struct.unpack_from(f"<{(len(data) - 1024) // 2}H", data, 1024)
-    at, out = 0, []
-    for _ in range(count):
-        label, n = values[at + 3], values[at + 4]
-        p = at + 5
-        context = list(values[p + 1:p + 1 + values[p]])
-        p += 1 + values[p]
-        completions = []
-        for _ in range(n):
-            completions.append(list(values[p + 1:p + 1 + values[p]]))
-            p += 1 + values[p]
-        out.append((label, context, completions))
-        at += values[at + 1] // 2
-    return out
+    """[(label, context, completions)] through scripts/make_choices.py's reader."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.spec_from_file_location(
+        "make_choices", os.path.join(here, "..", "scripts", "make_choices.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [(label, context, completions)
+            for _, label, context, completions in module.read_file(path)]
 
 
 def main() -> None:

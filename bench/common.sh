@@ -23,3 +23,16 @@ calibrate() {
     peer mpirun -np "$2" --oversubscribe "$plan" --calibrate --out "$1" > /dev/null
   fi
 }
+# cpu_line: "MODEL, N cores, AVX-512: yes|no, AVX512-BF16: yes|no" (every benchmark says which).
+cpu_line() {
+  echo "$(lscpu | awk -F: '/Model name/{gsub(/^ +/,"",$2); print $2}'), $(nproc) cores," \
+       "AVX-512: $(grep -q avx512f /proc/cpuinfo && echo yes || echo no)," \
+       "AVX512-BF16: $(grep -q avx512_bf16 /proc/cpuinfo && echo yes || echo no)"
+}
+# model_file CONFIG DIR: DIR/model.h5 written by one training step of CONFIG (a benchmark's
+# weights, whose values do not change its speed).
+model_file() {
+  echo "# writing a model file: one training step of $1" >&2
+  peer "$train" "$1" --set train.steps=1 --set sample.tokens=0 --set log.every=1 \
+    --set "log.dir=$2" > "$2.log" 2>&1 || { cat "$2.log" >&2; exit 1; }
+}

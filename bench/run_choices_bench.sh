@@ -37,16 +37,10 @@ done
 config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"  # common.sh changes directory
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 pin=(taskset -c "0-$((threads - 1))")
-echo "# $(lscpu | awk -F: '/Model name/{gsub(/^ +/,"",$2); print $2}'), $(nproc) cores," \
-     "AVX-512: $(grep -q avx512f /proc/cpuinfo && echo yes || echo no)," \
-     "AVX512-BF16: $(grep -q avx512_bf16 /proc/cpuinfo && echo yes || echo no);" \
-     "$threads threads; $examples examples x 4 completions of 16 tokens after 64"
-echo "# writing a model file: one training step of $config" >&2
-peer "$train" "$config" --set train.steps=1 --set sample.tokens=0 --set log.every=1 \
-  --set "log.dir=$work/run" > "$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
+echo "# $(cpu_line); $threads threads; $examples examples x 4 completions of 16 tokens after 64"
+model_file "$config" "$work/run"
 python3 scripts/make_choices.py text data/licenses_val.txt --out "$work/choices.bin" \
   --examples "$examples" --context 64 --completion 16 --choices 4 > /dev/null
-start=$(date +%s.%N)
 peer "${pin[@]}" "$root/build/bin/colossal_eval" "$config" --weights "$work/run/model.h5" \
   --set data.val_path= --choices "$work/choices.bin" --choices-out "$work/ours.csv" \
   > "$work/eval.out" 2> "$work/eval.err" || { cat "$work/eval.out" "$work/eval.err" >&2; exit 1; }

@@ -38,13 +38,8 @@ config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"  # common.sh 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 generate="$root/build/bin/colossal_generate"
 pin=(taskset -c "0-$((threads - 1))")
-echo "# $(lscpu | awk -F: '/Model name/{gsub(/^ +/,"",$2); print $2}'), $(nproc) cores," \
-     "AVX-512: $(grep -q avx512f /proc/cpuinfo && echo yes || echo no)," \
-     "AVX512-BF16: $(grep -q avx512_bf16 /proc/cpuinfo && echo yes || echo no);" \
-     "$threads threads; $tokens tokens after a 3-token prompt, greedy"
-echo "# writing a model file: one training step of $config" >&2
-peer "$train" "$config" --set train.steps=1 --set sample.tokens=0 --set log.every=1 \
-  --set "log.dir=$work/run" > "$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
+echo "# $(cpu_line); $threads threads; $tokens tokens after a 3-token prompt, greedy"
+model_file "$config" "$work/run"
 rate() {  # the tokens/s of colossal_generate's summary line
   sed -n 's/.*colossal_generate: .* (\([0-9.]*\) tokens\/s;.*/\1/p' "$1"
 }

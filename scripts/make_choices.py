@@ -75,13 +75,42 @@ def encode_file(examples):
     return struct.pack(f"<{HEADER_INTS}i", *header) + body.tobytes()
 
 
-def load_tokenize_module():
-    """scripts/tokenize.py's tokenizer loaders (its name shadows Python's own `tokenize`)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenize.py")
-    spec = importlib.util.spec_from_file_location("colossal_tokenize", path)
+def read_file(path):
+    """[(index, label, context ids, [completion ids, ...])] of a file in this format (for tools
+    and tests in Python; colossal reads it with io::parse_choice_file, which checks it)."""
+    data = open(path, "rb").read()
+    magic, version, count = struct.unpack_from("<3i", data, 0)
+    if (magic, version) != (MAGIC, VERSION):
+        raise ChoicesError(f"'{path}' is not a multiple-choice file (magic {magic}, version "
+                           f"{version})")
+    values = array("H", data[HEADER_INTS * 4:])
+    if sys.byteorder != "little":
+        values.byteswap()
+    at, examples = 0, []
+    for _ in range(count):
+        index, label, n = values[at + 2], values[at + 3], values[at + 4]
+        p = at + 5
+        runs = []
+        for _ in range(n + 1):  # the context, then each completion
+            runs.append(list(values[p + 1:p + 1 + values[p]]))
+            p += 1 + values[p]
+        examples.append((index, label, runs[0], runs[1:]))
+        at += values[at + 1] // 2
+    return examples
+
+
+def load_module(name):
+    """A sibling script as a module (tokenize.py's name shadows Python's own `tokenize`)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("colossal_" + name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_tokenize_module():
+    """scripts/tokenize.py's tokenizer loaders."""
+    return load_module("tokenize")
 
 
 def hellaswag_examples(path, tok, limit):

@@ -93,7 +93,7 @@ def main():
         if r.returncode != 0:
             print(f"error: make_choices.py failed ({r.returncode}):\n{r.stdout}{r.stderr}")
             return 2
-        examples = read_choices(choices)
+        examples = read_choices(choices, args.source_dir)
         for arch, build in cases.items():
             model = build().eval()
             # Random biases and layernorm weights too, so every tensor's mapping matters.
@@ -176,25 +176,14 @@ def main():
     return 1 if failed else 0
 
 
-def read_choices(path):
-    """[(context, [completion, ...])] of a multiple-choice file (llm.c's layout)."""
-    import struct
-    data = open(path, "rb").read()
-    count = struct.unpack_from("<i", data, 8)[0]
-    values = struct.unpack_from(f"<{(len(data) - 1024) // 2}H", data, 1024)
-    at, out = 0, []
-    for _ in range(count):
-        n = values[at + 4]
-        p = at + 5
-        context = list(values[p + 1:p + 1 + values[p]])
-        p += 1 + values[p]
-        completions = []
-        for _ in range(n):
-            completions.append(list(values[p + 1:p + 1 + values[p]]))
-            p += 1 + values[p]
-        out.append((context, completions))
-        at += values[at + 1] // 2
-    return out
+def read_choices(path, source_dir):
+    """[(context, [completion, ...])] through scripts/make_choices.py's reader."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "make_choices", os.path.join(source_dir, "scripts", "make_choices.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return [(context, completions) for _, _, context, completions in module.read_file(path)]
 
 
 if __name__ == "__main__":

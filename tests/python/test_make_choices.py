@@ -14,6 +14,7 @@
 Environment: COLOSSAL_SOURCE_DIR (the repository), COLOSSAL_TOKEN_DUMP (the token_dump program).
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -65,6 +66,11 @@ with tempfile.TemporaryDirectory() as tmp:
     check("wrote 40 examples (120 completions" in r.stdout, f"text: said {r.stdout!r}")
     examples = read_back(out)
     check(len(examples) == 40, f"text: {len(examples)} examples read back")
+    # The script's own reader (bench/choices_peer.py's, test_hf_reference.py's) agrees.
+    spec = importlib.util.spec_from_file_location("make_choices", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    check(module.read_file(out) == examples, "make_choices.read_file differs from the C++ reader")
     for index, label, context, completions in examples:
         check(len(context) == 20 and len(completions) == 3 and 0 <= label < 3,
               f"text example {index}: shape")
