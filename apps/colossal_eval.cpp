@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
       });
     }
     if (inv.rank == 0) {
-      std::printf("choices %s: %lld examples, %zu completions, %.1f s\n", choices.c_str(),
+      std::printf("choices %s: %lld examples, %zu completions, %.2f s\n", choices.c_str(),
                   (long long)s.examples(), s.loss.size(), seconds);
       if (s.cut > 0) {
         std::printf("note: %lld context%s kept only %s last tokens to fit train.seq_len = %d\n",

@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
         const double loss = trainer.evaluate();  // collective: every rank evaluates
         if (log) std::fprintf(log, "val loss %.6g\n", loss);
       }
-      if (choices) {  // eval.choices, as colossal_eval scores it
+      if (choices) {  // eval.choices (in train.seq_len; colossal_eval fits a shorter window)
         const std::string line =
             apps::choice_accuracy_line(trainer.score_choices(trainer.choice_examples()));
         if (log) std::fprintf(log, "%s (eval.choices)\n", line.c_str());

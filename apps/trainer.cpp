@@ -2045,17 +2045,21 @@ io::Config choice_window_config(const io::Config& config,
       longest = std::max(longest, keep + completion.size() - 1);
     }
   }
+  // What divides train.seq_len: the ring's ranks, and under sequence_split the tensor ranks
+  // too; 16 keeps the rows aligned. (2d / 2.5d / 3d score in a one-rank trainer.)
+  const bool grid = config.parallel.tensor_mode != core::TensorMode::d1;
   const std::size_t multiple =
-      16 * std::size_t(config.parallel.sequence) * std::size_t(config.parallel.tensor);
+      16 * std::size_t(config.parallel.sequence) *
+      std::size_t(!grid && config.parallel.sequence_split ? config.parallel.tensor : 1);
   const std::size_t window = (longest + multiple - 1) / multiple * multiple;
   if (window >= T) return config;
   try {
     io::ParseOptions options;
     options.stored = true;  // the resolved config, as written
-    return io::parse_config(io::to_yaml(config), "the multiple-choice window",
+    return io::parse_config(io::to_yaml(config), config.source,
                             {"train.seq_len=" + std::to_string(window)}, options);
-  } catch (const std::exception&) {
-    return config;  // a rule of the layout (e.g. a 2D grid's): the config's own window
+  } catch (const io::ConfigError&) {
+    return config;  // a rule of the layout this window breaks (the same on every rank)
   }
 }
 

@@ -183,8 +183,9 @@ struct ChoiceScores {
 };
 
 // `config` with train.seq_len the shortest window that holds every row of `examples` (each
-// context cut as train.seq_len cuts it), rounded up to a multiple of 16 x the sequence and
-// tensor ranks; `config` itself when that is no shorter or does not parse (a layout's rule).
+// context cut as train.seq_len cuts it), rounded up to a multiple of 16 x the ring's ranks (x
+// the tensor ranks under sequence_split); `config` itself when that is no shorter or a rule of
+// the layout refuses it.
 io::Config choice_window_config(const io::Config& config,
                                 const std::vector<io::ChoiceExample>& examples);
 

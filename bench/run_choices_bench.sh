@@ -38,6 +38,11 @@ config="$(cd "$(dirname "$config")" && pwd)/$(basename "$config")"  # common.sh 
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 pin=(taskset -c "0-$((threads - 1))")
 echo "# $(cpu_line); $threads threads; $examples examples x 4 completions of 16 tokens after 64"
+# The peer keeps whole contexts: the rows (64 + 16 tokens) must fit the config's window, as
+# they do in colossal_eval (which would cut the contexts otherwise).
+seq_len=$("$train" "$config" --print-config | sed -n 's/^  seq_len: *//p')
+[ "${seq_len:-0}" -ge 80 ] || { echo "run_choices_bench.sh: train.seq_len of $config is" \
+  "${seq_len:-unknown}; the benchmark's rows need 80" >&2; exit 2; }
 model_file "$config" "$work/run"
 python3 scripts/make_choices.py text data/licenses_val.txt --out "$work/choices.bin" \
   --examples "$examples" --context 64 --completion 16 --choices 4 > /dev/null
@@ -45,8 +50,10 @@ peer "${pin[@]}" "$root/build/bin/colossal_eval" "$config" --weights "$work/run/
   --set data.val_path= --choices "$work/choices.bin" --choices-out "$work/ours.csv" \
   > "$work/eval.out" 2> "$work/eval.err" || { cat "$work/eval.out" "$work/eval.err" >&2; exit 1; }
 # completions over the scoring's own seconds (its output line), not the model's loading
-ours_rate=$(awk -v n=$((examples * 4)) '/^choices .*completions, .* s$/{printf "%.3f", n / $(NF-1)}' \
+ours_rate=$(awk '/^choices .*completions, .* s$/ && $(NF-1) > 0 {printf "%.3f", $(NF-3) / $(NF-1)}' \
   "$work/eval.out")
+[ -n "$ours_rate" ] || { echo "run_choices_bench.sh: no timing line in colossal_eval's output" >&2
+                         cat "$work/eval.out" >&2; exit 1; }
 ours_acc=$(sed -n 's/^choices accuracy \([0-9.]*\) .*/\1/p' "$work/eval.out")
 window=$(sed -n 's/^choices: scored in a window of \([0-9]*\) .*/\1/p' "$work/eval.out")
 peer_rate="-"
@@ -61,6 +68,10 @@ if [ -n "$peer_env" ]; then
     --csv "$work/peer.csv" > "$work/peer.out"
   peer_rate=$(sed -n 's/^completions_per_s=//p' "$work/peer.out")
   peer_acc=$(sed -n 's/^accuracy_per_token=//p' "$work/peer.out")
+  rows=$(($(wc -l < "$work/ours.csv") - 1))
+  [ "$rows" = "$(wc -l < "$work/peer.csv")" ] || {
+    echo "run_choices_bench.sh: colossal_eval scored $rows completions, the peer" \
+         "$(wc -l < "$work/peer.csv")" >&2; exit 1; }
   gap=$(tail -n +2 "$work/ours.csv" | cut -d, -f6 | paste -d, - "$work/peer.csv" |
         awk -F, '{d = ($1 - $2) / $2; if (d < 0) d = -d; if (d > m) m = d} END {printf "%.2g", m}')
 fi

@@ -1613,6 +1613,36 @@ TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
   r = run(bin("colossal_eval") + " " + config + weights + " --set eval.choices=" + file);
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find(accuracy), std::string::npos) << r.output;
+  // A 64-position model: its rows (at most 17 inputs) score in a window of 32 after the
+  // validation pass in 64, on one rank and under tp2 alike; eval.choices_examples keeps the
+  // first N of eval.choices.
+  const std::string w64 = " --set model.max_seq=64 --set train.seq_len=64";
+  r = run(bin("colossal_train") + " " + config + w64 + " --set log.dir=" + dir + "/choices64");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string weights64 = w64 + " --weights " + dir + "/choices64/model.h5";
+  r = run(bin("colossal_eval") + " " + config + weights64 + " --choices " + file +
+          " --choices-out " + dir + "/w64.csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("val loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("choices: scored in a window of 32 positions, enough for every row "
+                          "(train.seq_len 64)"),
+            std::string::npos) << r.output;
+  const std::size_t at64 = r.output.find("choices accuracy ");
+  ASSERT_NE(at64, std::string::npos) << r.output;
+  const std::string accuracy64 = r.output.substr(at64, r.output.find('\n', at64) - at64);
+  const std::map<std::string, double> w64_rows = choice_rows(dir + "/w64.csv");
+  r = run(mpirun + bin("colossal_eval") + " " + config + weights64 +
+          " --set parallel.tensor.size=2 --choices " + file + " --choices-out " + dir +
+          "/w64tp.csv");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(accuracy64), std::string::npos) << r.output;
+  for (const auto& [key, loss] : choice_rows(dir + "/w64tp.csv")) {
+    EXPECT_NEAR(w64_rows.at(key), loss, 1e-5 * loss) << "tp2, window 32: " << key;
+  }
+  r = run(bin("colossal_eval") + " " + config + weights64 + " --set eval.choices=" + file +
+          " --set eval.choices_examples=2");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(": 2 examples, 8 completions"), std::string::npos) << r.output;
 }
 
 // eval.choices during training: scored with each validation pass, on one rank and under dp2 x

@@ -225,11 +225,13 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   EXPECT_EQ(infer.score_choices(examples).loss, scores.loss);
   {
     // Short rows (at most 15 inputs) score the same in colossal_eval's shorter window: 16
-    // positions where 16 x the sequence and tensor ranks allow it, else the config's 32.
+    // positions where 16 x the ring's ranks (x the tensor ranks under sequence_split) allow
+    // it, else the config's 32.
     std::vector<io::ChoiceExample> short_rows = examples;
     short_rows.erase(short_rows.begin() + 3, short_rows.end());
     const io::Config window = apps::choice_window_config(cfg, short_rows);
-    const int multiple = 16 * cfg.parallel.sequence * cfg.parallel.tensor;
+    const int multiple =
+        16 * cfg.parallel.sequence * (cfg.parallel.sequence_split ? cfg.parallel.tensor : 1);
     EXPECT_EQ(window.train.seq_len, multiple < 32 ? 16 : 32);
     const auto shorter = apps::inference_trainer(window, &world, summary.model_path);
     expect_close_scores(shorter->score_choices(short_rows).loss,
