@@ -14,7 +14,9 @@
 #      with model.fused_attention; per-step losses against the host build's, 1e-4 relative (bf16:
 #      2e-3; all from metrics.csv, 9 significant digits); then the inference trainer
 #      (colossal_train --eval-only, as colossal_eval) on a GPU-trained quickstart model file
-#      against the validation loss its run ended with (1e-5 relative), and colossal_generate's
+#      against the validation loss its run ended with (1e-5 relative) and its eval.choices
+#      accuracy (100 questions: the same 4 digits; colossal_eval's fitted window too),
+#      and colossal_generate's
 #      60 greedy tokens with the KV cache against --no-cache's; 300 quickstart steps in bf16
 #      against fp32 (the last 20 steps' mean train loss and the final val loss within 2%);
 #   3. colossal_bench on gpt2-124m at T=1024 (fp32, fp32 on TF32, bf16, bf16 with the fused
@@ -270,8 +272,12 @@ if section 2; then
   # input, the file read per rank): a model trained here evaluates to its run's last val loss.
   d="/tmp/gpu_check-eval-$$"
   t0=$SECONDS
-  (cd "$root" && timeout -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d") > /tmp/eval-train.log 2>&1
-  (cd "$root" && timeout -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5") > /tmp/eval-only.log 2>&1
+  # (with eval.choices: the multiple-choice scoring on the device too, where a bundle has them)
+  choices=()
+  [ -f "$root/data/licenses_choices.bin" ] &&
+    choices=(--set eval.choices=data/licenses_choices.bin)
+  (cd "$root" && timeout -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d" "${choices[@]}") > /tmp/eval-train.log 2>&1
+  (cd "$root" && timeout -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5" "${choices[@]}") > /tmp/eval-only.log 2>&1
   trained=$(grep -o 'val loss [0-9.e+-]*' /tmp/eval-train.log | tail -n 1 | cut -d' ' -f3)
   evaluated=$(grep -o 'val loss [0-9.e+-]*' /tmp/eval-only.log | tail -n 1 | cut -d' ' -f3)
   if [ -n "$trained" ] && [ -n "$evaluated" ] &&
@@ -281,6 +287,27 @@ if section 2; then
   else
     say "eval-only (inference trainer): FAILED: val loss '${evaluated}' against the run's '${trained}'"
     tail -n 12 /tmp/eval-train.log /tmp/eval-only.log >> "$report"; fail=1
+  fi
+  if [ ${#choices[@]} -gt 0 ]; then
+    # The run's last pass (its summary) and the model file's, in the run's window and in
+    # colossal_eval's fitted one (where the bundle has colossal_eval): the same accuracy.
+    ran=$(sed -n 's/^choices accuracy \([0-9.]*\) per token.*/\1/p' /tmp/eval-train.log | tail -n 1)
+    again=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' /tmp/eval-only.log | tail -n 1)
+    fitted="-"
+    if [ -x "$bin/colossal_eval" ]; then
+      (cd "$root" && timeout -k 5 "$(lim 30)" "$bin/colossal_eval" configs/quickstart.yaml \
+         --weights "$d/model.h5" "${choices[@]}") > /tmp/eval-choices.log 2>&1
+      fitted=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' /tmp/eval-choices.log | tail -n 1)
+    fi
+    if [ -n "$ran" ] && [ "$ran" = "$again" ] && { [ "$fitted" = "-" ] || [ "$fitted" = "$ran" ]; }; then
+      say "eval.choices on the device: accuracy $ran in the run, $again from its model file," \
+          "$fitted in colossal_eval's window"
+    else
+      say "eval.choices on the device: FAILED: accuracy '$ran' in the run, '$again' from its" \
+          "model file, '$fitted' in colossal_eval's window"
+      tail -n 6 /tmp/eval-train.log /tmp/eval-only.log /tmp/eval-choices.log >> "$report" 2>/dev/null
+      fail=1
+    fi
   fi
   # Sampling on the device: 60 greedy tokens with the KV cache (core::Model::decode) and with
   # --no-cache (a forward over the window per token). Their logits agree up to rounding

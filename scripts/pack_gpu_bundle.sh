@@ -81,6 +81,9 @@ strip --strip-unneeded "$out"/bin/* "$out"/lib/*.so* "$out"/lib-mpi/*.so* 2>/dev
 mkdir -p "$out/configs" "$out/data"
 cp "$repo"/configs/*.yaml "$out/configs/"
 cp "$repo"/data/licenses_*.txt "$out/data/"
+# 100 multiple-choice questions from the validation text (gpu_check.sh section 2).
+python3 "$repo/scripts/make_choices.py" text "$repo/data/licenses_val.txt" --examples 100 \
+  --out "$out/data/licenses_choices.bin" > /dev/null
 cp "$repo/scripts/gpu_check.sh" "$out/"
 cp -r "$repo/host-losses" "$out/"
 [ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
