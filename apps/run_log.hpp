@@ -120,9 +120,10 @@ class RunLog {
   void record(int64_t step, const StepRecord& record, Progress progress = Progress::when_due);
 
   // Fills steps (first_step + steps recorded), first_step, losses, first_loss, last_loss,
-  // val_loss and choice_accuracy[_total] (the last recorded; -1 when none), seconds since start, tokens_per_s and mfu (over
-  // the recorded steps after the first, which pays first-touch page faults; over the whole time
-  // when only one was recorded) and peak_tracked_bytes.
+  // val_loss and choice_accuracy[_total] (the last recorded; -1 when none), seconds since
+  // start, tokens_per_s and mfu (over the recorded steps after the first, which pays
+  // first-touch page faults; over the whole time when only one was recorded) and
+  // peak_tracked_bytes.
   void finish(TrainSummary& summary) const;
 
   int64_t recorded() const { return int64_t(losses_.size()); }

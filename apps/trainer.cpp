@@ -2249,7 +2249,8 @@ io::Config sampling_config(io::Config config) {
     config.train.micro_batch = 1;
     changed = true;
   }
-  if (changed) config.text = io::to_yaml(config);  // what the memory check's alternatives start from
+  // (the text is what the memory check's alternatives start from)
+  if (changed) config.text = io::to_yaml(config);
   return config;
 }
 
