@@ -8,7 +8,6 @@
 #include "apps/cli.hpp"
 #include "apps/on_root.hpp"
 #include "apps/trainer.hpp"
-#include "io/choice_file.hpp"
 
 using namespace colossal;
 
@@ -25,7 +24,8 @@ void write_choice_rows(const std::string& path, const std::vector<io::ChoiceExam
   std::fprintf(f, "example,index,label,completion,tokens,loss,loss_per_token,chosen_per_token,"
                   "chosen_total\n");
   for (int64_t e = 0; e < s.examples(); ++e) {
-    const int by_token = s.best_per_token(e), by_total = s.best_total(e);
+    const int by_token = s.best(e, apps::ChoiceMeasure::per_token);
+    const int by_total = s.best(e, apps::ChoiceMeasure::total);
     for (std::size_t c = s.first[e]; c < s.first[e + 1]; ++c) {
       const int k = int(c - s.first[e]);
       std::fprintf(f, "%lld,%d,%d,%d,%d,%.9g,%.9g,%d,%d\n", (long long)e,
@@ -80,22 +80,10 @@ int main(int argc, char** argv) {
     // before the model is built.
     const std::string key = choices.empty() ? "eval.choices" : "--choices";
     if (choices.empty()) choices = inv.config.eval.choices;
-    std::vector<io::ChoiceExample> examples;
-    if (!choices.empty()) {
-      const std::string bytes = apps::on_root<apps::DataFileError>(
-          *inv.world, "", [&](auto&) { return io::read_choice_bytes(choices, key); });
-      try {
-        examples = io::parse_choice_file(bytes, choices, inv.config.model.vocab, key);
-      } catch (const io::ChoiceFileError& e) {
-        throw apps::DataFileError(e.what());
-      }
-      const int64_t keep = inv.config.eval.choices_examples;
-      if (key == "eval.choices" && keep > 0 && std::size_t(keep) < examples.size()) {
-        examples.resize(std::size_t(keep));
-      }
-      apps::check_choice_lengths(examples, inv.config.train.seq_len, key);
-      inv.config.eval.choices.clear();  // read here: the trainers do not read it again
-    }
+    const int64_t first_n = key == "eval.choices" ? inv.config.eval.choices_examples : 0;
+    const std::vector<io::ChoiceExample> examples =
+        choices.empty() ? std::vector<io::ChoiceExample>{}
+                        : apps::load_choices(*inv.world, choices, key, inv.config, first_n);
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     std::unique_ptr<apps::Trainer> trainer;

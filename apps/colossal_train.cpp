@@ -252,15 +252,18 @@ int main(int argc, char** argv) {
     if (eval_only) {
       const std::string weights = inv.flag("--weights");
       if (weights.empty()) throw apps::UsageError("--eval-only needs --weights MODEL.h5");
+      const bool choices = !inv.config.eval.choices.empty();
+      const std::vector<io::ChoiceExample> examples =
+          choices ? apps::load_choices(*inv.world, inv.config.eval.choices, "eval.choices",
+                                       inv.config, inv.config.eval.choices_examples)
+                  : std::vector<io::ChoiceExample>{};
       trainer.load_weights(weights);
-      const bool choices = !trainer.choice_examples().empty();
       if (!choices || !inv.config.data.val_path.empty()) {
         const double loss = trainer.evaluate();  // collective: every rank evaluates
         if (log) std::fprintf(log, "val loss %.6g\n", loss);
       }
       if (choices) {  // eval.choices (in train.seq_len; colossal_eval fits a shorter window)
-        const std::string line =
-            apps::choice_accuracy_line(trainer.score_choices(trainer.choice_examples()));
+        const std::string line = apps::choice_accuracy_line(trainer.score_choices(examples));
         if (log) std::fprintf(log, "%s (eval.choices)\n", line.c_str());
       }
       return 0;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "io/config.hpp"
+#include "io/metrics.hpp"
 
 namespace colossal::apps::sweep {
 namespace {
@@ -208,6 +209,13 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
+// As the trainer writes a metrics value (9 significant digits), so it reads as it was written.
+std::string format_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
+
 std::string format_rate(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.0f", v);
@@ -289,27 +297,24 @@ RunSummary summarize_run(const fs::path& metrics, const fs::path& root) {
     }
   }
   // eval.choices' passes (log.dir/choices.csv), when the run scored a multiple-choice file.
-  const fs::path choices = run_dir / "choices.csv";
-  if (std::ifstream table(choices); table && std::getline(table, line)) {
-    const std::vector<std::string> names = split_csv_line(line);
-    const auto it = std::find(names.begin(), names.end(), "accuracy_per_token");
-    if (it == names.end()) {
+  if (const fs::path choices = run_dir / "choices.csv"; fs::exists(choices)) {
+    io::CsvTable table;
+    try {
+      table = io::read_metrics_csv(choices.string());
+    } catch (const std::exception& e) {
+      throw SweepError(std::string(e.what()), 3);
+    }
+    const auto it = std::find(table.columns.begin(), table.columns.end(), "accuracy_per_token");
+    if (!table.columns.empty() && it == table.columns.end()) {
       throw SweepError(choices.string() + ":1: no column 'accuracy_per_token' (columns: " +
-                       join(names, ", ") + "); is this a colossal_train choices.csv?", 3);
+                       join(table.columns, ", ") + "); is this a colossal_train choices.csv?", 3);
     }
-    const std::size_t col = std::size_t(it - names.begin());
-    double most = 0;
-    while (std::getline(table, line)) {
-      const std::vector<std::string> row = split_csv_line(line);
-      if (row.size() <= col) continue;  // a row cut short by a full disk: the ones before count
-      char* end = nullptr;
-      const double accuracy = std::strtod(row[col].c_str(), &end);
-      if (end != row[col].c_str() && std::isfinite(accuracy) &&
-          (r.best_choices_accuracy.empty() || accuracy > most)) {
-        most = accuracy;
-        r.best_choices_accuracy = row[col];
-      }
+    double most = std::nan("");
+    for (const std::vector<double>& row : table.rows) {  // (a row cut short reads as NaN)
+      const double accuracy = row[std::size_t(it - table.columns.begin())];
+      if (std::isfinite(accuracy) && (std::isnan(most) || accuracy > most)) most = accuracy;
     }
+    if (std::isfinite(most)) r.best_choices_accuracy = format_number(most);
   }
   if (seconds > 0) {
     r.tokens_per_s = tokens / seconds;

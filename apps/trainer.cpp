@@ -399,20 +399,9 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     links = zero::PipelineLinks{pp_, tied_owner_.get(), true};
   }
   open_run_data(config_, train_data_, sampler_, val_data_);
-  if (!config_.eval.choices.empty()) {
-    // Read on rank 0, checked on every rank alike, before anything is allocated.
-    const std::string bytes = on_root<DataFileError>(*world_, "", [&](auto&) {
-      return io::read_choice_bytes(config_.eval.choices, "eval.choices");
-    });
-    try {
-      choice_examples_ = io::parse_choice_file(bytes, config_.eval.choices, config_.model.vocab,
-                                               "eval.choices");
-    } catch (const io::ChoiceFileError& e) {
-      throw DataFileError(e.what());
-    }
-    const int64_t keep = config_.eval.choices_examples;
-    if (keep > 0 && std::size_t(keep) < choice_examples_.size()) choice_examples_.resize(keep);
-    check_choice_lengths(choice_examples_, config_.train.seq_len, "eval.choices");
+  if (!inference_ && !config_.eval.choices.empty()) {
+    choice_examples_ = load_choices(*world_, config_.eval.choices, "eval.choices", config_,
+                                    config_.eval.choices_examples);
   }
   // Parameter units padded to dp*16 floats, so ZeRO splits every unit into equal slices. Each
   // chunk's optimizer owns the store its parameters live in (whole, or sharded by stage).
@@ -1160,10 +1149,9 @@ TrainSummary Trainer::train() {
       const auto scoring = Clock::now();
       const ChoiceScores scores = score_choices(choice_examples_);
       validation_tensor_bytes += tensor_traffic() - tensor_bytes;
-      const double n = double(scores.examples());
-      record.choice_accuracy = double(scores.right_per_token()) / n;
-      record.choice_accuracy_total = double(scores.right_total()) / n;
-      record.choice_examples = n;
+      record.choice_accuracy = scores.accuracy(ChoiceMeasure::per_token);
+      record.choice_accuracy_total = scores.accuracy(ChoiceMeasure::total);
+      record.choice_examples = double(scores.examples());
       record.choice_seconds = seconds_since(scoring);
       print("step %lld: choices accuracy %.4f per token, %.4f total (%lld examples, %.1f s)\n",
             (long long)step + 1, record.choice_accuracy, record.choice_accuracy_total,
@@ -1215,6 +1203,32 @@ void Trainer::fill_memory_summary(TrainSummary& summary) const {
       device_used_peak_ > device_used_at_start_ ? device_used_peak_ - device_used_at_start_ : 0;
 }
 
+namespace {
+// Items [0, total) shared by `replicas` replicas, replica r taking [total*r/R, total*(r+1)/R) in
+// batches of up to `B`. With `padded_share` > 0 (ZeRO-3: every rank runs as many forwards, each
+// gathering parameters collectively) each replica runs ceil(padded_share / B) batches, the extra
+// ones again on one item, to be discarded.
+struct ReplicaBatches {
+  struct Batch {
+    int64_t first;
+    int size;
+    bool real;  // false: a padding forward
+  };
+  ReplicaBatches(int64_t items, int64_t replicas, int64_t replica, int batch, int64_t padded_share)
+      : total(items), B(batch), begin(items * replica / replicas),
+        end(items * (replica + 1) / replicas),
+        count(((padded_share > 0 ? padded_share : end - begin) + batch - 1) / batch) {}
+  Batch operator[](int64_t i) const {
+    const int64_t wanted = begin + i * B;
+    if (wanted < end) return {wanted, int(std::min<int64_t>(B, end - wanted)), true};
+    return {std::min(begin, total - 1), 1, false};
+  }
+  const int64_t total;
+  const int B;
+  const int64_t begin, end, count;  // this replica's items; its batches
+};
+}  // namespace
+
 double Trainer::evaluate() {
   if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
@@ -1245,21 +1259,13 @@ double Trainer::evaluate() {
     }
   }
   // Replica r evaluates windows [W*r/R, W*(r+1)/R); the sum of window losses is all-reduced.
-  const int64_t begin = windows * replica / replicas;
-  const int64_t end = windows * (replica + 1) / replicas;
-  // Under ZeRO-3 every rank must run the same number of forwards (each gathers parameters
-  // collectively): ranks with fewer windows run their last batch again and discard it.
-  int64_t batches = (end - begin + B - 1) / B;
-  if (model.store().collective()) {
-    const int64_t most = (windows + dp_->size() - 1) / dp_->size();  // windows of the largest part
-    batches = (most + B - 1) / B;
-  }
+  // Under ZeRO-3 every rank runs as many forwards as the largest data-parallel part.
+  const ReplicaBatches part(windows, replicas, replica, B,
+                            model.store().collective() ? (windows + dp_->size() - 1) / dp_->size()
+                                                       : 0);
   double total = 0.0;
-  for (int64_t i = 0; i < batches; ++i) {
-    const int64_t wanted = begin + i * B;
-    const bool real = wanted < end;
-    const int64_t first = real ? wanted : std::min(begin, windows - 1);
-    const int count = real ? static_cast<int>(std::min<int64_t>(B, end - wanted)) : 1;
+  for (int64_t i = 0; i < part.count; ++i) {
+    const auto [first, count, real] = part[i];
     io::validation_batch(*val_data_, T, first, count, host_inputs_.data(), host_targets_.data());
     upload();
     if (i > 0) {  // the weights of the batch before: bf16's copy of them is kept
@@ -1997,7 +2003,6 @@ std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode)
   one.checkpoint.every = 0;
   one.checkpoint.resume = io::ResumeMode::never;
   one.model_init_from.clear();  // its weights are the caller's: not read again
-  one.eval.choices.clear();     // the caller scores: not read again
   // Sampling and scoring need no training state (also at the end of a training run): the
   // parameters and one block's activations, written straight from the caller's values, and
   // (colossal_generate) the decoding state.
@@ -2005,33 +2010,37 @@ std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode)
                                    TrainerOptions{.inference = true, .decode = decode});
 }
 
-int ChoiceScores::best_per_token(int64_t e) const {
+int ChoiceScores::best(int64_t e, ChoiceMeasure m) const {
+  const auto score = [&](std::size_t c) {
+    return m == ChoiceMeasure::per_token ? loss[c] / tokens[c] : loss[c];
+  };
   int best = 0;
   for (std::size_t c = first[e]; c < first[e + 1]; ++c) {
-    const std::size_t b = first[e] + std::size_t(best);
-    if (loss[c] / tokens[c] < loss[b] / tokens[b]) best = int(c - first[e]);
+    if (score(c) < score(first[e] + std::size_t(best))) best = int(c - first[e]);
   }
   return best;
 }
 
-int ChoiceScores::best_total(int64_t e) const {
-  int best = 0;
-  for (std::size_t c = first[e]; c < first[e + 1]; ++c) {
-    if (loss[c] < loss[first[e] + std::size_t(best)]) best = int(c - first[e]);
+int64_t ChoiceScores::right(ChoiceMeasure m) const {
+  int64_t right = 0;
+  for (int64_t e = 0; e < examples(); ++e) right += best(e, m) == labels[e];
+  return right;
+}
+
+std::vector<io::ChoiceExample> load_choices(parallel::Communicator& world,
+                                            const std::string& path, const std::string& key,
+                                            const io::Config& config, int64_t first_n) {
+  const std::string bytes = on_root<DataFileError>(
+      world, "", [&](auto&) { return io::read_choice_bytes(path, key); });
+  std::vector<io::ChoiceExample> examples;
+  try {
+    examples = io::parse_choice_file(bytes, path, config.model.vocab, key);
+  } catch (const io::ChoiceFileError& e) {
+    throw DataFileError(e.what());
   }
-  return best;
-}
-
-int64_t ChoiceScores::right_per_token() const {
-  int64_t right = 0;
-  for (int64_t e = 0; e < examples(); ++e) right += best_per_token(e) == labels[e];
-  return right;
-}
-
-int64_t ChoiceScores::right_total() const {
-  int64_t right = 0;
-  for (int64_t e = 0; e < examples(); ++e) right += best_total(e) == labels[e];
-  return right;
+  if (first_n > 0 && std::size_t(first_n) < examples.size()) examples.resize(first_n);
+  check_choice_lengths(examples, config.train.seq_len, key);
+  return examples;
 }
 
 io::Config choice_window_config(const io::Config& config,
@@ -2041,8 +2050,8 @@ io::Config choice_window_config(const io::Config& config,
   for (const io::ChoiceExample& ex : examples) {
     for (const auto& completion : ex.completions) {
       if (completion.size() > T) return config;  // check_choice_lengths says why
-      const std::size_t keep = std::min(ex.context.size(), T + 1 - completion.size());
-      longest = std::max(longest, keep + completion.size() - 1);
+      longest = std::max(longest, kept_context(ex.context.size(), completion.size(), int(T)) +
+                                      completion.size() - 1);
     }
   }
   // What divides train.seq_len: the ring's ranks, and under sequence_split the tensor ranks
@@ -2064,13 +2073,12 @@ io::Config choice_window_config(const io::Config& config,
 }
 
 std::string choice_accuracy_line(const ChoiceScores& s) {
-  const double n = double(s.examples());
   char line[160];
+  const auto n = (long long)s.examples();
   std::snprintf(line, sizeof line,
                 "choices accuracy %.4f (%lld/%lld) per token, %.4f (%lld/%lld) total",
-                double(s.right_per_token()) / n, (long long)s.right_per_token(),
-                (long long)s.examples(), double(s.right_total()) / n, (long long)s.right_total(),
-                (long long)s.examples());
+                s.accuracy(ChoiceMeasure::per_token), (long long)s.right(ChoiceMeasure::per_token),
+                n, s.accuracy(ChoiceMeasure::total), (long long)s.right(ChoiceMeasure::total), n);
   return line;
 }
 
@@ -2122,7 +2130,7 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
     s.labels.push_back(ex.label);
     bool cut = false;
     for (const auto& completion : ex.completions) {
-      const std::size_t keep = std::min(ex.context.size(), std::size_t(T) + 1 - completion.size());
+      const std::size_t keep = kept_context(ex.context.size(), completion.size(), T);
       cut = cut || keep < ex.context.size();
       rows.push_back({&ex.context, &completion, keep});
       s.tokens.push_back(int(completion.size()));
@@ -2175,21 +2183,17 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
     return s;
   }
 
-  // Replica r of the data-parallel ones scores rows [M*r/R, M*(r+1)/R); under ZeRO-3 every
-  // rank runs as many forwards as the largest part (the gathers are collective), the extra ones
-  // again on its first row and discarded.
-  const int64_t R = dp_->size(), r = dp_->rank();
-  const int64_t begin = M * r / R, end = M * (r + 1) / R;
-  int64_t batches = (end - begin + B - 1) / B;
-  if (chunks_.front().model->store().collective()) batches = ((M + R - 1) / R + B - 1) / B;
+  // Replica r of the data-parallel ones scores rows [M*r/R, M*(r+1)/R), as evaluate() shares
+  // windows (under ZeRO-3 as many forwards on every rank).
+  const int64_t R = dp_->size();
+  const ReplicaBatches part(M, R, dp_->rank(), B,
+                            chunks_.front().model->store().collective() ? (M + R - 1) / R : 0);
+  const int64_t begin = part.begin, end = part.end;
   const bool head = pp_->rank() == pp_->size() - 1;
   const int64_t from = int64_t(sp_->rank()) * chunk_;  // this rank's positions [from, from+chunk_)
   std::vector<float> losses(std::size_t(B) * std::size_t(chunk_));
-  for (int64_t i = 0; i < batches; ++i) {
-    const int64_t wanted = begin + i * B;
-    const bool real = wanted < end;
-    const int64_t first = real ? wanted : std::min(begin, M - 1);
-    const int count = real ? int(std::min<int64_t>(B, end - wanted)) : 1;
+  for (int64_t i = 0; i < part.count; ++i) {
+    const auto [first, count, real] = part[i];
     std::fill(host_inputs_.begin(), host_inputs_.end(), 0);
     std::fill(host_targets_.begin(), host_targets_.end(), 0);
     for (int b = 0; b < count; ++b) {
@@ -2209,9 +2213,7 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
     }
     pipeline_forward(count);
     if (watchdog_ != nullptr) watchdog_->progress(-1, "scoring multiple-choice completions");
-    if (real && progress && world_->rank() == 0) {
-      progress(std::min(end, wanted + B) - begin, end - begin);
-    }
+    if (real && progress && world_->rank() == 0) progress(first + count - begin, end - begin);
     if (!real || !head) continue;
     head_model().token_losses(int64_t(count) * chunk_, losses.data());
     for (int b = 0; b < count; ++b) {
@@ -2243,14 +2245,10 @@ ChoiceScores Trainer::score_choices(const std::vector<io::ChoiceExample>& exampl
 }
 
 io::Config sampling_config(io::Config config) {
-  bool changed = !config.eval.choices.empty();
-  config.eval.choices.clear();  // sampling scores nothing: the file is not read
   if (config.parallel.tensor_mode == core::TensorMode::d1 && config.train.micro_batch != 1) {
     config.train.micro_batch = 1;
-    changed = true;
+    config.text = io::to_yaml(config);  // what the memory check's alternatives start from
   }
-  // (the text is what the memory check's alternatives start from)
-  if (changed) config.text = io::to_yaml(config);
   return config;
 }
 

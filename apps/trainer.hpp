@@ -5,6 +5,7 @@
 // line, summary) -> checkpoints, model file. docs/training-step.md walks through it.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -169,6 +170,7 @@ Sampling sampling_of(const io::SampleConfig& sample, uint64_t seed);
 // An example is answered right when its label's completion has the least loss per token (as
 // llm.c scores HellaSwag; lm-evaluation-harness's acc_norm divides by bytes instead) or, the
 // second measure, the least total loss (lm-evaluation-harness's acc). Ties go to the first.
+enum class ChoiceMeasure { per_token, total };
 struct ChoiceScores {
   std::vector<std::size_t> first;  // example e's completions: [first[e], first[e + 1])
   std::vector<int> labels;         // per example
@@ -176,11 +178,23 @@ struct ChoiceScores {
   std::vector<int> tokens;         // per completion
   int64_t cut = 0;                 // contexts cut on the left to fit train.seq_len
   int64_t examples() const { return int64_t(labels.size()); }
-  int best_per_token(int64_t e) const;  // the completion chosen by each measure
-  int best_total(int64_t e) const;
-  int64_t right_per_token() const;
-  int64_t right_total() const;
+  int best(int64_t e, ChoiceMeasure m) const;  // the completion of example e the measure picks
+  int64_t right(ChoiceMeasure m) const;        // examples whose label it picks
+  double accuracy(ChoiceMeasure m) const { return double(right(m)) / double(examples()); }
 };
+
+// The tokens of `context` a row keeps before a completion of `completion` tokens in a window
+// of `seq_len` positions (its last ones; all when they fit).
+inline std::size_t kept_context(std::size_t context, std::size_t completion, int seq_len) {
+  return std::min(context, std::size_t(seq_len) + 1 - completion);
+}
+
+// --choices or eval.choices (`key`) read on rank 0 and parsed on every rank alike (a bad file
+// is a DataFileError on every rank, before anything is allocated), cut to its first `first_n`
+// examples (0: all) and checked against the config's window (check_choice_lengths).
+std::vector<io::ChoiceExample> load_choices(parallel::Communicator& world,
+                                            const std::string& path, const std::string& key,
+                                            const io::Config& config, int64_t first_n);
 
 // `config` with train.seq_len the shortest window that holds every row of `examples` (each
 // context cut as train.seq_len cuts it), rounded up to a multiple of 16 x the ring's ranks (x
@@ -326,8 +340,8 @@ class Trainer {
   // and the replica's share.
   ChoiceScores score_choices(const std::vector<io::ChoiceExample>& examples,
                              const std::function<void(int64_t done, int64_t of)>& progress = {});
-  // eval.choices' examples (its first eval.choices_examples), read at construction; empty
-  // without the key.
+  // eval.choices' examples (its first eval.choices_examples), read at construction by a
+  // training trainer (inference trainers score what their program loads); empty without.
   const std::vector<io::ChoiceExample>& choice_examples() const { return choice_examples_; }
   // The full-vocabulary logits the last token generate() sampled was drawn from (on the ranks
   // that sample; empty before).

@@ -1486,29 +1486,6 @@ TEST_F(Cli, ReportSummarizesARunAndNamesMissingPackages) {
 
 namespace {
 
-// The rows of colossal_eval --choices-out: each completion's loss, keyed by "example,completion".
-std::map<std::string, double> choice_rows(const std::string& path, int* chosen = nullptr) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  EXPECT_EQ(line, "example,index,label,completion,tokens,loss,loss_per_token,chosen_per_token,"
-                  "chosen_total");
-  std::map<std::string, double> rows;
-  while (std::getline(in, line)) {
-    std::vector<std::string> f;
-    std::stringstream fields(line);
-    for (std::string x; std::getline(fields, x, ',');) f.push_back(x);
-    if (f.size() != 9) {
-      ADD_FAILURE() << "row '" << line << "'";
-      continue;
-    }
-    rows[f[0] + "," + f[3]] = std::stod(f[5]);
-    EXPECT_NEAR(std::stod(f[6]), std::stod(f[5]) / std::stod(f[4]), 1e-6 * std::stod(f[5]));
-    if (chosen != nullptr) *chosen += std::stoi(f[7]);
-  }
-  return rows;
-}
-
 // Five examples of the text "the quick brown fox. " (the tests' data): the right completion
 // continues it, at label e % 3.
 std::vector<colossal::io::ChoiceExample> quick_fox_choices() {
@@ -1538,6 +1515,26 @@ std::vector<double> column(const colossal::io::CsvTable& table, const std::strin
   }
   for (const auto& row : table.rows) out.push_back(row[std::size_t(at - table.columns.begin())]);
   return out;
+}
+
+// The rows of colossal_eval --choices-out: each completion's loss, keyed by "example,completion".
+std::map<std::string, double> choice_rows(const std::string& path, int* chosen = nullptr) {
+  const colossal::io::CsvTable table = colossal::io::read_metrics_csv(path);
+  EXPECT_EQ(table.columns,
+            (std::vector<std::string>{"example", "index", "label", "completion", "tokens", "loss",
+                                      "loss_per_token", "chosen_per_token", "chosen_total"}));
+  std::map<std::string, double> rows;
+  for (const std::vector<double>& f : table.rows) {
+    const auto finite = [](double v) { return std::isfinite(v); };
+    if (f.size() != 9 || !std::all_of(f.begin(), f.end(), finite)) {
+      ADD_FAILURE() << "a row of " << path << " without 9 numbers";
+      continue;
+    }
+    rows[std::to_string(int(f[0])) + "," + std::to_string(int(f[3]))] = f[5];
+    EXPECT_NEAR(f[6], f[5] / f[4], 1e-6 * f[5]);
+    if (chosen != nullptr) *chosen += int(f[7]);
+  }
+  return rows;
 }
 
 void write_choices(const std::string& path,

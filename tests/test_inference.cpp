@@ -172,15 +172,18 @@ TEST(ChoiceScores, ChoosesTheLeastLossPerTokenAndInTotal) {
   s.labels = {0, 1};
   s.loss = {6.0, 4.0, 4.0, 2.0, 2.0};
   s.tokens = {3, 1, 4, 2, 2};
-  EXPECT_EQ(s.best_per_token(0), 2);  // 2.0, 4.0, 1.0 per token
-  EXPECT_EQ(s.best_total(0), 1);      // 6, 4, 4: the first of the tie
-  EXPECT_EQ(s.best_per_token(1), 0);  // a tie: the first
-  EXPECT_EQ(s.best_total(1), 0);
-  EXPECT_EQ(s.right_per_token(), 0);
-  EXPECT_EQ(s.right_total(), 0);
+  using apps::ChoiceMeasure;
+  EXPECT_EQ(s.best(0, ChoiceMeasure::per_token), 2);  // 2.0, 4.0, 1.0 per token
+  EXPECT_EQ(s.best(0, ChoiceMeasure::total), 1);      // 6, 4, 4: the first of the tie
+  EXPECT_EQ(s.best(1, ChoiceMeasure::per_token), 0);  // a tie: the first
+  EXPECT_EQ(s.best(1, ChoiceMeasure::total), 0);
+  EXPECT_EQ(s.right(ChoiceMeasure::per_token), 0);
+  EXPECT_EQ(s.right(ChoiceMeasure::total), 0);
   s.labels = {2, 0};
-  EXPECT_EQ(s.right_per_token(), 2);
-  EXPECT_EQ(s.right_total(), 1);
+  EXPECT_EQ(s.right(ChoiceMeasure::per_token), 2);
+  EXPECT_EQ(s.right(ChoiceMeasure::total), 1);
+  EXPECT_DOUBLE_EQ(s.accuracy(ChoiceMeasure::per_token), 1.0);
+  EXPECT_DOUBLE_EQ(s.accuracy(ChoiceMeasure::total), 0.5);
 }
 
 class Inference : public ::testing::TestWithParam<Case> {};
