@@ -1586,6 +1586,12 @@ TEST_F(Cli, EvalScoresMultipleChoiceFiles) {
   }
   // Bad input: the flag without the file, a file of another kind, a missing file (every rank
   // exits with the message, no hang), a completion longer than the window.
+  r = run(mpirun + bin("colossal_eval") + " " + config + weights + " --set parallel.data=2" +
+          " --choices " + file + " --choices-out " + dir + "/no-such-dir/rows.csv");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("--choices-out: cannot write '" + dir + "/no-such-dir/rows.csv.tmp'"),
+            std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/no-such-dir"));
   r = run(bin("colossal_eval") + " " + config + weights + " --choices-out " + dir + "/x.csv");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("--choices-out needs --choices FILE"), std::string::npos) << r.output;
