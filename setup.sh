@@ -30,7 +30,10 @@ jobs=$(nproc 2>/dev/null || echo 2)
 log=$(mktemp /tmp/colossal-setup.XXXXXX)
 trap 'rm -f "$log"' EXIT
 
-step() { printf '[setup] %s\n' "$*"; }
+step() {
+  if [ "${CI:-}" = true ]; then printf '[setup %s] %s\n' "$(date +%T)" "$*"
+  else printf '[setup] %s\n' "$*"; fi
+}
 quietly() {
   # Runs a command with its output in the log; shows the log only when it fails.
   if ! "$@" >"$log" 2>&1; then
