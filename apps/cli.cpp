@@ -231,12 +231,14 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
   // This process's rank on its node and the node's rank count: for the GPU (chosen before Kokkos,
   // cuBLAS or NCCL start) and the host threads.
   int local_rank = 0, local_ranks = 1, node_cores = 0;
+  parallel::LocalRank gpu_rank;  // the local rank that picks the GPU (the launcher's, if sound)
   std::vector<int> pinned;  // the core each rank of this node was pinned to (empty: not pinned)
   {
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, inv.rank, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &local_rank);
     MPI_Comm_size(node, &local_ranks);
+    gpu_rank = parallel::node_local_rank(node);
     // The node's cores: the union of its ranks' affinity masks (ranks started under one taskset
     // share the same cores; ranks bound one per core own theirs). Unknown (0) if any rank cannot
     // read its mask (an empty mask stands for that).
@@ -270,7 +272,7 @@ int run_program(int argc, char** argv, const ProgramInfo& info,
     }
     MPI_Comm_free(&node);
   }
-  const parallel::DeviceChoice device = parallel::select_local_device(local_rank);
+  const parallel::DeviceChoice device = parallel::select_local_device(gpu_rank);
   const SlurmEnv slurm = read_slurm_env();
   // Kokkos sees only its own --kokkos-* flags: given --help it would print its help before ours.
   std::vector<char*> kokkos_argv{argv[0]}, own_argv{argv[0]};

@@ -13,8 +13,8 @@
 namespace colossal::parallel {
 
 LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get) {
-  for (const char* name : {"SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                           "MV2_COMM_WORLD_LOCAL_RANK"}) {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                           "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
     const char* value = get ? get(name) : std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
@@ -23,6 +23,29 @@ LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get
     return {int(rank), name};
   }
   return {};
+}
+
+bool env_local_ranks_usable(const std::vector<int>& env) {
+  std::vector<int> sorted = env;
+  std::ranges::sort(sorted);
+  return !sorted.empty() && sorted.front() >= 0 &&
+         std::ranges::adjacent_find(sorted) == sorted.end();
+}
+
+LocalRank node_local_rank(MPI_Comm node) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_size(node, &size);
+  const LocalRank env = local_rank_from_env();
+  std::vector<int> all(static_cast<std::size_t>(size), -1);
+  if (MPI_Allgather(&env.rank, 1, MPI_INT, all.data(), 1, MPI_INT, node) != MPI_SUCCESS) {
+    throw std::runtime_error("colossal::parallel: MPI_Allgather of the node's local ranks failed");
+  }
+  if (env_local_ranks_usable(all)) return env;
+  std::string why;
+  if (env.rank >= 0) why = " (" + env.source + " repeats on this node)";
+  else if (std::ranges::count(all, -1) != size) why = " (not every rank of this node has one)";
+  return {rank, "MPI shared-memory split" + why};
 }
 
 int device_for(int local_rank, int devices) {
@@ -160,11 +183,10 @@ std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys)
   return groups;
 }
 
-DeviceChoice select_local_device(int mpi_local_rank) {
+DeviceChoice select_local_device(const LocalRank& local) {
   DeviceChoice choice;
-  const LocalRank env = local_rank_from_env();
-  choice.local_rank = env.rank >= 0 ? env.rank : mpi_local_rank;
-  choice.source = env.rank >= 0 ? env.source : "MPI shared-memory split";
+  choice.local_rank = local.rank;
+  choice.source = local.source;
 #ifdef COLOSSAL_HAVE_CUDA
   choice.cuda_built = true;
   int devices = 0;

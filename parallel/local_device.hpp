@@ -1,8 +1,11 @@
-// Which GPU a process uses: its rank on its node, as the launcher tells it (srun: SLURM_LOCALID,
-// mpirun: OMPI_COMM_WORLD_LOCAL_RANK, MPICH/Intel MPI: MPI_LOCALRANKID, MVAPICH:
-// MV2_COMM_WORLD_LOCAL_RANK), else its rank among the MPI processes sharing its memory, modulo
-// the number of devices it can see (CUDA_VISIBLE_DEVICES, as Slurm's --gpus-per-task sets it,
-// included). Without CUDA nothing is selected; the choice is only reported.
+// Which GPU a process uses: its rank on its node, as the launcher tells it (mpirun:
+// OMPI_COMM_WORLD_LOCAL_RANK, MPICH/Intel MPI: MPI_LOCALRANKID, MVAPICH:
+// MV2_COMM_WORLD_LOCAL_RANK, srun: SLURM_LOCALID), else its rank among the MPI processes sharing
+// its memory, modulo the number of devices it can see (CUDA_VISIBLE_DEVICES, as Slurm's
+// --gpus-per-task sets it, included). The MPI launchers' variables come first: mpirun inside an
+// sbatch job hands every rank the batch step's SLURM_LOCALID (0). And a launcher's numbers that
+// repeat on a node are not used at all (node_local_rank). Without CUDA nothing is selected; the
+// choice is only reported.
 #pragma once
 
 #include <functional>
@@ -20,6 +23,16 @@ struct LocalRank {
 
 // From the environment (`get` replaces std::getenv in tests). A malformed value is skipped.
 LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get = {});
+
+// This rank's local rank for choosing its GPU, over `node` (the ranks sharing its memory, in an
+// MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) communicator; collective over it): the launcher's
+// (local_rank_from_env) when every rank of the node has one and no two are equal, else the rank
+// in `node`, with a source that says why ("MPI shared-memory split (SLURM_LOCALID repeats on
+// this node)").
+LocalRank node_local_rank(MPI_Comm node);
+// The rule under it: `env` (each rank's launcher local rank, -1 for none, in node order) is used
+// when it is a set of distinct ranks >= 0.
+bool env_local_ranks_usable(const std::vector<int>& env);
 
 struct DeviceChoice {
   int local_rank = 0;   // the rank used
@@ -65,8 +78,8 @@ int ranks_sharing_this_gpu();
 std::vector<std::vector<int>> group_by_gpu(const std::vector<std::string>& keys);
 
 // Chooses this process's device and, in a CUDA build with a device visible, makes it current
-// (cudaSetDevice), before any cuBLAS handle or NCCL communicator exists. `mpi_local_rank` is used
-// when the environment names no local rank.
-DeviceChoice select_local_device(int mpi_local_rank);
+// (cudaSetDevice), before any cuBLAS handle or NCCL communicator exists; `local` from
+// node_local_rank.
+DeviceChoice select_local_device(const LocalRank& local);
 
 }  // namespace colossal::parallel

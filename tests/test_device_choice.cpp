@@ -4,9 +4,11 @@
 
 #include <mpi.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "apps/cli.hpp"
@@ -87,4 +89,64 @@ TEST(DeviceChoice, IdentitiesGatherInRankOrder) {
   EXPECT_THROW(colossal::parallel::all_gather_gpu_identities(
                    MPI_COMM_WORLD, GpuIdentity{std::string(40, 'x'), "", 0}),
                std::invalid_argument);
+}
+
+// A launcher's local ranks are used only when they are a set of distinct ranks on the node.
+TEST(DeviceChoice, LauncherLocalRanksUsedOnlyWhenDistinct) {
+  using colossal::parallel::env_local_ranks_usable;
+  EXPECT_TRUE(env_local_ranks_usable({0}));
+  EXPECT_TRUE(env_local_ranks_usable({1, 0, 2}));
+  EXPECT_FALSE(env_local_ranks_usable({0, 0, 0}));  // mpirun in sbatch: the batch step's 0
+  EXPECT_FALSE(env_local_ranks_usable({0, -1}));    // one rank has none
+  EXPECT_FALSE(env_local_ranks_usable({-1}));
+  EXPECT_FALSE(env_local_ranks_usable({}));
+}
+
+// Over the node's ranks (ctest runs this at 1 and 3 ranks on one node): mpirun's local rank wins
+// over a SLURM_LOCALID every rank inherited, and a variable that repeats falls back to the
+// rank in the node, saying why.
+TEST(DeviceChoice, NodeLocalRankDistrustsARepeatedSlurmLocalId) {
+  MPI_Comm node;
+  ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+            MPI_SUCCESS);
+  int local = 0, locals = 1;
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &locals);
+  struct Restore {  // the launcher's variables as they were
+    std::vector<std::pair<std::string, std::string>> saved;
+    Restore() {
+      for (const char* n : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                            "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+        const char* v = std::getenv(n);
+        saved.emplace_back(n, v == nullptr ? "\x01" : v);
+        unsetenv(n);
+      }
+    }
+    ~Restore() {
+      for (auto& [n, v] : saved) {
+        if (v == "\x01") unsetenv(n.c_str());
+        else setenv(n.c_str(), v.c_str(), 1);
+      }
+    }
+  } restore;
+  using colossal::parallel::node_local_rank;
+  // The launcher's distinct numbers, in another order than the node's ranks: used as given.
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", std::to_string(locals - 1 - local).c_str(), 1);
+  setenv("SLURM_LOCALID", "0", 1);
+  auto got = node_local_rank(node);
+  EXPECT_EQ(got.rank, locals - 1 - local);
+  EXPECT_EQ(got.source, "OMPI_COMM_WORLD_LOCAL_RANK");
+  // Only the inherited SLURM_LOCALID: fine alone, not beside other ranks.
+  unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  got = node_local_rank(node);
+  EXPECT_EQ(got.rank, local);
+  EXPECT_EQ(got.source, locals == 1 ? std::string("SLURM_LOCALID")
+                                    : "MPI shared-memory split (SLURM_LOCALID repeats on this "
+                                      "node)");
+  // None at all: the rank in the node.
+  unsetenv("SLURM_LOCALID");
+  got = node_local_rank(node);
+  EXPECT_EQ(got.rank, local);
+  EXPECT_EQ(got.source, "MPI shared-memory split");
+  MPI_Comm_free(&node);
 }

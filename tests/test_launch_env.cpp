@@ -41,12 +41,16 @@ TEST(SlurmEnv, RunDirectoryIsSuffixedWithTheJobOrArrayTask) {
 TEST(LocalDevice, LauncherLocalRankModuloDevices) {
   using parallel::local_rank_from_env;
   EXPECT_EQ(local_rank_from_env(env_of({})).rank, -1);
-  auto lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
-  EXPECT_EQ(lr.rank, 3);
-  EXPECT_EQ(lr.source, "SLURM_LOCALID");
-  lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "x"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
+  // mpirun's variable first: mpirun inside an sbatch job hands every rank SLURM_LOCALID=0.
+  auto lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
   EXPECT_EQ(lr.rank, 1);
   EXPECT_EQ(lr.source, "OMPI_COMM_WORLD_LOCAL_RANK");
+  lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "x"}}));
+  EXPECT_EQ(lr.rank, 3);
+  EXPECT_EQ(lr.source, "SLURM_LOCALID");
+  lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "3"}, {"MPI_LOCALRANKID", "2"}}));
+  EXPECT_EQ(lr.rank, 2);
+  EXPECT_EQ(lr.source, "MPI_LOCALRANKID");
   EXPECT_EQ(parallel::device_for(5, 4), 1);
   EXPECT_EQ(parallel::device_for(3, 1), 0);
   EXPECT_EQ(parallel::device_for(0, 0), -1);
