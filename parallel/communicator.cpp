@@ -212,7 +212,10 @@ std::vector<std::string> run_abort_hooks() {
   AbortHooks& all = abort_hooks();
   std::lock_guard<std::mutex> lock(all.mutex);
   std::vector<std::string> ran;
-  for (auto& [id, what, hook] : all.hooks) {
+  // Newest first: the communicators made last (a layout's groups, after the world's) are the
+  // ones a step waits in, so a stuck one is freed before any older abort can take long.
+  for (auto it = all.hooks.rbegin(); it != all.hooks.rend(); ++it) {
+    auto& [id, what, hook] = *it;
     try {
       hook();
       ran.push_back(what);

@@ -88,15 +88,16 @@ std::string describe(const CollectiveWait& wait);
 // NcclCommunicator registers its ncclCommAbort, which ends the operations still pending on it and
 // closes its connections, so the peers' pending operations fail with NCCL's error instead of
 // hanging until their own watchdogs fire. The watchdog runs them before it ends the process.
-// register_abort_hook returns the id to unregister with (the owner's destructor); hooks run in
-// registration order, each once, under a lock that unregister waits on, so a hook never runs on
+// register_abort_hook returns the id to unregister with (the owner's destructor); hooks run
+// newest first (a layout's group communicators before the world's: a step waits in those), each
+// once, under a lock that unregister waits on, so a hook never runs on
 // a destroyed owner (a hook must therefore not register or unregister hooks itself, and one that
 // hangs holds up its owners' destructors: the watchdog ends the process 10 s after it starts
 // them). `what` names the hook in run_abort_hooks' report.
 int register_abort_hook(std::string what, std::function<void()> hook);
 void unregister_abort_hook(int id);
 // Runs and forgets every registered hook (best effort: an exception is reported, not thrown);
-// the names of those that ran, in order.
+// the names of those that ran, in the order they ran (newest first).
 std::vector<std::string> run_abort_hooks();
 
 // A collective in flight (from Communicator::start_all_reduce_sum, start_all_gather,

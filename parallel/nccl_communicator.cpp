@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <stdexcept>
@@ -41,11 +42,22 @@ bool in_host_memory(const void* p) {
   return attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged;
 }
 
-bool any_host(std::initializer_list<const void*> pointers) {
+// Whether a call's buffers are in host memory (MPI takes the call) rather than on the device
+// (NCCL does). A mix is refused: the MPI here need not be CUDA-aware (Debian's Open MPI 4.1 is
+// not), so it must never be handed the device buffer, and NCCL cannot read the host one.
+bool on_host(std::initializer_list<const void*> pointers, const char* call) {
+  int host = 0, device = 0;
   for (const void* p : pointers) {
-    if (p != nullptr && in_host_memory(p)) return true;
+    if (p != nullptr) ++(in_host_memory(p) ? host : device);
   }
-  return false;
+  if (host > 0 && device > 0) {
+    throw std::invalid_argument(std::string("colossal::parallel: ") + call + " was given " +
+                                std::to_string(host) + " buffer(s) in host memory and " +
+                                std::to_string(device) + " in device memory; the NCCL "
+                                "communicator takes all on the device (NCCL) or all on the host "
+                                "(its MPI control plane)");
+  }
+  return host > 0;
 }
 
 }  // namespace
@@ -74,12 +86,20 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, int device)
                              where(rank(), size(), device_) + ") stops with them");
   }
   host_.broadcast_bytes(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
-  const ncclResult_t init = ncclCommInitRank(&comm_, size(), id, rank());
+  // Every rank holds the id before any blocks in ncclCommInitRankConfig, which makes no MPI
+  // calls: an MPI whose broadcast returns early on some ranks (deferred collective progress, as
+  // with HCOLL) would otherwise never deliver it to the others.
+  host_.barrier();
+  // Blocking whatever NCCL_COMM_BLOCKING says: every call here expects NCCL's result on return,
+  // and a non-blocking communicator answers ncclInProgress.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  const ncclResult_t init = ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
   if (init != ncclSuccess) {
     comm_ = nullptr;
     cudaStreamDestroy(stream_);
     stream_ = nullptr;
-    check_nccl(init, "ncclCommInitRank");
+    check_nccl(init, "ncclCommInitRankConfig");
   }
   abort_hook_ = register_abort_hook(
       "NCCL communicator of " + std::to_string(size()) + " ranks (" +
@@ -92,7 +112,12 @@ NcclCommunicator::~NcclCommunicator() {
   // teardown is best effort.
   if (abort_hook_ >= 0) unregister_abort_hook(abort_hook_);
   cudaSetDevice(device_);
-  if (comm_ != nullptr && !aborted_) ncclCommDestroy(comm_);
+  // Not while an exception unwinds (perhaps this rank's alone: out of memory, a bad file):
+  // ncclCommDestroy finalizes, which waits for the communicator to be quiescent across its
+  // ranks, and the others are not destroying theirs; the rank would hang here instead of
+  // reaching the MPI_Abort that ends the job (apps/cli.cpp). The process ends soon; it keeps the
+  // communicator until then.
+  if (comm_ != nullptr && !aborted_ && std::uncaught_exceptions() == 0) ncclCommDestroy(comm_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
 
@@ -187,7 +212,7 @@ void NcclCommunicator::synchronize(const char* what) {
 }
 
 void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
-  if (any_host({buffer.data()})) return host_.all_reduce_sum(buffer);
+  if (on_host({buffer.data()}, "all_reduce_sum")) return host_.all_reduce_sum(buffer);
   enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
@@ -196,7 +221,7 @@ void NcclCommunicator::do_all_reduce_sum(std::span<float> buffer) {
 }
 
 void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
-  if (any_host({buffer.data()})) return host_.all_reduce_max(buffer);
+  if (on_host({buffer.data()}, "all_reduce_max")) return host_.all_reduce_max(buffer);
   enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclMax, comm_,
                            stream_),
@@ -206,7 +231,7 @@ void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
 
 void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
-  if (any_host({input.data(), output.data()})) return host_.reduce_scatter_sum(input, output);
+  if (on_host({input.data(), output.data()}, "reduce_scatter_sum")) return host_.reduce_scatter_sum(input, output);
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
   enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
@@ -216,7 +241,7 @@ void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
 }
 
 void NcclCommunicator::do_all_gather(std::span<const float> input, std::span<float> output) {
-  if (any_host({input.data(), output.data()})) return host_.all_gather(input, output);
+  if (on_host({input.data(), output.data()}, "all_gather")) return host_.all_gather(input, output);
   // NCCL is in place when input == output + rank * input.size(), exactly our in-place form.
   enter("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
@@ -282,7 +307,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::pending(const char* what) {
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
     std::span<float> buffer) {
-  if (any_host({buffer.data()})) return host_.start_all_reduce_sum(buffer);
+  if (on_host({buffer.data()}, "start_all_reduce_sum")) return host_.start_all_reduce_sum(buffer);
   enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, ncclSum, comm_,
                            stream_),
@@ -293,7 +318,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
 // NCCL's bf16 sum adds in fp32 and rounds each partial sum to bf16, as the MPI backend's op does.
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
-  if (any_host({buffer.data()})) return host_.start_all_reduce_sum_bf16(buffer);
+  if (on_host({buffer.data()}, "start_all_reduce_sum_bf16")) return host_.start_all_reduce_sum_bf16(buffer);
   enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclBfloat16, ncclSum,
                            comm_, stream_),
@@ -303,7 +328,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf1
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum_bf16(
     std::span<std::uint16_t> buffer) {
-  if (any_host({buffer.data()})) return host_.start_reduce_scatter_sum_bf16(buffer);
+  if (on_host({buffer.data()}, "start_reduce_scatter_sum_bf16")) return host_.start_reduce_scatter_sum_bf16(buffer);
   const std::size_t c = buffer.size() / std::size_t(size());
   enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(buffer.data(), buffer.data() + std::size_t(rank()) * c, c,
@@ -314,7 +339,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum(
     std::span<const float> input, std::span<float> output) {
-  if (any_host({input.data(), output.data()})) {
+  if (on_host({input.data(), output.data()}, "start_reduce_scatter_sum")) {
     return host_.start_reduce_scatter_sum(input, output);
   }
   enter("ncclReduceScatter");
@@ -326,7 +351,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
     std::span<const float> input, std::span<float> output) {
-  if (any_host({input.data(), output.data()})) return host_.start_all_gather(input, output);
+  if (on_host({input.data(), output.data()}, "start_all_gather")) return host_.start_all_gather(input, output);
   enter("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");
@@ -334,7 +359,7 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
 }
 
 void NcclCommunicator::do_broadcast(std::span<float> buffer, int root) {
-  if (any_host({buffer.data()})) return host_.broadcast(buffer, root);
+  if (on_host({buffer.data()}, "broadcast")) return host_.broadcast(buffer, root);
   enter("ncclBroadcast");
   check_nccl(ncclBroadcast(buffer.data(), buffer.data(), buffer.size(), ncclFloat32, root, comm_,
                            stream_),
@@ -351,14 +376,14 @@ double NcclCommunicator::do_all_reduce_sum_value(double value) {
 }
 
 void NcclCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
-  if (any_host({buffer.data()})) return host_.send(buffer, dest, tag);
+  if (on_host({buffer.data()}, "send")) return host_.send(buffer, dest, tag);
   enter("ncclSend");
   check_nccl(ncclSend(buffer.data(), buffer.size(), ncclFloat32, dest, comm_, stream_), "ncclSend");
   synchronize("ncclSend");
 }
 
 void NcclCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
-  if (any_host({buffer.data()})) return host_.recv(buffer, source, tag);
+  if (on_host({buffer.data()}, "recv")) return host_.recv(buffer, source, tag);
   enter("ncclRecv");
   check_nccl(ncclRecv(buffer.data(), buffer.size(), ncclFloat32, source, comm_, stream_),
              "ncclRecv");
@@ -367,7 +392,7 @@ void NcclCommunicator::do_recv(std::span<float> buffer, int source, int tag) {
 
 void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest,
                                     std::span<float> recv_buffer, int source, int tag) {
-  if (any_host({send_buffer.data(), recv_buffer.data()})) {
+  if (on_host({send_buffer.data(), recv_buffer.data()}, "send_recv")) {
     return host_.send_recv(send_buffer, dest, recv_buffer, source, tag);
   }
   enter("ncclGroupStart");
@@ -388,7 +413,7 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
 // wait on each other's send. Messages between two ranks match in the order issued.
 void NcclCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
   std::size_t on_host = 0;
-  for (const PeerTransfer& t : transfers) on_host += any_host({t.data}) ? 1 : 0;
+  for (const PeerTransfer& t : transfers) on_host += in_host_memory(t.data) ? 1 : 0;
   if (on_host == transfers.size()) return host_.exchange(transfers);
   if (on_host > 0) {
     // Half of a group over MPI and half over NCCL would split the peers' matching.
@@ -434,11 +459,16 @@ int node_local_device(const MpiCommunicator& world) {
     throw std::runtime_error("colossal::parallel: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) failed "
                              "while choosing a CUDA device");
   }
+  // The launcher's word (mpirun's OMPI_COMM_WORLD_LOCAL_RANK, srun's SLURM_LOCALID) when it is
+  // sound on this node, else the rank in the node (the rule select_local_device follows).
   int local_rank = 0;
-  MPI_Comm_rank(node, &local_rank);
+  try {
+    local_rank = node_local_rank(node).rank;
+  } catch (...) {
+    MPI_Comm_free(&node);
+    throw;
+  }
   MPI_Comm_free(&node);
-  // The launcher's word (srun's SLURM_LOCALID, mpirun's OMPI_COMM_WORLD_LOCAL_RANK) when given.
-  if (const LocalRank env = local_rank_from_env(); env.rank >= 0) local_rank = env.rank;
   int devices = 0;
   const cudaError_t error = cudaGetDeviceCount(&devices);
   if (error != cudaSuccess || devices == 0) {

@@ -18,7 +18,7 @@
 namespace colossal {
 namespace {
 
-TEST(AbortHooks, RunOnceInOrderAndNeverAfterUnregister) {
+TEST(AbortHooks, RunOnceNewestFirstAndNeverAfterUnregister) {
   std::vector<int> calls;
   const int a = parallel::register_abort_hook("first", [&] { calls.push_back(1); });
   const int b = parallel::register_abort_hook("gone", [&] { calls.push_back(2); });
@@ -27,11 +27,11 @@ TEST(AbortHooks, RunOnceInOrderAndNeverAfterUnregister) {
   EXPECT_NE(a, b);
   parallel::unregister_abort_hook(b);
   const std::vector<std::string> ran = parallel::run_abort_hooks();
-  EXPECT_EQ(calls, (std::vector<int>{1, 4}));
+  EXPECT_EQ(calls, (std::vector<int>{4, 1}));
   ASSERT_EQ(ran.size(), 3u);
-  EXPECT_EQ(ran[0], "first");
+  EXPECT_EQ(ran[0], "last");
   EXPECT_EQ(ran[1], "failing (failed: no device)");
-  EXPECT_EQ(ran[2], "last");
+  EXPECT_EQ(ran[2], "first");
   EXPECT_TRUE(parallel::run_abort_hooks().empty()) << "each hook runs once";
   EXPECT_EQ(calls.size(), 2u);
   parallel::unregister_abort_hook(a);  // already forgotten: harmless
