@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -107,6 +109,28 @@ TEST_F(NcclCommunicatorTest, AllReduceReduceScatterAllGather) {
   EXPECT_DOUBLE_EQ(comm->stats().all_reduce.wire_bytes, size() == 1 ? 0.0 : 2.0 * (p - 1) / p * n * 4);
   EXPECT_EQ(comm->stats().reduce_scatter.payload_bytes, n * 4);
   EXPECT_EQ(comm->stats().all_gather.payload_bytes, n * 4);
+}
+
+// One buffer in host memory and one on the device: neither NCCL nor a non-CUDA-aware MPI can
+// take the call, so it is refused (every rank alike), never handed to MPI with a device pointer.
+TEST_F(NcclCommunicatorTest, RefusesAHostBufferBesideADeviceOne) {
+  const std::size_t c = 8;
+  std::vector<float> host(c * static_cast<std::size_t>(size()), 1.0f);
+  DeviceBuffer block(c);
+  try {
+    comm->reduce_scatter_sum(std::span<const float>(host), block.span());
+    ADD_FAILURE() << "a host input beside a device output was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter_sum"), std::string::npos) << e.what();
+  }
+  DeviceBuffer whole(c * static_cast<std::size_t>(size()));
+  std::vector<float> mine(c, 1.0f);
+  EXPECT_THROW(comm->all_gather(std::span<const float>(mine), whole.span()),
+               std::invalid_argument);
+  // Both on the host still goes to MPI, as before.
+  std::vector<float> sums(c, float(rank()));
+  comm->all_reduce_sum(std::span<float>(sums));
+  EXPECT_EQ(sums[0], float(size() * (size() - 1) / 2));
 }
 
 // Started collectives (ZeRO-3's prefetch, ZeRO-2/3's gradient reduction, the data-parallel
