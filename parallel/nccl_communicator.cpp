@@ -231,7 +231,9 @@ void NcclCommunicator::do_all_reduce_max(std::span<float> buffer) {
 
 void NcclCommunicator::do_reduce_scatter_sum(std::span<const float> input,
                                              std::span<float> output) {
-  if (on_host({input.data(), output.data()}, "reduce_scatter_sum")) return host_.reduce_scatter_sum(input, output);
+  if (on_host({input.data(), output.data()}, "reduce_scatter_sum")) {
+    return host_.reduce_scatter_sum(input, output);
+  }
   // NCCL is in place when output == input + rank * output.size(), exactly our in-place form.
   enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(input.data(), output.data(), output.size(), ncclFloat32, ncclSum,
@@ -318,7 +320,9 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum(
 // NCCL's bf16 sum adds in fp32 and rounds each partial sum to bf16, as the MPI backend's op does.
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf16(
     std::span<std::uint16_t> buffer) {
-  if (on_host({buffer.data()}, "start_all_reduce_sum_bf16")) return host_.start_all_reduce_sum_bf16(buffer);
+  if (on_host({buffer.data()}, "start_all_reduce_sum_bf16")) {
+    return host_.start_all_reduce_sum_bf16(buffer);
+  }
   enter("ncclAllReduce");
   check_nccl(ncclAllReduce(buffer.data(), buffer.data(), buffer.size(), ncclBfloat16, ncclSum,
                            comm_, stream_),
@@ -328,7 +332,9 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_reduce_sum_bf1
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum_bf16(
     std::span<std::uint16_t> buffer) {
-  if (on_host({buffer.data()}, "start_reduce_scatter_sum_bf16")) return host_.start_reduce_scatter_sum_bf16(buffer);
+  if (on_host({buffer.data()}, "start_reduce_scatter_sum_bf16")) {
+    return host_.start_reduce_scatter_sum_bf16(buffer);
+  }
   const std::size_t c = buffer.size() / std::size_t(size());
   enter("ncclReduceScatter");
   check_nccl(ncclReduceScatter(buffer.data(), buffer.data() + std::size_t(rank()) * c, c,
@@ -351,7 +357,9 @@ std::unique_ptr<PendingCollective> NcclCommunicator::do_start_reduce_scatter_sum
 
 std::unique_ptr<PendingCollective> NcclCommunicator::do_start_all_gather(
     std::span<const float> input, std::span<float> output) {
-  if (on_host({input.data(), output.data()}, "start_all_gather")) return host_.start_all_gather(input, output);
+  if (on_host({input.data(), output.data()}, "start_all_gather")) {
+    return host_.start_all_gather(input, output);
+  }
   enter("ncclAllGather");
   check_nccl(ncclAllGather(input.data(), output.data(), input.size(), ncclFloat32, comm_, stream_),
              "ncclAllGather");

@@ -42,7 +42,8 @@ TEST(LocalDevice, LauncherLocalRankModuloDevices) {
   using parallel::local_rank_from_env;
   EXPECT_EQ(local_rank_from_env(env_of({})).rank, -1);
   // mpirun's variable first: mpirun inside an sbatch job hands every rank SLURM_LOCALID=0.
-  auto lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
+  auto lr =
+      local_rank_from_env(env_of({{"SLURM_LOCALID", "0"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}}));
   EXPECT_EQ(lr.rank, 1);
   EXPECT_EQ(lr.source, "OMPI_COMM_WORLD_LOCAL_RANK");
   lr = local_rank_from_env(env_of({{"SLURM_LOCALID", "3"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "x"}}));
