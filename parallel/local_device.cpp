@@ -28,8 +28,10 @@ LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get
 bool env_local_ranks_usable(const std::vector<int>& env) {
   std::vector<int> sorted = env;
   std::ranges::sort(sorted);
-  return !sorted.empty() && sorted.front() >= 0 &&
-         std::ranges::adjacent_find(sorted) == sorted.end();
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] != int(i)) return false;
+  }
+  return !sorted.empty();
 }
 
 LocalRank node_local_rank(MPI_Comm node) {
@@ -43,8 +45,14 @@ LocalRank node_local_rank(MPI_Comm node) {
   }
   if (env_local_ranks_usable(all)) return env;
   std::string why;
-  if (env.rank >= 0) why = " (" + env.source + " repeats on this node)";
-  else if (std::ranges::count(all, -1) != size) why = " (not every rank of this node has one)";
+  if (std::ranges::count(all, -1) == size) {
+    why = "";  // no launcher variable anywhere on the node
+  } else if (std::ranges::count(all, -1) > 0) {
+    why = " (not every rank of this node has a launcher's local rank)";
+  } else {
+    why = " (the launcher's local ranks, " + env.source + " here, do not number this node's " +
+          std::to_string(size) + " ranks 0.." + std::to_string(size - 1) + ")";
+  }
   return {rank, "MPI shared-memory split" + why};
 }
 

@@ -26,12 +26,12 @@ LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get
 
 // This rank's local rank for choosing its GPU, over `node` (the ranks sharing its memory, in an
 // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) communicator; collective over it): the launcher's
-// (local_rank_from_env) when every rank of the node has one and no two are equal, else the rank
-// in `node`, with a source that says why ("MPI shared-memory split (SLURM_LOCALID repeats on
-// this node)").
+// (local_rank_from_env) when they number the node's ranks 0..n-1, else the rank in `node`, with
+// a source that says why ("MPI shared-memory split (the launcher's local ranks, SLURM_LOCALID
+// here, do not number this node's 3 ranks 0..2)").
 LocalRank node_local_rank(MPI_Comm node);
 // The rule under it: `env` (each rank's launcher local rank, -1 for none, in node order) is used
-// when it is a set of distinct ranks >= 0.
+// when it holds each of 0..n-1 once.
 bool env_local_ranks_usable(const std::vector<int>& env);
 
 struct DeviceChoice {

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <initializer_list>
@@ -69,6 +70,14 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, int device)
   ncclUniqueId id{};
   std::string local_error;
   try {
+    // NCCL_COMM_BLOCKING=0 wins over the config's blocking (NCCL reads it last) and makes calls
+    // return ncclInProgress before they complete, which nothing here expects.
+    if (const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+        blocking != nullptr && std::string(blocking) == "0") {
+      throw std::runtime_error("colossal::parallel: NCCL_COMM_BLOCKING=0 is set: non-blocking "
+                               "NCCL communicators are not supported (" +
+                               where(rank(), size(), device_) + "); unset it or set it to 1");
+    }
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (host_.rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -90,8 +99,8 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& bootstrap, int device)
   // calls: an MPI whose broadcast returns early on some ranks (deferred collective progress, as
   // with HCOLL) would otherwise never deliver it to the others.
   host_.barrier();
-  // Blocking whatever NCCL_COMM_BLOCKING says: every call here expects NCCL's result on return,
-  // and a non-blocking communicator answers ncclInProgress.
+  // Blocking (NCCL's default, said outright; NCCL_COMM_BLOCKING=0 was refused above): every
+  // call here expects NCCL's result on return.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 1;
   const ncclResult_t init = ncclCommInitRankConfig(&comm_, size(), id, rank(), &config);
@@ -115,8 +124,9 @@ NcclCommunicator::~NcclCommunicator() {
   // Not while an exception unwinds (perhaps this rank's alone: out of memory, a bad file):
   // ncclCommDestroy finalizes, which waits for the communicator to be quiescent across its
   // ranks, and the others are not destroying theirs; the rank would hang here instead of
-  // reaching the MPI_Abort that ends the job (apps/cli.cpp). The process ends soon; it keeps the
-  // communicator until then.
+  // reaching the MPI_Abort that ends the job (apps/cli.cpp). ncclCommAbort is no way out: on
+  // recent NCCL it too waits for the node's other ranks to abort (NVIDIA/nccl#863). The
+  // communicator is kept until the process ends, which an error does soon.
   if (comm_ != nullptr && !aborted_ && std::uncaught_exceptions() == 0) ncclCommDestroy(comm_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }

@@ -114,10 +114,10 @@ class NcclCommunicator final : public Communicator {
   int abort_hook_ = -1;  // parallel::register_abort_hook's id
 };
 
-// The CUDA device this process should use: its rank on its node (the launcher's SLURM_LOCALID or
-// OMPI_COMM_WORLD_LOCAL_RANK when set, else its rank among the processes of `world` on the same
-// node), modulo the number of visible devices. Collective over `world`. Throws if no device is
-// visible.
+// The CUDA device this process should use: its rank on its node (parallel::node_local_rank: the
+// launcher's OMPI_COMM_WORLD_LOCAL_RANK, ..., SLURM_LOCALID when they number the node's ranks
+// 0..n-1, else its rank among the processes of `world` on the same node), modulo the number of
+// visible devices. Collective over `world`. Throws if no device is visible.
 int node_local_device(const MpiCommunicator& world);
 
 // An NcclCommunicator over the ranks of `world`, each process on node_local_device(world).

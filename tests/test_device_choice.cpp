@@ -100,6 +100,7 @@ TEST(DeviceChoice, LauncherLocalRanksUsedOnlyWhenDistinct) {
   EXPECT_FALSE(env_local_ranks_usable({0, -1}));    // one rank has none
   EXPECT_FALSE(env_local_ranks_usable({-1}));
   EXPECT_FALSE(env_local_ranks_usable({}));
+  EXPECT_FALSE(env_local_ranks_usable({0, 4}));     // distinct, but not the node's 0..1
 }
 
 // Over the node's ranks (ctest runs this at 1 and 3 ranks on one node): mpirun's local rank wins
@@ -141,8 +142,19 @@ TEST(DeviceChoice, NodeLocalRankDistrustsARepeatedSlurmLocalId) {
   got = node_local_rank(node);
   EXPECT_EQ(got.rank, local);
   EXPECT_EQ(got.source, locals == 1 ? std::string("SLURM_LOCALID")
-                                    : "MPI shared-memory split (SLURM_LOCALID repeats on this "
-                                      "node)");
+                                    : "MPI shared-memory split (the launcher's local ranks, "
+                                      "SLURM_LOCALID here, do not number this node's " +
+                                          std::to_string(locals) + " ranks 0.." +
+                                          std::to_string(locals - 1) + ")");
+  // On one rank only: the others have none.
+  if (locals > 1) {
+    if (local == 1) setenv("SLURM_LOCALID", "1", 1);
+    else unsetenv("SLURM_LOCALID");
+    got = node_local_rank(node);
+    EXPECT_EQ(got.rank, local);
+    EXPECT_EQ(got.source,
+              "MPI shared-memory split (not every rank of this node has a launcher's local rank)");
+  }
   // None at all: the rank in the node.
   unsetenv("SLURM_LOCALID");
   got = node_local_rank(node);
