@@ -13,8 +13,7 @@
 namespace colossal::parallel {
 
 LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get) {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                           "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+  for (const char* name : kLauncherLocalRankVariables) {
     const char* value = get ? get(name) : std::getenv(name);
     if (value == nullptr || *value == '\0') continue;
     char* end = nullptr;
@@ -44,16 +43,15 @@ LocalRank node_local_rank(MPI_Comm node) {
     throw std::runtime_error("colossal::parallel: MPI_Allgather of the node's local ranks failed");
   }
   if (env_local_ranks_usable(all)) return env;
-  std::string why;
-  if (std::ranges::count(all, -1) == size) {
-    why = "";  // no launcher variable anywhere on the node
-  } else if (std::ranges::count(all, -1) > 0) {
-    why = " (not every rank of this node has a launcher's local rank)";
-  } else {
-    why = " (the launcher's local ranks, " + env.source + " here, do not number this node's " +
-          std::to_string(size) + " ranks 0.." + std::to_string(size - 1) + ")";
+  std::string source = "MPI shared-memory split";
+  const auto missing = std::ranges::count(all, -1);
+  if (missing == 0) {
+    source += " (the launcher's local ranks, " + env.source + " here, do not number this node's " +
+              std::to_string(size) + " ranks 0.." + std::to_string(size - 1) + ")";
+  } else if (missing < size) {
+    source += " (not every rank of this node has a launcher's local rank)";
   }
-  return {rank, "MPI shared-memory split" + why};
+  return {rank, source};
 }
 
 int device_for(int local_rank, int devices) {

@@ -4,8 +4,8 @@
 // its memory, modulo the number of devices it can see (CUDA_VISIBLE_DEVICES, as Slurm's
 // --gpus-per-task sets it, included). The MPI launchers' variables come first: mpirun inside an
 // sbatch job hands every rank the batch step's SLURM_LOCALID (0). And a launcher's numbers that
-// repeat on a node are not used at all (node_local_rank). Without CUDA nothing is selected; the
-// choice is only reported.
+// do not number a node's ranks 0..n-1 are not used at all (node_local_rank). Without CUDA nothing
+// is selected; the choice is only reported.
 #pragma once
 
 #include <functional>
@@ -20,6 +20,10 @@ struct LocalRank {
   int rank = -1;       // -1: the launcher set none of the variables
   std::string source;  // the variable it came from, e.g. "SLURM_LOCALID"
 };
+
+// The launchers' local-rank variables, in the order they are read.
+inline constexpr const char* kLauncherLocalRankVariables[] = {
+    "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"};
 
 // From the environment (`get` replaces std::getenv in tests). A malformed value is skipped.
 LocalRank local_rank_from_env(const std::function<const char*(const char*)>& get = {});

@@ -91,8 +91,8 @@ TEST(DeviceChoice, IdentitiesGatherInRankOrder) {
                std::invalid_argument);
 }
 
-// A launcher's local ranks are used only when they are a set of distinct ranks on the node.
-TEST(DeviceChoice, LauncherLocalRanksUsedOnlyWhenDistinct) {
+// A launcher's local ranks are used only when they number the node's ranks 0..n-1.
+TEST(DeviceChoice, LauncherLocalRanksUsedOnlyWhenTheyNumberTheNode) {
   using colossal::parallel::env_local_ranks_usable;
   EXPECT_TRUE(env_local_ranks_usable({0}));
   EXPECT_TRUE(env_local_ranks_usable({1, 0, 2}));
@@ -104,8 +104,8 @@ TEST(DeviceChoice, LauncherLocalRanksUsedOnlyWhenDistinct) {
 }
 
 // Over the node's ranks (ctest runs this at 1 and 3 ranks on one node): mpirun's local rank wins
-// over a SLURM_LOCALID every rank inherited, and a variable that repeats falls back to the
-// rank in the node, saying why.
+// over a SLURM_LOCALID every rank inherited, and numbers that do not count the node's ranks
+// 0..n-1 (repeated, or missing on some rank) fall back to the rank in the node, saying why.
 TEST(DeviceChoice, NodeLocalRankDistrustsARepeatedSlurmLocalId) {
   MPI_Comm node;
   ASSERT_EQ(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
@@ -116,8 +116,7 @@ TEST(DeviceChoice, NodeLocalRankDistrustsARepeatedSlurmLocalId) {
   struct Restore {  // the launcher's variables as they were
     std::vector<std::pair<std::string, std::string>> saved;
     Restore() {
-      for (const char* n : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                            "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
+      for (const char* n : colossal::parallel::kLauncherLocalRankVariables) {
         const char* v = std::getenv(n);
         saved.emplace_back(n, v == nullptr ? "\x01" : v);
         unsetenv(n);
