@@ -1,6 +1,6 @@
 # colossal_add_test(<name> SOURCES <files...> LIBS <targets...> [MPI_RANKS <n...>] [TIMEOUT <s>]
 #                   [LABELS <labels...>] [DEFER_COPIES_RANKS <n...>]
-#                   [GROUPED_P2P_RANKS <n...>])
+#                   [GROUPED_P2P_RANKS <n...>] [SHARDS <n>])
 #
 # Builds one GoogleTest executable. Without MPI_RANKS it is registered once as <name>, run as a
 # plain process with tests/test_main.cpp (Kokkos initialised). With MPI_RANKS it uses
@@ -14,6 +14,11 @@
 # GROUPED_P2P_RANKS registers <name>/np<N>/grouped-p2p (label "grouped"): the same run with
 # COLOSSAL_TEST_GROUPED_P2P=1, so MPI follows NCCL's point-to-point rule (synchronous sends,
 # messages matched in issue order) and the pipeline exchanges its messages in groups, as on NCCL.
+# SHARDS (single-process tests only) registers <name>/shard<i> for i in 1..n instead of <name>,
+# each running its share of the cases (GoogleTest's GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX), so a
+# long binary of short cases spreads over ctest's -j slots instead of ending the run alone
+# (test_cli: 3 minutes, mostly waiting on the programs it starts). Its cases must not share files
+# across shards (test_cli's folder is per shard).
 #
 # Tests run OpenBLAS's Haswell (AVX2) kernels whatever the CPU (COLOSSAL_TEST_OPENBLAS_CORETYPE;
 # empty: the kernels OpenBLAS picks). The parity tolerances were set from runs on those kernels:
@@ -29,7 +34,7 @@ if(COLOSSAL_TEST_OPENBLAS_CORETYPE)
 endif()
 
 function(colossal_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT"
+  cmake_parse_arguments(ARG "" "TIMEOUT;SHARDS"
                         "SOURCES;LIBS;MPI_RANKS;LABELS;DEFER_COPIES_RANKS;GROUPED_P2P_RANKS"
                         ${ARGN})
   if(NOT ARG_TIMEOUT)
@@ -41,12 +46,23 @@ function(colossal_add_test name)
   if(NOT ARG_MPI_RANKS)
     target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/test_main.cpp)
     target_link_libraries(${name} PRIVATE colossal::deps::kokkos)
-    add_test(NAME ${name} COMMAND ${name})
     if(NOT ARG_LABELS)
       set(ARG_LABELS unit)
     endif()
-    set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
-      ENVIRONMENT "COLOSSAL_SOURCE_DIR=${PROJECT_SOURCE_DIR};COLOSSAL_BIN_DIR=${CMAKE_BINARY_DIR}/bin${_colossal_test_blas_env}")
+    set(env "COLOSSAL_SOURCE_DIR=${PROJECT_SOURCE_DIR};COLOSSAL_BIN_DIR=${CMAKE_BINARY_DIR}/bin${_colossal_test_blas_env}")
+    if(NOT ARG_SHARDS)
+      add_test(NAME ${name} COMMAND ${name})
+      set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT} LABELS "${ARG_LABELS}"
+        ENVIRONMENT "${env}")
+      return()
+    endif()
+    foreach(shard RANGE 1 ${ARG_SHARDS})
+      math(EXPR index "${shard} - 1")
+      add_test(NAME ${name}/shard${shard} COMMAND ${name})
+      set_tests_properties(${name}/shard${shard} PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+        LABELS "${ARG_LABELS}"
+        ENVIRONMENT "${env};GTEST_TOTAL_SHARDS=${ARG_SHARDS};GTEST_SHARD_INDEX=${index}")
+    endforeach()
     return()
   endif()
   target_sources(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/mpi_test_main.cpp)

@@ -32,7 +32,10 @@ using colossal::test::run;
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir = (std::filesystem::temp_directory_path() / "colossal_cli").string();
+    // A folder per ctest shard (GTEST_SHARD_INDEX): the shards run side by side.
+    const char* shard = std::getenv("GTEST_SHARD_INDEX");
+    dir = (std::filesystem::temp_directory_path() /
+           ("colossal_cli" + std::string(shard ? "-shard" + std::string(shard) : ""))).string();
     std::filesystem::create_directories(dir);
     std::string text;
     for (int i = 0; i < 3000; ++i) text.push_back("the quick brown fox. "[i % 21]);
