@@ -1089,6 +1089,7 @@ TrainSummary Trainer::train() {
                              "such steps");
       }
       ++summary.skipped_steps;
+      for (Chunk& chunk : chunks_) chunk.optimizer->skip_step();
       print("step %lld: non-finite loss or gradient, update skipped\n", (long long)step + 1);
     } else {
       const double clip = core::clip_coefficient(norm, t.optimizer.grad_clip);

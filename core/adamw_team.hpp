@@ -78,7 +78,11 @@ class AdamWBlockTable {
       : view_("colossal::core::adamw_blocks", blocks.size()) {
     auto host = Kokkos::create_mirror_view(view_);
     for (std::size_t i = 0; i < blocks.size(); ++i) host(i) = blocks[i];
-    Kokkos::deep_copy(view_, host);
+    // On the kernels' stream: deep_copy without an instance fences the whole device in Kokkos
+    // 3.4, the copy and NCCL streams too (built on the first update, mid-step).
+    const ExecSpace exec;
+    Kokkos::deep_copy(exec, view_, host);
+    exec.fence();
   }
   const AdamWBlock* data() const { return view_.data(); }
   int size() const { return static_cast<int>(view_.extent(0)); }

@@ -279,7 +279,7 @@ void ShardedAdamW::fetch_unit_gradients(int unit, const float* slice, bool early
   if (early) offload_stats_.early_to_host_bytes += bytes;
 }
 
-void ShardedAdamW::fetch_offloaded() {
+void ShardedAdamW::fetch_offloaded_gradients() {
   if (stage_ == 1) {
     const std::size_t split = shard_size_ - host_states_;
     const std::size_t bytes = host_states_ * sizeof(float);
@@ -293,6 +293,9 @@ void ShardedAdamW::fetch_offloaded() {
       fetch_unit_gradients(int(u), shard + sharded_->slice_offset(int(u)), false);
     }
   }
+}
+
+void ShardedAdamW::fetch_offloaded_parameters() {
   // The parameters that live on the device (with parameter offload, the rest are on the host).
   float* host = host_params();
   std::size_t at = 0;
@@ -318,6 +321,12 @@ void ShardedAdamW::offloaded_update(const core::AdamWParams& hp, int64_t step,
   offload_stats_.to_device_bytes += at * sizeof(float);
 }
 
+void ShardedAdamW::skip_step() {
+  // The gradient copies that started during backward read the gradient shard, which the next
+  // step's zero_gradients clears on Kokkos' stream without waiting for the copy queue.
+  if (copies_) copies_->wait();
+}
+
 void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_scale) {
   if (inference_) throw std::logic_error("an inference optimizer holds no state to step");
   using Indexing = core::AdamW::Indexing;
@@ -326,11 +335,15 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
     adamw_->update(full_->full_params(), full_->full_grads(), hp, step, grad_scale);
     return;
   }
-  // Offload: the device's share is started first; the host's share comes down on the copy
-  // queue, is updated on the host threads and goes back up, all while the device's kernels run
-  // (the two shares are disjoint). The copy queue does not wait for Kokkos' stream, so the
-  // kernels that wrote the gradients are waited for first.
-  if (offload_) core::fence_kernels();
+  // Offload: the host's share comes down on the copy queue, is updated on the host threads and
+  // goes back up, all while the device's update runs (the two shares are disjoint). The kernels
+  // that wrote the gradients are waited for first. The gradients not copied during backward are
+  // queued before the device's update starts: each such copy follows Kokkos' stream
+  // (fetch_unit_gradients), and queued after the update it would wait for all of it.
+  if (offload_) {
+    core::fence_kernels();
+    fetch_offloaded_gradients();
+  }
   if (stage_ == 1) {
     adamw_->start_update(full_->full_params() + shard_begin_, full_->full_grads() + shard_begin_,
                          hp, step, grad_scale);
@@ -341,7 +354,7 @@ void ShardedAdamW::step(const core::AdamWParams& hp, int64_t step, float grad_sc
     adamw_->start_update(sharded_->param_shard(), sharded_->grad_shard(), hp, step, grad_scale);
   }
   if (offload_) {
-    fetch_offloaded();
+    fetch_offloaded_parameters();
     offloaded_update(hp, step, grad_scale);
   }
   core::fence_kernels();

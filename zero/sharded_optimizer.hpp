@@ -93,6 +93,9 @@ class ShardedAdamW {
 
   // Clipped AdamW on this rank's part, then (stages 1, 2) all-gather of the parameters.
   void step(const core::AdamWParams& hp, int64_t step, float grad_scale);
+  // Instead of step() when the step's update is skipped (non-finite gradients): with offload,
+  // waits for the gradient copies that backward started.
+  void skip_step();
 
   // The ZeRO stage the store runs (under inference 3, or 0 for the stages that keep the
   // parameters whole).
@@ -120,10 +123,11 @@ class ShardedAdamW {
   void set_owned_parameters(const float* values);
 
  private:
-  // Offload: the offloaded states' gradients and parameters to the host on the copy queue
-  // (after the device's update started); then AdamW on them on the host and the parameters back
-  // (stages 1-3).
-  void fetch_offloaded();
+  // Offload: the offloaded states' gradients (before the device's update starts) and then their
+  // parameters (after) to the host on the copy queue, without waiting; then (offloaded_update)
+  // AdamW on them on the host and the parameters back (stages 1-3).
+  void fetch_offloaded_gradients();
+  void fetch_offloaded_parameters();
   // Stages 2-3: starts copying unit `unit`'s offloaded gradients (its slice `slice` in the
   // gradient shard) to the host on the copy queue, without waiting; `early`: during backward
   // (the store's final listener in its final pass).
