@@ -193,6 +193,13 @@ std::unique_ptr<PendingCollective> completed() {
 
 std::unique_ptr<PendingCollective> MpiCommunicator::do_start_send(std::span<const float> buffer,
                                                                   int dest, int tag) {
+  if (in_issue_order_) {
+    // NCCL has no started send outside a group: its start_send is the blocking send, which
+    // returns once the peer's receive has taken the message (MPI_Ssend's rule), so a send posted
+    // before its receive deadlocks there, where MPI's eager protocol would hide it.
+    do_send(buffer, dest, tag);
+    return completed();
+  }
   MPI_Request request = MPI_REQUEST_NULL;
   check(MPI_Isend(buffer.data(), mpi_count(buffer.size(), "send"), MPI_FLOAT, dest, tag, comm_,
                   &request),
@@ -531,9 +538,11 @@ void MpiCommunicator::do_broadcast_bytes(std::span<std::byte> buffer, int root) 
 }
 
 void MpiCommunicator::do_send(std::span<const float> buffer, int dest, int tag) {
-  check(MPI_Send(send_ptr(buffer.data()), mpi_count(buffer.size(), "send"), MPI_FLOAT, dest,
-                 checked_tag(tag), comm_),
-        "MPI_Send");
+  // NCCL's send waits for the peer's receive whatever the size; MPI_Send may return at once.
+  const auto send = in_issue_order_ ? MPI_Ssend : MPI_Send;
+  check(send(send_ptr(buffer.data()), mpi_count(buffer.size(), "send"), MPI_FLOAT, dest,
+             checked_tag(tag), comm_),
+        in_issue_order_ ? "MPI_Ssend" : "MPI_Send");
 }
 
 void MpiCommunicator::do_recv(std::span<float> buffer, int source, int tag) {

@@ -42,8 +42,9 @@ class MpiCommunicator final : public Communicator {
   // Sends stay non-blocking. split() passes it on.
   void set_device_buffers(bool on) { device_buffers_ = on; }
   // NCCL's point-to-point rule on the host, for tests (COLOSSAL_TEST_GROUPED_P2P=1 at
-  // construction, or this): exchange() sends synchronously on one tag, and the pipeline groups
-  // its messages as under NCCL. split() passes it on.
+  // construction, or this): exchange() sends synchronously on one tag, send() and start_send()
+  // block until the peer's receive has the message (MPI_Ssend), and the pipeline groups its
+  // messages as under NCCL. split() passes it on.
   bool matches_in_issue_order() const override { return in_issue_order_; }
   void set_matches_in_issue_order(bool on) { in_issue_order_ = on; }
 

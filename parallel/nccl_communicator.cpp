@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace colossal::parallel {
 
@@ -429,7 +430,15 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
 // One NCCL group: its sends and receives progress together on the stream, so two ranks that
 // each send to the other before receiving (a pipeline's neighbours in their steady state) never
 // wait on each other's send. Messages between two ranks match in the order issued.
-void NcclCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+void NcclCommunicator::do_exchange(std::span<const PeerTransfer> all) {
+  // Empty transfers move nothing and are left out on both sides (their sizes come from the same
+  // code on every rank): an empty buffer's null pointer would count as host memory and make one
+  // rank refuse a group that its peer goes on to post.
+  std::vector<PeerTransfer> transfers;
+  for (const PeerTransfer& t : all) {
+    if (t.count > 0) transfers.push_back(t);
+  }
+  if (transfers.empty()) return;
   std::size_t on_host = 0;
   for (const PeerTransfer& t : transfers) on_host += in_host_memory(t.data) ? 1 : 0;
   if (on_host == transfers.size()) return host_.exchange(transfers);

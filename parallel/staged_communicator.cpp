@@ -99,7 +99,7 @@ class StagedPending final : public PendingCollective {
  public:
   StagedPending(std::unique_ptr<PendingCollective> inner,
                 std::unique_ptr<StagedCommunicator::Lease> lease, std::function<void()> finish)
-      : inner_(std::move(inner)), lease_(std::move(lease)), finish_(std::move(finish)) {}
+      : lease_(std::move(lease)), inner_(std::move(inner)), finish_(std::move(finish)) {}
   ~StagedPending() override {
     if (!done_) {
       try {
@@ -126,8 +126,10 @@ class StagedPending final : public PendingCollective {
     if (finish_) finish_();
     lease_.reset();
   }
-  std::unique_ptr<PendingCollective> inner_;
+  // The lease first: destroyed after the inner handle, whose destructor waits for the MPI
+  // operation that still uses the leased buffer (when wait() threw in ~StagedPending).
   std::unique_ptr<StagedCommunicator::Lease> lease_;
+  std::unique_ptr<PendingCollective> inner_;
   std::function<void()> finish_;
   bool done_ = false;
 };

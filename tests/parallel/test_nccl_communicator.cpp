@@ -270,5 +270,23 @@ TEST_F(NcclCommunicatorTest, ExchangeGroupsSendsWithTheReceivesTheyWaitFor) {
   EXPECT_EQ(comm->stats().recv.payload_bytes, 2 * n * 4);
 }
 
+// An empty transfer (an empty buffer's null pointer) beside device ones moves nothing: it is
+// left out on every rank, not taken for host memory, which refused the group on one side while
+// the peer posted it and waited.
+TEST_F(NcclCommunicatorTest, ExchangeLeavesOutEmptyTransfers) {
+  const std::size_t n = 1000;
+  DeviceBuffer to_next(n), from_prev(n);
+  to_next.upload(std::vector<float>(n, static_cast<float>(rank() + 1)));
+  const int next = (rank() + 1) % size();
+  const int prev = (rank() + size() - 1) % size();
+  const std::vector<PeerTransfer> group = {
+      PeerTransfer::send(nullptr, 0, next), PeerTransfer::send(to_next.span().data(), n, next),
+      PeerTransfer::recv(nullptr, 0, prev), PeerTransfer::recv(from_prev.span().data(), n, prev)};
+  comm->exchange(group);
+  EXPECT_EQ(from_prev.download(), std::vector<float>(n, static_cast<float>(prev + 1)));
+  // Only empty transfers: nothing to do, no NCCL call.
+  comm->exchange(std::vector<PeerTransfer>{PeerTransfer::recv(nullptr, 0, prev)});
+}
+
 }  // namespace
 }  // namespace colossal::parallel
