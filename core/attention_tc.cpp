@@ -4,6 +4,8 @@
 #include "core/attention_tc.hpp"
 
 #include <algorithm>
+#include <array>
+#include <map>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -110,13 +112,22 @@ std::size_t largest_bytes(int tile, int hs) {
 void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char* name) {
   if (a.blocks() == 0) return;
   const std::size_t bytes = TcLayout(which, a.tile, a.C / a.H).bytes;
-  // The opt-in above 48 KiB, raised once per kernel to the most asked of it (per process: a
-  // rank drives one device).
+  // An error left by an earlier call would be reported as this launch's.
+  const cudaError_t earlier = cudaGetLastError();
+  if (earlier != cudaSuccess) {
+    throw std::runtime_error(std::string("tensor-core attention: an earlier CUDA call failed "
+                                         "before the ") + name + ": " +
+                             cudaGetErrorString(earlier));
+  }
+  // The opt-in above 48 KiB, raised once per kernel and device (the attribute is the current
+  // device's) to the most asked of it.
   static std::mutex mutex;
-  static std::size_t allowed[3] = {0, 0, 0};
+  static std::map<int, std::array<std::size_t, 3>> allowed;
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    std::size_t& have = allowed[int(which)];
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    std::size_t& have = allowed[device][std::size_t(which)];
     if (bytes > have) {
       check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
@@ -133,7 +144,20 @@ void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char*
 TcArgs args_for(int B, int T, int C, int H, int tile) {
   TcArgs a{.B = B, .T = T, .C = C, .H = H, .tile = tile > 0 ? tile : 64};
   check_tile(a);
-  if (tile <= 0) a.tile = device_tile(C / H);
+  if (tile <= 0) {
+    a.tile = device_tile(C / H);
+  } else {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    const int optin = optin_shared_bytes(device);
+    if (largest_bytes(tile, C / H) > std::size_t(optin)) {
+      throw std::invalid_argument(
+          "tensor-core attention: tile " + std::to_string(tile) + " at head size " +
+          std::to_string(C / H) + " needs " + std::to_string(largest_bytes(tile, C / H)) +
+          " bytes of shared memory per block; this device offers " + std::to_string(optin) +
+          " (leave the tile to the device: 0)");
+    }
+  }
   return a;
 }
 

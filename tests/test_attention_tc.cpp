@@ -11,10 +11,14 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <Kokkos_Core.hpp>
+#ifdef KOKKOS_ENABLE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "core/attention_tc.hpp"
 #include "core/bf16.hpp"
@@ -395,5 +399,23 @@ TEST(TensorCoreAttention, DeviceMatchesHostBlock) {
       expect_near_scaled("gpu dqkv vs dense", grad, ref.dqkv, 2e-2);
     }
   }
+}
+
+// A tile given by hand whose blocks need more shared memory than the device's opt-in (head 256
+// at tile 64: over 232 KiB for dK/dV) is refused by name before any launch, not left to a CUDA
+// "invalid argument".
+TEST(TensorCoreAttention, DeviceRefusesATileItsSharedMemoryCannotHold) {
+  const Case c{1, 64, 512, 2, 64};
+  auto dqkv16 = to_device(bf16_vector(random_vector(int64_t(c.T) * 3 * c.C, 23, 2.0f)));
+  auto dlse = to_device(std::vector<float>(std::size_t(c.H) * c.T));
+  auto dyo = to_device(std::vector<float>(std::size_t(c.T) * c.C));
+  try {
+    tc::device_forward(dlse.data(), dyo.data(), dqkv16.data(), c.B, c.T, c.C, c.H, c.tile);
+    ADD_FAILURE() << "tile 64 at head size 256 was launched";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("leave the tile to the device"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 #endif  // KOKKOS_ENABLE_CUDA
