@@ -23,7 +23,7 @@
 #      host build's (build/bin, which must exist: ./setup.sh) per-step losses (1e-4 relative;
 #      bf16 2e-3).
 # CI runs it after the CUDA compile check; on 2 cores about 4 minutes to build (Kokkos 25 s)
-# and 6 to check, 3 of them the training runs.
+# and 3 to check, 2 of them the training runs.
 #
 #   scripts/check_team_kernels.sh [--jobs N]
 set -euo pipefail
