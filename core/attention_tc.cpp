@@ -120,14 +120,28 @@ void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char*
                              cudaGetErrorString(earlier));
   }
   // The opt-in above 48 KiB, raised once per kernel and device (the attribute is the current
-  // device's) to the most asked of it.
+  // device's) to the most asked of it. A tile given by hand that the device cannot hold is
+  // refused by name (the device's own choice, device_tile, always fits).
+  struct DeviceLimits {
+    int optin = -1;
+    std::array<std::size_t, 3> allowed{};
+  };
   static std::mutex mutex;
-  static std::map<int, std::array<std::size_t, 3>> allowed;
+  static std::map<int, DeviceLimits> devices;
   {
     const std::lock_guard<std::mutex> lock(mutex);
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
-    std::size_t& have = allowed[device][std::size_t(which)];
+    DeviceLimits& limits = devices[device];
+    if (limits.optin < 0) limits.optin = optin_shared_bytes(device);
+    if (bytes > std::size_t(limits.optin)) {
+      throw std::invalid_argument(
+          std::string("tensor-core attention: ") + name + ": tile " + std::to_string(a.tile) +
+          " at head size " + std::to_string(a.C / a.H) + " needs " + std::to_string(bytes) +
+          " bytes of shared memory per block; this device offers " +
+          std::to_string(limits.optin) + " (leave the tile to the device: 0)");
+    }
+    std::size_t& have = limits.allowed[std::size_t(which)];
     if (bytes > have) {
       check(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
@@ -144,20 +158,7 @@ void launch(void (*kernel)(TcArgs), TcKernel which, const TcArgs& a, const char*
 TcArgs args_for(int B, int T, int C, int H, int tile) {
   TcArgs a{.B = B, .T = T, .C = C, .H = H, .tile = tile > 0 ? tile : 64};
   check_tile(a);
-  if (tile <= 0) {
-    a.tile = device_tile(C / H);
-  } else {
-    int device = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    const int optin = optin_shared_bytes(device);
-    if (largest_bytes(tile, C / H) > std::size_t(optin)) {
-      throw std::invalid_argument(
-          "tensor-core attention: tile " + std::to_string(tile) + " at head size " +
-          std::to_string(C / H) + " needs " + std::to_string(largest_bytes(tile, C / H)) +
-          " bytes of shared memory per block; this device offers " + std::to_string(optin) +
-          " (leave the tile to the device: 0)");
-    }
-  }
+  if (tile <= 0) a.tile = device_tile(C / H);
   return a;
 }
 

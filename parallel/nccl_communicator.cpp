@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -433,10 +434,14 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
 void NcclCommunicator::do_exchange(std::span<const PeerTransfer> all) {
   // Empty transfers move nothing and are left out on both sides (their sizes come from the same
   // code on every rank): an empty buffer's null pointer would count as host memory and make one
-  // rank refuse a group that its peer goes on to post.
-  std::vector<PeerTransfer> transfers;
-  for (const PeerTransfer& t : all) {
-    if (t.count > 0) transfers.push_back(t);
+  // rank refuse a group that its peer goes on to post. Copied only when there is one.
+  std::vector<PeerTransfer> nonempty;
+  std::span<const PeerTransfer> transfers = all;
+  if (std::any_of(all.begin(), all.end(), [](const PeerTransfer& t) { return t.count == 0; })) {
+    for (const PeerTransfer& t : all) {
+      if (t.count > 0) nonempty.push_back(t);
+    }
+    transfers = nonempty;
   }
   if (transfers.empty()) return;
   std::size_t on_host = 0;

@@ -597,6 +597,7 @@ TEST(ShardedAdamWOffload, ASkippedStepsEarlyCopiesAreNotTakenForTheNext) {
     store.set_final_units(std::vector<bool>(units.size(), true));
     core::copy_to_device(opt->store().full_params(), init.data(), flat * sizeof(float));
     backward(*opt, -100.0f, true);  // the skipped step: copies made, no update
+    opt->skip_step();               // as the trainer does (waits for those copies)
     backward(*opt, 1.0f, false);    // the step that updates
     opt->step(core::AdamWParams{.lr = 1e-2}, 1, 1.0f);
   }

@@ -123,9 +123,10 @@ class ShardedAdamW {
   void set_owned_parameters(const float* values);
 
  private:
-  // Offload: the offloaded states' gradients (before the device's update starts) and then their
-  // parameters (after) to the host on the copy queue, without waiting; then (offloaded_update)
-  // AdamW on them on the host and the parameters back (stages 1-3).
+  // Offload: the offloaded states' gradients (queued before the device's update starts, not
+  // waited for) and then their parameters (after; this waits for all of the copies) to the host
+  // on the copy queue; then (offloaded_update) AdamW on them on the host and the parameters
+  // back (stages 1-3).
   void fetch_offloaded_gradients();
   void fetch_offloaded_parameters();
   // Stages 2-3: starts copying unit `unit`'s offloaded gradients (its slice `slice` in the
