@@ -8,7 +8,6 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <exception>
@@ -18,7 +17,6 @@
 #include <string>
 #include <thread>
 #include <utility>
-#include <vector>
 
 namespace colossal::parallel {
 
@@ -431,27 +429,22 @@ void NcclCommunicator::do_send_recv(std::span<const float> send_buffer, int dest
 // One NCCL group: its sends and receives progress together on the stream, so two ranks that
 // each send to the other before receiving (a pipeline's neighbours in their steady state) never
 // wait on each other's send. Messages between two ranks match in the order issued.
-void NcclCommunicator::do_exchange(std::span<const PeerTransfer> all) {
-  // Empty transfers move nothing and are left out on both sides (their sizes come from the same
-  // code on every rank): an empty buffer's null pointer would count as host memory and make one
-  // rank refuse a group that its peer goes on to post. Copied only when there is one.
-  std::vector<PeerTransfer> nonempty;
-  std::span<const PeerTransfer> transfers = all;
-  if (std::any_of(all.begin(), all.end(), [](const PeerTransfer& t) { return t.count == 0; })) {
-    for (const PeerTransfer& t : all) {
-      if (t.count > 0) nonempty.push_back(t);
-    }
-    transfers = nonempty;
+void NcclCommunicator::do_exchange(std::span<const PeerTransfer> transfers) {
+  // Empty transfers move nothing: they count as neither host nor device (an empty buffer's null
+  // pointer would count as host memory and make one rank refuse a group that its peer goes on
+  // to post) and are not posted. Their sizes come from the same code on every rank.
+  std::size_t moving = 0, on_host = 0;
+  for (const PeerTransfer& t : transfers) {
+    if (t.count == 0) continue;
+    ++moving;
+    on_host += in_host_memory(t.data) ? 1 : 0;
   }
-  if (transfers.empty()) return;
-  std::size_t on_host = 0;
-  for (const PeerTransfer& t : transfers) on_host += in_host_memory(t.data) ? 1 : 0;
-  if (on_host == transfers.size()) return host_.exchange(transfers);
+  if (moving == 0) return;
+  if (on_host == moving) return host_.exchange(transfers);
   if (on_host > 0) {
     // Half of a group over MPI and half over NCCL would split the peers' matching.
     throw std::invalid_argument("colossal::parallel: exchange mixes host and device buffers (" +
-                                std::to_string(on_host) + " of " +
-                                std::to_string(transfers.size()) +
+                                std::to_string(on_host) + " of " + std::to_string(moving) +
                                 " on the host); a group's buffers must all be on one side");
   }
   enter("ncclGroupStart");
@@ -459,6 +452,7 @@ void NcclCommunicator::do_exchange(std::span<const PeerTransfer> all) {
   ncclResult_t first_error = ncclSuccess;
   const char* failed = nullptr;
   for (const PeerTransfer& t : transfers) {
+    if (t.count == 0) continue;
     const ncclResult_t r = t.is_send()
                                ? ncclSend(t.data, t.count, ncclFloat32, t.peer, comm_, stream_)
                                : ncclRecv(t.data, t.count, ncclFloat32, t.peer, comm_, stream_);
