@@ -78,6 +78,10 @@ class GridModel : public StageModel {
   ParameterStore& store() override { return *store_; }
   const std::vector<ParamSpec>& parameters() const override { return table_; }
   std::size_t flat_size() const override { return store_->flat_size(); }
+  // Nothing: every product of the grid layouts takes its weight blocks from a copy, a broadcast
+  // or an all-gather into work buffers (SUMMA, the 3D cube), never from the flat buffer, so a
+  // bf16 copy of the weights would be memory no product reads.
+  std::size_t held_floats() override { return 0; }
   const std::vector<LogicalRun>& logical_runs() const override { return runs_; }
 
   // The local flat buffers: parameters whole in every store; gradients whole in a

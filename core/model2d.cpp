@@ -388,9 +388,8 @@ void Model2D::block_forward(int l) {
 
 double Model2D::forward(const int32_t* tokens, const int32_t* targets, int batch,
                         float grad_scale, int slot) {
-  const bool unchanged = take_parameters_unchanged();  // for this call only, whatever happens
+  take_parameters_unchanged();  // nothing to keep across calls: see GridModel::held_floats
   check_micro_batch(batch, slot);
-  gemm_.hold_stable(params(), flat_size(), unchanged);  // unchanged until the next forward
   use_slot(slot);
   const int q = q_, T = seq_len_;
   const int64_t BT = int64_t(batch_) * T, R = rows_, c = c_, C = spec_.hidden;

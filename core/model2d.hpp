@@ -60,7 +60,6 @@ class Model2D final : public GridModel {
           const std::vector<Keep>& keep = {}, bool selective = false,
           const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1,
           std::size_t first_unit_floats = 0);
-  ~Model2D() override { gemm_.hold_stable(nullptr, 0, false); }  // see ~Model
 
   // The values the single-rank model draws for the same seed (keyed by logical element).
   void init_parameters(uint64_t seed) override;

@@ -60,7 +60,6 @@ class Model3D final : public GridModel {
           const std::vector<Keep>& keep = {}, bool selective = false,
           const StoreFactory& make_store = {}, StageRange stage = {}, int slots = 1,
           std::size_t first_unit_floats = 0);
-  ~Model3D() override { gemm_.hold_stable(nullptr, 0, false); }  // see ~Model
 
   void init_parameters(uint64_t seed) override;  // the single-rank model's values
   // tokens, targets: the whole micro-batch, the same on every rank; returns its mean loss.

@@ -257,13 +257,12 @@ MemoryPrediction grid_chunk_memory(const core::ModelSpec& spec, const RankLayout
 // Every chunk of the rank (one, or several interleaved: each a model of its own).
 MemoryPrediction grid_memory(const core::ModelSpec& spec, const RankLayout& l) {
   MemoryPrediction m;
-  double held = 0.0;  // floats: the grid models hold their whole flat buffer
+  // No bf16 copy of the weights (bf16_weight_copy): the grid models hold nothing
+  // (core::GridModel::held_floats).
   for (const auto& chunk : l.chunks) {
     const MemoryPrediction c = grid_chunk_memory(spec, l, chunk);
     for (std::size_t k = 0; k < m.bytes.size(); ++k) m.bytes[k] += c.bytes[k];
-    held = std::max(held, c[core::MemCategory::parameters] / kF);
   }
-  if (l.bf16_weight_copy) m[core::MemCategory::temporaries] += 2.0 * held;
   if (l.inference) {  // a store without gradients, no AdamW
     m[core::MemCategory::gradients] = 0.0;
     m[core::MemCategory::optimizer] = 0.0;

@@ -996,8 +996,9 @@ TEST(CostModel, GridRotorRecomputesTheFewestBlocksThatFit) {
 // reduce-scatter (unit 0: the embeddings and replicated vectors; two blocks), so on gpt2-124m the
 // gradients shrink below ZeRO 1's whole buffer, more with more data ranks.
 // RankLayout::bf16_weight_copy (a GEMM that keeps bf16 weights): 2 bytes per float of what the
-// rank holds at once, in the temporaries and nowhere else: its whole flat buffer (1d ZeRO 0-2,
-// the grids), under ZeRO-3 the LM head on the stage that runs it chunked (tensor 1), else nothing.
+// rank holds at once, in the temporaries and nowhere else: its whole flat buffer (1d ZeRO 0-2),
+// under ZeRO-3 the LM head on the stage that runs it chunked (tensor 1), else nothing; nothing in
+// the grids (2d, 2.5d, 3d), whose products take every weight block from a work buffer.
 TEST(CostModel, Bf16WeightCopyIsTwoBytesPerFloatHeld) {
   const core::ModelSpec spec = *core::find_preset("gpt2-124m");
   const double head = double(core::padded_vocab(spec, 1)) * spec.hidden;
@@ -1015,7 +1016,9 @@ TEST(CostModel, Bf16WeightCopyIsTwoBytesPerFloatHeld) {
       {"1d zero 3", 3, 1, core::TensorMode::d1, false, head},
       {"1d zero 3, first of two stages", 3, 1, core::TensorMode::d1, true, 0},
       {"1d zero 3, tensor 2", 3, 2, core::TensorMode::d1, false, 0},
-      {"2d zero 1", 1, 4, core::TensorMode::d2, false, -1},
+      {"2d zero 1", 1, 4, core::TensorMode::d2, false, 0},
+      {"2.5d (depth 2)", 0, 8, core::TensorMode::d2_5, false, 0},
+      {"3d", 0, 8, core::TensorMode::d3, false, 0},
   };
   using core::MemCategory;
   for (const Case& c : cases) {
@@ -1027,6 +1030,7 @@ TEST(CostModel, Bf16WeightCopyIsTwoBytesPerFloatHeld) {
     l.zero_stage = c.stage;
     l.tensor = c.tensor;
     l.tensor_mode = c.mode;
+    if (c.mode == core::TensorMode::d2_5) l.depth = 2;
     if (c.first_of_two_stages) {
       l.pipeline = 2;
       l.chunks[0].stage = core::StageRange{.layer_begin = 0, .layer_end = 6, .head = false};
