@@ -52,6 +52,26 @@ double seconds_per_call(F&& work, double min_seconds = 0.25) {
   return best;
 }
 
+// seconds_per_call of kernels (no communication: the batch is this rank's own choice), called
+// in batches between waits of at least a millisecond each (up to 1024 calls): a device's small
+// kernels run back to back in training, and a wait after each call would time its launch and
+// the wait instead. A host's calls end before they return, so its batches stay at one call or
+// take longer than a millisecond.
+template <class F>
+double seconds_per_kernel_call(F&& work, double min_seconds = 0.25) {
+  work();
+  Kokkos::fence();
+  int batch = 1;
+  for (;;) {
+    const auto start = Clock::now();
+    for (int i = 0; i < batch; ++i) work();
+    Kokkos::fence();
+    if (batch >= 1024 || std::chrono::duration<double>(Clock::now() - start).count() >= 1e-3) break;
+    batch *= 2;
+  }
+  return seconds_per_call([&] { for (int i = 0; i < batch; ++i) work(); }, min_seconds) / batch;
+}
+
 // Values that are neither zero nor denormal, so every kernel runs its normal path.
 void fill(core::DeviceArray<float>& a, float scale) {
   std::vector<float> host(a.size());
@@ -93,7 +113,7 @@ double adamw_bandwidth(core::MemoryTracker& tracker, bool on_host) {
     fill(g, 0.01f);
   }
   int64_t step = 0;
-  const double t = seconds_per_call(
+  const double t = seconds_per_kernel_call(
       [&] { adamw.update(p.data(), g.data(), core::AdamWParams{}, ++step, 1.0f); });
   return 28.0 * double(n) / t;
 }
@@ -244,11 +264,11 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
   auto linear_rate = [&](core::Gemm& g, const Linear& s) {
     const double flops = 2.0 * s.rows * s.in * s.out;
     const double budget = flops > 1e9 ? 0.5 : 0.2;
-    const double forward = seconds_per_call([&] {
+    const double forward = seconds_per_kernel_call([&] {
       core::linear_forward(g, core::WeightLayout::in_out, Y.data(), s.out, X.data(), s.in,
                            W.data(), s.in, s.out, s.rows, false);
     }, budget);
-    const double backward = seconds_per_call([&] {
+    const double backward = seconds_per_kernel_call([&] {
       core::linear_backward(g, core::WeightLayout::in_out, dX.data(), s.in, dW.data(), dB.data(),
                             Y.data(), s.out, X.data(), s.in, W.data(), s.in, s.out, s.rows,
                             false);
@@ -307,13 +327,13 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
         auto point = [&](double seconds) {
           return planner::AttentionPoint{double(T), double(hd), counted / seconds};
         };
-        h.attention_curve.push_back(point(seconds_per_call([&] {
+        h.attention_curve.push_back(point(seconds_per_kernel_call([&] {
           core::attention_forward(*gemm, att.data(), atty.data(), qkv.data(), B, T, C, H);
           core::attention_backward(*gemm, dqkv.data(), datt.data(), atty.data(), qkv.data(),
                                    att.data(), B, T, C, H);
         })));
         auto fused = [&](core::GemmOperand q) {  // q/k/v in fp32, or in bf16
-          return point(seconds_per_call([&] {
+          return point(seconds_per_kernel_call([&] {
             core::model_fused_attention_forward(*gemm, att.data(), atty.data(), q, work.data(), B,
                                                 T, C, H);
             core::model_fused_attention_backward(*gemm, dqkv.data(), atty.data(), atty.data(), q,
@@ -356,7 +376,7 @@ planner::HardwareSpec calibrate_host(parallel::Communicator& world,
     fill(bias, 0.0f);  // zeros: adding them every call leaves the pre-activations as they are
     fill(dx, 0.0f);
     namespace k = core::kernels;
-    const double t = seconds_per_call([&] {
+    const double t = seconds_per_kernel_call([&] {
       k::layernorm_forward(y.data(), stats.data(), stats.data() + N, x.data(), w.data(),
                            w.data() + C, N, C, 1e-5f, core::ResidualCopy{copy.data(), w.data()});
       k::layernorm_backward(dx.data(), dw.data(), dw.data() + C, dy.data(), x.data(), w.data(),
