@@ -24,18 +24,24 @@ bin="$repo/build-cuda/bin"
 [ -d "$bin" ] || { echo "pack_gpu_bundle.sh: no $bin; build the cuda preset first" >&2; exit 1; }
 rm -rf "$out/bin" "$out/lib" "$out/lib-mpi"
 mkdir -p "$out/bin" "$out/lib" "$out/lib-mpi"
+# Everything gpu_check.sh runs (the cuda-ci build preset's targets), and nothing else: a whole
+# cuda build's other test binaries would only push the archive past its limit. A missing one is
+# an error here, or a device session would find out the hard way.
 progs=()
-for f in "$bin"/*; do
-  [ -f "$f" ] && [ -x "$f" ] && file -b "$f" | grep -q ELF && progs+=("$f")
-done
-# Everything gpu_check.sh runs, or a device session would find out the hard way.
 missing=()
-for p in colossal_train colossal_plan colossal_bench colossal_generate test_kernels_team \
-         test_attention_tc test_kernels test_gemm_cuda test_model_grad test_decode \
-         test_nccl_communicator; do
-  [ -x "$bin/$p" ] || missing+=("$p")
+for p in colossal_train colossal_plan colossal_bench colossal_generate colossal_eval \
+         test_kernels_team test_attention_tc test_kernels test_gemm_cuda test_model_grad \
+         test_decode test_nccl_communicator; do
+  if [ -x "$bin/$p" ]; then progs+=("$bin/$p"); else missing+=("$p"); fi
 done
-[ -d "$repo/host-losses" ] || missing+=("host-losses/ (scripts/gpu_check.sh --host-losses)")
+# The host's losses of every model section 2 trains, complete and newer than the host build
+# that wrote them (an interrupted or an older --host-losses run would fail every comparison).
+for m in quickstart opt-tiny llama-quickstart quickstart-bf16 quickstart-fused quickstart-fused-bf16; do
+  f="$repo/host-losses/$m.txt"
+  if [ ! -f "$f" ] || [ "$(wc -l < "$f")" != 10 ] || [ "$f" -ot "$repo/build/bin/colossal_train" ]; then
+    missing+=("host-losses/$m.txt, 10 lines newer than build/bin/colossal_train (scripts/gpu_check.sh --host-losses)")
+  fi
+done
 compgen -G "$repo/data/licenses_*.txt" >/dev/null || missing+=("data/licenses_*.txt (scripts/prepare_data.sh)")
 if [ ${#missing[@]} -gt 0 ]; then
   echo "pack_gpu_bundle.sh: missing ${missing[*]}; build them with" \
@@ -85,6 +91,9 @@ cp "$repo"/data/licenses_*.txt "$out/data/"
 python3 "$repo/scripts/make_choices.py" text "$repo/data/licenses_val.txt" --examples 100 \
   --out "$out/data/licenses_choices.bin" > /dev/null
 cp "$repo/scripts/gpu_check.sh" "$out/"
+# Which source the bundle is: gpu_check.sh prints it at the top of its report.
+echo "commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$repo" \
+  diff --quiet HEAD 2>/dev/null || echo ' with uncommitted changes'), packed $(date -u +%FT%TZ)" > "$out/BUNDLE"
 cp -r "$repo/host-losses" "$out/"
 [ -f "$repo/bench/pytorch_peer.py" ] && cp "$repo/bench/pytorch_peer.py" "$out/"
 # The session carries the compressed archive (OpenBLAS alone is 36 MB unpacked); on the GPU
