@@ -419,6 +419,30 @@ TEST_P(TensorMD, SkipsNonFiniteStepsLikeOneRank) {
   for (std::size_t e = 0; e < after_ten.size(); ++e) ASSERT_EQ(after_ten[e], after_one[e]) << e;
 }
 
+// The grids evaluate whole micro-batches of every replica: a validation set (or a
+// data.val_windows cap) below one micro-batch each is refused when the trainer starts, on every
+// rank, naming the keys (it used to end a finished run at its closing validation pass).
+TEST(TensorMDConfig, TooFewValidationWindowsAreRefusedAtStart) {
+  parallel::MpiCommunicator world(MPI_COMM_WORLD);
+  if (world.size() != 4) GTEST_SKIP() << "needs 4 ranks (2d)";
+  const std::string data = test::shared_training_text(world, "colossal_md_data.txt", 4242);
+  io::Config c = config(data, Layout{"gpt2", "2d", 4}, true, "md_val");
+  c.data.val_path = data;
+  c.data.val_windows = 3;  // micro_batch 4
+  try {
+    apps::Trainer trainer(c, nullptr, &world);
+    FAIL() << "expected too few validation windows to be refused";
+  } catch (const apps::DataFileError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("gives 3 validation window(s)"), std::string::npos) << what;
+    EXPECT_NE(what.find("at least train.micro_batch x data x depth = 4"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("raise data.val_windows"), std::string::npos) << what;
+  }
+  c.data.val_windows = 4;
+  apps::Trainer enough(c, nullptr, &world);  // one micro-batch: accepted
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, TensorMD,
     ::testing::Values(Layout{"gpt2", "2d", 4}, Layout{"opt", "2d", 4},
