@@ -123,8 +123,8 @@ void layernorm_split_backward_sums(float* sums,         // (2 r)
 }
 
 // dx += the input gradient from the all-reduced sums (one team per row); dweight += sum_n dout
-// xhat and dbias += sum_n dout over this rank's rows (column_sums: a team per 32 columns, 16
-// fixed row groups).
+// xhat and dbias += sum_n dout over this rank's rows (column_sums: a team per 32 columns and
+// slab of rows, 16 fixed row groups).
 template <class ExecSpace = Kokkos::DefaultExecutionSpace>
 void layernorm_split_backward_finish(float* dx,           // (r, c), accumulated
                                      float* dweight,      // (c), accumulated

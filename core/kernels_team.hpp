@@ -5,13 +5,16 @@
 // parameter gradients accumulate, activation gradients assign, layernorm_backward's dinp
 // accumulates (residual stream).
 //
-// Every kernel takes `team_size` (0: Kokkos::AUTO; the Serial backend runs teams of one, CUDA
-// picks 128 or more). Results do not depend on the team size except for the order of additions
-// inside a team reduction (row sums of layernorm, softmax and cross-entropy, within float
-// rounding); the column reductions and the embedding backward add in an order fixed by the
-// shapes alone, so they are the same on every backend and team size.
+// Every kernel takes `team_size` (0: Kokkos::AUTO; the Serial backend runs teams of one; on CUDA
+// Kokkos sizes the block by the kernel's registers for the best occupancy, often 64 to 256
+// threads, so it may change with the compiler). Results do not depend on the team size except
+// for the order of additions inside a team reduction (row sums of layernorm, softmax and
+// cross-entropy, within float rounding); the column reductions and the embedding backward add
+// in an order fixed by the shapes alone, the same on every backend and team size (up to the
+// multiply-adds nvcc contracts into fmas, which the host's compiler does not).
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -113,12 +116,55 @@ void layernorm_forward(Out* out,            // (N,C)
 }
 
 // out_k[c] += sum_n value(n, c)_k for k < K and c < M: the column reductions. A team owns
-// kColumnWidth columns (a device's 32 vector lanes, so each row is read coalesced); its threads
-// take kRowGroups fixed row groups (group g: rows g, g + kRowGroups, ...), each summed in row
-// order into team scratch, and the groups are added in group order. The order of additions is
-// fixed by N alone: deterministic on every backend and team size.
+// kColumnWidth columns (a device's 32 vector lanes, so each row is read coalesced) of one slab
+// of rows; its threads take kRowGroups fixed row groups of the slab (group g: rows begin + g,
+// begin + g + kRowGroups, ...), each summed in row order into team scratch, and the groups are
+// added in group order. With one slab that total is added to out; with several (column_slabs:
+// enough teams to fill a GPU, 24 column chunks alone leave most of an H100's 132
+// multiprocessors idle at d_model 768) each slab's total goes to a small workspace and a second
+// kernel adds the slabs in slab order. The order of additions is fixed by N and M alone, the same
+// on every backend and team size (nvcc may contract a term's multiply and add into one fma,
+// which the host does not: the device's values are the host team form's to rounding).
 constexpr int kColumnWidth = 32;
 constexpr int kRowGroups = 16;
+
+// Slabs of rows for a column reduction of `chunks` column chunks over N rows: about 256 teams in
+// all, each slab at least 256 rows (16 per row group); 1 for small reductions.
+inline int column_slabs(int64_t N, int chunks) {
+  constexpr int64_t kTeams = 256, kMinRows = 256;
+  const int64_t by_teams = std::max<int64_t>(1, kTeams / std::max(chunks, 1));
+  return int(std::min<int64_t>(by_teams, std::max<int64_t>(1, N / kMinRows)));
+}
+
+namespace detail {
+// column_sums' per-slab totals in `MemorySpace`: grown to the largest call's slabs x K x M floats
+// (at most about 64 KiB: column_slabs keeps slabs x chunks near 256) and kept until
+// Kokkos::finalize, as EmbeddingWorkspace below, so no step allocates or waits.
+template <class MemorySpace>
+struct ColumnSumsWorkspace {
+  float* totals = nullptr;
+  std::size_t capacity = 0;
+
+  static float* at_least(std::size_t floats) {
+    static ColumnSumsWorkspace workspace;
+    ColumnSumsWorkspace& w = workspace;
+    if (floats <= w.capacity) return w.totals;
+    if (w.totals == nullptr) {
+      Kokkos::push_finalize_hook([] {
+        ColumnSumsWorkspace& v = workspace;
+        if (v.totals != nullptr) Kokkos::kokkos_free<MemorySpace>(v.totals);
+        v = ColumnSumsWorkspace{};
+      });
+    } else {
+      Kokkos::kokkos_free<MemorySpace>(w.totals);
+    }
+    w.totals = static_cast<float*>(
+        Kokkos::kokkos_malloc<MemorySpace>("colossal::column_sums_totals", sizeof(float) * floats));
+    w.capacity = floats;
+    return w.totals;
+  }
+};
+}  // namespace detail
 
 // The terms column_sums adds, as functors: a KOKKOS_LAMBDA (nvcc's __host__ __device__ lambda
 // wrapper) captured by column_sums' own kernel lambda compiled, but jumped to address 0 on the
@@ -149,21 +195,31 @@ void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, 
                  const Value& value) {
   static_assert(K == 1 || K == 2, "column_sums reduces one or two outputs");
   const int chunks = (M + kColumnWidth - 1) / kColumnWidth;
+  const int slabs = column_slabs(N, chunks);
+  const int64_t slab_rows = (N + slabs - 1) / slabs;
+  float* totals = slabs == 1 ? nullptr
+                             : detail::ColumnSumsWorkspace<typename ExecSpace::memory_space>::
+                                   at_least(std::size_t(slabs) * K * std::size_t(M));
   constexpr int lanes = column_lanes<ExecSpace>();
-  const int threads = device_memory_v<ExecSpace> && team_size <= 0 ? kRowGroups : team_size;
+  // A device team is always kRowGroups threads of 32 lanes (a hand-given size would only idle
+  // threads, or pass CUDA's 1024 threads a block); the host's takes team_size.
+  const int threads = device_memory_v<ExecSpace> ? kRowGroups : team_size;
   const int floats = K * kRowGroups * kColumnWidth;
-  auto pol = policy<ExecSpace>(chunks, threads, lanes);
+  auto pol = policy<ExecSpace>(int64_t(chunks) * slabs, threads, lanes);
   pol.set_scratch_size(0, Kokkos::PerTeam(ScratchFloats<ExecSpace>::shmem_size(floats)));
   Kokkos::parallel_for(
       label, pol, KOKKOS_LAMBDA(const Member<ExecSpace>& team) {
         ScratchFloats<ExecSpace> partial(team.team_scratch(0), floats);
-        const int c0 = team.league_rank() * kColumnWidth;
+        const int chunk = team.league_rank() % chunks, slab = team.league_rank() / chunks;
+        const int c0 = chunk * kColumnWidth;
         const int width = c0 + kColumnWidth < M ? kColumnWidth : M - c0;
+        const int64_t begin = slab * slab_rows;
+        const int64_t end = begin + slab_rows < N ? begin + slab_rows : N;
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kRowGroups), [&](int g) {
           Kokkos::parallel_for(Kokkos::ThreadVectorRange(team, width), [&](int w) {
             float acc[K] = {};
             float v[K];
-            for (int64_t n = g; n < N; n += kRowGroups) {
+            for (int64_t n = begin + g; n < end; n += kRowGroups) {
               value(n, c0 + w, v);
               for (int k = 0; k < K; ++k) acc[k] += v[k];
             }
@@ -182,11 +238,28 @@ void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, 
               for (int g = 0; g < kRowGroups; ++g) {
                 total += partial((k * kRowGroups + g) * kColumnWidth + w);
               }
-              float* out = k == 0 ? out0 : out1;
-              out[c0 + w] += total;
+              if (totals == nullptr) {
+                float* out = k == 0 ? out0 : out1;
+                out[c0 + w] += total;
+              } else {
+                totals[(int64_t(slab) * K + k) * M + c0 + w] = total;
+              }
             }
           });
         });
+      });
+  if (totals == nullptr) return;
+  // The slabs' totals, added in slab order (the same stream: after the kernel above).
+  std::string slabs_label = label;
+  slabs_label += "_slabs";
+  Kokkos::parallel_for(
+      slabs_label, Kokkos::RangePolicy<ExecSpace>(0, M), KOKKOS_LAMBDA(const int c) {
+        for (int k = 0; k < K; ++k) {
+          float total = 0.0f;
+          for (int s = 0; s < slabs; ++s) total += totals[(int64_t(s) * K + k) * M + c];
+          float* out = k == 0 ? out0 : out1;
+          out[c] += total;
+        }
       });
 }
 

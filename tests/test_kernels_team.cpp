@@ -185,8 +185,11 @@ TEST_F(TeamKernels, Bf16StorageIsTheRoundedFp32) {
 }
 
 TEST_F(TeamKernels, LayernormBackwardMatchesHostAndFiniteDifferences) {
-  {
-    const int N = 70, C = 37;  // two column chunks (one ragged), rows not a multiple of 16
+  // Two column chunks (one ragged), rows not a multiple of 16; 600 rows: two slabs of rows
+  // (team::column_slabs), added by the second kernel.
+  for (const int N : {70, 600}) {
+    SCOPED_TRACE("N " + std::to_string(N));
+    const int C = 37;
     auto x = random_vector(N * C, 1, 2.0f), w = random_vector(C, 2), g = random_vector(N * C, 3);
     std::vector<float> out(N * C), mean(N), rstd(N);
     kernels::layernorm_forward<RefExec>(out.data(), mean.data(), rstd.data(), x.data(), w.data(),
@@ -224,7 +227,11 @@ TEST_F(TeamKernels, LayernormBackwardMatchesHostAndFiniteDifferences) {
   EXPECT_EQ(check_gradient("db", f, b, db), 0);
 }
 
+// N = 1000: three slabs of rows (team::column_slabs), the last one shorter.
 TEST_F(TeamKernels, BiasBackwardMatchesHostAndDoubleSums) {
+  EXPECT_EQ(team::column_slabs(70, 2), 1);
+  EXPECT_EQ(team::column_slabs(1000, 2), 3);
+  EXPECT_EQ(team::column_slabs(16384, 24), 10);  // gpt2's d_model 768 at B*T = 16384
   for (int N : {70, 1000}) {
     const int M = 37, ld = 40;
     auto d = random_vector(N * ld, 9);
@@ -240,6 +247,12 @@ TEST_F(TeamKernels, BiasBackwardMatchesHostAndDoubleSums) {
     SCOPED_TRACE("N " + std::to_string(N));
     expect_close("bias dbias vs host", db, ref, 1e-4);
     expect_close("bias dbias vs double", db, exact, 1e-4);
+    // The order of additions is the shapes', not the team's: teams of one thread give the same
+    // bits as this run's (several threads under scripts/check_team_kernels.sh).
+    std::vector<float> one(M, 1.0f);
+    team::bias_backward<TeamExec>(one.data(), d.data(), N, M, ld, 1);
+    Kokkos::fence();
+    EXPECT_EQ(one, db);
   }
 }
 
@@ -1067,7 +1080,7 @@ using colossal::test::to_device;
 using colossal::test::to_host;
 
 TEST(DeviceTeamKernels, RowAndColumnKernelsMatchHost) {
-  const int N = 64, C = 768;
+  const int N = 640, C = 768;  // the column reductions in two slabs of rows (team::column_slabs)
   auto x = random_vector(N * C, 1, 3.0f), w = random_vector(C, 2), b = random_vector(C, 3);
   auto g = random_vector(N * C, 4);
   std::vector<float> out(N * C), mean(N), rstd(N);
