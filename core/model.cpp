@@ -259,6 +259,15 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
 
   scratch_ = DeviceArray<float>(tracker, MemCategory::temporaries, activations_.scratch);
   cursor = scratch_.data();
+  // The LM head's chunk first, at the buffer's start (Kokkos' allocations are 128-byte
+  // aligned): its rows of a multiple of 64 floats (kLogitsRowAlign) then all start 128-byte
+  // aligned, as cuBLAS's tensor-core kernels and the vectorised bf16 rounding want; carved after
+  // buffers of odd sizes (H x T x T, the RoPE tables) they need not. Its sizes are multiples of
+  // 32 floats, so the buffers after it keep the alignment they had.
+  if (stage_.head) {  // head_in_forward_ only
+    logits_chunk_ = carve(sz.logits_chunk);
+    logits_chunk_bf16_ = sz.logits_chunk_bf16 > 0 ? carve(sz.logits_chunk_bf16) : nullptr;
+  }
   dresidual_ = carve(sz.dresidual);
   dbuf_c_ = carve(sz.dhidden);
   dbuf_f_ = carve(sz.dmlp);
@@ -288,10 +297,6 @@ Model::Model(const ModelSpec& spec, int max_batch, int seq_len, MemoryTracker& t
       copy_to_device(rope_cos_, cs.data(), cs.size() * sizeof(float));
       copy_to_device(rope_sin_, sn.data(), sn.size() * sizeof(float));
     }
-  }
-  if (stage_.head) {  // head_in_forward_ only
-    logits_chunk_ = carve(sz.logits_chunk);
-    logits_chunk_bf16_ = sz.logits_chunk_bf16 > 0 ? carve(sz.logits_chunk_bf16) : nullptr;
   }
   head_pending_.assign(slots, 0);
   check_carved(cursor, scratch_, "temporaries");
