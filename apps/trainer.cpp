@@ -399,27 +399,6 @@ Trainer::Trainer(const io::Config& config, std::FILE* log, parallel::Communicato
     links = zero::PipelineLinks{pp_, tied_owner_.get(), true};
   }
   open_run_data(config_, train_data_, sampler_, val_data_);
-  if (val_data_ && par.tensor_mode != core::TensorMode::d1) {
-    // 2d / 2.5d / 3d evaluate whole micro-batches of every replica (evaluate()): too few
-    // windows is a config error now, not after the run's last step.
-    const int64_t windows =
-        io::validation_windows(*val_data_, config_.train.seq_len, config_.data.val_windows);
-    const int64_t replicas = int64_t(dp_->size()) *
-                             (par.tensor_mode == core::TensorMode::d2_5 ? par.tensor_depth : 1);
-    const int64_t need = int64_t(config_.train.micro_batch) * replicas;
-    if (windows < need) {
-      throw DataFileError(
-          "data.val_path gives " + std::to_string(windows) + " validation window(s) of " +
-          "train.seq_len " + std::to_string(config_.train.seq_len) +
-          (config_.data.val_windows > 0
-               ? " (data.val_windows: " + std::to_string(config_.data.val_windows) + ")"
-               : std::string()) +
-          ", but " + core::tensor_mode_name(par.tensor_mode) +
-          " evaluates whole micro-batches of every replica: at least train.micro_batch x data x "
-          "depth = " + std::to_string(need) + "; raise data.val_windows (0: every window) or "
-          "give data.val_path more text");
-    }
-  }
   if (!inference_ && !config_.eval.choices.empty()) {
     choice_examples_ = load_choices(*world_, config_.eval.choices, "eval.choices", config_,
                                     config_.eval.choices_examples);
@@ -871,6 +850,30 @@ void Trainer::require_training(const char* what) const {
   }
 }
 
+// 2d / 2.5d / 3d evaluate whole micro-batches of every replica (evaluate()): too few validation
+// windows is refused when a training run starts, on every rank alike, not after its last step
+// at the closing validation pass.
+void Trainer::check_validation_windows() const {
+  const auto& par = config_.parallel;
+  if (!val_data_ || par.tensor_mode == core::TensorMode::d1) return;
+  const int64_t windows =
+      io::validation_windows(*val_data_, config_.train.seq_len, config_.data.val_windows);
+  const int64_t replicas =
+      int64_t(dp_->size()) * (par.tensor_mode == core::TensorMode::d2_5 ? par.tensor_depth : 1);
+  const int64_t need = int64_t(config_.train.micro_batch) * replicas;
+  if (windows >= need) return;
+  throw DataFileError(
+      "data.val_path gives " + std::to_string(windows) + " validation window(s) of " +
+      "train.seq_len " + std::to_string(config_.train.seq_len) +
+      (config_.data.val_windows > 0
+           ? " (data.val_windows: " + std::to_string(config_.data.val_windows) + ")"
+           : std::string()) +
+      ", but " + core::tensor_mode_name(par.tensor_mode) +
+      " evaluates whole micro-batches of every replica: at least train.micro_batch x data x "
+      "depth = " + std::to_string(need) + "; raise data.val_windows (0: every window) or "
+      "give data.val_path more text");
+}
+
 TrainSummary Trainer::train() {
   require_training("train");
   const auto& t = config_.train;
@@ -885,6 +888,7 @@ TrainSummary Trainer::train() {
     check_stop_tokens(config_.sample.stop_tokens, *train_data_, spec.vocab,
                       "sample.stop_tokens");
   }
+  if (profile_steps_ == 0) check_validation_windows();
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
   Watchdog watchdog(t.watchdog_seconds, world_->rank());

@@ -373,6 +373,8 @@ class Trainer {
   // One step's micro-batches through the pipeline executor; the global mean loss.
   double run_step(int64_t step);
   // host_inputs_/host_targets_ -> this rank's part of them in slot `slot` of a chunk's buffers
+  // train()'s start: a grid layout's validation set holds one micro-batch per replica.
+  void check_validation_windows() const;
   void upload(int slot = 0, int chunk = 0);
   // This rank's tokens of one micro-batch (micro_batch x its sequence chunk): one slot's share
   // of a chunk's device token arrays, and half the staging (inputs, then targets).

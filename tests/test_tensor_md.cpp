@@ -420,7 +420,7 @@ TEST_P(TensorMD, SkipsNonFiniteStepsLikeOneRank) {
 }
 
 // The grids evaluate whole micro-batches of every replica: a validation set (or a
-// data.val_windows cap) below one micro-batch each is refused when the trainer starts, on every
+// data.val_windows cap) below one micro-batch each is refused when training starts, on every
 // rank, naming the keys (it used to end a finished run at its closing validation pass).
 TEST(TensorMDConfig, TooFewValidationWindowsAreRefusedAtStart) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
@@ -429,8 +429,10 @@ TEST(TensorMDConfig, TooFewValidationWindowsAreRefusedAtStart) {
   io::Config c = config(data, Layout{"gpt2", "2d", 4}, true, "md_val");
   c.data.val_path = data;
   c.data.val_windows = 3;  // micro_batch 4
+  c.train.steps = 1;
+  apps::Trainer few(c, nullptr, &world);
   try {
-    apps::Trainer trainer(c, nullptr, &world);
+    few.train();
     FAIL() << "expected too few validation windows to be refused";
   } catch (const apps::DataFileError& e) {
     const std::string what = e.what();
@@ -440,7 +442,10 @@ TEST(TensorMDConfig, TooFewValidationWindowsAreRefusedAtStart) {
     EXPECT_NE(what.find("raise data.val_windows"), std::string::npos) << what;
   }
   c.data.val_windows = 4;
-  apps::Trainer enough(c, nullptr, &world);  // one micro-batch: accepted
+  apps::Trainer enough(c, nullptr, &world);  // one micro-batch per replica: trains, evaluates
+  const apps::TrainSummary done = enough.train();
+  EXPECT_EQ(done.steps, 1);
+  EXPECT_GT(done.val_loss, 0.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
