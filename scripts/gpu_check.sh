@@ -7,8 +7,9 @@
 # so one crash or hang costs its step only and the script ends, report written, close to the
 # deadline. The report goes to $OUT/gpu_check.txt (or ./gpu_check.txt) line by line as it runs,
 # with each section's seconds, the programs' output to $OUT/gpu_check-logs/ as they run, and a
-# last line "result: PASS | FAIL | INCOMPLETE" (INCOMPLETE: sections skipped for time, or the
-# script killed). It first checks that a CUDA program starts at all (the driver must support
+# last line "result: PASS | FAIL | INCOMPLETE" (exit status 0, 1, 2; INCOMPLETE: sections
+# skipped for time, or a TERM or INT, acted on when the running step ends; a KILL leaves no
+# result line). It first checks that a CUDA program starts at all (the driver must support
 # CUDA 13). The sections, in the default order (correctness first, then the measurements):
 #   1. the GPU tests of build-cuda (test_kernels_team, test_attention_tc, test_kernels, test_gemm_cuda,
 #      test_model_grad, test_decode, test_nccl_communicator on one rank); compute-sanitizer on a
@@ -144,7 +145,8 @@ lim() {  # SECONDS: the step's own limit, or what is left before the deadline (a
 }
 # The planner's rates for the profiled steps' and the offload runs' predictions: the preset
 # GPU_CHECK_PRESET names, else colossal_train's own for the GPU it finds (planner::preset_for_gpu;
-# its "hardware:" line says which), until section 3 has calibrated the node.
+# its "hardware:" line says which), until section 7 has calibrated the node (in the default order
+# section 6 runs before it, on the preset).
 hw=()
 [ -n "${GPU_CHECK_PRESET:-}" ] && hw=(--set "hardware.preset=$GPU_CHECK_PRESET")
 
@@ -239,7 +241,8 @@ t_start=$SECONDS
 # A kill (the device session's limit, ^C) still leaves the report's last line saying so; the
 # programs' logs are in $logs_dir as they run.
 trap '[ $finished = 1 ] || say "result: INCOMPLETE: stopped by a signal after $((SECONDS - t_start)) s"' EXIT
-trap 'exit 143' TERM INT
+trap 'exit 143' TERM
+trap 'exit 130' INT
 bundle=$(cat "$root/BUNDLE" 2>/dev/null || echo "the repository's working tree")
 say "gpu_check $(date -u +%FT%TZ) of $bundle"
 say "on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1); driver's $(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -1); $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
@@ -253,9 +256,11 @@ fi
 [ -n "${OMPI_MCA_plm:-}" ] && say "mpi: no ssh or rsh here, local launches only (OMPI_MCA_plm=$OMPI_MCA_plm)"
 # The programs start on this GPU and driver at all (CUDA 13 needs driver 580 or newer): a test
 # binary initialises Kokkos on the device and lists its cases. If not, nothing else can run.
-if ! timeout -s INT -k 5 60 "$tests/test_kernels" --gtest_list_tests > "$logs_dir/startup.log" 2>&1; then
+startup=("$bin/colossal_train" --help)
+[ -x "$tests/test_kernels" ] && startup=("$tests/test_kernels" --gtest_list_tests)
+if ! timeout -s INT -k 5 60 "${startup[@]}" > "$logs_dir/startup.log" 2>&1; then
   say "result: FAIL: a CUDA program cannot start here (the driver's CUDA version above must be"
-  say "13.0 or newer; test_kernels --gtest_list_tests said:)"
+  say "13.0 or newer; $(basename "${startup[0]}") ${startup[1]} said:)"
   tail -n 15 "$logs_dir/startup.log" >> "$report"
   finished=1
   exit 1
@@ -310,28 +315,28 @@ section_2() {
   choices=()
   [ -f "$root/data/licenses_choices.bin" ] &&
     choices=(--set eval.choices=data/licenses_choices.bin)
-  (cd "$root" && timeout -s INT -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d" "${choices[@]}") > $logs_dir/eval-train.log 2>&1
-  (cd "$root" && timeout -s INT -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5" "${choices[@]}") > $logs_dir/eval-only.log 2>&1
-  trained=$(grep -o 'val loss [0-9.e+-]*' $logs_dir/eval-train.log | tail -n 1 | cut -d' ' -f3)
-  evaluated=$(grep -o 'val loss [0-9.e+-]*' $logs_dir/eval-only.log | tail -n 1 | cut -d' ' -f3)
+  (cd "$root" && timeout -s INT -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d" "${choices[@]}") > "$logs_dir"/eval-train.log 2>&1
+  (cd "$root" && timeout -s INT -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5" "${choices[@]}") > "$logs_dir"/eval-only.log 2>&1
+  trained=$(grep -o 'val loss [0-9.e+-]*' "$logs_dir"/eval-train.log | tail -n 1 | cut -d' ' -f3)
+  evaluated=$(grep -o 'val loss [0-9.e+-]*' "$logs_dir"/eval-only.log | tail -n 1 | cut -d' ' -f3)
   if [ -n "$trained" ] && [ -n "$evaluated" ] &&
      python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 1e-5 * abs(a))" \
        "$trained" "$evaluated"; then
     say "eval-only (inference trainer): val loss $evaluated, the run's $trained ($((SECONDS - t0)) s)"
   else
     say "eval-only (inference trainer): FAILED: val loss '${evaluated}' against the run's '${trained}'"
-    tail -n 12 $logs_dir/eval-train.log $logs_dir/eval-only.log >> "$report"; fail=1
+    tail -n 12 "$logs_dir"/eval-train.log "$logs_dir"/eval-only.log >> "$report"; fail=1
   fi
   if [ ${#choices[@]} -gt 0 ]; then
     # The run's last pass (its summary) and the model file's, in the run's window and in
     # colossal_eval's fitted one (where the bundle has colossal_eval): the same accuracy.
-    ran=$(sed -n 's/^choices accuracy \([0-9.]*\) per token.*/\1/p' $logs_dir/eval-train.log | tail -n 1)
-    again=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' $logs_dir/eval-only.log | tail -n 1)
+    ran=$(sed -n 's/^choices accuracy \([0-9.]*\) per token.*/\1/p' "$logs_dir"/eval-train.log | tail -n 1)
+    again=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' "$logs_dir"/eval-only.log | tail -n 1)
     fitted="-"
     if [ -x "$bin/colossal_eval" ]; then
       (cd "$root" && timeout -s INT -k 5 "$(lim 30)" "$bin/colossal_eval" configs/quickstart.yaml \
-         --weights "$d/model.h5" "${choices[@]}") > $logs_dir/eval-choices.log 2>&1
-      fitted=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' $logs_dir/eval-choices.log | tail -n 1)
+         --weights "$d/model.h5" "${choices[@]}") > "$logs_dir"/eval-choices.log 2>&1
+      fitted=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' "$logs_dir"/eval-choices.log | tail -n 1)
     fi
     if [ -n "$ran" ] && [ "$ran" = "$again" ] && { [ "$fitted" = "-" ] || [ "$fitted" = "$ran" ]; }; then
       say "eval.choices on the device: accuracy $ran in the run, $again from its model file," \
@@ -339,7 +344,7 @@ section_2() {
     else
       say "eval.choices on the device: FAILED: accuracy '$ran' in the run, '$again' from its" \
           "model file, '$fitted' in colossal_eval's window"
-      tail -n 6 $logs_dir/eval-train.log $logs_dir/eval-only.log $logs_dir/eval-choices.log >> "$report" 2>/dev/null
+      tail -n 6 "$logs_dir"/eval-train.log "$logs_dir"/eval-only.log "$logs_dir"/eval-choices.log >> "$report" 2>/dev/null
       fail=1
     fi
   fi
@@ -355,15 +360,15 @@ section_2() {
       > "$logs_dir/generate-$mode.txt" 2> "$logs_dir/generate-$mode.err"
   done
   rate() { grep -o '([0-9.]* tokens/s' "$1" | tr -d '(' | tail -n 1; }
-  rates="cache $(rate $logs_dir/generate-cache.err), --no-cache $(rate $logs_dir/generate-no-cache.err)"
-  if [ ! -s $logs_dir/generate-cache.txt ] || [ ! -s $logs_dir/generate-no-cache.txt ]; then
+  rates="cache $(rate "$logs_dir"/generate-cache.err), --no-cache $(rate "$logs_dir"/generate-no-cache.err)"
+  if [ ! -s "$logs_dir"/generate-cache.txt ] || [ ! -s "$logs_dir"/generate-no-cache.txt ]; then
     say "generate (KV cache, --no-cache): FAILED: no text"
-    tail -n 5 $logs_dir/generate-*.err >> "$report"; fail=1
-  elif cmp -s $logs_dir/generate-cache.txt $logs_dir/generate-no-cache.txt; then
+    tail -n 5 "$logs_dir"/generate-*.err >> "$report"; fail=1
+  elif cmp -s "$logs_dir"/generate-cache.txt "$logs_dir"/generate-no-cache.txt; then
     say "generate (KV cache, --no-cache): the same 60 tokens; $rates ($((SECONDS - t0)) s)"
   else
     say "generate (KV cache, --no-cache): the texts differ (a near-tie, or a defect: see test_decode); $rates"
-    cat $logs_dir/generate-cache.txt $logs_dir/generate-no-cache.txt >> "$report"
+    cat "$logs_dir"/generate-cache.txt "$logs_dir"/generate-no-cache.txt >> "$report"
   fi
 
   # Issue 20's bound for bf16 on the device: 300 quickstart steps in bf16 end within 2% of fp32
@@ -399,7 +404,7 @@ print('%+.2f%% train, %+.2f%% val: %s' % (100 * (b / a - 1), 100 * (d / c - 1),
     say "300 quickstart steps, last-20 train loss (final val loss): fp32 ${q_tail[fp32]} (${q_val[fp32]}), bf16 ${q_tail[bf16]} (${q_val[bf16]}); $verdict; tok/s fp32 ${q_rate[fp32]}, bf16 ${q_rate[bf16]} ($((SECONDS - t0)) s)"
   else
     say "300 quickstart steps, fp32 and bf16: FAILED (rc ${q_rc[fp32]} and ${q_rc[bf16]}, or no finite losses)"
-    tail -n 8 $logs_dir/q300-fp32.log $logs_dir/q300-bf16.log >> "$report"; fail=1
+    tail -n 8 "$logs_dir"/q300-fp32.log "$logs_dir"/q300-bf16.log >> "$report"; fail=1
   fi
 }
 
@@ -526,8 +531,8 @@ section_5() {
     for args in "" "--bf16" "--bf16 --compile"; do
       # shellcheck disable=SC2086  # the configuration's flags are separate words
       timeout -s INT -k 5 "$(lim 120)" python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
-        --seq-len 1024 --steps 8 --warmup-steps 2 $args 2>$logs_dir/peer.log >> "$report" ||
-        { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 $logs_dir/peer.log >> "$report"; }
+        --seq-len 1024 --steps 8 --warmup-steps 2 $args 2>"$logs_dir"/peer.log >> "$report" ||
+        { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 "$logs_dir"/peer.log >> "$report"; }
     done
   else say "pytorch_peer.py: no torch with CUDA here"; fi
 }
@@ -609,12 +614,11 @@ for n in $sections; do
     incomplete=1; break
   fi
 done
-late=0
-[ $((SECONDS - t_start)) -ge "$deadline" ] && late=1 incomplete=1
-result=PASS
-[ $incomplete = 1 ] && result="INCOMPLETE (sections skipped for time)"
-[ $fail = 1 ] && result=FAIL
-[ $late = 1 ] && result="$result, past GPU_CHECK_DEADLINE=$deadline s (later steps had 1 s each: their failures may be that)"
+result=PASS status=0
+[ $incomplete = 1 ] && result="INCOMPLETE (sections skipped for time)" status=2
+[ $fail = 1 ] && result=FAIL status=1
+[ $((SECONDS - t_start)) -ge "$deadline" ] &&
+  result="$result, past GPU_CHECK_DEADLINE=$deadline s (steps after it had 1 s each: their failures may be that)"
 finished=1
 say "result: $result in $((SECONDS - t_start)) s (the programs' logs: $logs_dir)"
-exit $fail
+exit $status

@@ -44,8 +44,9 @@ for m in quickstart opt-tiny llama-quickstart quickstart-bf16 quickstart-fused q
 done
 compgen -G "$repo/data/licenses_*.txt" >/dev/null || missing+=("data/licenses_*.txt (scripts/prepare_data.sh)")
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "pack_gpu_bundle.sh: missing ${missing[*]}; build them with" \
-       "'cmake --build --preset cuda-ci -j2' (programs) first" >&2
+  echo "pack_gpu_bundle.sh: missing ${missing[*]}; make them first (programs:" \
+       "'cmake --build --preset cuda-ci -j2'; host losses: scripts/gpu_check.sh --host-losses" \
+       "after the host build; the data: scripts/prepare_data.sh)" >&2
   exit 1
 fi
 for f in "${progs[@]}"; do cp "$f" "$out/bin/"; done
