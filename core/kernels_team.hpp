@@ -139,7 +139,9 @@ inline int column_slabs(int64_t N, int chunks) {
 namespace detail {
 // column_sums' per-slab totals in `MemorySpace`: grown to the largest call's slabs x K x M floats
 // (at most about 64 KiB: column_slabs keeps slabs x chunks near 256) and kept until
-// Kokkos::finalize, as EmbeddingWorkspace below, so no step allocates or waits.
+// Kokkos::finalize, as EmbeddingWorkspace below, so steps after the first allocate nothing.
+// One per memory space: the calls must be ordered (one execution space instance, one stream, as
+// every kernel of the step), never two at once, or one call's totals overwrite another's.
 template <class MemorySpace>
 struct ColumnSumsWorkspace {
   float* totals = nullptr;

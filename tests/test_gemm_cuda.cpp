@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/trainer.hpp"
+#include "core/bf16.hpp"
 #include "core/gemm.hpp"
 #include "io/config.hpp"
 #include "grad_check.hpp"
@@ -131,9 +132,10 @@ TEST(CublasGemm, Bf16TensorCoresMatchTheHostBf16Emulation) {
   }
 }
 
-// On device arrays (a Kokkos CUDA build) bf16 is CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS chooses the
-// reduced-precision kernel, so the result is only bounded by bf16 rounding's error, not equal to
-// it.
+// bf16 on device arrays, bounded by bf16 rounding's error: in a host-Kokkos build cuBLAS's own
+// CUBLAS_COMPUTE_32F_FAST_16BF (it chooses the reduced-precision kernel, so the result is only
+// bounded, not equal); in a Kokkos CUDA build the operands rounded on the device
+// (DeviceBf16RoundsExactlyHoldsOnceAndTakesBf16AsIs below holds that path to the emulation).
 TEST(CublasGemm, DeviceArraysBf16StaysWithinBf16Error) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
   auto host = make_bf16_gemm(make_host_gemm());
@@ -156,6 +158,72 @@ TEST(CublasGemm, DeviceArraysBf16StaysWithinBf16Error) {
   }
   std::printf("FAST_16BF: |cuBLAS - fp32| up to %.2e; bf16 rounding's %.2e\n", error, bf16_error);
   EXPECT_LE(error, 1.5 * bf16_error);
+}
+
+// A Kokkos CUDA build's bf16 on device arrays rounds each fp32 operand on the device (ties to
+// even, the host emulation's rounding) and multiplies bf16 x bf16 with fp32 sums: the host
+// emulation's result up to summation order, through each branch of that path: an fp32 operand
+// at an unaligned offset with padded rows (the rounding kernel's one-value form), a weight inside
+// a held range of odd length (converted once for two products, again after the values change),
+// a bf16 operand taken as it is, beta = 1 into a column block of a wider C (its other columns
+// left alone).
+TEST(CublasGemm, DeviceBf16RoundsExactlyHoldsOnceAndTakesBf16AsIs) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device visible";
+  if (colossal::test::host_memory()) {
+    GTEST_SKIP() << "a host-Kokkos build leaves bf16 on device arrays to cuBLAS (FAST_16BF)";
+  }
+  auto emulation = make_bf16_gemm(make_host_gemm());
+  auto fp32 = make_host_gemm();
+  auto device = make_cublas_gemm(GemmPrecision::bf16);
+  const int M = 40, N = 56, K = 72, lda = K + 3, ldc = N + 5;
+  const std::size_t x_at = 1, w_at = 7;  // X 4 bytes, the weight 28 bytes past aligned starts
+  auto params = random_vector(w_at + std::size_t(K) * N + 10, 11);  // 4049 floats: a tail of 1
+  const auto xs = random_vector(x_at + std::size_t(M) * lda, 12);
+  const auto c0 = random_vector(std::size_t(M) * ldc, 13);
+  DeviceBuffer dP(params), dX(xs), dC(c0);
+  // The device's C = X W + C0 (fp32 X, or X's bf16 patterns) against the emulation's and fp32's.
+  auto check = [&](const char* what, GemmOperand x) {
+    cudaMemcpy(dC.ptr, c0.data(), c0.size() * sizeof(float), cudaMemcpyHostToDevice);
+    device->gemm_mixed(Trans::N, Trans::N, M, N, K, 1.0f, x, lda, GemmOperand(dP.ptr + w_at), N,
+                       1.0f, dC.ptr, ldc);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+    std::vector<float> want = c0, plain = c0;
+    emulation->gemm(Trans::N, Trans::N, M, N, K, 1.0f, xs.data() + x_at, lda,
+                    params.data() + w_at, N, 1.0f, want.data(), ldc);
+    fp32->gemm(Trans::N, Trans::N, M, N, K, 1.0f, xs.data() + x_at, lda, params.data() + w_at, N,
+               1.0f, plain.data(), ldc);
+    const auto got = dC.read();
+    double worst = 0, from_fp32 = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, double(std::abs(got[i] - want[i])));
+      from_fp32 = std::max(from_fp32, double(std::abs(got[i] - plain[i])));
+      if (int(i % ldc) >= N) {
+        ASSERT_EQ(got[i], c0[i]) << what << ": C's column " << i % ldc;
+      }
+    }
+    std::printf("%s: |device - emulation| <= %.2e, |device - fp32| up to %.2e\n", what, worst,
+                from_fp32);
+    EXPECT_GT(from_fp32, 1e-3) << what << ": the device computed fp32";
+    EXPECT_LT(worst, 0.05 * from_fp32) << what << ": not bf16-rounded operands summed in fp32";
+  };
+  device->hold_stable(dP.ptr, params.size(), false);
+  check("fp32 X, held W", GemmOperand(dX.ptr + x_at));
+  EXPECT_EQ(device->stable_conversions(), 1u);
+  device->hold_stable(dP.ptr, params.size(), true);  // the same values: the copy serves
+  std::vector<std::uint16_t> bits(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) bits[i] = bf16_bits(xs[i]);
+  std::uint16_t* dbits = nullptr;
+  ASSERT_EQ(cudaMalloc(&dbits, bits.size() * sizeof(std::uint16_t)), cudaSuccess);
+  cudaMemcpy(dbits, bits.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyHostToDevice);
+  check("bf16 X as it is, held W", GemmOperand(dbits + x_at));
+  EXPECT_EQ(device->stable_conversions(), 1u) << "a promised-unchanged hold converted again";
+  for (float& p : params) p = -p;  // the optimizer's step, say: converted anew on the next use
+  cudaMemcpy(dP.ptr, params.data(), params.size() * sizeof(float), cudaMemcpyHostToDevice);
+  device->hold_stable(dP.ptr, params.size(), false);
+  check("fp32 X, changed W", GemmOperand(dX.ptr + x_at));
+  EXPECT_EQ(device->stable_conversions(), 2u);
+  device->hold_stable(nullptr, 0, false);
+  cudaFree(dbits);
 }
 
 // hardware.gemm: cublas takes host arrays. C may be a column block of a wider array: the columns
