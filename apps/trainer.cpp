@@ -850,28 +850,31 @@ void Trainer::require_training(const char* what) const {
   }
 }
 
-// 2d / 2.5d / 3d evaluate whole micro-batches of every replica (evaluate()): too few validation
-// windows is refused when a training run starts, on every rank alike, not after its last step
-// at the closing validation pass.
-void Trainer::check_validation_windows() const {
-  const auto& par = config_.parallel;
-  if (!val_data_ || par.tensor_mode == core::TensorMode::d1) return;
-  const int64_t windows =
+// The validation windows evaluate() reads: data.val_path's (capped by data.val_windows), and
+// under 2d / 2.5d / 3d, whose models take whole micro-batches only, rounded down to whole
+// micro-batches of every replica (the data ranks x the model's batch replicas, 2.5D's depth).
+// Too few for one each is an error, every rank alike; train() asks at its start, so a run is not
+// refused at its closing validation pass after its last step.
+Trainer::ValidationWindows Trainer::validation_windows() const {
+  const int64_t all =
       io::validation_windows(*val_data_, config_.train.seq_len, config_.data.val_windows);
-  const int64_t replicas =
-      int64_t(dp_->size()) * (par.tensor_mode == core::TensorMode::d2_5 ? par.tensor_depth : 1);
-  const int64_t need = int64_t(config_.train.micro_batch) * replicas;
-  if (windows >= need) return;
-  throw DataFileError(
-      "data.val_path gives " + std::to_string(windows) + " validation window(s) of " +
-      "train.seq_len " + std::to_string(config_.train.seq_len) +
-      (config_.data.val_windows > 0
-           ? " (data.val_windows: " + std::to_string(config_.data.val_windows) + ")"
-           : std::string()) +
-      ", but " + core::tensor_mode_name(par.tensor_mode) +
-      " evaluates whole micro-batches of every replica: at least train.micro_batch x data x "
-      "depth = " + std::to_string(need) + "; raise data.val_windows (0: every window) or "
-      "give data.val_path more text");
+  const core::StageModel& model = *chunks_.front().model;
+  if (!model.fixed_batch()) return {all, all};
+  const int64_t need =
+      int64_t(config_.train.micro_batch) * dp_->size() * model.batch_replicas();
+  if (all < need) {
+    throw DataFileError(
+        "data.val_path gives " + std::to_string(all) + " validation window(s) of " +
+        "train.seq_len " + std::to_string(config_.train.seq_len) +
+        (config_.data.val_windows > 0
+             ? " (data.val_windows: " + std::to_string(config_.data.val_windows) + ")"
+             : std::string()) +
+        ", but " + core::tensor_mode_name(config_.parallel.tensor_mode) +
+        " evaluates whole micro-batches of every replica: at least train.micro_batch x data x "
+        "depth = " + std::to_string(need) + "; raise data.val_windows (0: every window) or "
+        "give data.val_path more text");
+  }
+  return {all, all - all % need};
 }
 
 TrainSummary Trainer::train() {
@@ -888,7 +891,7 @@ TrainSummary Trainer::train() {
     check_stop_tokens(config_.sample.stop_tokens, *train_data_, spec.vocab,
                       "sample.stop_tokens");
   }
-  if (profile_steps_ == 0) check_validation_windows();
+  if (profile_steps_ == 0 && val_data_) validation_windows();  // refused now, not at the end
 
   // A rank that makes no progress for train.watchdog_seconds ends itself (and so the job).
   Watchdog watchdog(t.watchdog_seconds, world_->rank());
@@ -1258,31 +1261,19 @@ struct ReplicaBatches {
 double Trainer::evaluate() {
   if (!val_data_) throw std::runtime_error("no validation data: set data.val_path");
   const int T = config_.train.seq_len, B = config_.train.micro_batch;
-  int64_t windows = io::validation_windows(*val_data_, T, config_.data.val_windows);
+  const auto [all, windows] = validation_windows();
   // The replicas that take windows of their own: the data ranks x the model's batch replicas
   // (2.5D depth layers, whose forward returns the mean over all of them).
   core::StageModel& model = *chunks_.front().model;
   const int shares = model.batch_replicas();
   const int64_t replicas = int64_t(dp_->size()) * shares;
   const int64_t replica = int64_t(dp_->rank()) * shares + model.batch_replica();
-  if (model.fixed_batch()) {
-    // A model that only takes whole micro-batches (2d / 3d): the windows rounded down to whole
-    // micro-batches of every replica.
-    const int64_t all = windows;
-    windows -= windows % (B * replicas);
-    if (windows < all && !said_val_windows_) {
-      print("validation: %lld of %lld windows (%s evaluates whole micro-batches of %d per "
-            "replica), so its val loss is not a 1d run's or colossal_eval's\n",
-            (long long)windows, (long long)all,
-            core::tensor_mode_name(config_.parallel.tensor_mode), B);
-      said_val_windows_ = true;
-    }
-    if (windows == 0) {
-      throw CollectiveError("data.val_path has fewer windows than one train.micro_batch for " +
-                            std::string("each of the data x depth = ") +
-                            std::to_string(replicas) + " replicas (" +
-                            std::to_string(B * replicas) + "); give it more text");
-    }
+  if (windows < all && !said_val_windows_) {
+    print("validation: %lld of %lld windows (%s evaluates whole micro-batches of %d per "
+          "replica), so its val loss is not a 1d run's or colossal_eval's\n",
+          (long long)windows, (long long)all,
+          core::tensor_mode_name(config_.parallel.tensor_mode), B);
+    said_val_windows_ = true;
   }
   // Replica r evaluates windows [W*r/R, W*(r+1)/R); the sum of window losses is all-reduced.
   // Under ZeRO-3 every rank runs as many forwards as the largest data-parallel part.

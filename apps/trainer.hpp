@@ -373,8 +373,6 @@ class Trainer {
   // One step's micro-batches through the pipeline executor; the global mean loss.
   double run_step(int64_t step);
   // host_inputs_/host_targets_ -> this rank's part of them in slot `slot` of a chunk's buffers
-  // train()'s start: a grid layout's validation set holds one micro-batch per replica.
-  void check_validation_windows() const;
   void upload(int slot = 0, int chunk = 0);
   // This rank's tokens of one micro-batch (micro_batch x its sequence chunk): one slot's share
   // of a chunk's device token arrays, and half the staging (inputs, then targets).
@@ -465,6 +463,12 @@ class Trainer {
   std::vector<float> chunk_parameters(Chunk& chunk);
   std::unique_ptr<parallel::PipelineExecutor> executor_;  // over chunks_
   int64_t step_ = 0;  // the step run_step runs (the chunks' load() samples from it)
+  // The validation windows of data.val_path, and those evaluate() reads (2d / 2.5d / 3d: whole
+  // micro-batches of every replica; apps::DataFileError when fewer than one each).
+  struct ValidationWindows {
+    int64_t all, read;
+  };
+  ValidationWindows validation_windows() const;
   bool said_val_windows_ = false;  // evaluate()'s note on windows left out, printed once
   core::Model* model_ = nullptr;               // chunk 0's (the only one but interleaved)
   zero::ShardedAdamW* optimizer_ = nullptr;
