@@ -252,10 +252,9 @@ void column_sums(const char* label, float* out0, float* out1, int64_t N, int M, 
       });
   if (totals == nullptr) return;
   // The slabs' totals, added in slab order (the same stream: after the kernel above).
-  std::string slabs_label = label;
-  slabs_label += "_slabs";
   Kokkos::parallel_for(
-      slabs_label, Kokkos::RangePolicy<ExecSpace>(0, M), KOKKOS_LAMBDA(const int c) {
+      "colossal::core::team_column_sums_slabs", Kokkos::RangePolicy<ExecSpace>(0, M),
+      KOKKOS_LAMBDA(const int c) {
         for (int k = 0; k < K; ++k) {
           float total = 0.0f;
           for (int s = 0; s < slabs; ++s) total += totals[(int64_t(s) * K + k) * M + c];

@@ -143,6 +143,13 @@ lim() {  # SECONDS: the step's own limit, or what is left before the deadline (a
   [ "$left" -lt 1 ] && left=1
   echo $(( $1 < left ? $1 : left ))
 }
+# Runs a step under its limit (lim). INT, not TERM: colossal_train writes a checkpoint on TERM;
+# a program that ignores INT is killed 5 s later.
+limited() {  # SECONDS COMMAND...
+  local seconds=$1
+  shift
+  timeout -s INT -k 5 "$(lim "$seconds")" "$@"
+}
 # The planner's rates for the profiled steps' and the offload runs' predictions: the preset
 # GPU_CHECK_PRESET names, else colossal_train's own for the GPU it finds (planner::preset_for_gpu;
 # its "hardware:" line says which), until section 7 has calibrated the node (in the default order
@@ -258,7 +265,7 @@ fi
 # binary initialises Kokkos on the device and lists its cases. If not, nothing else can run.
 startup=("$bin/colossal_train" --help)
 [ -x "$tests/test_kernels" ] && startup=("$tests/test_kernels" --gtest_list_tests)
-if ! timeout -s INT -k 5 60 "${startup[@]}" > "$logs_dir/startup.log" 2>&1; then
+if ! limited 60 "${startup[@]}" > "$logs_dir/startup.log" 2>&1; then
   say "result: FAIL: a CUDA program cannot start here (the driver's CUDA version above must be"
   say "13.0 or newer; $(basename "${startup[0]}") ${startup[1]} said:)"
   tail -n 15 "$logs_dir/startup.log" >> "$report"
@@ -272,7 +279,7 @@ section_1() {
            test_decode test_nccl_communicator; do
     if [ -x "$tests/$t" ]; then
       t0=$SECONDS
-      if timeout -s INT -k 5 "$(lim 90)" "$tests/$t" > "$logs_dir/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
+      if limited 90 "$tests/$t" > "$logs_dir/$t.log" 2>&1; then say "$t: passed ($((SECONDS - t0)) s)"
       else say "$t: FAILED (rc $?, $((SECONDS - t0)) s)"; fail=1
         grep -E '^\[  FAILED|Failure|Expected|Which is|error|abort|what\(\)' "$logs_dir/$t.log" | head -40 >> "$report"
         tail -n 15 "$logs_dir/$t.log" >> "$report"; fi
@@ -287,7 +294,7 @@ section_2() {
     ref="$root/host-losses/$m.txt"
     [ -f "$ref" ] || { say "$m: no $ref (run --host-losses on the CPU machine)"; fail=1; continue; }
     t0=$SECONDS
-    gpu=$(timeout -s INT -k 5 "$(lim 45)" bash -c "$(declare -f losses); root='$root' steps=$steps \
+    gpu=$(limited 45 bash -c "$(declare -f losses); root='$root' steps=$steps \
           losses '$bin/colossal_train' '$(model_config "$m")' $(model_sets "$m")" \
           2> "$logs_dir/train-$m.log")
     grep -E '^(gpu|gemm|comm|memory|kokkos)|rror|abort' "$logs_dir/train-$m.log" | head -12 >> "$report"
@@ -299,7 +306,7 @@ section_2() {
       [ "$m" = quickstart ] && basic_fail=1
       if command -v compute-sanitizer >/dev/null && [ "$m" = quickstart ]; then
         say "-- compute-sanitizer, 2 steps of $m"
-        (cd "$root" && timeout -s INT -k 5 "$(lim 90)" compute-sanitizer --print-limit 10 "$bin/colossal_train" \
+        (cd "$root" && limited 90 compute-sanitizer --print-limit 10 "$bin/colossal_train" \
            "configs/$m.yaml" --set train.steps=2 --set sample.tokens=0 --set data.val_windows=2 \
            --set log.save_model=false \
            --set log.dir=/tmp/gpu_check-sanitize 2>&1) | grep -v '^step' | head -60 >> "$report"
@@ -315,8 +322,8 @@ section_2() {
   choices=()
   [ -f "$root/data/licenses_choices.bin" ] &&
     choices=(--set eval.choices=data/licenses_choices.bin)
-  (cd "$root" && timeout -s INT -k 5 "$(lim 45)" "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d" "${choices[@]}") > "$logs_dir"/eval-train.log 2>&1
-  (cd "$root" && timeout -s INT -k 5 "$(lim 30)" "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5" "${choices[@]}") > "$logs_dir"/eval-only.log 2>&1
+  (cd "$root" && limited 45 "$bin/colossal_train" configs/quickstart.yaml      --set train.steps=3 --set sample.tokens=0 --set log.dir="$d" "${choices[@]}") > "$logs_dir"/eval-train.log 2>&1
+  (cd "$root" && limited 30 "$bin/colossal_train" configs/quickstart.yaml      --eval-only --weights "$d/model.h5" "${choices[@]}") > "$logs_dir"/eval-only.log 2>&1
   trained=$(grep -o 'val loss [0-9.e+-]*' "$logs_dir"/eval-train.log | tail -n 1 | cut -d' ' -f3)
   evaluated=$(grep -o 'val loss [0-9.e+-]*' "$logs_dir"/eval-only.log | tail -n 1 | cut -d' ' -f3)
   if [ -n "$trained" ] && [ -n "$evaluated" ] &&
@@ -334,7 +341,7 @@ section_2() {
     again=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' "$logs_dir"/eval-only.log | tail -n 1)
     fitted="-"
     if [ -x "$bin/colossal_eval" ]; then
-      (cd "$root" && timeout -s INT -k 5 "$(lim 30)" "$bin/colossal_eval" configs/quickstart.yaml \
+      (cd "$root" && limited 30 "$bin/colossal_eval" configs/quickstart.yaml \
          --weights "$d/model.h5" "${choices[@]}") > "$logs_dir"/eval-choices.log 2>&1
       fitted=$(sed -n 's/^choices accuracy \([0-9.]*\) (.*/\1/p' "$logs_dir"/eval-choices.log | tail -n 1)
     fi
@@ -355,7 +362,7 @@ section_2() {
   t0=$SECONDS
   for mode in cache no-cache; do
     flag=""; [ $mode = no-cache ] && flag="--no-cache"
-    (cd "$root" && timeout -s INT -k 5 "$(lim 60)" "$bin/colossal_generate" configs/quickstart.yaml \
+    (cd "$root" && limited 60 "$bin/colossal_generate" configs/quickstart.yaml \
        --weights "$d/model.h5" --prompt "The " --tokens 60 --temperature 0 $flag) \
       > "$logs_dir/generate-$mode.txt" 2> "$logs_dir/generate-$mode.err"
   done
@@ -380,7 +387,7 @@ section_2() {
   for p in fp32 bf16; do
     qd="/tmp/gpu_check-q300-$p-$$"
     rm -rf "$qd"
-    (cd "$root" && timeout -s INT -k 5 "$(lim 90)" "$bin/colossal_train" configs/quickstart.yaml \
+    (cd "$root" && limited 90 "$bin/colossal_train" configs/quickstart.yaml \
        --set train.steps=300 --set train.precision=$p --set eval.every=300 --set sample.tokens=0 \
        --set checkpoint.every=0 --set log.save_model=false --set log.dir="$qd") > "$logs_dir/q300-$p.log" 2>&1
     q_rc[$p]=$?
@@ -409,7 +416,7 @@ print('%+.2f%% train, %+.2f%% val: %s' % (100 * (b / a - 1), 100 * (d / c - 1),
 }
 
 bench() {  # ARGS...: colossal_bench's table into the report
-  timeout -s INT -k 5 "$(lim 120)" "$bin/colossal_bench" "$@" 2>&1 |
+  limited 120 "$bin/colossal_bench" "$@" 2>&1 |
     grep -v -E 'OMP_PROC_BIND|OpenMP [0-9]|unit testing' >> "$report" ||
     say "colossal_bench $*: failed or timed out (rc $?)"
 }
@@ -437,18 +444,18 @@ section_7() {
   # model's milliseconds beside each kind of work), else with the preset.
   hw_file="${OUT:-$PWD}/hardware-gpu.yaml"
   rm -f "$hw_file"  # an earlier run's must not stand in for this GPU's
-  (cd "$root" && timeout -s INT -k 5 "$(lim 90)" "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
+  (cd "$root" && limited 90 "$bin/colossal_plan" --calibrate --out "$hw_file" 2>&1) |
     tail -n 60 >> "$report" || say "colossal_plan --calibrate: failed"
   [ -s "$hw_file" ] && hw=(--set "hardware.file=$hw_file")
   say "profiled steps predicted with ${hw[*]:-the preset colossal_train picks for this GPU}"
-  (cd "$root" && timeout -s INT -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && limited 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.save_model=false --set log.dir=/tmp/gpu_check-prof \
      2>&1) | grep -v '^step' | tail -n 32 >> "$report" || say "colossal_train --profile-steps: failed"
   # The same step with the fused attention (bf16: the tensor-core kernels) where the dense
   # path kept (B,H,T,T) probabilities.
-  (cd "$root" && timeout -s INT -k 5 "$(lim 120)" "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
+  (cd "$root" && limited 120 "$bin/colossal_train" configs/gpt2-124m.yaml --profile-steps 3 \
      --set train.precision=bf16 --set model.fused_attention=true \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} --set log.save_model=false --set log.dir=/tmp/gpu_check-prof-fused \
@@ -456,7 +463,7 @@ section_7() {
     say "colossal_train --profile-steps with model.fused_attention: failed"
   # What model.fused_attention: auto decides for that step on this GPU (those rates, the GPU's
   # free memory; --memory-plan allocates nothing), to compare with the two profiles above.
-  (cd "$root" && timeout -s INT -k 5 "$(lim 60)" "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
+  (cd "$root" && limited 60 "$bin/colossal_train" configs/gpt2-124m.yaml --memory-plan \
      --set train.precision=bf16 --set model.fused_attention=auto \
      --set train.seq_len=1024 --set model.max_seq=1024 --set train.micro_batch="$batch" \
      --set train.global_batch="$batch" ${hw[@]+"${hw[@]}"} 2>&1) |
@@ -473,7 +480,7 @@ section_4() {
     local dir="/tmp/gpu_check-staged-$n-$$-$RANDOM"
     local env_flags=()
     [ -n "${COLOSSAL_TEST_GROUPED_P2P:-}" ] && env_flags=(-x COLOSSAL_TEST_GROUPED_P2P)
-    (cd "$root" && timeout -s INT -k 5 "$(lim 60)" mpirun --oversubscribe "${env_flags[@]}" -np "$n" "$bin/colossal_train" \
+    (cd "$root" && limited 60 mpirun --oversubscribe "${env_flags[@]}" -np "$n" "$bin/colossal_train" \
        configs/quickstart.yaml --set train.steps=$steps --set log.every=1 \
        --set eval.every=1000000 --set train.micro_batch=8 --set sample.tokens=0 \
        --set data.val_windows=8 --set log.save_model=false \
@@ -530,7 +537,7 @@ section_5() {
   if [ -n "$peer" ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     for args in "" "--bf16" "--bf16 --compile"; do
       # shellcheck disable=SC2086  # the configuration's flags are separate words
-      timeout -s INT -k 5 "$(lim 120)" python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
+      limited 120 python3 "$peer" --device cuda --preset gpt2-124m --batch "$batch" \
         --seq-len 1024 --steps 8 --warmup-steps 2 $args 2>"$logs_dir"/peer.log >> "$report" ||
         { say "pytorch_peer.py $args: failed or timed out"; tail -n 5 "$logs_dir"/peer.log >> "$report"; }
     done
@@ -557,7 +564,7 @@ section_6() {
           --set log.save_model=false)
   device_need() {  # SETS... -> the device's bytes of that plan (without its offloaded bytes)
     local out d
-    out=$(cd "$root" && timeout -s INT -k 5 "$(lim 60)" "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
+    out=$(cd "$root" && limited 60 "$bin/colossal_train" "${common[@]}" "$@" --memory-plan 2>&1)
     d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes) without its offloaded.*/\1/p' <<< "$out")
     [ -n "$d" ] || d=$(sed -n 's/.*largest rank needs .* (\([0-9]*\) bytes)$/\1/p' <<< "$out")
     echo "$d"
@@ -581,7 +588,7 @@ section_6() {
                              --set hardware.device_memory_gib="$cap3") ;;
       esac
       t0=$SECONDS
-      if (cd "$root" && timeout -s INT -k 5 "$(lim 200)" "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
+      if (cd "$root" && limited 200 "$bin/colossal_train" "${common[@]}" "${sets[@]}" 2>&1) \
            > "$logs_dir/offload-$run.log"; then
         grep -E '^hardware|^offload|^parallel|^memory|^device memory|throughput|cost model \(rank 0\)' \
           "$logs_dir/offload-$run.log" | sed "s/^/$run: /" >> "$report"
