@@ -200,10 +200,6 @@ std::string fused_attention_unavailable(const io::Config& config) {
     return "ring attention (parallel.sequence " + std::to_string(p.sequence) +
            ") keeps its rows of the probabilities";
   }
-  if (p.tensor_mode != core::TensorMode::d1) {
-    return std::string("the ") + core::tensor_mode_name(p.tensor_mode) +
-           " model runs the dense attention only";
-  }
   if (!fused_attention_runs(config)) {
     return "this build's fused attention does not run head size " +
            std::to_string(config.model.hidden / config.model.heads) + " in bf16";

@@ -7,6 +7,7 @@
 #include "core/grid_kernels_team.hpp"
 #include "core/kernels.hpp"
 #include "core/kokkos_compat.hpp"
+#include "core/layers.hpp"
 #include "core/model2d.hpp"
 #include "core/model3d.hpp"
 #include "core/sharded_detail.hpp"
@@ -18,7 +19,9 @@ GridBlockFloats grid_block_floats(const ModelSpec& spec, TensorMode mode, int ba
   const int64_t row_split = mode == TensorMode::d3 ? int64_t(q) * q : q;
   const int64_t T = seq_len, R = int64_t(batch) * T / row_split;
   const int64_t c = spec.hidden / q, f = spec.ffn_hidden / q;
-  const int64_t att = int64_t(batch) / row_split * (spec.heads / q) * T * T;
+  // model.fused_attention keeps each row's log-sum-exp instead of its probabilities.
+  const int64_t att = int64_t(batch) / row_split * (spec.heads / q) * T *
+                      (spec.fused_attention ? 1 : T);
   return {sharded::layer_act_floats(R, c, f, att), R * c, att};
 }
 
@@ -62,6 +65,30 @@ void GridModel::allocate_activations(MemoryTracker& tracker, const GridBlockFloa
   }
   boundary_floats_ = R * c;
   use_slot(0);
+}
+
+void GridModel::attention_core_forward(Gemm& gemm, sharded::LayerActs& A, float* work, int B,
+                                       int T, int c, int H) {
+  if (spec_.fused_attention) {
+    model_fused_attention_forward(gemm, A.att, A.atty, GemmOperand(A.qkv), work, B, T, c, H);
+  } else {
+    attention_forward(gemm, A.att, A.atty, A.qkv, B, T, c, H);
+  }
+}
+
+void GridModel::attention_core_backward(Gemm& gemm, float* dqkv, float* work, const float* datty,
+                                        const sharded::LayerActs& A, int B, int T, int c, int H) {
+  if (spec_.fused_attention) {
+    model_fused_attention_backward(gemm, dqkv, datty, A.atty, GemmOperand(A.qkv), A.att, work, B,
+                                   T, c, H);
+  } else {
+    attention_backward(gemm, dqkv, work, datty, A.qkv, A.att, B, T, c, H);
+  }
+}
+
+int64_t grid_attention_work_floats(const ModelSpec& spec, int seq_len, int q) {
+  return spec.fused_attention ? int64_t(fused_attention_work_floats())
+                              : int64_t(spec.heads / q) * seq_len * seq_len;
 }
 
 std::size_t grid_first_unit_floats(const ModelSpec& spec, TensorMode mode, int q,

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/gemm.hpp"
 #include "core/memory.hpp"
 #include "core/model_spec.hpp"
 #include "core/parameter_store.hpp"
@@ -33,8 +34,9 @@ namespace colossal::core {
 // (sharded::layer_act_floats: R token rows of c = C/q columns, R = B*T/q in 2d and 2.5d, B*T/q^2
 // in 3d): `set`, what a kept block holds; `input`, its input x (R x c), all that the first block
 // of a recomputed segment keeps; `att`, its attention probabilities (in the set), which selective
-// checkpointing keeps for one block only. What Model2D / Model3D allocate from and the planner
-// costs from.
+// checkpointing keeps for one block only, or under model.fused_attention each row's log-sum-exp
+// (B/q or B/q^2 sequences x H/q heads x T: linear in T; selective then has nothing to drop). What
+// Model2D / Model3D allocate from and the planner costs from.
 struct GridBlockFloats {
   int64_t set = 0, input = 0, att = 0;
 };
@@ -49,6 +51,10 @@ struct GridActivationFloats {
 };
 GridActivationFloats grid_activation_floats(const sharded::BlockRecompute& plan,
                                             const GridBlockFloats& block);
+// The attention's work buffer of a block's backward (sharded::ScratchSizes::datt), shared by
+// the blocks: one sequence's score gradients (H/q x T x T), or under model.fused_attention the
+// fused kernels' tile work (fused_attention_work_floats, whatever T is).
+int64_t grid_attention_work_floats(const ModelSpec& spec, int seq_len, int q);
 // The floor on unit 0 of `stage` (ModelOptions::grid_first_unit_floats): under ZeRO 2, on a
 // stage of several that holds the tied token embedding (the first or the last), the whole
 // model's unit 0 (every stage's is smaller), so that the first and the last stage's unit 0 have
@@ -144,6 +150,15 @@ class GridModel : public StageModel {
   void allocate_activations(MemoryTracker& tracker, const GridBlockFloats& block,
                             const std::vector<Keep>& keep, bool selective, int64_t R, int64_t c,
                             int64_t f, int64_t logits);
+  // A block's attention core on this rank's B sequences and H heads (c = H x head size columns of
+  // q|k|v): model.fused_attention's (A.att the rows' log-sum-exp; the tensor-core kernels need
+  // q/k/v in bf16, which the grid models keep in fp32, so a GPU runs the fp32 team kernels) or
+  // the dense one (A.att the probabilities). `work`: grid_attention_work_floats (backward's
+  // score gradients, or the fused tiles' work in both directions).
+  void attention_core_forward(Gemm& gemm, sharded::LayerActs& A, float* work, int B, int T,
+                              int c, int H);
+  void attention_core_backward(Gemm& gemm, float* dqkv, float* work, const float* datty,
+                               const sharded::LayerActs& A, int B, int T, int c, int H);
   // Makes layer_acts_ and head_ slot `slot`'s (after check_micro_batch).
   void use_slot(int slot) {
     layer_acts_ = slot_acts_[std::size_t(slot)];

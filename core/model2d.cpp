@@ -114,7 +114,7 @@ Model2D::Model2D(const ModelSpec& spec, int batch, int seq_len, Grid2D& grid, Ge
 // columns, gradient buffers, one batch row of attention-score gradients and one weight block's
 // gradient.
 sharded::ScratchSizes Model2D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {
-  const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len, T = seq_len;
+  const int64_t C = spec.hidden, F = spec.ffn_hidden, BT = int64_t(batch) * seq_len;
   const int64_t c = C / q, f = F / q, R = BT / q, vb = (spec.vocab + q - 1) / q, Vp = vb * q;
   std::size_t work = 0;
   for (auto [M, N, K] : {std::tuple{BT, 3 * C, C}, std::tuple{BT, C, C}, std::tuple{BT, F, C},
@@ -125,7 +125,7 @@ sharded::ScratchSizes Model2D::scratch_sizes(const ModelSpec& spec, int batch, i
     work = std::max(work, summa_work_floats(M, N, K, q));
   }
   const int64_t dweight = std::max({vb * c, 3 * c * c, c * f});
-  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  const int64_t datt = grid_attention_work_floats(spec, seq_len, q);
   return {int64_t(work), datt, dweight,
           sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)};
 }
@@ -162,10 +162,10 @@ std::size_t Model2D::parameter_floats(const ModelSpec& s, int q, std::size_t uni
 
 std::size_t Model2D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q,
                                        StageRange stage) {
-  const std::size_t R = std::size_t(batch) * seq_len / q, c = s.hidden / q, f = s.ffn_hidden / q;
-  const std::size_t att = std::size_t(batch / q) * (s.heads / q) * seq_len * seq_len;
+  const std::size_t R = std::size_t(batch) * seq_len / q, c = s.hidden / q;
   const std::size_t vb = (s.vocab + q - 1) / q;
-  return sharded::stage_blocks(s, stage) * (8 * R * c + 4 * R + att + 2 * R * f) +
+  const GridBlockFloats block = grid_block_floats(s, TensorMode::d2, batch, seq_len, q);
+  return sharded::stage_blocks(s, stage) * std::size_t(block.set) +
          std::size_t(sharded::head_act_floats(int64_t(R), int64_t(c), int64_t(R * vb), stage.head));
 }
 
@@ -375,7 +375,7 @@ void Model2D::block_forward(int l) {
   layernorm2d_forward(grid_, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w, P + b.ln1_b, BT,
                       C, eps, s_.ln_work);
   linear_forward(b.qkv, A.ln1, A.qkv);
-  attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+  attention_core_forward(gemm_, A, s_.datt, Bl, T, int(c), Hl);
   linear_forward(b.proj, A.atty, A.xmid);
   k::add(A.xmid, A.x, R * c);
   layernorm2d_forward(grid_, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w, P + b.ln2_b, BT,
@@ -468,9 +468,9 @@ void Model2D::backward(const int32_t* tokens, int batch, int slot) {
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
     if (recompute_plan_.rebuilds_probabilities(l)) {
       // selective: the probabilities again from the kept q|k|v (atty rewritten with its bits).
-      attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+      attention_core_forward(gemm_, A, s_.datt, Bl, T, int(c), Hl);
     }
-    attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
+    attention_core_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A, Bl, T, int(c), Hl);
     linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
     layernorm2d_backward(grid_, s_.dx, grad(b.ln1_w), grad(b.ln1_b), s_.dln, A.x, P + b.ln1_w,
                          A.ln1_mean, A.ln1_rstd, BT, C, s_.ln_work);

@@ -113,7 +113,7 @@ Model3D::Model3D(const ModelSpec& spec, int batch, int seq_len, Cube3DGroups& gr
 
 sharded::ScratchSizes Model3D::scratch_sizes(const ModelSpec& spec, int batch, int seq_len, int q) {
   const int64_t q2 = int64_t(q) * q, C = spec.hidden, F = spec.ffn_hidden,
-                BT = int64_t(batch) * seq_len, T = seq_len;
+                BT = int64_t(batch) * seq_len;
   const int64_t c = C / q, f = F / q, cq = c / q, fq = f / q, R = BT / q2;
   const int64_t vb = (spec.vocab + q2 - 1) / q2, Vp = vb * q2;
   std::size_t work = 0;
@@ -122,7 +122,7 @@ sharded::ScratchSizes Model3D::scratch_sizes(const ModelSpec& spec, int batch, i
     work = std::max(work, linear3d_work_floats(M, N, K, q));
   }
   const int64_t dweight = std::max({c * (3 * c / q), c * cq, c * fq, f * cq, c * vb});
-  const int64_t datt = int64_t(spec.heads / q) * T * T;
+  const int64_t datt = grid_attention_work_floats(spec, seq_len, q);
   return {int64_t(work), datt, dweight,
           sharded::scratch_floats(int64_t(work), BT, R, c, f, datt, dweight)};
 }
@@ -162,10 +162,10 @@ std::size_t Model3D::parameter_floats(const ModelSpec& s, int q, std::size_t uni
 std::size_t Model3D::activation_floats(const ModelSpec& s, int batch, int seq_len, int q,
                                        StageRange stage) {
   const std::size_t q2 = std::size_t(q) * q, R = std::size_t(batch) * seq_len / q2;
-  const std::size_t c = s.hidden / q, f = s.ffn_hidden / q;
-  const std::size_t att = std::size_t(batch) / q2 * (s.heads / q) * seq_len * seq_len;
+  const std::size_t c = s.hidden / q;
   const std::size_t vb = (s.vocab + q2 - 1) / q2;
-  return sharded::stage_blocks(s, stage) * (8 * R * c + 4 * R + att + 2 * R * f) +
+  const GridBlockFloats block = grid_block_floats(s, TensorMode::d3, batch, seq_len, q);
+  return sharded::stage_blocks(s, stage) * std::size_t(block.set) +
          std::size_t(sharded::head_act_floats(int64_t(R), int64_t(c), int64_t(R * vb * q),
                                               stage.head));
 }
@@ -359,7 +359,7 @@ void Model3D::block_forward(int l) {
   layernorm_split_forward(x_columns, A.ln1, A.ln1_mean, A.ln1_rstd, A.x, P + b.ln1_w,
                           P + b.ln1_b, R, c, C, eps, s_.ln_work);
   linear_forward(b.qkv, A.ln1, A.qkv);
-  attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+  attention_core_forward(gemm_, A, s_.datt, Bl, T, int(c), Hl);
   linear_forward(b.proj, A.atty, A.xmid);
   k::add(A.xmid, A.x, R * c);
   layernorm_split_forward(x_columns, A.ln2, A.ln2_mean, A.ln2_rstd, A.xmid, P + b.ln2_w,
@@ -456,9 +456,9 @@ void Model3D::backward(const int32_t* tokens, int batch, int slot) {
     linear_backward(b.proj, A.atty, s_.dx, s_.datty);
     if (recompute_plan_.rebuilds_probabilities(l)) {
       // selective: the probabilities again from the kept q|k|v (atty rewritten with its bits).
-      attention_forward(gemm_, A.att, A.atty, A.qkv, Bl, T, int(c), Hl);
+      attention_core_forward(gemm_, A, s_.datt, Bl, T, int(c), Hl);
     }
-    attention_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A.qkv, A.att, Bl, T, int(c), Hl);
+    attention_core_backward(gemm_, s_.dqkv, s_.datt, s_.datty, A, Bl, T, int(c), Hl);
     linear_backward(b.qkv, A.ln1, s_.dqkv, s_.dln);
     layernorm_split_backward(x_columns, s_.dx, grad(b.ln1_w), grad(b.ln1_b), s_.dln, A.x,
                              P + b.ln1_w, A.ln1_mean, A.ln1_rstd, R, c, C, s_.ln_work);

@@ -92,7 +92,8 @@ class Model3D final : public GridModel {
   static std::size_t activation_floats(const ModelSpec& spec, int batch, int seq_len, int q,
                                        StageRange stage = {});
   // Temporaries (the step's scratch: SUMMA / cube work, the embedding's whole-batch columns,
-  // gradient buffers, one batch row of score gradients, one weight block's gradient).
+  // gradient buffers, one batch row of score gradients or, under model.fused_attention, the
+  // fused tiles' work: grid_attention_work_floats; one weight block's gradient).
   static std::size_t temporary_floats(const ModelSpec& spec, int batch, int seq_len, int q);
   // Payload floats of one forward + backward in each group (all-gathers count their output,
   // reduce-scatters their input). A linear [K, N] over M = B T rows on a cube moves, forward,

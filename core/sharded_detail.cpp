@@ -128,6 +128,8 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
 BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,
                                const StageRange& stage, bool selective) {
   const int blocks = stage_blocks(spec, stage);
+  // The fused attention keeps no probabilities: selective has nothing to drop.
+  selective = selective && !spec.fused_attention;
   if (keep.empty()) return block_recompute(keep, blocks, selective);
   if (keep.size() != std::size_t(spec.layers) * kOpsPerBlock) {
     throw std::invalid_argument("checkpointing.policy: a schedule of " +

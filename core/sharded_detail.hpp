@@ -49,7 +49,8 @@ void init_from_runs(float* params, std::size_t size, const std::vector<LogicalRu
                     const ModelSpec& spec, uint64_t seed);
 
 // What one block keeps for backward, R token rows of c (or 3c, f) local columns: the input, ln1
-// and its statistics, q|k|v, the attention probabilities (`att` floats), the attention output,
+// and its statistics, q|k|v, the attention probabilities (`att` floats; the fused attention's
+// log-sum-exp of each row), the attention output,
 // the residual after attention, ln2 and its statistics, the MLP's pre- and post-activation.
 struct LayerActs {
   float *x, *ln1, *ln1_mean, *ln1_rstd, *qkv, *att, *atty, *xmid, *ln2, *ln2_mean, *ln2_rstd,
@@ -92,7 +93,8 @@ struct BlockRecompute {
 BlockRecompute block_recompute(const std::vector<Keep>& keep, int layers, bool selective = false,
                                int block0 = 0);
 // The same for a pipeline stage's blocks, from `keep` over the whole model's ops (empty: keep
-// all); the stage's first block starts a segment.
+// all); the stage's first block starts a segment. Under model.fused_attention `selective` is
+// dropped (the blocks keep no probabilities).
 BlockRecompute stage_recompute(const std::vector<Keep>& keep, const ModelSpec& spec,
                                const StageRange& stage, bool selective = false);
 // Points every block's activations: kept blocks at `kept` (advanced past them and returned; when

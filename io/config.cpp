@@ -1679,7 +1679,6 @@ class Resolver {
     refuse(p.zero_stage > 2, "parallel.zero.stage", std::to_string(p.zero_stage),
            "set it to 0, 1 or 2 (ZeRO 2 shards the gradients and AdamW's moments over the data "
            "ranks; these models never gather parameters)");
-    refuse(m.fused_attention, "model.fused_attention", "true", "set it to false");
     refuse(p.mode == ParallelMode::automatic, "parallel.mode", "auto",
            "set it to manual, or leave parallel.tensor.mode out (auto chooses the mode)");
     const int per_step = config.train.micro_batch * p.data * d;

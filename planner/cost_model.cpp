@@ -294,7 +294,10 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
   // Memory-bound kernels per layer and micro-batch, forward and backward: layernorms, residual
   // adds, bias adds and the activation, about 24 passes over R x c and 6 over R x f floats.
   const double elementwise = L * kF * (24.0 * rows * c + 6.0 * rows * f);
-  const double attention_rate = hw.attention_rate(AttentionForm::dense, T, C / spec.heads);
+  // model.fused_attention: q/k/v stay fp32 in the grid models, so the fp32 fused rate (a GPU
+  // runs its team kernels, not the tensor-core ones).
+  const double attention_rate = hw.attention_rate(
+      spec.fused_attention ? AttentionForm::fused : AttentionForm::dense, T, C / spec.heads);
   t.compute = m * (matmul / hw.gemm_rate(local_mlp, l.bf16_gemm()) + attention / attention_rate +
                    elementwise / hw.memory_bandwidth);
   t.flops = m * (matmul + attention);
@@ -327,7 +330,8 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
             wire(CollectiveKind::all_reduce, c2.row_all_reduce + c2.col_all_reduce, q);
   }
   t.tensor_comm = m * (bytes / link.bandwidth_Bps + collectives * link.latency_s);
-  if (!l.keep.empty() || l.selective) {
+  const bool selective = l.selective && !spec.fused_attention;  // core::sharded::stage_recompute
+  if (!l.keep.empty() || selective) {
     // Each dropped block's forward runs again in backward: a third of a block's products,
     // attention and elementwise passes, and of its share of the tensor group's traffic; under
     // selective each kept block's attention forward (a third of its attention work).
@@ -338,7 +342,7 @@ TimePrediction grid_chunk_time(const core::ModelSpec& spec, const RankLayout& l,
     const double block_forward = (block_matmul / hw.gemm_rate(local_mlp, l.bf16_gemm()) +
                                   block_attention + block_elementwise / hw.memory_bandwidth) /
                                  3.0;
-    const double probabilities = l.selective ? (L - dropped) * block_attention / 3.0 : 0.0;
+    const double probabilities = selective ? (L - dropped) * block_attention / 3.0 : 0.0;
     const double again = t.tensor_comm * dropped / (3.0 * L);
     t.recompute = m * (dropped * block_forward + probabilities) + again;
     t.compute += m * (dropped * block_forward + probabilities);

@@ -89,8 +89,8 @@ std::string invalid_tensor_mode(const core::ModelSpec& spec, const RunLayout& r)
       r.micro_batch % width != 0) {
     return mode + " needs heads, hidden, MLP width and micro-batch divisible by the grid";
   }
-  if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16 || spec.fused_attention) {
-    return mode + " runs without sequence, ZeRO 3, bf16 and fused attention";
+  if (r.sequence > 1 || r.sequence_split || r.zero_stage > 2 || r.bf16) {
+    return mode + " runs without sequence, ZeRO 3 and bf16 activations";
   }
   if (r.offload_optimizer && r.zero_stage == 0) return "offload needs ZeRO";
   if (r.offload_params) return mode + " offloads no parameters (ZeRO 3 runs in 1d only)";

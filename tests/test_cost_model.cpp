@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 
+#include "core/layers.hpp"
 #include "core/model.hpp"
 #include "core/optimizer.hpp"
 #include "planner/cost_model.hpp"
@@ -240,6 +241,48 @@ TEST(CostModel, AttentionIsPricedAtItsShapesCalibratedRate) {
   layout.sequence = 2;
   EXPECT_EQ(attention_op(layout).seq, 128);
   EXPECT_EQ(attention_op(layout).head_dim, 64);
+}
+
+// model.fused_attention on the grid models: the attention priced at the fused rate (fp32: their
+// q/k/v stay fp32), each block keeping its rows' log-sum-exp instead of the probabilities, the
+// fused tiles' work instead of a sequence's score gradients, and selective recomputing nothing.
+TEST(CostModel, GridFusedAttentionIsPricedAtTheFusedRateAndKeepsNoProbabilities) {
+  using core::MemCategory;
+  planner::HardwareSpec hw = attention_grid();
+  hw.memory_bandwidth = 1e12;
+  for (core::TensorMode mode : {core::TensorMode::d2, core::TensorMode::d3}) {
+    const bool cube = mode == core::TensorMode::d3;
+    core::ModelSpec spec = *core::find_preset("gpt2-124m");
+    planner::RankLayout g;
+    g.seq_len = 2048;
+    g.micro_batch = 8;
+    g.micro_batches = 2;
+    g.tensor_mode = mode;
+    g.tensor = cube ? 8 : 4;  // q = 2
+    const double q = 2, ranks = cube ? 8 : 4, T = g.seq_len, L = spec.layers;
+    const double tokens = double(g.micro_batch) * T;
+    const planner::TimePrediction dense = planner::predict_time(spec, g, hw);
+    const planner::MemoryPrediction dense_memory = planner::predict_memory(spec, g);
+    spec.fused_attention = true;
+    const planner::TimePrediction fused = planner::predict_time(spec, g, hw);
+    const planner::MemoryPrediction fused_memory = planner::predict_memory(spec, g);
+    const double attention = 12.0 * L * T * spec.hidden * tokens / ranks;
+    const double head = double(spec.hidden) / spec.heads;
+    const double expected =
+        g.micro_batches * attention *
+        (1.0 / hw.attention_rate(planner::AttentionForm::fused, T, head) -
+         1.0 / hw.attention_rate(planner::AttentionForm::dense, T, head));
+    EXPECT_NEAR(fused.compute - dense.compute, expected, 1e-9 * dense.compute);
+    const double sequences = g.micro_batch / (cube ? q * q : q), heads = spec.heads / q;
+    EXPECT_EQ(dense_memory[MemCategory::activations] - fused_memory[MemCategory::activations],
+              4.0 * L * sequences * heads * T * (T - 1));
+    EXPECT_EQ(dense_memory[MemCategory::temporaries] - fused_memory[MemCategory::temporaries],
+              4.0 * (heads * T * T - double(core::fused_attention_work_floats())));
+    // selective: nothing to drop, nothing run again.
+    g.selective = true;
+    EXPECT_EQ(planner::predict_time(spec, g, hw).step, fused.step);
+    EXPECT_EQ(planner::predict_memory(spec, g).bytes, fused_memory.bytes);
+  }
 }
 
 // The compute split by op kind (what --profile-steps prints beside its measurements) adds up to

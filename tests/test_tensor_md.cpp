@@ -7,7 +7,8 @@
 // units) on 8; with two pipeline stages (1F1B, and GPipe under ZeRO 1), 2d on 8 and 2.5d, 3d and
 // 2d x dp2 on 16, also 2d x dp2 and 3d under ZeRO 2 (the tied embedding summed between the
 // first and the last stage's shards); interleaved (2 chunks a rank, 4 blocks) 2d x pp2 on 8 and
-// 2d x dp2 x pp2 under ZeRO 2 on 16. Also the model
+// 2d x dp2 x pp2 under ZeRO 2 on 16; with model.fused_attention (against the single rank's
+// fused run), 2d on 4, 2.5d, 3d and 2d x pp2 on 8. Also the model
 // file holds the logical tensors and the tensor group's per-rank parameters are the mode's
 // fraction; and training checkpoints resume, also across layouts.
 #include <gtest/gtest.h>
@@ -45,6 +46,7 @@ struct Layout {
   int layers = 2;
   bool bf16_reduce = false;  // parallel.grad_reduce: bf16 (the data ranks' sums)
   double offload_fraction = 1.0;  // parallel.zero.offload.optimizer_fraction
+  bool fused = false;  // model.fused_attention (the single-rank reference's too)
   int ranks() const { return tensor * data * pipeline; }
   // This rank's pipeline stage (the mesh: tensor innermost, then data, then pipeline).
   int stage(int rank) const { return rank / (tensor * data); }
@@ -54,7 +56,7 @@ io::Config config(const std::string& data, const Layout& l, bool sharded, const 
   const std::string text =
       "model: {arch: " + l.arch + ", layers: " + std::to_string(l.layers) +
       ", hidden: 32, heads: 4, ffn_hidden: 64, vocab: 201,"
-      " max_seq: 16}\n"
+      " max_seq: 16" + (l.fused ? ", fused_attention: true" : "") + "}\n"
       "data: {path: " + data + "}\n"
       "train: {steps: 10, seq_len: 16, global_batch: 16, micro_batch: 4,\n"
       "        optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup: 2}}\n" +
@@ -149,6 +151,12 @@ TEST_P(TensorMD, TrainsTheSingleRankModel) {
               double(trainer.memory().peak(core::MemCategory(k))))
         << core::category_name(core::MemCategory(k));
   }
+  if (layout.fused) {  // the blocks kept no T x T probabilities
+    core::ModelSpec dense = c.model;
+    dense.fused_attention = false;
+    const double activations = double(trainer.memory().peak(core::MemCategory::activations));
+    EXPECT_GT(planner::predict_memory(dense, l)[core::MemCategory::activations], activations);
+  }
   // Ranks taking turns on the cores (mpirun --oversubscribe): every rank of a stage's grid does
   // the same work, so the predicted step is the node's thread-seconds (the stages' mean busy
   // time: they have equal ranks) over its cores.
@@ -182,7 +190,7 @@ TEST_P(TensorMD, CheckpointsResumeHereAndAcrossLayouts) {
                            "_z" + std::to_string(layout.zero) + (layout.offload ? "o" : "") +
                            (layout.offload_fraction < 1.0 ? "h" : "") +
                            "_pp" + std::to_string(layout.pipeline) + "x" +
-                           std::to_string(layout.chunks);
+                           std::to_string(layout.chunks) + (layout.fused ? "f" : "");
   const std::string rank = std::to_string(world.rank());
   // Steps 1-10 with checkpoints after 4, 8 and 10; then only the one after 4 is left.
   io::Config full = config(data, layout, true, name);
@@ -361,10 +369,12 @@ TEST_P(TensorMD, CheckpointingRecomputesBitwiseAndDropsActivations) {
   EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*sqrt, MemCategory::activations),
             2 * block - input);
   // selective moves the two blocks' probabilities, (B/q) sequences x (H/q) heads x T x T each
-  // (3d: B/q^2), to one block's buffer among the temporaries.
-  const int64_t att = int64_t(c.train.micro_batch) / (layout.mode == "3d" ? 4 : 2) *
-                      (c.model.heads / 2) * c.train.seq_len * c.train.seq_len *
-                      int64_t(sizeof(float));
+  // (3d: B/q^2), to one block's buffer among the temporaries; under the fused attention there
+  // are none, and selective moves nothing.
+  const int64_t att = layout.fused ? 0
+                                   : int64_t(c.train.micro_batch) / (layout.mode == "3d" ? 4 : 2) *
+                                         (c.model.heads / 2) * c.train.seq_len *
+                                         c.train.seq_len * int64_t(sizeof(float));
   EXPECT_EQ(peak(*plain, MemCategory::activations) - peak(*selective, MemCategory::activations),
             2 * att);
   EXPECT_EQ(peak(*selective, MemCategory::temporaries) - peak(*plain, MemCategory::temporaries),
@@ -469,7 +479,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", "2d", 4, 1, 2, 0, false, 1, "1f1b", 1, 2, true},
                       Layout{"opt", "2d", 4, 1, 2, 2, false, 1, "1f1b", 1, 2, true},
                       // Half of each shard's optimizer state on the host, half on the device.
-                      Layout{"opt", "2d", 4, 1, 2, 2, true, 1, "1f1b", 1, 2, false, 0.5}),
+                      Layout{"opt", "2d", 4, 1, 2, 2, true, 1, "1f1b", 1, 2, false, 0.5},
+                      // model.fused_attention: each row's log-sum-exp kept, no probabilities.
+                      Layout{"gpt2", "2d", 4, 1, 1, 0, false, 1, "1f1b", 1, 2, false, 1.0, true},
+                      Layout{"opt", "2.5d", 8, 2, 1, 0, false, 1, "1f1b", 1, 2, false, 1.0, true},
+                      Layout{"gpt2", "3d", 8, 1, 1, 0, false, 1, "1f1b", 1, 2, false, 1.0, true},
+                      Layout{"opt", "2d", 4, 1, 1, 0, false, 2, "1f1b", 1, 2, false, 1.0, true}),
     [](const auto& info) {
       std::string mode = info.param.mode == "2.5d" ? "2p5d" : info.param.mode;
       return info.param.arch + "_" + mode + (info.param.data > 1 ? "_dp2" : "") +
@@ -480,7 +495,7 @@ INSTANTIATE_TEST_SUITE_P(
                                             info.param.schedule
                                       : "") +
              (info.param.chunks > 1 ? "_v" + std::to_string(info.param.chunks) : "") +
-             (info.param.bf16_reduce ? "_bf16reduce" : "");
+             (info.param.bf16_reduce ? "_bf16reduce" : "") + (info.param.fused ? "_fused" : "");
     });
 
 }  // namespace
