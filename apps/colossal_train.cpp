@@ -85,8 +85,9 @@ void print_summary(std::FILE* log, const colossal::io::Config& config,
     const double added = double(s.device_added_bytes), tracked = double(s.peak_tracked_bytes);
     std::fprintf(log,
                  "device memory: this run added %s at most (cudaMemGetInfo after each step, every "
-                 "process on the GPU counted), %s of it outside the tracker (cuBLAS and NCCL "
-                 "workspaces, the GEMMs' rounding scratch, the allocator's slack)\n",
+                 "process on the GPU counted), %s of it outside this rank's tracker (cuBLAS and "
+                 "NCCL workspaces, the GEMMs' rounding scratch, the allocator's slack; where "
+                 "ranks share the GPU, also the others' arrays)\n",
                  core::format_bytes(added).c_str(),
                  core::format_bytes(added > tracked ? added - tracked : 0.0).c_str());
   }

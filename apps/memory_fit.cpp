@@ -80,18 +80,55 @@ double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool devi
   return pool == MemoryPool::device ? m.device() : m[core::MemCategory::offloaded];
 }
 
+double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
+                         bool inference, bool decode, bool samples) {
+  if (config.parallel.tensor_mode == core::TensorMode::d1) return 0.0;
+  double bytes = 0.0;
+  if (inference ? samples : config.sample.tokens > 0) {
+    bytes = pool_bytes(rank_memory(one_rank_config(config, 1), 0, true, inference && decode),
+                       pool, device_build);
+  }
+  if (!config.eval.choices.empty()) {
+    const io::Config scorer = one_rank_config(config, config.train.micro_batch);
+    bytes = std::max(bytes, pool_bytes(rank_memory(scorer, 0, true, false), pool, device_build));
+  }
+  return bytes;
+}
+
 namespace {
+
+// What a rank needs beyond its plan in `pool` (kRuntimeBytesPerRank, kDeviceRuntimeBytesPerRank).
+double runtime_bytes(MemoryPool pool, bool device_build) {
+  if (pool == MemoryPool::host) return kRuntimeBytesPerRank;
+  return device_build ? kDeviceRuntimeBytesPerRank : 0.0;
+}
+
+// The categories of `m` that `pool` holds, with their total ("params 1.2 GiB, ...").
+std::string pool_format(const planner::MemoryPrediction& m, MemoryPool pool, bool device_build) {
+  if (!device_build) return m.format();
+  planner::MemoryPrediction only = m;
+  for (int k = 0; k < int(core::MemCategory::count); ++k) {
+    const bool offloaded = core::MemCategory(k) == core::MemCategory::offloaded;
+    if (offloaded != (pool == MemoryPool::host)) only.bytes[std::size_t(k)] = 0.0;
+  }
+  return only.format();
+}
 
 // What the node's ranks need under `config`, and the plan of the rank that needs the most.
 struct NodeNeed {
   double bytes = 0.0;
   planner::MemoryPrediction largest;
   int largest_rank = 0;
+  double whole_model = 0.0;  // world rank 0's one-rank trainer (whole_model_bytes), when here
 };
 
 NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
-                   bool device_build, bool inference, bool decode) {
+                   bool device_build, bool inference, bool decode, bool samples) {
   NodeNeed need;
+  if (std::find(ranks.begin(), ranks.end(), 0) != ranks.end()) {
+    need.whole_model = whole_model_bytes(config, pool, device_build, inference, decode, samples);
+    need.bytes += need.whole_model;
+  }
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
   std::vector<std::pair<int, planner::MemoryPrediction>> by_stage;
   const auto& p = config.parallel;
@@ -105,7 +142,7 @@ NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, Memo
       it = by_stage.end() - 1;
     }
     const double bytes = pool_bytes(it->second, pool, device_build);
-    need.bytes += bytes + (pool == MemoryPool::host ? kRuntimeBytesPerRank : 0.0);
+    need.bytes += bytes + runtime_bytes(pool, device_build);
     if (bytes > pool_bytes(need.largest, pool, device_build)) {
       need.largest = it->second;
       need.largest_rank = rank;
@@ -129,9 +166,9 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source, MemoryPool pool,
-                             bool device_build, bool inference, bool decode) {
+                             bool device_build, bool inference, bool decode, bool samples) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need = node_need(config, ranks, pool, device_build, inference, decode);
+  const NodeNeed need = node_need(config, ranks, pool, device_build, inference, decode, samples);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -141,7 +178,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks, pool, device_build, inference, decode).bytes;
+      bytes = node_need(*variant, ranks, pool, device_build, inference, decode, samples).bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -180,9 +217,17 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
       << "layout on node " << node << " need " << core::format_bytes(need.bytes)
       << " but it has " << core::format_bytes(available) << " (" << available_source
       << "); nothing was allocated. The memory plan of rank " << need.largest_rank
-      << ", the largest: " << need.largest.format();
+      << ", the largest: " << pool_format(need.largest, pool, device_build);
   if (pool == MemoryPool::host) {
     out << " (plus " << core::format_bytes(kRuntimeBytesPerRank) << " a rank for the runtime)";
+  } else if (device_build) {
+    out << " (plus " << core::format_bytes(kDeviceRuntimeBytesPerRank)
+        << " a rank kept free for cuBLAS, NCCL and the products' operand buffers)";
+  }
+  if (need.whole_model > 0.0) {
+    out << "; and world rank 0 builds the whole model in a one-rank trainer to sample or score "
+           "eval.choices ("
+        << core::format_bytes(need.whole_model) << ", counted above)";
   }
   out << ". ";
   if (!fits.empty()) {
@@ -207,7 +252,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   return out.str();
 }
 
-void check_memory_fits(const io::Config& config, bool inference, bool decode) {
+void check_memory_fits(const io::Config& config, bool inference, bool decode, bool samples) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -247,7 +292,7 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode) {
     try {
       const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source, MemoryPool::host,
-                                 device_resident_build(), inference, decode);
+                                 device_resident_build(), inference, decode, samples);
       std::vector<std::string> uuids;
       for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
       for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
@@ -263,7 +308,7 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode) {
                                    std::string(host) + " GPU " + std::to_string(id.ordinal) +
                                        " (" + id.bus_id + ")",
                                    "free device memory, cudaMemGetInfo", MemoryPool::device,
-                                   device_resident_build(), inference, decode);
+                                   device_resident_build(), inference, decode, samples);
       }
     } catch (const std::invalid_argument& e) {
       message = e.what();

@@ -16,6 +16,13 @@ namespace colossal::apps {
 // Bytes a run's process needs beyond what the tracker counts (code, MPI and HDF5 buffers, the
 // allocator's slack): measured peak RSS minus tracked peak is 45 MiB for the quickstart.
 constexpr double kRuntimeBytesPerRank = 64.0 * 1024 * 1024;
+// Device memory a rank of a device build needs beyond what the tracker counts, kept free when a
+// plan is checked against a GPU (check_memory_fits) or filled by a policy (device_capacity):
+// cuBLAS's handle and workspace, NCCL's communicators (a few buffers per channel and peer), the
+// products' rounded or widened operands (train.precision: bf16; about 200 MiB for gpt2-124m at
+// B = 16, T = 1024) and the kernels' grow-only workspaces. The run's closing "device memory"
+// line reports what was outside the tracker, to check this against.
+constexpr double kDeviceRuntimeBytesPerRank = 512.0 * 1024 * 1024;
 
 // What the tracker will count for world rank `rank` of the config's layout (its pipeline stage's
 // chunks, its activation-checkpoint schedule, its ZeRO and tensor shards).
@@ -36,24 +43,34 @@ enum class MemoryPool { host, device };
 bool device_resident_build();
 double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool device_build);
 
+// 2d / 2.5d / 3d: world rank 0 builds the whole model in a one-rank 1d inference trainer
+// (apps::one_rank_config) to sample (a training run's sample.tokens > 0; with `inference`, when
+// `samples`: colossal_generate) and to score eval.choices, one such trainer at a time: the
+// larger one's bytes in `pool`, beside its grid rank's. 0 under 1d, which samples in place.
+double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
+                         bool inference = false, bool decode = false, bool samples = false);
+
 // The pure check for one node holding world ranks `ranks`: empty when their predicted bytes plus
-// kRuntimeBytesPerRank each fit in `available` bytes (or `available` is 0: unknown), else the
+// kRuntimeBytesPerRank each (MemoryPool::device on a device build: kDeviceRuntimeBytesPerRank)
+// fit in `available` bytes (or `available` is 0: unknown), else the
 // error: what the ranks need (the plan of the largest, by category), what the node has, and the
 // changes of one key (checkpointing.policy, parallel.zero.stage, train.micro_batch) that would fit,
 // each with its predicted bytes, or the planner command to search every layout when none does.
 // `inference`: the ranks of an inference trainer (rank_memory), whose changes are
 // model.fused_attention, parallel.zero.stage 3 and train.micro_batch.
+// Under 2d / 2.5d / 3d world rank 0, when among `ranks`, also needs whole_model_bytes.
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source = "available memory",
                              MemoryPool pool = MemoryPool::host,
                              bool device_build = device_resident_build(),
-                             bool inference = false, bool decode = false);
+                             bool inference = false, bool decode = false, bool samples = false);
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
 // checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
 // memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
-void check_memory_fits(const io::Config& config, bool inference = false, bool decode = false);
+void check_memory_fits(const io::Config& config, bool inference = false, bool decode = false,
+                       bool samples = false);
 
 }  // namespace colossal::apps

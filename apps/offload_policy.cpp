@@ -28,9 +28,13 @@ struct Need {
 
 Need device_need(const io::Config& config) {
   Need need;
+  // World rank 0 of a 2d / 2.5d / 3d run also holds a whole inference model while it samples or
+  // scores (nothing of it offloads).
+  const double whole = whole_model_bytes(config, MemoryPool::device, /*device_build=*/true);
   for (int r = 0; r < config.parallel.world_size(); ++r) {
     const planner::MemoryPrediction m = rank_memory(config, r);
-    if (m.device() > need.bytes || r == 0) need = {m.device(), m};
+    const double bytes = m.device() + (r == 0 ? whole : 0.0);
+    if (bytes > need.bytes || r == 0) need = {bytes, m};
   }
   return need;
 }
@@ -167,21 +171,29 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
 
 double device_capacity(const io::Config& config, int* ranks_per_device) {
   if (ranks_per_device != nullptr) *ranks_per_device = 1;
-  if (config.hardware.device_memory_gib > 0) return config.hardware.device_memory_gib * kGiB;
+  const double given = config.hardware.device_memory_gib * kGiB;
   double free_bytes = 0.0;
 #ifdef COLOSSAL_HAVE_CUDA
   if (device_resident_build()) {
+    // The ranks sharing each GPU (collective: every rank asks, whatever the key says), so that
+    // hardware.device_memory_gib, a GPU's memory, is divided among them too.
+    if (ranks_per_device != nullptr) {
+      *ranks_per_device = parallel::gather_comm_facts().ranks_per_gpu;
+    }
+    if (given > 0) return given;
     std::size_t f = 0, total = 0;
     if (cudaMemGetInfo(&f, &total) == cudaSuccess) free_bytes = double(f);
     else cudaGetLastError();
     double least = free_bytes;
     MPI_Allreduce(&free_bytes, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    free_bytes = least;
-    if (ranks_per_device != nullptr) {
-      *ranks_per_device = parallel::gather_comm_facts().ranks_per_gpu;
-    }
+    // What the ranks' plans may fill: the free memory less what each sharing rank needs beside
+    // its plan (cuBLAS, NCCL, operand buffers), as check_memory_fits keeps it.
+    const int share = ranks_per_device != nullptr ? *ranks_per_device : 1;
+    // (A byte, not 0, when nothing is left: 0 would mean no device limit.)
+    free_bytes = least > 0 ? std::max(1.0, least - share * kDeviceRuntimeBytesPerRank) : 0.0;
   }
 #endif
+  if (given > 0) return given;
   return free_bytes;
 }
 

@@ -2012,18 +2012,22 @@ std::string Trainer::generate(const std::string& prompt, int tokens, const Sampl
   return out;
 }
 
-std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode) const {
-  io::Config one = config_;
+io::Config one_rank_config(const io::Config& config, int micro_batch) {
+  io::Config one = config;
   one.parallel = io::ParallelConfig{};
   one.train.micro_batch = micro_batch;
   one.train.global_batch = micro_batch;
   one.checkpoint.every = 0;
   one.checkpoint.resume = io::ResumeMode::never;
   one.model_init_from.clear();  // its weights are the caller's: not read again
+  return one;
+}
+
+std::unique_ptr<Trainer> Trainer::one_rank_trainer(int micro_batch, bool decode) const {
   // Sampling and scoring need no training state (also at the end of a training run): the
   // parameters and one block's activations, written straight from the caller's values, and
   // (colossal_generate) the decoding state.
-  return std::make_unique<Trainer>(one, nullptr, nullptr,
+  return std::make_unique<Trainer>(one_rank_config(config_, micro_batch), nullptr, nullptr,
                                    TrainerOptions{.inference = true, .decode = decode});
 }
 
@@ -2270,9 +2274,10 @@ io::Config sampling_config(io::Config config) {
 }
 
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights, bool decode) {
+                                           const std::string& weights, bool decode,
+                                           bool samples) {
   if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
-  check_memory_fits(config, /*inference=*/true, decode);
+  check_memory_fits(config, /*inference=*/true, decode, samples);
   auto trainer = std::make_unique<Trainer>(config, nullptr, world,
                                            TrainerOptions{.inference = true, .decode = decode});
   if (!weights.empty()) trainer->load_weights(weights);

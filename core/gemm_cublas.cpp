@@ -26,6 +26,7 @@
 #include "core/gemm.hpp"
 #include "core/gemm_stable.hpp"
 #include "core/kernels.hpp"  // detail::to_bf16_on_device's declaration
+#include "core/memory.hpp"
 #include "core/shared_library.hpp"
 
 #define COLOSSAL_STRINGIFY_(x) #x
@@ -200,7 +201,18 @@ class DeviceBytes {
       if (data_ != nullptr) cudaFree(data_);
       data_ = nullptr;
       capacity_ = 0;  // a failed allocation below must not leave a stale capacity
-      check(cudaMalloc(&data_, bytes), "cudaMalloc (GEMM operand)");
+      if (const cudaError_t error = cudaMalloc(&data_, bytes); error != cudaSuccess) {
+        cudaGetLastError();
+        data_ = nullptr;
+        if (error != cudaErrorMemoryAllocation) check(error, "cudaMalloc (GEMM operand)");
+        throw OutOfMemory(
+            "device out of memory: a matrix product's operand buffer (cuBLAS's rounded or "
+            "widened operands, outside the memory tracker) could not grow to " +
+            format_bytes(double(bytes)) +
+            ". The start-up check keeps some room a rank for such buffers (its message says "
+            "how much); this step needs more. Lower train.micro_batch, set checkpointing.policy, or shard further "
+            "(parallel.tensor.size, parallel.pipeline.size)");
+      }
       capacity_ = bytes;
     }
     return data_;

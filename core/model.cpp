@@ -495,18 +495,25 @@ void Model::token_losses(int64_t rows, float* out, int slot) {
   copy_to_host(out, acts_of(slot).losses, std::size_t(rows) * sizeof(float));
 }
 
+float* Model::gather_buffer(std::size_t n) {
+  if (gather_buffer_.size() < n) {
+    gather_buffer_ = DeviceArray<float>();  // the old one first: one at a time
+    gather_buffer_ = DeviceArray<float>(scratch_tracker_, MemCategory::temporaries, n);
+  }
+  return gather_buffer_.data();
+}
+
 void Model::gather_logits(int64_t row, float* out) {
   if (head_in_forward_) {  // the logits were never kept whole: this row's again, from ln_f
     const int C = spec_.hidden, V = int(local_vocab_);
     const bool tied = spec_.tied();
     const float* W = tied ? store_->gather(embed_unit_) + wte_
                           : store_->gather(final_unit_) + lm_head_;
-    DeviceArray<float> logits(scratch_tracker_, MemCategory::temporaries, std::size_t(V));
+    float* logits = gather_buffer(std::size_t(V));
     gemm_.gemm_mixed(Trans::N, Trans::T, 1, V, C, 1.0f,
-                     norm_operand(slot_acts_.front().lnf) + row * C, C, W, C, 0.0f, logits.data(),
-                     V);
+                     norm_operand(slot_acts_.front().lnf) + row * C, C, W, C, 0.0f, logits, V);
     store_->release(tied ? embed_unit_ : final_unit_);
-    copy_to_host(out, logits.data(), std::size_t(spec_.vocab) * sizeof(float));
+    copy_to_host(out, logits, std::size_t(spec_.vocab) * sizeof(float));
     return;
   }
   const float* local = slot_acts_.front().logits + row * local_vocab_;
@@ -515,10 +522,10 @@ void Model::gather_logits(int64_t row, float* out) {
     return;
   }
   std::vector<float> all(std::size_t(local_vocab_) * tp_->size());
-  DeviceArray<float> staging(scratch_tracker_, MemCategory::temporaries, all.size());
+  float* staging = gather_buffer(all.size());
   fence_kernels();
-  tp_->all_gather(local, std::size_t(local_vocab_), staging.data());
-  copy_to_host(all.data(), staging.data(), all.size() * sizeof(float));
+  tp_->all_gather(local, std::size_t(local_vocab_), staging);
+  copy_to_host(all.data(), staging, all.size() * sizeof(float));
   std::copy(all.begin(), all.begin() + spec_.vocab, out);
 }
 

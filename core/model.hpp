@@ -214,6 +214,8 @@ class Model final : public StageModel {
   std::size_t recompute_bytes() const;
 
  private:
+  // gather_buffer_, at least n floats (grown, never shrunk).
+  float* gather_buffer(std::size_t n);
   // Offsets of one block's parameters relative to its unit's first element. qkv has one entry for
   // GPT-2's fused c_attn and three (q, k, v) for OPT and LLaMA. LLaMA: no biases (kNoBias),
   // fc_w the gate projection, up_w the up projection, fc_out_w the down projection.
@@ -394,6 +396,10 @@ class Model final : public StageModel {
   int64_t local_vocab_ = 0, vocab_begin_ = 0;               // padded rows held, first row
   int valid_vocab_ = 0;                                     // rows that are real tokens
   MemoryTracker scratch_tracker_;                           // gather_logits staging
+  // gather_logits' row of logits, made by the first call and kept (a sample without the
+  // key/value cache gathers a row per token: no allocation, and no cudaFree's device-wide wait,
+  // per token). Declared after its tracker, so it is freed first.
+  DeviceArray<float> gather_buffer_;
   DeviceArray<float> acts_;        // every saved activation of every slot, carved below
   DeviceArray<float> scratch_;     // temporaries of backward, shared by all blocks
   DeviceArray<float> logits_;      // per slot, head stage: ActivationSizes::logits

@@ -1,6 +1,9 @@
 // Time per kind of work in the training step, for `colossal_train --profile-steps N`: shows where
 // the next bottleneck is. Off by default; a disabled scope costs one branch. Scopes fence the
-// Kokkos execution space, so device kernels are timed, not just launched.
+// Kokkos execution space when they open and when they close, so device kernels are timed, not
+// just launched, and work queued before a scope (outside any, or a collective still running) is
+// not billed to it. The profiled steps lose the overlap of kernels with communication that the
+// other steps have.
 #pragma once
 
 #include <array>
@@ -27,7 +30,9 @@ class Profiler {
   class Scope {
    public:
     Scope(Profiler* profiler, WorkKind kind) : profiler_(profiler), kind_(kind) {
-      if (active()) start_ = std::chrono::steady_clock::now();
+      if (!active()) return;
+      Kokkos::fence();
+      start_ = std::chrono::steady_clock::now();
     }
     ~Scope() {
       if (!active()) return;

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include <Kokkos_Core.hpp>
+
 namespace colossal::core {
 
 TraceRecorder::Span::Span(TraceRecorder* recorder, const char* name, const char* category,
@@ -14,6 +16,7 @@ TraceRecorder::Span::Span(TraceRecorder* recorder, const char* name, const char*
 
 TraceRecorder::Span::~Span() {
   if (recorder_ == nullptr) return;  // no names built, nothing kept
+  Kokkos::fence();  // the span's kernels done, not just launched (a GPU queues them)
   std::string name = name_;
   if (micro_ >= 0) {
     if (chunk_ >= 0) name += std::to_string(chunk_) + ".";

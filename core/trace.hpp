@@ -1,6 +1,8 @@
 // Spans of work on this process's timeline, written as Chrome trace-event JSON
 // (chrome://tracing, Perfetto): `colossal_train --trace FILE`. Off until a file is set; a span
-// of a disabled recorder costs one branch and builds no name.
+// of a disabled recorder costs one branch and builds no name. A recorded span ends with a fence
+// of the Kokkos execution space, so on a GPU it covers its kernels' run, not their launch (and
+// the traced steps lose the overlap of communication with kernels that untraced ones have).
 #pragma once
 
 #include <chrono>

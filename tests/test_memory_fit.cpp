@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "apps/memory_fit.hpp"
+#include "apps/trainer.hpp"
 #include "io/config.hpp"
 
 using namespace colossal;
@@ -145,7 +146,8 @@ TEST(MemoryFit, ADeviceBuildChecksTheGpuForAllButTheOffloadedBytes) {
   EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::device, false), 0.0);
   EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::host, true), offloaded);
   EXPECT_EQ(apps::pool_bytes(m, apps::MemoryPool::device, true), m.total() - offloaded);
-  const double on_gpu = 2 * (m.total() - offloaded);  // two ranks sharing one GPU
+  // Two ranks sharing one GPU, each with room beside its plan for cuBLAS, NCCL and operands.
+  const double on_gpu = 2 * (m.total() - offloaded + apps::kDeviceRuntimeBytesPerRank);
   using apps::MemoryPool;
   EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, on_gpu, "n0 GPU 0", "free", MemoryPool::device,
                                    true),
@@ -154,6 +156,11 @@ TEST(MemoryFit, ADeviceBuildChecksTheGpuForAllButTheOffloadedBytes) {
                                                      "free", MemoryPool::device, true);
   EXPECT_TRUE(has(message, "on node n0 GPU 0 need " + core::format_bytes(on_gpu))) << message;
   EXPECT_FALSE(has(message, "for the runtime")) << message;
+  EXPECT_TRUE(has(message, "(plus 512.0 MiB a rank kept free for cuBLAS, NCCL")) << message;
+  // The plan printed is the device's: the offloaded bytes are the host's.
+  EXPECT_FALSE(has(message, "offloaded")) << message;
+  EXPECT_TRUE(has(message, "(total " + core::format_bytes(m.total() - offloaded) + ")"))
+      << message;
   // The host holds only the offloaded moments (plus the runtime) on a device build.
   EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, 2 * (offloaded + apps::kRuntimeBytesPerRank), "n0",
                                    "MemAvailable", MemoryPool::host, true),
@@ -197,4 +204,43 @@ TEST(MemoryFit, InferenceIsPricedWithoutTrainingState) {
   EXPECT_FALSE(has(message, "checkpointing.policy")) << message;
   EXPECT_FALSE(has(message, "parallel.zero.stage=1")) << message;
   EXPECT_FALSE(has(message, "colossal_plan")) << message;
+}
+
+// 2d / 2.5d / 3d sample and score eval.choices in a one-rank 1d trainer of the whole model on
+// world rank 0 (apps::one_rank_config): the node holding rank 0 is priced with it, the larger of
+// the sampler (micro-batch 1) and the scorer (train.micro_batch rows), and the message says so;
+// a node without rank 0, a run that neither samples nor scores, and 1d are not.
+TEST(MemoryFit, GridRankZeroAlsoHoldsTheWholeModelItSamplesAndScoresWith) {
+  using apps::MemoryPool;
+  const std::string model = "layers: 4, hidden: 64, heads: 4";
+  const std::string train = "seq_len: 256, global_batch: 32, micro_batch: 16";
+  const std::string grid = "parallel: {tensor: {size: 4, mode: 2d}}\n";
+  const io::Config sampling = config(model, train, grid + "sample: {tokens: 50}\n");
+  const double sampler =
+      apps::rank_memory(apps::one_rank_config(sampling, 1), 0, /*inference=*/true).total();
+  EXPECT_EQ(apps::whole_model_bytes(sampling, MemoryPool::host, false), sampler);
+  ASSERT_GT(sampler, apps::rank_memory(sampling, 0).bytes[0]) << "the whole model's parameters";
+
+  const std::vector<int> node{0, 1, 2, 3};
+  const double bytes = need(sampling, node) + sampler;
+  EXPECT_EQ(apps::memory_shortfall(sampling, node, bytes, "n0"), "");
+  const std::string message = apps::memory_shortfall(sampling, node, bytes * 0.999, "n0");
+  EXPECT_TRUE(has(message, "need " + core::format_bytes(bytes))) << message;
+  EXPECT_TRUE(has(message, "world rank 0 builds the whole model in a one-rank trainer to sample "
+                           "or score eval.choices (" + core::format_bytes(sampler)))
+      << message;
+  EXPECT_EQ(apps::memory_shortfall(sampling, {1, 2, 3}, need(sampling, {1, 2, 3}), "n1"), "");
+
+  const io::Config quiet = config(model, train, grid);  // sample.tokens 0, no choices
+  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false), 0.0);
+  // colossal_generate (inference, samples) builds the sampler whatever sample.tokens says.
+  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false, true, false, true),
+            sampler);
+  const io::Config scoring = config(model, train, grid + "eval: {choices: /x/choices.jsonl}\n");
+  const double scorer =
+      apps::rank_memory(apps::one_rank_config(scoring, 16), 0, /*inference=*/true).total();
+  ASSERT_GT(scorer, sampler) << "16 rows a forward";
+  EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false), scorer);
+  const io::Config one_d = config(model, train, "sample: {tokens: 50}\n");
+  EXPECT_EQ(apps::whole_model_bytes(one_d, MemoryPool::host, false), 0.0);
 }

@@ -185,6 +185,23 @@ TEST(OffloadPolicy, GridModesOffloadTheOptimizerStatesOnly) {
   }
 }
 
+// A grid run that samples at its end holds the whole model on world rank 0 beside its grid rank
+// (apps::whole_model_bytes), which nothing offloads: the device must hold both there.
+TEST(OffloadPolicy, GridRankZeroCountsTheWholeModelItSamplesWith) {
+  io::Config grid = config(1, ", tensor: {size: 4, mode: 2d}");
+  grid.sample.tokens = 20;
+  const double whole = whole_model_bytes(grid, MemoryPool::device, /*device_build=*/true);
+  ASSERT_GT(whole, 0.0);
+  const double none = need(grid, false, false), opt = need(grid, true, false);
+  EXPECT_FALSE(decide_offload(grid, none + whole).optimizer);
+  OffloadDecision d = decide_offload(grid, none + whole - 1);
+  EXPECT_TRUE(d.optimizer);
+  d = decide_offload(grid, opt + whole);
+  EXPECT_EQ(d.fraction, 1.0);
+  EXPECT_EQ(d.device_bytes, opt + whole);
+  EXPECT_THROW(decide_offload(grid, opt + whole - 1), std::invalid_argument);
+}
+
 // checkpointing.policy: rotor under a memory_budget that no schedule meets while the optimizer
 // state is on a GPU's device: offloading takes it off the budget (MemoryPrediction::against), so
 // the policy offloads until the schedule fits rather than stopping at the first unmet budget;
