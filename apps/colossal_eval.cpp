@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
     // against the node's memory before anything is allocated.
     std::unique_ptr<apps::Trainer> trainer;
     if (choices.empty() || !inv.config.data.val_path.empty()) {
-      trainer = apps::inference_trainer(inv.config, inv.world, weights);
+      // (It scores the choices too when their window is train.seq_len: priced so.)
+      trainer = apps::inference_trainer(inv.config, inv.world, weights, false, false,
+                                        /*scores=*/!choices.empty());
       const double loss = trainer->evaluate();
       if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     }
@@ -98,7 +100,8 @@ int main(int argc, char** argv) {
     const io::Config scoring = apps::choice_window_config(inv.config, examples);
     if (trainer == nullptr || scoring.train.seq_len != inv.config.train.seq_len) {
       trainer.reset();
-      trainer = apps::inference_trainer(scoring, inv.world, weights);
+      trainer = apps::inference_trainer(scoring, inv.world, weights, false, false,
+                                        /*scores=*/true);
     }
     if (inv.rank == 0 && scoring.train.seq_len != inv.config.train.seq_len) {
       std::printf("choices: scored in a window of %d positions, enough for every row "

@@ -324,8 +324,8 @@ int plan(apps::Invocation& inv) {
     options.bf16_products = run.bf16_products;
     options.device = run.device;
     // model.fused_attention: auto: the search costs each layout with either attention.
-    options.try_fused_attention =
-        c.fused_attention_auto &&
+    options.try_fused_attention = c.fused_attention_auto;
+    options.fused_attention_1d =
         core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
     const planner::SearchResult result = planner::search_plans(
         c.model, c.train.global_batch, c.train.seq_len, /*bf16=*/false, cluster, options);

@@ -246,8 +246,10 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
   int share = 1;
   const double device = device_capacity(config, &share);
   double capacity = device / std::max(1, share);
+  int sharers = std::max(1, share);  // the ranks that share the memory of `capacity`
   if (!device_resident_build() && config.hardware.device_memory_gib <= 0) {
     const int locals = std::max(1, core::current_thread_plan().local_ranks);  // on this node
+    sharers = locals;
     double mine = 0.0;
     try {
       const double available = host_available_bytes();  // 0: unknown
@@ -258,6 +260,22 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
     double least = mine;
     MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     capacity = least;
+  }
+  // 2d / 2.5d / 3d: world rank 0 also holds the whole model while it samples or scores
+  // (whole_model_bytes, as check_memory_fits counts it): every rank plans with rank 0's room,
+  // the larger of the two attentions' whole model taken off its share of the memory.
+  if (capacity > 0) {
+    io::Config v = config;
+    v.fused_attention_auto = false;
+    double whole = 0.0;
+    for (bool fused : {false, true}) {
+      v.model.fused_attention = fused;
+      whole = std::max(whole, whole_model_bytes(v,
+                                                device_resident_build() ? MemoryPool::device
+                                                                        : MemoryPool::host,
+                                                device_resident_build()));
+    }
+    if (whole > 0) capacity = std::max(1.0, capacity - whole / sharers);
   }
   // decision: "true" or "false", then the report's line.
   const auto decide = [&](std::string&) {
@@ -313,7 +331,8 @@ io::Config plan_automatically(const io::Config& config, parallel::Communicator& 
     options.bf16_weight_copy = run.bf16_weight_copy;
     options.bf16_products = run.bf16_products;
     options.device = run.device;
-    options.try_fused_attention = config.fused_attention_auto && fused_attention_runs(config);
+    options.try_fused_attention = config.fused_attention_auto;
+    options.fused_attention_1d = fused_attention_runs(config);
     const planner::SearchResult result = planner::search_plans(
         config.model, config.train.global_batch, config.train.seq_len, /*bf16=*/false, cluster,
         options);

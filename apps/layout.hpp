@@ -93,8 +93,8 @@ planner::Cluster make_cluster(planner::HardwareSpec hw, int devices, int cores, 
 // `report` (rank 0) receives the search's summary. No layout fits: a clear error on every rank.
 io::Config plan_automatically(const io::Config& config, parallel::Communicator& world, int threads,
                               std::string* report);
-// Why the config's fixed layout cannot run the fused attention (ring attention, a 2d / 2.5d /
-// 3d grid, a head size this build's bf16 kernels do not step through); empty when it can.
+// Why the config's fixed layout cannot run the fused attention (ring attention; 1d, a head size
+// this build's bf16 kernels do not step through); empty when it can.
 std::string fused_attention_unavailable(const io::Config& config);
 // model.fused_attention: auto's decision for the config's fixed layout on `cluster` (its
 // memory_bytes what a rank may hold): each attention costed with the config's checkpointing and,

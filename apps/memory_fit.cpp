@@ -81,14 +81,14 @@ double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool devi
 }
 
 double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
-                         bool inference, bool decode, bool samples) {
+                         bool inference, bool decode, bool samples, bool scores) {
   if (config.parallel.tensor_mode == core::TensorMode::d1) return 0.0;
   double bytes = 0.0;
   if (inference ? samples : config.sample.tokens > 0) {
     bytes = pool_bytes(rank_memory(one_rank_config(config, 1), 0, true, inference && decode),
                        pool, device_build);
   }
-  if (!config.eval.choices.empty()) {
+  if (inference ? scores : !config.eval.choices.empty()) {
     const io::Config scorer = one_rank_config(config, config.train.micro_batch);
     bytes = std::max(bytes, pool_bytes(rank_memory(scorer, 0, true, false), pool, device_build));
   }
@@ -123,10 +123,12 @@ struct NodeNeed {
 };
 
 NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
-                   bool device_build, bool inference, bool decode, bool samples) {
+                   bool device_build, bool inference, bool decode, bool samples,
+                   bool scores) {
   NodeNeed need;
   if (std::find(ranks.begin(), ranks.end(), 0) != ranks.end()) {
-    need.whole_model = whole_model_bytes(config, pool, device_build, inference, decode, samples);
+    need.whole_model =
+        whole_model_bytes(config, pool, device_build, inference, decode, samples, scores);
     need.bytes += need.whole_model;
   }
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
@@ -166,9 +168,11 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source, MemoryPool pool,
-                             bool device_build, bool inference, bool decode, bool samples) {
+                             bool device_build, bool inference, bool decode, bool samples,
+                             bool scores) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need = node_need(config, ranks, pool, device_build, inference, decode, samples);
+  const NodeNeed need =
+      node_need(config, ranks, pool, device_build, inference, decode, samples, scores);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -178,7 +182,8 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks, pool, device_build, inference, decode, samples).bytes;
+      bytes = node_need(*variant, ranks, pool, device_build, inference, decode, samples, scores)
+                  .bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -211,6 +216,8 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   for (int mb = config.train.micro_batch / 2; mb >= 1; mb /= 2) {
     if (try_set("train.micro_batch=" + std::to_string(mb))) break;
   }
+  // 2d / 2.5d / 3d: no end-of-run sample, no whole model on world rank 0 for it.
+  if (need.whole_model > 0.0 && !inference && config.sample.tokens > 0) try_set("sample.tokens=0");
 
   std::ostringstream out;
   out << "memory: the " << ranks.size() << " rank" << (ranks.size() == 1 ? "" : "s") << " of this "
@@ -252,7 +259,8 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   return out.str();
 }
 
-void check_memory_fits(const io::Config& config, bool inference, bool decode, bool samples) {
+void check_memory_fits(const io::Config& config, bool inference, bool decode, bool samples,
+                       bool scores) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -292,7 +300,7 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode, bo
     try {
       const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source, MemoryPool::host,
-                                 device_resident_build(), inference, decode, samples);
+                                 device_resident_build(), inference, decode, samples, scores);
       std::vector<std::string> uuids;
       for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
       for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
@@ -308,7 +316,8 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode, bo
                                    std::string(host) + " GPU " + std::to_string(id.ordinal) +
                                        " (" + id.bus_id + ")",
                                    "free device memory, cudaMemGetInfo", MemoryPool::device,
-                                   device_resident_build(), inference, decode, samples);
+                                   device_resident_build(), inference, decode, samples,
+                                   scores);
       }
     } catch (const std::invalid_argument& e) {
       message = e.what();

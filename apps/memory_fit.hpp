@@ -45,10 +45,13 @@ double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool devi
 
 // 2d / 2.5d / 3d: world rank 0 builds the whole model in a one-rank 1d inference trainer
 // (apps::one_rank_config) to sample (a training run's sample.tokens > 0; with `inference`, when
-// `samples`: colossal_generate) and to score eval.choices, one such trainer at a time: the
-// larger one's bytes in `pool`, beside its grid rank's. 0 under 1d, which samples in place.
+// the caller `samples`: colossal_generate) and to score multiple-choice examples (a training
+// run's eval.choices; with `inference`, when the caller `scores`: colossal_eval with choices),
+// one such trainer at a time: the larger one's bytes in `pool`, beside its grid rank's. 0 under
+// 1d, which samples and scores in place.
 double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
-                         bool inference = false, bool decode = false, bool samples = false);
+                         bool inference = false, bool decode = false, bool samples = false,
+                         bool scores = false);
 
 // The pure check for one node holding world ranks `ranks`: empty when their predicted bytes plus
 // kRuntimeBytesPerRank each (MemoryPool::device on a device build: kDeviceRuntimeBytesPerRank)
@@ -64,13 +67,14 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
                              const std::string& available_source = "available memory",
                              MemoryPool pool = MemoryPool::host,
                              bool device_build = device_resident_build(),
-                             bool inference = false, bool decode = false, bool samples = false);
+                             bool inference = false, bool decode = false, bool samples = false,
+                             bool scores = false);
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
 // checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
 // memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
 void check_memory_fits(const io::Config& config, bool inference = false, bool decode = false,
-                       bool samples = false);
+                       bool samples = false, bool scores = false);
 
 }  // namespace colossal::apps

@@ -20,22 +20,24 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The device's bytes of the worst rank under `config` (everything but the offloaded category).
+// The device's bytes of the worst rank under `config` (everything but the offloaded category),
+// and world rank 0's whole inference model (2d / 2.5d / 3d, while it samples or scores:
+// whole_model_bytes; nothing of it offloads), which its GPU holds once beside the ranks' plans.
 struct Need {
   double bytes = 0.0;
   planner::MemoryPrediction plan;
+  double whole = 0.0;
+  // What the GPU of `share` ranks holding world rank 0 holds at most.
+  double on_device(int share) const { return bytes * share + whole; }
 };
 
 Need device_need(const io::Config& config) {
   Need need;
-  // World rank 0 of a 2d / 2.5d / 3d run also holds a whole inference model while it samples or
-  // scores (nothing of it offloads).
-  const double whole = whole_model_bytes(config, MemoryPool::device, /*device_build=*/true);
   for (int r = 0; r < config.parallel.world_size(); ++r) {
     const planner::MemoryPrediction m = rank_memory(config, r);
-    const double bytes = m.device() + (r == 0 ? whole : 0.0);
-    if (bytes > need.bytes || r == 0) need = {bytes, m};
+    if (m.device() > need.bytes || r == 0) need = {m.device(), m};
   }
+  need.whole = whole_model_bytes(config, MemoryPool::device, /*device_build=*/true);
   return need;
 }
 
@@ -111,7 +113,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
       return false;
     }
     budget_error.clear();
-    return need.bytes * share <= capacity;
+    return need.on_device(share) <= capacity;
   };
   auto decided = [&](int chunks, int params) {
     fits(chunks, params);  // the need of the decision itself
@@ -119,7 +121,7 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
     d.fraction = core::offload_fraction(chunks);
     d.params = params > 0;
     d.params_fraction = core::offload_fraction(params);
-    d.device_bytes = need.bytes * share;
+    d.device_bytes = need.on_device(share);
     return d;
   };
   // In order: nothing; the fewest chunks of the optimizer states (ZeRO >= 1, the device's need
@@ -163,8 +165,17 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
       "parallel.zero.offload.policy: auto: the model does not fit on the device even " + offloaded +
       ": the worst rank keeps " + device_categories(need.plan) + " (" +
       core::format_bytes(need.bytes) + (share > 1 ? " x " + std::to_string(share) + " ranks" : "") +
-      ") on a device of " + core::format_bytes(capacity) +
-      " (hardware.device_memory_gib or the GPU's free memory)" + more +
+      ")" +
+      (need.whole > 0 ? " and world rank 0 the whole model it samples or scores eval.choices "
+                        "with (" + core::format_bytes(need.whole) + "; sample.tokens: 0 and no "
+                        "eval.choices leave it out)"
+                      : std::string()) +
+      " on a device of " + core::format_bytes(capacity) +
+      " (hardware.device_memory_gib or the GPU's free memory" +
+      (device_resident_build() ? ", less " + core::format_bytes(kDeviceRuntimeBytesPerRank) +
+                                     " a rank for cuBLAS and NCCL"
+                               : std::string()) +
+      ")" + more +
       "; or shard further (parallel.data, parallel.tensor.size, parallel.pipeline.size) or set "
       "checkpointing.policy");
 }
@@ -177,20 +188,19 @@ double device_capacity(const io::Config& config, int* ranks_per_device) {
   if (device_resident_build()) {
     // The ranks sharing each GPU (collective: every rank asks, whatever the key says), so that
     // hardware.device_memory_gib, a GPU's memory, is divided among them too.
-    if (ranks_per_device != nullptr) {
-      *ranks_per_device = parallel::gather_comm_facts().ranks_per_gpu;
+    const int share = parallel::gather_comm_facts().ranks_per_gpu;
+    if (ranks_per_device != nullptr) *ranks_per_device = share;
+    double least = given;
+    if (given <= 0) {
+      std::size_t f = 0, total = 0;
+      if (cudaMemGetInfo(&f, &total) == cudaSuccess) free_bytes = double(f);
+      else cudaGetLastError();
+      MPI_Allreduce(&free_bytes, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
     }
-    if (given > 0) return given;
-    std::size_t f = 0, total = 0;
-    if (cudaMemGetInfo(&f, &total) == cudaSuccess) free_bytes = double(f);
-    else cudaGetLastError();
-    double least = free_bytes;
-    MPI_Allreduce(&free_bytes, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    // What the ranks' plans may fill: the free memory less what each sharing rank needs beside
-    // its plan (cuBLAS, NCCL, operand buffers), as check_memory_fits keeps it.
-    const int share = ranks_per_device != nullptr ? *ranks_per_device : 1;
-    // (A byte, not 0, when nothing is left: 0 would mean no device limit.)
-    free_bytes = least > 0 ? std::max(1.0, least - share * kDeviceRuntimeBytesPerRank) : 0.0;
+    // What the ranks' plans may fill: the GPU's memory (the key's, or the least free) less what
+    // each sharing rank needs beside its plan (cuBLAS, NCCL, operand buffers), as
+    // check_memory_fits keeps it. (A byte, not 0, when nothing is left: 0 means no limit.)
+    return least > 0 ? std::max(1.0, least - share * kDeviceRuntimeBytesPerRank) : 0.0;
   }
 #endif
   if (given > 0) return given;

@@ -35,10 +35,11 @@ struct OffloadDecision {
 // capacity, and which key would allow more (parallel.zero.stage).
 OffloadDecision decide_offload(const io::Config& config, double capacity, int ranks_per_device = 1);
 
-// The capacity offload.policy: auto plans for: hardware.device_memory_gib when set; else, on a
-// device build, the smallest free memory of any rank's GPU less kDeviceRuntimeBytesPerRank for
-// each rank sharing it (collective over MPI_COMM_WORLD); else 0 (a CPU build: the device is the
-// host). `ranks_per_device`: on a device build the ranks sharing each GPU, the key set or not.
+// The capacity offload.policy: auto plans for. On a device build (collective over
+// MPI_COMM_WORLD): hardware.device_memory_gib when set, else the smallest free memory of any
+// rank's GPU, less kDeviceRuntimeBytesPerRank for each rank sharing the GPU
+// (`ranks_per_device`). On a CPU build hardware.device_memory_gib as it is, else 0 (the device
+// is the host: no limit).
 double device_capacity(const io::Config& config, int* ranks_per_device);
 
 // Start-up, on every rank alike (collective): with policy auto, the config with the offload

@@ -2020,6 +2020,13 @@ io::Config one_rank_config(const io::Config& config, int micro_batch) {
   one.checkpoint.every = 0;
   one.checkpoint.resume = io::ResumeMode::never;
   one.model_init_from.clear();  // its weights are the caller's: not read again
+  // A grid runs the fused attention at any head size (fp32 q/k/v); as 1d in bf16 a GPU build
+  // needs one the tensor cores take, else the dense attention samples (the same values).
+  if (one.model.fused_attention &&
+      !core::fused_attention_unsupported(one.model.hidden / one.model.heads, bf16_operands(one))
+           .empty()) {
+    one.model.fused_attention = false;
+  }
   return one;
 }
 
@@ -2275,9 +2282,9 @@ io::Config sampling_config(io::Config config) {
 
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
                                            const std::string& weights, bool decode,
-                                           bool samples) {
+                                           bool samples, bool scores) {
   if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
-  check_memory_fits(config, /*inference=*/true, decode, samples);
+  check_memory_fits(config, /*inference=*/true, decode, samples, scores);
   auto trainer = std::make_unique<Trainer>(config, nullptr, world,
                                            TrainerOptions{.inference = true, .decode = decode});
   if (!weights.empty()) trainer->load_weights(weights);

@@ -523,7 +523,9 @@ const std::vector<KeySpec>& schema() {
        .field = [](Config& c) -> Field { return &c.hardware.device_memory_gib; },
        .doc = "GiB of device memory per GPU that offload.policy: auto and "
               "model.fused_attention: auto plan for; 0 = the GPU's "
-              "free memory (CUDA builds) or no device limit (CPU builds: the device is the host)",
+              "free memory (CUDA builds) or no device limit (CPU builds: the device is the "
+              "host); CUDA builds keep 512 MiB a rank sharing the GPU free of it (cuBLAS, "
+              "NCCL) and divide the rest among those ranks",
        .range = at_least(0)},
       // The host memory the planner lets a GPU node's offloaded bytes use (planner/hardware.hpp).
       {.key = "hardware.host_memory_gib", .kind = Kind::number,

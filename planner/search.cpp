@@ -343,9 +343,12 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   };
   core::ModelSpec fused_spec = spec;
   fused_spec.fused_attention = true;
-  // The attentions each 1d shape is costed with.
-  std::vector<bool> attentions{spec.fused_attention};
-  if (options.try_fused_attention && !spec.fused_attention) attentions.push_back(true);
+  // The attentions each 1d shape, and each grid shape, is costed with.
+  std::vector<bool> attentions{spec.fused_attention}, grid_attentions{spec.fused_attention};
+  if (options.try_fused_attention && !spec.fused_attention) {
+    if (options.fused_attention_1d) attentions.push_back(true);
+    grid_attentions.push_back(true);
+  }
   std::vector<Shape> shapes;
   // The fields every candidate sets from the search's arguments and its own sizes.
   auto layout = [&](int micro_batch, int data, int tensor) {
@@ -414,7 +417,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   }
   // 2d, 2.5d and 3d grids inside a node: data parallelism and pipeline stages (1F1B or
   // interleaved) on top (their models run no sequence parallelism or ZeRO 3 yet).
-  if (options.tensor_modes && !bf16 && !spec.fused_attention && !spec.llama()) {
+  if (options.tensor_modes && !bf16 && !spec.llama()) {
     for (int t : divisors(G)) {
       if (t < 4 || t > cluster.hw.devices_per_node) continue;
       using core::TensorMode;
@@ -436,13 +439,17 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
               if (v > 1) run.schedule = parallel::PipelineSchedule::interleaved;
               if (!invalid_tensor_mode(spec, run).empty()) continue;
               run.layers = balanced_layers(spec, run);
-              double bound = 0.0;  // the slower of the first and the last stage
-              for (int r : {0, p - 1}) {
-                const TimePrediction tp = predict_time(spec, grid_rank_layout(spec, run, r),
-                                                       cluster.hw);
-                bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+              for (bool fused : grid_attentions) {
+                const core::ModelSpec& sp = fused ? fused_spec : spec;
+                double bound = 0.0;  // the slower of the first and the last stage
+                for (int r : {0, p - 1}) {
+                  const TimePrediction tp =
+                      predict_time(sp, grid_rank_layout(sp, run, r), cluster.hw);
+                  bound =
+                      std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+                }
+                shapes.push_back(Shape{run, bound, fused});
               }
-              shapes.push_back(Shape{run, bound});
             }
           }
         }

@@ -83,10 +83,13 @@ struct SearchOptions {
   // 1d layouts' bf16_operands (the grid models store fp32), as apps::run_layout sets them.
   bool bf16_products = false;
   bool device = false;                   // every layout: RunLayout::device (GPU ranks)
-  // model.fused_attention: auto: each 1d shape without ring attention is also costed with the
+  // model.fused_attention: auto: each shape without ring attention is also costed with the
   // fused attention (where the spec has it off), which trades recomputation for the (B,H,T,T)
-  // probabilities' memory. The caller knows whether its build runs the head size.
+  // probabilities' memory: the 2d / 2.5d / 3d ones always (their q/k/v stay fp32, which every
+  // head size runs), the 1d ones where `fused_attention_1d` says the build runs the head size
+  // at the run's precision (the caller knows: core::fused_attention_unsupported).
   bool try_fused_attention = false;
+  bool fused_attention_1d = true;
   // Only enumerate: SearchResult::candidates is the number of layout shapes, nothing is costed
   // (why_no_layout's test of other device counts).
   bool count_only = false;

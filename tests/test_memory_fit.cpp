@@ -241,6 +241,12 @@ TEST(MemoryFit, GridRankZeroAlsoHoldsTheWholeModelItSamplesAndScoresWith) {
       apps::rank_memory(apps::one_rank_config(scoring, 16), 0, /*inference=*/true).total();
   ASSERT_GT(scorer, sampler) << "16 rows a forward";
   EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false), scorer);
+  // An inference program prices what its caller says it does, not the config's keys:
+  // colossal_eval scoring (--choices or eval.choices), colossal_generate sampling.
+  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false, true, false, false, true),
+            scorer);
+  EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false, true, false, true, false),
+            sampler);
   const io::Config one_d = config(model, train, "sample: {tokens: 50}\n");
   EXPECT_EQ(apps::whole_model_bytes(one_d, MemoryPool::host, false), 0.0);
 }

@@ -200,6 +200,10 @@ TEST(OffloadPolicy, GridRankZeroCountsTheWholeModelItSamplesWith) {
   EXPECT_EQ(d.fraction, 1.0);
   EXPECT_EQ(d.device_bytes, opt + whole);
   EXPECT_THROW(decide_offload(grid, opt + whole - 1), std::invalid_argument);
+  // Two ranks on the GPU: each rank's plan twice, the whole model once.
+  EXPECT_FALSE(decide_offload(grid, 2 * none + whole, 2).optimizer);
+  EXPECT_TRUE(decide_offload(grid, 2 * none + whole - 1, 2).optimizer);
+  EXPECT_EQ(decide_offload(grid, 2 * opt + whole, 2).device_bytes, 2 * opt + whole);
 }
 
 // checkpointing.policy: rotor under a memory_budget that no schedule meets while the optimizer

@@ -516,6 +516,42 @@ TEST(Search, OffloadTheFewestChunksTheMemoryNeeds) {
                         << ")" << (r.best.empty() ? r.closest.why : planner::format_plan(r.best[0]));
 }
 
+// The grids (2d, 2.5d, 3d) run the fused attention at any head size (their q/k/v stay fp32):
+// model.fused_attention: auto costs each grid shape with either attention even where the 1d
+// shapes cannot run it (SearchOptions::fused_attention_1d), as the fixed layout with it is
+// costed; with the key set to true the grids are searched too.
+TEST(AttentionChoice, TheSearchCostsTheGridsWithTheFusedAttentionToo) {
+  const core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 2, 256, 4, 1024, 8000, 2048);
+  core::ModelSpec fused_spec = spec;
+  fused_spec.fused_attention = true;
+  planner::Cluster cluster{planner::hardware_preset("h100"), 4};
+  planner::SearchOptions options;
+  options.micro_batches = {8};
+  options.top = 1000;
+  options.prune = false;
+  options.try_fused_attention = true;
+  options.fused_attention_1d = false;  // say the 1d shapes cannot run this head size
+  auto count = [](const planner::SearchResult& r, bool grid, bool fused) {
+    return std::count_if(r.best.begin(), r.best.end(), [&](const planner::Plan& p) {
+      return (p.run.tensor_mode != core::TensorMode::d1) == grid && p.fused_attention == fused;
+    });
+  };
+  const planner::SearchResult with = planner::search_plans(spec, 8, 2048, false, cluster, options);
+  EXPECT_GT(count(with, true, true), 0);
+  EXPECT_GT(count(with, true, false), 0);
+  EXPECT_EQ(count(with, false, true), 0) << "1d shapes costed with an attention they cannot run";
+  for (const planner::Plan& p : with.best) {
+    if (p.run.tensor_mode == core::TensorMode::d1 || !p.fused_attention) continue;
+    EXPECT_DOUBLE_EQ(planner::evaluate_plan(fused_spec, p.run, cluster).step_time, p.step_time)
+        << planner::format_plan(p);
+  }
+  options.try_fused_attention = false;
+  EXPECT_EQ(count(planner::search_plans(spec, 8, 2048, false, cluster, options), true, true), 0);
+  const planner::SearchResult fixed =
+      planner::search_plans(fused_spec, 8, 2048, false, cluster, options);
+  EXPECT_GT(count(fixed, true, true), 0) << "model.fused_attention: true searched no grid";
+}
+
 // model.fused_attention: auto. A fixed layout takes the faster attention that fits, the fused one
 // where only it fits, the smaller when neither does; ring attention stays dense. The search costs
 // each 1d shape with either attention: never slower than without, the fused attention's plans
