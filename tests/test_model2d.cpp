@@ -1,7 +1,8 @@
 // The 2D tensor-parallel transformer (core/model2d.hpp) on a 2 x 2 grid trains the single-rank
 // model: the same initial logical weights, the same first-step gradients, and ten AdamW steps with
 // global-norm clipping giving the same losses and final weights, for GPT-2 and OPT (a vocabulary
-// and an OPT position table that leave padding rows in the last block).
+// and an OPT position table that leave padding rows in the last block), and with the fused
+// attention over sequences of several tiles.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -24,8 +25,9 @@ class Model2DParity : public ::testing::TestWithParam<core::Arch> {};
 
 // 4 ranks: one 2 x 2 grid (2D). 8 ranks: 2.5D with q = 2, d = 2 (world rank = d 4 + i 2 + j),
 // each depth layer running half of the global batch, gradients summed over the depth group (the
-// ranks at the same grid position); the same computation as 2D x dp2.
-TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
+// ranks at the same grid position); the same computation as 2D x dp2. `B` sequences of `T`
+// positions a depth layer.
+void trains_the_single_rank_model(const core::ModelSpec& spec, int B, int T) {
   parallel::MpiCommunicator world(MPI_COMM_WORLD);
   if (world.size() != 4 && world.size() != 8) GTEST_SKIP() << "needs 4 or 8 ranks";
   const int q = 2, layers = world.size() / 4, d = world.rank() / 4, i = world.rank() / q % q,
@@ -35,8 +37,7 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
   parallel::CommunicatorGroup row(*row_comm), col(*col_comm), depth(*depth_comm);
   core::Grid2D grid{row, col};
 
-  const core::ModelSpec spec = core::model_spec(GetParam(), 2, 32, 4, 64, 51, 16);
-  const int B = 4, global_batch = B * layers, T = 12;
+  const int global_batch = B * layers;
   auto gemm = core::make_host_gemm();
   core::MemoryTracker ref_tracker, tracker;
   // OPT's ReLU has a kink: a pre-activation within rounding of zero flips its derivative between
@@ -64,6 +65,18 @@ TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
                        double(ref_tracker.current(core::MemCategory::parameters));
   EXPECT_GT(ratio, 0.25);
   EXPECT_LT(ratio, 0.40);
+}
+
+TEST_P(Model2DParity, TrainsTheSingleRankModelForTenSteps) {
+  trains_the_single_rank_model(core::model_spec(GetParam(), 2, 32, 4, 64, 51, 16), 4, 12);
+}
+
+// model.fused_attention over sequences of several of its 128-position tiles (the last one
+// partial), on each rank's B/q sequences and H/q heads, against the single rank's fused model.
+TEST(Model2DFused, SeveralTilesTrainTheSingleRankFusedModel) {
+  core::ModelSpec spec = core::model_spec(core::Arch::gpt2, 1, 32, 4, 64, 51, 300);
+  spec.fused_attention = true;
+  trains_the_single_rank_model(spec, 2, 300);
 }
 
 // The bytes one forward + backward moves along the grid row and down the column, and the tracked
