@@ -87,18 +87,20 @@ int main(int argc, char** argv) {
     // The parameters and a forward's activations only (no gradients or AdamW state), checked
     // against the node's memory before anything is allocated.
     std::unique_ptr<apps::Trainer> trainer;
+    // Scored in the shortest window that holds every row (the same losses up to rounding):
+    // another trainer when it is shorter than train.seq_len, made after the first is freed.
+    const io::Config scoring = choices.empty() ? inv.config
+                                               : apps::choice_window_config(inv.config, examples);
+    const bool same_window = scoring.train.seq_len == inv.config.train.seq_len;
     if (choices.empty() || !inv.config.data.val_path.empty()) {
       // (It scores the choices too when their window is train.seq_len: priced so.)
       trainer = apps::inference_trainer(inv.config, inv.world, weights, false, false,
-                                        /*scores=*/!choices.empty());
+                                        /*scores=*/!choices.empty() && same_window);
       const double loss = trainer->evaluate();
       if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     }
     if (choices.empty()) return 0;
-    // Scored in the shortest window that holds every row (the same losses up to rounding):
-    // another trainer when it is shorter than train.seq_len, made after the first is freed.
-    const io::Config scoring = apps::choice_window_config(inv.config, examples);
-    if (trainer == nullptr || scoring.train.seq_len != inv.config.train.seq_len) {
+    if (trainer == nullptr || !same_window) {
       trainer.reset();
       trainer = apps::inference_trainer(scoring, inv.world, weights, false, false,
                                         /*scores=*/true);

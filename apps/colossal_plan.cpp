@@ -299,7 +299,10 @@ int plan(apps::Invocation& inv) {
     // The attention the plan's precision can run (--precision, like the search).
     const bool dense_only =
         !apps::fused_attention_unavailable(c).empty() ||
-        !core::fused_attention_unsupported(c.model.hidden / c.model.heads, bf16(inv)).empty();
+        !core::fused_attention_unsupported(
+             c.model.hidden / c.model.heads,
+             bf16(inv) && c.parallel.tensor_mode == core::TensorMode::d1)
+             .empty();
     const auto& cp = c.checkpointing;
     const double budget = cp.memory_budget * 1024.0 * 1024.0 * 1024.0;
     chosen = c.fused_attention_auto

@@ -205,7 +205,12 @@ int main(int argc, char** argv) {
       throw apps::CollectiveError(e.what());  // decided alike on every rank
     }
     // Before anything is allocated: does every node hold its ranks' memory plan?
-    if (!inv.has("--memory-plan")) apps::check_memory_fits(inv.config, eval_only);
+    // (--eval-only scores eval.choices, no sample: a grid's world rank 0 builds a whole-model
+    // scorer for them, which the check counts.)
+    if (!inv.has("--memory-plan")) {
+      apps::check_memory_fits(inv.config, eval_only, /*decode=*/false, /*samples=*/false,
+                              /*scores=*/eval_only && !inv.config.eval.choices.empty());
+    }
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d run on the same trainer as 1d (below).
       if (inv.has("--memory-plan")) {

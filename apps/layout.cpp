@@ -253,7 +253,8 @@ io::Config plan_attention(const io::Config& config, parallel::Communicator& worl
     double mine = 0.0;
     try {
       const double available = host_available_bytes();  // 0: unknown
-      if (available > 0) mine = std::max(0.0, available / locals - kRuntimeBytesPerRank);
+      // (At least a byte where something was read: 0 means unknown, no limit.)
+      if (available > 0) mine = std::max(1.0, available / locals - kRuntimeBytesPerRank);
     } catch (const std::invalid_argument&) {
       mine = 0.0;  // COLOSSAL_HOST_MEMORY_BYTES is bad: check_memory_fits names it next
     }

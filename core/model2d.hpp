@@ -28,7 +28,8 @@
 // sets, its own parameter store); the stage boundary is this rank's R x c block of the residual
 // stream, which the same grid position of the neighbouring stage holds.
 // Not here (yet): ZeRO 3 (parameters are never gathered), sequence parallelism (the config
-// refuses them with mode 2d/2.5d). model.fused_attention runs (GridModel::attention_core_forward). colossal_train builds this model for
+// refuses them with mode 2d/2.5d). model.fused_attention runs
+// (GridModel::attention_core_forward). colossal_train builds this model for
 // parallel.tensor.mode 2d and 2.5d (apps/trainer.cpp); tests/test_model2d.cpp drives it alone.
 #pragma once
 

@@ -20,7 +20,8 @@
 // sets, its own parameter store); the stage boundary is this rank's R x c block of the residual
 // stream (X layout), which the same cube position of the neighbouring stage holds.
 // Not here (yet): ZeRO 3 (parameters are never gathered), sequence parallelism (the config
-// refuses them with mode 3d). model.fused_attention runs (GridModel::attention_core_forward). colossal_train builds this model for
+// refuses them with mode 3d). model.fused_attention runs
+// (GridModel::attention_core_forward). colossal_train builds this model for
 // parallel.tensor.mode 3d (apps/trainer.cpp); tests/test_model3d.cpp drives it alone.
 #pragma once
 

@@ -430,7 +430,7 @@ const std::vector<KeySpec>& schema() {
               "q x q grid: size = q^2), 2.5d (Tesseract: size = q^2 x depth), 3d (q^3 cube)",
        .choices = {"1d", "2d", "2.5d", "3d"},
        .cross_check = "2d/2.5d/3d: size a square / square x depth / cube; no sequence, "
-                      "ZeRO 3, parameter offload or fused attention"},
+                      "ZeRO 3 or parameter offload"},
       {.key = "parallel.tensor.depth", .kind = Kind::integer,
        .field = [](Config& c) -> Field { return &c.parallel.tensor_depth; },
        .doc = "2.5d: depth layers d of q x q grids (the batch is split across them)",

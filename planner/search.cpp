@@ -295,8 +295,8 @@ Plan evaluate_attention_choice(core::ModelSpec spec,
                          memory_slots);
   };
   Plan dense = cost(false), fused;
-  // An invalid layout is invalid with either attention; ring attention and the 2d / 2.5d / 3d
-  // grids run the dense one only.
+  // An invalid layout is invalid with either attention; ring attention runs the dense one only
+  // (the caller says so: `dense_only`).
   if (!dense_only && dense.step_time > 0.0) fused = cost(true);
   const bool take_fused = &pick_attention(dense, fused, cluster.hw) == &fused;
   if (other != nullptr) *other = take_fused ? dense : fused;
@@ -343,8 +343,12 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
   };
   core::ModelSpec fused_spec = spec;
   fused_spec.fused_attention = true;
-  // The attentions each 1d shape, and each grid shape, is costed with.
-  std::vector<bool> attentions{spec.fused_attention}, grid_attentions{spec.fused_attention};
+  // The attentions each 1d shape, and each grid shape, is costed with (none for 1d where the
+  // spec asks for a fused attention the 1d shapes cannot run).
+  std::vector<bool> attentions, grid_attentions{spec.fused_attention};
+  if (!spec.fused_attention || options.fused_attention_1d) {
+    attentions.push_back(spec.fused_attention);
+  }
   if (options.try_fused_attention && !spec.fused_attention) {
     if (options.fused_attention_1d) attentions.push_back(true);
     grid_attentions.push_back(true);

@@ -575,8 +575,10 @@ section_6() {
   floor=$(device_need "${offload3[@]}" --set parallel.zero.offload.params=true)
   if [ -n "$need" ] && [ -n "$mid" ] && [ -n "$floor" ]; then
     gib() { awk -v n="$1" 'BEGIN { printf "%.4f", n / 1073741824 }'; }
-    cap1=$(gib "$(awk -v n="$need" 'BEGIN { print 0.7 * n }')")
-    cap3=$(gib "$(awk -v a="$mid" -v b="$floor" 'BEGIN { print (a + b) / 2 }')")
+    # Each cap plus the 512 MiB a CUDA build keeps free of hardware.device_memory_gib for
+    # cuBLAS and NCCL (apps::kDeviceRuntimeBytesPerRank): the plans may fill the rest.
+    cap1=$(gib "$(awk -v n="$need" 'BEGIN { print 0.7 * n + 536870912 }')")
+    cap3=$(gib "$(awk -v a="$mid" -v b="$floor" 'BEGIN { print (a + b) / 2 + 536870912 }')")
     say "device bytes: $need without offload, $mid with the optimizer state offloaded, $floor with the parameters too; caps ${cap1} GiB (ZeRO 1) and ${cap3} GiB (ZeRO 3: the model needs $(awk -v n="$need" -v c="$cap3" 'BEGIN { printf "%.2f", n / 1073741824 / c }')x that)"
     for run in kept zero1-capped zero3-capped; do
       sets=(--set log.dir=/tmp/gpu_check-offload-$run)

@@ -243,7 +243,9 @@ TEST(OffloadPolicy, OffloadsUntilRotorsBudgetIsMet) {
 TEST(OffloadPolicy, ApplyUsesTheConfiguredDeviceSizeAndStaticChangesNothing) {
   io::Config c = config(3);
   const double none = need(c, false, false), opt = need(c, true, false);
-  c.hardware.device_memory_gib = (none + opt) / 2 / (1024.0 * 1024 * 1024);
+  // (A CUDA build keeps kDeviceRuntimeBytesPerRank of the key free for cuBLAS and NCCL.)
+  const double room = device_resident_build() ? kDeviceRuntimeBytesPerRank : 0.0;
+  c.hardware.device_memory_gib = ((none + opt) / 2 + room) / (1024.0 * 1024 * 1024);
   const io::Config decided = apply_offload_policy(c, nullptr);
   EXPECT_TRUE(decided.parallel.offload_optimizer);
   EXPECT_FALSE(decided.parallel.offload_params);
