@@ -94,16 +94,15 @@ int main(int argc, char** argv) {
     const bool same_window = scoring.train.seq_len == inv.config.train.seq_len;
     if (choices.empty() || !inv.config.data.val_path.empty()) {
       // (It scores the choices too when their window is train.seq_len: priced so.)
-      trainer = apps::inference_trainer(inv.config, inv.world, weights, false, false,
-                                        /*scores=*/!choices.empty() && same_window);
+      trainer = apps::inference_trainer(inv.config, inv.world, weights,
+                                        {.scores = !choices.empty() && same_window});
       const double loss = trainer->evaluate();
       if (inv.rank == 0) std::printf("val loss %.6g (%.9g)\n", loss, loss);
     }
     if (choices.empty()) return 0;
     if (trainer == nullptr || !same_window) {
       trainer.reset();
-      trainer = apps::inference_trainer(scoring, inv.world, weights, false, false,
-                                        /*scores=*/true);
+      trainer = apps::inference_trainer(scoring, inv.world, weights, {.scores = true});
     }
     if (inv.rank == 0 && scoring.train.seq_len != inv.config.train.seq_len) {
       std::printf("choices: scored in a window of %d positions, enough for every row "

@@ -104,8 +104,8 @@ int main(int argc, char** argv) {
     // against the node's memory before anything is allocated.
     const bool cache = !inv.has("--no-cache");
     const auto held =
-        apps::inference_trainer(apps::sampling_config(inv.config), inv.world, weights, cache,
-                                /*samples=*/true);
+        apps::inference_trainer(apps::sampling_config(inv.config), inv.world, weights,
+                                {.decode = cache, .samples = true});
     apps::Trainer& trainer = *held;
     const std::string prompt = inv.flag("--prompt", "");
     // Progress on stderr (stdout holds the text alone) every 10 s, and a summary at the end.

@@ -208,8 +208,8 @@ int main(int argc, char** argv) {
     // (--eval-only scores eval.choices, no sample: a grid's world rank 0 builds a whole-model
     // scorer for them, which the check counts.)
     if (!inv.has("--memory-plan")) {
-      apps::check_memory_fits(inv.config, eval_only, /*decode=*/false, /*samples=*/false,
-                              /*scores=*/eval_only && !inv.config.eval.choices.empty());
+      apps::check_memory_fits(inv.config, {.inference = eval_only,
+                                           .scores = eval_only && !inv.config.eval.choices.empty()});
     }
     if (inv.config.parallel.tensor_mode != core::TensorMode::d1) {
       // 2d / 2.5d / 3d run on the same trainer as 1d (below).

@@ -81,14 +81,14 @@ double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool devi
 }
 
 double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
-                         bool inference, bool decode, bool samples, bool scores) {
+                         const MemoryUse& use) {
   if (config.parallel.tensor_mode == core::TensorMode::d1) return 0.0;
   double bytes = 0.0;
-  if (inference ? samples : config.sample.tokens > 0) {
-    bytes = pool_bytes(rank_memory(one_rank_config(config, 1), 0, true, inference && decode),
-                       pool, device_build);
+  if (use.inference ? use.samples : config.sample.tokens > 0) {
+    bytes = pool_bytes(rank_memory(one_rank_config(config, 1), 0, true, use.decode), pool,
+                       device_build);
   }
-  if (inference ? scores : !config.eval.choices.empty()) {
+  if (use.inference ? use.scores : !config.eval.choices.empty()) {
     const io::Config scorer = one_rank_config(config, config.train.micro_batch);
     bytes = std::max(bytes, pool_bytes(rank_memory(scorer, 0, true, false), pool, device_build));
   }
@@ -123,12 +123,10 @@ struct NodeNeed {
 };
 
 NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, MemoryPool pool,
-                   bool device_build, bool inference, bool decode, bool samples,
-                   bool scores) {
+                   bool device_build, const MemoryUse& use) {
   NodeNeed need;
   if (std::find(ranks.begin(), ranks.end(), 0) != ranks.end()) {
-    need.whole_model =
-        whole_model_bytes(config, pool, device_build, inference, decode, samples, scores);
+    need.whole_model = whole_model_bytes(config, pool, device_build, use);
     need.bytes += need.whole_model;
   }
   // Ranks of one pipeline stage hold the same bytes: cost each stage once.
@@ -140,7 +138,7 @@ NodeNeed node_need(const io::Config& config, const std::vector<int>& ranks, Memo
     auto it = std::find_if(by_stage.begin(), by_stage.end(),
                            [&](const auto& s) { return s.first == stage; });
     if (it == by_stage.end()) {
-      by_stage.emplace_back(stage, rank_memory(config, rank, inference, decode));
+      by_stage.emplace_back(stage, rank_memory(config, rank, use.inference, use.decode));
       it = by_stage.end() - 1;
     }
     const double bytes = pool_bytes(it->second, pool, device_build);
@@ -168,11 +166,10 @@ std::optional<io::Config> with_override(const io::Config& config, const std::str
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
                              double available, const std::string& node,
                              const std::string& available_source, MemoryPool pool,
-                             bool device_build, bool inference, bool decode, bool samples,
-                             bool scores) {
+                             bool device_build, const MemoryUse& use) {
   if (available <= 0.0 || ranks.empty()) return "";
-  const NodeNeed need =
-      node_need(config, ranks, pool, device_build, inference, decode, samples, scores);
+  const bool inference = use.inference;
+  const NodeNeed need = node_need(config, ranks, pool, device_build, use);
   if (need.bytes <= available) return "";
 
   // One-key changes that would fit, nearest first within each key.
@@ -182,8 +179,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
     if (!variant) return false;
     double bytes = 0.0;
     try {
-      bytes = node_need(*variant, ranks, pool, device_build, inference, decode, samples, scores)
-                  .bytes;
+      bytes = node_need(*variant, ranks, pool, device_build, use).bytes;
     } catch (const std::exception&) {
       return false;  // e.g. a rotor budget the variant cannot meet
     }
@@ -259,8 +255,7 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
   return out.str();
 }
 
-void check_memory_fits(const io::Config& config, bool inference, bool decode, bool samples,
-                       bool scores) {
+void check_memory_fits(const io::Config& config, const MemoryUse& use) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -300,7 +295,7 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode, bo
     try {
       const double available = host_available_bytes(&source);
       message = memory_shortfall(config, ranks, available, host, source, MemoryPool::host,
-                                 device_resident_build(), inference, decode, samples, scores);
+                                 device_resident_build(), use);
       std::vector<std::string> uuids;
       for (const parallel::GpuIdentity& id : gpus) uuids.push_back(id.uuid);
       for (const std::vector<int>& group : parallel::group_by_gpu(uuids)) {
@@ -316,8 +311,7 @@ void check_memory_fits(const io::Config& config, bool inference, bool decode, bo
                                    std::string(host) + " GPU " + std::to_string(id.ordinal) +
                                        " (" + id.bus_id + ")",
                                    "free device memory, cudaMemGetInfo", MemoryPool::device,
-                                   device_resident_build(), inference, decode, samples,
-                                   scores);
+                                   device_resident_build(), use);
       }
     } catch (const std::invalid_argument& e) {
       message = e.what();

@@ -43,15 +43,24 @@ enum class MemoryPool { host, device };
 bool device_resident_build();
 double pool_bytes(const planner::MemoryPrediction& m, MemoryPool pool, bool device_build);
 
+// What a run holds besides its config's plan, for the memory check. `inference`: the ranks of
+// an inference trainer (colossal_eval, colossal_generate, --eval-only: rank_memory), `decode`
+// with colossal_generate's decoding state; `samples` and `scores`: the inference program
+// samples text or scores multiple-choice examples (a training run's own sampling and scoring
+// follow its config: sample.tokens, eval.choices).
+struct MemoryUse {
+  bool inference = false;
+  bool decode = false;
+  bool samples = false;
+  bool scores = false;
+};
+
 // 2d / 2.5d / 3d: world rank 0 builds the whole model in a one-rank 1d inference trainer
-// (apps::one_rank_config) to sample (a training run's sample.tokens > 0; with `inference`, when
-// the caller `samples`: colossal_generate) and to score multiple-choice examples (a training
-// run's eval.choices; with `inference`, when the caller `scores`: colossal_eval with choices),
-// one such trainer at a time: the larger one's bytes in `pool`, beside its grid rank's. 0 under
-// 1d, which samples and scores in place.
+// (apps::one_rank_config) to sample and to score multiple-choice examples (MemoryUse), one
+// such trainer at a time: the larger one's bytes in `pool`, beside its grid rank's. 0 under 1d,
+// which samples and scores in place.
 double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_build,
-                         bool inference = false, bool decode = false, bool samples = false,
-                         bool scores = false);
+                         const MemoryUse& use = {});
 
 // The pure check for one node holding world ranks `ranks`: empty when their predicted bytes plus
 // kRuntimeBytesPerRank each (MemoryPool::device on a device build: kDeviceRuntimeBytesPerRank)
@@ -59,7 +68,7 @@ double whole_model_bytes(const io::Config& config, MemoryPool pool, bool device_
 // error: what the ranks need (the plan of the largest, by category), what the node has, and the
 // changes of one key (checkpointing.policy, parallel.zero.stage, train.micro_batch) that would fit,
 // each with its predicted bytes, or the planner command to search every layout when none does.
-// `inference`: the ranks of an inference trainer (rank_memory), whose changes are
+// `use.inference`: the ranks of an inference trainer (rank_memory), whose changes are
 // model.fused_attention, parallel.zero.stage 3 and train.micro_batch.
 // Under 2d / 2.5d / 3d world rank 0, when among `ranks`, also needs whole_model_bytes.
 std::string memory_shortfall(const io::Config& config, const std::vector<int>& ranks,
@@ -67,14 +76,12 @@ std::string memory_shortfall(const io::Config& config, const std::vector<int>& r
                              const std::string& available_source = "available memory",
                              MemoryPool pool = MemoryPool::host,
                              bool device_build = device_resident_build(),
-                             bool inference = false, bool decode = false, bool samples = false,
-                             bool scores = false);
+                             const MemoryUse& use = {});
 
 // Collective over every rank of MPI_COMM_WORLD (colossal_train's world): each node's ranks are
 // checked on the node by memory_shortfall (host memory; on a device build also each GPU's free
 // memory against the ranks that share it), and when one node cannot hold its ranks every rank
 // throws the same CollectiveError (the first such node's message), before anything is allocated.
-void check_memory_fits(const io::Config& config, bool inference = false, bool decode = false,
-                       bool samples = false, bool scores = false);
+void check_memory_fits(const io::Config& config, const MemoryUse& use = {});
 
 }  // namespace colossal::apps

@@ -183,7 +183,6 @@ OffloadDecision decide_offload(const io::Config& config, double capacity, int ra
 double device_capacity(const io::Config& config, int* ranks_per_device) {
   if (ranks_per_device != nullptr) *ranks_per_device = 1;
   const double given = config.hardware.device_memory_gib * kGiB;
-  double free_bytes = 0.0;
 #ifdef COLOSSAL_HAVE_CUDA
   if (device_resident_build()) {
     // The ranks sharing each GPU (collective: every rank asks, whatever the key says), so that
@@ -192,6 +191,7 @@ double device_capacity(const io::Config& config, int* ranks_per_device) {
     if (ranks_per_device != nullptr) *ranks_per_device = share;
     double least = given;
     if (given <= 0) {
+      double free_bytes = 0.0;
       std::size_t f = 0, total = 0;
       if (cudaMemGetInfo(&f, &total) == cudaSuccess) free_bytes = double(f);
       else cudaGetLastError();
@@ -203,8 +203,7 @@ double device_capacity(const io::Config& config, int* ranks_per_device) {
     return least > 0 ? std::max(1.0, least - share * kDeviceRuntimeBytesPerRank) : 0.0;
   }
 #endif
-  if (given > 0) return given;
-  return free_bytes;
+  return std::max(given, 0.0);
 }
 
 io::Config apply_offload_policy(const io::Config& config, std::FILE* log) {

@@ -2281,12 +2281,12 @@ io::Config sampling_config(io::Config config) {
 }
 
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights, bool decode,
-                                           bool samples, bool scores) {
+                                           const std::string& weights, MemoryUse use) {
   if (!weights.empty()) config.model_init_from.clear();  // not read, then overwritten
-  check_memory_fits(config, /*inference=*/true, decode, samples, scores);
-  auto trainer = std::make_unique<Trainer>(config, nullptr, world,
-                                           TrainerOptions{.inference = true, .decode = decode});
+  use.inference = true;
+  check_memory_fits(config, use);
+  auto trainer = std::make_unique<Trainer>(
+      config, nullptr, world, TrainerOptions{.inference = true, .decode = use.decode});
   if (!weights.empty()) trainer->load_weights(weights);
   return trainer;
 }

@@ -18,6 +18,7 @@
 
 #include "apps/errors.hpp"
 #include "apps/layout.hpp"
+#include "apps/memory_fit.hpp"
 #include "apps/model_factory.hpp"
 #include "apps/run_log.hpp"
 #include "apps/watchdog.hpp"
@@ -508,13 +509,13 @@ class Trainer {
 // train.micro_batch: 1, a forward's activations of one sequence (a quarter of gpt2-124m's at
 // B=4; they also bound the rows prefilled at a time, core::decode_sizes). 2d / 2.5d / 3d, whose
 // micro-batch the grid splits, sample in a one-rank trainer of their own: unchanged.
-// `samples`, `scores`: the caller samples (colossal_generate) or scores multiple-choice
-// examples (colossal_eval), which under 2d / 2.5d / 3d builds a whole model on world rank 0,
-// priced in the check (whole_model_bytes).
+// `use`: with `decode` (TrainerOptions::decode), and whether the caller samples
+// (colossal_generate) or scores multiple-choice examples (colossal_eval), which under 2d / 2.5d
+// / 3d builds a whole model on world rank 0, priced in the check (whole_model_bytes); its
+// `inference` is set here.
 io::Config sampling_config(io::Config config);
 std::unique_ptr<Trainer> inference_trainer(io::Config config, parallel::Communicator* world,
-                                           const std::string& weights, bool decode = false,
-                                           bool samples = false, bool scores = false);
+                                           const std::string& weights, MemoryUse use = {});
 
 // The config of the one-rank 1d inference trainer in which a 2d / 2.5d / 3d run samples and
 // scores eval.choices on world rank 0 (micro_batch rows a forward): the whole model.

@@ -210,8 +210,9 @@ class DeviceBytes {
             "widened operands, outside the memory tracker) could not grow to " +
             format_bytes(double(bytes)) +
             ". The start-up check keeps some room a rank for such buffers (its message says "
-            "how much); this step needs more. Lower train.micro_batch, set checkpointing.policy, or shard further "
-            "(parallel.tensor.size, parallel.pipeline.size)");
+            "how much); this step needs more. Lower train.micro_batch, set "
+            "checkpointing.policy, or shard further (parallel.tensor.size, "
+            "parallel.pipeline.size)");
       }
       capacity_ = bytes;
     }

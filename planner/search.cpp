@@ -354,6 +354,20 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
     grid_attentions.push_back(true);
   }
   std::vector<Shape> shapes;
+  // A shape costed with the fused attention or not: its bound, the slower of its first and last
+  // pipeline stage.
+  auto add_shape = [&](const RunLayout& run, bool fused) {
+    const core::ModelSpec& sp = fused ? fused_spec : spec;
+    const int p = run.pipeline;
+    double bound = 0.0;
+    for (int r : {0, p - 1}) {
+      const RankLayout l = run.tensor_mode == core::TensorMode::d1 ? rank_layout(run, r)
+                                                                   : grid_rank_layout(sp, run, r);
+      const TimePrediction tp = predict_time(sp, l, cluster.hw);
+      bound = std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
+    }
+    shapes.push_back(Shape{run, bound, fused});
+  };
   // The fields every candidate sets from the search's arguments and its own sizes.
   auto layout = [&](int micro_batch, int data, int tensor) {
     RunLayout run;
@@ -403,15 +417,9 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
               if (!invalid(spec, run).empty()) continue;
               run.layers = balanced_layers(spec, run);
               for (bool fused : attentions) {
-                const core::ModelSpec& sp = fused ? fused_spec : spec;
-                if (fused && !invalid(sp, run).empty()) continue;  // ring attention: dense only
-                double bound = 0.0;
-                for (int r : {0, p - 1}) {
-                  const TimePrediction tp = predict_time(sp, rank_layout(run, r), cluster.hw);
-                  bound = std::max(bound,
-                                   tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
-                }
-                shapes.push_back(Shape{run, bound, fused});
+                // Ring attention: dense only.
+                if (fused && !invalid(fused_spec, run).empty()) continue;
+                add_shape(run, fused);
               }
             }
           }
@@ -443,17 +451,7 @@ SearchResult search_plans(const core::ModelSpec& spec, int global_batch, int seq
               if (v > 1) run.schedule = parallel::PipelineSchedule::interleaved;
               if (!invalid_tensor_mode(spec, run).empty()) continue;
               run.layers = balanced_layers(spec, run);
-              for (bool fused : grid_attentions) {
-                const core::ModelSpec& sp = fused ? fused_spec : spec;
-                double bound = 0.0;  // the slower of the first and the last stage
-                for (int r : {0, p - 1}) {
-                  const TimePrediction tp =
-                      predict_time(sp, grid_rank_layout(sp, run, r), cluster.hw);
-                  bound =
-                      std::max(bound, tp.compute + tp.tensor_comm + tp.pipeline_comm + tp.bubble);
-                }
-                shapes.push_back(Shape{run, bound, fused});
-              }
+              for (bool fused : grid_attentions) add_shape(run, fused);
             }
           }
         }

@@ -303,7 +303,8 @@ TEST_P(Inference, EvaluatesTheTrainedModelWithoutTrainingState) {
   // logits of the last token sampled, one new position at a time and (past the window) the
   // window decoded again whole, are the whole-window forward's, and so is the greedy text.
   const io::Config sampling = apps::sampling_config(cfg);
-  const auto sampler = apps::inference_trainer(sampling, &world, summary.model_path, true);
+  const auto sampler = apps::inference_trainer(sampling, &world, summary.model_path,
+                                               {.decode = true, .samples = true});
   const auto close = [](const std::vector<float>& got, const std::vector<float>& want) {
     if (got.size() != want.size()) return false;
     double gap = 0.0, scale = 0.0;

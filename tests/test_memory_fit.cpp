@@ -186,7 +186,7 @@ TEST(MemoryFit, InferenceIsPricedWithoutTrainingState) {
   const double inference_need = 2 * (infer.total() + apps::kRuntimeBytesPerRank);
   ASSERT_LT(inference_need, need(c, {0, 1}));
   EXPECT_EQ(apps::memory_shortfall(c, {0, 1}, inference_need, "n0", "MemAvailable",
-                                   apps::MemoryPool::host, false, true),
+                                   apps::MemoryPool::host, false, {.inference = true}),
             "");
   EXPECT_NE(apps::memory_shortfall(c, {0, 1}, inference_need, "n0"), "");
 
@@ -197,7 +197,8 @@ TEST(MemoryFit, InferenceIsPricedWithoutTrainingState) {
   ASSERT_LT(sharded, inference_need);
   const double available = (sharded + inference_need) / 2;
   const std::string message = apps::memory_shortfall(
-      c, {0, 1}, available, "n0", "MemAvailable", apps::MemoryPool::host, false, true);
+      c, {0, 1}, available, "n0", "MemAvailable", apps::MemoryPool::host, false,
+      {.inference = true});
   EXPECT_TRUE(has(message, "need " + core::format_bytes(inference_need))) << message;
   EXPECT_TRUE(has(message, "--set parallel.zero.stage=3 (" + core::format_bytes(sharded) + ")"))
       << message;
@@ -234,7 +235,8 @@ TEST(MemoryFit, GridRankZeroAlsoHoldsTheWholeModelItSamplesAndScoresWith) {
   const io::Config quiet = config(model, train, grid);  // sample.tokens 0, no choices
   EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false), 0.0);
   // colossal_generate (inference, samples) builds the sampler whatever sample.tokens says.
-  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false, true, false, true),
+  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false,
+                                    {.inference = true, .samples = true}),
             sampler);
   const io::Config scoring = config(model, train, grid + "eval: {choices: /x/choices.jsonl}\n");
   const double scorer =
@@ -243,9 +245,11 @@ TEST(MemoryFit, GridRankZeroAlsoHoldsTheWholeModelItSamplesAndScoresWith) {
   EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false), scorer);
   // An inference program prices what its caller says it does, not the config's keys:
   // colossal_eval scoring (--choices or eval.choices), colossal_generate sampling.
-  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false, true, false, false, true),
+  EXPECT_EQ(apps::whole_model_bytes(quiet, MemoryPool::host, false,
+                                    {.inference = true, .scores = true}),
             scorer);
-  EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false, true, false, true, false),
+  EXPECT_EQ(apps::whole_model_bytes(scoring, MemoryPool::host, false,
+                                    {.inference = true, .samples = true}),
             sampler);
   const io::Config one_d = config(model, train, "sample: {tokens: 50}\n");
   EXPECT_EQ(apps::whole_model_bytes(one_d, MemoryPool::host, false), 0.0);
